@@ -1,0 +1,31 @@
+"""Client side of a specbuild deployment: a typed SDK, prompt sources, and token-exact verification."""
+
+from .prompts import Prompt, PromptSourceError, load_prompts
+from .sdk import ClientError, GenerateResult, RequestError, ServerUnavailableError, SpecClient
+from .verify import (
+    Divergence,
+    PromptVerification,
+    VerifyReport,
+    find_divergence,
+    first_divergence,
+    render_report,
+    verify,
+)
+
+__all__ = [
+    "ClientError",
+    "Divergence",
+    "GenerateResult",
+    "Prompt",
+    "PromptSourceError",
+    "PromptVerification",
+    "RequestError",
+    "ServerUnavailableError",
+    "SpecClient",
+    "VerifyReport",
+    "find_divergence",
+    "first_divergence",
+    "load_prompts",
+    "render_report",
+    "verify",
+]

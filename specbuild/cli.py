@@ -1,0 +1,193 @@
+"""The ``specbuild`` command line. Commands parse their options and delegate."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from specbuild import __version__
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False)
+
+
+def _load(recipe: str):
+    from specbuild.builder.recipe import RecipeError, load_recipe
+
+    try:
+        return load_recipe(recipe)
+    except RecipeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _paths(loaded, output_dir: str | None):
+    from specbuild.pipeline import RunPaths, default_output_dir
+
+    return RunPaths(Path(output_dir) if output_dir else default_output_dir(loaded))
+
+
+@click.group()
+@click.version_option(__version__, prog_name="specbuild")
+def main() -> None:
+    """Speculative decoding from one YAML recipe to a verified Triton deployment.
+
+    \b
+    Quick start (CPU, bundled SmolLM2-135M, real Triton server):
+      specbuild recipe smollm2-ngram
+    """
+
+
+@main.command("recipe")
+@click.argument("recipe")
+@click.option("--output-dir", "-o", help="Where the engine, repository, logs and report go [./specbuild-out/NAME].")
+@click.option("--dry-run", is_flag=True, help="Print the plan and exit without doing any work.")
+@click.option("--rebuild", is_flag=True, help="Rebuild the engine even if its inputs are unchanged.")
+def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: bool) -> None:
+    """Build, serve and verify RECIPE (a path or a bundled recipe name).
+
+    Converts the target checkpoint, builds the engine with speculation enabled, generates a Triton
+    model repository, starts tritonserver, checks that speculative output equals non-speculative
+    output token for token, measures the speed-up, and shuts the server down. Exits 1 on any mismatch.
+
+    \b
+    Examples:
+      specbuild recipe smollm2-ngram
+      specbuild recipe recipes/smollm2-ngram.yaml --dry-run
+      specbuild recipe my-recipe.yaml -o /tmp/out
+    """
+    from specbuild.cli_display import print_plan, run_with_progress
+
+    loaded = _load(recipe)
+    paths = _paths(loaded, output_dir)
+    if dry_run:
+        print_plan(_console(), loaded, paths)
+        return
+    summary = run_with_progress(_console(), loaded, paths, rebuild=rebuild)
+    if summary.report is None or not summary.report.all_match:
+        sys.exit(1)
+
+
+@main.command("plan")
+@click.argument("recipe")
+@click.option("--output-dir", "-o", help="Output directory the plan refers to [./specbuild-out/NAME].")
+def plan_command(recipe: str, output_dir: str | None) -> None:
+    """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run)."""
+    from specbuild.cli_display import print_plan
+
+    loaded = _load(recipe)
+    print_plan(_console(), loaded, _paths(loaded, output_dir))
+
+
+@main.command("recipes")
+def recipes_command() -> None:
+    """List the bundled recipes."""
+    from specbuild.builder.recipe import bundled_recipes, load_recipe
+
+    for name, path in sorted(bundled_recipes().items()):
+        click.echo(f"{name:24s} {load_recipe(str(path)).recipe.description}")
+
+
+@main.command("build")
+@click.argument("recipe")
+@click.option("--output-dir", "-o", help="Output directory [./specbuild-out/NAME].")
+@click.option("--rebuild", is_flag=True, help="Rebuild even if the inputs are unchanged.")
+def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
+    """Build RECIPE's engine and Triton repository (no server, no verification)."""
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.pipeline import check_runnable
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+
+    loaded = _load(recipe)
+    paths = _paths(loaded, output_dir)
+    try:
+        check_runnable(loaded)
+        build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=click.echo)
+    except RecipeError as exc:
+        raise click.ClickException(str(exc)) from None
+    spec = spec_from_engine_dir(paths.engine_dir, instance_count=loaded.recipe.serve.instance_count)
+    write_reference_repository(spec, paths.repo_dir)
+    click.echo(f"repository: {paths.repo_dir}\nserve it with: specbuild serve {paths.repo_dir}")
+
+
+@main.command("serve")
+@click.argument("repo", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (HTTP and gRPC).")
+@click.option("--http-port", default=8000, show_default=True, type=int)
+@click.option("--grpc-port", default=8001, show_default=True, type=int)
+@click.option("--metrics-port", default=8002, show_default=True, type=int)
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), help="Server log [REPO/../logs/tritonserver.log].")
+def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None) -> None:
+    """Serve the model repository REPO with tritonserver until Ctrl-C.
+
+    Uses `tritonserver` from PATH, else the one bundled in nvidia-pytriton
+    (pip install 'specbuild[server]'). Binds 127.0.0.1 unless --host says otherwise.
+    """
+    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
+
+    server = TritonServer(
+        repo,
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        log_file=log_file or repo.resolve().parent / "logs" / "tritonserver.log",
+    )
+    try:
+        sys.exit(serve_forever(server))
+    except (ServerNotFoundError, ServerStartError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command("verify")
+@click.option("--url", default=None, help="Server address [127.0.0.1:8001 for grpc, :8000 for http].")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
+@click.option("--prompts", default="humaneval:20", show_default=True, help="humaneval:N, or a .jsonl / .txt file.")
+@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--num-draft-tokens", default=None, type=click.IntRange(min=0), help="Draft length for the speculative runs [engine's max_draft_len].")
+@click.option("--end-id", default=None, type=int, help="End token id; -1 never stops early [tokenizer's].")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir to show divergences as text (e.g. OUT/engine/tokenizer).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.json"), show_default=True)
+def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, report_path) -> None:
+    """Check a running deployment: speculative vs non-speculative output, token ids.
+
+    Sends each prompt with num_draft_tokens=0 (the non-speculative baseline) and with speculation,
+    compares the token ids, reports the first divergence and the speed-up, writes a JSON report.
+    Exits 1 on any mismatch.
+
+    \b
+    Example:
+      specbuild verify --prompts humaneval:5 --max-tokens 64
+    """
+    from specbuild.cli_display import print_report, verification_progress
+    from specbuild.client.prompts import load_prompts
+    from specbuild.client.sdk import SpecClient
+    from specbuild.client.verify import verify
+
+    tokenizer = None
+    if tokenizer_dir:
+        from specbuild.triton_repo.models.tokenization import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_dir)
+    console = _console()
+    prompt_list = load_prompts(prompts)
+    with SpecClient(url, protocol=protocol) as client, verification_progress(console, len(prompt_list)) as progress:
+        client.wait_ready()
+        report = verify(
+            client, prompt_list, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
+            end_id=end_id, tokenizer=tokenizer, progress=progress,
+        )
+    report.write(report_path)
+    print_report(console, report)
+    console.print(f"report: {report_path}")
+    if not report.all_match:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

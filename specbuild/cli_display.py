@@ -1,0 +1,90 @@
+"""Terminal display for the CLI (rich): the plan, stage progress, and the final summary table."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from specbuild.builder.recipe import LoadedRecipe
+from specbuild.pipeline import RunPaths, RunSummary, plan_lines, run_recipe
+
+
+def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths) -> None:
+    """The dry-run plan: one line per stage, no work done."""
+    console.print("[bold]plan[/bold] (dry run: nothing is built or started)")
+    for line in plan_lines(loaded, paths):
+        console.print(f"  {line}", highlight=False)
+
+
+@contextmanager
+def verification_progress(console: Console, total: int):
+    """A progress bar; yields the ``callable(done, total)`` hook that verify() calls."""
+    with Progress(
+        TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False
+    ) as bar:
+        task = bar.add_task("verify", total=total)
+        yield lambda done, _total: bar.update(task, completed=done)
+
+
+def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool) -> RunSummary:
+    """Run the main job with a spinner per stage and a progress bar for verification, then the summary.
+
+    Raises:
+        click.ClickException: any stage failed; the message says which and why.
+    """
+    from specbuild.builder.checkpoints import CheckpointError
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.client.prompts import PromptSourceError
+    from specbuild.client.sdk import RequestError, ServerUnavailableError
+    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError
+
+    failures = (RecipeError, CheckpointError, PromptSourceError, RequestError, ServerUnavailableError, ServerNotFoundError, ServerStartError)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+        stage = bar.add_task("start", total=None)
+
+        def status(name: str) -> None:
+            bar.update(stage, description=f"[bold]{name}[/bold]", total=None, completed=0)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(stage, description="[bold]verify[/bold]", total=total, completed=done)
+
+        try:
+            summary = run_recipe(loaded, paths, rebuild=rebuild, status=status, progress=progress, log=lambda m: bar.console.print(f"  {m}", highlight=False))
+        except failures as exc:
+            raise click.ClickException(str(exc)) from None
+    print_summary(console, summary)
+    return summary
+
+
+def print_summary(console: Console, summary: RunSummary) -> None:
+    """Stage times, the verification result and where everything is."""
+    times = Table(title="stages", show_header=True)
+    times.add_column("stage")
+    times.add_column("wall time (s)", justify="right")
+    for name, seconds in summary.stage_seconds.items():
+        note = " (cached)" if name == "build" and summary.engine_rebuilt is False else ""
+        times.add_row(name + note, f"{seconds:.1f}")
+    console.print(times)
+    if summary.report is not None:
+        print_report(console, summary.report)
+    p = summary.paths
+    console.print(f"engine: {p.engine_dir}\nrepository: {p.repo_dir}\nserver log: {p.log_file}\nreport: {p.report}", highlight=False)
+
+
+def print_report(console: Console, report) -> None:
+    """The verification summary: matches, first divergences, acceptance and speed-up."""
+    from specbuild.client.verify import render_report
+
+    console.print(render_report(report))
+    verdict = "[green]LOSSLESS[/green]" if report.all_match else "[red]MISMATCH[/red]"
+    fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
+    console.print(
+        f"{verdict}: {report.num_match}/{report.num_prompts} prompts token-identical; "
+        f"mean acceptance length {fmt(report.mean_acceptance_length, '.2f')}; "
+        f"speculative {report.speculative_tokens_per_s:.1f} vs non-speculative {report.baseline_tokens_per_s:.1f} "
+        f"tokens/s: speed-up {fmt(report.speedup, '.2f')}x"
+    )

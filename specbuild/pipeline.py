@@ -1,0 +1,179 @@
+"""The main job: recipe -> engine -> Triton repository -> server -> verification -> shutdown.
+
+Each stage is a small function; :func:`run_recipe` times them, shows progress and returns a typed
+:class:`RunSummary`. Everything a run leaves behind lives under one output directory::
+
+    <output_dir>/engine/           engine directory (config.json + target/ + tokenizer/)
+    <output_dir>/triton_repo/      Triton model repository
+    <output_dir>/logs/tritonserver.log
+    <output_dir>/report.json       verification report
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specbuild.builder.recipe import LoadedRecipe, RecipeError
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run writes; see the module docstring."""
+
+    output_dir: Path
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.output_dir / "engine"
+
+    @property
+    def repo_dir(self) -> Path:
+        return self.output_dir / "triton_repo"
+
+    @property
+    def log_file(self) -> Path:
+        return self.output_dir / "logs" / "tritonserver.log"
+
+    @property
+    def report(self) -> Path:
+        return self.output_dir / "report.json"
+
+
+def default_output_dir(loaded: LoadedRecipe) -> Path:
+    """``./specbuild-out/<recipe name>``."""
+    return Path("specbuild-out") / loaded.recipe.name
+
+
+@dataclass
+class RunSummary:
+    """Stage wall times (seconds) and the verification report of one run."""
+
+    paths: RunPaths
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    engine_rebuilt: bool | None = None
+    report: object | None = None  # specbuild.client.verify.VerifyReport
+
+
+def check_runnable(loaded: LoadedRecipe) -> None:
+    """Everything that can fail before long work: checkpoint present, backend and extras installed.
+
+    Raises:
+        RecipeError: naming the recipe line and what to install or change.
+    """
+    from specbuild.builder.reference import locate_target
+
+    backend = loaded.recipe.build.backend
+    if backend != "reference":
+        raise loaded.error(
+            ("build", "backend"),
+            f"backend {backend!r} needs TensorRT-LLM on a GPU machine, and its build path is not in this "
+            "release yet; use `build.backend: reference` to build, serve and verify on this machine",
+        )
+    missing = [
+        extra
+        for extra, module in (("engine", "torch"), ("engine", "transformers"), ("client", "tritonclient"), ("server", "pytriton"))
+        if importlib.util.find_spec(module) is None
+    ]
+    if missing:
+        extras = ",".join(sorted(set(missing)))
+        raise RecipeError(f"missing dependencies for this recipe; install them with: pip install 'specbuild[{extras}]'")
+    locate_target(loaded)
+
+
+def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
+    """The stages a run performs, one human-readable line each (``--dry-run``)."""
+    r = loaded.recipe
+    spec = r.speculation
+    s = r.serve
+    return [
+        f"recipe    {loaded.path} ({r.name})",
+        f"target    {r.target.checkpoint} ({r.target.dtype})",
+        f"method    {spec.method}" + (f", max_draft_len={spec.max_draft_len}" if spec.max_draft_len else ""),
+        f"build     {r.build.backend} engine -> {paths.engine_dir} "
+        f"(max_batch_size={r.build.max_batch_size}, max_input_len={r.build.max_input_len}, max_seq_len={r.build.max_seq_len})",
+        f"repo      ensemble/preprocessing/tensorrt_llm/postprocessing -> {paths.repo_dir}",
+        f"serve     tritonserver on {s.host} (http {s.http_port}, grpc {s.grpc_port}, metrics {s.metrics_port}), log {paths.log_file}",
+        f"verify    {r.verify.prompts}, max_tokens={r.verify.max_tokens}, {r.verify.protocol}: "
+        "speculative vs num_draft_tokens=0, token ids",
+        f"report    {paths.report}",
+    ]
+
+
+@contextmanager
+def _timed(summary: RunSummary, stage: str, status):
+    status(stage)
+    start = time.perf_counter()
+    yield
+    summary.stage_seconds[stage] = time.perf_counter() - start
+
+
+def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, status=print, progress=None, log=print) -> RunSummary:
+    """Run every stage for ``loaded``; the server is stopped whatever happens.
+
+    Args:
+        status: called with each stage name as it starts.
+        progress: optional ``callable(done, total)`` for the verification progress bar.
+        log: called with one-line messages from the build stages.
+
+    Raises:
+        RecipeError: the recipe cannot run here (raised before any long work).
+        specbuild.triton_repo.server.ServerStartError, specbuild.client.sdk.ServerUnavailableError:
+            the server failed; its log file is named in the message.
+    """
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.client.prompts import load_prompts
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+
+    summary = RunSummary(paths=paths)
+    with _timed(summary, "validate", status):
+        check_runnable(loaded)
+        prompts = load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
+    with _timed(summary, "build", status):
+        build = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log)
+        summary.engine_rebuilt = build.rebuilt
+    with _timed(summary, "repository", status):
+        repo_spec = spec_from_engine_dir(paths.engine_dir, instance_count=loaded.recipe.serve.instance_count)
+        write_reference_repository(repo_spec, paths.repo_dir)
+    summary.report = _serve_and_verify(loaded, paths, prompts, summary, status=status, progress=progress)
+    summary.report.write(paths.report)
+    return summary
+
+
+def _serve_and_verify(loaded, paths, prompts, summary, *, status, progress):
+    from specbuild.client.sdk import SpecClient
+    from specbuild.client.verify import verify
+    from specbuild.triton_repo.models.tokenization import load_tokenizer
+    from specbuild.triton_repo.server import TritonServer
+
+    s, v = loaded.recipe.serve, loaded.recipe.verify
+    server = TritonServer(
+        paths.repo_dir,
+        host=s.host,
+        http_port=s.http_port,
+        grpc_port=s.grpc_port,
+        metrics_port=s.metrics_port,
+        log_file=paths.log_file,
+        startup_timeout_s=s.startup_timeout_s,
+    )
+    try:
+        with _timed(summary, "serve", status):
+            server.start()
+        url = server.grpc_url if v.protocol == "grpc" else server.http_url
+        with _timed(summary, "verify", status), SpecClient(url, protocol=v.protocol) as client:
+            client.wait_ready()
+            return verify(
+                client,
+                prompts,
+                max_tokens=v.max_tokens,
+                num_draft_tokens=v.num_draft_tokens,
+                end_id=v.end_id,
+                tokenizer=load_tokenizer(str(paths.engine_dir / "tokenizer")),
+                progress=progress,
+            )
+    finally:
+        with _timed(summary, "shutdown", status):
+            server.stop()

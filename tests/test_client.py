@@ -1,0 +1,249 @@
+"""Client SDK, verify bookkeeping and report, without a model (end-to-end tests live elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+from rich.console import Console
+
+from specbuild.client.prompts import Prompt
+from specbuild.client.sdk import GenerateResult, ServerUnavailableError, SpecClient
+from specbuild.client.verify import (
+    PromptVerification,
+    VerifyReport,
+    find_divergence,
+    first_divergence,
+    render_report,
+    verify,
+)
+
+
+class SpaceDecoder:
+    def decode(self, token_ids):
+        return " ".join(f"t{i}" for i in token_ids)
+
+
+def result(ids, latency_s=1.0, accepted=None, drafted=None):
+    rate = accepted / drafted if drafted else None
+    return GenerateResult(
+        output_ids=list(ids),
+        text="",
+        latency_s=latency_s,
+        acceptance_rate=rate,
+        total_accepted_draft_tokens=accepted,
+        total_draft_tokens=drafted,
+    )
+
+
+# first_divergence / find_divergence
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ([1, 2, 3], [1, 2, 3], None),
+        ([], [], None),
+        ([1, 2], [1, 2, 3], 2),
+        ([1, 2, 3], [1, 2], 2),
+        ([], [4], 0),
+        ([1, 2, 3], [1, 5, 3], 1),
+        ([9, 2, 3], [1, 2, 3], 0),
+    ],
+)
+def test_first_divergence(a, b, expected):
+    assert first_divergence(a, b) == expected
+
+
+def test_find_divergence_mid_sequence_with_text():
+    baseline = list(range(100, 140))
+    speculative = baseline[:25] + [7] + baseline[26:]
+    d = find_divergence(baseline, speculative, decoder=SpaceDecoder())
+    assert (d.position, d.baseline_token, d.speculative_token) == (25, 125, 7)
+    assert d.context == list(range(115, 125))
+    assert d.baseline_continuation == list(range(125, 140))  # ends with the output
+    assert d.speculative_continuation == [7, *range(126, 140)]
+    assert d.baseline_continuation_text.startswith("t125 t126")
+    assert d.speculative_continuation_text.startswith("t7 t126")
+
+
+def test_find_divergence_prefix_has_no_token_on_the_short_side():
+    d = find_divergence([1, 2], [1, 2, 3, 4])
+    assert (d.position, d.baseline_token, d.speculative_token) == (2, None, 3)
+    assert d.baseline_continuation == [] and d.speculative_continuation == [3, 4]
+    assert d.baseline_continuation_text is None  # no tokenizer given
+    assert find_divergence([1, 2], [1, 2]) is None
+
+
+def test_continuations_are_capped_at_twenty_tokens():
+    d = find_divergence([0] * 100, [1] * 100)
+    assert len(d.baseline_continuation) == len(d.speculative_continuation) == 20
+    assert d.context == []
+
+
+# GenerateResult
+
+
+def test_acceptance_length_counts_the_bonus_token():
+    # 10 tokens, 6 of them accepted drafts -> 4 target forwards -> 2.5 tokens per forward
+    assert result(range(10), accepted=6, drafted=12).acceptance_length == 2.5
+    assert result(range(10), accepted=0, drafted=0).acceptance_length == 1.0
+    assert result(range(3), accepted=5, drafted=5).acceptance_length == 3.0  # guarded by max(1, ...)
+    assert result(range(10)).acceptance_length is None
+
+
+def test_tokens_per_s():
+    assert result(range(10), latency_s=2.0).tokens_per_s == 5.0
+    assert result(range(10), latency_s=0.0).tokens_per_s == 0.0
+
+
+# VerifyReport
+
+
+def make_report():
+    same = PromptVerification(
+        prompt_id="a",
+        match=True,
+        baseline=result(range(10), latency_s=1.0, accepted=0, drafted=0),
+        speculative=result(range(10), latency_s=0.5, accepted=6, drafted=12),
+        divergence=None,
+    )
+    base_ids, spec_ids = list(range(20)), list(range(5)) + [99] * 15
+    different = PromptVerification(
+        prompt_id="b",
+        match=False,
+        baseline=result(base_ids, latency_s=3.0, accepted=0, drafted=0),
+        speculative=result(spec_ids, latency_s=1.5, accepted=10, drafted=12),
+        divergence=find_divergence(base_ids, spec_ids),
+    )
+    return VerifyReport(results=[same, different], max_tokens=20, num_draft_tokens=None, end_id=-1)
+
+
+def test_report_aggregates():
+    report = make_report()
+    assert (report.num_prompts, report.num_match, report.all_match) == (2, 1, False)
+    assert report.total_draft_tokens == 24 and report.total_accepted_draft_tokens == 16
+    assert report.mean_acceptance_rate == pytest.approx(16 / 24)
+    # (10 + 20) tokens in (10 - 6) + (20 - 10) target forwards
+    assert report.mean_acceptance_length == pytest.approx(30 / 14)
+    assert report.baseline_tokens_per_s == pytest.approx(30 / 4.0)
+    assert report.speculative_tokens_per_s == pytest.approx(30 / 2.0)
+    assert report.speedup == pytest.approx(2.0)
+
+
+def test_report_edge_cases():
+    empty = VerifyReport(results=[])
+    assert not empty.all_match
+    assert empty.speedup is None and empty.mean_acceptance_length is None and empty.mean_acceptance_rate is None
+    no_metrics = VerifyReport(
+        results=[PromptVerification("a", True, result([1]), result([1]), None)]
+    )
+    assert no_metrics.all_match
+    assert no_metrics.mean_acceptance_length is None and no_metrics.total_draft_tokens is None
+
+
+def test_report_json_round_trips(tmp_path):
+    report = make_report()
+    path = report.write(tmp_path / "out" / "verify.json")
+    data = json.loads(path.read_text())
+    assert data == json.loads(json.dumps(report.to_json()))
+    assert data["settings"] == {"max_tokens": 20, "num_draft_tokens": None, "end_id": -1}
+    assert data["summary"]["num_match"] == 1 and data["summary"]["speedup"] == pytest.approx(2.0)
+    first, second = data["prompts"]
+    assert first["id"] == "a" and first["match"] and first["divergence"] is None
+    assert first["baseline"]["output_ids"] == list(range(10))
+    assert first["speculative"]["acceptance_length"] == 2.5
+    assert second["first_divergence"] == 5
+    assert second["divergence"]["baseline_token"] == 5 and second["divergence"]["speculative_token"] == 99
+    assert second["divergence"]["speculative_continuation"] == [99] * 15
+
+
+def test_render_report_lists_prompts_and_summary():
+    console = Console(record=True, width=200)
+    console.print(render_report(make_report()))
+    text = console.export_text()
+    assert "1/2 match" in text and "@5: 5 vs 99" in text and "speedup 2.00x" in text
+
+
+# verify() orchestration, with a stand-in for SpecClient (no server involved)
+
+
+class ScriptedClient:
+    """Answers baseline (num_draft_tokens=0) and speculative requests from fixed id lists."""
+
+    def __init__(self, baseline_ids, speculative_ids):
+        self.baseline_ids, self.speculative_ids = baseline_ids, speculative_ids
+        self.calls = []
+
+    def generate(self, prompt, *, max_tokens, num_draft_tokens=None, end_id=None):
+        self.calls.append((prompt, num_draft_tokens, max_tokens, end_id))
+        if num_draft_tokens == 0:
+            return result(self.baseline_ids[prompt], accepted=0, drafted=0)
+        return result(self.speculative_ids[prompt], accepted=2, drafted=4)
+
+
+def test_verify_alternates_runs_and_reports_divergence():
+    client = ScriptedClient({"p": [1, 2, 3], "q": [4, 5, 6]}, {"p": [1, 2, 3], "q": [4, 9, 6]})
+    progress = []
+    report = verify(
+        client,
+        [Prompt("P", "p"), Prompt("Q", "q")],
+        max_tokens=3,
+        num_draft_tokens=4,
+        end_id=-1,
+        tokenizer=SpaceDecoder(),
+        progress=lambda done, total: progress.append((done, total)),
+    )
+    # One untimed warm-up, then each prompt's pair, alternating which side runs first.
+    assert client.calls == [("p", 0, 1, -1), ("p", 0, 3, -1), ("p", 4, 3, -1), ("q", 4, 3, -1), ("q", 0, 3, -1)]
+    assert progress == [(1, 2), (2, 2)]
+    assert [r.match for r in report.results] == [True, False]
+    divergence = report.results[1].divergence
+    assert (divergence.position, divergence.baseline_token, divergence.speculative_token) == (1, 5, 9)
+    assert divergence.speculative_continuation_text == "t9 t6"
+    assert report.num_draft_tokens == 4 and report.max_tokens == 3
+
+
+# SDK error paths that need no model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_generate_without_a_server_raises_unavailable_quickly(protocol):
+    url = f"127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with SpecClient(url, protocol=protocol, timeout_s=5.0) as client:
+        with pytest.raises(ServerUnavailableError, match=url):
+            client.generate("def f():", max_tokens=4)
+    assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_wait_ready_without_a_server_names_url(protocol):
+    url = f"127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with SpecClient(url, protocol=protocol, timeout_s=2.0) as client:
+        with pytest.raises(ServerUnavailableError, match=f"server at {url} \\({protocol}\\) is not reachable"):
+            client.wait_ready(timeout_s=0.3, poll_s=0.1)
+    assert time.monotonic() - start < 5.0
+
+
+def test_default_urls_and_argument_checks():
+    assert SpecClient().url == "127.0.0.1:8001"
+    assert SpecClient(protocol="http").url == "127.0.0.1:8000"
+    with pytest.raises(ValueError, match="protocol"):
+        SpecClient(protocol="tcp")
+    with pytest.raises(ValueError, match="without a scheme"):
+        SpecClient("http://127.0.0.1:8000", protocol="http")
+    with SpecClient(f"127.0.0.1:{free_port()}") as client:
+        with pytest.raises(ValueError, match="max_tokens"):
+            client.generate("x", max_tokens=0)
+        with pytest.raises(ValueError, match="num_draft_tokens"):
+            client.generate("x", max_tokens=1, num_draft_tokens=-1)

@@ -1,0 +1,97 @@
+"""Prompt sources: HumanEval from the installed package, .jsonl and .txt files, and their errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specbuild.client.prompts import HUMANEVAL_SIZE, Prompt, PromptSourceError, load_prompts
+
+
+def test_humaneval_n_reads_the_package_file():
+    prompts = load_prompts("humaneval:3")
+    assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert len({p.text for p in prompts}) == 3
+    for p in prompts:
+        assert p.text.lstrip().startswith(("def", "from", "import")), p.text[:40]
+
+
+def test_humaneval_without_n_is_all_problems():
+    prompts = load_prompts("humaneval")
+    assert len(prompts) == HUMANEVAL_SIZE == 164
+    assert len({p.id for p in prompts}) == 164
+
+
+@pytest.mark.parametrize("source", ["humaneval:0", "humaneval:165", "humaneval:abc", "humaneval:-1", "humaneval:"])
+def test_humaneval_n_out_of_range(source):
+    with pytest.raises(PromptSourceError, match=r"humaneval:N with N in 1\.\.164") as e:
+        load_prompts(source)
+    assert repr(source) in str(e.value)
+
+
+def test_jsonl_prompt_text_and_ids(tmp_path):
+    path = tmp_path / "p.jsonl"
+    lines = [{"prompt": "def f():", "id": "a"}, {"text": "import os"}, {"prompt": "x\ny", "id": 7}]
+    path.write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\n\n" + json.dumps(lines[2]) + "\n")
+    assert load_prompts(str(path)) == [
+        Prompt(id="a", text="def f():"),
+        Prompt(id="p.jsonl:2", text="import os"),
+        Prompt(id="7", text="x\ny"),
+    ]
+
+
+def test_relative_paths_resolve_against_base_dir(tmp_path):
+    (tmp_path / "p.txt").write_text("first prompt\n\nsecond prompt\n")
+    assert load_prompts("p.txt", base_dir=tmp_path) == [
+        Prompt(id="p.txt:1", text="first prompt"),
+        Prompt(id="p.txt:3", text="second prompt"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"prompt": "ok"', "invalid JSON"),
+        ('["a list"]', "got a JSON list"),
+        ('{"id": "x"}', 'no string "prompt" or "text"'),
+        ('{"prompt": 3}', 'no string "prompt" or "text"'),
+        ('{"prompt": "ok", "id": [1]}', '"id" must be a string or integer'),
+    ],
+)
+def test_bad_jsonl_line_names_file_line_and_expectation(tmp_path, line, expected):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(PromptSourceError) as e:
+        load_prompts(str(path))
+    message = str(e.value)
+    assert f"{path}:2:" in message
+    assert expected in message
+    assert 'expected a JSON object with a string "prompt" or "text"' in message
+
+
+def test_duplicate_id_is_an_error(tmp_path):
+    path = tmp_path / "dup.jsonl"
+    path.write_text('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n')
+    with pytest.raises(PromptSourceError, match=r"dup\.jsonl:2: duplicate id 'x'"):
+        load_prompts(str(path))
+
+
+def test_missing_file_names_the_source(tmp_path):
+    with pytest.raises(PromptSourceError, match=r"'nope\.jsonl': no such file") as e:
+        load_prompts("nope.jsonl", base_dir=tmp_path)
+    assert "humaneval" in str(e.value)  # says what is expected
+
+
+def test_unknown_scheme():
+    with pytest.raises(PromptSourceError, match=r"unknown scheme 'mbpp'.*expected 'humaneval'"):
+        load_prompts("mbpp:10")
+
+
+def test_unsupported_file_type_and_empty_file(tmp_path):
+    (tmp_path / "p.csv").write_text("a,b\n")
+    with pytest.raises(PromptSourceError, match=r"unsupported file type '\.csv'"):
+        load_prompts(str(tmp_path / "p.csv"))
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(PromptSourceError, match="no prompts"):
+        load_prompts(str(tmp_path / "empty.txt"))

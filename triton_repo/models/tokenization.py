@@ -1,0 +1,59 @@
+"""Pre- and postprocessing logic (tokenize / detokenize), importable without Triton.
+
+Tensor names follow TensorRT-LLM's ``inflight_batcher_llm`` preprocessing/postprocessing models:
+``QUERY`` -> ``INPUT_ID`` + ``REQUEST_INPUT_LEN``; ``TOKENS_BATCH`` + ``SEQUENCE_LENGTH`` -> ``OUTPUT``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """``input_ids``: [batch, max_len] int32, right-padded with ``pad_id``; ``lengths``: [batch, 1] int32."""
+
+    input_ids: np.ndarray
+    lengths: np.ndarray
+
+
+def load_tokenizer(tokenizer_dir: str):
+    """A transformers tokenizer from a local directory (never the hub)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+
+
+def decode_queries(query: np.ndarray) -> list[str]:
+    """``QUERY`` [batch, 1] BYTES -> one str per row (UTF-8)."""
+    rows = query.reshape(query.shape[0], -1)
+    return [(r[0].decode("utf-8") if isinstance(r[0], bytes) else str(r[0])) for r in rows]
+
+
+def tokenize(tokenizer, texts: list[str], *, pad_id: int, add_special_tokens: bool) -> Tokenized:
+    """Tokenize ``texts``. Raises ValueError for an empty prompt (nothing to condition on)."""
+    ids = []
+    for i, text in enumerate(texts):
+        if not text:
+            raise ValueError(f"text_input[{i}] is empty; send a non-empty prompt")
+        row = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        if not row:
+            raise ValueError(f"text_input[{i}] tokenizes to no tokens")
+        ids.append(row)
+    width = max(len(r) for r in ids)
+    padded = np.full((len(ids), width), pad_id, dtype=np.int32)
+    for i, row in enumerate(ids):
+        padded[i, : len(row)] = row
+    return Tokenized(input_ids=padded, lengths=np.array([[len(r)] for r in ids], dtype=np.int32))
+
+
+def detokenize(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``tokens`` [batch, beam, len] + ``lengths`` [batch, beam] -> [batch, beam] UTF-8 bytes (object array)."""
+    out = np.empty(lengths.shape, dtype=object)
+    for b in range(tokens.shape[0]):
+        for k in range(tokens.shape[1]):
+            ids = tokens[b, k, : int(lengths[b, k])].tolist()
+            out[b, k] = tokenizer.decode(ids, skip_special_tokens=True).encode("utf-8")
+    return out

@@ -1,0 +1,104 @@
+"""Typed Triton model configurations rendered to ``config.pbtxt``.
+
+The specs mirror ``inference.ModelConfig`` (model_config.proto) fields one to one, so the rendered
+text parses with Triton's own protobuf schema (``tritonclient.grpc.model_config_pb2``); the tests
+do exactly that. No template placeholders exist that could survive unfilled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+DataType = Literal["TYPE_BOOL", "TYPE_INT32", "TYPE_INT64", "TYPE_UINT64", "TYPE_FP32", "TYPE_STRING"]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One model input or output: ``dims`` exclude the batch dimension; -1 is variable."""
+
+    name: str
+    data_type: DataType
+    dims: tuple[int, ...]
+    optional: bool = False
+    allow_ragged_batch: bool = False
+
+
+@dataclass(frozen=True)
+class EnsembleStep:
+    """``input_map``: step-model input -> ensemble tensor; ``output_map``: step-model output -> ensemble tensor."""
+
+    model_name: str
+    input_map: dict[str, str]
+    output_map: dict[str, str]
+    model_version: int = -1
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model's ``config.pbtxt``. Exactly one of ``backend`` / ``platform`` is set."""
+
+    name: str
+    max_batch_size: int
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    backend: str | None = None
+    platform: str | None = None
+    parameters: dict[str, str] = field(default_factory=dict)
+    instance_count: int = 1
+    instance_kind: Literal["KIND_CPU", "KIND_GPU", "KIND_MODEL"] = "KIND_CPU"
+    decoupled: bool = False
+    steps: tuple[EnsembleStep, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.backend is None) == (self.platform is None):
+            raise ValueError(f"model {self.name!r}: set exactly one of backend / platform")
+
+
+def quote(value: str) -> str:
+    """A protobuf text-format string literal."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def render(config: ModelConfig) -> str:
+    """``config`` as protobuf text format (the contents of config.pbtxt)."""
+    lines = [f"name: {quote(config.name)}"]
+    if config.backend is not None:
+        lines.append(f"backend: {quote(config.backend)}")
+    else:
+        lines.append(f"platform: {quote(config.platform)}")
+    lines.append(f"max_batch_size: {config.max_batch_size}")
+    if config.decoupled:
+        lines.append("model_transaction_policy {\n  decoupled: true\n}")
+    lines.append(_tensors("input", config.inputs))
+    lines.append(_tensors("output", config.outputs))
+    if config.platform != "ensemble":
+        lines.append(f"instance_group [\n  {{\n    count: {config.instance_count}\n    kind: {config.instance_kind}\n  }}\n]")
+    if config.steps:
+        lines.append(_ensemble(config.steps))
+    for key, value in config.parameters.items():
+        lines.append(f"parameters {{\n  key: {quote(key)}\n  value: {{\n    string_value: {quote(value)}\n  }}\n}}")
+    return "\n".join(lines) + "\n"
+
+
+def _tensors(kind: str, tensors: tuple[Tensor, ...]) -> str:
+    blocks = []
+    for t in tensors:
+        body = [f"name: {quote(t.name)}", f"data_type: {t.data_type}", f"dims: [ {', '.join(map(str, t.dims))} ]"]
+        if t.optional:
+            body.append("optional: true")
+        if t.allow_ragged_batch:
+            body.append("allow_ragged_batch: true")
+        blocks.append("  {\n" + "\n".join(f"    {b}" for b in body) + "\n  }")
+    return f"{kind} [\n" + ",\n".join(blocks) + "\n]"
+
+
+def _ensemble(steps: tuple[EnsembleStep, ...]) -> str:
+    rendered = []
+    for s in steps:
+        body = [f"model_name: {quote(s.model_name)}", f"model_version: {s.model_version}"]
+        for name, mapping in (("input_map", s.input_map), ("output_map", s.output_map)):
+            body += [f"{name} {{ key: {quote(k)} value: {quote(v)} }}" for k, v in mapping.items()]
+        rendered.append("    {\n" + "\n".join(f"      {b}" for b in body) + "\n    }")
+    return "ensemble_scheduling {\n  step [\n" + ",\n".join(rendered) + "\n  ]\n}"
