@@ -165,10 +165,18 @@ def materialize_checkpoint(source: CheckpointSource, *, log=print) -> Path:
     return out
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' per-tensor progress bars; the CLI shows its own progress."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
 def _convert_gguf(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    quiet_transformers()
     kwargs = {"gguf_file": gguf.name}
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     config = quantized.config

@@ -28,9 +28,10 @@ from pathlib import Path
 from specbuild import __version__
 from specbuild.builder.checkpoints import (
     CheckpointSource,
-    publish_dir,
     locate_checkpoint,
     materialize_checkpoint,
+    publish_dir,
+    quiet_transformers,
 )
 from specbuild.builder.recipe import LoadedRecipe, RecipeError
 
@@ -122,6 +123,7 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    quiet_transformers()
     r = loaded.recipe
     trust = r.target.trust_remote_code
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=trust)

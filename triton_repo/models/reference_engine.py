@@ -147,12 +147,17 @@ class _Counters:
     """Prometheus counters on Triton's metrics port, like TensorRT-LLM's backend publishes its own."""
 
     def __init__(self, pb_utils, model_name: str):
-        counter = pb_utils.MetricFamily.COUNTER
         labels = {"model": model_name}
-        family = lambda name, text: pb_utils.MetricFamily(name=name, description=text, kind=counter)  # noqa: E731
-        self.draft = family("specbuild_draft_tokens_total", "Draft tokens sent to verification").Metric(labels=labels)
-        self.accepted = family("specbuild_accepted_draft_tokens_total", "Draft tokens accepted").Metric(labels=labels)
-        self.generated = family("specbuild_generated_tokens_total", "Tokens generated").Metric(labels=labels)
+        # The families must outlive their metrics (Triton refuses to update an orphaned metric).
+        self.families = [
+            pb_utils.MetricFamily(name=name, description=text, kind=pb_utils.MetricFamily.COUNTER)
+            for name, text in (
+                ("specbuild_draft_tokens_total", "Draft tokens sent to verification"),
+                ("specbuild_accepted_draft_tokens_total", "Draft tokens accepted"),
+                ("specbuild_generated_tokens_total", "Tokens generated"),
+            )
+        ]
+        self.draft, self.accepted, self.generated = (f.Metric(labels=labels) for f in self.families)
 
     def record(self, results: list[GenerationResult]) -> None:
         for r in results:

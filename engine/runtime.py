@@ -1,0 +1,264 @@
+"""ReferenceEngine: greedy decoding with a KV cache and draft-then-verify speculation, one request at a time.
+
+Each decoding iteration (Leviathan et al. 2023, §2.3, greedy case)::
+
+    context      = prompt + emitted            cache holds context[:-1]
+    draft        = proposer.propose(context, k)                       k tokens
+    target       = verify([context[-1], *draft])                      k + 1 tokens, one forward pass
+    accepted     = longest draft prefix == target;  bonus = target[len(accepted)]
+    cache        = rollback(cache, len(context) + len(accepted))      drop rejected drafts
+    emit accepted + [bonus]  (clipped at max_tokens and after end_id)
+
+    positions:   | context[:-1] | last | d0 d1 d2 |      k = 3, 2 accepted
+    cache after verify:  len(context) + 3   ->  rollback to len(context) + 2
+    emitted: d0 d1 t2 (t2 = bonus, not yet in the cache: it is the next step's ``last``)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import target as target_model
+from .acceptance import accept_greedy, clip_emitted
+from .kv_cache import rollback
+from .methods import SpeculativeMethod, get_method
+from .methods.base import Proposer
+from .types import GenerationRequest, GenerationResult
+from .validation import ResolvedRequest, validate_request
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Build-time limits (TensorRT-LLM ``build_config`` names); all counts in tokens except batch size."""
+
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_draft_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_input_len", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineLimits.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_draft_len < 0:
+            raise ValueError(f"EngineLimits.max_draft_len must be >= 0, got {self.max_draft_len}")
+
+
+@dataclass
+class _DecodeState:
+    """Per-request bookkeeping of the loop."""
+
+    context: list[int]
+    max_tokens: int
+    end_id: int
+    output: list[int] = field(default_factory=list)
+    total_draft_tokens: int = 0
+    total_accepted: int = 0
+    iterations: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - len(self.output)
+
+    def emit(self, tokens: list[int]) -> int:
+        """Append ``tokens`` clipped at max_tokens / end_id; returns how many were kept."""
+        kept, stopped = clip_emitted(tokens, remaining=self.remaining, end_id=self.end_id)
+        self.output += kept
+        self.context += kept
+        if stopped:
+            self.finish_reason = "stop"
+        elif self.remaining == 0:
+            self.finish_reason = "length"
+        return len(kept)
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(
+            output_ids=self.output,
+            finish_reason=self.finish_reason or "length",
+            total_draft_tokens=self.total_draft_tokens,
+            total_accepted_draft_tokens=self.total_accepted,
+            num_decoding_iterations=self.iterations,
+        )
+
+
+class ReferenceEngine:
+    """A readable PyTorch speculative-decoding engine (transformers model, engine-owned KV cache)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        limits: EngineLimits,
+        end_id: int,
+        speculative_config: dict | None = None,
+    ) -> None:
+        self._model = model
+        self._limits = limits
+        self._end_id = end_id
+        self._speculative_config = dict(speculative_config) if speculative_config else None
+        self._method: SpeculativeMethod | None = None
+        self._method_config: Any = None
+        if self._speculative_config is not None:
+            self._method = get_method(self._speculative_config)
+            self._method_config = self._method.parse_config(self._speculative_config)
+            _check_draft_len(self._method_config.max_draft_len, limits.max_draft_len)
+        self._vocab_size = int(model.config.get_text_config().vocab_size)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        checkpoint_dir: str | Path,
+        *,
+        speculative_config: dict | None,
+        limits: EngineLimits,
+        dtype: str = "float32",
+        device: str = "cpu",
+        end_id: int | None = None,
+        trust_remote_code: bool = False,
+    ) -> ReferenceEngine:
+        """Load a local Hugging Face checkpoint as the target.
+
+        Args:
+            checkpoint_dir: directory with config.json and weights (no hub download).
+            speculative_config: TensorRT-LLM LLM-API keys, e.g. ``{"decoding_type": "NGram",
+                "max_draft_len": 4, "max_matching_ngram_size": 3, "is_use_oldest": True}``; None for none.
+            limits: build limits; ``speculative_config["max_draft_len"]`` must not exceed ``limits.max_draft_len``.
+            end_id: default end token; None -> the checkpoint's eos id (the first if several; -1 if none).
+
+        Raises:
+            FileNotFoundError: no checkpoint at ``checkpoint_dir``.
+            ValueError: unsupported dtype or decoding_type, bad speculative_config keys or values.
+        """
+        model = target_model.load_target(
+            checkpoint_dir, dtype=dtype, device=device, trust_remote_code=trust_remote_code
+        )
+        if end_id is None:
+            end_id = _default_end_id(model)
+        return cls(model, limits=limits, end_id=end_id, speculative_config=speculative_config)
+
+    @classmethod
+    def from_engine_dir(cls, engine_dir: str | Path, *, device: str = "cpu") -> ReferenceEngine:
+        """Load an engine directory written by the builder (``config.json`` + ``target/``).
+
+        Raises:
+            FileNotFoundError: ``engine_dir/config.json`` or ``engine_dir/target`` missing.
+            ValueError: a required key of config.json is missing (the message names it).
+        """
+        engine_dir = Path(engine_dir)
+        config_path = engine_dir / "config.json"
+        if not config_path.is_file():
+            raise FileNotFoundError(f"{config_path} not found: not an engine directory")
+        config = json.loads(config_path.read_text())
+        build = _require(config, "build_config", config_path)
+        limits = EngineLimits(**{k: _require(build, k, config_path) for k in EngineLimits.__dataclass_fields__})
+        extra = config.get("specbuild") or {}
+        return cls.from_pretrained(
+            engine_dir / "target",
+            speculative_config=config.get("speculative_config"),
+            limits=limits,
+            dtype=(config.get("pretrained_config") or {}).get("dtype", "float32"),
+            device=device,
+            end_id=extra.get("end_id"),
+            trust_remote_code=bool(extra.get("trust_remote_code", False)),
+        )
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._limits
+
+    @property
+    def end_id(self) -> int:
+        """Default end token id (-1: never stop on a token)."""
+        return self._end_id
+
+    @property
+    def speculative_config(self) -> dict | None:
+        return None if self._speculative_config is None else dict(self._speculative_config)
+
+    @property
+    def max_draft_len(self) -> int:
+        """Draft tokens per step a request may ask for: ``limits.max_draft_len``, or 0 without speculation."""
+        return self._limits.max_draft_len if self._method is not None else 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Greedy generation for one request, speculative when ``num_draft_tokens > 0``.
+
+        The output equals plain greedy decoding of the target token for token (up to floating-point
+        differences between a multi-token and a one-token forward pass).
+
+        Raises:
+            InvalidRequestError: a field is out of range (see :func:`validate_request`).
+        """
+        resolved = validate_request(
+            request,
+            max_input_len=self._limits.max_input_len,
+            max_seq_len=self._limits.max_seq_len,
+            max_draft_len=self.max_draft_len,
+            vocab_size=self._vocab_size,
+            default_end_id=self._end_id,
+        )
+        with torch.inference_mode():
+            return self._decode(resolved)
+
+    def _decode(self, request: ResolvedRequest) -> GenerationResult:
+        cache = target_model.new_cache(self._model)
+        state = _DecodeState(list(request.input_ids), request.max_tokens, request.end_id)
+        state.emit([target_model.prefill(self._model, request.input_ids, cache)])
+        proposer = self._new_proposer() if request.num_draft_tokens > 0 else None
+        while state.finish_reason is None:
+            self._step(state, cache, proposer, request.num_draft_tokens)
+        return state.result()
+
+    def _step(self, state: _DecodeState, cache: Any, proposer: Proposer | None, num_draft_tokens: int) -> None:
+        """One decoding iteration: propose, verify in one target pass, accept, roll back, emit."""
+        # More than remaining - 1 drafts could never be emitted (the bonus token takes the last slot).
+        k = min(num_draft_tokens, state.remaining - 1)
+        draft = proposer.propose(state.context, k) if proposer is not None and k > 0 else []
+        target_tokens = target_model.verify(self._model, state.context[-1], draft, cache)  # k + 1 ids
+        acceptance = accept_greedy(draft, target_tokens)
+        rollback(cache, len(state.context) + acceptance.num_accepted)
+        num_emitted = state.emit(acceptance.emitted_tokens)
+        state.iterations += 1
+        state.total_draft_tokens += len(draft)
+        state.total_accepted += min(acceptance.num_accepted, num_emitted)
+        if proposer is not None:
+            proposer.update(state.context, acceptance.num_accepted)
+
+    def _new_proposer(self) -> Proposer:
+        assert self._method is not None
+        return self._method.make_proposer(self._method_config)
+
+
+def _check_draft_len(method_draft_len: int, built_draft_len: int) -> None:
+    if method_draft_len > built_draft_len:
+        raise ValueError(
+            f"speculative_config.max_draft_len={method_draft_len} exceeds the built max_draft_len="
+            f"{built_draft_len} (EngineLimits.max_draft_len)"
+        )
+
+
+def _default_end_id(model: Any) -> int:
+    """The checkpoint's eos id (generation_config first, then config); -1 when it has none."""
+    generation_config = getattr(model, "generation_config", None)
+    eos = getattr(generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config.get_text_config(), "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return -1 if eos is None else int(eos)
+
+
+def _require(mapping: dict, key: str, path: Path) -> Any:
+    if key not in mapping:
+        raise ValueError(f"{path}: missing key {key!r}")
+    return mapping[key]

@@ -1,0 +1,87 @@
+"""The target model: loading and the two forward steps of the speculation loop (gpt-fast style).
+
+The forward pass is transformers' own model implementation; the engine owns the cache and the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def to_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map ``"float32" | "float16" | "bfloat16"`` (or a ``torch.dtype``) to a ``torch.dtype``.
+
+    Raises:
+        ValueError: for any other name.
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_target(
+    checkpoint_dir: str | Path, *, dtype: str | torch.dtype, device: str, trust_remote_code: bool
+) -> PreTrainedModel:
+    """Load a local Hugging Face causal-LM checkpoint for inference (no hub download).
+
+    Raises:
+        FileNotFoundError: if ``checkpoint_dir/config.json`` does not exist.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    if not (checkpoint_dir / "config.json").is_file():
+        raise FileNotFoundError(f"no Hugging Face checkpoint at {checkpoint_dir} (config.json missing)")
+    model = AutoModelForCausalLM.from_pretrained(
+        checkpoint_dir,
+        dtype=to_torch_dtype(dtype),
+        trust_remote_code=trust_remote_code,
+        local_files_only=True,
+    )
+    return model.to(device).eval()
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    """An empty per-request KV cache for ``model``."""
+    return DynamicCache(config=model.config)
+
+
+def forward_argmax(model: PreTrainedModel, tokens: Sequence[int], cache: DynamicCache, *, num_logits: int) -> list[int]:
+    """Run ``tokens`` through the target after the cached positions; greedy tokens of the last positions.
+
+    Appends ``len(tokens)`` positions to ``cache``. Only the last ``num_logits`` positions go through the
+    LM head (``logits_to_keep``), so a prefill computes one row of logits, not ``len(tokens)``.
+
+    Args:
+        tokens: ``T`` token ids at positions ``cache_len .. cache_len + T - 1``.
+        num_logits: ``1 <= num_logits <= T``.
+
+    Returns:
+        ``num_logits`` argmax ids; entry ``i`` is the target's next token after ``tokens[T - num_logits + i]``.
+    """
+    input_ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
+    logits = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=num_logits).logits
+    # logits: [1, num_logits, vocab]
+    return logits[0].argmax(dim=-1).tolist()
+
+
+def prefill(model: PreTrainedModel, prompt: Sequence[int], cache: DynamicCache) -> int:
+    """Fill ``cache`` with the prompt (``len(prompt)`` positions) and return the first greedy token."""
+    return forward_argmax(model, prompt, cache, num_logits=1)[0]
+
+
+def verify(model: PreTrainedModel, last_token: int, draft_tokens: Sequence[int], cache: DynamicCache) -> list[int]:
+    """One decoding iteration: score ``[last_token, *draft_tokens]`` in a single forward pass.
+
+    The cache holds every context position except ``last_token``; it grows by ``k + 1``.
+
+    Returns:
+        ``k + 1`` target tokens for :func:`specbuild.engine.acceptance.accept_greedy`.
+    """
+    return forward_argmax(model, [last_token, *draft_tokens], cache, num_logits=len(draft_tokens) + 1)

@@ -1,0 +1,70 @@
+"""Request and result types of the reference engine (no torch import: clients and Triton models use them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class InvalidRequestError(ValueError):
+    """A request field is out of range; the message names the field, its value and the allowed values."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation request (greedy decoding).
+
+    Attributes:
+        input_ids: prompt token ids, non-empty, each in ``[0, vocab_size)``.
+        max_tokens: number of new tokens to generate, ``>= 1`` (TensorRT-LLM ``request_output_len``).
+        end_id: ``None`` -> the engine's default end token (tokenizer eos); ``-1`` -> never stop on a token.
+        num_draft_tokens: draft tokens per verification step. ``None`` -> the engine's ``max_draft_len``;
+            ``0`` -> plain (non-speculative) decoding; at most ``max_draft_len``.
+    """
+
+    input_ids: list[int]
+    max_tokens: int
+    end_id: int | None = None
+    num_draft_tokens: int | None = None
+
+
+FINISH_REASONS = ("length", "stop")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Tokens generated for one request and the speculation counters.
+
+    Attributes:
+        output_ids: generated tokens only (no prompt). If the end token was hit it is the last token.
+        finish_reason: ``"stop"`` (end token emitted) or ``"length"`` (``max_tokens`` emitted).
+        total_draft_tokens: draft tokens proposed and sent to verification.
+        total_accepted_draft_tokens: draft tokens the target accepted AND that were emitted (tokens
+            accepted after an end token, or past ``max_tokens``, are not counted).
+        num_decoding_iterations: target forward passes after the prefill. The prefill emits the first
+            token, so ``len(output_ids) - 1`` tokens come from these passes.
+    """
+
+    output_ids: list[int]
+    finish_reason: str
+    total_draft_tokens: int
+    total_accepted_draft_tokens: int
+    num_decoding_iterations: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft tokens; 0.0 when no draft token was proposed."""
+        if self.total_draft_tokens == 0:
+            return 0.0
+        return self.total_accepted_draft_tokens / self.total_draft_tokens
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens emitted per target forward pass after the prefill, bonus token included.
+
+        ``(len(output_ids) - 1) / num_decoding_iterations``: the prefill's token is left out, so plain
+        decoding gives exactly 1.0 and speculation gives ``1 + accepted drafts per step``. 0.0 when there
+        was no decoding iteration (``max_tokens == 1`` or the prefill emitted the end token).
+        """
+        if self.num_decoding_iterations == 0:
+            return 0.0
+        return (len(self.output_ids) - 1) / self.num_decoding_iterations

@@ -1,0 +1,28 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import make_tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A random tiny Llama + BPE tokenizer (vocab 384, eos id 0), made once per session."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "ckpt", seed=0)
+
+
+def write_recipe(path: Path, checkpoint: Path, *, method: str = "ngram", extra: str = "") -> Path:
+    """A recipe for the tiny checkpoint with free ports and small limits."""
+    speculation = "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n" if method == "ngram" else "  method: none\n"
+    path.write_text(
+        f"name: tiny-{method}\n"
+        f"target:\n  checkpoint: {checkpoint}\n"
+        f"speculation:\n{speculation}"
+        "build:\n  max_batch_size: 4\n  max_input_len: 400\n  max_seq_len: 500\n"
+        "serve:\n  http_port: 0\n  grpc_port: 0\n  metrics_port: 0\n"
+        + extra
+    )
+    return path
