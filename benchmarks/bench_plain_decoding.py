@@ -1,7 +1,7 @@
 """Reference engine plain greedy decoding vs Hugging Face ``generate()``: tokens/s, side by side.
 
 Same checkpoint, same prompts, same number of new tokens (end token disabled on both sides so the
-work is equal), runs interleaved (engine, HF, engine, HF, ...) in one process so machine noise hits
+work is equal), one untimed warm-up each, then runs interleaved (engine, HF, engine, HF, ...) in one process so machine noise hits
 both alike. Also checks that both produce the same token ids. Prints a table and writes JSON.
 
     python benchmarks/bench_plain_decoding.py                       # SmolLM2-135M, humaneval:5, 128 tokens
@@ -65,8 +65,12 @@ def main() -> None:
     limits = EngineLimits(max_batch_size=1, max_input_len=4096, max_seq_len=8192, max_draft_len=0)
     engine = ReferenceEngine.from_pretrained(checkpoint, speculative_config=None, limits=limits)
 
+    prompts = load_prompts(args.prompts)
+    warmup = tokenizer(prompts[0].text)["input_ids"]
+    engine.generate(GenerationRequest(input_ids=warmup, max_tokens=8, end_id=-1))
+    hf_generate(hf_model, warmup, 8)
     rows = []
-    for prompt in load_prompts(args.prompts):
+    for prompt in prompts:
         ids = tokenizer(prompt.text)["input_ids"]
         request = GenerationRequest(input_ids=ids, max_tokens=args.max_tokens, end_id=-1, num_draft_tokens=0)
         result, engine_s = timed(lambda: engine.generate(request))

