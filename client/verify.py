@@ -289,11 +289,11 @@ def result_to_json(result: GenerateResult) -> dict[str, Any]:
 
 
 def render_report(report: VerifyReport) -> Table:
-    """A rich table: one row per prompt, the aggregates in the caption."""
+    """A rich table: one row per prompt (the CLI prints the aggregates under it)."""
     table = Table(title="specbuild verify: speculative vs baseline (num_draft_tokens=0), greedy")
     columns = ("prompt", "match", "tokens", "first divergence", "acc. length", "acc. rate", "base tok/s", "spec tok/s")
     for name in columns:
-        table.add_column(name, justify="left" if name in ("prompt", "first divergence") else "right")
+        table.add_column(name, justify="left" if name in ("prompt", "first divergence") else "right", no_wrap=name == "prompt")
     for r in report.results:
         table.add_row(
             r.prompt_id,
@@ -305,12 +305,6 @@ def render_report(report: VerifyReport) -> Table:
             _fmt(r.baseline.tokens_per_s, ".1f"),
             _fmt(r.speculative.tokens_per_s, ".1f"),
         )
-    table.caption = (
-        f"{report.num_match}/{report.num_prompts} match; acceptance length {_fmt(report.mean_acceptance_length)}, "
-        f"acceptance rate {_fmt(report.mean_acceptance_rate)}, draft tokens {report.total_draft_tokens}; "
-        f"{_fmt(report.baseline_tokens_per_s, '.1f')} -> {_fmt(report.speculative_tokens_per_s, '.1f')} tok/s "
-        f"(speedup {_fmt(report.speedup)}x)"
-    )
     return table
 
 

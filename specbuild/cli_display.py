@@ -77,14 +77,18 @@ def print_summary(console: Console, summary: RunSummary) -> None:
 
 def print_report(console: Console, report) -> None:
     """The verification summary: matches, first divergences, acceptance and speed-up."""
-    from specbuild.client.verify import render_report
+    from specbuild.client.verify import describe_divergence, render_report
 
     console.print(render_report(report))
+    for result in report.results:
+        if result.divergence is not None:
+            console.print(f"[red]{result.prompt_id}[/red]: {describe_divergence(result.divergence)}", highlight=False)
     verdict = "[green]LOSSLESS[/green]" if report.all_match else "[red]MISMATCH[/red]"
     fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
     console.print(
         f"{verdict}: {report.num_match}/{report.num_prompts} prompts token-identical; "
-        f"mean acceptance length {fmt(report.mean_acceptance_length, '.2f')}; "
+        f"mean acceptance length {fmt(report.mean_acceptance_length, '.2f')} "
+        f"(acceptance rate {fmt(report.mean_acceptance_rate, '.2f')}, {report.total_draft_tokens} draft tokens); "
         f"speculative {report.speculative_tokens_per_s:.1f} vs non-speculative {report.baseline_tokens_per_s:.1f} "
         f"tokens/s: speed-up {fmt(report.speedup, '.2f')}x"
     )

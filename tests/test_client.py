@@ -16,7 +16,6 @@ from specbuild.client.verify import (
     VerifyReport,
     find_divergence,
     first_divergence,
-    render_report,
     verify,
 )
 
@@ -160,11 +159,14 @@ def test_report_json_round_trips(tmp_path):
     assert second["divergence"]["speculative_continuation"] == [99] * 15
 
 
-def test_render_report_lists_prompts_and_summary():
+def test_printed_report_lists_prompts_divergence_and_summary():
+    from specbuild.cli_display import print_report
+
     console = Console(record=True, width=200)
-    console.print(render_report(make_report()))
+    print_report(console, make_report())
     text = console.export_text()
-    assert "1/2 match" in text and "@5: 5 vs 99" in text and "speedup 2.00x" in text
+    assert "@5: 5 vs 99" in text  # the table row of the mismatching prompt
+    assert "MISMATCH: 1/2 prompts token-identical" in text and "speed-up 2.00x" in text
 
 
 # verify() orchestration, with a stand-in for SpecClient (no server involved)

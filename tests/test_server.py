@@ -260,8 +260,8 @@ def test_serve_forever_stops_on_sigterm(install, tmp_path, capsys):
             time.sleep(0.1)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    handler_before = signal.getsignal(signal.SIGTERM)
+    handlers_before = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)]
     threading.Thread(target=terminate_when_ready, daemon=True).start()
     assert serve_forever(server) == 0
     assert server.returncode == 0
-    assert signal.getsignal(signal.SIGTERM) is handler_before
+    assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == handlers_before

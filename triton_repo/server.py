@@ -156,6 +156,7 @@ def _ensure_backend_directory(python_backend: Path, stub: Path, cache_dir: Path)
     cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache_dir))
     try:
+        staging.chmod(0o755)  # mkdtemp makes it 0700
         (staging / "python").mkdir()
         for source in sources:
             shutil.copy2(source, staging / "python" / source.name)
@@ -443,13 +444,14 @@ def _answers_ok(url: str, timeout_s: float = 2.0) -> bool:
 
 
 def serve_forever(server: TritonServer) -> int:
-    """Start ``server``, print its URLs, and block until Ctrl-C or SIGTERM; then stop it.
+    """Start ``server``, print its URLs, and block until Ctrl-C, SIGINT or SIGTERM; then stop it.
 
-    Call from the main thread (it installs a SIGTERM handler for the duration). Returns an exit code
-    for the CLI: 0 after Ctrl-C or SIGTERM, 1 if the server failed to start, else the server's own
-    status if it ended by itself (128 + N if signal N killed it).
+    Call from the main thread: it handles SIGINT and SIGTERM itself for the duration (SIGINT too, since a
+    shell starts background jobs with it ignored). Returns an exit code for the CLI: 0 after a signal,
+    1 if the server failed to start, else the server's own status if it ended by itself (128 + N if
+    signal N killed it).
     """
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    previous = {sig: signal.signal(sig, _raise_keyboard_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start()
         print(
@@ -468,7 +470,8 @@ def serve_forever(server: TritonServer) -> int:
         return 0
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
