@@ -19,11 +19,11 @@ import importlib.metadata
 import importlib.util
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from specbuild.builder.atomic import staging_dir
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -81,8 +81,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECBUILD_CACHE") or Path.home() / ".cache" / "specbuild")
 
 
-def locate_checkpoint(spec: str, *, base_dir: Path | None = None, revision: str | None = None) -> CheckpointSource:
+def locate_checkpoint(
+    spec: str, *, base_dir: Path | None = None, revision: str | None = None, hf_cache_dir: Path | None = None
+) -> CheckpointSource:
     """Find ``spec`` without loading anything (milliseconds).
+
+    ``hf_cache_dir`` overrides the Hugging Face hub cache (default: ``HF_HUB_CACHE`` / ``HF_HOME``).
 
     Raises:
         CheckpointError: not installed / no such directory / not in the local HF cache; the message
@@ -97,7 +101,7 @@ def locate_checkpoint(spec: str, *, base_dir: Path | None = None, revision: str 
         path = base_dir / path
     if path.exists() or spec.startswith((".", "/", "~")) or not HF_ID.match(spec):
         return _locate_local(spec, path)
-    return _locate_hub(spec, revision)
+    return _locate_hub(spec, revision, hf_cache_dir)
 
 
 def _locate_packaged(spec: str, model: PackagedModel) -> CheckpointSource:
@@ -122,23 +126,18 @@ def _locate_local(spec: str, path: Path) -> CheckpointSource:
     return CheckpointSource(spec=spec, kind="local", path=path.resolve())
 
 
-def _locate_hub(spec: str, revision: str | None) -> CheckpointSource:
-    from huggingface_hub import try_to_load_from_cache
+def _locate_hub(spec: str, revision: str | None, cache: Path | None) -> CheckpointSource:
+    from huggingface_hub import constants, try_to_load_from_cache
 
-    config = try_to_load_from_cache(spec, "config.json", revision=revision)
+    cache = cache or Path(constants.HF_HUB_CACHE)
+    config = try_to_load_from_cache(spec, "config.json", revision=revision, cache_dir=cache)
     if not isinstance(config, str):
         raise CheckpointError(
-            f"checkpoint {spec!r}: not in the local Hugging Face cache ({_hf_cache()}); specbuild never "
+            f"checkpoint {spec!r}: not in the local Hugging Face cache ({cache}); specbuild never "
             f"downloads at run time. Fetch it where the hub is reachable (`hf download {spec}`) and copy "
             "the cache here, or point target.checkpoint at a local directory"
         )
     return CheckpointSource(spec=spec, kind="hub", path=Path(config).parent)
-
-
-def _hf_cache() -> str:
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_CACHE
 
 
 def materialize_checkpoint(source: CheckpointSource, *, log=print) -> Path:
@@ -155,13 +154,8 @@ def materialize_checkpoint(source: CheckpointSource, *, log=print) -> Path:
     if (out / "config.json").is_file():
         return out
     log(f"converting {source.path.name} to safetensors (once) -> {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staging_dir(out) as tmp:
         _convert_gguf(source.path, tmp)
-        publish_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -191,17 +185,6 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     plain.generation_config = quantized.generation_config
     plain.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(out)
-
-
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Atomically make ``tmp`` appear as ``final`` (replacing an old one)."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def package_version(dist: str) -> str | None:

@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild import __version__
+from specbuild.builder.atomic import staging_dir
 from specbuild.builder.checkpoints import (
     CheckpointSource,
     locate_checkpoint,
     materialize_checkpoint,
-    publish_dir,
     quiet_transformers,
 )
 from specbuild.builder.recipe import LoadedRecipe, RecipeError
@@ -104,17 +102,11 @@ def build_reference_engine(loaded: LoadedRecipe, engine_dir: Path, *, force: boo
         log(f"engine is up to date: {engine_dir}")
         return EngineBuild(engine_dir=engine_dir, fingerprint=fingerprint, rebuilt=False)
     checkpoint = materialize_checkpoint(source, log=log)
-    engine_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{engine_dir.name}.", dir=engine_dir.parent))
-    try:
+    with staging_dir(engine_dir) as tmp:
         config = _write_engine(loaded, checkpoint, tmp, log=log)
         config["specbuild"]["fingerprint"] = fingerprint
         config["specbuild"]["target_checkpoint"] = source.spec
-        # config.json last: its presence is what marks the directory finished.
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        publish_dir(tmp, engine_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     log(f"engine written: {engine_dir}")
     return EngineBuild(engine_dir=engine_dir, fingerprint=fingerprint, rebuilt=True)
 

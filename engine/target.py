@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import inspect
+
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
@@ -47,6 +49,20 @@ def load_target(
     return model.to(device).eval()
 
 
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The forward() keyword for the KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``.
+
+    A model that ignored an unknown keyword would silently recompute without the cache, so the
+    name is read from the signature rather than assumed.
+    """
+    parameters = inspect.signature(model.forward).parameters
+    if "cache" in parameters:
+        return "cache"
+    if "past_key_values" in parameters:
+        return "past_key_values"
+    raise TypeError(f"{type(model).__name__}.forward takes neither cache= nor past_key_values=; cannot own its KV cache")
+
+
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     """An empty per-request KV cache for ``model``."""
     return DynamicCache(config=model.config)
@@ -66,7 +82,8 @@ def forward_argmax(model: PreTrainedModel, tokens: Sequence[int], cache: Dynamic
         ``num_logits`` argmax ids; entry ``i`` is the target's next token after ``tokens[T - num_logits + i]``.
     """
     input_ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
-    logits = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=num_logits).logits
+    kwargs = {cache_keyword(model): cache, "use_cache": True, "logits_to_keep": num_logits}
+    logits = model(input_ids=input_ids, **kwargs).logits
     # logits: [1, num_logits, vocab]
     return logits[0].argmax(dim=-1).tolist()
 

@@ -20,13 +20,11 @@ FP32 [1], ``total_accepted_draft_tokens`` and ``total_draft_tokens`` INT32 [1].
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild import __version__
-from specbuild.builder.checkpoints import publish_dir
+from specbuild.builder.atomic import staging_dir
 from specbuild.triton_repo.pbtxt import EnsembleStep, ModelConfig, Tensor, render
 
 REPO_METADATA = "specbuild-repo.json"
@@ -182,9 +180,7 @@ SHELL_MODULES = {
 
 def write_reference_repository(spec: ReferenceRepoSpec, repo_dir: Path) -> Path:
     """Write the repository for ``spec`` at ``repo_dir`` (atomically: temp dir, then rename)."""
-    repo_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{repo_dir.name}.", dir=repo_dir.parent))
-    try:
+    with staging_dir(repo_dir) as tmp:
         for model in reference_models(spec):
             version_dir = tmp / model.name / "1"
             version_dir.mkdir(parents=True)
@@ -193,9 +189,6 @@ def write_reference_repository(spec: ReferenceRepoSpec, repo_dir: Path) -> Path:
                 (version_dir / "model.py").write_text(SHELL.format(version=__version__, module=SHELL_MODULES[model.name]))
         metadata = {"kind": "reference", "specbuild": __version__, "recipe": spec.recipe, "engine_dir": str(spec.engine_dir.resolve()), "engine_fingerprint": spec.fingerprint}
         (tmp / REPO_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
-        publish_dir(tmp, repo_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return repo_dir
 
 

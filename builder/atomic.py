@@ -1,0 +1,60 @@
+"""Write a directory so that it is either absent, the old one, or complete: never half-written.
+
+``with staging_dir(final) as tmp:`` yields an empty sibling directory ``.<name>.tmp-<pid>-<random>``;
+when the block ends without an exception it replaces ``final`` by renaming (``os.replace``), and on
+an exception it is deleted. A process killed outright leaves only its hidden staging directory,
+which the next ``staging_dir`` for the same ``final`` removes once its process is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def staging_dir(final: Path) -> Iterator[Path]:
+    """Stage ``final``'s new contents in a temporary sibling and publish them atomically."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+    try:
+        yield tmp
+        publish_dir(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Make ``tmp`` appear as ``final`` by rename, replacing an existing ``final``."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_abandoned(final: Path) -> None:
+    """Delete staging (``.tmp-<pid>-*``) and replaced (``.old-<pid>``) siblings of dead processes."""
+    owner = re.compile(rf"^\.{re.escape(final.name)}\.(?:tmp|old)-(\d+)")
+    for path in final.parent.iterdir():
+        match = owner.match(path.name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
