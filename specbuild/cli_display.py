@@ -56,6 +56,10 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
             summary = run_recipe(loaded, paths, rebuild=rebuild, status=status, progress=progress, log=lambda m: bar.console.print(f"  {m}", highlight=False))
         except failures as exc:
             raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            # run_recipe has already stopped the server and removed any half-written directory.
+            bar.console.print("[yellow]interrupted[/yellow]")
+            raise SystemExit(130) from None
     print_summary(console, summary)
     return summary
 

@@ -89,6 +89,12 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
     r = loaded.recipe
     spec = r.speculation
     s = r.serve
+    if r.build.backend != "reference":
+        return [
+            f"recipe    {loaded.path} ({r.name})",
+            f"build     backend {r.build.backend!r}: the TensorRT-LLM build path is not in this release; "
+            "nothing can be planned for it yet. Use `build.backend: reference` to run on this machine.",
+        ]
     return [
         f"recipe    {loaded.path} ({r.name})",
         f"target    {r.target.checkpoint} ({r.target.dtype})",

@@ -166,3 +166,30 @@ def test_real_smollm2_is_lossless_through_triton(tmp_path):
             report = verify(client, load_prompts("humaneval:2"), max_tokens=48, end_id=-1)
     assert report.all_match, [r.divergence for r in report.results if not r.match]
     assert report.total_accepted_draft_tokens > 0
+
+
+def test_serve_command_stops_cleanly_on_ctrl_c(deployment, tmp_path):
+    """`specbuild serve REPO`: ready line with the URLs, then SIGINT -> exit 0, no process left."""
+    import signal
+
+    from specbuild.triton_repo.server import free_port
+
+    server, _ = deployment
+    ports = [str(free_port()) for _ in range(3)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specbuild.cli", "serve", str(server.model_repository), "--http-port", ports[0],
+         "--grpc-port", ports[1], "--metrics-port", ports[2], "--log-file", str(tmp_path / "serve.log")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        ready = proc.stdout.readline()
+        assert "tritonserver ready" in ready and f"127.0.0.1:{ports[0]}" in ready, ready
+        with SpecClient(f"127.0.0.1:{ports[1]}") as client:
+            assert len(client.generate("x = 1", max_tokens=2, end_id=-1).output_ids) == 2
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert "Started GRPCInferenceService" in (tmp_path / "serve.log").read_text()
+    with pytest.raises(Exception):
+        urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/live", timeout=2)
