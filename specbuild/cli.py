@@ -61,13 +61,15 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
       specbuild recipe my-recipe.yaml -o /tmp/out
     """
     from specbuild.cli_display import print_plan, run_with_progress
+    from specbuild.triton_repo.server import stop_signals_interrupt
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
     if dry_run:
         print_plan(_console(), loaded, paths)
         return
-    summary = run_with_progress(_console(), loaded, paths, rebuild=rebuild)
+    with stop_signals_interrupt():
+        summary = run_with_progress(_console(), loaded, paths, rebuild=rebuild)
     if summary.report is None or not summary.report.all_match:
         sys.exit(1)
 

@@ -75,6 +75,14 @@ def test_server_output_matches_the_engine_run_in_process(deployment):
     assert served.text == tokenizer.decode(direct.output_ids, skip_special_tokens=True)
 
 
+@pytest.mark.parametrize("output", ["text_output", "output_ids", "sequence_length", "acceptance_rate"])
+def test_a_request_may_ask_for_a_single_output(deployment, output):
+    """TensorRT-LLM clients usually request only text_output; every output must work on its own."""
+    server, _ = deployment
+    result = raw_infer(server.http_url, "def f():", 4, end_id=-1, requested=[output])
+    assert result.as_numpy(output) is not None
+
+
 def test_max_tokens_and_end_token_are_honoured(deployment):
     server, _ = deployment
     with SpecClient(server.grpc_url) as client:
@@ -86,7 +94,7 @@ def test_max_tokens_and_end_token_are_honoured(deployment):
         assert client.generate(PROMPTS[0].text, max_tokens=MAX_TOKENS, end_id=stop).output_ids == cut
 
 
-def raw_infer(url: str, text: str, max_tokens: int, **optional_int32):
+def raw_infer(url: str, text: str, max_tokens: int, requested: list[str] | None = None, **optional_int32):
     """A request straight through tritonclient, bypassing the SDK's own argument checks."""
     import numpy as np
     import tritonclient.http as http
@@ -97,8 +105,9 @@ def raw_infer(url: str, text: str, max_tokens: int, **optional_int32):
     for name, value in tensors.items():
         inputs.append(http.InferInput(name, list(value.shape), "BYTES" if value.dtype == object else "INT32"))
         inputs[-1].set_data_from_numpy(value)
+    outputs = [http.InferRequestedOutput(name) for name in requested] if requested else None
     with http.InferenceServerClient(url) as client:
-        return client.infer("ensemble", inputs)
+        return client.infer("ensemble", inputs, outputs=outputs)
 
 
 @pytest.mark.parametrize(
@@ -193,3 +202,37 @@ def test_serve_command_stops_cleanly_on_ctrl_c(deployment, tmp_path):
     assert "Started GRPCInferenceService" in (tmp_path / "serve.log").read_text()
     with pytest.raises(Exception):
         urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/live", timeout=2)
+
+
+def test_recipe_run_killed_with_sigterm_leaves_no_server_behind(tiny_checkpoint, tmp_path):
+    """`timeout`, `kill` or a CI cancel sends SIGTERM: the server (its own session) must still stop."""
+    import signal
+    import time
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra="verify:\n  prompts: humaneval:20\n  max_tokens: 64\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "specbuild.cli", "recipe", str(recipe), "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "logs" / "tritonserver.log"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and "Started GRPCInferenceService" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, "server never came up"
+        time.sleep(0.2)
+    repo = str((out / "triton_repo").resolve())
+    assert server_pids(repo)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert server_pids(repo) == []
+
+
+def server_pids(repo: str) -> list[int]:
+    """tritonserver processes serving ``repo`` (read from /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and cmdline and cmdline[0].endswith(b"tritonserver") and repo.encode() in b" ".join(cmdline):
+            pids.append(int(entry.name))
+    return pids

@@ -67,7 +67,11 @@ def test_ensemble_steps_are_wired_consistently(engine_dir, tmp_path):
         assert set(step.input_map.values()) <= available, step.model_name
         assert set(step.output_map) <= model_outputs, step.model_name
         available |= set(step.output_map.values())
-    assert {t.name for t in ensemble.output} <= available
+    outputs = {t.name for t in ensemble.output}
+    assert outputs <= available
+    # An ensemble output that a step also consumes breaks Triton's pruning of partial requests.
+    consumed = {v for step in ensemble.ensemble_scheduling.step for v in step.input_map.values()}
+    assert not outputs & consumed
 
 
 def test_render_escapes_strings_and_rejects_ambiguous_models():

@@ -114,7 +114,11 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
         backend="python",
         max_batch_size=b,
         inputs=(_t("TOKENS_BATCH", "TYPE_INT32", (-1, -1)), _t("SEQUENCE_LENGTH", "TYPE_INT32", (-1,))),
-        outputs=(_t("OUTPUT", "TYPE_STRING", (-1,)),),
+        outputs=(
+            _t("OUTPUT", "TYPE_STRING", (-1,)),
+            _t("OUT_OUTPUT_IDS", "TYPE_INT32", (-1, -1)),
+            _t("OUT_SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
+        ),
         parameters={"tokenizer_dir": tokenizer_dir},
     )
     return [_ensemble(b), preprocessing, engine, postprocessing]
@@ -146,12 +150,15 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
                 **{name: name for name in ("num_draft_tokens",) + optional_bool},
             },
             output_map={t.name: t.name for t in PERF_OUTPUTS}
-            | {"output_ids": "output_ids", "sequence_length": "sequence_length"},
+            | {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
         ),
+        # The ids reach the client through postprocessing: a tensor that is both an ensemble output
+        # and a later step's input breaks Triton's pruning for requests that ask for a subset of
+        # the outputs (2.51: "unexpected deadlock, at least one output is not set").
         EnsembleStep(
             "postprocessing",
-            input_map={"TOKENS_BATCH": "output_ids", "SEQUENCE_LENGTH": "sequence_length"},
-            output_map={"OUTPUT": "text_output"},
+            input_map={"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
+            output_map={"OUTPUT": "text_output", "OUT_OUTPUT_IDS": "output_ids", "OUT_SEQUENCE_LENGTH": "sequence_length"},
         ),
     )
     return ModelConfig(

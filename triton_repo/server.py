@@ -47,6 +47,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -444,14 +445,18 @@ def _answers_ok(url: str, timeout_s: float = 2.0) -> bool:
 
 
 def serve_forever(server: TritonServer) -> int:
-    """Start ``server``, print its URLs, and block until Ctrl-C, SIGINT or SIGTERM; then stop it.
+    """Start ``server``, print its URLs, and block until Ctrl-C, SIGINT, SIGTERM or SIGHUP; then stop it.
 
-    Call from the main thread: it handles SIGINT and SIGTERM itself for the duration (SIGINT too, since a
+    Call from the main thread: it handles those signals itself for the duration (SIGINT too, since a
     shell starts background jobs with it ignored). Returns an exit code for the CLI: 0 after a signal,
     1 if the server failed to start, else the server's own status if it ended by itself (128 + N if
     signal N killed it).
     """
-    previous = {sig: signal.signal(sig, _raise_keyboard_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with stop_signals_interrupt():
+        return _serve_until_interrupted(server)
+
+
+def _serve_until_interrupted(server: TritonServer) -> int:
     try:
         server.start()
         print(
@@ -470,6 +475,21 @@ def serve_forever(server: TritonServer) -> int:
         return 0
     finally:
         server.stop()
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stop_signals_interrupt():
+    """Within the block, SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, so
+    ``finally: server.stop()`` runs however the process is asked to stop (Ctrl-C, ``kill``,
+    ``timeout``, a closed terminal). The server runs in its own session and would otherwise outlive
+    us. Previous handlers are restored on exit."""
+    previous = {sig: signal.signal(sig, _raise_keyboard_interrupt) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -7,7 +7,8 @@ from specbuild.triton_repo.models.tokenization import detokenize, load_tokenizer
 
 
 class TritonPythonModel:
-    """Inputs TOKENS_BATCH [-1, -1] INT32 (beam, len), SEQUENCE_LENGTH [-1]; output OUTPUT [-1] BYTES."""
+    """Inputs TOKENS_BATCH [-1, -1] INT32 (beam, len), SEQUENCE_LENGTH [-1]; outputs OUTPUT [-1] BYTES
+    and the ids passed through unchanged as OUT_OUTPUT_IDS / OUT_SEQUENCE_LENGTH."""
 
     def initialize(self, args):
         import triton_python_backend_utils as pb_utils
@@ -22,4 +23,10 @@ class TritonPythonModel:
         pb = self.pb_utils
         tokens = required_input(pb, request, "TOKENS_BATCH")
         lengths = required_input(pb, request, "SEQUENCE_LENGTH")
-        return pb.InferenceResponse(output_tensors=[pb.Tensor("OUTPUT", detokenize(self.tokenizer, tokens, lengths))])
+        return pb.InferenceResponse(
+            output_tensors=[
+                pb.Tensor("OUTPUT", detokenize(self.tokenizer, tokens, lengths)),
+                pb.Tensor("OUT_OUTPUT_IDS", tokens),
+                pb.Tensor("OUT_SEQUENCE_LENGTH", lengths),
+            ]
+        )
