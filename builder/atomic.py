@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +22,8 @@ def staging_dir(final: Path) -> Iterator[Path]:
     """Stage ``final``'s new contents in a temporary sibling and publish them atomically."""
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(final)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()  # unlike mkdtemp's 0700, the umask's usual permissions
     try:
         yield tmp
         publish_dir(tmp, final)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from specbuild.builder.atomic import staging_dir
+from specbuild.cache import cache_dir
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -74,11 +75,6 @@ class CheckpointSource:
             st = f.stat()
             h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
         return h.hexdigest()[:16]
-
-
-def cache_dir() -> Path:
-    """specbuild's cache: ``$SPECBUILD_CACHE`` or ``~/.cache/specbuild``."""
-    return Path(os.environ.get("SPECBUILD_CACHE") or Path.home() / ".cache" / "specbuild")
 
 
 def locate_checkpoint(

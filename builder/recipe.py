@@ -19,12 +19,13 @@ Example (``recipes/smollm2-ngram.yaml``)::
 from __future__ import annotations
 
 import importlib.resources
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 
@@ -118,14 +119,16 @@ class BuildConfig(_Strict):
     max_seq_len: int = Field(2048, ge=2)
     device: Literal["cpu", "cuda"] = "cpu"
 
-    @model_validator(mode="after")
-    def _lengths(self) -> "BuildConfig":
-        if self.max_seq_len <= self.max_input_len:
+    @field_validator("max_seq_len")
+    @classmethod
+    def _longer_than_input(cls, max_seq_len: int, info: ValidationInfo) -> int:
+        max_input_len = info.data.get("max_input_len")
+        if max_input_len is not None and max_seq_len <= max_input_len:
             raise ValueError(
-                f"max_seq_len ({self.max_seq_len}) must exceed max_input_len ({self.max_input_len}): "
+                f"max_seq_len ({max_seq_len}) must exceed max_input_len ({max_input_len}): "
                 "max_seq_len counts the prompt plus the generated tokens"
             )
-        return self
+        return max_seq_len
 
 
 Port = Annotated[int, Field(ge=0, le=65535)]
@@ -248,8 +251,8 @@ def load_recipe(name_or_path: str | Path) -> LoadedRecipe:
 def parse_recipe(text: str, path: Path) -> LoadedRecipe:
     """Validate recipe YAML ``text`` read from ``path`` (see :func:`load_recipe`)."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(_named_stream(text, path), Loader=yaml.SafeLoader)
+        data = yaml.safe_load(_named_stream(text, path))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -262,6 +265,13 @@ def parse_recipe(text: str, path: Path) -> LoadedRecipe:
     except ValidationError as exc:
         raise RecipeError(_format_validation(path, lines, exc)) from None
     return LoadedRecipe(recipe=recipe, path=path, lines=lines)
+
+
+def _named_stream(text: str, path: Path) -> io.StringIO:
+    """``text`` as a stream whose name PyYAML puts in its error messages."""
+    stream = io.StringIO(text)
+    stream.name = str(path)
+    return stream
 
 
 def _node_lines(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, int]:
@@ -293,7 +303,7 @@ def _format_validation(path: Path, lines: dict[tuple, int], exc: ValidationError
     messages = []
     for err in exc.errors(include_url=False):
         loc = _strip_tags(err["loc"])
-        message = err["msg"]
+        message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = f"unknown key; allowed keys here: {', '.join(_allowed_keys(loc[:-1], err))}"
         elif err["type"] == "union_tag_invalid":

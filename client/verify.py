@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,11 +150,20 @@ class VerifyReport:
         baseline = self.baseline_tokens_per_s
         return self.speculative_tokens_per_s / baseline if baseline > 0 else None
 
+    @property
+    def median_speedup(self) -> float | None:
+        """Median over prompts of speculative / baseline tokens/s: one stalled request moves it
+        far less than it moves :attr:`speedup`; report both."""
+        ratios = [
+            r.speculative.tokens_per_s / r.baseline.tokens_per_s for r in self.results if r.baseline.tokens_per_s > 0
+        ]
+        return statistics.median(ratios) if ratios else None
+
     def summary(self) -> dict[str, Any]:
         names = (
             "num_prompts", "num_match", "all_match", "mean_acceptance_length", "mean_acceptance_rate",
             "total_draft_tokens", "total_accepted_draft_tokens",
-            "baseline_tokens_per_s", "speculative_tokens_per_s", "speedup",
+            "baseline_tokens_per_s", "speculative_tokens_per_s", "speedup", "median_speedup",
         )  # fmt: skip
         return {name: getattr(self, name) for name in names}
 

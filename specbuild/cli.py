@@ -13,7 +13,9 @@ from specbuild import __version__
 def _console():
     from rich.console import Console
 
-    return Console(stderr=False)
+    console = Console()
+    # Piped or logged output: wide enough for the tables instead of rich's 80-column default.
+    return console if console.is_terminal else Console(width=160)
 
 
 def _load(recipe: str):
@@ -66,7 +68,7 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
     if dry_run:
-        print_plan(_console(), loaded, paths)
+        _plan(loaded, paths)
         return
     with stop_signals_interrupt():
         summary = run_with_progress(_console(), loaded, paths, rebuild=rebuild)
@@ -79,10 +81,21 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
 @click.option("--output-dir", "-o", help="Output directory the plan refers to [./specbuild-out/NAME].")
 def plan_command(recipe: str, output_dir: str | None) -> None:
     """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run)."""
-    from specbuild.cli_display import print_plan
-
     loaded = _load(recipe)
-    print_plan(_console(), loaded, _paths(loaded, output_dir))
+    _plan(loaded, _paths(loaded, output_dir))
+
+
+def _plan(loaded, paths) -> None:
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.cli_display import print_plan
+    from specbuild.pipeline import check_inputs
+
+    if loaded.recipe.build.backend == "reference":
+        try:
+            check_inputs(loaded)
+        except RecipeError as exc:
+            raise click.ClickException(str(exc)) from None
+    print_plan(_console(), loaded, paths)
 
 
 @main.command("recipes")
@@ -155,7 +168,8 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 @click.option("--end-id", default=None, type=int, help="End token id; -1 never stops early [tokenizer's].")
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir to show divergences as text (e.g. OUT/engine/tokenizer).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.json"), show_default=True)
-def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, report_path) -> None:
+@click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for the server to be ready (seconds).")
+def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, report_path, wait_s) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
 
     Sends each prompt with num_draft_tokens=0 (the non-speculative baseline) and with speculation,
@@ -167,8 +181,8 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --prompts humaneval:5 --max-tokens 64
     """
     from specbuild.cli_display import print_report, verification_progress
-    from specbuild.client.prompts import load_prompts
-    from specbuild.client.sdk import SpecClient
+    from specbuild.client.prompts import PromptSourceError, load_prompts
+    from specbuild.client.sdk import ClientError, SpecClient
     from specbuild.client.verify import verify
 
     tokenizer = None
@@ -177,13 +191,16 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
 
         tokenizer = load_tokenizer(tokenizer_dir)
     console = _console()
-    prompt_list = load_prompts(prompts)
-    with SpecClient(url, protocol=protocol) as client, verification_progress(console, len(prompt_list)) as progress:
-        client.wait_ready()
-        report = verify(
-            client, prompt_list, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
-            end_id=end_id, tokenizer=tokenizer, progress=progress,
-        )
+    try:
+        prompt_list = load_prompts(prompts)
+        with SpecClient(url, protocol=protocol) as client, verification_progress(console, len(prompt_list)) as progress:
+            client.wait_ready(timeout_s=wait_s)
+            report = verify(
+                client, prompt_list, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
+                end_id=end_id, tokenizer=tokenizer, progress=progress,
+            )
+    except (PromptSourceError, ClientError) as exc:
+        raise click.ClickException(str(exc)) from None
     report.write(report_path)
     print_report(console, report)
     console.print(f"report: {report_path}")

@@ -48,9 +48,13 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
 
         def status(name: str) -> None:
             bar.update(stage, description=f"[bold]{name}[/bold]", total=None, completed=0)
+            if not console.is_terminal:
+                bar.console.print(f"{name} ...", highlight=False)
 
         def progress(done: int, total: int) -> None:
             bar.update(stage, description="[bold]verify[/bold]", total=total, completed=done)
+            if not console.is_terminal:  # no live bar in a log: one line per prompt instead
+                bar.console.print(f"  verified {done}/{total} prompts", highlight=False)
 
         try:
             summary = run_recipe(loaded, paths, rebuild=rebuild, status=status, progress=progress, log=lambda m: bar.console.print(f"  {m}", highlight=False))
@@ -94,5 +98,5 @@ def print_report(console: Console, report) -> None:
         f"mean acceptance length {fmt(report.mean_acceptance_length, '.2f')} "
         f"(acceptance rate {fmt(report.mean_acceptance_rate, '.2f')}, {report.total_draft_tokens} draft tokens); "
         f"speculative {report.speculative_tokens_per_s:.1f} vs non-speculative {report.baseline_tokens_per_s:.1f} "
-        f"tokens/s: speed-up {fmt(report.speedup, '.2f')}x"
+        f"tokens/s: speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)"
     )

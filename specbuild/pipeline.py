@@ -58,14 +58,29 @@ class RunSummary:
     report: object | None = None  # specbuild.client.verify.VerifyReport
 
 
-def check_runnable(loaded: LoadedRecipe) -> None:
-    """Everything that can fail before long work: checkpoint present, backend and extras installed.
+def check_inputs(loaded: LoadedRecipe) -> list:
+    """The recipe's checkpoint and prompts exist (milliseconds); returns the prompts.
+
+    Raises:
+        RecipeError: naming the recipe line of ``target.checkpoint`` or ``verify.prompts``.
+    """
+    from specbuild.builder.reference import locate_target
+    from specbuild.client.prompts import PromptSourceError, load_prompts
+
+    locate_target(loaded)
+    try:
+        return load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
+    except PromptSourceError as exc:
+        raise loaded.error(("verify", "prompts"), str(exc)) from None
+
+
+def check_runnable(loaded: LoadedRecipe) -> list:
+    """Everything that can fail before long work: backend and extras installed, checkpoint and
+    prompts present. Returns the prompts.
 
     Raises:
         RecipeError: naming the recipe line and what to install or change.
     """
-    from specbuild.builder.reference import locate_target
-
     backend = loaded.recipe.build.backend
     if backend != "reference":
         raise loaded.error(
@@ -81,7 +96,7 @@ def check_runnable(loaded: LoadedRecipe) -> None:
     if missing:
         extras = ",".join(sorted(set(missing)))
         raise RecipeError(f"missing dependencies for this recipe; install them with: pip install 'specbuild[{extras}]'")
-    locate_target(loaded)
+    return check_inputs(loaded)
 
 
 def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
@@ -131,13 +146,12 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
             the server failed; its log file is named in the message.
     """
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.client.prompts import load_prompts
     from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
 
     summary = RunSummary(paths=paths)
     with _timed(summary, "validate", status):
-        check_runnable(loaded)
-        prompts = load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
+        prompts = check_runnable(loaded)
+        paths.report.unlink(missing_ok=True)  # a report always belongs to the run that wrote it
     with _timed(summary, "build", status):
         build = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log)
         summary.engine_rebuilt = build.rebuilt

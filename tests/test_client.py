@@ -120,6 +120,14 @@ def make_report():
     return VerifyReport(results=[same, different], max_tokens=20, num_draft_tokens=None, end_id=-1)
 
 
+def test_median_speedup_resists_one_stalled_request():
+    fast = [PromptVerification(str(i), True, result(range(10), latency_s=1.0), result(range(10), latency_s=0.8), None) for i in range(4)]
+    stalled = PromptVerification("s", True, result(range(10), latency_s=30.0), result(range(10), latency_s=0.8), None)
+    report = VerifyReport(results=fast + [stalled])
+    assert report.median_speedup == pytest.approx(1.25)
+    assert report.speedup > 4  # the pooled figure is dominated by the stall
+
+
 def test_report_aggregates():
     report = make_report()
     assert (report.num_prompts, report.num_match, report.all_match) == (2, 1, False)
@@ -127,6 +135,7 @@ def test_report_aggregates():
     assert report.mean_acceptance_rate == pytest.approx(16 / 24)
     # (10 + 20) tokens in (10 - 6) + (20 - 10) target forwards
     assert report.mean_acceptance_length == pytest.approx(30 / 14)
+    assert report.median_speedup == pytest.approx(2.0)
     assert report.baseline_tokens_per_s == pytest.approx(30 / 4.0)
     assert report.speculative_tokens_per_s == pytest.approx(30 / 2.0)
     assert report.speedup == pytest.approx(2.0)

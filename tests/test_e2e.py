@@ -99,7 +99,7 @@ def raw_infer(url: str, text: str, max_tokens: int, requested: list[str] | None 
     import numpy as np
     import tritonclient.http as http
 
-    tensors = {"text_input": np.array([[text.encode()]], dtype=object), "max_tokens": np.array([[max_tokens]], dtype=np.int32)}
+    tensors = {"text_input": np.array([[text.encode("utf-8", "surrogateescape")]], dtype=object), "max_tokens": np.array([[max_tokens]], dtype=np.int32)}
     tensors |= {k: np.array([[v]], dtype=np.int32) for k, v in optional_int32.items()}
     inputs = []
     for name, value in tensors.items():
@@ -119,17 +119,20 @@ def raw_infer(url: str, text: str, max_tokens: int, requested: list[str] | None 
         ("x = 1", 100_000, {}, "max_seq_len"),
         ("x = 1", 4, {"num_draft_tokens": 99}, "num_draft_tokens"),
         ("x = 1", 4, {"end_id": 10_000}, "end_id"),
+        ("\udcff", 4, {}, "not valid UTF-8"),
     ],
 )
 def test_bad_request_gets_an_error_and_the_server_keeps_serving(deployment, text, max_tokens, optional, message):
     from tritonclient.utils import InferenceServerException
 
     server, _ = deployment
-    with pytest.raises(InferenceServerException, match=message):
+    with pytest.raises(InferenceServerException, match=message) as raised:
         raw_infer(server.http_url, text, max_tokens, **optional)
+    assert raised.value.status() == "400"  # the client's fault, not the server's (500)
     with SpecClient(server.http_url, protocol="http") as client:
-        with pytest.raises(RequestError, match=message) if max_tokens > 0 else pytest.raises(ValueError):
-            client.generate(text, max_tokens=max_tokens, **optional)
+        if text.isascii() or not text:  # the SDK itself refuses max_tokens <= 0 before sending
+            with pytest.raises(RequestError, match=message) if max_tokens > 0 else pytest.raises(ValueError):
+                client.generate(text, max_tokens=max_tokens, **optional)
         assert len(client.generate("x = 1", max_tokens=3, end_id=-1).output_ids) == 3
 
 

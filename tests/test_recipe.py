@@ -59,7 +59,7 @@ def test_wrong_backend_lists_choices():
 def test_range_and_cross_field_errors():
     with pytest.raises(RecipeError, match=r"speculation.max_draft_len: Input should be greater than or equal to 1"):
         parse(GOOD.replace("max_draft_len: 3", "max_draft_len: 0"))
-    with pytest.raises(RecipeError, match=r"max_seq_len \(100\) must exceed max_input_len \(200\)"):
+    with pytest.raises(RecipeError, match=r"demo.yaml:9: build.max_seq_len: max_seq_len \(100\) must exceed max_input_len \(200\)"):
         parse(GOOD + "build:\n  max_input_len: 200\n  max_seq_len: 100\n")
     with pytest.raises(RecipeError, match=r"verify.num_draft_tokens \(9\) exceeds speculation.max_draft_len \(3\)"):
         parse(GOOD + "verify:\n  num_draft_tokens: 9\n")
@@ -68,7 +68,7 @@ def test_range_and_cross_field_errors():
 def test_missing_required_and_bad_yaml():
     with pytest.raises(RecipeError, match=r"demo.yaml:1: target: required field is missing"):
         parse("name: demo\n")
-    with pytest.raises(RecipeError, match=r"demo.yaml:2: invalid YAML"):
+    with pytest.raises(RecipeError, match=r"(?s)demo.yaml:2: invalid YAML: .*in \"demo.yaml\", line 2"):
         parse("name: demo\ntarget: {a: 1]\n")
     with pytest.raises(RecipeError, match="a recipe is a YAML mapping"):
         parse("- just a list\n")

@@ -12,6 +12,7 @@ import re
 import signal
 import textwrap
 import threading
+import socket
 import time
 from pathlib import Path
 
@@ -219,6 +220,18 @@ def test_broken_repository_fails_fast_with_the_error(install, tmp_path):
     assert time.monotonic() - began < 60
     assert server.returncode is not None
     server.stop()
+
+
+def test_port_in_use_fails_before_launch_and_names_the_fix(install, tmp_path):
+    repository = write_model(tmp_path / "repo", ECHO_MODEL)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = TritonServer(repository, http_port=port, grpc_port=0, metrics_port=0, install=install)
+        with pytest.raises(ServerStartError, match=f"http port {port} on 127.0.0.1 is already in use.*0 for a free port"):
+            server.start()
+    assert server.pid is None  # nothing was launched
 
 
 def child_pids(parent: int) -> list[int]:

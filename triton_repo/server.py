@@ -53,13 +53,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
+from specbuild.cache import cache_dir as specbuild_cache_dir
+
 INSTALL_HINT = "pip install 'specbuild[server]'"
 CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
 LOG_TAIL_LINES = 40
 POLL_INTERVAL_S = 0.25
 TERM_TIMEOUT_S = 10.0
 ERROR_LINE = re.compile(r"E\d{4} ")  # Triton's glog prefix: E1130 01:11:04.709866 6726 file.cc:642] "..."
-HARMLESS_ERRORS = ("CudaDriverHelper has not been initialized",)  # logged on every CPU-only start
+# Logged on every CPU-only start; never the reason a start failed.
+HARMLESS_ERRORS = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
 
 
 class ServerNotFoundError(RuntimeError):
@@ -91,7 +94,7 @@ def find_tritonserver(*, cache_dir: Path | None = None) -> TritonInstall:
     """Locate ``tritonserver``: on PATH first, else the one bundled in ``nvidia-pytriton``.
 
     For the bundled server, makes its backend directory under ``cache_dir`` (default
-    ``$XDG_CACHE_HOME/specbuild/triton-backends`` or ``~/.cache/specbuild/triton-backends``) once.
+    ``specbuild.cache.cache_dir() / "triton-backends"``) once.
 
     Raises:
         ServerNotFoundError: neither is installed, or the bundled one has no stub for this Python.
@@ -106,7 +109,7 @@ def find_tritonserver(*, cache_dir: Path | None = None) -> TritonInstall:
             f"Install a CPU-capable server with: {INSTALL_HINT}"
         )
     package_dir = Path(next(iter(spec.submodule_search_locations)))
-    return _pytriton_install(package_dir, cache_dir or _default_cache_dir())
+    return _pytriton_install(package_dir, cache_dir or specbuild_cache_dir() / "triton-backends")
 
 
 def _container_install(binary: Path) -> TritonInstall:
@@ -136,11 +139,6 @@ def _pytriton_install(package_dir: Path, cache_dir: Path) -> TritonInstall:
         python_path=[Path(p) for p in site.getsitepackages()],
         bin_path=[Path(sys.executable).parent],
     )
-
-
-def _default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specbuild" / "triton-backends"
 
 
 def _ensure_backend_directory(python_backend: Path, stub: Path, cache_dir: Path) -> Path:
@@ -195,6 +193,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether binding ``host:port`` fails now (something else listens there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 class TritonServer:
@@ -317,6 +326,7 @@ class TritonServer:
         if not self.model_repository.is_dir():
             raise FileNotFoundError(f"model repository {self.model_repository} does not exist")
         self._resolve_ports()
+        self._check_ports_free()
         self._launch()
         try:
             self._wait_until_ready()
@@ -332,6 +342,15 @@ class TritonServer:
             self.grpc_port = self._free_port_other_than(self.http_port)
         if self.metrics_port == 0:
             self.metrics_port = self._free_port_other_than(self.http_port, self.grpc_port)
+
+    def _check_ports_free(self) -> None:
+        """Fail before loading any model when a port is taken (Triton would find out after)."""
+        for name, port in (("http", self.http_port), ("grpc", self.grpc_port), ("metrics", self.metrics_port)):
+            if port_in_use(self.host or "0.0.0.0", port):
+                raise ServerStartError(
+                    f"{name} port {port} on {self._client_host} is already in use; choose another "
+                    f"(--{name}-port, or serve.{name}_port in a recipe), or 0 for a free port"
+                )
 
     def _free_port_other_than(self, *taken: int) -> int:
         port = free_port(self._client_host)

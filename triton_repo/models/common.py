@@ -48,17 +48,26 @@ def per_row(value: np.ndarray | None, batch: int, name: str) -> list | None:
     return [row[0].item() for row in flat]
 
 
-def error_response(pb_utils, message: str):
-    """An InferenceResponse that carries ``message`` as its error (the server keeps serving)."""
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+def error_response(pb_utils, message: str, *, invalid_argument: bool = False):
+    """An InferenceResponse that carries ``message`` as its error (the server keeps serving).
+
+    ``invalid_argument``: the client sent a bad request (HTTP 400 / gRPC INVALID_ARGUMENT) rather
+    than the server failing (500 / INTERNAL).
+    """
+    code = getattr(pb_utils.TritonError, "INVALID_ARG" if invalid_argument else "INTERNAL", None)
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
 
 def run_each(pb_utils, requests, handle) -> list:
-    """``[handle(request)]`` with any exception turned into that request's error response."""
+    """``[handle(request)]`` with any exception turned into that request's error response;
+    ValueError (bad input, e.g. ``InvalidRequestError``) is reported as an invalid argument."""
     responses = []
     for request in requests:
         try:
             responses.append(handle(request))
+        except ValueError as exc:
+            responses.append(error_response(pb_utils, f"{type(exc).__name__}: {exc}", invalid_argument=True))
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error response
             responses.append(error_response(pb_utils, f"{type(exc).__name__}: {exc}"))
     return responses

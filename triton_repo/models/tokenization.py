@@ -27,9 +27,15 @@ def load_tokenizer(tokenizer_dir: str):
 
 
 def decode_queries(query: np.ndarray) -> list[str]:
-    """``QUERY`` [batch, 1] BYTES -> one str per row (UTF-8)."""
-    rows = query.reshape(query.shape[0], -1)
-    return [(r[0].decode("utf-8") if isinstance(r[0], bytes) else str(r[0])) for r in rows]
+    """``QUERY`` [batch, 1] BYTES -> one str per row. Raises ValueError for bytes that are not UTF-8."""
+    texts = []
+    for i, row in enumerate(query.reshape(query.shape[0], -1)):
+        value = row[0]
+        try:
+            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"text_input[{i}] is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    return texts
 
 
 def tokenize(tokenizer, texts: list[str], *, pad_id: int, add_special_tokens: bool) -> Tokenized:
