@@ -73,8 +73,8 @@ def main() -> None:
     for prompt in prompts:
         ids = tokenizer(prompt.text)["input_ids"]
         request = GenerationRequest(input_ids=ids, max_tokens=args.max_tokens, end_id=-1, num_draft_tokens=0)
-        result, engine_s = timed(lambda: engine.generate(request))
-        hf_ids, hf_s = timed(lambda: hf_generate(hf_model, ids, args.max_tokens))
+        result, engine_s = timed(lambda request=request: engine.generate(request))
+        hf_ids, hf_s = timed(lambda ids=ids: hf_generate(hf_model, ids, args.max_tokens))
         rows.append(
             {
                 "prompt": prompt.id,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path

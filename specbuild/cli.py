@@ -62,7 +62,7 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
       specbuild recipe recipes/smollm2-ngram.yaml --dry-run
       specbuild recipe my-recipe.yaml -o /tmp/out
     """
-    from specbuild.cli_display import print_plan, run_with_progress
+    from specbuild.cli_display import run_with_progress
     from specbuild.triton_repo.server import stop_signals_interrupt
 
     loaded = _load(recipe)

@@ -15,7 +15,6 @@ from specbuild.engine.runtime import ReferenceEngine
 from specbuild.engine.types import GenerationRequest
 from specbuild.triton_repo.generate import (
     REPO_METADATA,
-    ReferenceRepoSpec,
     spec_from_engine_dir,
     write_reference_repository,
 )

@@ -69,7 +69,7 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
     column = {name: per_row(inputs.get(name), batch, name) for name in INPUTS[2:]}
     rows = []
     for b in range(batch):
-        pick = lambda name, default: default if column[name] is None else column[name][b]  # noqa: E731
+        pick = lambda name, default, b=b: default if column[name] is None else column[name][b]  # noqa: E731
         if not 0 <= lengths[b] <= ids.shape[1]:
             raise ValueError(f"input_lengths[{b}] = {lengths[b]} is outside [0, {ids.shape[1]}]")
         request = GenerationRequest(
