@@ -60,6 +60,7 @@ class NoSpeculation(_Strict):
     """Plain decoding: the non-speculative engine."""
 
     method: Literal["none"]
+    decoding_type: ClassVar[str | None] = None  # TensorRT-LLM LLM-API name
     speculative_decoding_mode: ClassVar[str] = "none"
 
     @property
@@ -80,6 +81,7 @@ class NGramSpeculation(_Strict):
     """
 
     method: Literal["ngram"]
+    decoding_type: ClassVar[str | None] = "NGram"  # TensorRT-LLM LLM-API name
     max_draft_len: int = Field(4, ge=1, le=64)
     max_matching_ngram_size: int = Field(3, ge=1, le=32)
     is_use_oldest: bool = True
@@ -89,14 +91,242 @@ class NGramSpeculation(_Strict):
     def to_llm_api(self) -> dict[str, Any]:
         """TensorRT-LLM LLM-API ``speculative_config`` (``decoding_type: NGram``)."""
         return {
-            "decoding_type": "NGram",
+            "decoding_type": self.decoding_type,
             "max_draft_len": self.max_draft_len,
             "max_matching_ngram_size": self.max_matching_ngram_size,
             "is_use_oldest": self.is_use_oldest,
         }
 
 
-SPECULATION_MODELS: tuple[type[BaseModel], ...] = (NoSpeculation, NGramSpeculation)
+Choices = list[list[Annotated[int, Field(ge=0)]]]
+
+
+def _check_choices(choices: Choices | None, name: str) -> Choices | None:
+    """A speculation tree as TensorRT-LLM lists it: every node is the path of child indices from the
+    root (root excluded), e.g. ``[[0], [0, 0], [1]]``; every node's parent must be listed too."""
+    if choices is None:
+        return None
+    if not choices:
+        raise ValueError(f"{name} must list at least one node, e.g. [[0], [0, 0], [1]]")
+    seen = {tuple(c) for c in choices}
+    for node in choices:
+        if not node:
+            raise ValueError(f"{name}: empty path []; the root is implicit, list only its descendants")
+        if len(node) > 1 and tuple(node[:-1]) not in seen:
+            raise ValueError(f"{name}: node {node} is listed without its parent {node[:-1]}")
+    if len(seen) != len(choices):
+        raise ValueError(f"{name}: a node is listed twice")
+    return choices
+
+
+class DraftTargetSpeculation(_Strict):
+    """A separate, smaller draft model proposes; the target verifies (Leviathan et al. 2023; Chen et
+    al. 2023). TensorRT-LLM: ``DraftTargetDecodingConfig`` (LLM API), or two engines with
+    ``draft_tokens_external`` on the target (engine path). The draft shares the target's vocabulary.
+    ``use_draft_logits``: accept by rejection sampling on the draft's logits (sampling) rather than by
+    token matching."""
+
+    method: Literal["draft_target"]
+    decoding_type: ClassVar[str | None] = "DraftTarget"  # TensorRT-LLM LLM-API name
+    draft_checkpoint: str = Field(min_length=1)
+    draft_dtype: DType | None = None  # None: the target's dtype
+    max_draft_len: int = Field(4, ge=1, le=64)
+    use_draft_logits: bool = False
+    speculative_decoding_mode: ClassVar[str] = "draft_tokens_external"
+
+    def to_llm_api(self) -> dict[str, Any]:
+        return {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "speculative_model_dir": self.draft_checkpoint}
+
+
+def lookahead_max_draft_len(window: int, ngram: int, verification_set: int) -> int:
+    """TensorRT-LLM's engine budget for lookahead (W, N, G): (0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1).
+
+    Example: (W, N, G) = (7, 7, 7) -> 5 + 13 * 6 = 83.
+    """
+    return (0 if ngram == 1 else ngram - 2) + (window - 1 + verification_set) * (ngram - 1)
+
+
+class LookaheadSpeculation(_Strict):
+    """Lookahead decoding (Fu et al. 2024): Jacobi iterations over a window of W future positions
+    build an n-gram pool (n = N); up to G matching n-grams are verified per step. TensorRT-LLM:
+    ``LookaheadDecodingConfig(max_window_size, max_ngram_size, max_verification_set_size)``; the
+    engine's ``max_draft_len`` follows :func:`lookahead_max_draft_len`. Per request (w, n, g) may be
+    smaller; (1, 1, 0) is plain decoding."""
+
+    method: Literal["lookahead"]
+    decoding_type: ClassVar[str | None] = "Lookahead"  # TensorRT-LLM LLM-API name
+    max_window_size: int = Field(4, ge=1, le=64)
+    max_ngram_size: int = Field(3, ge=1, le=64)
+    max_verification_set_size: int = Field(4, ge=0, le=64)
+    max_draft_len: int | None = Field(None, ge=0)  # derived; if given, it must equal the formula
+    speculative_decoding_mode: ClassVar[str] = "lookahead_decoding"
+
+    @model_validator(mode="after")
+    def _draft_len_matches_formula(self) -> "LookaheadSpeculation":
+        expected = lookahead_max_draft_len(self.max_window_size, self.max_ngram_size, self.max_verification_set_size)
+        if self.max_draft_len is None:
+            object.__setattr__(self, "max_draft_len", expected)
+        elif self.max_draft_len != expected:
+            raise ValueError(
+                f"max_draft_len {self.max_draft_len} does not match (W, N, G) = ({self.max_window_size}, "
+                f"{self.max_ngram_size}, {self.max_verification_set_size}): TensorRT-LLM needs "
+                f"(0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1) = {expected}; omit max_draft_len to derive it"
+            )
+        return self
+
+    def to_llm_api(self) -> dict[str, Any]:
+        return {
+            "decoding_type": self.decoding_type,
+            "max_window_size": self.max_window_size,
+            "max_ngram_size": self.max_ngram_size,
+            "max_verification_set_size": self.max_verification_set_size,
+        }
+
+
+class MedusaSpeculation(_Strict):
+    """Medusa heads on the target's last hidden state propose a token tree verified in one pass with
+    a tree attention mask (Cai et al. 2024). Greedy only, as in TensorRT-LLM.
+
+    ``medusa_model``: a directory with ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``)
+    and ``medusa_lm_head.safetensors`` (or ``.pt``, read with ``weights_only=True``).
+    ``medusa_choices``: the tree (None: TensorRT-LLM's default 63-node ``mc_sim_7b_63``); its
+    depth must not exceed ``num_medusa_heads``. ``max_draft_len`` = number of tree nodes."""
+
+    method: Literal["medusa"]
+    decoding_type: ClassVar[str | None] = "Medusa"  # TensorRT-LLM LLM-API name
+    medusa_model: str = Field(min_length=1)
+    num_medusa_heads: int = Field(4, ge=1, le=16)  # TensorRT-LLM's convert_checkpoint default is 4
+    medusa_choices: Choices | None = None
+    speculative_decoding_mode: ClassVar[str] = "medusa"
+
+    @field_validator("medusa_choices")
+    @classmethod
+    def _tree(cls, choices: Choices | None) -> Choices | None:
+        return _check_choices(choices, "medusa_choices")
+
+    @model_validator(mode="after")
+    def _depth(self) -> "MedusaSpeculation":
+        depth = max((len(c) for c in self.medusa_choices or []), default=0)
+        if depth > self.num_medusa_heads:
+            raise ValueError(f"medusa_choices are {depth} deep but there are only {self.num_medusa_heads} Medusa heads")
+        return self
+
+    @property
+    def max_draft_len(self) -> int:
+        return len(self.medusa_choices) if self.medusa_choices is not None else 63
+
+    def to_llm_api(self) -> dict[str, Any]:
+        config = {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "num_medusa_heads": self.num_medusa_heads}
+        if self.medusa_choices is not None:
+            config["medusa_choices"] = self.medusa_choices
+        return config
+
+
+class EagleSpeculation(_Strict):
+    """EAGLE-1/2 (Li et al. 2024): a one-layer draft head over [token embedding ; target feature]
+    grows a token tree, static (``eagle_choices``, depth == ``num_eagle_layers``) or EAGLE-2's
+    dynamic tree (``use_dynamic_tree``, ``dynamic_tree_max_topK``). TensorRT-LLM:
+    ``EagleDecodingConfig``; ``posterior_threshold`` enables typical acceptance."""
+
+    method: Literal["eagle"]
+    decoding_type: ClassVar[str | None] = "Eagle"  # TensorRT-LLM LLM-API name
+    eagle_model: str = Field(min_length=1)
+    max_draft_len: int = Field(63, ge=1, le=256)
+    num_eagle_layers: int = Field(4, ge=1, le=16)
+    max_non_leaves_per_layer: int = Field(10, ge=1)
+    eagle_choices: Choices | None = None
+    use_dynamic_tree: bool = False
+    dynamic_tree_max_topK: int | None = Field(None, ge=1)
+    posterior_threshold: float | None = Field(None, gt=0, lt=1)
+    speculative_decoding_mode: ClassVar[str] = "eagle"
+
+    @field_validator("eagle_choices")
+    @classmethod
+    def _tree(cls, choices: Choices | None) -> Choices | None:
+        return _check_choices(choices, "eagle_choices")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "EagleSpeculation":
+        if self.eagle_choices is not None:
+            depth = max(len(c) for c in self.eagle_choices)
+            if depth != self.num_eagle_layers:
+                raise ValueError(
+                    f"eagle_choices are {depth} deep but num_eagle_layers is {self.num_eagle_layers}; "
+                    "TensorRT-LLM requires them to be equal (TensorRT-LLM#2588)"
+                )
+            if len(self.eagle_choices) > self.max_draft_len:
+                raise ValueError(f"eagle_choices has {len(self.eagle_choices)} nodes, more than max_draft_len {self.max_draft_len}")
+        if self.use_dynamic_tree and self.eagle_choices is not None:
+            raise ValueError("use_dynamic_tree builds the tree at run time; remove eagle_choices")
+        if self.use_dynamic_tree and self.dynamic_tree_max_topK is None:
+            raise ValueError("use_dynamic_tree needs dynamic_tree_max_topK (candidates per node)")
+        return self
+
+    def to_llm_api(self) -> dict[str, Any]:
+        config = {
+            "decoding_type": self.decoding_type,
+            "max_draft_len": self.max_draft_len,
+            "speculative_model_dir": self.eagle_model,
+            "num_eagle_layers": self.num_eagle_layers,
+            "max_non_leaves_per_layer": self.max_non_leaves_per_layer,
+            "eagle3_one_model": False,
+        }
+        optional = {
+            "eagle_choices": self.eagle_choices,
+            "use_dynamic_tree": self.use_dynamic_tree or None,
+            "dynamic_tree_max_topK": self.dynamic_tree_max_topK,
+            "posterior_threshold": self.posterior_threshold,
+        }
+        return config | {k: v for k, v in optional.items() if v is not None}
+
+
+class Eagle3Speculation(_Strict):
+    """EAGLE-3 (Li et al. 2025): the draft head fuses features from three target layers (``midlayer``
+    format, optional draft vocabulary with ``d2t``). TensorRT-LLM PyTorch backend only."""
+
+    method: Literal["eagle3"]
+    decoding_type: ClassVar[str | None] = "Eagle3"  # TensorRT-LLM LLM-API name
+    eagle_model: str = Field(min_length=1)
+    max_draft_len: int = Field(3, ge=1, le=32)
+    eagle3_one_model: bool = True
+    speculative_decoding_mode: ClassVar[str] = "eagle"
+
+    def to_llm_api(self) -> dict[str, Any]:
+        return {
+            "decoding_type": self.decoding_type,
+            "max_draft_len": self.max_draft_len,
+            "speculative_model_dir": self.eagle_model,
+            "eagle3_one_model": self.eagle3_one_model,
+        }
+
+
+class MTPSpeculation(_Strict):
+    """Multi-token prediction layers shipped with the target (e.g. DeepSeek-V3).
+    TensorRT-LLM PyTorch backend only (``MTPDecodingConfig``)."""
+
+    method: Literal["mtp"]
+    decoding_type: ClassVar[str | None] = "MTP"  # TensorRT-LLM LLM-API name
+    num_nextn_predict_layers: int = Field(1, ge=1, le=8)
+    speculative_decoding_mode: ClassVar[str] = "none"  # no engine-path mode exists
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.num_nextn_predict_layers
+
+    def to_llm_api(self) -> dict[str, Any]:
+        return {"decoding_type": self.decoding_type, "num_nextn_predict_layers": self.num_nextn_predict_layers}
+
+
+SPECULATION_MODELS: tuple[type[BaseModel], ...] = (
+    NoSpeculation,
+    NGramSpeculation,
+    DraftTargetSpeculation,
+    LookaheadSpeculation,
+    MedusaSpeculation,
+    EagleSpeculation,
+    Eagle3Speculation,
+    MTPSpeculation,
+)
 Speculation = Annotated[Union[SPECULATION_MODELS], Field(discriminator="method")]
 
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbuild.builder.recipe import LoadedRecipe, RecipeError
+from specbuild.builder.recipe import LoadedRecipe, RecipeError, speculation_methods
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ def check_runnable(loaded: LoadedRecipe) -> list:
             f"backend {backend!r} needs TensorRT-LLM on a GPU machine, and its build path is not in this "
             "release yet; use `build.backend: reference` to build, serve and verify on this machine",
         )
+    _check_reference_engine_supports(loaded)
     missing = [
         extra
         for extra, module in (("engine", "torch"), ("engine", "transformers"), ("client", "tritonclient"), ("server", "pytriton"))
@@ -97,6 +98,19 @@ def check_runnable(loaded: LoadedRecipe) -> list:
         extras = ",".join(sorted(set(missing)))
         raise RecipeError(f"missing dependencies for this recipe; install them with: pip install 'specbuild[{extras}]'")
     return check_inputs(loaded)
+
+
+def _check_reference_engine_supports(loaded: LoadedRecipe) -> None:
+    from specbuild.engine.methods import METHODS
+
+    spec = loaded.recipe.speculation
+    if spec.decoding_type is not None and spec.decoding_type not in METHODS:
+        supported = [name for name, model in speculation_methods().items() if model.decoding_type in (None, *METHODS)]
+        raise loaded.error(
+            ("speculation", "method"),
+            f"method {loaded.recipe.speculation.method!r} is not in the reference engine yet; "
+            f"it runs: {', '.join(supported)}",
+        )
 
 
 def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:

