@@ -4,12 +4,21 @@ Vocabulary: the proposer's *draft tokens* ``d[0:k]`` are verified by one target 
 ``[last, d0, ..., d(k-1)]``, which yields ``k + 1`` target tokens ``t[0:k+1]``. The *accepted tokens* are
 the longest draft prefix equal to the target's tokens; the *bonus token* is the target's token right
 after it. The step emits accepted + bonus, i.e. its *acceptance length* is ``num_accepted + 1``.
+
+Greedy requests use :func:`accept_greedy` (token matching); sampled requests use
+:func:`accept_speculative` (rejection sampling), which emits tokens distributed exactly as the target's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .sampling import Sampler
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,71 @@ def accept_greedy(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> 
             break
         num_accepted += 1
     return Acceptance(list(draft_tokens[:num_accepted]), int(target_tokens[num_accepted]))
+
+
+def accept_speculative(
+    draft_tokens: Sequence[int],
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    *,
+    sampler: Sampler,
+) -> Acceptance:
+    """Speculative sampling: emit tokens distributed exactly as the target's sampling distribution ``p``.
+
+    Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding", §2.3; Chen et al.
+    2023, "Accelerating Large Language Model Decoding with Speculative Sampling", Algorithm 2. For
+    ``i = 0 .. k-1``: accept draft token ``x = d[i]`` with probability ``min(1, p_i(x) / q_i(x))``; on
+    the first rejection the bonus token is drawn from ``norm(max(0, p_i - q_i))`` and the step ends.
+    When all ``k`` are accepted the bonus token is drawn from ``p_k``.
+
+    Proposers without a draft distribution (n-gram, any deterministic guess) pass ``draft_probs=None``:
+    ``q_i`` is then the one-hot ``delta(d[i])``, which *is* the distribution the draft token was drawn
+    from, so the same theorem applies unchanged: accept with probability ``p_i(x)``, and on rejection
+    draw from ``norm(max(0, p_i - delta_x))`` = ``p_i`` without ``x``, renormalised. (Equivalently: draw
+    ``t ~ p_i`` and accept when ``t == x``; TensorRT-LLM's token matching under sampling.)
+
+    Example: p_0 = [0.5, 0.5], q_0 = [1, 0], d = [0] -> accept 0 with probability 0.5, else emit 1
+    (the residual [0, 0.5] normalised); the first emitted token is 0 or 1 with probability 0.5 each.
+
+    Args:
+        draft_tokens: ``k`` draft token ids.
+        draft_probs: ``[k, vocab]`` the draft's distributions ``q`` the tokens were drawn from, or None
+            (deterministic drafts: ``q`` one-hot on each draft token).
+        target_probs: ``[k + 1, vocab]`` the target's sampling distributions ``p`` at the draft positions
+            and after the last draft token.
+        sampler: the request's seeded random stream.
+
+    Raises:
+        ValueError: if the shapes do not match ``k``.
+    """
+    k = len(draft_tokens)
+    if target_probs.shape[0] != k + 1 or (draft_probs is not None and draft_probs.shape != (k, target_probs.shape[1])):
+        raise ValueError(
+            f"need target_probs [k + 1, vocab] and draft_probs [k, vocab] for k={k} drafts, got "
+            f"{tuple(target_probs.shape)} and {None if draft_probs is None else tuple(draft_probs.shape)}"
+        )
+    q = draft_probs if draft_probs is not None else _one_hot(draft_tokens, target_probs)  # [k, vocab]
+    for i, token in enumerate(draft_tokens):
+        p_x, q_x = target_probs[i, token], q[i, token]
+        if sampler.uniform() * q_x < p_x:  # r < p(x) / q(x), without dividing by q(x) = 0
+            continue
+        return Acceptance(list(draft_tokens[:i]), sampler.sample(_residual(target_probs[i], q[i])))
+    return Acceptance(list(draft_tokens), sampler.sample(target_probs[k]))
+
+
+def _one_hot(draft_tokens: Sequence[int], target_probs: torch.Tensor) -> torch.Tensor:
+    """``[k, vocab]`` one-hot rows on the draft tokens (the distribution of a deterministic draft)."""
+    rows = torch.zeros(len(draft_tokens), target_probs.shape[1], dtype=target_probs.dtype, device=target_probs.device)
+    tokens = torch.tensor(list(draft_tokens), dtype=torch.long, device=target_probs.device)  # [k]
+    rows[torch.arange(len(tokens), device=tokens.device), tokens] = 1.0
+    return rows
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm(max(0, p - q))`` (``[vocab]``); ``p`` itself if rounding left no mass (only when p == q)."""
+    residual = (p - q).clamp_min(0.0)
+    total = residual.sum()
+    return residual / total if total > 0 else p
 
 
 def clip_emitted(tokens: Sequence[int], *, remaining: int, end_id: int) -> tuple[list[int], bool]:

@@ -1,4 +1,4 @@
-"""ReferenceEngine: greedy decoding with a KV cache and draft-then-verify speculation, one request at a time.
+"""ReferenceEngine: greedy or sampled decoding with a KV cache and draft-then-verify speculation, one request at a time.
 
 Each decoding iteration (Leviathan et al. 2023, §2.3, greedy case)::
 
@@ -12,6 +12,11 @@ Each decoding iteration (Leviathan et al. 2023, §2.3, greedy case)::
     positions:   | context[:-1] | last | d0 d1 d2 |      k = 3, 2 accepted
     cache after verify:  len(context) + 3   ->  rollback to len(context) + 2
     emitted: d0 d1 t2 (t2 = bonus, not yet in the cache: it is the next step's ``last``)
+
+Sampled requests (``temperature > 0``) run the same loop with the target's ``[k + 1, vocab]``
+distributions instead of its argmax, and speculative sampling instead of token matching
+(:func:`~specbuild.engine.acceptance.accept_speculative`): the output is distributed exactly as
+plain sampling from the target.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from typing import Any
 import torch
 
 from . import target as target_model
-from .acceptance import accept_greedy, clip_emitted
+from .acceptance import Acceptance, accept_greedy, accept_speculative, clip_emitted
 from .kv_cache import rollback
 from .methods import SpeculativeMethod, get_method
-from .methods.base import Proposer
+from .methods.base import Draft, MethodContext, Proposer, as_draft
+from .sampling import Sampler
 from .types import GenerationRequest, GenerationResult
 from .validation import ResolvedRequest, validate_request
 
@@ -97,17 +103,30 @@ class ReferenceEngine:
         limits: EngineLimits,
         end_id: int,
         speculative_config: dict | None = None,
+        base_dir: str | Path | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
+        """Set up the engine around a loaded target; loads the method's extra models (a draft) if any.
+
+        Args:
+            base_dir: where relative paths of ``speculative_config`` resolve (the engine directory).
+
+        Raises:
+            ValueError: bad speculative_config, ``max_draft_len`` past the build, or a draft that does not
+                fit the target (e.g. a different vocab_size).
+        """
         self._model = model
         self._limits = limits
         self._end_id = end_id
         self._speculative_config = dict(speculative_config) if speculative_config else None
         self._method: SpeculativeMethod | None = None
-        self._method_config: Any = None
+        self._method_state: Any = None
         if self._speculative_config is not None:
             self._method = get_method(self._speculative_config)
-            self._method_config = self._method.parse_config(self._speculative_config)
-            _check_draft_len(self._method_config.max_draft_len, limits.max_draft_len)
+            config = self._method.parse_config(self._speculative_config)
+            _check_draft_len(config.max_draft_len, limits.max_draft_len)
+            context = MethodContext(model, None if base_dir is None else Path(base_dir), trust_remote_code)
+            self._method_state = self._method.load(config, context)
         self._vocab_size = int(model.config.get_text_config().vocab_size)
 
     @classmethod
@@ -121,8 +140,9 @@ class ReferenceEngine:
         device: str = "cpu",
         end_id: int | None = None,
         trust_remote_code: bool = False,
+        base_dir: str | Path | None = None,
     ) -> ReferenceEngine:
-        """Load a local Hugging Face checkpoint as the target.
+        """Load a local Hugging Face checkpoint as the target (and a draft checkpoint for DraftTarget).
 
         Args:
             checkpoint_dir: directory with config.json and weights (no hub download).
@@ -130,25 +150,39 @@ class ReferenceEngine:
                 "max_draft_len": 4, "max_matching_ngram_size": 3, "is_use_oldest": True}``; None for none.
             limits: build limits; ``speculative_config["max_draft_len"]`` must not exceed ``limits.max_draft_len``.
             end_id: default end token; None -> the checkpoint's eos id (the first if several; -1 if none).
+            base_dir: where relative paths in ``speculative_config`` resolve (DraftTarget's
+                ``speculative_model_dir``; None -> the working directory).
 
         Raises:
-            FileNotFoundError: no checkpoint at ``checkpoint_dir``.
-            ValueError: unsupported dtype or decoding_type, bad speculative_config keys or values.
+            FileNotFoundError: no checkpoint at ``checkpoint_dir`` (or at the draft's directory).
+            ValueError: unsupported dtype or decoding_type, bad speculative_config keys or values, a draft
+                whose vocab_size differs from the target's.
         """
         model = target_model.load_target(
             checkpoint_dir, dtype=dtype, device=device, trust_remote_code=trust_remote_code
         )
         if end_id is None:
             end_id = _default_end_id(model)
-        return cls(model, limits=limits, end_id=end_id, speculative_config=speculative_config)
+        return cls(
+            model,
+            limits=limits,
+            end_id=end_id,
+            speculative_config=speculative_config,
+            base_dir=base_dir,
+            trust_remote_code=trust_remote_code,
+        )
 
     @classmethod
     def from_engine_dir(cls, engine_dir: str | Path, *, device: str = "cpu") -> ReferenceEngine:
-        """Load an engine directory written by the builder (``config.json`` + ``target/``).
+        """Load an engine directory written by the builder (``config.json`` + ``target/``, ``draft/`` for DraftTarget).
+
+        DraftTarget's ``speculative_model_dir`` resolves against ``engine_dir``; without one the draft is
+        ``engine_dir/draft``.
 
         Raises:
-            FileNotFoundError: ``engine_dir/config.json`` or ``engine_dir/target`` missing.
-            ValueError: a required key of config.json is missing (the message names it).
+            FileNotFoundError: ``engine_dir/config.json``, ``engine_dir/target`` (or the draft) missing.
+            ValueError: a required key of config.json is missing (the message names it); a draft whose
+                vocab_size differs from the target's.
         """
         engine_dir = Path(engine_dir)
         config_path = engine_dir / "config.json"
@@ -166,6 +200,7 @@ class ReferenceEngine:
             device=device,
             end_id=extra.get("end_id"),
             trust_remote_code=bool(extra.get("trust_remote_code", False)),
+            base_dir=engine_dir,
         )
 
     @property
@@ -191,13 +226,16 @@ class ReferenceEngine:
         return self._vocab_size
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Greedy generation for one request, speculative when ``num_draft_tokens > 0``.
+        """Generate for one request: greedy, or sampled when ``temperature > 0``; speculative when
+        ``num_draft_tokens > 0``.
 
-        The output equals plain greedy decoding of the target token for token (up to floating-point
-        differences between a multi-token and a one-token forward pass).
+        Greedy output equals plain greedy decoding of the target token for token (up to floating-point
+        differences between a multi-token and a one-token forward pass); sampled output is distributed
+        as plain sampling from the target, and the same ``seed`` gives the same output.
 
         Raises:
-            InvalidRequestError: a field is out of range (see :func:`validate_request`).
+            InvalidRequestError: a field is out of range (see :func:`validate_request`), or the method
+                cannot serve the prompt (e.g. longer than the draft model's context).
         """
         resolved = validate_request(
             request,
@@ -207,36 +245,69 @@ class ReferenceEngine:
             vocab_size=self._vocab_size,
             default_end_id=self._end_id,
         )
+        if resolved.num_draft_tokens > 0:
+            assert self._method is not None
+            self._method.check_prompt(self._method_state, resolved.input_ids)
         with torch.inference_mode():
             return self._decode(resolved)
 
     def _decode(self, request: ResolvedRequest) -> GenerationResult:
         cache = target_model.new_cache(self._model)
+        sampler = None if request.sampling is None else Sampler(request.sampling, device=self._model.device)
         state = _DecodeState(list(request.input_ids), request.max_tokens, request.end_id)
-        state.emit([target_model.prefill(self._model, request.input_ids, cache)])
+        state.emit([self._prefill(request.input_ids, cache, sampler)])
         proposer = self._new_proposer() if request.num_draft_tokens > 0 else None
         while state.finish_reason is None:
-            self._step(state, cache, proposer, request.num_draft_tokens)
+            self._step(state, cache, proposer, request.num_draft_tokens, sampler)
         return state.result()
 
-    def _step(self, state: _DecodeState, cache: Any, proposer: Proposer | None, num_draft_tokens: int) -> None:
+    def _prefill(self, prompt: list[int], cache: Any, sampler: Sampler | None) -> int:
+        """The first token: the target's argmax after the prompt, or a sample from its distribution."""
+        if sampler is None:
+            return target_model.prefill(self._model, prompt, cache)
+        logits = target_model.forward_logits(self._model, prompt, cache, num_logits=1)  # [1, vocab]
+        return sampler.sample(sampler.probs(logits)[0])
+
+    def _step(
+        self,
+        state: _DecodeState,
+        cache: Any,
+        proposer: Proposer | None,
+        num_draft_tokens: int,
+        sampler: Sampler | None,
+    ) -> None:
         """One decoding iteration: propose, verify in one target pass, accept, roll back, emit."""
         # More than remaining - 1 drafts could never be emitted (the bonus token takes the last slot).
         k = min(num_draft_tokens, state.remaining - 1)
-        draft = proposer.propose(state.context, k) if proposer is not None and k > 0 else []
-        target_tokens = target_model.verify(self._model, state.context[-1], draft, cache)  # k + 1 ids
-        acceptance = accept_greedy(draft, target_tokens)
+        draft = _propose(proposer, state.context, k, sampler)
+        acceptance = self._verify(state.context[-1], draft, cache, sampler)
         rollback(cache, len(state.context) + acceptance.num_accepted)
         num_emitted = state.emit(acceptance.emitted_tokens)
         state.iterations += 1
-        state.total_draft_tokens += len(draft)
+        state.total_draft_tokens += len(draft.tokens)
         state.total_accepted += min(acceptance.num_accepted, num_emitted)
         if proposer is not None:
             proposer.update(state.context, acceptance.num_accepted)
 
+    def _verify(self, last_token: int, draft: Draft, cache: Any, sampler: Sampler | None) -> Acceptance:
+        """Score ``[last_token, *draft]`` in one target pass; token matching (greedy) or speculative sampling."""
+        if sampler is None:
+            return accept_greedy(draft.tokens, target_model.verify(self._model, last_token, draft.tokens, cache))
+        logits = target_model.verify_logits(self._model, last_token, draft.tokens, cache)  # [k + 1, vocab]
+        return accept_speculative(draft.tokens, draft.probs, sampler.probs(logits), sampler=sampler)
+
     def _new_proposer(self) -> Proposer:
         assert self._method is not None
-        return self._method.make_proposer(self._method_config)
+        return self._method.make_proposer(self._method_state)
+
+
+def _propose(proposer: Proposer | None, context: list[int], k: int, sampler: Sampler | None) -> Draft:
+    """The proposer's draft; greedy requests call ``propose(context, k)`` without a sampler (see Proposer)."""
+    if proposer is None or k <= 0:
+        return Draft()
+    if sampler is None:
+        return as_draft(proposer.propose(context, k))
+    return as_draft(proposer.propose(context, k, sampler=sampler))
 
 
 def _check_draft_len(method_draft_len: int, built_draft_len: int) -> None:

@@ -68,8 +68,10 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
-def forward_argmax(model: PreTrainedModel, tokens: Sequence[int], cache: DynamicCache, *, num_logits: int) -> list[int]:
-    """Run ``tokens`` through the target after the cached positions; greedy tokens of the last positions.
+def forward_logits(
+    model: PreTrainedModel, tokens: Sequence[int], cache: DynamicCache, *, num_logits: int
+) -> torch.Tensor:
+    """Run ``tokens`` through the model after the cached positions; logits of the last positions.
 
     Appends ``len(tokens)`` positions to ``cache``. Only the last ``num_logits`` positions go through the
     LM head (``logits_to_keep``), so a prefill computes one row of logits, not ``len(tokens)``.
@@ -79,13 +81,17 @@ def forward_argmax(model: PreTrainedModel, tokens: Sequence[int], cache: Dynamic
         num_logits: ``1 <= num_logits <= T``.
 
     Returns:
-        ``num_logits`` argmax ids; entry ``i`` is the target's next token after ``tokens[T - num_logits + i]``.
+        ``[num_logits, vocab]``; row ``i`` scores the token after ``tokens[T - num_logits + i]``.
     """
     input_ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
     kwargs = {cache_keyword(model): cache, "use_cache": True, "logits_to_keep": num_logits}
-    logits = model(input_ids=input_ids, **kwargs).logits
-    # logits: [1, num_logits, vocab]
-    return logits[0].argmax(dim=-1).tolist()
+    logits = model(input_ids=input_ids, **kwargs).logits  # [1, num_logits, vocab]
+    return logits[0]
+
+
+def forward_argmax(model: PreTrainedModel, tokens: Sequence[int], cache: DynamicCache, *, num_logits: int) -> list[int]:
+    """:func:`forward_logits`, then the greedy token of each of the ``num_logits`` rows."""
+    return forward_logits(model, tokens, cache, num_logits=num_logits).argmax(dim=-1).tolist()
 
 
 def prefill(model: PreTrainedModel, prompt: Sequence[int], cache: DynamicCache) -> int:
@@ -102,3 +108,10 @@ def verify(model: PreTrainedModel, last_token: int, draft_tokens: Sequence[int],
         ``k + 1`` target tokens for :func:`specbuild.engine.acceptance.accept_greedy`.
     """
     return forward_argmax(model, [last_token, *draft_tokens], cache, num_logits=len(draft_tokens) + 1)
+
+
+def verify_logits(
+    model: PreTrainedModel, last_token: int, draft_tokens: Sequence[int], cache: DynamicCache
+) -> torch.Tensor:
+    """:func:`verify` for sampling: the ``[k + 1, vocab]`` target logits instead of their argmax."""
+    return forward_logits(model, [last_token, *draft_tokens], cache, num_logits=len(draft_tokens) + 1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SEED_RANGE = 2**64  # TensorRT-LLM ``seed`` is UINT64
+
 
 class InvalidRequestError(ValueError):
     """A request field is out of range; the message names the field, its value and the allowed values."""
@@ -11,7 +13,13 @@ class InvalidRequestError(ValueError):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One generation request (greedy decoding).
+    """One generation request: greedy decoding by default, sampling when ``temperature > 0``.
+
+    The sampling fields carry TensorRT-LLM's names and meanings (``temperature``, ``runtime_top_k``,
+    ``runtime_top_p``, ``seed``). With sampling the target distribution is
+    ``p = softmax(logits / temperature)`` restricted to the ``top_k`` most likely tokens, then to the
+    smallest set whose probability reaches ``top_p``, renormalised (:func:`specbuild.engine.sampling.
+    sampling_probs`).
 
     Attributes:
         input_ids: prompt token ids, non-empty, each in ``[0, vocab_size)``.
@@ -19,12 +27,39 @@ class GenerationRequest:
         end_id: ``None`` -> the engine's default end token (tokenizer eos); ``-1`` -> never stop on a token.
         num_draft_tokens: draft tokens per verification step. ``None`` -> the engine's ``max_draft_len``;
             ``0`` -> plain (non-speculative) decoding; at most ``max_draft_len``.
+        temperature: ``None`` or ``0`` -> greedy (the other sampling fields are then ignored); ``> 0`` -> sample.
+        top_k: keep the ``top_k`` most likely tokens; ``None`` or ``0`` -> no top-k cut.
+        top_p: keep the smallest set of tokens whose probability reaches ``top_p``, in ``(0, 1]``;
+            ``None`` or ``1.0`` -> no top-p cut.
+        seed: random seed in ``[0, 2**64)``; the same seed gives the same output. ``None`` -> 0
+            (TensorRT-LLM's default ``seed``).
     """
 
     input_ids: list[int]
     max_tokens: int
     end_id: int | None = None
     num_draft_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Validated sampling parameters of one request (greedy requests have none).
+
+    Attributes:
+        temperature: ``> 0``.
+        top_k: ``0`` (off) or the number of most likely tokens kept.
+        top_p: in ``(0, 1]``; ``1.0`` is off.
+        seed: in ``[0, 2**64)``.
+    """
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
 
 
 FINISH_REASONS = ("length", "stop")

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from collections.abc import Callable
+from numbers import Integral, Real
 
-from .types import GenerationRequest, InvalidRequestError
+from .types import SEED_RANGE, GenerationRequest, InvalidRequestError, SamplingParams
 
 
 @dataclass(frozen=True)
 class ResolvedRequest:
-    """A validated request with the engine defaults filled in."""
+    """A validated request with the engine defaults filled in; ``sampling`` is None for greedy decoding."""
 
     input_ids: list[int]
     max_tokens: int
     end_id: int
     num_draft_tokens: int
+    sampling: SamplingParams | None = None
 
 
 def validate_request(
@@ -31,7 +35,9 @@ def validate_request(
     Raises:
         InvalidRequestError: empty or too long ``input_ids``, ids outside ``[0, vocab_size)``,
             ``max_tokens`` < 1 or past ``max_seq_len``, ``num_draft_tokens`` outside
-            ``[0, max_draft_len]``, ``end_id`` not -1 and outside ``[0, vocab_size)``.
+            ``[0, max_draft_len]``, ``end_id`` not -1 and outside ``[0, vocab_size)``, ``temperature``
+            negative or not finite, ``top_k`` negative, ``top_p`` outside ``(0, 1]``, ``seed`` outside
+            ``[0, 2**64)``.
     """
     _check_input_ids(request.input_ids, max_input_len=max_input_len, vocab_size=vocab_size)
     _check_max_tokens(request.max_tokens, input_len=len(request.input_ids), max_seq_len=max_seq_len)
@@ -47,7 +53,44 @@ def validate_request(
             f"end_id={request.end_id!r} is out of range; allowed: -1 (never stop), None (engine default) "
             f"or a token id in [0, {vocab_size})"
         )
-    return ResolvedRequest(list(request.input_ids), request.max_tokens, end_id, num_draft)
+    sampling = resolve_sampling(request)
+    return ResolvedRequest(list(request.input_ids), request.max_tokens, end_id, num_draft, sampling)
+
+
+def resolve_sampling(request: GenerationRequest) -> SamplingParams | None:
+    """The request's sampling parameters with defaults filled in, or None for greedy decoding.
+
+    Every field is checked even when the request is greedy, so a bad value never passes silently.
+
+    Examples:
+        temperature None or 0 -> None (greedy);  temperature 0.7, top_k None -> SamplingParams(0.7, 0, 1.0, 0).
+
+    Raises:
+        InvalidRequestError: a field is out of range (the message names it and the allowed values).
+    """
+    temperature = _checked_real("temperature", request.temperature, 0.0, lambda t: t >= 0, ">= 0 (0 or None: greedy)")
+    top_k = _checked_int("top_k", request.top_k, 0, lambda k: k >= 0, ">= 0 (0 or None: off)")
+    top_p = _checked_real("top_p", request.top_p, 1.0, lambda p: 0 < p <= 1, "(0, 1] (1.0 or None: off)")
+    seed = _checked_int("seed", request.seed, 0, lambda s: 0 <= s < SEED_RANGE, "[0, 2**64) or None")
+    if temperature == 0:
+        return None
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+
+
+def _checked_real(name: str, value: object, default: float, ok: Callable[[float], bool], allowed: str) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
+        raise InvalidRequestError(f"{name}={value!r} is out of range; allowed: {allowed}")
+    return float(value)
+
+
+def _checked_int(name: str, value: object, default: int, ok: Callable[[int], bool], allowed: str) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, Integral) or not ok(int(value)):
+        raise InvalidRequestError(f"{name}={value!r} is out of range; allowed: {allowed}")
+    return int(value)
 
 
 def _check_input_ids(input_ids: list[int], *, max_input_len: int, vocab_size: int) -> None:

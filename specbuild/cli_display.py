@@ -43,7 +43,8 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
     from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError
 
     failures = (RecipeError, CheckpointError, PromptSourceError, RequestError, ServerUnavailableError, ServerNotFoundError, ServerStartError)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+    # transient: the live bar disappears when the run ends; the summary tables follow.
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
         stage = bar.add_task("start", total=None)
 
         def status(name: str) -> None:

@@ -3,7 +3,44 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..sampling import Sampler
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a proposer proposes: draft tokens and, for a draft model, the distributions they came from.
+
+    Attributes:
+        tokens: ``k`` draft token ids.
+        probs: ``[k, vocab]`` the draft distributions ``q`` the tokens were sampled from, or None for
+            deterministic drafts (n-gram; any greedy proposal). Only sampled requests use it.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    probs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """What a method may need when the engine loads it (once per engine, not per request).
+
+    Attributes:
+        target: the loaded target model (its vocabulary, dtype and device).
+        base_dir: directory that relative paths in speculative_config are resolved against (the engine
+            directory), or None outside an engine directory.
+        trust_remote_code: passed to Hugging Face loaders of extra checkpoints.
+    """
+
+    target: Any
+    base_dir: Path | None = None
+    trust_remote_code: bool = False
 
 
 class Proposer(Protocol):
@@ -13,13 +50,23 @@ class Proposer(Protocol):
     model's KV cache, a lookahead pool) and drop it with the request.
     """
 
-    def propose(self, context: Sequence[int], num_draft_tokens: int) -> list[int]:
+    def propose(
+        self, context: Sequence[int], num_draft_tokens: int, sampler: Sampler | None = None
+    ) -> list[int] | Draft:
         """Return at most ``num_draft_tokens`` draft tokens to follow ``context`` (prompt + emitted tokens).
 
-        An empty list means "no guess": the engine then runs a plain one-token step.
+        An empty draft means "no guess": the engine then runs a plain one-token step. ``sampler`` is the
+        request's sampler for sampled requests; the engine leaves it out for greedy ones, so a greedy
+        proposer may take just ``(context, num_draft_tokens)``. A proposer that samples its drafts
+        returns a :class:`Draft` with their ``[k, vocab]`` distributions.
         """
         ...
 
     def update(self, context: Sequence[int], num_accepted: int) -> None:
         """Called after each verification with the new context and how many draft tokens were accepted."""
         ...
+
+
+def as_draft(proposal: list[int] | Draft) -> Draft:
+    """A proposer's return value as a :class:`Draft` (a plain list is a deterministic draft)."""
+    return proposal if isinstance(proposal, Draft) else Draft(list(proposal))

@@ -105,7 +105,9 @@ class NGramProposer:
     def __init__(self, config: NGramConfig) -> None:
         self.config = config
 
-    def propose(self, context: Sequence[int], num_draft_tokens: int) -> list[int]:
+    def propose(self, context: Sequence[int], num_draft_tokens: int, sampler: object = None) -> list[int]:
+        """Deterministic drafts; ``sampler`` is unused (acceptance treats ``q`` as one-hot)."""
+        del sampler
         return find_ngram_draft(
             context,
             max_ngram_size=self.config.max_matching_ngram_size,

@@ -1,0 +1,132 @@
+"""Which TensorRT-LLM is installed, and which (method, build path) pairs a version supports.
+
+Nothing here imports ``tensorrt_llm``: importing it needs the CUDA driver library, and a recipe must
+fail validation in well under a second on any machine. Detection uses
+``importlib.util.find_spec`` + ``importlib.metadata.version``.
+
+Capability table (TensorRT-LLM sources; see ../shared/facts/tensorrt-llm.md)::
+
+    method        tensorrt (engines, <= 1.2.x)   pytorch (LLM API, >= 1.0)
+    none          yes                            yes
+    draft_target  yes (draft_tokens_external)    yes (DraftTarget)
+    lookahead     yes (lookahead_decoding)       no  (LookaheadDecodingConfig.supports_backend)
+    medusa        yes (medusa)                   no  (MedusaDecodingConfig.supports_backend)
+    eagle         yes (eagle, EAGLE-1/2)         no  (the PyTorch backend runs EAGLE-3 only)
+    eagle3        no                             yes
+    mtp           no                             yes (MTPDecodingConfig)
+    ngram         no (Triton has no server-side   yes (NGram)
+                  n-gram proposer; drafts would
+                  have to come from the client)
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+BuildPath = Literal["tensorrt", "pytorch"]
+DISTRIBUTION = "tensorrt_llm"  # PyPI "tensorrt-llm"; importlib.metadata normalizes the name
+
+
+@dataclass(frozen=True, order=True)
+class TrtllmVersion:
+    """A TensorRT-LLM release number; pre-releases (``1.3.0rc2``) compare equal to their release
+    for capability purposes, because the engine path was already removed on the 1.3 branch."""
+
+    major: int
+    minor: int
+    patch: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}.{self.patch}"
+
+
+ENGINE_PATH_LAST = TrtllmVersion(1, 2, 99)  # the engine path ships in <= 1.2.x
+PYTORCH_PATH_FIRST = TrtllmVersion(1, 0, 0)
+EAGLE3_NAME_FIRST = TrtllmVersion(1, 3, 0)  # older LLM APIs spell EAGLE-3 as decoding_type "Eagle"
+
+
+def parse_version(text: str) -> TrtllmVersion:
+    """``"1.2.1"`` / ``"1.3.0rc2"`` / ``"0.21.0"`` -> :class:`TrtllmVersion`.
+
+    Raises:
+        ValueError: not a ``MAJOR.MINOR[.PATCH]`` version string.
+    """
+    match = re.match(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if match is None:
+        raise ValueError(f"not a TensorRT-LLM version: {text!r} (expected e.g. 1.2.1)")
+    return TrtllmVersion(int(match[1]), int(match[2]), int(match[3] or 0))
+
+
+def installed_version() -> str | None:
+    """The installed TensorRT-LLM version string, or ``None`` when it is not installed.
+
+    Never imports ``tensorrt_llm``.
+    """
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return None
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+_ENGINE_METHODS = frozenset({"none", "draft_target", "lookahead", "medusa", "eagle"})
+_PYTORCH_METHODS = frozenset({"none", "draft_target", "ngram", "eagle3", "mtp"})
+_WHY_NOT = {
+    ("pytorch", "medusa"): "TensorRT-LLM's PyTorch backend has no Medusa",
+    ("pytorch", "lookahead"): "TensorRT-LLM's PyTorch backend has no lookahead decoding",
+    ("pytorch", "eagle"): "TensorRT-LLM's PyTorch backend runs EAGLE-3 only (method: eagle3)",
+    ("tensorrt", "eagle3"): "EAGLE-3 exists only on TensorRT-LLM's PyTorch backend",
+    ("tensorrt", "mtp"): "MTP exists only on TensorRT-LLM's PyTorch backend",
+    ("tensorrt", "ngram"): "n-gram drafts on the engine path come from the client; the Triton "
+    "repository has no server-side n-gram proposer",
+}
+
+
+def supported_paths(method: str) -> tuple[BuildPath, ...]:
+    """The build paths that run ``method``, e.g. ``("tensorrt",)`` for ``"medusa"``."""
+    paths: list[BuildPath] = []
+    if method in _ENGINE_METHODS:
+        paths.append("tensorrt")
+    if method in _PYTORCH_METHODS:
+        paths.append("pytorch")
+    return tuple(paths)
+
+
+def capability_error(method: str, path: BuildPath, version: str | None) -> str | None:
+    """Why ``method`` cannot be built on ``path`` with TensorRT-LLM ``version`` (``None``: not
+    installed, only the method/path pair is checked); ``None`` when it can.
+
+    The message names the path or version to use instead.
+    """
+    if path not in supported_paths(method):
+        other = [p for p in supported_paths(method) if p != path]
+        hint = f"; use build.backend: {other[0]}" if other else ""
+        return f"method {method!r} is not available on build.backend {path!r}: {_WHY_NOT.get((path, method), 'unsupported')}{hint}"
+    if version is None:
+        return None
+    v = parse_version(version)
+    if path == "tensorrt" and v > ENGINE_PATH_LAST:
+        return (
+            f"build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x (trtllm-build and the engine path were "
+            f"removed in 1.3); installed: {version}. Install tensorrt-llm==1.2.1 (NGC container "
+            f"tritonserver:<yy.mm>-trtllm-python-py3 with TensorRT-LLM 1.2) or use build.backend: pytorch"
+            + ("" if "pytorch" in supported_paths(method) else f" (not available for method {method!r})")
+        )
+    if path == "pytorch" and v < PYTORCH_PATH_FIRST:
+        return f"build.backend 'pytorch' needs TensorRT-LLM >= 1.0; installed: {version}. Upgrade, or use build.backend: tensorrt"
+    return None
+
+
+def llm_api_decoding_type(decoding_type: str, version: str | None) -> str:
+    """The ``decoding_type`` string the LLM API of ``version`` accepts (``None``: the newest).
+
+    Example: ``"Eagle3"`` -> ``"Eagle"`` for 1.0-1.2, whose PyTorch backend treats ``Eagle`` as EAGLE-3.
+    """
+    if decoding_type == "Eagle3" and version is not None and parse_version(version) < EAGLE3_NAME_FIRST:
+        return "Eagle"
+    return decoding_type

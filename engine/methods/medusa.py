@@ -1,0 +1,210 @@
+"""Medusa heads (Cai et al. 2024, "Medusa", §2.1.1) in the FasterDecoding / TensorRT-LLM on-disk format.
+
+Head ``h`` (0-based) reads the target's final-norm hidden state at position ``p`` (the position whose own
+argmax is the token at ``p + 1``) and guesses the token at ``p + 2 + h``::
+
+    head_h(x) = W_h @ ResBlock_{h,L-1}( ... ResBlock_{h,0}(x))      ResBlock(x) = x + SiLU(linear(x))
+
+On disk (a directory, TensorRT-LLM ``examples/medusa/convert_checkpoint.py --medusa_model_dir``):
+
+    config.json                  {"medusa_num_heads": 4, "medusa_num_layers": 1, "hidden_size": ..., "vocab_size": ...}
+    medusa_lm_head.safetensors   "{h}.{l}.linear.weight" [hidden, hidden], "{h}.{l}.linear.bias" [hidden],
+                                 "{h}.{L}.weight" [vocab, hidden]   (no bias; L = medusa_num_layers)
+    (or medusa_lm_head.pt, read only with torch.load(weights_only=True))
+
+The proposer fills a :class:`~specbuild.engine.tree.SpecTree`: a node at depth ``d`` with child index ``c``
+gets the ``c``-th most likely token of head ``d - 1``. Example: tree ``[[0], [1], [0, 0]]``, head 0 top-2
+``[a, b]``, head 1 top-1 ``[c]``, root ``t`` -> tree tokens ``[t, a, b, c]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..tree import SpecTree
+
+SAFETENSORS_NAME = "medusa_lm_head.safetensors"
+PT_NAME = "medusa_lm_head.pt"
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    """The head directory's config.json keys (FasterDecoding names)."""
+
+    medusa_num_heads: int
+    medusa_num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            low = 0 if name == "medusa_num_layers" else 1
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"Medusa config {name} must be an integer >= {low}, got {value!r}")
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> shape for every weight the format requires."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        hidden, layers = self.hidden_size, self.medusa_num_layers
+        for h in range(self.medusa_num_heads):
+            for layer in range(layers):
+                shapes[f"{h}.{layer}.linear.weight"] = (hidden, hidden)
+                shapes[f"{h}.{layer}.linear.bias"] = (hidden,)
+            shapes[f"{h}.{layers}.weight"] = (self.vocab_size, hidden)
+        return shapes
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(linear(x))``, hidden -> hidden."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """All heads; ``heads`` state-dict keys are exactly the on-disk names (``"0.0.linear.weight"``, ...)."""
+
+    def __init__(self, config: MedusaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.heads = nn.ModuleList(
+            nn.Sequential(
+                *(ResBlock(config.hidden_size) for _ in range(config.medusa_num_layers)),
+                nn.Linear(config.hidden_size, config.vocab_size, bias=False),
+            )
+            for _ in range(config.medusa_num_heads)
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [..., hidden_size]`` -> logits ``[num_heads, ..., vocab]``."""
+        return torch.stack([head(hidden) for head in self.heads])
+
+
+def load_medusa_heads(
+    head_dir: str | Path, *, num_heads: int | None = None, dtype: torch.dtype = torch.float32
+) -> MedusaHeads:
+    """Load heads from ``head_dir`` (config.json + medusa_lm_head.safetensors, or the .pt).
+
+    Args:
+        num_heads: override config.json's ``medusa_num_heads`` (TensorRT-LLM's ``--fixed_num_medusa_heads``;
+            medusa-vicuna-7b-v1.3 says 2 but holds 4).
+
+    Raises:
+        FileNotFoundError: config.json or both weight files missing.
+        ValueError: a config key missing or invalid; a tensor missing, unexpected or of the wrong shape
+            (the message names it and the head count the weights hold).
+    """
+    head_dir = Path(head_dir)
+    config = read_medusa_config(head_dir, num_heads=num_heads)
+    state = _read_weights(head_dir)
+    _check_state(state, config, head_dir)
+    heads = MedusaHeads(config)
+    heads.heads.load_state_dict(state, strict=True)
+    return heads.to(dtype).eval()
+
+
+def read_medusa_config(head_dir: Path, *, num_heads: int | None = None) -> MedusaConfig:
+    """Parse ``head_dir/config.json`` (extra keys such as ``base_model_name_or_path`` are ignored).
+
+    Raises:
+        FileNotFoundError: no config.json.  ValueError: a required key missing or invalid.
+    """
+    path = head_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: not a Medusa head directory")
+    raw = json.loads(path.read_text())
+    if num_heads is not None:
+        raw["medusa_num_heads"] = num_heads
+    missing = [k for k in MedusaConfig.__dataclass_fields__ if k not in raw]
+    if missing:
+        raise ValueError(f"{path}: missing key(s) {missing}")
+    return MedusaConfig(**{k: raw[k] for k in MedusaConfig.__dataclass_fields__})
+
+
+def save_medusa_heads(head_dir: str | Path, heads_state: Mapping[str, torch.Tensor], config: MedusaConfig) -> Path:
+    """Write ``config.json`` and ``medusa_lm_head.safetensors`` to ``head_dir``; returns ``head_dir``.
+
+    Args:
+        heads_state: on-disk names -> tensors, e.g. ``MedusaHeads(config).heads.state_dict()``.
+
+    Raises:
+        ValueError: a tensor missing, unexpected or of the wrong shape for ``config``.
+    """
+    head_dir = Path(head_dir)
+    state = {k: v.detach().contiguous().cpu() for k, v in heads_state.items()}
+    _check_state(state, config, head_dir)
+    head_dir.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(head_dir / SAFETENSORS_NAME))
+    (head_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+    return head_dir
+
+
+def _read_weights(head_dir: Path) -> dict[str, torch.Tensor]:
+    if (head_dir / SAFETENSORS_NAME).is_file():
+        return load_file(str(head_dir / SAFETENSORS_NAME))
+    if (head_dir / PT_NAME).is_file():
+        return torch.load(head_dir / PT_NAME, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{head_dir}: neither {SAFETENSORS_NAME} nor {PT_NAME} found")
+
+
+def _check_state(state: Mapping[str, torch.Tensor], config: MedusaConfig, where: Path) -> None:
+    expected = config.expected_shapes()
+    held = 1 + max((int(k.split(".")[0]) for k in state if k.split(".")[0].isdigit()), default=-1)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{where}: Medusa weights do not match medusa_num_heads={config.medusa_num_heads}, "
+            f"medusa_num_layers={config.medusa_num_layers} (the weights hold {held} heads): "
+            f"missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"{where}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}")
+
+
+class MedusaProposer:
+    """Fills a speculation tree from the heads' top-k tokens (one request; stateless between steps)."""
+
+    def __init__(self, heads: MedusaHeads, tree: SpecTree) -> None:
+        """Raises: ValueError if the tree is deeper than the head count or wants more candidates than the vocabulary."""
+        config = heads.config
+        if tree.max_depth > config.medusa_num_heads:
+            raise ValueError(
+                f"tree depth {tree.max_depth} exceeds medusa_num_heads={config.medusa_num_heads} "
+                "(one head per tree level)"
+            )
+        if any(k > config.vocab_size for k in tree.top_k_per_depth):
+            raise ValueError(f"tree needs top-{max(tree.top_k_per_depth)} candidates, vocab_size is {config.vocab_size}")
+        self.heads = heads
+        self.tree = tree
+
+    def head_candidates(self, hidden: torch.Tensor, tree: SpecTree) -> list[list[int]]:
+        """``hidden [hidden_size]`` -> per depth ``d`` the top-``tree.top_k_per_depth[d]`` tokens of head ``d``."""
+        top_k = tree.top_k_per_depth
+        logits = self.heads(hidden.to(self.heads.heads[0][-1].weight.dtype))  # [num_heads, vocab]
+        return [logits[d].topk(k).indices.tolist() for d, k in enumerate(top_k)]
+
+    def propose_tree(self, context: Sequence[int], hidden: torch.Tensor, tree: SpecTree | None = None) -> list[int]:
+        """Tree tokens ``[1 + n]`` for ``tree`` (default: the proposer's; a truncated one near max_tokens).
+
+        Args:
+            context: prompt + emitted tokens; ``context[-1]`` is the root (tree index 0).
+            hidden: ``[hidden_size]`` target final-norm hidden state at the position that produced ``context[-1]``.
+        """
+        tree = self.tree if tree is None else tree
+        if tree.num_nodes == 0:
+            return [context[-1]]
+        candidates = self.head_candidates(hidden, tree)
+        return [context[-1], *(candidates[len(path) - 1][path[-1]] for path in tree.paths)]

@@ -1,0 +1,268 @@
+"""Medusa: the head format (load/save), the tree proposer, and greedy equivalence of Medusa decoding."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from specbuild.engine import target as target_model
+from specbuild.engine import medusa_decode
+from specbuild.engine.medusa_decode import generate_tree_greedy, medusa_generate_greedy, tree_step
+from specbuild.engine.methods.medusa import (
+    MedusaConfig,
+    MedusaHeads,
+    MedusaProposer,
+    load_medusa_heads,
+    save_medusa_heads,
+)
+from specbuild.engine.tree import MC_SIM_7B_63, SpecTree, accept_tree_greedy
+
+VOCAB, HIDDEN = 384, 64
+CONFIG = MedusaConfig(medusa_num_heads=4, medusa_num_layers=1, hidden_size=HIDDEN, vocab_size=VOCAB)
+DEFAULT_TREE = SpecTree.from_choices(MC_SIM_7B_63)
+USER_TREE = SpecTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42]]
+NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(model) -> list[list[int]]:
+    config = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
+    with torch.inference_mode():
+        return [model.generate(torch.tensor([p]), generation_config=config)[0, len(p) :].tolist() for p in PROMPTS]
+
+
+def _random_heads(config: MedusaConfig = CONFIG, seed: int = 0) -> MedusaHeads:
+    torch.manual_seed(seed)
+    return MedusaHeads(config).eval()
+
+
+# --- format ------------------------------------------------------------------------------------
+
+
+def test_state_dict_uses_the_on_disk_names():
+    config = MedusaConfig(medusa_num_heads=2, medusa_num_layers=2, hidden_size=8, vocab_size=16)
+    state = MedusaHeads(config).heads.state_dict()
+    assert {k: tuple(v.shape) for k, v in state.items()} == config.expected_shapes()
+    assert set(state) == {
+        "0.0.linear.weight", "0.0.linear.bias", "0.1.linear.weight", "0.1.linear.bias", "0.2.weight",
+        "1.0.linear.weight", "1.0.linear.bias", "1.1.linear.weight", "1.1.linear.bias", "1.2.weight",
+    }
+
+
+def test_resblock_and_head_math():
+    heads = _random_heads()
+    x = torch.randn(HIDDEN)
+    block, projection = heads.heads[1][0], heads.heads[1][1]
+    expected = projection.weight @ (x + torch.nn.functional.silu(block.linear.weight @ x + block.linear.bias))
+    torch.testing.assert_close(heads(x)[1], expected)
+    assert heads(x).shape == (4, VOCAB)
+
+
+def test_save_load_round_trip(tmp_path):
+    heads = _random_heads()
+    save_medusa_heads(tmp_path, heads.heads.state_dict(), CONFIG)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "medusa_lm_head.safetensors"]
+    assert json.loads((tmp_path / "config.json").read_text())["medusa_num_heads"] == 4
+    loaded = load_medusa_heads(tmp_path)
+    assert loaded.config == CONFIG
+    for (name, tensor), (loaded_name, loaded_tensor) in zip(heads.heads.state_dict().items(), loaded.heads.state_dict().items()):
+        assert name == loaded_name and torch.equal(tensor, loaded_tensor)
+
+
+def test_load_pt_with_weights_only(tmp_path):
+    heads = _random_heads()
+    save_medusa_heads(tmp_path, heads.heads.state_dict(), CONFIG)
+    (tmp_path / "medusa_lm_head.safetensors").unlink()
+    torch.save(heads.heads.state_dict(), tmp_path / "medusa_lm_head.pt")
+    x = torch.randn(HIDDEN)
+    torch.testing.assert_close(load_medusa_heads(tmp_path)(x), heads(x))
+
+
+class _NotAWeight:
+    pass
+
+
+def test_pt_with_arbitrary_objects_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG.__dict__))
+    torch.save({"0.1.weight": _NotAWeight()}, tmp_path / "medusa_lm_head.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        load_medusa_heads(tmp_path)
+
+
+def test_head_count_mismatch_names_the_override(tmp_path):
+    """medusa-vicuna-7b-v1.3 says medusa_num_heads=2 but holds 4 (TensorRT-LLM's --fixed_num_medusa_heads)."""
+    save_medusa_heads(tmp_path, _random_heads().heads.state_dict(), CONFIG)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "medusa_num_heads": 2, "base_model_name_or_path": "x"}))
+    with pytest.raises(ValueError, match=r"medusa_num_heads=2.*the weights hold 4 heads.*unexpected \['2\.0"):
+        load_medusa_heads(tmp_path)
+    assert load_medusa_heads(tmp_path, num_heads=4).config.medusa_num_heads == 4
+
+
+def test_format_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a Medusa head directory"):
+        load_medusa_heads(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 4, "medusa_num_layers": 1}))
+    with pytest.raises(ValueError, match=r"missing key\(s\) \['hidden_size', 'vocab_size'\]"):
+        load_medusa_heads(tmp_path)
+    with pytest.raises(ValueError, match="medusa_num_heads must be an integer >= 1"):
+        MedusaConfig(medusa_num_heads=0, medusa_num_layers=1, hidden_size=8, vocab_size=8)
+    state = _random_heads().heads.state_dict()
+    with pytest.raises(ValueError, match=r"tensor 0\.1\.weight has shape \(384, 32\), expected \(384, 64\)"):
+        save_medusa_heads(tmp_path, {**state, "0.1.weight": torch.zeros(VOCAB, 32)}, CONFIG)
+    with pytest.raises(ValueError, match=r"missing \['3\.1\.weight'\]"):
+        save_medusa_heads(tmp_path, {k: v for k, v in state.items() if k != "3.1.weight"}, CONFIG)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG.__dict__))
+    with pytest.raises(FileNotFoundError, match="neither medusa_lm_head.safetensors nor medusa_lm_head.pt"):
+        load_medusa_heads(tmp_path)
+
+
+# --- proposer ----------------------------------------------------------------------------------
+
+
+def test_proposer_fills_the_tree_from_top_k():
+    heads, x = _random_heads(), torch.randn(HIDDEN)
+    tree = SpecTree.from_choices([[0], [1], [0, 0], [0, 1], [1, 2]])
+    top = [heads(x)[d].topk(3).indices.tolist() for d in range(2)]
+    tokens = MedusaProposer(heads, tree).propose_tree([9, 8, 7], x)
+    # node order: [0], [1], [0, 0], [0, 1], [1, 2]
+    assert tokens == [7, top[0][0], top[0][1], top[1][0], top[1][1], top[1][2]]
+    assert MedusaProposer(heads, DEFAULT_TREE).propose_tree([7], x, tree.truncated(0)) == [7]
+
+
+def test_proposer_refuses_a_tree_deeper_than_the_heads():
+    with pytest.raises(ValueError, match="tree depth 4 exceeds medusa_num_heads=3"):
+        MedusaProposer(_random_heads(MedusaConfig(3, 1, HIDDEN, VOCAB)), DEFAULT_TREE)
+
+
+# --- greedy equivalence ------------------------------------------------------------------------
+
+
+def _lm_head_heads(model) -> MedusaHeads:
+    """Heads that are the target's own LM head (ResBlocks zeroed: x + SiLU(0) = x): head 0 guesses a repeat."""
+    heads = _random_heads()
+    with torch.no_grad():
+        for head in heads.heads:
+            head[0].linear.weight.zero_()
+            head[0].linear.bias.zero_()
+            head[1].weight.copy_(model.lm_head.weight)
+    return heads
+
+
+@pytest.mark.parametrize("tree", [DEFAULT_TREE, USER_TREE], ids=["mc_sim_7b_63", "user"])
+@pytest.mark.parametrize("kind", ["random", "lm_head"])
+def test_medusa_equals_plain_greedy(model, plain_outputs, tree, kind):
+    heads = _random_heads(seed=3) if kind == "random" else _lm_head_heads(model)
+    for prompt, plain in zip(PROMPTS, plain_outputs):
+        result = medusa_generate_greedy(model, heads, prompt, max_tokens=NEW_TOKENS, tree=tree)
+        assert result.output_ids == plain, f"prompt {prompt}"
+        assert result.finish_reason == "length"
+        assert result.num_decoding_iterations >= 2
+        assert result.num_decoding_iterations == NEW_TOKENS - 1 - result.total_accepted_draft_tokens
+        assert result.total_accepted_draft_tokens < result.total_draft_tokens
+
+
+class _OracleProposer:
+    """Puts the target's true continuation at child index ``r_d`` of depth ``d`` and wrong tokens elsewhere.
+
+    ``noise_seed=None``: ``r_d = 0`` ("same" draft, the all-zeros path always accepted); otherwise ``r_d`` is
+    drawn per step from ``0..top_k`` (``top_k`` = absent), so accepted paths end at varied depths and
+    go through non-first children.
+    """
+
+    def __init__(self, prompt: list[int], plain: list[int], noise_seed: int | None = None) -> None:
+        self.prompt_len, self.plain = len(prompt), plain
+        self.rng = None if noise_seed is None else random.Random(noise_seed)
+
+    def propose_tree(self, context, hidden, tree):
+        emitted = len(context) - self.prompt_len
+        true_tokens = [self.plain[min(emitted + d, len(self.plain) - 1)] for d in range(tree.max_depth)]
+        right = [0 if self.rng is None else self.rng.randrange(k + 1) for k in tree.top_k_per_depth]
+        return [context[-1]] + [
+            true_tokens[len(p) - 1] if p[-1] == right[len(p) - 1] else (true_tokens[len(p) - 1] + 1 + p[-1]) % VOCAB
+            for p in tree.paths
+        ]
+
+
+@pytest.mark.parametrize("tree", [DEFAULT_TREE, USER_TREE], ids=["mc_sim_7b_63", "user"])
+def test_same_draft_accepts_the_full_depth(model, plain_outputs, tree):
+    prompt, plain = PROMPTS[0], plain_outputs[0]
+    result = generate_tree_greedy(model, _OracleProposer(prompt, plain), prompt, max_tokens=NEW_TOKENS, tree=tree)
+    assert result.output_ids == plain
+    assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // (tree.max_depth + 1))
+    assert result.total_accepted_draft_tokens == NEW_TOKENS - 1 - result.num_decoding_iterations
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_partly_right_draft_equals_plain_greedy(model, plain_outputs, monkeypatch, seed):
+    accepted_choices = []
+
+    def recording_accept(tree, tree_tokens, target_tokens):
+        acceptance = accept_tree_greedy(tree, tree_tokens, target_tokens)
+        accepted_choices.append(tree.paths[acceptance.last_index - 1] if acceptance.accepted_nodes else ())
+        return acceptance
+
+    monkeypatch.setattr(medusa_decode, "accept_tree_greedy", recording_accept)
+    for prompt, plain in zip(PROMPTS, plain_outputs):
+        proposer = _OracleProposer(prompt, plain, noise_seed=seed)
+        result = generate_tree_greedy(model, proposer, prompt, max_tokens=NEW_TOKENS, tree=DEFAULT_TREE)
+        assert result.output_ids == plain
+    depths = {len(choice) for choice in accepted_choices}
+    assert {0, 1, 2} <= depths, f"accepted depths {depths}"
+    assert any(any(c != 0 for c in choice) for choice in accepted_choices), "only first children were accepted"
+
+
+def test_step_grows_the_cache_by_the_accepted_path(model, plain_outputs):
+    prompt, plain = PROMPTS[1], plain_outputs[1]
+    with torch.inference_mode():
+        cache = target_model.new_cache(model)
+        first, hidden = medusa_decode.prefill_with_hidden(model, prompt, cache)
+        assert first == plain[0]
+        step = tree_step(model, _OracleProposer(prompt, plain), DEFAULT_TREE, [*prompt, first], hidden, cache)
+    assert step.acceptance.emitted_tokens == plain[1:6]
+    assert cache.get_seq_length() == len(prompt) + 1 + 4
+    assert step.next_hidden.shape == (HIDDEN,)
+
+
+# --- stopping ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 6, 7, 12])
+@pytest.mark.parametrize("kind", ["same", "random"])
+def test_max_tokens_never_exceeded(model, plain_outputs, max_tokens, kind):
+    prompt, plain = PROMPTS[0], plain_outputs[0]
+    proposer = _OracleProposer(prompt, plain) if kind == "same" else MedusaProposer(_random_heads(), DEFAULT_TREE)
+    result = generate_tree_greedy(model, proposer, prompt, max_tokens=max_tokens, tree=DEFAULT_TREE)
+    assert result.output_ids == plain[:max_tokens]
+    assert result.finish_reason == "length"
+
+
+def test_end_token_inside_accepted_chunk_stops_there(model, plain_outputs):
+    prompt, plain = PROMPTS[0], plain_outputs[0]
+    mid_chunk = 0
+    for end_id in dict.fromkeys(plain):
+        first = plain.index(end_id)
+        proposer = _OracleProposer(prompt, plain)
+        result = generate_tree_greedy(model, proposer, prompt, max_tokens=NEW_TOKENS, tree=DEFAULT_TREE, end_id=end_id)
+        assert result.output_ids == plain[: first + 1], f"end_id {end_id}"
+        assert result.finish_reason == "stop"
+        mid_chunk += first % (DEFAULT_TREE.max_depth + 1) != 0  # chunks are plain[1:6], plain[6:11], ...
+    assert mid_chunk > 0, "no end token fell inside a multi-token accepted chunk"
+
+
+def test_invalid_arguments(model):
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        medusa_generate_greedy(model, _random_heads(), [], max_tokens=4, tree=DEFAULT_TREE)
+    with pytest.raises(ValueError, match="max_tokens >= 1"):
+        medusa_generate_greedy(model, _random_heads(), [1], max_tokens=0, tree=DEFAULT_TREE)

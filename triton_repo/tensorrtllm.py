@@ -1,0 +1,377 @@
+"""The Triton repository that serves TensorRT-LLM engines (``inflight_batcher_llm`` layout).
+
+::
+
+    repo/
+      ensemble/           platform "ensemble": preprocessing -> tensorrt_llm -> postprocessing
+      preprocessing/      python (specbuild's, as in the reference repository)
+      postprocessing/     python (specbuild's; passes output_ids / sequence_length through)
+      tensorrt_llm/       backend "tensorrtllm": the target engine
+      tensorrt_llm_draft/ backend "tensorrtllm": the draft engine            (draft_target only)
+      tensorrt_llm_bls/   python: draft -> target loop (upstream model.py)   (draft_target only)
+      tensorrt_llm_baseline/ + ensemble_baseline/   the target without speculation (opt-in)
+      launch.sh           scripts/launch_triton_server.py with world_size = tp * pp
+
+Every parameter comes from :class:`TrtllmRepoSpec`; nothing is a template placeholder.
+
+Client interface: the ensemble has the reference repository's tensors except ``num_draft_tokens``:
+the C++ ``tensorrtllm`` backend has no such input and Triton refuses an ensemble input no step
+consumes ("ensemble input ... is not used", verified with Triton 2.51), so a client that sends it
+gets an explicit error instead of a silently speculative "baseline". Per-request baselines:
+``tensorrt_llm_bls`` with ``num_draft_tokens=0`` (draft_target), lookahead ``(1, 1, 0)`` through
+the ``lookahead_*`` inputs, or the opt-in baseline engine (``ensemble_baseline``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from specbuild.triton_repo.generate import SHELL, SHELL_MODULES, ReferenceRepoSpec, reference_models
+from specbuild.triton_repo.pbtxt import EnsembleStep, ModelConfig, Tensor, render
+
+if TYPE_CHECKING:
+    from specbuild.builder.recipe import LoadedRecipe
+    from specbuild.builder.trtllm_plan import TrtllmPlan
+
+Choices = list[list[int]]
+DEFAULT_LAUNCH_SCRIPT = Path("/app/scripts/launch_triton_server.py")  # tensorrtllm_backend in the NGC container
+DEFAULT_BLS_MODEL = Path("/app/all_models/inflight_batcher_llm/tensorrt_llm_bls/1")
+DECODING_MODES = {"none": "top_k_top_p", "medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead", "draft_target": "top_k_top_p"}
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """One ``tensorrtllm`` model: its engine, GPUs and KV-cache share.
+
+    ``gpu_device_ids``: per instance, the GPUs of its ranks, e.g. ``((0, 1),)``; ``None`` lets the
+    backend use the visible devices. ``kv_cache_free_gpu_mem_fraction``: of the GPU memory free after
+    loading the engine (0-1). ``participant_ids``: MPI ranks in orchestrator mode, or ``None``.
+    """
+
+    name: str
+    engine_dir: Path
+    decoding_mode: str
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    enable_kv_cache_reuse: bool = False
+    gpu_device_ids: tuple[tuple[int, ...], ...] | None = None
+    participant_ids: tuple[int, ...] | None = None
+    medusa_choices: Choices | None = None
+    eagle_choices: Choices | None = None
+    lookahead: tuple[int, int, int] | None = None  # (W, N, G)
+    speculative_decoding_fast_logits: bool = False
+
+
+@dataclass(frozen=True)
+class TrtllmRepoSpec:
+    """What the repository needs: engines, limits (tokens, requests) and serving choices."""
+
+    method: str
+    target: EngineModel
+    tokenizer_dir: Path
+    end_id: int
+    pad_id: int
+    max_batch_size: int
+    world_size: int = 1
+    draft: EngineModel | None = None
+    baseline: EngineModel | None = None
+    decoupled: bool = False
+    batching_strategy: str = "inflight_fused_batching"
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    exclude_input_in_output: bool = True
+    bls_instance_count: int = 1
+    accumulate_tokens: bool = False
+    use_draft_logits: bool = False
+
+
+def choices_string(choices: Choices) -> str:
+    """TensorRT-LLM backend format for medusa_choices / eagle_choices.
+
+    Example: ``[[0], [0, 0], [1]]`` -> ``"{0}, {0, 0}, {1}"``.
+    """
+    return ", ".join("{" + ", ".join(str(i) for i in node) + "}" for node in choices)
+
+
+def _b(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
+def _scalar(name: str, data_type: str, optional: bool = True) -> Tensor:
+    """A per-request scalar: dims [1] (upstream also reshapes these to [])."""
+    return Tensor(name, data_type, (1,), optional=optional)
+
+
+def _ragged(name: str, data_type: str, dims: tuple[int, ...] = (-1,)) -> Tensor:
+    return Tensor(name, data_type, dims, optional=True, allow_ragged_batch=True)
+
+
+ENGINE_INPUTS = (
+    Tensor("input_ids", "TYPE_INT32", (-1,), allow_ragged_batch=True),
+    _scalar("input_lengths", "TYPE_INT32", optional=False),
+    _scalar("request_output_len", "TYPE_INT32", optional=False),
+    _ragged("draft_input_ids", "TYPE_INT32"),
+    _ragged("draft_logits", "TYPE_FP32", (-1, -1)),
+    _scalar("draft_acceptance_threshold", "TYPE_FP32"),
+    _scalar("end_id", "TYPE_INT32"),
+    _scalar("pad_id", "TYPE_INT32"),
+    _ragged("stop_words_list", "TYPE_INT32", (2, -1)),
+    _ragged("bad_words_list", "TYPE_INT32", (2, -1)),
+    _scalar("beam_width", "TYPE_INT32"),
+    _scalar("temperature", "TYPE_FP32"),
+    _scalar("runtime_top_k", "TYPE_INT32"),
+    _scalar("runtime_top_p", "TYPE_FP32"),
+    _scalar("seed", "TYPE_UINT64"),
+    _scalar("return_log_probs", "TYPE_BOOL"),
+    _scalar("return_context_logits", "TYPE_BOOL"),
+    _scalar("return_generation_logits", "TYPE_BOOL"),
+    _scalar("return_perf_metrics", "TYPE_BOOL"),
+    _scalar("exclude_input_in_output", "TYPE_BOOL"),
+    _scalar("stop", "TYPE_BOOL"),
+    _scalar("streaming", "TYPE_BOOL"),
+    _ragged("lookahead_window_size", "TYPE_INT32", (1,)),
+    _ragged("lookahead_ngram_size", "TYPE_INT32", (1,)),
+    _ragged("lookahead_verification_set_size", "TYPE_INT32", (1,)),
+)
+PERF_OUTPUTS = (
+    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
+    Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+ENGINE_OUTPUTS = (
+    Tensor("output_ids", "TYPE_INT32", (-1, -1)),
+    Tensor("sequence_length", "TYPE_INT32", (-1,)),
+    Tensor("cum_log_probs", "TYPE_FP32", (-1,)),
+    Tensor("output_log_probs", "TYPE_FP32", (-1, -1)),
+    Tensor("context_logits", "TYPE_FP32", (-1, -1)),
+    Tensor("generation_logits", "TYPE_FP32", (-1, -1, -1)),
+    Tensor("batch_index", "TYPE_INT32", (1,)),
+    Tensor("sequence_index", "TYPE_INT32", (1,)),
+) + PERF_OUTPUTS
+
+
+def engine_parameters(model: EngineModel, spec: TrtllmRepoSpec) -> dict[str, str]:
+    """The ``tensorrtllm`` backend's parameters (keys as in its config.pbtxt template)."""
+    params = {
+        "gpt_model_type": spec.batching_strategy,
+        "gpt_model_path": str(model.engine_dir),
+        "max_beam_width": "1",
+        "batch_scheduler_policy": spec.batch_scheduler_policy,
+        "kv_cache_free_gpu_mem_fraction": f"{model.kv_cache_free_gpu_mem_fraction:g}",
+        "enable_kv_cache_reuse": _b(model.enable_kv_cache_reuse),
+        "exclude_input_in_output": _b(spec.exclude_input_in_output),
+        "enable_chunked_context": "false",
+        "decoding_mode": model.decoding_mode,
+        "logits_datatype": "TYPE_FP32",
+        "tokenizer_dir": str(spec.tokenizer_dir),
+    }
+    if model.gpu_device_ids is not None:
+        params["gpu_device_ids"] = ";".join(",".join(str(i) for i in ids) for ids in model.gpu_device_ids)
+    if model.participant_ids is not None:
+        params["participant_ids"] = ",".join(str(i) for i in model.participant_ids)
+    if model.medusa_choices is not None:
+        params["medusa_choices"] = choices_string(model.medusa_choices)
+    if model.eagle_choices is not None:
+        params["eagle_choices"] = choices_string(model.eagle_choices)
+    if model.lookahead is not None:
+        w, n, g = model.lookahead
+        params |= {"lookahead_window_size": str(w), "lookahead_ngram_size": str(n), "lookahead_verification_set_size": str(g)}
+    if model.speculative_decoding_fast_logits:
+        params["speculative_decoding_fast_logits"] = "1"
+    return params
+
+
+def engine_model(model: EngineModel, spec: TrtllmRepoSpec) -> ModelConfig:
+    """``tensorrt_llm`` / ``tensorrt_llm_draft``: backend ``tensorrtllm``, one CPU-kind instance
+    (the backend places ranks on GPUs itself)."""
+    return ModelConfig(
+        name=model.name, backend="tensorrtllm", max_batch_size=spec.max_batch_size,
+        inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS, parameters=engine_parameters(model, spec),
+        decoupled=spec.decoupled,
+    )
+
+
+def _reference_interface(spec: TrtllmRepoSpec) -> dict[str, ModelConfig]:
+    """specbuild's ensemble/preprocessing/postprocessing, with this repository's tokenizer."""
+    ref = ReferenceRepoSpec(engine_dir=spec.tokenizer_dir, end_id=spec.end_id, pad_id=spec.pad_id, max_batch_size=spec.max_batch_size)
+    models = {m.name: m for m in reference_models(ref)}
+    for name in ("preprocessing", "postprocessing"):
+        models[name] = dataclasses.replace(models[name], parameters={**models[name].parameters, "tokenizer_dir": str(spec.tokenizer_dir)})
+    return models
+
+
+def ensemble_for(reference: ModelConfig, name: str, engine_name: str) -> ModelConfig:
+    """The reference ensemble, routed to ``engine_name``, without ``num_draft_tokens`` (see module doc)."""
+    inputs = tuple(t for t in reference.inputs if t.name != "num_draft_tokens")
+    steps = tuple(
+        dataclasses.replace(s, model_name=engine_name, input_map={k: v for k, v in s.input_map.items() if k != "num_draft_tokens"})
+        if s.model_name == "tensorrt_llm" else s
+        for s in reference.steps
+    )
+    return dataclasses.replace(reference, name=name, inputs=inputs, steps=steps)
+
+
+BLS_INPUTS = (
+    Tensor("text_input", "TYPE_STRING", (1,)),
+    _scalar("max_tokens", "TYPE_INT32", optional=False),
+    Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
+    Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),
+    _scalar("end_id", "TYPE_INT32"),
+    _scalar("pad_id", "TYPE_INT32"),
+    _scalar("top_k", "TYPE_INT32"),
+    _scalar("top_p", "TYPE_FP32"),
+    _scalar("temperature", "TYPE_FP32"),
+    _scalar("seed", "TYPE_UINT64"),
+    _scalar("return_log_probs", "TYPE_BOOL"),
+    _scalar("return_generation_logits", "TYPE_BOOL"),
+    _scalar("return_perf_metrics", "TYPE_BOOL"),
+    _scalar("exclude_input_in_output", "TYPE_BOOL"),
+    _scalar("stream", "TYPE_BOOL"),
+    _scalar("num_draft_tokens", "TYPE_INT32"),
+    _scalar("use_draft_logits", "TYPE_BOOL"),
+)
+BLS_OUTPUTS = (
+    Tensor("text_output", "TYPE_STRING", (-1,)),
+    Tensor("cum_log_probs", "TYPE_FP32", (-1,)),
+    Tensor("output_log_probs", "TYPE_FP32", (-1, -1)),
+    Tensor("context_logits", "TYPE_FP32", (-1, -1)),
+    Tensor("generation_logits", "TYPE_FP32", (-1, -1, -1)),
+    Tensor("batch_index", "TYPE_INT32", (1,)),
+    Tensor("sequence_index", "TYPE_INT32", (1,)),
+) + PERF_OUTPUTS
+
+
+def bls_model(spec: TrtllmRepoSpec) -> ModelConfig:
+    """``tensorrt_llm_bls``: the draft -> target loop, naming both engine models."""
+    assert spec.draft is not None
+    return ModelConfig(
+        name="tensorrt_llm_bls", backend="python", max_batch_size=spec.max_batch_size,
+        inputs=BLS_INPUTS, outputs=BLS_OUTPUTS, instance_count=spec.bls_instance_count, decoupled=spec.decoupled,
+        parameters={
+            "accumulate_tokens": _b(spec.accumulate_tokens),
+            "tensorrt_llm_model_name": spec.target.name,
+            "tensorrt_llm_draft_model_name": spec.draft.name,
+        },
+    )
+
+
+def trtllm_models(spec: TrtllmRepoSpec) -> list[ModelConfig]:
+    """Every model config of the repository, ensemble first."""
+    ref = _reference_interface(spec)
+    models = [ensemble_for(ref["ensemble"], "ensemble", spec.target.name), ref["preprocessing"], ref["postprocessing"], engine_model(spec.target, spec)]
+    if spec.draft is not None:
+        models += [engine_model(spec.draft, spec), bls_model(spec)]
+    if spec.baseline is not None:
+        models += [ensemble_for(ref["ensemble"], "ensemble_baseline", spec.baseline.name), engine_model(spec.baseline, spec)]
+    return models
+
+
+def engine_model_names(spec: TrtllmRepoSpec) -> list[str]:
+    return [m.name for m in (spec.target, spec.draft, spec.baseline) if m is not None]
+
+
+def launch_command(spec: TrtllmRepoSpec, repo_dir: Path, *, http_port: int, grpc_port: int, metrics_port: int,
+                   launch_script: Path = DEFAULT_LAUNCH_SCRIPT) -> list[str]:
+    """scripts/launch_triton_server.py for this repository: ``--world_size`` = tp * pp;
+    orchestrator mode (``--multi-model``) for draft-target, a baseline engine, or world size > 1."""
+    argv = ["python3", str(launch_script), "--world_size", str(spec.world_size), "--model_repo", str(repo_dir),
+            "--tensorrt_llm_model_name", ",".join(engine_model_names(spec)),
+            "--http_port", str(http_port), "--grpc_port", str(grpc_port), "--metrics_port", str(metrics_port)]
+    if spec.draft is not None or spec.baseline is not None or spec.world_size > 1:
+        argv.append("--multi-model")
+    return argv
+
+
+def launch_script_text(spec: TrtllmRepoSpec, argv: list[str], repo_dir: Path, bls_source: Path = DEFAULT_BLS_MODEL) -> str:
+    """``launch.sh``: copies the upstream BLS model.py when needed, then launches."""
+    lines = ["#!/usr/bin/env bash", "# Generated by specbuild: run inside the TensorRT-LLM Triton container.", "set -euo pipefail"]
+    if spec.draft is not None:
+        lines.append(f"cp -r {shlex.quote(str(bls_source))}/. {shlex.quote(str(repo_dir / 'tensorrt_llm_bls' / '1'))}/")
+    lines.append(shlex.join(argv))
+    return "\n".join(lines) + "\n"
+
+
+def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv: list[str]) -> Path:
+    """Write every model's config.pbtxt (+ specbuild shells) and ``launch.sh`` under ``repo_dir``."""
+    for model in trtllm_models(spec):
+        version_dir = repo_dir / model.name / "1"
+        version_dir.mkdir(parents=True, exist_ok=True)
+        (repo_dir / model.name / "config.pbtxt").write_text(render(model))
+        if model.name in ("preprocessing", "postprocessing"):
+            (version_dir / "model.py").write_text(SHELL.format(version="trtllm", module=SHELL_MODULES[model.name]))
+    launch = repo_dir / "launch.sh"
+    launch.write_text(launch_script_text(spec, launch_argv, repo_dir))
+    launch.chmod(0o755)
+    return repo_dir
+
+
+def repo_spec_for(loaded: "LoadedRecipe", plan: "TrtllmPlan", *, end_id: int, pad_id: int) -> TrtllmRepoSpec:
+    """The repository spec for an engine-path plan.
+
+    ``serve.gpu_device_ids`` and ``serve.kv_cache_free_gpu_mem_fraction`` are read with defaults
+    until the schema has them. Models sharing GPUs (draft, baseline) get a fifth of the target's
+    KV-cache fraction; draft-target turns KV-cache reuse on for both engines (required).
+    Orchestrator mode: participant ranks 1..world for the target, then the next ones per model.
+    """
+    r = loaded.recipe
+    spec = r.speculation
+    fraction = getattr(r.serve, "kv_cache_free_gpu_mem_fraction", 0.9)
+    gpus = getattr(r.serve, "gpu_device_ids", None)
+    gpu_ids = tuple(tuple(g) for g in gpus) if gpus else None
+    two_models = plan.engines.draft is not None or plan.engines.baseline is not None
+    world = plan.parallel.world_size
+    target = EngineModel(
+        name="tensorrt_llm", engine_dir=plan.engines.target, decoding_mode=DECODING_MODES[spec.method],
+        kv_cache_free_gpu_mem_fraction=fraction, enable_kv_cache_reuse=spec.method == "draft_target",
+        gpu_device_ids=gpu_ids, participant_ids=tuple(range(1, world + 1)) if two_models else None,
+        medusa_choices=getattr(spec, "medusa_choices", None), eagle_choices=getattr(spec, "eagle_choices", None),
+        lookahead=(spec.max_window_size, spec.max_ngram_size, spec.max_verification_set_size) if spec.method == "lookahead" else None,
+    )
+    extra = {}
+    next_rank = world + 1
+    if plan.engines.draft is not None:
+        extra["draft"] = EngineModel(
+            name="tensorrt_llm_draft", engine_dir=plan.engines.draft, decoding_mode="top_k_top_p",
+            kv_cache_free_gpu_mem_fraction=round(fraction / 5, 4), enable_kv_cache_reuse=True, gpu_device_ids=gpu_ids,
+            participant_ids=tuple(range(next_rank, next_rank + world)),
+        )
+        next_rank += world
+    if plan.engines.baseline is not None:
+        extra["baseline"] = EngineModel(
+            name="tensorrt_llm_baseline", engine_dir=plan.engines.baseline, decoding_mode="top_k_top_p",
+            kv_cache_free_gpu_mem_fraction=round(fraction / 5, 4), gpu_device_ids=gpu_ids,
+            participant_ids=tuple(range(next_rank, next_rank + world)),
+        )
+    return TrtllmRepoSpec(
+        method=spec.method, target=target, tokenizer_dir=plan.tokenizer_dir, end_id=end_id, pad_id=pad_id,
+        max_batch_size=r.build.max_batch_size, world_size=world, decoupled=getattr(r.serve, "decoupled", False),
+        use_draft_logits=getattr(spec, "use_draft_logits", False), **extra,
+    )
+
+
+DEFAULT_LLMAPI_MODEL = Path("/app/all_models/llmapi/tensorrt_llm")
+
+
+def write_llmapi_repository(plan: "TrtllmPlan", repo_dir: Path, *, upstream_model: Path = DEFAULT_LLMAPI_MODEL) -> Path:
+    """The PyTorch-path repository: Triton's ``llmapi`` model with the plan's ``model.yaml``.
+
+    ``config.pbtxt`` and ``1/model.py`` are TensorRT-LLM's own (copied from ``upstream_model`` in the
+    container by ``launch.sh``); its outputs include acceptance_rate / total_accepted_draft_tokens /
+    total_draft_tokens.
+    """
+    model_yaml = next(f for f in plan.files if f.path.name == "model.yaml")
+    version_dir = repo_dir / "tensorrt_llm" / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    (version_dir / "model.yaml").write_text(model_yaml.text)
+    src = shlex.quote(str(upstream_model))
+    dst = shlex.quote(str(repo_dir / "tensorrt_llm"))
+    argv = ["python3", str(DEFAULT_LAUNCH_SCRIPT), "--world_size", "1", "--model_repo", str(repo_dir), "--no-mpi"]
+    text = ("#!/usr/bin/env bash\n# Generated by specbuild: run inside the TensorRT-LLM Triton container.\nset -euo pipefail\n"
+            f"cp {src}/config.pbtxt {dst}/config.pbtxt\n"
+            f"cp -n {src}/1/*.py {dst}/1/\n" + shlex.join(argv) + "\n")
+    (repo_dir / "launch.sh").write_text(text)
+    (repo_dir / "launch.sh").chmod(0o755)
+    return repo_dir
