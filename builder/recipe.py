@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.resources
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
@@ -28,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
+CROSS_FIELD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", re.DOTALL)
 
 
 class RecipeError(ValueError):
@@ -347,7 +349,15 @@ class BuildConfig(_Strict):
     max_batch_size: int = Field(4, ge=1, le=4096)
     max_input_len: int = Field(1024, ge=1)
     max_seq_len: int = Field(2048, ge=2)
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: Literal["cpu", "cuda"] = "cpu"  # reference backend only
+    tp_size: int = Field(1, ge=1, le=64)  # tensor-parallel ranks per engine (TensorRT-LLM --tp_size)
+    pp_size: int = Field(1, ge=1, le=64)  # pipeline-parallel ranks (--pp_size); world size = tp_size * pp_size
+    # none | fp8 (quantize.py --qformat fp8, Hopper/Ada) | int8_wo / int4_wo (weight-only, convert_checkpoint)
+    quantization: Literal["none", "fp8", "int8_wo", "int4_wo"] = "none"
+    max_beam_width: int = Field(1, ge=1)  # beam search is unsupported with speculation
+    # Also build the target without speculation and serve it as the verification baseline, for methods
+    # with no per-request off switch (Medusa, EAGLE on the engine path).
+    baseline_engine: bool = False
 
     @field_validator("max_seq_len")
     @classmethod
@@ -373,6 +383,11 @@ class ServeConfig(_Strict):
     metrics_port: Port = 8002
     instance_count: int = Field(1, ge=1, le=64)
     startup_timeout_s: float = Field(300.0, gt=0)
+    # TensorRT-LLM deployments: CUDA devices per tensorrt_llm instance, e.g. [[0, 1, 2, 3]]
+    # (rendered "0,1,2,3"); each list has tp_size * pp_size entries. None: the visible devices.
+    gpu_device_ids: list[list[Annotated[int, Field(ge=0)]]] | None = None
+    kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, lt=1)
+    decoupled: bool = False  # stream responses (Triton decoupled transaction policy)
 
 
 class VerifyConfig(_Strict):
@@ -402,12 +417,26 @@ class Recipe(_Strict):
     verify: VerifyConfig = VerifyConfig()
 
     @model_validator(mode="after")
+    def _parallelism(self) -> "Recipe":
+        b = self.build
+        world = b.tp_size * b.pp_size
+        if b.backend == "reference" and (world > 1 or b.quantization != "none"):
+            raise ValueError("build.backend: the reference backend runs on one device unquantized: set build.tp_size/pp_size to 1 and build.quantization to none")
+        if self.speculation.method == "eagle" and b.pp_size != 1:
+            raise ValueError("build.pp_size: EAGLE supports no pipeline parallelism (TensorRT-LLM asserts pp_size == 1); use build.tp_size")
+        if b.max_beam_width > 1 and self.speculation.method != "none":
+            raise ValueError("build.max_beam_width: beam search is unsupported with speculation; set it to 1")
+        for ids in self.serve.gpu_device_ids or []:
+            if len(ids) != world:
+                raise ValueError(f"serve.gpu_device_ids: entry {ids} must list tp_size * pp_size = {world} devices")
+        return self
+
+    @model_validator(mode="after")
     def _draft_fits(self) -> "Recipe":
         k = self.speculation.max_draft_len
         if self.verify.num_draft_tokens is not None and self.verify.num_draft_tokens > k:
             raise ValueError(
-                f"verify.num_draft_tokens ({self.verify.num_draft_tokens}) exceeds "
-                f"speculation.max_draft_len ({k})"
+                f"verify.num_draft_tokens: {self.verify.num_draft_tokens} exceeds speculation.max_draft_len ({k})"
             )
         return self
 
@@ -534,6 +563,10 @@ def _format_validation(path: Path, lines: dict[tuple, int], exc: ValidationError
     for err in exc.errors(include_url=False):
         loc = _strip_tags(err["loc"])
         message = err["msg"].removeprefix("Value error, ")
+        # Cross-field validators name their field first: "build.pp_size: EAGLE supports ...".
+        named = CROSS_FIELD.match(message) if err["type"] == "value_error" else None
+        if named:
+            loc, message = loc + tuple(named.group(1).split(".")), named.group(2)
         if err["type"] == "extra_forbidden":
             message = f"unknown key; allowed keys here: {', '.join(_allowed_keys(loc[:-1], err))}"
         elif err["type"] == "union_tag_invalid":

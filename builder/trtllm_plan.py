@@ -27,9 +27,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-
 from specbuild.builder.recipe import LoadedRecipe, Recipe, RecipeError
-from specbuild.builder.trtllm_version import BuildPath, capability_error, llm_api_decoding_type
+from specbuild.builder.trtllm_version import (
+    BuildPath,
+    capability_error,
+    llm_api_decoding_type,
+)
 
 StepKind = Literal["download", "convert", "quantize", "build"]
 Quantization = Literal["none", "fp8", "int8_wo", "int4_wo"]
@@ -163,7 +166,7 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None) -> 
 
     Raises:
         RecipeError: method unavailable on ``path`` or ``version``; EAGLE with pipeline parallel or
-            max_draft_len > 256; Medusa with sampling (posterior threshold); beam width > 1 with
+            max_draft_len > 256; beam width > 1 with
             speculation; draft budget 0 for draft-target; fp8 with Medusa/EAGLE conversion.
     """
     r = loaded.recipe

@@ -90,12 +90,12 @@ def _plan(loaded, paths) -> None:
     from specbuild.cli_display import print_plan
     from specbuild.pipeline import check_inputs
 
-    if loaded.recipe.build.backend == "reference":
-        try:
+    try:
+        if loaded.recipe.build.backend == "reference":
             check_inputs(loaded)
-        except RecipeError as exc:
-            raise click.ClickException(str(exc)) from None
-    print_plan(_console(), loaded, paths)
+        print_plan(_console(), loaded, paths)
+    except RecipeError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command("recipes")

@@ -81,12 +81,17 @@ def check_runnable(loaded: LoadedRecipe) -> list:
     Raises:
         RecipeError: naming the recipe line and what to install or change.
     """
-    backend = loaded.recipe.build.backend
-    if backend != "reference":
+    if loaded.recipe.build.backend != "reference":
+        from specbuild.builder.trtllm_plan import plan_for, require_installed
+        from specbuild.builder.trtllm_version import installed_version
+
+        version = installed_version()
+        plan_for(loaded, default_output_dir(loaded), version=version)  # validates method vs path and version
+        require_installed(loaded, version)
         raise loaded.error(
             ("build", "backend"),
-            f"backend {backend!r} needs TensorRT-LLM on a GPU machine, and its build path is not in this "
-            "release yet; use `build.backend: reference` to build, serve and verify on this machine",
+            "running TensorRT-LLM builds from `specbuild recipe` is not wired yet; run `specbuild plan` and the "
+            "build.sh it describes on the GPU machine",
         )
     _check_reference_engine_supports(loaded)
     missing = [
@@ -119,11 +124,10 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
     spec = r.speculation
     s = r.serve
     if r.build.backend != "reference":
-        return [
-            f"recipe    {loaded.path} ({r.name})",
-            f"build     backend {r.build.backend!r}: the TensorRT-LLM build path is not in this release; "
-            "nothing can be planned for it yet. Use `build.backend: reference` to run on this machine.",
-        ]
+        from specbuild.builder.trtllm_plan import plan_for
+        from specbuild.builder.trtllm_version import installed_version
+
+        return plan_for(loaded, paths.output_dir, version=installed_version()).lines()
     return [
         f"recipe    {loaded.path} ({r.name})",
         f"target    {r.target.checkpoint} ({r.target.dtype})",

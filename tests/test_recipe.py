@@ -61,7 +61,7 @@ def test_range_and_cross_field_errors():
         parse(GOOD.replace("max_draft_len: 3", "max_draft_len: 0"))
     with pytest.raises(RecipeError, match=r"demo.yaml:9: build.max_seq_len: max_seq_len \(100\) must exceed max_input_len \(200\)"):
         parse(GOOD + "build:\n  max_input_len: 200\n  max_seq_len: 100\n")
-    with pytest.raises(RecipeError, match=r"verify.num_draft_tokens \(9\) exceeds speculation.max_draft_len \(3\)"):
+    with pytest.raises(RecipeError, match=r"demo.yaml:8: verify.num_draft_tokens: 9 exceeds speculation.max_draft_len \(3\)"):
         parse(GOOD + "verify:\n  num_draft_tokens: 9\n")
 
 

@@ -28,11 +28,15 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
-from specbuild.triton_repo.generate import SHELL, SHELL_MODULES, ReferenceRepoSpec, reference_models
-from specbuild.triton_repo.pbtxt import EnsembleStep, ModelConfig, Tensor, render
+from specbuild.triton_repo.generate import (
+    SHELL,
+    SHELL_MODULES,
+    ReferenceRepoSpec,
+    reference_models,
+)
+from specbuild.triton_repo.pbtxt import ModelConfig, Tensor, render
 
 if TYPE_CHECKING:
     from specbuild.builder.recipe import LoadedRecipe
@@ -308,7 +312,7 @@ def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv
     return repo_dir
 
 
-def repo_spec_for(loaded: "LoadedRecipe", plan: "TrtllmPlan", *, end_id: int, pad_id: int) -> TrtllmRepoSpec:
+def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id: int) -> TrtllmRepoSpec:
     """The repository spec for an engine-path plan.
 
     ``serve.gpu_device_ids`` and ``serve.kv_cache_free_gpu_mem_fraction`` are read with defaults
@@ -355,7 +359,7 @@ def repo_spec_for(loaded: "LoadedRecipe", plan: "TrtllmPlan", *, end_id: int, pa
 DEFAULT_LLMAPI_MODEL = Path("/app/all_models/llmapi/tensorrt_llm")
 
 
-def write_llmapi_repository(plan: "TrtllmPlan", repo_dir: Path, *, upstream_model: Path = DEFAULT_LLMAPI_MODEL) -> Path:
+def write_llmapi_repository(plan: TrtllmPlan, repo_dir: Path, *, upstream_model: Path = DEFAULT_LLMAPI_MODEL) -> Path:
     """The PyTorch-path repository: Triton's ``llmapi`` model with the plan's ``model.yaml``.
 
     ``config.pbtxt`` and ``1/model.py`` are TensorRT-LLM's own (copied from ``upstream_model`` in the

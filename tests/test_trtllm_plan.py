@@ -1,0 +1,286 @@
+"""TensorRT-LLM build plans: golden commands for every bundled llama-* recipe, every flag checked
+against the argparse/LLM-API names TensorRT-LLM defines, validation errors, version gates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from specbuild.builder.recipe import (
+    LoadedRecipe,
+    RecipeError,
+    load_recipe,
+    parse_recipe,
+)
+from specbuild.builder.trtllm_plan import (
+    max_num_tokens,
+    plan_for,
+    plan_pytorch,
+    plan_tensorrt,
+    require_installed,
+)
+from specbuild.builder.trtllm_version import (
+    capability_error,
+    installed_version,
+    llm_api_decoding_type,
+    parse_version,
+)
+
+OUT = Path("/out")
+EX = "/app/tensorrt_llm/examples"
+
+# Reference flag sets, copied by hand from the upstream argparse definitions (NVIDIA/TensorRT-LLM).
+# tensorrt_llm/commands/build.py parse_arguments() + tensorrt_llm/plugin/plugin.py cli_plugin_args (1.x tree)
+TRTLLM_BUILD_FLAGS = {
+    "--checkpoint_dir", "--model_config", "--build_config", "--output_dir", "--max_batch_size", "--max_input_len",
+    "--max_seq_len", "--max_beam_width", "--max_num_tokens", "--opt_num_tokens", "--workers", "--log_level",
+    "--gather_context_logits", "--gather_generation_logits", "--speculative_decoding_mode", "--max_draft_len",
+    "--gemm_plugin", "--gpt_attention_plugin", "--use_paged_context_fmha", "--use_fp8_context_fmha", "--paged_kv_cache",
+    "--remove_input_padding", "--context_fmha", "--multiple_profiles", "--kv_cache_type",
+}
+SPECULATIVE_DECODING_MODES = {"draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"}
+# examples/models/core/llama/convert_checkpoint.py parse_arguments()
+LLAMA_CONVERT_FLAGS = {"--model_dir", "--tp_size", "--pp_size", "--dtype", "--use_weight_only", "--weight_only_precision",
+                       "--output_dir", "--workers", "--use_fp8", "--fp8_kv_cache", "--int8_kv_cache", "--load_by_shard"}
+# examples/medusa/convert_checkpoint.py parse_arguments()
+MEDUSA_CONVERT_FLAGS = {"--model_dir", "--tp_size", "--pp_size", "--dtype", "--use_weight_only", "--weight_only_precision",
+                        "--output_dir", "--workers", "--num_medusa_heads", "--num_medusa_layers", "--max_medusa_token_len",
+                        "--medusa_hidden_act", "--medusa_model_dir"}
+# examples/eagle/convert_checkpoint.py parse_arguments() (asserts pp_size == 1)
+EAGLE_CONVERT_FLAGS = {"--model_dir", "--tp_size", "--pp_size", "--dtype", "--use_weight_only", "--weight_only_precision",
+                       "--output_dir", "--workers", "--eagle_model_dir", "--max_draft_len", "--num_eagle_layers",
+                       "--max_non_leaves_per_layer"}
+# examples/quantization/quantize.py (ModelOpt)
+QUANTIZE_FLAGS = {"--model_dir", "--dtype", "--qformat", "--kv_cache_dtype", "--calib_size", "--tp_size", "--pp_size", "--output_dir"}
+# tensorrt_llm/commands/serve.py (click options)
+TRTLLM_SERVE_FLAGS = {"--backend", "--tp_size", "--pp_size", "--extra_llm_api_options", "--host", "--port",
+                      "--max_batch_size", "--max_seq_len", "--kv_cache_free_gpu_memory_fraction"}
+# tensorrt_llm/llmapi/llm_args.py: DecodingBaseConfig.from_dict names and each config's fields (1.0; Eagle3 added later)
+DECODING_TYPES = {"MTP", "Medusa", "Eagle", "Eagle3", "Lookahead", "NGram", "DraftTarget", "UserProvided", "AUTO"}
+SPEC_CONFIG_FIELDS = {"decoding_type", "max_draft_len", "speculative_model_dir", "medusa_choices", "num_medusa_heads",
+                      "eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
+                      "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "max_window_size", "max_ngram_size",
+                      "max_verification_set_size", "max_matching_ngram_size", "is_keep_all", "is_use_oldest",
+                      "is_public_pool", "num_nextn_predict_layers"}
+LLM_ARGS = {"max_batch_size", "max_seq_len", "kv_cache_config", "speculative_config"}
+KV_CACHE_CONFIG_FIELDS = {"free_gpu_memory_fraction", "enable_block_reuse"}
+# triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml
+MODEL_YAML_KEYS = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "triton_config"} | LLM_ARGS
+
+
+def llama(name: str) -> LoadedRecipe:
+    return load_recipe(name)
+
+
+def argvs(plan) -> list[list[str]]:
+    return [list(s.argv) for s in plan.steps]
+
+
+def flags(argv: list[str]) -> set[str]:
+    return {a for a in argv if a.startswith("--")}
+
+
+def download(repo: str, role: str) -> list[str]:
+    return ["python3", "-c", ("import sys; from huggingface_hub import snapshot_download; snapshot_download(sys.argv[1], "
+            "revision=sys.argv[2] or None, local_dir=sys.argv[3])"), repo, "", f"/out/hf/{role}"]
+
+
+def build(role: str, *extra: str, batch: int, inp: int, seq: int, dtype: str, workers: int = 1, tokens: int = 8192) -> list[str]:
+    return ["trtllm-build", "--checkpoint_dir", f"/out/checkpoints/{role}", "--output_dir", f"/out/engines/{role}",
+            "--max_batch_size", str(batch), "--max_input_len", str(inp), "--max_seq_len", str(seq), "--max_num_tokens", str(tokens),
+            "--max_beam_width", "1", "--gemm_plugin", dtype, *extra, "--workers", str(workers)]
+
+
+GOLDEN_TENSORRT = {
+    "llama-eagle": [
+        download("meta-llama/Llama-3.1-8B-Instruct", "target"),
+        download("yuhuili/EAGLE-LLaMA3.1-Instruct-8B", "eagle"),
+        ["python3", f"{EX}/eagle/convert_checkpoint.py", "--model_dir", "/out/hf/target", "--eagle_model_dir", "/out/hf/eagle",
+         "--max_draft_len", "63", "--num_eagle_layers", "4", "--max_non_leaves_per_layer", "10", "--dtype", "float16",
+         "--tp_size", "1", "--pp_size", "1", "--output_dir", "/out/checkpoints/target", "--workers", "1"],
+        build("target", "--use_paged_context_fmha", "enable", "--speculative_decoding_mode", "eagle", "--max_draft_len", "63",
+              batch=8, inp=2048, seq=4096, dtype="float16"),
+    ],
+    "llama-medusa": [
+        download("lmsys/vicuna-7b-v1.3", "target"),
+        download("FasterDecoding/medusa-vicuna-7b-v1.3", "medusa"),
+        ["python3", f"{EX}/medusa/convert_checkpoint.py", "--model_dir", "/out/hf/target", "--medusa_model_dir", "/out/hf/medusa",
+         "--num_medusa_heads", "4", "--num_medusa_layers", "1", "--max_medusa_token_len", "63", "--dtype", "float16",
+         "--tp_size", "1", "--pp_size", "1", "--output_dir", "/out/checkpoints/target", "--workers", "1"],
+        build("target", "--speculative_decoding_mode", "medusa", "--max_draft_len", "63", batch=4, inp=1024, seq=2048, dtype="float16"),
+    ],
+    "llama-lookahead": [
+        download("meta-llama/Llama-3.1-8B-Instruct", "target"),
+        ["python3", f"{EX}/models/core/llama/convert_checkpoint.py", "--model_dir", "/out/hf/target", "--dtype", "float16",
+         "--tp_size", "1", "--pp_size", "1", "--output_dir", "/out/checkpoints/target", "--workers", "1"],
+        build("target", "--speculative_decoding_mode", "lookahead_decoding", "--max_draft_len", "83",
+              batch=4, inp=2048, seq=4096, dtype="float16"),
+    ],
+    "llama-draft": [
+        download("meta-llama/Llama-3.1-70B-Instruct", "target"),
+        ["python3", f"{EX}/models/core/llama/convert_checkpoint.py", "--model_dir", "/out/hf/target", "--dtype", "bfloat16",
+         "--tp_size", "4", "--pp_size", "1", "--output_dir", "/out/checkpoints/target", "--workers", "4"],
+        download("meta-llama/Llama-3.2-1B-Instruct", "draft"),
+        ["python3", f"{EX}/models/core/llama/convert_checkpoint.py", "--model_dir", "/out/hf/draft", "--dtype", "bfloat16",
+         "--tp_size", "4", "--pp_size", "1", "--output_dir", "/out/checkpoints/draft", "--workers", "4"],
+        build("draft", "--use_paged_context_fmha", "enable", batch=8, inp=2048, seq=4096, dtype="bfloat16", workers=4),
+        build("target", "--use_paged_context_fmha", "enable", "--speculative_decoding_mode", "draft_tokens_external",
+              "--max_draft_len", "4", batch=8, inp=2048, seq=4096, dtype="bfloat16", workers=4),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_TENSORRT))
+def test_engine_path_golden_commands(name):
+    plan = plan_tensorrt(llama(name), OUT)
+    assert argvs(plan) == GOLDEN_TENSORRT[name]
+    assert all(s.log == OUT / "logs" / f"{s.name}.log" and s.outputs for s in plan.steps)
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_TENSORRT))
+def test_every_flag_is_one_tensorrt_llm_defines(name):
+    known = {"eagle/": EAGLE_CONVERT_FLAGS, "medusa/": MEDUSA_CONVERT_FLAGS, "llama/": LLAMA_CONVERT_FLAGS, "quantization/": QUANTIZE_FLAGS}
+    for argv in argvs(plan_tensorrt(llama(name), OUT)):
+        if argv[0] == "trtllm-build":
+            assert flags(argv) <= TRTLLM_BUILD_FLAGS, argv
+            if "--speculative_decoding_mode" in argv:
+                assert argv[argv.index("--speculative_decoding_mode") + 1] in SPECULATIVE_DECODING_MODES
+        elif argv[1] != "-c":
+            reference = next(v for k, v in known.items() if k in argv[1])
+            assert flags(argv) <= reference, argv
+
+
+GOLDEN_PYTORCH = {
+    "llama-eagle3": {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model_dir": "/out/hf/draft", "eagle3_one_model": True},
+    "llama-ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 3, "is_use_oldest": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_PYTORCH))
+def test_pytorch_path_golden_configs(name, tmp_path):
+    plan = plan_pytorch(llama(name), tmp_path)
+    written = plan.write()
+    options = yaml.safe_load((tmp_path / "extra_llm_api_options.yaml").read_text())
+    model = yaml.safe_load((tmp_path / "model.yaml").read_text())
+    golden = {k: (v.replace("/out", str(tmp_path)) if isinstance(v, str) else v) for k, v in GOLDEN_PYTORCH[name].items()}
+    assert options == {"max_batch_size": 8, "max_seq_len": 4096, "kv_cache_config": {"free_gpu_memory_fraction": 0.9},
+                       "speculative_config": golden}
+    assert model == {"model": f"{tmp_path}/hf/target", "backend": "pytorch", "tensor_parallel_size": 1,
+                     "pipeline_parallel_size": 1, **options, "triton_config": {"max_batch_size": 0, "decoupled": False}}
+    assert set(model) <= MODEL_YAML_KEYS and set(options) <= LLM_ARGS
+    assert set(options["kv_cache_config"]) <= KV_CACHE_CONFIG_FIELDS
+    assert set(golden) <= SPEC_CONFIG_FIELDS and golden["decoding_type"] in DECODING_TYPES
+    assert flags(list(plan.serve_argv)) <= TRTLLM_SERVE_FLAGS
+    assert [p.name for p in written] == ["build.sh", "extra_llm_api_options.yaml", "model.yaml"]
+
+
+def test_build_script_logs_and_skips_finished_steps(tmp_path):
+    plan = plan_tensorrt(llama("llama-lookahead"), tmp_path)
+    script = plan.write()[0].read_text()
+    assert script.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in script
+    assert f"if [ -e {tmp_path}/engines/target/config.json ] && [ -e {tmp_path}/engines/target/rank0.engine ]; then" in script
+    assert f"> {tmp_path}/logs/build-target.log 2>&1" in script
+    text = script + "\n".join(plan.lines())
+    assert "${" not in text
+
+
+def test_lookahead_engine_draft_len_matches_wng():
+    argv = argvs(plan_tensorrt(llama("llama-lookahead"), OUT))[-1]
+    assert argv[argv.index("--max_draft_len") + 1] == str((7 - 2) + (7 - 1 + 7) * (7 - 1))
+
+
+def test_target_engine_always_has_a_draft_budget():
+    for name in ("llama-draft", "llama-eagle", "llama-medusa", "llama-lookahead"):
+        argv = argvs(plan_tensorrt(llama(name), OUT))[-1]
+        assert int(argv[argv.index("--max_draft_len") + 1]) > 0, name
+
+
+def test_max_num_tokens_covers_a_full_speculative_batch():
+    assert max_num_tokens(8, 63) == 8192
+    assert max_num_tokens(256, 63) == 256 * 64
+
+
+def recipe(body: str, backend: str = "tensorrt", build: str = "") -> LoadedRecipe:
+    text = f"name: t\ntarget: {{checkpoint: meta-llama/Llama-3.1-8B-Instruct, dtype: float16}}\nspeculation:\n{body}build: {{backend: {backend}{build}}}\n"
+    return parse_recipe(text, Path("t.yaml"))
+
+
+def test_eagle_choices_depth_and_budget_are_rejected():
+    with pytest.raises(RecipeError, match="eagle_choices are 2 deep but num_eagle_layers is 4"):
+        recipe("  method: eagle\n  eagle_model: e/h\n  eagle_choices: [[0], [0, 0]]\n")
+    with pytest.raises(RecipeError, match="max_draft_len"):
+        recipe("  method: eagle\n  eagle_model: e/h\n  max_draft_len: 300\n")
+
+
+def test_eagle_with_pipeline_parallel_is_rejected():
+    with pytest.raises(RecipeError, match=r"t.yaml:\d+: build.pp_size: EAGLE supports no pipeline parallelism"):
+        recipe("  method: eagle\n  eagle_model: e/h\n", build=", pp_size: 2")
+
+
+def test_beam_search_with_speculation_is_rejected():
+    with pytest.raises(RecipeError, match="build.max_beam_width: beam search is unsupported with speculation"):
+        recipe("  method: lookahead\n", build=", max_beam_width: 2")
+
+
+def test_methods_on_the_wrong_path_name_the_right_one():
+    with pytest.raises(RecipeError, match=r"speculation.method: method 'medusa' is not available on build.backend 'pytorch'.*use build.backend: tensorrt"):
+        plan_pytorch(recipe("  method: medusa\n  medusa_model: m/h\n", "pytorch"), OUT)
+    with pytest.raises(RecipeError, match=r"'mtp' is not available on build.backend 'tensorrt'.*use build.backend: pytorch"):
+        plan_tensorrt(recipe("  method: mtp\n"), OUT)
+    with pytest.raises(RecipeError, match=r"'ngram' is not available on build.backend 'tensorrt'.*use build.backend: pytorch"):
+        plan_tensorrt(recipe("  method: ngram\n"), OUT)
+
+
+def test_engine_path_with_tensorrt_llm_1_3_is_rejected():
+    assert capability_error("eagle", "tensorrt", "1.2.1") is None
+    for installed in ("1.3.0rc2", "1.3.0", "1.4.0rc1"):
+        with pytest.raises(RecipeError, match=r"build.backend: build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x.*installed: " + installed):
+            plan_tensorrt(llama("llama-lookahead"), OUT, version=installed)
+    with pytest.raises(RecipeError, match="needs TensorRT-LLM >= 1.0; installed: 0.21.0"):
+        plan_pytorch(llama("llama-ngram"), OUT, version="0.21.0")
+
+
+def test_version_parsing_and_eagle3_name():
+    assert parse_version("1.3.0rc2") == parse_version("1.3") > parse_version("1.2.1")
+    assert llm_api_decoding_type("Eagle3", "1.2.1") == "Eagle" and llm_api_decoding_type("Eagle3", None) == "Eagle3"
+    with pytest.raises(ValueError, match="not a TensorRT-LLM version"):
+        parse_version("latest")
+
+
+def test_non_dry_run_without_tensorrt_llm_points_to_dry_run():
+    with pytest.raises(RecipeError, match=r"not installed here.*--dry-run.*build.backend: reference"):
+        require_installed(llama("llama-eagle"), None)
+
+
+def test_plan_for_dispatches_on_backend():
+    assert plan_for(llama("llama-ngram"), OUT).backend == "pytorch"
+    assert plan_for(llama("llama-medusa"), OUT).backend == "tensorrt"
+    with pytest.raises(RecipeError, match="not a TensorRT-LLM backend"):
+        plan_for(load_recipe("smollm2-ngram"), OUT)
+
+
+def test_quantization_and_baseline_engine():
+    loaded = recipe("  method: lookahead\n", build=", quantization: int4_wo, baseline_engine: true")
+    steps = argvs(plan_tensorrt(loaded, OUT))
+    assert steps[1][-7:] == ["--use_weight_only", "--weight_only_precision", "int4", "--output_dir", "/out/checkpoints/target", "--workers", "1"]
+    assert steps[-1][:5] == ["trtllm-build", "--checkpoint_dir", "/out/checkpoints/target", "--output_dir", "/out/engines/baseline"]
+    assert "--speculative_decoding_mode" not in steps[-1]
+    fp8 = recipe("  method: lookahead\n", build=", quantization: fp8")
+    quantize = argvs(plan_tensorrt(fp8, OUT))[1]
+    assert quantize[1].endswith("quantization/quantize.py") and flags(quantize) <= QUANTIZE_FLAGS
+    assert "--gemm_plugin" not in argvs(plan_tensorrt(fp8, OUT))[-1]
+
+
+def test_cli_plans_without_tensorrt_llm_and_refuses_to_run():
+    """No GPU here: `plan` prints the exact commands; a real run stops before any work and says why."""
+    import subprocess
+    import sys
+
+    if installed_version() is not None:
+        pytest.skip("TensorRT-LLM is installed here")
+    plan = subprocess.run([sys.executable, "-m", "specbuild.cli", "plan", "llama-eagle"], capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 0 and "trtllm-build" in plan.stdout and "--speculative_decoding_mode eagle" in plan.stdout
+    run = subprocess.run([sys.executable, "-m", "specbuild.cli", "recipe", "llama-eagle"], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "needs TensorRT-LLM, which is not installed" in run.stderr and "--dry-run" in run.stderr
