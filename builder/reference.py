@@ -68,7 +68,40 @@ def locate_target(loaded: LoadedRecipe) -> CheckpointSource:
         raise loaded.error(("target", "checkpoint"), str(exc)) from None
 
 
-def engine_fingerprint(loaded: LoadedRecipe, source: CheckpointSource) -> str:
+def locate_draft(loaded: LoadedRecipe) -> CheckpointSource | None:
+    """The draft checkpoint of a ``draft_target`` recipe (None for other methods), located without
+    loading it; relative paths are relative to the recipe.
+
+    Raises:
+        RecipeError: the draft is missing (located at ``speculation.draft_checkpoint``).
+    """
+    from specbuild.builder.checkpoints import CheckpointError
+
+    draft = getattr(loaded.recipe.speculation, "draft_checkpoint", None)
+    if draft is None:
+        return None
+    try:
+        return locate_checkpoint(draft, base_dir=loaded.path.parent)
+    except CheckpointError as exc:
+        raise loaded.error(("speculation", "draft_checkpoint"), str(exc)) from None
+
+
+def check_draft_vocabulary(loaded: LoadedRecipe, target_dir: Path, draft_dir: Path) -> None:
+    """Refuse a draft whose vocabulary differs from the target's, from the two config.json files
+    (milliseconds, no weights loaded).
+
+    Raises:
+        RecipeError: the sizes differ (located at ``speculation.draft_checkpoint``).
+    """
+    from specbuild.engine.methods.draft_target import check_draft_vocab, read_vocab_size
+
+    try:
+        check_draft_vocab(draft_dir, read_vocab_size(target_dir))
+    except ValueError as exc:
+        raise loaded.error(("speculation", "draft_checkpoint"), str(exc)) from None
+
+
+def engine_fingerprint(loaded: LoadedRecipe, source: CheckpointSource, draft: CheckpointSource | None = None) -> str:
     """Hash of everything the engine depends on (not serve/verify settings)."""
     r = loaded.recipe
     payload = {
@@ -77,6 +110,7 @@ def engine_fingerprint(loaded: LoadedRecipe, source: CheckpointSource) -> str:
         "speculation": r.speculation.model_dump(),
         "build": r.build.model_dump(),
         "checkpoint": source.fingerprint(),
+        "draft": draft.fingerprint() if draft is not None else None,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -97,13 +131,19 @@ def build_reference_engine(loaded: LoadedRecipe, engine_dir: Path, *, force: boo
             above the model's ``max_position_embeddings``).
     """
     source = locate_target(loaded)
-    fingerprint = engine_fingerprint(loaded, source)
+    draft_source = locate_draft(loaded)
+    fingerprint = engine_fingerprint(loaded, source, draft_source)
     if not force and read_fingerprint(engine_dir) == fingerprint:
         log(f"engine is up to date: {engine_dir}")
         return EngineBuild(engine_dir=engine_dir, fingerprint=fingerprint, rebuilt=False)
     checkpoint = materialize_checkpoint(source, log=log)
+    draft = materialize_checkpoint(draft_source, log=log) if draft_source is not None else None
+    if draft is not None:
+        check_draft_vocabulary(loaded, checkpoint, draft)
     with staging_dir(engine_dir) as tmp:
         config = _write_engine(loaded, checkpoint, tmp, log=log)
+        if draft is not None:
+            _write_draft(loaded, draft, tmp / "draft", log=log)
         config["specbuild"]["fingerprint"] = fingerprint
         config["specbuild"]["target_checkpoint"] = source.spec
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -129,7 +169,8 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
         "version": ENGINE_FORMAT,
         "pretrained_config": _pretrained_config(model.config, r.target.dtype),
         "build_config": _build_config(loaded),
-        "speculative_config": r.speculation.to_llm_api(),
+        # Paths inside the engine directory are implicit (the draft is engine_dir/draft).
+        "speculative_config": _without_paths(r.speculation.to_llm_api()),
         "specbuild": {
             "version": __version__,
             "recipe": r.name,
@@ -139,6 +180,21 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
             "device": r.build.device,
         },
     }
+
+
+def _write_draft(loaded: LoadedRecipe, draft: Path, out: Path, *, log) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    r = loaded.recipe
+    dtype = r.speculation.draft_dtype or r.target.dtype
+    model = AutoModelForCausalLM.from_pretrained(draft, dtype=getattr(torch, dtype), trust_remote_code=r.target.trust_remote_code)
+    log(f"writing draft {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {dtype})")
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def _without_paths(config: dict | None) -> dict | None:
+    return None if config is None else {k: v for k, v in config.items() if k != "speculative_model_dir"}
 
 
 def _check_limits(loaded: LoadedRecipe, hf_config) -> None:

@@ -155,11 +155,17 @@ class SpecClient:
         end_id: int | None = None,
         return_perf_metrics: bool = True,
         exclude_input_in_output: bool = True,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
     ) -> GenerateResult:
-        """Generate up to ``max_tokens`` tokens for ``prompt`` (the server's default sampling: greedy).
+        """Generate up to ``max_tokens`` tokens for ``prompt``: greedy unless ``temperature > 0``.
 
         ``num_draft_tokens``: 0 = plain decoding on the same deployment, ``None`` = the engine's
         built max_draft_len. ``end_id``: ``None`` = engine default, -1 = never stop on a token.
+        Sampling (TensorRT-LLM semantics): ``temperature``, ``top_k`` (0 = off), ``top_p`` in
+        (0, 1], ``seed`` (uint64; the same seed on the same deployment gives the same tokens).
         Raises ``ValueError`` for out-of-range arguments, ``RequestError`` (with the server's
         message) when the server rejects the request, ``ServerUnavailableError`` when no server
         answers within ``timeout_s``.
@@ -175,6 +181,10 @@ class SpecClient:
             end_id=end_id,
             return_perf_metrics=return_perf_metrics,
             exclude_input_in_output=exclude_input_in_output,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
         )
         names = ("text_output", "output_ids", "sequence_length")
         names += PERF_OUTPUTS if return_perf_metrics else ()
@@ -191,9 +201,17 @@ class SpecClient:
             "return_perf_metrics": (np.array([[values["return_perf_metrics"]]], dtype=np.bool_), "BOOL"),
             "exclude_input_in_output": (np.array([[values["exclude_input_in_output"]]], dtype=np.bool_), "BOOL"),
         }
-        for name in ("num_draft_tokens", "end_id"):
+        optional = {
+            "num_draft_tokens": (np.int32, "INT32"),
+            "end_id": (np.int32, "INT32"),
+            "temperature": (np.float32, "FP32"),
+            "top_k": (np.int32, "INT32"),
+            "top_p": (np.float32, "FP32"),
+            "seed": (np.uint64, "UINT64"),
+        }
+        for name, (np_dtype, triton_dtype) in optional.items():
             if values[name] is not None:
-                tensors[name] = (np.array([[values[name]]], dtype=np.int32), "INT32")
+                tensors[name] = (np.array([[values[name]]], dtype=np_dtype), triton_dtype)
         return [self._tensor(name, array, dtype) for name, (array, dtype) in tensors.items()]
 
     def _tensor(self, name: str, array: np.ndarray, dtype: str) -> Any:

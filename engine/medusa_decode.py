@@ -129,7 +129,13 @@ def generate_tree_greedy(
             accepted += min(step.acceptance.num_accepted, len(kept))
             iterations += 1
             hidden = step.next_hidden
-    return GenerationResult(output, "stop" if stopped else "length", drafted, accepted, iterations)
+    return GenerationResult(
+        output_ids=output,
+        finish_reason="stop" if stopped else "length",
+        total_draft_tokens=drafted,
+        total_accepted_draft_tokens=accepted,
+        num_decoding_iterations=iterations,
+    )
 
 
 def medusa_generate_greedy(

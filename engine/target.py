@@ -5,10 +5,9 @@ The forward pass is transformers' own model implementation; the engine owns the 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
-
-import inspect
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel

@@ -25,6 +25,9 @@ from transformers import DynamicCache, PreTrainedModel
 from .target import cache_keyword
 from .tree import SpecTree
 
+# Attention implementations that apply a custom 4D float mask as given.
+TREE_MASK_ATTENTION = ("eager", "sdpa")
+
 
 @dataclass(frozen=True)
 class TreeForward:
@@ -64,10 +67,14 @@ def tree_forward(
         cache: the request's cache holding the ``prefix_len`` positions before the root.
 
     Raises:
-        ValueError: if ``len(tree_tokens) != tree.num_nodes + 1``.
+        ValueError: if ``len(tree_tokens) != tree.num_nodes + 1``, or the model's attention implementation
+            is not one of :data:`TREE_MASK_ATTENTION` (flash kernels would ignore the tree mask silently).
     """
     if len(tree_tokens) != tree.num_nodes + 1:
         raise ValueError(f"tree has {tree.num_nodes + 1} indices (root included), got {len(tree_tokens)} tokens")
+    attention = getattr(model.config, "_attn_implementation", None)
+    if attention not in TREE_MASK_ATTENTION:
+        raise ValueError(f"tree verification needs attn_implementation in {TREE_MASK_ATTENTION}, the target uses {attention!r}")
     prefix_len = cache.get_seq_length()
     device, dtype = model.device, model.dtype
     input_ids = torch.tensor([list(tree_tokens)], dtype=torch.long, device=device)  # [1, 1 + n]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 from .types import SEED_RANGE, GenerationRequest, InvalidRequestError, SamplingParams

@@ -59,15 +59,19 @@ class RunSummary:
 
 
 def check_inputs(loaded: LoadedRecipe) -> list:
-    """The recipe's checkpoint and prompts exist (milliseconds); returns the prompts.
+    """The recipe's checkpoints and prompts exist, and a draft shares the target's vocabulary
+    (milliseconds; a packaged GGUF's vocabulary is checked after its conversion). Returns the prompts.
 
     Raises:
-        RecipeError: naming the recipe line of ``target.checkpoint`` or ``verify.prompts``.
+        RecipeError: naming the recipe line of the field at fault.
     """
-    from specbuild.builder.reference import locate_target
+    from specbuild.builder.reference import check_draft_vocabulary, locate_draft, locate_target
     from specbuild.client.prompts import PromptSourceError, load_prompts
 
-    locate_target(loaded)
+    target = locate_target(loaded)
+    draft = locate_draft(loaded)
+    if draft is not None and target.kind != "packaged" and draft.kind != "packaged":
+        check_draft_vocabulary(loaded, target.path, draft.path)
     try:
         return load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
     except PromptSourceError as exc:

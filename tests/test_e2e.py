@@ -240,3 +240,54 @@ def server_pids(repo: str) -> list[int]:
         if entry.name.isdigit() and cmdline and cmdline[0].endswith(b"tritonserver") and repo.encode() in b" ".join(cmdline):
             pids.append(int(entry.name))
     return pids
+
+
+def test_sampling_through_triton_is_seeded_and_reproducible(deployment):
+    """Per-request sampling parameters reach the engine: a seed fixes the output, another seed moves it."""
+    server, _ = deployment
+    with SpecClient(server.grpc_url) as client:
+        sample = lambda seed, k=None: client.generate(  # noqa: E731
+            PROMPTS[1].text, max_tokens=16, end_id=-1, temperature=1.0, top_p=0.95, seed=seed, num_draft_tokens=k
+        ).output_ids
+        assert sample(7) == sample(7)
+        assert len({tuple(sample(seed)) for seed in range(4)}) > 1
+        greedy = client.generate(PROMPTS[1].text, max_tokens=16, end_id=-1).output_ids
+        assert client.generate(PROMPTS[1].text, max_tokens=16, end_id=-1, temperature=1.0, top_k=1, seed=3).output_ids == greedy
+
+
+def test_draft_target_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
+    """A separate draft model (a different random Llama: many rejections) served by the engine model."""
+    from tiny_models import make_tiny_llama
+
+    draft = make_tiny_llama(tmp_path / "draft", seed=1, num_hidden_layers=1)
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint)
+    recipe.write_text(recipe.read_text().replace(
+        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
+        f"  method: draft_target\n  draft_checkpoint: {draft}\n  max_draft_len: 3\n",
+    ))
+    loaded = load_recipe(str(recipe))
+    engine_dir = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).engine_dir
+    assert (engine_dir / "draft" / "model.safetensors").is_file()
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
+        with SpecClient(server.grpc_url) as client:
+            report = verify(client, PROMPTS, max_tokens=MAX_TOKENS, end_id=-1)
+    assert report.all_match and report.total_draft_tokens > 0
+
+
+def test_draft_with_another_vocabulary_is_refused_before_any_work(tiny_checkpoint, tmp_path):
+    import json as _json
+    import shutil
+
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.pipeline import check_inputs
+
+    draft = shutil.copytree(tiny_checkpoint, tmp_path / "draft")
+    config = _json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(_json.dumps({**config, "vocab_size": config["vocab_size"] + 16}))
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint)
+    recipe.write_text(recipe.read_text().replace(
+        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n", f"  method: draft_target\n  draft_checkpoint: {draft}\n"
+    ))
+    with pytest.raises(RecipeError, match=r"r.yaml:\d+: speculation.draft_checkpoint: .*vocab_size=400 but the target has vocab_size=384"):
+        check_inputs(load_recipe(str(recipe)))

@@ -157,6 +157,12 @@ def test_tree_forward_rejects_wrong_token_count(model):
         tree_forward(model, SpecTree.from_choices(EXAMPLE), [1, 2], target_model.new_cache(model))
 
 
+def test_tree_forward_refuses_attention_that_ignores_the_mask(model, monkeypatch):
+    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
+    with torch.inference_mode(), pytest.raises(ValueError, match="'flash_attention_2'"):
+        tree_forward(model, SpecTree.from_choices(EXAMPLE), [1, 2, 3, 4], target_model.new_cache(model))
+
+
 # --- cache compaction ---------------------------------------------------------------------------
 
 

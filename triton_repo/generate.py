@@ -12,7 +12,8 @@ The layout and tensor names are TensorRT-LLM's ``inflight_batcher_llm`` (see
 
 Ensemble interface. Inputs: ``text_input`` STRING [1], ``max_tokens`` INT32 [1]; optional
 ``end_id``, ``pad_id``, ``num_draft_tokens`` INT32 [1] (0 = the non-speculative baseline),
-``return_perf_metrics``, ``exclude_input_in_output`` BOOL [1]. Outputs: ``text_output`` STRING [-1],
+``return_perf_metrics``, ``exclude_input_in_output`` BOOL [1], and sampling: ``temperature``,
+``top_p`` FP32 [1], ``top_k`` INT32 [1], ``seed`` UINT64 [1] (no temperature: greedy). Outputs: ``text_output`` STRING [-1],
 ``output_ids`` INT32 [-1, -1] (beam, tokens), ``sequence_length`` INT32 [-1], ``acceptance_rate``
 FP32 [1], ``total_accepted_draft_tokens`` and ``total_draft_tokens`` INT32 [1].
 """
@@ -62,6 +63,15 @@ PERF_OUTPUTS = (
 )
 
 
+# Ensemble sampling input -> (tensorrt_llm input, data type), TensorRT-LLM's names on both sides.
+SAMPLING_ENGINE_INPUTS = {
+    "temperature": ("temperature", "TYPE_FP32"),
+    "top_k": ("runtime_top_k", "TYPE_INT32"),
+    "top_p": ("runtime_top_p", "TYPE_FP32"),
+    "seed": ("seed", "TYPE_UINT64"),
+}
+
+
 def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
     """The four model configs (ensemble, preprocessing, tensorrt_llm, postprocessing)."""
     tokenizer_dir = str((spec.engine_dir / "tokenizer").resolve())
@@ -99,7 +109,8 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
             _t("num_draft_tokens", "TYPE_INT32", (1,), optional=True),
             _t("return_perf_metrics", "TYPE_BOOL", (1,), optional=True),
             _t("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),
-        ),
+        )
+        + tuple(_t(name, dtype, (1,), optional=True) for name, dtype in SAMPLING_ENGINE_INPUTS.values()),
         outputs=(_t("output_ids", "TYPE_INT32", (-1, -1)), _t("sequence_length", "TYPE_INT32", (-1,))) + PERF_OUTPUTS,
         parameters={
             "engine_dir": str(spec.engine_dir.resolve()),
@@ -148,6 +159,7 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
                 "end_id": "_PREPROCESSOR_END_ID",
                 "pad_id": "_PREPROCESSOR_PAD_ID",
                 **{name: name for name in ("num_draft_tokens",) + optional_bool},
+                **{engine_name: name for name, (engine_name, _) in SAMPLING_ENGINE_INPUTS.items()},
             },
             output_map={t.name: t.name for t in PERF_OUTPUTS}
             | {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
@@ -167,7 +179,8 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
         max_batch_size=max_batch_size,
         inputs=(_t("text_input", "TYPE_STRING", (1,)), _t("max_tokens", "TYPE_INT32", (1,)))
         + tuple(_t(n, "TYPE_INT32", (1,), optional=True) for n in optional_int)
-        + tuple(_t(n, "TYPE_BOOL", (1,), optional=True) for n in optional_bool),
+        + tuple(_t(n, "TYPE_BOOL", (1,), optional=True) for n in optional_bool)
+        + tuple(_t(name, dtype, (1,), optional=True) for name, (_, dtype) in SAMPLING_ENGINE_INPUTS.items()),
         outputs=(
             _t("text_output", "TYPE_STRING", (-1,)),
             _t("output_ids", "TYPE_INT32", (-1, -1)),

@@ -8,7 +8,12 @@ from types import MappingProxyType
 from typing import Any
 
 from .base import Draft, MethodContext, Proposer
-from .draft_target import DraftTargetConfig, DraftTargetProposer, check_prompt, load_draft
+from .draft_target import (
+    DraftTargetConfig,
+    DraftTargetProposer,
+    check_prompt,
+    load_draft,
+)
 from .ngram import NGramConfig, NGramProposer, find_ngram_draft
 
 

@@ -105,9 +105,9 @@ def read_vocab_size(checkpoint_dir: str | Path) -> int:
         raise FileNotFoundError(f"no Hugging Face checkpoint at {checkpoint_dir} (config.json missing)")
     config = json.loads(config_path.read_text())
     vocab_size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
-    if not isinstance(vocab_size, int):
+    if vocab_size is None:
         raise ValueError(f"{config_path}: no vocab_size")
-    return vocab_size
+    return int(vocab_size)
 
 
 def check_draft_vocab(draft_dir: str | Path, target_vocab_size: int) -> None:

@@ -96,6 +96,10 @@ def load_medusa_heads(
 ) -> MedusaHeads:
     """Load heads from ``head_dir`` (config.json + medusa_lm_head.safetensors, or the .pt).
 
+    ``hidden_size`` / ``vocab_size`` missing from config.json (FasterDecoding's own configs carry only
+    ``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path``) are read off head 0's vocab
+    projection ``0.{medusa_num_layers}.weight`` ``[vocab, hidden]``.
+
     Args:
         num_heads: override config.json's ``medusa_num_heads`` (TensorRT-LLM's ``--fixed_num_medusa_heads``;
             medusa-vicuna-7b-v1.3 says 2 but holds 4).
@@ -106,19 +110,20 @@ def load_medusa_heads(
             (the message names it and the head count the weights hold).
     """
     head_dir = Path(head_dir)
-    config = read_medusa_config(head_dir, num_heads=num_heads)
+    raw = read_medusa_config(head_dir, num_heads=num_heads)
     state = _read_weights(head_dir)
+    config = _complete_config(raw, state, head_dir / "config.json")
     _check_state(state, config, head_dir)
     heads = MedusaHeads(config)
     heads.heads.load_state_dict(state, strict=True)
     return heads.to(dtype).eval()
 
 
-def read_medusa_config(head_dir: Path, *, num_heads: int | None = None) -> MedusaConfig:
-    """Parse ``head_dir/config.json`` (extra keys such as ``base_model_name_or_path`` are ignored).
+def read_medusa_config(head_dir: Path, *, num_heads: int | None = None) -> dict:
+    """The raw ``head_dir/config.json``, ``medusa_num_heads`` replaced by ``num_heads`` when given.
 
     Raises:
-        FileNotFoundError: no config.json.  ValueError: a required key missing or invalid.
+        FileNotFoundError: no config.json.
     """
     path = head_dir / "config.json"
     if not path.is_file():
@@ -126,10 +131,21 @@ def read_medusa_config(head_dir: Path, *, num_heads: int | None = None) -> Medus
     raw = json.loads(path.read_text())
     if num_heads is not None:
         raw["medusa_num_heads"] = num_heads
-    missing = [k for k in MedusaConfig.__dataclass_fields__ if k not in raw]
+    return raw
+
+
+def _complete_config(raw: Mapping, state: Mapping[str, torch.Tensor], path: Path) -> MedusaConfig:
+    """MedusaConfig from config.json keys, sizes missing there taken from the vocab projection's shape."""
+    missing = [k for k in ("medusa_num_heads", "medusa_num_layers") if k not in raw]
     if missing:
         raise ValueError(f"{path}: missing key(s) {missing}")
-    return MedusaConfig(**{k: raw[k] for k in MedusaConfig.__dataclass_fields__})
+    projection = state.get(f"0.{raw['medusa_num_layers']}.weight")
+    sizes = {} if projection is None else {"vocab_size": projection.shape[0], "hidden_size": projection.shape[1]}
+    values = {**sizes, **raw}
+    missing = [k for k in MedusaConfig.__dataclass_fields__ if k not in values]
+    if missing:
+        raise ValueError(f"{path}: missing key(s) {missing} and no tensor 0.{raw['medusa_num_layers']}.weight to infer them")
+    return MedusaConfig(**{k: values[k] for k in MedusaConfig.__dataclass_fields__})
 
 
 def save_medusa_heads(head_dir: str | Path, heads_state: Mapping[str, torch.Tensor], config: MedusaConfig) -> Path:
@@ -193,7 +209,7 @@ class MedusaProposer:
     def head_candidates(self, hidden: torch.Tensor, tree: SpecTree) -> list[list[int]]:
         """``hidden [hidden_size]`` -> per depth ``d`` the top-``tree.top_k_per_depth[d]`` tokens of head ``d``."""
         top_k = tree.top_k_per_depth
-        logits = self.heads(hidden.to(self.heads.heads[0][-1].weight.dtype))  # [num_heads, vocab]
+        logits = self.heads(hidden.to(next(self.heads.parameters()).dtype))  # [num_heads, vocab]
         return [logits[d].topk(k).indices.tolist() for d, k in enumerate(top_k)]
 
     def propose_tree(self, context: Sequence[int], hidden: torch.Tensor, tree: SpecTree | None = None) -> list[int]:

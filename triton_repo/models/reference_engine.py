@@ -35,6 +35,10 @@ INPUTS = (
     "num_draft_tokens",
     "return_perf_metrics",
     "exclude_input_in_output",
+    "temperature",
+    "runtime_top_k",
+    "runtime_top_p",
+    "seed",
 )
 
 
@@ -54,8 +58,10 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
     Args:
         inputs: ``input_ids`` [batch, max_len] int32 (right-padded), ``input_lengths`` [batch, 1],
             ``request_output_len`` [batch, 1]; optional (None when absent) ``end_id``, ``pad_id``,
-            ``num_draft_tokens`` [batch, 1] int32 and ``return_perf_metrics``,
-            ``exclude_input_in_output`` [batch, 1] bool.
+            ``num_draft_tokens`` [batch, 1] int32, ``return_perf_metrics``,
+            ``exclude_input_in_output`` [batch, 1] bool, and the sampling parameters ``temperature``,
+            ``runtime_top_p`` [batch, 1] fp32, ``runtime_top_k`` [batch, 1] int32, ``seed`` [batch, 1]
+            uint64 (absent temperature: greedy).
 
     Raises:
         ValueError: a required tensor is missing or a shape does not match the batch.
@@ -77,6 +83,10 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
             max_tokens=int(column["request_output_len"][b]),
             end_id=pick("end_id", None),
             num_draft_tokens=pick("num_draft_tokens", None),
+            temperature=pick("temperature", None),
+            top_k=pick("runtime_top_k", None),
+            top_p=pick("runtime_top_p", None),
+            seed=pick("seed", None),
         )
         rows.append(
             Row(

@@ -1,0 +1,258 @@
+"""Draft-target speculation: greedy equivalence, speculative sampling through the engine, draft checks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from specbuild.engine import (
+    EngineLimits,
+    GenerationRequest,
+    InvalidRequestError,
+    ReferenceEngine,
+    runtime,
+)
+from specbuild.engine import target as target_model
+from specbuild.engine.methods import DraftTargetConfig, get_method
+from specbuild.engine.sampling import sampling_probs
+from specbuild.engine.types import SamplingParams
+from tiny_models import make_tiny_llama
+
+MAX_DRAFT_LEN = 4
+LIMITS = EngineLimits(max_batch_size=1, max_input_len=64, max_seq_len=160, max_draft_len=MAX_DRAFT_LEN)
+PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7], [101, 102, 103], [42]]
+NEW_TOKENS = 24
+ALPHA = 1e-3
+
+
+def draft_target(draft_dir: Path | None, max_draft_len: int = MAX_DRAFT_LEN) -> dict:
+    config = {"decoding_type": "DraftTarget", "max_draft_len": max_draft_len}
+    return config if draft_dir is None else {**config, "speculative_model_dir": str(draft_dir)}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """target; "same" = the target itself; "random" = other seed, 1 layer; "short" = 16 positions."""
+    root = tmp_path_factory.mktemp("draft_target")
+    target = make_tiny_llama(root / "target", seed=0)
+    return {
+        "target": target,
+        "same": target,
+        "random": make_tiny_llama(root / "random", seed=1, num_hidden_layers=1),
+        "short": make_tiny_llama(root / "short", seed=2, num_hidden_layers=1, max_position_embeddings=16),
+    }
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints) -> dict[str, ReferenceEngine]:
+    target = checkpoints["target"]
+    return {
+        kind: ReferenceEngine.from_pretrained(target, speculative_config=draft_target(checkpoints[kind]), limits=LIMITS)
+        for kind in ("same", "random")
+    }
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(engines) -> list[list[int]]:
+    return [_run(engines["same"], p, num_draft_tokens=0).output_ids for p in PROMPTS]
+
+
+def _run(engine, prompt, max_tokens=NEW_TOKENS, *, end_id=-1, **kwargs):
+    return engine.generate(GenerationRequest(prompt, max_tokens, end_id=end_id, **kwargs))
+
+
+# --- greedy equivalence --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_draft_tokens", [1, 2, MAX_DRAFT_LEN])
+@pytest.mark.parametrize("kind", ["same", "random"])
+def test_greedy_draft_target_equals_plain_greedy(engines, plain_outputs, kind, num_draft_tokens):
+    results = [_run(engines[kind], p, num_draft_tokens=num_draft_tokens) for p in PROMPTS]
+    for prompt, plain, result in zip(PROMPTS, plain_outputs, results):
+        assert result.output_ids == plain, f"prompt {prompt}"
+        assert result.num_decoding_iterations >= 2
+        assert result.num_decoding_iterations == len(plain) - 1 - result.total_accepted_draft_tokens
+    if kind == "same":
+        assert all(r.acceptance_rate == 1.0 for r in results)
+        assert all(r.num_decoding_iterations == -(-(NEW_TOKENS - 1) // (num_draft_tokens + 1)) for r in results)
+    else:
+        assert sum(r.total_accepted_draft_tokens for r in results) < sum(r.total_draft_tokens for r in results)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 6, 11])
+def test_max_tokens_never_exceeded(engines, plain_outputs, max_tokens):
+    for engine in engines.values():
+        greedy = _run(engine, PROMPTS[0], max_tokens)
+        assert greedy.output_ids == plain_outputs[0][:max_tokens]
+        sampled = _run(engine, PROMPTS[0], max_tokens, temperature=1.0, seed=max_tokens)
+        assert len(sampled.output_ids) == max_tokens and sampled.finish_reason == "length"
+        assert sampled.total_accepted_draft_tokens <= max_tokens - 1
+
+
+def test_end_token_inside_accepted_chunk_stops_there(engines, plain_outputs):
+    """Same draft (everything accepted): each end_id cuts the output right after its first occurrence."""
+    plain = plain_outputs[0]
+    for end_id in dict.fromkeys(plain[1:]):
+        result = _run(engines["same"], PROMPTS[0], end_id=end_id)
+        assert result.output_ids == plain[: plain.index(end_id) + 1], f"end_id {end_id}"
+        assert result.finish_reason == "stop"
+    sampled = _run(engines["same"], PROMPTS[0], temperature=1.0, seed=7).output_ids
+    end_id = sampled[NEW_TOKENS // 2]
+    stopped = _run(engines["same"], PROMPTS[0], end_id=end_id, temperature=1.0, seed=7)
+    assert stopped.output_ids == sampled[: sampled.index(end_id) + 1]
+
+
+# --- sampling ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_draft_tokens", [1, MAX_DRAFT_LEN])
+def test_sampling_is_seeded(engines, num_draft_tokens):
+    for engine in engines.values():
+        runs = [_run(engine, PROMPTS[0], num_draft_tokens=num_draft_tokens, temperature=0.9, top_p=0.95, seed=s) for s in (11, 11, 12)]
+        assert runs[0].output_ids == runs[1].output_ids
+        assert runs[0].output_ids != runs[2].output_ids
+    assert _run(engines["same"], PROMPTS[0], temperature=1.0, seed=3).acceptance_rate == 1.0
+
+
+def test_top_k_one_is_greedy(engines, plain_outputs):
+    for engine in engines.values():
+        assert _run(engine, PROMPTS[1], temperature=0.7, top_k=1, seed=1).output_ids == plain_outputs[1]
+
+
+def _sharpened(source: Path, dest: Path, *, noise: float) -> Path:
+    """``source`` with its lm_head scaled x10 (peaked distributions) plus ``noise`` x its scale of Gaussian noise."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        weight = model.lm_head.weight
+        weight.mul_(10).add_(torch.randn(weight.shape, generator=generator) * noise * weight.std())
+    model.save_pretrained(dest)
+    return dest
+
+
+def _engine_fits_the_target(checkpoints: dict[str, Path], tmp_path: Path) -> bool:
+    """Joint law of the first two tokens under top_k=3 (9 outcomes) vs the target's exact probabilities.
+
+    Token 1 is the prefill's sample, token 2 comes from a verification step with one draft token
+    (max_tokens=3 leaves room for it and its bonus): the accepted draft or the residual sample. A draft
+    with perturbed logits makes rejections frequent. Chi-square at ALPHA; an outcome outside the
+    target's support fails outright.
+    """
+    stats = pytest.importorskip("scipy.stats", reason="the chi-square test needs scipy (pip install scipy)")
+    target_dir = _sharpened(checkpoints["target"], tmp_path / "target", noise=0.0)
+    draft_dir = _sharpened(checkpoints["target"], tmp_path / "draft", noise=0.7)
+    engine = ReferenceEngine.from_pretrained(target_dir, speculative_config=draft_target(draft_dir), limits=LIMITS)
+    prompt, num_samples = PROMPTS[0], 1200
+    expected = _exact_joint(engine._model, prompt, SamplingParams(temperature=1.0, top_k=3))  # {(t0, t1): p}
+    counts = dict.fromkeys(expected, 0)
+    drafted = accepted = 0
+    for seed in range(num_samples):
+        result = _run(engine, prompt, 3, temperature=1.0, top_k=3, seed=seed)
+        pair = tuple(result.output_ids[:2])
+        if pair not in counts:
+            return False
+        counts[pair] += 1
+        drafted, accepted = drafted + result.total_draft_tokens, accepted + result.total_accepted_draft_tokens
+    assert drafted >= num_samples and 0.1 < accepted / drafted < 0.9, f"acceptance {accepted}/{drafted}"
+    observed = [counts[pair] for pair in expected]
+    want = [expected[pair] * num_samples for pair in expected]
+    return stats.chisquare(observed, want).pvalue >= ALPHA
+
+
+def test_speculative_sampling_through_the_engine_follows_the_target(checkpoints, tmp_path):
+    assert _engine_fits_the_target(checkpoints, tmp_path)
+
+
+def test_engine_with_a_wrong_rule_is_detected(checkpoints, tmp_path, monkeypatch):
+    from test_sampling import accept_without_residual
+
+    monkeypatch.setattr(runtime, "accept_speculative", accept_without_residual)
+    assert not _engine_fits_the_target(checkpoints, tmp_path)
+
+
+def _exact_joint(model, prompt: list[int], params: SamplingParams) -> dict[tuple[int, int], float]:
+    """p(t0, t1) = p(t0 | prompt) p(t1 | prompt, t0) over the target's top-k support, from direct forwards."""
+    with torch.inference_mode():
+        first = _next_probs(model, prompt, params)
+        joint = {}
+        for t0 in first.nonzero()[:, 0].tolist():
+            second = _next_probs(model, [*prompt, t0], params)
+            for t1 in second.nonzero()[:, 0].tolist():
+                joint[(t0, t1)] = float(first[t0] * second[t1])
+    total = sum(joint.values())
+    return {pair: p / total for pair, p in joint.items()}
+
+
+def _next_probs(model, tokens: list[int], params: SamplingParams) -> torch.Tensor:
+    cache = target_model.new_cache(model)
+    return sampling_probs(target_model.forward_logits(model, tokens, cache, num_logits=1), params)[0].double()
+
+
+# --- draft checks --------------------------------------------------------------------------------
+
+
+def test_draft_vocab_mismatch_is_refused_before_loading_weights(checkpoints, tmp_path):
+    config = json.loads((checkpoints["target"] / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 400}))  # no weights at all
+    with pytest.raises(ValueError, match=r"vocab_size=400 but the target has vocab_size=384"):
+        ReferenceEngine.from_pretrained(checkpoints["target"], speculative_config=draft_target(tmp_path), limits=LIMITS)
+
+
+def test_prompt_longer_than_the_drafts_context_is_refused(checkpoints):
+    engine = ReferenceEngine.from_pretrained(
+        checkpoints["target"], speculative_config=draft_target(checkpoints["short"]), limits=LIMITS
+    )
+    long_prompt = list(range(1, 21))
+    with pytest.raises(InvalidRequestError, match=r"input_ids has 20 tokens but the draft model .* reads at most 16"):
+        _run(engine, long_prompt, 4)
+    assert len(_run(engine, long_prompt, 4, num_draft_tokens=0).output_ids) == 4
+    # Within the draft's context, drafting stops where its positions run out; output stays the plain one.
+    prompt = list(range(1, 13))
+    plain = _run(engine, prompt, 16, num_draft_tokens=0).output_ids
+    result = _run(engine, prompt, 16)
+    assert result.output_ids == plain
+    assert result.total_draft_tokens > 0
+
+
+def test_from_engine_dir_finds_the_draft(checkpoints, tmp_path, plain_outputs):
+    (tmp_path / "target").symlink_to(checkpoints["target"], target_is_directory=True)
+    (tmp_path / "draft").symlink_to(checkpoints["random"], target_is_directory=True)
+    config = {
+        "build_config": {"max_batch_size": 1, "max_input_len": 64, "max_seq_len": 160, "max_draft_len": 3},
+        "speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 3},
+        "specbuild": {"end_id": -1},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    engine = ReferenceEngine.from_engine_dir(tmp_path)
+    assert _run(engine, PROMPTS[0]).output_ids == plain_outputs[0]
+    config["speculative_config"]["speculative_model_dir"] = "draft"  # relative: resolved in engine_dir
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert _run(ReferenceEngine.from_engine_dir(tmp_path), PROMPTS[0]).output_ids == plain_outputs[0]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"decoding_type": "DraftTarget", "max_draft_len": 2, "draft_dir": "x"}, "unknown DraftTarget"),
+        ({"decoding_type": "DraftTarget"}, "needs max_draft_len"),
+        ({"decoding_type": "DraftTarget", "max_draft_len": 0}, "max_draft_len must be >= 1"),
+    ],
+)
+def test_config_errors(config, message):
+    with pytest.raises(ValueError, match=message):
+        get_method(config).parse_config(config)
+
+
+def test_config_from_trtllm_dict(checkpoints):
+    config = draft_target(checkpoints["random"], 3)
+    assert get_method(config).parse_config(config) == DraftTargetConfig(3, str(checkpoints["random"]))
+    with pytest.raises(ValueError, match="needs speculative_model_dir"):
+        ReferenceEngine.from_pretrained(checkpoints["target"], speculative_config=draft_target(None), limits=LIMITS)
