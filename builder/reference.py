@@ -9,17 +9,20 @@ Layout, shaped like a TensorRT-LLM engine directory so tools read both alike::
                      "specbuild": {fingerprint, end_id, pad_id, ...}}
       target/       Hugging Face checkpoint (config.json, model.safetensors) in the recipe's dtype
       tokenizer/    tokenizer files
+      draft/        draft_target: the draft checkpoint (draft_dtype or the target's dtype)
+      medusa/       medusa: the heads (config.json + medusa_lm_head.safetensors) in the target's dtype
 
 ``speculative_decoding_mode`` is TensorRT-LLM's IntFlag value (NONE=1, DRAFT_TOKENS_EXTERNAL=2,
 MEDUSA=4, LOOKAHEAD=8, EXPLICIT_DRAFT_TOKENS=16, EAGLE=32). The directory is written under a
 temporary name and renamed when complete; it is rebuilt only when its fingerprint (recipe target,
-speculation and build sections plus the checkpoint's files) changes.
+speculation and build sections plus the checkpoint's, draft's and Medusa heads' files) changes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,7 +104,71 @@ def check_draft_vocabulary(loaded: LoadedRecipe, target_dir: Path, draft_dir: Pa
         raise loaded.error(("speculation", "draft_checkpoint"), str(exc)) from None
 
 
-def engine_fingerprint(loaded: LoadedRecipe, source: CheckpointSource, draft: CheckpointSource | None = None) -> str:
+MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+
+
+def locate_medusa(loaded: LoadedRecipe) -> CheckpointSource | None:
+    """The Medusa head directory of a ``medusa`` recipe (None for other methods), located without
+    loading it; relative paths are relative to the recipe. It needs ``config.json`` and
+    ``medusa_lm_head.safetensors`` (or ``.pt``).
+
+    Raises:
+        RecipeError: the directory or one of its files is missing (located at ``speculation.medusa_model``).
+    """
+    spec = getattr(loaded.recipe.speculation, "medusa_model", None)
+    if spec is None:
+        return None
+    path = loaded.resolve_path(spec)
+    if not path.is_dir():
+        problem = f"no such directory ({path})"
+    elif not (path / "config.json").is_file():
+        problem = f"{path} has no config.json"
+    elif not any((path / name).is_file() for name in MEDUSA_WEIGHTS):
+        problem = f"{path} has neither {' nor '.join(MEDUSA_WEIGHTS)}"
+    else:
+        return CheckpointSource(spec=spec, kind="local", path=path.resolve())
+    raise loaded.error(
+        ("speculation", "medusa_model"),
+        f"Medusa heads {spec!r}: {problem}; point medusa_model at a Medusa head directory "
+        "(config.json with medusa_num_heads, medusa_num_layers + medusa_lm_head.safetensors)",
+    )
+
+
+def check_medusa_sizes(loaded: LoadedRecipe, target_dir: Path, medusa_dir: Path) -> None:
+    """Refuse heads whose ``hidden_size`` / ``vocab_size`` in config.json differ from the target's
+    config.json (milliseconds, no weights loaded). A size missing on either side is checked when the
+    heads are loaded (FasterDecoding's configs carry neither).
+
+    Raises:
+        RecipeError: a size differs (located at ``speculation.medusa_model``).
+    """
+    heads, target = _read_json(medusa_dir / "config.json"), _read_json(target_dir / "config.json")
+    target = {**(target.get("text_config") or {}), **target}
+    differ = [k for k in ("hidden_size", "vocab_size") if k in heads and k in target and heads[k] != target[k]]
+    if differ:
+        raise loaded.error(
+            ("speculation", "medusa_model"),
+            f"Medusa heads {medusa_dir} have "
+            + ", ".join(f"{k}={heads[k]}" for k in differ)
+            + " but the target has "
+            + ", ".join(f"{k}={target[k]}" for k in differ)
+            + "; the heads must be trained on this target",
+        )
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def engine_fingerprint(
+    loaded: LoadedRecipe,
+    source: CheckpointSource,
+    draft: CheckpointSource | None = None,
+    medusa: CheckpointSource | None = None,
+) -> str:
     """Hash of everything the engine depends on (not serve/verify settings)."""
     r = loaded.recipe
     payload = {
@@ -112,6 +179,8 @@ def engine_fingerprint(loaded: LoadedRecipe, source: CheckpointSource, draft: Ch
         "checkpoint": source.fingerprint(),
         "draft": draft.fingerprint() if draft is not None else None,
     }
+    if medusa is not None:  # absent for other methods, so their fingerprints (and built engines) stay valid
+        payload["medusa"] = medusa.fingerprint()
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -132,7 +201,10 @@ def build_reference_engine(loaded: LoadedRecipe, engine_dir: Path, *, force: boo
     """
     source = locate_target(loaded)
     draft_source = locate_draft(loaded)
-    fingerprint = engine_fingerprint(loaded, source, draft_source)
+    medusa_source = locate_medusa(loaded)
+    if medusa_source is not None and source.kind != "packaged":
+        check_medusa_sizes(loaded, source.path, medusa_source.path)
+    fingerprint = engine_fingerprint(loaded, source, draft_source, medusa_source)
     if not force and read_fingerprint(engine_dir) == fingerprint:
         log(f"engine is up to date: {engine_dir}")
         return EngineBuild(engine_dir=engine_dir, fingerprint=fingerprint, rebuilt=False)
@@ -140,10 +212,13 @@ def build_reference_engine(loaded: LoadedRecipe, engine_dir: Path, *, force: boo
     draft = materialize_checkpoint(draft_source, log=log) if draft_source is not None else None
     if draft is not None:
         check_draft_vocabulary(loaded, checkpoint, draft)
+    medusa_heads = _load_medusa_heads(loaded, medusa_source.path, checkpoint) if medusa_source is not None else None
     with staging_dir(engine_dir) as tmp:
         config = _write_engine(loaded, checkpoint, tmp, log=log)
         if draft is not None:
             _write_draft(loaded, draft, tmp / "draft", log=log)
+        if medusa_heads is not None:
+            _write_medusa(medusa_heads, tmp, log=log)
         config["specbuild"]["fingerprint"] = fingerprint
         config["specbuild"]["target_checkpoint"] = source.spec
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -191,6 +266,37 @@ def _write_draft(loaded: LoadedRecipe, draft: Path, out: Path, *, log) -> None:
     model = AutoModelForCausalLM.from_pretrained(draft, dtype=getattr(torch, dtype), trust_remote_code=r.target.trust_remote_code)
     log(f"writing draft {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {dtype})")
     model.save_pretrained(out, safe_serialization=True)
+
+
+def _load_medusa_heads(loaded: LoadedRecipe, medusa_dir: Path, checkpoint: Path):
+    """The heads (``MedusaHeads``) in the target's dtype, checked against the target's sizes; a ``.pt``
+    is read with ``weights_only=True``. Seconds at most: it runs before the target is written.
+
+    Raises:
+        RecipeError: a malformed head directory, a head count other than ``num_medusa_heads``, or sizes
+            that differ from the target's (located at ``speculation.medusa_model``).
+    """
+    import torch
+
+    from specbuild.engine.methods.medusa import check_heads_fit, load_medusa_heads
+
+    r = loaded.recipe
+    target = _read_json(checkpoint / "config.json")
+    target = {**(target.get("text_config") or {}), **target}
+    try:
+        heads = load_medusa_heads(medusa_dir, num_heads=r.speculation.num_medusa_heads, dtype=getattr(torch, r.target.dtype))
+        check_heads_fit(heads.config, hidden_size=target.get("hidden_size"), vocab_size=target.get("vocab_size"), where=medusa_dir)
+    except (OSError, ValueError, pickle.UnpicklingError) as exc:  # UnpicklingError: a .pt that is not plain tensors
+        raise loaded.error(("speculation", "medusa_model"), str(exc)) from None
+    return heads
+
+
+def _write_medusa(heads, out: Path, *, log) -> None:
+    from specbuild.engine.methods.medusa import MEDUSA_SUBDIR, save_medusa_heads
+
+    c = heads.config
+    log(f"writing {c.medusa_num_heads} Medusa heads ({c.medusa_num_layers} layer(s) each)")
+    save_medusa_heads(out / MEDUSA_SUBDIR, heads.heads.state_dict(), c)
 
 
 def _without_paths(config: dict | None) -> dict | None:

@@ -7,6 +7,8 @@ after it. The step emits accepted + bonus, i.e. its *acceptance length* is ``num
 
 Greedy requests use :func:`accept_greedy` (token matching); sampled requests use
 :func:`accept_speculative` (rejection sampling), which emits tokens distributed exactly as the target's.
+Tree methods (Medusa) verify a whole token tree in one pass and use :func:`accept_tree_greedy`: the
+accepted tokens are the longest root-to-node path the target agrees with, same vocabulary otherwise.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 if TYPE_CHECKING:
     from .sampling import Sampler
+    from .tree import SpecTree
 
 
 @dataclass(frozen=True)
@@ -155,3 +158,61 @@ def clip_emitted(tokens: Sequence[int], *, remaining: int, end_id: int) -> tuple
         kept = kept[: kept.index(end_id) + 1]
         return kept, True
     return kept, False
+
+
+@dataclass(frozen=True)
+class TreeAcceptance:
+    """Outcome of greedy tree verification (same vocabulary as ``acceptance.Acceptance``).
+
+    Attributes:
+        accepted_nodes: tree indices of the accepted path below the root (``num_accepted`` of them).
+        accepted_tokens: their tokens.
+        bonus_token: the target's argmax at the last accepted index (the root when nothing was accepted).
+    """
+
+    accepted_nodes: list[int]
+    accepted_tokens: list[int]
+    bonus_token: int
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_tokens)
+
+    @property
+    def last_index(self) -> int:
+        """Tree index whose target output gave the bonus token (0 = root)."""
+        return self.accepted_nodes[-1] if self.accepted_nodes else 0
+
+    @property
+    def emitted_tokens(self) -> list[int]:
+        return [*self.accepted_tokens, self.bonus_token]
+
+
+def accept_tree_greedy(tree: SpecTree, tree_tokens: Sequence[int], target_tokens: Sequence[int]) -> TreeAcceptance:
+    """Greedy tree acceptance: the longest root-to-node path whose every token is the target's argmax at its parent.
+
+    Equivalent to Medusa's greedy ``evaluate_posterior`` (longest matching prefix over all leaf paths)
+    when siblings hold distinct tokens; with duplicate siblings the first in node order wins, which emits
+    the same tokens.
+
+    Args:
+        tree_tokens: ``[num_nodes + 1]`` token per index, ``tree_tokens[0]`` the root.
+        target_tokens: ``[num_nodes + 1]`` target argmax after each index (from one tree forward pass).
+
+    Raises:
+        ValueError: if either list does not have ``num_nodes + 1`` entries.
+    """
+    size = tree.num_nodes + 1
+    if len(tree_tokens) != size or len(target_tokens) != size:
+        raise ValueError(
+            f"need {size} tree tokens and target tokens, got {len(tree_tokens)} and {len(target_tokens)}"
+        )
+    nodes: list[int] = []
+    current = 0
+    while True:
+        match = next((c for c in tree.children[current] if tree_tokens[c] == target_tokens[current]), None)
+        if match is None:
+            break
+        nodes.append(match)
+        current = match
+    return TreeAcceptance(nodes, [int(tree_tokens[n]) for n in nodes], int(target_tokens[current]))

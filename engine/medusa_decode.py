@@ -23,17 +23,25 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .acceptance import clip_emitted
+from .acceptance import TreeAcceptance, accept_tree_greedy, clip_emitted
 from .kv_cache_tree import compact
 from .methods.medusa import MedusaHeads, MedusaProposer
 from .target import cache_keyword, new_cache
-from .tree import SpecTree, TreeAcceptance, accept_tree_greedy
+from .tree import SpecTree
 from .tree_verify import tree_forward
 from .types import GenerationResult
 
 
 class TreeProposer(Protocol):
-    """Fills a speculation tree from the target's last hidden state (Medusa heads; EAGLE later)."""
+    """Fills a speculation tree from the target's last hidden state (Medusa heads; EAGLE later).
+
+    Attributes:
+        tree: the full tree this proposer fills; :class:`~specbuild.engine.runtime.ReferenceEngine` cuts
+            it per request (``num_draft_tokens``: :meth:`SpecTree.first`) and per step (the depth that
+            ``max_tokens`` still allows: :meth:`SpecTree.truncated`).
+    """
+
+    tree: SpecTree
 
     def propose_tree(self, context: Sequence[int], hidden: torch.Tensor, tree: SpecTree) -> list[int]:
         """``[1 + tree.num_nodes]`` tokens, ``context[-1]`` (the root) first.

@@ -13,10 +13,21 @@ Each decoding iteration (Leviathan et al. 2023, §2.3, greedy case)::
     cache after verify:  len(context) + 3   ->  rollback to len(context) + 2
     emitted: d0 d1 t2 (t2 = bonus, not yet in the cache: it is the next step's ``last``)
 
+Tree methods (Medusa, Cai et al. 2024) verify a token tree instead of a chain; greedy only::
+
+    prefill      = prompt -> first token + the target's final-norm hidden state h that produced it
+    tree         = proposer's tree cut to num_draft_tokens nodes (first k in node order) and to the
+                   depth max_tokens still allows (remaining - 1)
+    tree tokens  = proposer.propose_tree(context, h, tree)               1 + n tokens, root = context[-1]
+    target       = tree_forward(tree tokens)          one pass, tree attention mask (tree_verify)
+    accepted     = longest root-to-node path matching the target (accept_tree_greedy); bonus after it
+    cache        = compact(prefix + root + accepted path);  h = hidden state at the path's last node
+    emit accepted + [bonus]  (clipped at max_tokens and after end_id)
+
 Sampled requests (``temperature > 0``) run the same loop with the target's ``[k + 1, vocab]``
 distributions instead of its argmax, and speculative sampling instead of token matching
 (:func:`~specbuild.engine.acceptance.accept_speculative`): the output is distributed exactly as
-plain sampling from the target.
+plain sampling from the target. Methods marked ``greedy_only`` (Medusa) refuse sampled requests.
 """
 
 from __future__ import annotations
@@ -31,10 +42,12 @@ import torch
 from . import target as target_model
 from .acceptance import Acceptance, accept_greedy, accept_speculative, clip_emitted
 from .kv_cache import rollback
+from .medusa_decode import TreeProposer, prefill_with_hidden, tree_step
 from .methods import SpeculativeMethod, get_method
 from .methods.base import Draft, MethodContext, Proposer, as_draft
 from .sampling import Sampler
-from .types import GenerationRequest, GenerationResult
+from .tree import SpecTree
+from .types import GenerationRequest, GenerationResult, InvalidRequestError
 from .validation import ResolvedRequest, validate_request
 
 
@@ -112,8 +125,9 @@ class ReferenceEngine:
             base_dir: where relative paths of ``speculative_config`` resolve (the engine directory).
 
         Raises:
-            ValueError: bad speculative_config, ``max_draft_len`` past the build, or a draft that does not
-                fit the target (e.g. a different vocab_size).
+            ValueError: bad speculative_config, ``max_draft_len`` past the build (for Medusa: more tree
+                nodes than the build's max_draft_len), or a draft / Medusa heads that do not fit the
+                target (e.g. a different vocab_size or hidden_size).
         """
         self._model = model
         self._limits = limits
@@ -174,10 +188,11 @@ class ReferenceEngine:
 
     @classmethod
     def from_engine_dir(cls, engine_dir: str | Path, *, device: str = "cpu") -> ReferenceEngine:
-        """Load an engine directory written by the builder (``config.json`` + ``target/``, ``draft/`` for DraftTarget).
+        """Load an engine directory written by the builder (``config.json`` + ``target/``, ``draft/`` for
+        DraftTarget, ``medusa/`` for Medusa).
 
-        DraftTarget's ``speculative_model_dir`` resolves against ``engine_dir``; without one the draft is
-        ``engine_dir/draft``.
+        ``speculative_model_dir`` resolves against ``engine_dir``; without one the draft is
+        ``engine_dir/draft`` (DraftTarget) and the heads ``engine_dir/medusa`` (Medusa).
 
         Raises:
             FileNotFoundError: ``engine_dir/config.json``, ``engine_dir/target`` (or the draft) missing.
@@ -233,9 +248,15 @@ class ReferenceEngine:
         differences between a multi-token and a one-token forward pass); sampled output is distributed
         as plain sampling from the target, and the same ``seed`` gives the same output.
 
+        On a tree method (Medusa) ``num_draft_tokens = k`` caps the tree verified per step: ``k`` below
+        the tree's node count keeps its first ``k`` nodes in node order (by depth, then path: the
+        shallow, most likely candidates), e.g. ``k = 1`` verifies only the top-1 token of head 0;
+        ``0`` decodes plainly.
+
         Raises:
-            InvalidRequestError: a field is out of range (see :func:`validate_request`), or the method
-                cannot serve the prompt (e.g. longer than the draft model's context).
+            InvalidRequestError: a field is out of range (see :func:`validate_request`), the method
+                cannot serve the prompt (e.g. longer than the draft model's context), or a sampled
+                request (``temperature > 0``) on a greedy-only method (Medusa).
         """
         resolved = validate_request(
             request,
@@ -245,10 +266,17 @@ class ReferenceEngine:
             vocab_size=self._vocab_size,
             default_end_id=self._end_id,
         )
+        if resolved.sampling is not None and self._method is not None and self._method.greedy_only:
+            raise InvalidRequestError(
+                f"temperature={request.temperature!r}: {self._method.decoding_type} is greedy-only, as in "
+                "TensorRT-LLM; send temperature 0 (or None) to this engine"
+            )
         if resolved.num_draft_tokens > 0:
             assert self._method is not None
             self._method.check_prompt(self._method_state, resolved.input_ids)
         with torch.inference_mode():
+            if resolved.num_draft_tokens > 0 and self._method.verification == "tree":
+                return self._decode_tree(resolved)
             return self._decode(resolved)
 
     def _decode(self, request: ResolvedRequest) -> GenerationResult:
@@ -299,6 +327,36 @@ class ReferenceEngine:
     def _new_proposer(self) -> Proposer:
         assert self._method is not None
         return self._method.make_proposer(self._method_state)
+
+    def _decode_tree(self, request: ResolvedRequest) -> GenerationResult:
+        """Greedy tree speculation (Medusa, Cai et al. 2024) over the proposer's tree cut to
+        ``num_draft_tokens`` nodes; counters: draft tokens = tree nodes verified."""
+        assert self._method is not None and request.sampling is None
+        proposer: TreeProposer = self._method.make_proposer(self._method_state)
+        tree = proposer.tree.first(request.num_draft_tokens)
+        cache = target_model.new_cache(self._model)
+        state = _DecodeState(list(request.input_ids), request.max_tokens, request.end_id)
+        first, hidden = prefill_with_hidden(self._model, request.input_ids, cache)
+        state.emit([first])
+        while state.finish_reason is None:
+            hidden = self._tree_step(state, cache, proposer, tree, hidden)
+        return state.result()
+
+    def _tree_step(
+        self, state: _DecodeState, cache: Any, proposer: TreeProposer, tree: SpecTree, hidden: torch.Tensor
+    ) -> torch.Tensor:
+        """One tree iteration; ``hidden`` ``[hidden_size]`` produced ``state.context[-1]``; returns the next one.
+
+        The tree is cut to depth ``remaining - 1``: deeper nodes could never be emitted (the bonus
+        token takes the last slot), e.g. 3 tokens left -> at most 2 accepted + bonus.
+        """
+        step_tree = tree.truncated(state.remaining - 1)
+        step = tree_step(self._model, proposer, step_tree, state.context, hidden, cache)
+        num_emitted = state.emit(step.acceptance.emitted_tokens)
+        state.iterations += 1
+        state.total_draft_tokens += step_tree.num_nodes
+        state.total_accepted += min(step.acceptance.num_accepted, num_emitted)
+        return step.next_hidden
 
 
 def _propose(proposer: Proposer | None, context: list[int], k: int, sampler: Sampler | None) -> Draft:

@@ -1,4 +1,4 @@
-"""Speculation trees (TensorRT-LLM ``medusa_choices`` / ``eagle_choices``) and greedy tree acceptance.
+"""Speculation trees (TensorRT-LLM ``medusa_choices`` / ``eagle_choices``).
 
 A tree is given as *choices*: the root-to-node paths of child indices, the root excluded. Child index
 ``c`` at depth ``d`` means "the ``c``-th best candidate of draft position ``d``" (for Medusa: the top-``c``
@@ -18,7 +18,7 @@ before its children; index 0 is the root. Worked example, choices ``[[0], [1], [
 
     root-to-leaf paths (retrieve indices): [0, 2], [0, 1, 3]
 
-Greedy acceptance walks down from the root: the target's argmax at a node must equal one child's token
+Greedy acceptance (:func:`specbuild.engine.acceptance.accept_tree_greedy`, re-exported here) walks down from the root: the target's argmax at a node must equal one child's token
 to go on. Tokens [t, a, b, c] at indices 0..3 and target argmax [a, c, x, y] accept nodes [1, 3]
 (tokens a, c) and the bonus token is the argmax at node 3, y.
 """
@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+
+from .acceptance import TreeAcceptance, accept_tree_greedy
 
 # TensorRT-LLM's default Medusa tree (examples/medusa/README.md ``--medusa_choices``), identical to
 # FasterDecoding/Medusa ``medusa/model/medusa_choices.py`` ``mc_sim_7b_63``: 63 nodes, depth 4, top-10.
@@ -114,6 +116,16 @@ class SpecTree:
             return self
         return SpecTree.from_choices([p for p in self.paths if len(p) <= max(max_depth, 0)])
 
+    def first(self, num_nodes: int) -> SpecTree:
+        """The first ``num_nodes`` nodes in node order (``>= 0``), a valid tree: parents come before children.
+
+        A request's ``num_draft_tokens = k`` below the tree size verifies this subtree. Example: the
+        example tree above with ``first(2)`` keeps ``[0]`` and ``[1]`` and drops ``[0, 0]``.
+        """
+        if num_nodes >= self.num_nodes:
+            return self
+        return SpecTree.from_choices(self.paths[: max(num_nodes, 0)])
+
     def ancestor_mask(self) -> torch.Tensor:
         """``[num_nodes + 1, num_nodes + 1]`` bool, ``mask[i, j]``: index ``j`` is ``i`` or an ancestor of ``i``."""
         size = self.num_nodes + 1
@@ -147,59 +159,4 @@ def _check_path(path: Sequence[int]) -> tuple[int, ...]:
     return as_tuple
 
 
-@dataclass(frozen=True)
-class TreeAcceptance:
-    """Outcome of greedy tree verification (same vocabulary as ``acceptance.Acceptance``).
-
-    Attributes:
-        accepted_nodes: tree indices of the accepted path below the root (``num_accepted`` of them).
-        accepted_tokens: their tokens.
-        bonus_token: the target's argmax at the last accepted index (the root when nothing was accepted).
-    """
-
-    accepted_nodes: list[int]
-    accepted_tokens: list[int]
-    bonus_token: int
-
-    @property
-    def num_accepted(self) -> int:
-        return len(self.accepted_tokens)
-
-    @property
-    def last_index(self) -> int:
-        """Tree index whose target output gave the bonus token (0 = root)."""
-        return self.accepted_nodes[-1] if self.accepted_nodes else 0
-
-    @property
-    def emitted_tokens(self) -> list[int]:
-        return [*self.accepted_tokens, self.bonus_token]
-
-
-def accept_tree_greedy(tree: SpecTree, tree_tokens: Sequence[int], target_tokens: Sequence[int]) -> TreeAcceptance:
-    """Greedy tree acceptance: the longest root-to-node path whose every token is the target's argmax at its parent.
-
-    Equivalent to Medusa's greedy ``evaluate_posterior`` (longest matching prefix over all leaf paths)
-    when siblings hold distinct tokens; with duplicate siblings the first in node order wins, which emits
-    the same tokens.
-
-    Args:
-        tree_tokens: ``[num_nodes + 1]`` token per index, ``tree_tokens[0]`` the root.
-        target_tokens: ``[num_nodes + 1]`` target argmax after each index (from one tree forward pass).
-
-    Raises:
-        ValueError: if either list does not have ``num_nodes + 1`` entries.
-    """
-    size = tree.num_nodes + 1
-    if len(tree_tokens) != size or len(target_tokens) != size:
-        raise ValueError(
-            f"need {size} tree tokens and target tokens, got {len(tree_tokens)} and {len(target_tokens)}"
-        )
-    nodes: list[int] = []
-    current = 0
-    while True:
-        match = next((c for c in tree.children[current] if tree_tokens[c] == target_tokens[current]), None)
-        if match is None:
-            break
-        nodes.append(match)
-        current = match
-    return TreeAcceptance(nodes, [int(tree_tokens[n]) for n in nodes], int(target_tokens[current]))
+__all__ = ["MC_SIM_7B_63", "SpecTree", "TreeAcceptance", "accept_tree_greedy"]

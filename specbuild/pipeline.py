@@ -59,19 +59,29 @@ class RunSummary:
 
 
 def check_inputs(loaded: LoadedRecipe) -> list:
-    """The recipe's checkpoints and prompts exist, and a draft shares the target's vocabulary
-    (milliseconds; a packaged GGUF's vocabulary is checked after its conversion). Returns the prompts.
+    """The recipe's checkpoints, Medusa heads and prompts exist, and a draft shares the target's
+    vocabulary, Medusa heads its hidden and vocabulary sizes (milliseconds; a packaged GGUF's sizes
+    are checked after its conversion). Returns the prompts.
 
     Raises:
         RecipeError: naming the recipe line of the field at fault.
     """
-    from specbuild.builder.reference import check_draft_vocabulary, locate_draft, locate_target
+    from specbuild.builder.reference import (
+        check_draft_vocabulary,
+        check_medusa_sizes,
+        locate_draft,
+        locate_medusa,
+        locate_target,
+    )
     from specbuild.client.prompts import PromptSourceError, load_prompts
 
     target = locate_target(loaded)
     draft = locate_draft(loaded)
     if draft is not None and target.kind != "packaged" and draft.kind != "packaged":
         check_draft_vocabulary(loaded, target.path, draft.path)
+    medusa = locate_medusa(loaded)
+    if medusa is not None and target.kind != "packaged":
+        check_medusa_sizes(loaded, target.path, medusa.path)
     try:
         return load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
     except PromptSourceError as exc:

@@ -1,11 +1,17 @@
-"""Speculative methods, one module each, looked up by TensorRT-LLM's ``decoding_type``."""
+"""Speculative methods, one module each, looked up by TensorRT-LLM's ``decoding_type``.
+
+Importing this registry stays torch-free (the recipe validator reads :data:`METHODS`): methods whose
+module needs torch at import (Medusa) are registered through :func:`_lazy`.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .base import Draft, MethodContext, Proposer
 from .draft_target import (
@@ -15,6 +21,9 @@ from .draft_target import (
     load_draft,
 )
 from .ngram import NGramConfig, NGramProposer, find_ngram_draft
+
+if TYPE_CHECKING:
+    from ..medusa_decode import TreeProposer
 
 
 def _no_load(config: Any, context: MethodContext) -> Any:
@@ -26,6 +35,17 @@ def _any_prompt(loaded: Any, input_ids: Sequence[int]) -> None:
     del loaded, input_ids
 
 
+def _lazy(module: str, attribute: str) -> Callable[..., Any]:
+    """``specbuild.engine.methods.<module>.<attribute>`` (dotted, e.g. ``"Config.from_dict"``), imported on first call."""
+
+    def call(*args: Any) -> Any:
+        target = reduce(getattr, attribute.split("."), importlib.import_module(f"{__name__}.{module}"))
+        return target(*args)
+
+    call.__qualname__ = call.__name__ = f"{module}.{attribute}"
+    return call
+
+
 @dataclass(frozen=True)
 class SpeculativeMethod:
     """How to parse one method's speculative_config, load what it needs, and make its per-request proposer.
@@ -33,13 +53,22 @@ class SpeculativeMethod:
     The engine calls ``parse_config`` then ``load`` once (``load`` returns what ``make_proposer`` and
     ``check_prompt`` take: the config itself, or e.g. a loaded draft model), ``check_prompt`` before a
     speculative request (raises InvalidRequestError), and ``make_proposer`` per request.
+
+    Attributes:
+        verification: ``"chain"``: the proposer is a :class:`Proposer` (k tokens in a row, verified by
+            token matching or speculative sampling); ``"tree"``: it is a
+            :class:`~specbuild.engine.medusa_decode.TreeProposer` filling a token tree from the target's
+            hidden state, verified in one pass with a tree attention mask.
+        greedy_only: sampled requests (``temperature > 0``) are refused, as TensorRT-LLM refuses them.
     """
 
     decoding_type: str
     parse_config: Callable[[Mapping[str, Any]], Any]
-    make_proposer: Callable[[Any], Proposer]
+    make_proposer: Callable[[Any], Proposer | TreeProposer]
     load: Callable[[Any, MethodContext], Any] = _no_load
     check_prompt: Callable[[Any, Sequence[int]], None] = _any_prompt
+    verification: Literal["chain", "tree"] = "chain"
+    greedy_only: bool = False
 
 
 METHODS: Mapping[str, SpeculativeMethod] = MappingProxyType(
@@ -47,6 +76,14 @@ METHODS: Mapping[str, SpeculativeMethod] = MappingProxyType(
         "NGram": SpeculativeMethod("NGram", NGramConfig.from_dict, NGramProposer),
         "DraftTarget": SpeculativeMethod(
             "DraftTarget", DraftTargetConfig.from_dict, DraftTargetProposer, load=load_draft, check_prompt=check_prompt
+        ),
+        "Medusa": SpeculativeMethod(
+            "Medusa",
+            _lazy("medusa", "MedusaDecodingConfig.from_dict"),
+            _lazy("medusa", "make_medusa_proposer"),
+            load=_lazy("medusa", "load_medusa"),
+            verification="tree",
+            greedy_only=True,
         ),
     }
 )

@@ -15,6 +15,11 @@ On disk (a directory, TensorRT-LLM ``examples/medusa/convert_checkpoint.py --med
 The proposer fills a :class:`~specbuild.engine.tree.SpecTree`: a node at depth ``d`` with child index ``c``
 gets the ``c``-th most likely token of head ``d - 1``. Example: tree ``[[0], [1], [0, 0]]``, head 0 top-2
 ``[a, b]``, head 1 top-1 ``[c]``, root ``t`` -> tree tokens ``[t, a, b, c]``.
+
+As a method of the reference engine (``decoding_type: "Medusa"``, registered lazily in
+:data:`specbuild.engine.methods.METHODS`): :meth:`MedusaDecodingConfig.from_dict` parses the
+speculative_config, :func:`load_medusa` loads the heads once per engine, :func:`make_medusa_proposer`
+makes each request's proposer. Greedy only, as in TensorRT-LLM.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..tree import SpecTree
+from ..tree import MC_SIM_7B_63, SpecTree
+from .base import MethodContext
 
 SAFETENSORS_NAME = "medusa_lm_head.safetensors"
 PT_NAME = "medusa_lm_head.pt"
@@ -224,3 +230,132 @@ class MedusaProposer:
             return [context[-1]]
         candidates = self.head_candidates(hidden, tree)
         return [context[-1], *(candidates[len(path) - 1][path[-1]] for path in tree.paths)]
+
+
+# --- the reference engine's "Medusa" method: speculative_config -> heads loaded once -> proposer --------
+
+MEDUSA_SUBDIR = "medusa"  # where the builder puts the heads inside an engine directory
+_CONFIG_KEYS = ("decoding_type", "max_draft_len", "num_medusa_heads", "medusa_choices", "speculative_model_dir")
+
+
+@dataclass(frozen=True)
+class MedusaDecodingConfig:
+    """TensorRT-LLM LLM-API ``MedusaDecodingConfig`` keys, parsed (build it with :meth:`from_dict`).
+
+    Attributes:
+        max_draft_len: tree nodes verified per step at most (the engine's per-request cap), ``>=``
+            the tree's node count; the speculative_config may omit it (-> the node count).
+        tree: ``medusa_choices`` as a :class:`SpecTree`; omitted -> :data:`MC_SIM_7B_63` (63 nodes).
+        num_medusa_heads: heads to use, overriding the head directory's ``medusa_num_heads``
+            (TensorRT-LLM's ``--fixed_num_medusa_heads``); None -> the directory's value.
+        speculative_model_dir: the head directory; relative paths resolve against the engine
+            directory; None -> ``engine_dir/medusa`` (where the builder writes it).
+    """
+
+    max_draft_len: int
+    tree: SpecTree
+    num_medusa_heads: int | None = None
+    speculative_model_dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, object]) -> MedusaDecodingConfig:
+        """Parse e.g. ``{"decoding_type": "Medusa", "num_medusa_heads": 4, "medusa_choices": [[0], [1], [0, 0]]}``.
+
+        Raises:
+            ValueError: unknown keys; ``num_medusa_heads`` not an integer >= 1; an invalid tree (see
+                :meth:`SpecTree.from_choices`), an empty one, or one deeper than ``num_medusa_heads``;
+                ``max_draft_len`` below the tree's node count.
+        """
+        unknown = sorted(set(config) - set(_CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"unknown Medusa speculative_config keys {unknown}; allowed: {sorted(_CONFIG_KEYS)}")
+        choices = config.get("medusa_choices")
+        tree = SpecTree.from_choices(MC_SIM_7B_63 if choices is None else choices)
+        if tree.num_nodes == 0:
+            raise ValueError("speculative_config.medusa_choices is empty; list at least one node, e.g. [[0], [1], [0, 0]]")
+        heads = config.get("num_medusa_heads")
+        if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+            raise ValueError(f"speculative_config.num_medusa_heads must be an integer >= 1, got {heads!r}")
+        if heads is not None and tree.max_depth > heads:
+            raise ValueError(f"medusa_choices are {tree.max_depth} deep but num_medusa_heads={heads} (one head per tree level)")
+        max_draft_len = config.get("max_draft_len", tree.num_nodes)
+        if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < tree.num_nodes:
+            raise ValueError(
+                f"speculative_config.max_draft_len={max_draft_len!r} is below the tree's {tree.num_nodes} nodes "
+                "(Medusa verifies every node of medusa_choices each step); omit it to use the node count"
+            )
+        return cls(max_draft_len, tree, heads, config.get("speculative_model_dir"))
+
+
+@dataclass(frozen=True)
+class LoadedMedusa:
+    """The heads of one engine, loaded once and shared by its requests.
+
+    Attributes:
+        config: the parsed speculative_config.
+        heads: the heads, in the target's dtype and on its device.
+        path: the head directory they came from (for messages).
+    """
+
+    config: MedusaDecodingConfig
+    heads: MedusaHeads
+    path: Path
+
+
+def resolve_medusa_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
+    """The head directory.
+
+    Examples: (None, /e) -> /e/medusa; ("h", /e) -> /e/h; ("/abs/h", /e) -> /abs/h; ("h", None) -> h.
+
+    Raises:
+        ValueError: ``speculative_model_dir`` is None outside an engine directory.
+    """
+    if speculative_model_dir is None:
+        if base_dir is None:
+            raise ValueError("Medusa speculative_config needs speculative_model_dir (the Medusa head directory)")
+        return base_dir / MEDUSA_SUBDIR
+    path = Path(speculative_model_dir)
+    return path if path.is_absolute() or base_dir is None else base_dir / path
+
+
+def check_heads_fit(heads: MedusaConfig, *, hidden_size: int, vocab_size: int, where: Path) -> None:
+    """Refuse heads whose ``hidden_size`` / ``vocab_size`` differ from the target's.
+
+    Raises:
+        ValueError: naming both sizes of both.
+    """
+    if (heads.hidden_size, heads.vocab_size) != (hidden_size, vocab_size):
+        raise ValueError(
+            f"Medusa heads {where} have hidden_size={heads.hidden_size}, vocab_size={heads.vocab_size} but the "
+            f"target has hidden_size={hidden_size}, vocab_size={vocab_size}; the heads must be trained on this target"
+        )
+
+
+def load_medusa(config: MedusaDecodingConfig, context: MethodContext) -> LoadedMedusa:
+    """Load the heads in the target's dtype and device, and check they fit the target and the tree.
+
+    Raises:
+        FileNotFoundError: no head directory (config.json or weights missing).
+        ValueError: the heads' sizes differ from the target's; the tree is deeper than the heads (or
+            wants more candidates than the vocabulary); the target's attention cannot take a tree mask;
+            no ``speculative_model_dir`` outside an engine directory; a malformed head directory.
+    """
+    from ..tree_verify import TREE_MASK_ATTENTION
+
+    target = context.target
+    path = resolve_medusa_dir(config.speculative_model_dir, context.base_dir)
+    heads = load_medusa_heads(path, num_heads=config.num_medusa_heads, dtype=target.dtype).to(target.device)
+    text_config = target.config.get_text_config()
+    check_heads_fit(heads.config, hidden_size=int(text_config.hidden_size), vocab_size=int(text_config.vocab_size), where=path)
+    MedusaProposer(heads, config.tree)  # raises on a tree the heads cannot fill
+    attention = getattr(target.config, "_attn_implementation", None)
+    if attention not in TREE_MASK_ATTENTION:
+        raise ValueError(
+            f"Medusa tree verification needs the target's attn_implementation in {TREE_MASK_ATTENTION}, it uses {attention!r}"
+        )
+    return LoadedMedusa(config, heads, path)
+
+
+def make_medusa_proposer(loaded: LoadedMedusa) -> MedusaProposer:
+    """A request's proposer over the engine's heads and full tree."""
+    return MedusaProposer(loaded.heads, loaded.config.tree)

@@ -1,0 +1,721 @@
+"""EAGLE-1/2 draft heads (Li et al. 2024): the on-disk format, the head forward, and tree drafting.
+
+EAGLE (§3) drafts at the *feature* level: the head reads the target's feature at position ``j`` together
+with the embedding of the token at ``j + 1`` and predicts the feature at ``j + 1``; the target's own LM
+head turns a predicted feature into a token distribution::
+
+    x_j   = fc([embed(c_{j+1}) ; f_j])                    [2H] -> [H]
+    f'_j  = DecoderLayers(x_0 .. x_j)                      causal, rotary position j, the head's own KV cache
+    p     = softmax(lm_head(f'_j))                         distribution of c_{j+2} (no final norm)
+
+The feature ``f_j`` is the target's last hidden state AFTER its final norm, i.e. the LM head's input:
+SafeAILab/EAGLE ``ea_model.py`` takes ``outputs[0]`` of ``base_model.model`` (LlamaModel, which ends with
+``self.norm``) and ``cnets1.py`` applies ``lm_head`` to the head's output directly. That is
+``TreeForward.hidden`` / ``hidden_states[-1]`` in transformers, so verification needs no extra pass.
+
+Worked alignment, context ``c_0 .. c_{N-1}`` with root ``c_{N-1}`` (the last emitted token, not yet in the
+target's cache)::
+
+    head position  | 0          1          ...  N-2
+    token input    | c_1        c_2        ...  c_{N-1} (the root)
+    feature input  | f_0        f_1        ...  f_{N-2}
+    output         | f'_0 ...                   f'_{N-2} -> lm_head -> depth-1 candidates (c_N)
+
+A depth-``d`` draft node with token ``t`` sits at head position ``N - 2 + d``, reads ``[embed(t) ;
+output of its parent]`` and attends to the cache and its own draft ancestors; its output gives its
+children's candidates. Draft positions are dropped after each step; the target's true features of the
+accepted tokens replace them (:meth:`EagleProposer.update`).
+
+Trees:
+- static (``eagle_choices``, TensorRT-LLM; depth must equal ``num_eagle_layers``, TensorRT-LLM#2588):
+  child index ``c`` of a node holds the ``c``-th most likely token of that node's head distribution.
+- dynamic (EAGLE-2, Li et al. 2024b, §4; ``use_dynamic_tree`` + ``dynamic_tree_max_topK`` = K): expand the
+  root's top-K children, then at every further depth the K nodes with the highest cumulative draft
+  log-probability each get their top-K children; finally keep the ``max_draft_len`` best nodes of all
+  generated (reranking), which is a connected tree because a child never scores above its parent.
+
+On disk (a directory; TensorRT-LLM ``examples/eagle/convert_checkpoint.py --eagle_model_dir``)::
+
+    config.json        LlamaConfig-style: hidden_size, intermediate_size, num_attention_heads,
+                       num_key_value_heads, num_hidden_layers, rms_norm_eps, max_position_embeddings
+                       (optional: rope_theta, rope_scaling, head_dim, hidden_act="silu", vocab_size)
+    model.safetensors  fc.weight [H, 2H] (+ fc.bias [H], EAGLE-1's default), and per layer N
+                       layers.N.self_attn.{q,k,v,o}_proj.weight, layers.N.mlp.{gate,up,down}_proj.weight,
+                       layers.N.post_attention_layernorm.weight, layers.N.input_layernorm.weight (N > 0
+                       only: the first layer has none, its input is fc's output); no final norm.
+                       embed_tokens.weight (EAGLE's checkpoints carry a frozen copy) is accepted and
+                       ignored: embeddings and lm_head are the target's.
+    (or pytorch_model.bin / model.pt, read only with torch.load(weights_only=True))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import (
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+from ..tree import MC_SIM_7B_63, SpecTree
+
+SAFETENSORS_NAME = "model.safetensors"
+PT_NAMES = ("pytorch_model.bin", "model.pt")
+IGNORED_TENSORS = ("embed_tokens.weight",)
+
+
+# --- format --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """The head's config.json (LlamaConfig names); other keys in the file are ignored.
+
+    Raises (on construction):
+        ValueError: a size not a positive integer, heads not dividing the hidden size, or an activation
+            other than ``silu``.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_hidden_layers: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    vocab_size: int | None = None
+
+    REQUIRED = (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+        "rms_norm_eps", "max_position_embeddings",
+    )
+
+    def __post_init__(self) -> None:
+        sizes = ["hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                 "num_hidden_layers", "max_position_embeddings"]
+        for name in sizes + [n for n in ("head_dim", "vocab_size") if getattr(self, n) is not None]:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EAGLE config {name} must be an integer >= 1, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"EAGLE config num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"EAGLE config hidden_size={self.hidden_size} is not divisible by num_attention_heads")
+        if self.hidden_act != "silu":
+            raise ValueError(f"EAGLE config hidden_act {self.hidden_act!r} is not supported; the Llama head uses 'silu'")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], where: str = "config.json") -> EagleConfig:
+        """Pick the known keys of ``raw``; ``where`` names the file in errors.
+
+        Raises:
+            ValueError: a required key missing (the message lists them) or a value invalid.
+        """
+        missing = [k for k in cls.REQUIRED if k not in raw]
+        if missing:
+            raise ValueError(f"{where}: missing key(s) {missing}")
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw and raw[k] is not None})
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def expected_shapes(self, *, fc_bias: bool) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> shape of every weight the format holds (``fc.bias`` only with ``fc_bias``)."""
+        hidden, inter, d = self.hidden_size, self.intermediate_size, self.attention_head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        shapes: dict[str, tuple[int, ...]] = {"fc.weight": (hidden, 2 * hidden)}
+        if fc_bias:
+            shapes["fc.bias"] = (hidden,)
+        for n in range(self.num_hidden_layers):
+            layer = {
+                "self_attn.q_proj.weight": (q, hidden), "self_attn.k_proj.weight": (kv, hidden),
+                "self_attn.v_proj.weight": (kv, hidden), "self_attn.o_proj.weight": (hidden, q),
+                "mlp.gate_proj.weight": (inter, hidden), "mlp.up_proj.weight": (inter, hidden),
+                "mlp.down_proj.weight": (hidden, inter), "post_attention_layernorm.weight": (hidden,),
+            }
+            if n > 0:
+                layer["input_layernorm.weight"] = (hidden,)
+            shapes |= {f"layers.{n}.{k}": v for k, v in layer.items()}
+        return shapes
+
+    def rotary_config(self) -> LlamaConfig:
+        """A LlamaConfig carrying only what :class:`LlamaRotaryEmbedding` reads (theta, scaling, head dim)."""
+        return LlamaConfig(
+            hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.attention_head_dim,
+            max_position_embeddings=self.max_position_embeddings, rope_theta=self.rope_theta,
+            rope_scaling=self.rope_scaling,
+        )
+
+
+def load_eagle_head(head_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> EagleHead:
+    """Load an EAGLE-1/2 head from ``head_dir`` (config.json + model.safetensors, or a weights-only .bin/.pt).
+
+    Raises:
+        FileNotFoundError: no config.json, or no weight file.
+        ValueError: a config key missing or invalid; a tensor missing, unexpected or of the wrong shape
+            (the message names it).
+        pickle.UnpicklingError: a .pt/.bin holding anything but tensors (``weights_only=True`` refuses it).
+    """
+    head_dir = Path(head_dir)
+    config_path = head_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: not an EAGLE head directory")
+    config = EagleConfig.from_dict(json.loads(config_path.read_text()), str(config_path))
+    state = {k: v for k, v in _read_weights(head_dir).items() if k not in IGNORED_TENSORS}
+    fc_bias = "fc.bias" in state
+    _check_state(state, config, head_dir, fc_bias=fc_bias)
+    head = EagleHead(config, fc_bias=fc_bias)
+    head.load_state_dict(state, strict=True)
+    return head.to(dtype).eval()
+
+
+def save_eagle_head(head_dir: str | Path, state: Mapping[str, torch.Tensor], config: EagleConfig) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` to ``head_dir`` (created); returns ``head_dir``.
+
+    Args:
+        state: on-disk names -> tensors, e.g. ``EagleHead(config).state_dict()``; ``fc.bias`` optional.
+
+    Raises:
+        ValueError: a tensor missing, unexpected or of the wrong shape for ``config``.
+    """
+    head_dir = Path(head_dir)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    _check_state(tensors, config, head_dir, fc_bias="fc.bias" in tensors)
+    head_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(head_dir / SAFETENSORS_NAME))
+    raw = {k: v for k, v in asdict(config).items() if v is not None}
+    (head_dir / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **raw}, indent=2) + "\n")
+    return head_dir
+
+
+def _read_weights(head_dir: Path) -> dict[str, torch.Tensor]:
+    if (head_dir / SAFETENSORS_NAME).is_file():
+        return load_file(str(head_dir / SAFETENSORS_NAME))
+    for name in PT_NAMES:
+        if (head_dir / name).is_file():
+            return torch.load(head_dir / name, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{head_dir}: none of {[SAFETENSORS_NAME, *PT_NAMES]} found")
+
+
+def _check_state(state: Mapping[str, torch.Tensor], config: EagleConfig, where: Path, *, fc_bias: bool) -> None:
+    expected = config.expected_shapes(fc_bias=fc_bias)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{where}: EAGLE weights do not match num_hidden_layers={config.num_hidden_layers} "
+            f"(layer 0 has no input_layernorm, there is no final norm): missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"{where}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}")
+
+
+# --- the head ------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm, ``weight`` [H]."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's keys and values, ``[num_kv_heads, S, head_dim]`` each."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.keys.shape[1]
+
+    def cat(self, other: LayerKV) -> LayerKV:
+        return LayerKV(torch.cat([self.keys, other.keys], 1), torch.cat([self.values, other.values], 1))
+
+
+class Attention(nn.Module):
+    """Llama self-attention with grouped KV heads; the caller owns the past keys/values."""
+
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__()
+        d, hidden = config.attention_head_dim, config.hidden_size
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, past: LayerKV | None
+    ) -> tuple[torch.Tensor, LayerKV]:
+        """``x [S, H]``, ``mask [S, P + S]`` bool (True = attend), ``past`` ``P`` positions -> ``[S, H]``, new KV."""
+        s = x.shape[0]
+        q = self.q_proj(x).view(s, self.num_heads, self.head_dim).transpose(0, 1)  # [nH, S, d]
+        k = self.k_proj(x).view(s, self.num_kv_heads, self.head_dim).transpose(0, 1)  # [nKV, S, d]
+        v = self.v_proj(x).view(s, self.num_kv_heads, self.head_dim).transpose(0, 1)  # [nKV, S, d]
+        cos, sin = rotary  # [S, d] each
+        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
+        new = LayerKV(k, v)
+        full = new if past is None else past.cat(new)  # [nKV, P + S, d]
+        groups = self.num_heads // self.num_kv_heads
+        keys = full.keys.repeat_interleave(groups, dim=0)  # [nH, P + S, d]
+        values = full.values.repeat_interleave(groups, dim=0)
+        out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [nH, S, d]
+        return self.o_proj(out.transpose(0, 1).reshape(s, -1)), new
+
+
+class MLP(nn.Module):
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """A Llama decoder layer; layer 0 has no ``input_layernorm`` (EAGLE ``cnets1.py``: its input is fc's output)."""
+
+    def __init__(self, config: EagleConfig, index: int) -> None:
+        super().__init__()
+        if index > 0:
+            self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, past: LayerKV | None
+    ) -> tuple[torch.Tensor, LayerKV]:
+        normed = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        attended, new = self.self_attn(normed, rotary, mask, past)
+        x = x + attended
+        return x + self.mlp(self.post_attention_layernorm(x)), new
+
+
+class EagleHead(nn.Module):
+    """fc + decoder layers; ``state_dict()`` keys are exactly the on-disk names. Pure: KV is passed in and out."""
+
+    def __init__(self, config: EagleConfig, *, fc_bias: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=fc_bias)
+        self.layers = nn.ModuleList(DecoderLayer(config, n) for n in range(config.num_hidden_layers))
+        self.rotary = LlamaRotaryEmbedding(config.rotary_config())
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        past: Sequence[LayerKV] | None = None,
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
+        """Predicted next features for ``S`` new positions.
+
+        Args:
+            embeds: ``[S, H]`` target token embeddings of ``c_{j+1}``.
+            features: ``[S, H]`` features ``f_j`` (target's, or the head's own output for draft nodes).
+            positions: ``[S]`` long, rotary positions ``j``.
+            mask: ``[S, P + S]`` bool, True where new position ``s`` may attend (past first, then new).
+            past: per layer ``P`` cached positions, or None (``P = 0``).
+
+        Returns:
+            ``([S, H]`` predicted features ``f'_j``, per layer the ``S`` new positions' KV``)``.
+        """
+        x = self.fc(torch.cat([embeds, features], dim=-1))  # [S, H]
+        cos, sin = self.rotary(x, positions[None])  # [1, S, d] each
+        rotary = (cos[0].to(x.dtype), sin[0].to(x.dtype))
+        new_kv: list[LayerKV] = []
+        for n, layer in enumerate(self.layers):
+            x, kv = layer(x, rotary, mask, None if past is None else past[n])
+            new_kv.append(kv)
+        return x, new_kv
+
+
+# --- drafting ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EagleTreeConfig:
+    """How the proposer grows its tree (TensorRT-LLM ``EagleDecodingConfig`` names).
+
+    Attributes:
+        num_eagle_layers: tree depth (draft tokens one step can accept at most).
+        max_draft_len: draft nodes per step at most.
+        eagle_choices: static tree paths; None with ``dynamic_tree_max_topK`` None -> :data:`MC_SIM_7B_63`
+            (EAGLE-1's default tree, depth 4).
+        dynamic_tree_max_topK: EAGLE-2's K (frontier nodes per depth and children per node); set -> dynamic tree.
+
+    Raises (on construction):
+        ValueError: depth of ``eagle_choices`` != ``num_eagle_layers`` (TensorRT-LLM#2588), more choices
+            than ``max_draft_len``, both a static and a dynamic tree, or a count < 1.
+    """
+
+    num_eagle_layers: int = 4
+    max_draft_len: int = 63
+    eagle_choices: tuple[tuple[int, ...], ...] | None = None
+    dynamic_tree_max_topK: int | None = None
+    static_tree: SpecTree | None = field(init=False, default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.eagle_choices is not None:
+            object.__setattr__(self, "eagle_choices", tuple(tuple(path) for path in self.eagle_choices))
+        for name in ("num_eagle_layers", "max_draft_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dynamic_tree_max_topK is not None:
+            if self.eagle_choices is not None:
+                raise ValueError("use_dynamic_tree builds the tree at run time; remove eagle_choices")
+            if self.dynamic_tree_max_topK < 1:
+                raise ValueError(f"dynamic_tree_max_topK must be >= 1, got {self.dynamic_tree_max_topK}")
+            return
+        choices = MC_SIM_7B_63 if self.eagle_choices is None else self.eagle_choices
+        tree = SpecTree.from_choices(choices)
+        if tree.max_depth != self.num_eagle_layers:
+            raise ValueError(
+                f"eagle_choices are {tree.max_depth} deep but num_eagle_layers is {self.num_eagle_layers}; "
+                "TensorRT-LLM requires them to be equal (TensorRT-LLM#2588)"
+            )
+        if tree.num_nodes > self.max_draft_len:
+            raise ValueError(f"eagle_choices has {tree.num_nodes} nodes, more than max_draft_len {self.max_draft_len}")
+        object.__setattr__(self, "static_tree", tree)
+
+
+@dataclass
+class EagleState:
+    """One request's head state: the KV of every position fed with a TRUE target feature.
+
+    Attributes:
+        kv: per head layer ``[num_kv_heads, P, head_dim]`` keys/values; ``P`` = context length - 1.
+        last_output: ``[H]`` head output at position ``P - 1`` (predicts the root's successor's feature).
+    """
+
+    kv: list[LayerKV] | None = None
+    last_output: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.kv is None else len(self.kv[0])
+
+
+@dataclass(frozen=True)
+class TreeDraft:
+    """A proposed tree and its tokens ``[1 + tree.num_nodes]`` (root first, node order of ``tree``)."""
+
+    tree: SpecTree
+    tokens: list[int]
+
+
+@dataclass
+class _Node:
+    """A draft node while the tree grows: parent index into the node list (-1 = root), child rank, score."""
+
+    token: int
+    parent: int
+    rank: int
+    depth: int
+    score: float  # cumulative draft log-probability from the root
+
+
+class EagleProposer:
+    """Grows EAGLE trees for requests of one target (stateless itself; per-request :class:`EagleState`).
+
+    Use: ``state = proposer.new_state()``; ``proposer.update(state, tokens, features)`` with the prefill's
+    features; then per step ``draft = proposer.propose(state, root, max_depth)``, verify, and
+    ``proposer.update(state, emitted_tokens, features_of_root_and_accepted_nodes)``.
+    """
+
+    def __init__(self, target: PreTrainedModel, head: EagleHead, tree_config: EagleTreeConfig) -> None:
+        """Raises: ValueError if the head's hidden size or vocabulary differs from the target's, or the tree
+        wants more candidates per node than the vocabulary has."""
+        embedding, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+        vocab, hidden = embedding.weight.shape
+        if head.config.hidden_size != hidden:
+            raise ValueError(f"EAGLE head hidden_size {head.config.hidden_size} != target hidden_size {hidden}")
+        if head.config.vocab_size not in (None, vocab):
+            raise ValueError(f"EAGLE head vocab_size {head.config.vocab_size} != target vocabulary {vocab}")
+        widest = tree_config.dynamic_tree_max_topK or max(tree_config.static_tree.top_k_per_depth, default=0)
+        if widest > vocab:
+            raise ValueError(f"the tree needs top-{widest} candidates, the vocabulary has {vocab} tokens")
+        self.embedding, self.lm_head, self.head, self.tree_config = embedding, lm_head, head, tree_config
+
+    @staticmethod
+    def new_state() -> EagleState:
+        return EagleState()
+
+    def update(self, state: EagleState, next_tokens: Sequence[int], features: torch.Tensor) -> None:
+        """Append ``m`` true positions: ``features [m, H]`` (target, final-norm) paired with the tokens they produced.
+
+        After the prefill: features of every prompt position and ``prompt[1:] + [first_token]``. After a
+        step: features at tree indices ``[0, *accepted_nodes]`` and ``acceptance.emitted_tokens``.
+        """
+        m, past = len(next_tokens), state.length
+        device = self.embedding.weight.device
+        tokens = torch.tensor(list(next_tokens), dtype=torch.long, device=device)
+        mask = torch.ones(m, past + m, dtype=torch.bool, device=device).tril(diagonal=past)  # causal
+        positions = torch.arange(past, past + m, device=device)
+        out, new_kv = self.head(self.embedding(tokens), features.to(self._dtype), positions, mask, state.kv)
+        state.kv = new_kv if state.kv is None else [old.cat(new) for old, new in zip(state.kv, new_kv)]
+        state.last_output = out[-1]
+
+    def propose(self, state: EagleState, root: int, max_depth: int) -> TreeDraft:
+        """The tree for this step, at most ``max_depth`` deep (``0`` -> root only); ``state`` is unchanged.
+
+        Raises:
+            ValueError: ``state`` was never updated (no prefill features).
+        """
+        if state.last_output is None:
+            raise ValueError("EagleState has no features yet: call update() with the prefill's features first")
+        depth = min(max_depth, self.tree_config.num_eagle_layers)
+        if depth <= 0:
+            return TreeDraft(SpecTree.from_choices([]), [root])
+        if self.tree_config.dynamic_tree_max_topK is None:
+            return self._static(state, root, self.tree_config.static_tree.truncated(depth))
+        return self._dynamic(state, root, depth)
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.head.fc.weight.dtype
+
+    def _log_probs(self, outputs: torch.Tensor) -> torch.Tensor:
+        """``[b, H]`` head outputs -> ``[b, vocab]`` draft log-probabilities through the target's lm_head."""
+        return torch.log_softmax(self.lm_head(outputs.to(self.lm_head.weight.dtype)).float(), dim=-1)
+
+    def _static(self, state: EagleState, root: int, tree: SpecTree) -> TreeDraft:
+        """Fill ``tree``: child rank ``c`` of index ``i`` gets the ``c``-th best token of ``i``'s distribution."""
+        tokens = [root] + [0] * tree.num_nodes
+        drafted = DraftKV(self, state)
+        frontier, outputs = [0], state.last_output[None]  # index 0 (root) uses the cached last output
+        for depth in range(1, tree.max_depth + 1):
+            top_k = tree.top_k_per_depth[depth - 1]
+            candidates = self._log_probs(outputs).topk(top_k, dim=-1).indices.tolist()  # [len(frontier), top_k]
+            row = {index: r for r, index in enumerate(frontier)}
+            level = [n for n in range(1, tree.num_nodes + 1) if tree.depths[n] == depth]
+            for node in level:
+                tokens[node] = candidates[row[tree.parents[node]]][tree.paths[node - 1][-1]]
+            frontier = [n for n in level if tree.children[n]]
+            if not frontier:
+                break
+            parent_out = [outputs[row[tree.parents[n]]] for n in frontier]
+            outputs = drafted.forward(
+                [tokens[n] for n in frontier], torch.stack(parent_out), depth,
+                [tree.path_to(n)[1:-1] for n in frontier], frontier,
+            )
+        return TreeDraft(tree, tokens)
+
+    def _dynamic(self, state: EagleState, root: int, depth: int) -> TreeDraft:
+        """EAGLE-2 (§4): expand the top-K nodes per depth by cumulative log-prob, rerank, keep max_draft_len."""
+        k = self.tree_config.dynamic_tree_max_topK
+        nodes: list[_Node] = []
+        drafted = DraftKV(self, state)
+        frontier, outputs = [-1], state.last_output[None]  # -1: the root
+        for d in range(1, depth + 1):
+            top = self._log_probs(outputs).topk(k, dim=-1)  # values/indices [len(frontier), K]
+            children: list[int] = []
+            for r, parent in enumerate(frontier):
+                base = 0.0 if parent < 0 else nodes[parent].score
+                for rank in range(k):
+                    children.append(len(nodes))
+                    nodes.append(_Node(int(top.indices[r, rank]), parent, rank, d, base + float(top.values[r, rank])))
+            if d == depth:
+                break
+            chosen = sorted(children, key=lambda n: -nodes[n].score)[:k]
+            row = {p: r for r, p in enumerate(frontier)}
+            outputs = drafted.forward(
+                [nodes[n].token for n in chosen], torch.stack([outputs[row[nodes[n].parent]] for n in chosen]), d,
+                [_ancestors(nodes, n) for n in chosen], chosen,
+            )
+            frontier = chosen
+        return _rerank(nodes, root, self.tree_config.max_draft_len)
+
+
+class DraftKV:
+    """Draft positions' KV for one propose() call, kept apart from the request's true-feature cache."""
+
+    def __init__(self, proposer: EagleProposer, state: EagleState) -> None:
+        self.proposer, self.state = proposer, state
+        self.kv: list[LayerKV] | None = None
+        self.ids: list[int] = []  # node id per draft position, in order
+
+    def forward(
+        self, tokens: list[int], parent_outputs: torch.Tensor, depth: int, ancestors: list[list[int]], ids: list[int]
+    ) -> torch.Tensor:
+        """Run ``b`` draft nodes of one depth; each attends to the true cache, its drafted ancestors and itself.
+
+        Args:
+            parent_outputs: ``[b, H]`` the parents' head outputs (their predicted features).
+            ancestors: per node the ids of its draft ancestors (depth >= 1, itself excluded).
+
+        Returns: ``[b, H]`` the nodes' outputs.
+        """
+        proposer, state = self.proposer, self.state
+        b, past, drafted = len(tokens), state.length, len(self.ids)
+        device = parent_outputs.device
+        position = {node: p for p, node in enumerate(self.ids)}
+        mask = torch.zeros(b, past + drafted + b, dtype=torch.bool, device=device)
+        mask[:, :past] = True
+        for row, node_ancestors in enumerate(ancestors):
+            mask[row, [past + position[a] for a in node_ancestors]] = True
+            mask[row, past + drafted + row] = True
+        kv = state.kv if self.kv is None else [t.cat(d) for t, d in zip(state.kv, self.kv)]
+        positions = torch.full((b,), past + depth - 1, dtype=torch.long, device=device)
+        tokens_t = torch.tensor(tokens, dtype=torch.long, device=device)
+        out, new_kv = proposer.head(proposer.embedding(tokens_t), parent_outputs, positions, mask, kv)
+        self.kv = new_kv if self.kv is None else [old.cat(new) for old, new in zip(self.kv, new_kv)]
+        self.ids += ids
+        return out
+
+
+def _ancestors(nodes: list[_Node], node: int) -> list[int]:
+    """Draft ancestors of ``node`` (root excluded, ``node`` excluded), nearest last."""
+    chain, parent = [], nodes[node].parent
+    while parent >= 0:
+        chain.append(parent)
+        parent = nodes[parent].parent
+    return chain[::-1]
+
+
+def _rerank(nodes: list[_Node], root: int, max_draft_len: int) -> TreeDraft:
+    """Keep the ``max_draft_len`` best nodes (score desc, then shallower first) as a :class:`SpecTree`.
+
+    A child's score is its parent's plus a log-probability <= 0, and ties go to the shallower node, so a
+    parent always ranks before its children and the kept set is a connected tree.
+    """
+    order = sorted(range(len(nodes)), key=lambda n: (-nodes[n].score, nodes[n].depth, n))[:max_draft_len]
+    paths: dict[int, tuple[int, ...]] = {}
+    for n in sorted(order, key=lambda n: nodes[n].depth):
+        parent = nodes[n].parent
+        if parent >= 0 and parent not in paths:
+            raise AssertionError(f"reranked tree is not connected at node {n}")
+        paths[n] = (paths[parent] if parent >= 0 else ()) + (nodes[n].rank,)
+    tree = SpecTree.from_choices(list(paths.values()))
+    token_of = {paths[n]: nodes[n].token for n in paths}
+    return TreeDraft(tree, [root, *(token_of[p] for p in tree.paths)])
+
+
+# --- the reference engine's "Eagle" method: speculative_config -> head loaded once -> proposer ---------
+
+EAGLE_SUBDIR = "eagle"  # where the builder puts the head inside an engine directory
+_CONFIG_KEYS = (
+    "decoding_type", "max_draft_len", "num_eagle_layers", "max_non_leaves_per_layer", "eagle_choices",
+    "use_dynamic_tree", "dynamic_tree_max_topK", "posterior_threshold", "greedy_sampling", "eagle3_one_model",
+    "speculative_model_dir",
+)
+
+
+@dataclass(frozen=True)
+class EagleDecodingConfig:
+    """TensorRT-LLM LLM-API ``EagleDecodingConfig`` keys, parsed (build it with :meth:`from_dict`).
+
+    Attributes:
+        tree: how the proposer grows its tree.
+        speculative_model_dir: the head directory; relative paths resolve against the engine directory;
+            None -> ``engine_dir/eagle`` (where the builder writes it).
+    """
+
+    tree: EagleTreeConfig
+    speculative_model_dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> EagleDecodingConfig:
+        """Parse e.g. ``{"decoding_type": "Eagle", "max_draft_len": 60, "num_eagle_layers": 5,
+        "use_dynamic_tree": True, "dynamic_tree_max_topK": 8}``.
+
+        ``max_non_leaves_per_layer`` and ``greedy_sampling`` are accepted and have no effect here (the
+        dynamic tree expands ``dynamic_tree_max_topK`` nodes per depth; decoding is greedy).
+
+        Raises:
+            ValueError: unknown keys; ``posterior_threshold`` set (typical acceptance is not implemented);
+                ``use_dynamic_tree`` without ``dynamic_tree_max_topK``; any :class:`EagleTreeConfig` error
+                (e.g. eagle_choices depth != num_eagle_layers, TensorRT-LLM#2588).
+        """
+        unknown = sorted(set(config) - set(_CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"unknown Eagle speculative_config keys {unknown}; allowed: {sorted(_CONFIG_KEYS)}")
+        if config.get("posterior_threshold") is not None:
+            raise ValueError("speculative_config.posterior_threshold (typical acceptance) is not supported; decoding is greedy")
+        dynamic = bool(config.get("use_dynamic_tree", False))
+        if dynamic and config.get("dynamic_tree_max_topK") is None:
+            raise ValueError("use_dynamic_tree needs dynamic_tree_max_topK (candidates per node)")
+        choices = config.get("eagle_choices")
+        tree = EagleTreeConfig(
+            num_eagle_layers=config.get("num_eagle_layers", 4),
+            max_draft_len=config.get("max_draft_len", 63),
+            eagle_choices=None if choices is None else tuple(tuple(c) for c in choices),
+            dynamic_tree_max_topK=config.get("dynamic_tree_max_topK") if dynamic else None,
+        )
+        return cls(tree, config.get("speculative_model_dir"))
+
+
+@dataclass(frozen=True)
+class LoadedEagle:
+    """The head of one engine, loaded once (target dtype and device) and shared by its requests."""
+
+    config: EagleDecodingConfig
+    proposer: EagleProposer
+    path: Path
+
+
+def resolve_eagle_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
+    """The head directory: (None, /e) -> /e/eagle; ("h", /e) -> /e/h; ("/abs/h", /e) -> /abs/h; ("h", None) -> h.
+
+    Raises:
+        ValueError: ``speculative_model_dir`` is None outside an engine directory.
+    """
+    if speculative_model_dir is None:
+        if base_dir is None:
+            raise ValueError("Eagle speculative_config needs speculative_model_dir (the EAGLE head directory)")
+        return base_dir / EAGLE_SUBDIR
+    path = Path(speculative_model_dir)
+    return path if path.is_absolute() or base_dir is None else base_dir / path
+
+
+def load_eagle(config: EagleDecodingConfig, context: Any) -> LoadedEagle:
+    """Load the head (a :class:`~specbuild.engine.methods.base.MethodContext` gives target and base_dir).
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`load_eagle_head`; a head that does not fit the target
+            (:class:`EagleProposer`); a target attention that cannot take a tree mask.
+    """
+    from ..tree_verify import TREE_MASK_ATTENTION
+
+    target = context.target
+    path = resolve_eagle_dir(config.speculative_model_dir, context.base_dir)
+    head = load_eagle_head(path, dtype=target.dtype).to(target.device)
+    attention = getattr(target.config, "_attn_implementation", None)
+    if attention not in TREE_MASK_ATTENTION:
+        raise ValueError(f"EAGLE tree verification needs the target's attn_implementation in {TREE_MASK_ATTENTION}, it uses {attention!r}")
+    return LoadedEagle(config, EagleProposer(target, head, config.tree), path)
+
+
+def make_eagle_proposer(loaded: LoadedEagle) -> EagleProposer:
+    """The engine's proposer (stateless; each request holds its own :class:`EagleState`)."""
+    return loaded.proposer

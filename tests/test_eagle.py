@@ -1,0 +1,412 @@
+"""EAGLE-1/2: the head format (load/save), the head forward and its cache, static and dynamic trees,
+and greedy equivalence of EAGLE decoding with plain decoding."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+from specbuild.engine import eagle_decode
+from specbuild.engine import target as target_model
+from specbuild.engine.eagle_decode import (
+    eagle_generate_greedy,
+    generate_feature_tree_greedy,
+)
+from specbuild.engine.methods.base import MethodContext
+from specbuild.engine.methods.eagle import (
+    DecoderLayer,
+    DraftKV,
+    EagleConfig,
+    EagleDecodingConfig,
+    EagleHead,
+    EagleProposer,
+    EagleTreeConfig,
+    TreeDraft,
+    load_eagle,
+    load_eagle_head,
+    save_eagle_head,
+)
+from specbuild.engine.tree import SpecTree
+from transformers import GenerationConfig
+
+VOCAB, HIDDEN = 384, 64
+CONFIG = EagleConfig(
+    hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
+    rms_norm_eps=1e-6, max_position_embeddings=512,
+)
+USER_CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # depth 3
+PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42]]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(model) -> list[list[int]]:
+    config = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
+    with torch.inference_mode():
+        return [model.generate(torch.tensor([p]), generation_config=config)[0, len(p) :].tolist() for p in PROMPTS]
+
+
+def _random_head(config: EagleConfig = CONFIG, seed: int = 0, fc_bias: bool = True) -> EagleHead:
+    torch.manual_seed(seed)
+    return EagleHead(config, fc_bias=fc_bias).eval()
+
+
+def _pass_through_head() -> EagleHead:
+    """fc = [0 | I] and the layer's outputs zeroed: the head's output is its input feature, so lm_head of it
+    guesses the root again ("repeat" drafts, accepted where the tiny model repeats itself)."""
+    head = _random_head()
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.bias.zero_()
+        head.fc.weight[:, HIDDEN:] = torch.eye(HIDDEN)
+        head.layers[0].self_attn.o_proj.weight.zero_()
+        head.layers[0].mlp.down_proj.weight.zero_()
+    return head
+
+
+def _causal(n: int, past: int = 0) -> torch.Tensor:
+    return torch.ones(n, past + n, dtype=torch.bool).tril(diagonal=past)
+
+
+# --- format ------------------------------------------------------------------------------------
+
+
+def test_state_dict_uses_the_on_disk_names():
+    config = EagleConfig(**{**CONFIG.__dict__, "num_hidden_layers": 2})
+    state = EagleHead(config).state_dict()
+    assert {k: tuple(v.shape) for k, v in state.items()} == config.expected_shapes(fc_bias=True)
+    assert "layers.0.input_layernorm.weight" not in state and "layers.1.input_layernorm.weight" in state
+    assert state["fc.weight"].shape == (HIDDEN, 2 * HIDDEN)
+    assert not any(k.startswith("norm") for k in state), "EAGLE-1/2 heads have no final norm"
+
+
+@pytest.mark.parametrize("fc_bias", [True, False])
+def test_save_load_round_trip(tmp_path, fc_bias):
+    head = _random_head(fc_bias=fc_bias)
+    save_eagle_head(tmp_path, head.state_dict(), CONFIG)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((tmp_path / "config.json").read_text())["num_hidden_layers"] == 1
+    loaded = load_eagle_head(tmp_path)
+    assert loaded.config == CONFIG and (loaded.fc.bias is not None) == fc_bias
+    for (name, tensor), (loaded_name, loaded_tensor) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert name == loaded_name and torch.equal(tensor, loaded_tensor)
+
+
+def test_load_eagle_release_layout(tmp_path):
+    """SafeAILab releases: pytorch_model.bin with a frozen embed_tokens copy and extra LlamaConfig keys."""
+    head = _random_head()
+    (tmp_path / "config.json").write_text(json.dumps({**CONFIG.__dict__, "rope_scaling": None, "vocab_size": VOCAB,
+                                                      "architectures": ["LlamaForCausalLM"], "bos_token_id": 1}))
+    torch.save({**head.state_dict(), "embed_tokens.weight": torch.zeros(VOCAB, HIDDEN)}, tmp_path / "pytorch_model.bin")
+    loaded = load_eagle_head(tmp_path)
+    assert loaded.config.vocab_size == VOCAB
+    torch.testing.assert_close(loaded.fc.weight, head.fc.weight)
+
+
+class _NotAWeight:
+    pass
+
+
+def test_pt_with_arbitrary_objects_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG.__dict__))
+    torch.save({"fc.weight": _NotAWeight()}, tmp_path / "model.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        load_eagle_head(tmp_path)
+
+
+def test_format_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not an EAGLE head directory"):
+        load_eagle_head(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": HIDDEN}))
+    with pytest.raises(ValueError, match=r"missing key\(s\) \['intermediate_size', 'num_attention_heads'"):
+        load_eagle_head(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG.__dict__))
+    with pytest.raises(FileNotFoundError, match=r"none of \['model.safetensors', 'pytorch_model.bin', 'model.pt'\]"):
+        load_eagle_head(tmp_path)
+    with pytest.raises(ValueError, match="num_key_value_heads=3"):
+        EagleConfig(**{**CONFIG.__dict__, "num_key_value_heads": 3})
+    state = _random_head().state_dict()
+    with pytest.raises(ValueError, match=r"tensor fc\.weight has shape \(64, 64\), expected \(64, 128\)"):
+        save_eagle_head(tmp_path, {**state, "fc.weight": torch.zeros(HIDDEN, HIDDEN)}, CONFIG)
+    with pytest.raises(ValueError, match=r"unexpected \['layers\.0\.input_layernorm\.weight'\]"):
+        save_eagle_head(tmp_path, {**state, "layers.0.input_layernorm.weight": torch.ones(HIDDEN)}, CONFIG)
+    with pytest.raises(ValueError, match=r"missing \['layers\.1\.input_layernorm\.weight'"):
+        save_eagle_head(tmp_path, state, EagleConfig(**{**CONFIG.__dict__, "num_hidden_layers": 2}))
+
+
+# --- the head forward ----------------------------------------------------------------------------
+
+
+def test_decoder_layer_equals_transformers_llama(model):
+    """Our layer (with input_layernorm) is HF's LlamaDecoderLayer: copy the target's layer 0 and compare."""
+    layer = DecoderLayer(CONFIG, index=1)
+    layer.load_state_dict(model.model.layers[0].state_dict())
+    head = _random_head()  # for its rotary embedding
+    tokens = torch.tensor([[17, 203, 44, 91, 300]])
+    with torch.inference_mode():
+        hf = model(input_ids=tokens, output_hidden_states=True).hidden_states
+        rotary = head.rotary(hf[0][0], torch.arange(5)[None])
+        ours, _ = layer(hf[0][0], (rotary[0][0], rotary[1][0]), _causal(5), None)
+    torch.testing.assert_close(ours, hf[1][0], rtol=1e-5, atol=1e-5)
+
+
+def test_incremental_updates_equal_one_pass(model):
+    """Feeding (feature, next token) pairs in chunks gives the KV and outputs of one causal pass."""
+    head, features = _random_head(), torch.randn(7, HIDDEN)
+    tokens = [3, 1, 4, 1, 5, 9, 2]
+    proposer = EagleProposer(model, head, EagleTreeConfig(num_eagle_layers=3, eagle_choices=tuple(map(tuple, USER_CHOICES))))
+    state = proposer.new_state()
+    with torch.inference_mode():
+        proposer.update(state, tokens[:4], features[:4])
+        proposer.update(state, tokens[4:], features[4:])
+        out, kv = head(model.get_input_embeddings()(torch.tensor(tokens)), features, torch.arange(7), _causal(7))
+    assert state.length == 7
+    torch.testing.assert_close(state.last_output, out[-1])
+    torch.testing.assert_close(state.kv[0].keys, kv[0].keys)
+
+
+def _sequential_children(model, head, state, chain: list[int], k: int) -> list[int]:
+    """Top-k after drafting ``chain`` one position at a time on a copy of the cache (no tree mask)."""
+    feature, kv, length = state.last_output, state.kv, state.length
+    embed = model.get_input_embeddings()
+    for i, token in enumerate(chain):
+        out, new = head(embed(torch.tensor([token])), feature[None], torch.tensor([length + i]), _causal(1, length + i), kv)
+        kv = [old.cat(n) for old, n in zip(kv, new)]
+        feature = out[0]
+    return model.lm_head(feature).topk(k).indices.tolist()
+
+
+def _ready_state(model, proposer, prompt):
+    cache = target_model.new_cache(model)
+    first, features = eagle_decode.prefill_features(model, prompt, cache)
+    state = proposer.new_state()
+    proposer.update(state, [*prompt[1:], first], features)
+    return first, state
+
+
+def test_static_tree_children_are_top_k_of_their_parent(model):
+    """Each node's children: the top-k of the head run along that node's own path (siblings unseen)."""
+    head = _random_head(seed=5)
+    choices = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+    proposer = EagleProposer(model, head, EagleTreeConfig(num_eagle_layers=3, eagle_choices=choices))
+    with torch.inference_mode():
+        root, state = _ready_state(model, proposer, PROMPTS[0])
+        draft = proposer.propose(state, root, max_depth=10)
+        token = dict(zip([(), *draft.tree.paths], draft.tokens))
+        assert token[()] == root and draft.tree.max_depth == 3
+        assert [token[(0,)], token[(1,)]] == _sequential_children(model, head, state, [], 2)
+        assert [token[(0, 0)], token[(0, 1)]] == _sequential_children(model, head, state, [token[(0,)]], 2)
+        assert [token[(1, 0)]] == _sequential_children(model, head, state, [token[(1,)]], 1)
+        assert [token[(0, 0, 0)]] == _sequential_children(model, head, state, [token[(0,)], token[(0, 0)]], 1)
+        assert proposer.propose(state, root, max_depth=1).tree.max_depth == 1
+        assert proposer.propose(state, root, max_depth=0).tokens == [root]
+        assert state.length == len(PROMPTS[0]), "drafting must not touch the request's cache"
+
+
+def test_dynamic_tree_expands_the_best_nodes_and_reranks(model):
+    """K=2, depth 3: 2 root children, 2x2 grandchildren, then 2 of them expanded: 2 + 4 + 4 nodes."""
+    head = _random_head(seed=5)
+    with torch.inference_mode():
+        full = EagleProposer(model, head, EagleTreeConfig(num_eagle_layers=3, max_draft_len=63, dynamic_tree_max_topK=2))
+        root, state = _ready_state(model, full, PROMPTS[0])
+        draft = full.propose(state, root, max_depth=10)
+        per_depth = [draft.tree.depths.count(d) for d in (1, 2, 3)]
+        assert per_depth == [2, 4, 4]
+        token = dict(zip([(), *draft.tree.paths], draft.tokens))
+        assert [token[(0,)], token[(1,)]] == _sequential_children(model, head, state, [], 2)
+        assert [token[(1, 0)], token[(1, 1)]] == _sequential_children(model, head, state, [token[(1,)]], 2)
+        deep = next(p for p in draft.tree.paths if len(p) == 3)
+        expected = _sequential_children(model, head, state, [token[deep[:1]], token[deep[:2]]], 2)
+        assert token[deep] == expected[deep[2]]
+        cut = EagleProposer(model, head, EagleTreeConfig(num_eagle_layers=3, max_draft_len=3, dynamic_tree_max_topK=2))
+        small = cut.propose(state, root, max_depth=10)
+    assert small.tree.num_nodes == 3
+    assert set(small.tree.paths) <= set(draft.tree.paths)
+
+
+# --- greedy equivalence ------------------------------------------------------------------------
+
+TREES = {
+    "mc_sim_7b_63": {"num_eagle_layers": 4},
+    "user": {"choices": USER_CHOICES, "num_eagle_layers": 3},
+    "dynamic": {"dynamic_top_k": 3, "num_eagle_layers": 4, "max_draft_len": 16},
+}
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("kind", ["random", "pass_through"])
+def test_eagle_equals_plain_greedy(model, plain_outputs, tree, kind):
+    head = _random_head(seed=3) if kind == "random" else _pass_through_head()
+    accepted = 0
+    for prompt, plain in zip(PROMPTS, plain_outputs):
+        result = eagle_generate_greedy(model, head, prompt, max_tokens=NEW_TOKENS, **TREES[tree])
+        assert result.output_ids == plain, f"prompt {prompt}"
+        assert result.finish_reason == "length"
+        assert result.num_decoding_iterations >= 2
+        assert result.num_decoding_iterations == NEW_TOKENS - 1 - result.total_accepted_draft_tokens
+        accepted += result.total_accepted_draft_tokens
+    if kind == "pass_through":
+        assert accepted > 0
+
+
+class _OracleProposer:
+    """A :class:`FeatureTreeProposer` putting the true continuation on the all-zeros path ("same" draft)."""
+
+    def __init__(self, prompt: list[int], plain: list[int], tree: SpecTree) -> None:
+        self.prompt_len, self.plain, self.tree = len(prompt), plain, tree
+        self.fed: list[int] = []
+
+    def new_state(self) -> list[int]:
+        return []
+
+    def update(self, state, next_tokens, features):
+        assert features.shape == (len(next_tokens), HIDDEN)
+        state += next_tokens
+
+    def propose(self, state, root, max_depth):
+        tree = self.tree.truncated(max_depth)
+        emitted = len(state) - self.prompt_len + 1
+        true = [self.plain[min(emitted + d, len(self.plain) - 1)] for d in range(tree.max_depth)]
+        return TreeDraft(tree, [root] + [true[len(p) - 1] + (p[-1] != 0) * (1 + p[-1]) for p in tree.paths])
+
+
+def test_same_draft_accepts_the_full_depth(model, plain_outputs):
+    prompt, plain, tree = PROMPTS[0], plain_outputs[0], SpecTree.from_choices(USER_CHOICES)
+    result = generate_feature_tree_greedy(model, _OracleProposer(prompt, plain, tree), prompt, max_tokens=NEW_TOKENS)
+    assert result.output_ids == plain
+    assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // (tree.max_depth + 1))
+
+
+class _OracleOverEagle(_OracleProposer):
+    """Oracle drafts (the true path, fully accepted) but the real EAGLE head state, fed by the decode loop."""
+
+    def __init__(self, proposer: EagleProposer, prompt, plain, tree) -> None:
+        super().__init__(prompt, plain, tree)
+        self.proposer, self.state = proposer, None
+
+    def new_state(self):
+        self.state = self.proposer.new_state()
+        return self.state
+
+    def update(self, state, next_tokens, features):
+        self.proposer.update(state, next_tokens, features)
+
+    def propose(self, state, root, max_depth):
+        return super().propose([0] * state.length, root, max_depth)  # emitted = length - prompt + 1
+
+
+def test_head_state_after_steps_equals_a_fresh_pass(model, plain_outputs):
+    """After steps that accept several tokens each, the head's cache is what one pass over sequential
+    target features gives: every accepted token's feature went in, aligned with the token it produced."""
+    prompt, plain, tree = PROMPTS[1], plain_outputs[1], SpecTree.from_choices(USER_CHOICES)
+    head = _random_head(seed=7)
+    eagle = EagleProposer(model, head, EagleTreeConfig(num_eagle_layers=3, eagle_choices=tuple(map(tuple, USER_CHOICES))))
+    proposer = _OracleOverEagle(eagle, prompt, plain, tree)
+    result = generate_feature_tree_greedy(model, proposer, prompt, max_tokens=14)  # steps of 4: 1 + 4 + 4 + 4 + 1
+    assert result.output_ids == plain[:14] and result.num_decoding_iterations == 4
+    state, sequence = proposer.state, [*prompt, *plain[:14]]
+    n = state.length  # updated after steps 1..3: (f_j, c_{j+1}) for j < n
+    assert n == len(prompt) + 12
+    with torch.inference_mode():
+        true_features = model(input_ids=torch.tensor([sequence[:n]]), output_hidden_states=True).hidden_states[-1][0]
+        embeds = model.get_input_embeddings()(torch.tensor(sequence[1 : n + 1]))
+        out, kv = head(embeds, true_features, torch.arange(n), _causal(n))
+    torch.testing.assert_close(state.kv[0].keys, kv[0].keys, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(state.kv[0].values, kv[0].values, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(state.last_output, out[-1], rtol=1e-4, atol=1e-5)
+
+
+# --- stopping and arguments --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 7])
+def test_max_tokens_never_exceeded(model, plain_outputs, max_tokens):
+    prompt, plain = PROMPTS[0], plain_outputs[0]
+    oracle = _OracleProposer(prompt, plain, SpecTree.from_choices(USER_CHOICES))
+    for result in (
+        generate_feature_tree_greedy(model, oracle, prompt, max_tokens=max_tokens),
+        eagle_generate_greedy(model, _random_head(), prompt, max_tokens=max_tokens, dynamic_top_k=2, num_eagle_layers=3),
+    ):
+        assert result.output_ids == plain[:max_tokens]
+        assert result.finish_reason == "length"
+
+
+def test_end_token_inside_accepted_chunk_stops_there(model, plain_outputs):
+    prompt, plain, tree = PROMPTS[0], plain_outputs[0], SpecTree.from_choices(USER_CHOICES)
+    mid_chunk = 0
+    for end_id in dict.fromkeys(plain):
+        first = plain.index(end_id)
+        result = generate_feature_tree_greedy(model, _OracleProposer(prompt, plain, tree), prompt, max_tokens=NEW_TOKENS, end_id=end_id)
+        assert result.output_ids == plain[: first + 1], f"end_id {end_id}"
+        assert result.finish_reason == "stop"
+        mid_chunk += first % (tree.max_depth + 1) != 0  # chunks are plain[1:5], plain[5:9], ...
+    assert mid_chunk > 0, "no end token fell inside a multi-token accepted chunk"
+
+
+def test_choices_depth_must_equal_num_eagle_layers(model):
+    with pytest.raises(ValueError, match=r"eagle_choices are 3 deep but num_eagle_layers is 4.*TensorRT-LLM#2588"):
+        eagle_generate_greedy(model, _random_head(), [1, 2], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=4)
+    with pytest.raises(ValueError, match="eagle_choices are 4 deep but num_eagle_layers is 3"):
+        EagleDecodingConfig.from_dict({"decoding_type": "Eagle", "num_eagle_layers": 3})  # default tree: depth 4
+
+
+def test_invalid_arguments(model):
+    head = _random_head()
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        eagle_generate_greedy(model, head, [], max_tokens=4)
+    with pytest.raises(ValueError, match="max_tokens >= 1"):
+        eagle_generate_greedy(model, head, [1], max_tokens=0)
+    with pytest.raises(ValueError, match="remove eagle_choices"):
+        eagle_generate_greedy(model, head, [1], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=3, dynamic_top_k=2)
+    with pytest.raises(ValueError, match="7 nodes, more than max_draft_len 5"):
+        eagle_generate_greedy(model, head, [1], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=3, max_draft_len=5)
+    with pytest.raises(ValueError, match="hidden_size 32 != target hidden_size 64"):
+        eagle_generate_greedy(model, EagleHead(EagleConfig(**{**CONFIG.__dict__, "hidden_size": 32})), [1], max_tokens=4)
+
+
+# --- engine method -------------------------------------------------------------------------------
+
+
+def test_speculative_config_and_load_from_engine_dir(model, plain_outputs, tmp_path):
+    save_eagle_head(tmp_path / "eagle", _pass_through_head().state_dict(), CONFIG)
+    config = EagleDecodingConfig.from_dict(
+        {"decoding_type": "Eagle", "max_draft_len": 16, "num_eagle_layers": 4, "use_dynamic_tree": True,
+         "dynamic_tree_max_topK": 3, "max_non_leaves_per_layer": 10}
+    )
+    loaded = load_eagle(config, MethodContext(target=model, base_dir=tmp_path))
+    assert loaded.path == tmp_path / "eagle"
+    result = generate_feature_tree_greedy(model, loaded.proposer, PROMPTS[1], max_tokens=NEW_TOKENS)
+    assert result.output_ids == plain_outputs[1]
+    with pytest.raises(ValueError, match="use_dynamic_tree needs dynamic_tree_max_topK"):
+        EagleDecodingConfig.from_dict({"use_dynamic_tree": True})
+    with pytest.raises(ValueError, match="posterior_threshold"):
+        EagleDecodingConfig.from_dict({"posterior_threshold": 0.09})
+    with pytest.raises(ValueError, match=r"unknown Eagle speculative_config keys \['medusa_choices'\]"):
+        EagleDecodingConfig.from_dict({"medusa_choices": [[0]]})
+
+
+def test_draft_nodes_see_their_ancestors_only(model):
+    """A depth-2 node's output equals a sequential run over (cache, its parent, itself): the sibling drafted
+    beside its parent is masked out, and the request's cache is left as it was."""
+    head = _random_head(seed=5)
+    proposer = EagleProposer(model, head, EagleTreeConfig(num_eagle_layers=3, eagle_choices=tuple(map(tuple, USER_CHOICES))))
+    embed = model.get_input_embeddings()
+    with torch.inference_mode():
+        _, state = _ready_state(model, proposer, PROMPTS[0])
+        drafted = DraftKV(proposer, state)
+        siblings = drafted.forward([11, 22], state.last_output[None].expand(2, -1), 1, [[], []], [1, 2])
+        child = drafted.forward([33], siblings[:1], 2, [[1]], [3])
+        past, length = state.kv, state.length
+        first, new = head(embed(torch.tensor([11])), state.last_output[None], torch.tensor([length]), _causal(1, length), past)
+        second, _ = head(embed(torch.tensor([33])), first, torch.tensor([length + 1]), _causal(1, length + 1),
+                         [old.cat(n) for old, n in zip(past, new)])
+    torch.testing.assert_close(siblings[:1], first)
+    torch.testing.assert_close(child, second)
+    assert state.length == len(PROMPTS[0])

@@ -1,0 +1,299 @@
+"""Medusa as a method of the reference engine (Cai et al. 2024): greedy equivalence through
+``ReferenceEngine.generate``, per-request tree caps, stopping, refusals, the builder and the real server.
+
+Heads: "random" (nearly every node rejected), "lm_head" (every head is the target's own LM head, accepted
+where the tiny model's top candidates repeat), and an oracle proposer swapped in for the heads (the
+target's true continuation at child 0: the whole depth is accepted, the "same" draft).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import write_recipe
+from specbuild.client.prompts import Prompt
+from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, runtime
+from specbuild.engine import target as target_model
+from specbuild.engine.methods import medusa
+from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
+from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
+
+VOCAB, HIDDEN = 384, 64
+CONFIG = MedusaConfig(medusa_num_heads=4, medusa_num_layers=1, hidden_size=HIDDEN, vocab_size=VOCAB)
+USER_CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 7 nodes, depth 3
+TREES = {"mc_sim_7b_63": None, "user": USER_CHOICES}
+LIMITS = EngineLimits(max_batch_size=1, max_input_len=64, max_seq_len=160, max_draft_len=len(MC_SIM_7B_63))
+PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42]]
+NEW_TOKENS = 16
+
+
+def medusa_config(heads_dir: Path | None, choices=None, **extra) -> dict:
+    config = {"decoding_type": "Medusa", "num_medusa_heads": 4, **extra}
+    if heads_dir is not None:
+        config["speculative_model_dir"] = str(heads_dir)
+    return config if choices is None else {**config, "medusa_choices": choices}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+
+
+def _heads_state(model, kind: str) -> dict[str, torch.Tensor]:
+    torch.manual_seed(3)
+    heads = MedusaHeads(CONFIG)
+    if kind == "lm_head":  # ResBlocks zeroed (x + SiLU(0) = x), projection = the target's lm_head
+        with torch.no_grad():
+            for head in heads.heads:
+                head[0].linear.weight.zero_()
+                head[0].linear.bias.zero_()
+                head[1].weight.copy_(model.lm_head.weight)
+    return heads.heads.state_dict()
+
+
+@pytest.fixture(scope="module")
+def heads_dirs(model, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("medusa_heads")
+    return {kind: save_medusa_heads(root / kind, _heads_state(model, kind), CONFIG) for kind in ("random", "lm_head")}
+
+
+@pytest.fixture(scope="module")
+def engines(model, heads_dirs) -> dict[tuple[str, str], ReferenceEngine]:
+    return {
+        (kind, tree): ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=medusa_config(path, choices))
+        for kind, path in heads_dirs.items()
+        for tree, choices in TREES.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(engines) -> list[list[int]]:
+    return [_run(engines["random", "user"], p, num_draft_tokens=0).output_ids for p in PROMPTS]
+
+
+def _run(engine, prompt, max_tokens=NEW_TOKENS, **kwargs):
+    return engine.generate(GenerationRequest(prompt, max_tokens, **{"end_id": -1, **kwargs}))
+
+
+# --- greedy equivalence --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_draft_tokens", ["max", 1])
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("kind", ["random", "lm_head"])
+def test_medusa_engine_equals_plain_greedy(engines, plain_outputs, kind, tree, num_draft_tokens):
+    engine = engines[kind, tree]
+    nodes = SpecTree.from_choices(TREES[tree] or MC_SIM_7B_63).num_nodes
+    k = nodes if num_draft_tokens == "max" else num_draft_tokens
+    for prompt, plain in zip(PROMPTS, plain_outputs):
+        result = _run(engine, prompt, num_draft_tokens=None if num_draft_tokens == "max" else k)
+        assert result.output_ids == plain, f"prompt {prompt}"
+        assert result.finish_reason == "length"
+        assert result.num_decoding_iterations >= 2
+        assert result.num_decoding_iterations == len(plain) - 1 - result.total_accepted_draft_tokens
+        assert 0 < result.total_draft_tokens <= k * result.num_decoding_iterations
+        assert result.total_accepted_draft_tokens < result.total_draft_tokens
+
+
+def test_lm_head_heads_get_drafts_accepted(engines):
+    accepted = sum(_run(engines["lm_head", "user"], p, max_tokens=24).total_accepted_draft_tokens for p in PROMPTS)
+    assert accepted > 0
+
+
+def test_num_draft_tokens_keeps_the_first_nodes_in_tree_order(engines, monkeypatch):
+    """k = 2 on the user tree verifies [0] and [1] only: 2 nodes per step, depth 1."""
+    verified = []
+    real_tree_step = runtime.tree_step
+
+    def recording_tree_step(model, proposer, tree, *args):
+        verified.append(tree.paths)
+        return real_tree_step(model, proposer, tree, *args)
+
+    monkeypatch.setattr(runtime, "tree_step", recording_tree_step)
+    result = _run(engines["random", "user"], PROMPTS[0], max_tokens=6, num_draft_tokens=2)
+    assert verified and all(paths == ((0,), (1,)) for paths in verified[:-1])
+    assert verified[-1] == ()  # one token left: no node could be emitted, a plain step
+    assert result.total_draft_tokens == 2 * (len(verified) - 1)
+
+
+# --- a "same" draft: the oracle's path is always right ---------------------------------------------
+
+
+class _OracleProposer:
+    """The target's true continuation at child 0 of every depth, a wrong token at every other child."""
+
+    def __init__(self, tree: SpecTree, prompt: list[int], plain: list[int]) -> None:
+        self.tree, self.prompt_len, self.plain = tree, len(prompt), plain
+
+    def propose_tree(self, context, hidden, tree):
+        del hidden
+        emitted = len(context) - self.prompt_len
+        truth = [self.plain[min(emitted + d, len(self.plain) - 1)] for d in range(tree.max_depth)]
+        return [context[-1], *((truth[len(p) - 1] + p[-1]) % VOCAB for p in tree.paths)]
+
+
+@pytest.fixture
+def oracle_engine(engines, plain_outputs, monkeypatch):
+    """The user-tree engine with the oracle in place of its heads, for PROMPTS[0]."""
+    tree = SpecTree.from_choices(USER_CHOICES)
+    monkeypatch.setattr(medusa, "make_medusa_proposer", lambda loaded: _OracleProposer(tree, PROMPTS[0], plain_outputs[0]))
+    return engines["random", "user"]
+
+
+def test_same_draft_accepts_the_full_depth(oracle_engine, plain_outputs):
+    result = _run(oracle_engine, PROMPTS[0])
+    assert result.output_ids == plain_outputs[0]
+    assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // 4)  # 3 accepted + bonus per step
+    assert result.total_accepted_draft_tokens == NEW_TOKENS - 1 - result.num_decoding_iterations
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 4, 5, 6, 9])
+def test_max_tokens_never_exceeded(oracle_engine, engines, plain_outputs, max_tokens):
+    for engine in (oracle_engine, engines["random", "mc_sim_7b_63"]):
+        result = _run(engine, PROMPTS[0], max_tokens=max_tokens)
+        assert result.output_ids == plain_outputs[0][:max_tokens]
+        assert result.finish_reason == "length"
+
+
+def test_end_token_inside_an_accepted_chunk_stops_there(oracle_engine, plain_outputs):
+    plain, mid_chunk = plain_outputs[0], 0
+    for end_id in dict.fromkeys(plain):
+        first = plain.index(end_id)
+        result = _run(oracle_engine, PROMPTS[0], end_id=end_id)
+        assert result.output_ids == plain[: first + 1], f"end_id {end_id}"
+        assert result.finish_reason == "stop"
+        mid_chunk += first % 4 != 0  # chunks are plain[1:5], plain[5:9], ...
+    assert mid_chunk > 0, "no end token fell inside a multi-token accepted chunk"
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_draft_tokens", [None, 0])
+def test_sampling_is_refused(engines, num_draft_tokens):
+    with pytest.raises(InvalidRequestError, match="Medusa is greedy-only, as in TensorRT-LLM"):
+        _run(engines["random", "user"], PROMPTS[0], temperature=0.7, num_draft_tokens=num_draft_tokens)
+
+
+def test_num_draft_tokens_past_the_tree_is_refused(engines):
+    with pytest.raises(InvalidRequestError, match=r"num_draft_tokens=64 is out of range; allowed: 0\.\.63"):
+        _run(engines["random", "user"], PROMPTS[0], num_draft_tokens=64)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (MedusaConfig(4, 1, 32, VOCAB), r"hidden_size=32, vocab_size=384 but the target has hidden_size=64, vocab_size=384"),
+        (MedusaConfig(4, 1, HIDDEN, 400), r"hidden_size=64, vocab_size=400 but the target has hidden_size=64, vocab_size=384"),
+    ],
+)
+def test_heads_of_another_size_are_refused(model, tmp_path, config, message):
+    heads_dir = save_medusa_heads(tmp_path / "heads", MedusaHeads(config).heads.state_dict(), config)
+    with pytest.raises(ValueError, match=message):
+        ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=medusa_config(heads_dir))
+
+
+@pytest.mark.parametrize(
+    "extra, limits, message",
+    [
+        ({}, EngineLimits(1, 64, 160, 7), r"max_draft_len=63 exceeds the built max_draft_len=7"),
+        ({"medusa_choices": [[0], [0, 0]], "max_draft_len": 1}, LIMITS, r"max_draft_len=1 is below the tree's 2 nodes"),
+        ({"medusa_choices": [[0], [0, 0], [0, 0, 0]], "num_medusa_heads": 2}, LIMITS, r"3 deep but num_medusa_heads=2"),
+        ({"medusa_choices": []}, LIMITS, r"medusa_choices is empty"),
+        ({"medusa_choices": [[0, 1]]}, LIMITS, r"tree choice \[0, 1\] has no parent"),
+        ({"medusa_heads": 4}, LIMITS, r"unknown Medusa speculative_config keys \['medusa_heads'\]"),
+    ],
+)
+def test_bad_speculative_config_is_refused(model, heads_dirs, extra, limits, message):
+    with pytest.raises(ValueError, match=message):
+        ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=medusa_config(heads_dirs["random"], **extra))
+
+
+def test_heads_directory_is_needed_outside_an_engine_directory(model):
+    with pytest.raises(ValueError, match="needs speculative_model_dir"):
+        ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=medusa_config(None))
+
+
+def test_method_registry_imports_without_torch():
+    code = "import sys, specbuild.engine.methods as m; assert 'Medusa' in m.METHODS and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- builder and the real server -----------------------------------------------------------------
+
+E2E_CHOICES = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes, depth 3
+TEXT_PROMPTS = [
+    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
+    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
+]
+
+
+def medusa_recipe(tmp_path: Path, checkpoint: Path, heads: str) -> Path:
+    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
+    recipe.write_text(recipe.read_text().replace(
+        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
+        f"  method: medusa\n  medusa_model: {heads}\n  num_medusa_heads: 3\n  medusa_choices: {E2E_CHOICES}\n",
+    ))
+    return recipe
+
+
+def _three_heads(model, tmp: Path, *, pt: bool = False) -> Path:
+    config = MedusaConfig(3, 1, HIDDEN, VOCAB)
+    state = {k: v for k, v in _heads_state(model, "lm_head").items() if not k.startswith("3.")}
+    heads_dir = save_medusa_heads(tmp, state, config)
+    if pt:  # the FasterDecoding .pt format, read with weights_only=True
+        torch.save(state, heads_dir / "medusa_lm_head.pt")
+        (heads_dir / "medusa_lm_head.safetensors").unlink()
+    return heads_dir
+
+
+def test_missing_or_mismatched_heads_are_refused_before_any_work(tiny_checkpoint, tmp_path):
+    from specbuild.builder.recipe import RecipeError, load_recipe
+    from specbuild.pipeline import check_inputs
+
+    with pytest.raises(RecipeError, match=r"r.yaml:\d+: speculation.medusa_model: .*no such directory"):
+        check_inputs(load_recipe(str(medusa_recipe(tmp_path, tiny_checkpoint, "heads"))))
+    (tmp_path / "heads").mkdir()
+    (tmp_path / "heads" / "config.json").write_text(json.dumps({**CONFIG.__dict__, "vocab_size": 400}))
+    with pytest.raises(RecipeError, match=r"medusa_model: .*neither medusa_lm_head.safetensors nor medusa_lm_head.pt"):
+        check_inputs(load_recipe(str(medusa_recipe(tmp_path, tiny_checkpoint, "heads"))))
+    (tmp_path / "heads" / "medusa_lm_head.safetensors").write_bytes(b"")
+    with pytest.raises(RecipeError, match=r"medusa_model: .*vocab_size=400 but the target has vocab_size=384"):
+        check_inputs(load_recipe(str(medusa_recipe(tmp_path, tiny_checkpoint, "heads"))))
+
+
+@pytest.mark.e2e
+def test_medusa_recipe_is_lossless_through_triton(model, tiny_checkpoint, tmp_path):
+    """recipe (heads as a .pt, relative path) -> engine dir with medusa/ -> tritonserver -> verify."""
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_medusa, locate_target
+    from specbuild.client.sdk import SpecClient
+    from specbuild.client.verify import verify
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.server import TritonServer
+
+    _three_heads(model, tmp_path / "heads", pt=True)
+    loaded = load_recipe(str(medusa_recipe(tmp_path, tiny_checkpoint, "heads")))
+    build = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None)
+    engine_dir = build.engine_dir
+    assert sorted(p.name for p in (engine_dir / "medusa").iterdir()) == ["config.json", "medusa_lm_head.safetensors"]
+    config = json.loads((engine_dir / "config.json").read_text())
+    assert config["speculative_config"] == {"decoding_type": "Medusa", "max_draft_len": 6, "num_medusa_heads": 3, "medusa_choices": E2E_CHOICES}
+    assert config["build_config"]["max_draft_len"] == 6 and config["build_config"]["speculative_decoding_mode"] == 4
+    weights = tmp_path / "heads" / "medusa_lm_head.pt"
+    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # other heads -> another engine
+    assert engine_fingerprint(loaded, locate_target(loaded), None, locate_medusa(loaded)) != build.fingerprint
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
+    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
+    with server, SpecClient(server.grpc_url) as client:
+        client.wait_ready()
+        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
+    assert report.all_match, [r.divergence for r in report.results if not r.match]
+    assert report.total_draft_tokens > 0
