@@ -11,11 +11,12 @@ Layout, shaped like a TensorRT-LLM engine directory so tools read both alike::
       tokenizer/    tokenizer files
       draft/        draft_target: the draft checkpoint (draft_dtype or the target's dtype)
       medusa/       medusa: the heads (config.json + medusa_lm_head.safetensors) in the target's dtype
+      eagle/        eagle: the EAGLE-1/2 head (config.json + model.safetensors) in the target's dtype
 
 ``speculative_decoding_mode`` is TensorRT-LLM's IntFlag value (NONE=1, DRAFT_TOKENS_EXTERNAL=2,
 MEDUSA=4, LOOKAHEAD=8, EXPLICIT_DRAFT_TOKENS=16, EAGLE=32). The directory is written under a
 temporary name and renamed when complete; it is rebuilt only when its fingerprint (recipe target,
-speculation and build sections plus the checkpoint's, draft's and Medusa heads' files) changes.
+speculation and build sections plus the checkpoint's, draft's, Medusa heads' and EAGLE head's files) changes.
 """
 
 from __future__ import annotations
@@ -156,6 +157,71 @@ def check_medusa_sizes(loaded: LoadedRecipe, target_dir: Path, medusa_dir: Path)
         )
 
 
+EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.pt")
+
+
+def locate_eagle(loaded: LoadedRecipe) -> CheckpointSource | None:
+    """The EAGLE head directory of an ``eagle`` recipe (None for other methods), located without
+    loading it; relative paths are relative to the recipe. It needs ``config.json`` and
+    ``model.safetensors`` (or ``pytorch_model.bin`` / ``model.pt``).
+
+    Raises:
+        RecipeError: the directory or one of its files is missing (located at ``speculation.eagle_model``).
+    """
+    spec = loaded.recipe.speculation
+    if spec.method != "eagle":
+        return None
+    path = loaded.resolve_path(spec.eagle_model)
+    if not path.is_dir():
+        problem = f"no such directory ({path})"
+    elif not (path / "config.json").is_file():
+        problem = f"{path} has no config.json"
+    elif not any((path / name).is_file() for name in EAGLE_WEIGHTS):
+        problem = f"{path} has none of {', '.join(EAGLE_WEIGHTS)}"
+    else:
+        return CheckpointSource(spec=spec.eagle_model, kind="local", path=path.resolve())
+    raise loaded.error(
+        ("speculation", "eagle_model"),
+        f"EAGLE head {spec.eagle_model!r}: {problem}; point eagle_model at an EAGLE-1/2 head directory "
+        "(config.json with hidden_size, num_hidden_layers, ... + model.safetensors)",
+    )
+
+
+def check_eagle_sizes(loaded: LoadedRecipe, target_dir: Path, eagle_dir: Path) -> None:
+    """Refuse a head whose ``hidden_size`` / ``vocab_size`` in config.json differ from the target's
+    config.json (milliseconds, no weights loaded; a size the head's config lacks is checked at load).
+
+    Raises:
+        RecipeError: a size differs (located at ``speculation.eagle_model``).
+    """
+    head, target = _read_json(eagle_dir / "config.json"), _read_json(target_dir / "config.json")
+    target = {**(target.get("text_config") or {}), **target}
+    differ = [k for k in ("hidden_size", "vocab_size") if k in head and k in target and head[k] != target[k]]
+    if differ:
+        raise loaded.error(
+            ("speculation", "eagle_model"),
+            f"EAGLE head {eagle_dir} has "
+            + ", ".join(f"{k}={head[k]}" for k in differ)
+            + " but the target has "
+            + ", ".join(f"{k}={target[k]}" for k in differ)
+            + "; the head must be trained on this target",
+        )
+
+
+def check_reference_speculation(loaded: LoadedRecipe) -> None:
+    """Refuse speculation settings the reference engine does not implement (milliseconds).
+
+    Raises:
+        RecipeError: ``speculation.posterior_threshold`` set (EAGLE's typical acceptance).
+    """
+    if getattr(loaded.recipe.speculation, "posterior_threshold", None) is not None:
+        raise loaded.error(
+            ("speculation", "posterior_threshold"),
+            "typical acceptance (posterior_threshold) is not in the reference engine yet; it decodes greedily "
+            "with exact token matching: remove posterior_threshold, or build with backend tensorrt_llm",
+        )
+
+
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -168,6 +234,7 @@ def engine_fingerprint(
     source: CheckpointSource,
     draft: CheckpointSource | None = None,
     medusa: CheckpointSource | None = None,
+    eagle: CheckpointSource | None = None,
 ) -> str:
     """Hash of everything the engine depends on (not serve/verify settings)."""
     r = loaded.recipe
@@ -181,6 +248,8 @@ def engine_fingerprint(
     }
     if medusa is not None:  # absent for other methods, so their fingerprints (and built engines) stay valid
         payload["medusa"] = medusa.fingerprint()
+    if eagle is not None:
+        payload["eagle"] = eagle.fingerprint()
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -199,12 +268,16 @@ def build_reference_engine(loaded: LoadedRecipe, engine_dir: Path, *, force: boo
         RecipeError: missing checkpoint, or limits the checkpoint cannot meet (e.g. ``max_seq_len``
             above the model's ``max_position_embeddings``).
     """
+    check_reference_speculation(loaded)
     source = locate_target(loaded)
     draft_source = locate_draft(loaded)
     medusa_source = locate_medusa(loaded)
     if medusa_source is not None and source.kind != "packaged":
         check_medusa_sizes(loaded, source.path, medusa_source.path)
-    fingerprint = engine_fingerprint(loaded, source, draft_source, medusa_source)
+    eagle_source = locate_eagle(loaded)
+    if eagle_source is not None and source.kind != "packaged":
+        check_eagle_sizes(loaded, source.path, eagle_source.path)
+    fingerprint = engine_fingerprint(loaded, source, draft_source, medusa_source, eagle_source)
     if not force and read_fingerprint(engine_dir) == fingerprint:
         log(f"engine is up to date: {engine_dir}")
         return EngineBuild(engine_dir=engine_dir, fingerprint=fingerprint, rebuilt=False)
@@ -213,12 +286,15 @@ def build_reference_engine(loaded: LoadedRecipe, engine_dir: Path, *, force: boo
     if draft is not None:
         check_draft_vocabulary(loaded, checkpoint, draft)
     medusa_heads = _load_medusa_heads(loaded, medusa_source.path, checkpoint) if medusa_source is not None else None
+    eagle_head = _load_eagle_head(loaded, eagle_source.path, checkpoint) if eagle_source is not None else None
     with staging_dir(engine_dir) as tmp:
         config = _write_engine(loaded, checkpoint, tmp, log=log)
         if draft is not None:
             _write_draft(loaded, draft, tmp / "draft", log=log)
         if medusa_heads is not None:
             _write_medusa(medusa_heads, tmp, log=log)
+        if eagle_head is not None:
+            _write_eagle(eagle_head, tmp, log=log)
         config["specbuild"]["fingerprint"] = fingerprint
         config["specbuild"]["target_checkpoint"] = source.spec
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -297,6 +373,34 @@ def _write_medusa(heads, out: Path, *, log) -> None:
     c = heads.config
     log(f"writing {c.medusa_num_heads} Medusa heads ({c.medusa_num_layers} layer(s) each)")
     save_medusa_heads(out / MEDUSA_SUBDIR, heads.heads.state_dict(), c)
+
+
+def _load_eagle_head(loaded: LoadedRecipe, eagle_dir: Path, checkpoint: Path):
+    """The head (``EagleHead``) in the target's dtype, checked against the target's sizes; a ``.pt`` /
+    ``.bin`` is read with ``weights_only=True``. Seconds at most: it runs before the target is written.
+
+    Raises:
+        RecipeError: a malformed head directory or sizes that differ from the target's (located at
+            ``speculation.eagle_model``).
+    """
+    import torch
+
+    from specbuild.engine.methods.eagle import load_eagle_head
+
+    check_eagle_sizes(loaded, checkpoint, eagle_dir)  # again: a packaged target's sizes are known only now
+    try:
+        head = load_eagle_head(eagle_dir, dtype=getattr(torch, loaded.recipe.target.dtype))
+    except (OSError, ValueError, pickle.UnpicklingError) as exc:  # UnpicklingError: a .pt that is not plain tensors
+        raise loaded.error(("speculation", "eagle_model"), str(exc)) from None
+    return head
+
+
+def _write_eagle(head, out: Path, *, log) -> None:
+    from specbuild.engine.methods.eagle import EAGLE_SUBDIR, save_eagle_head
+
+    c = head.config
+    log(f"writing the EAGLE head ({c.num_hidden_layers} decoder layer(s), hidden_size={c.hidden_size})")
+    save_eagle_head(out / EAGLE_SUBDIR, head.state_dict(), c)
 
 
 def _without_paths(config: dict | None) -> dict | None:

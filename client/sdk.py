@@ -6,6 +6,7 @@ sends batch 1.
 
     inputs   text_input BYTES [1, 1]   max_tokens INT32 [1, 1]        (required)
              end_id, num_draft_tokens INT32 [1, 1]
+             lookahead_window_size, lookahead_ngram_size, lookahead_verification_set_size INT32 [1, 1]
              return_perf_metrics, exclude_input_in_output BOOL [1, 1] (optional)
     outputs  text_output BYTES [1, 1]  output_ids INT32 [1, beam, n]  sequence_length INT32 [1, beam]
              acceptance_rate FP32 [1, 1], total_accepted_draft_tokens / total_draft_tokens INT32 [1, 1]
@@ -31,6 +32,7 @@ from tritonclient.utils import InferenceServerException
 Protocol = Literal["grpc", "http"]
 DEFAULT_URLS: dict[str, str] = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")  # (w, n, g)
 # gRPC status codes that mean "no server answered", as opposed to "the server rejected the request".
 UNAVAILABLE_GRPC_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 
@@ -159,6 +161,7 @@ class SpecClient:
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        lookahead_config: tuple[int, int, int] | None = None,
     ) -> GenerateResult:
         """Generate up to ``max_tokens`` tokens for ``prompt``: greedy unless ``temperature > 0``.
 
@@ -166,6 +169,9 @@ class SpecClient:
         built max_draft_len. ``end_id``: ``None`` = engine default, -1 = never stop on a token.
         Sampling (TensorRT-LLM semantics): ``temperature``, ``top_k`` (0 = off), ``top_p`` in
         (0, 1], ``seed`` (uint64; the same seed on the same deployment gives the same tokens).
+        ``lookahead_config``: a Lookahead deployment's per-request ``(w, n, g)`` within its built
+        ``(W, N, G)`` (``(1, 1, 0)`` = plain decoding), sent as ``lookahead_window_size``,
+        ``lookahead_ngram_size``, ``lookahead_verification_set_size``; ``None`` = the built values.
         Raises ``ValueError`` for out-of-range arguments, ``RequestError`` (with the server's
         message) when the server rejects the request, ``ServerUnavailableError`` when no server
         answers within ``timeout_s``.
@@ -174,6 +180,9 @@ class SpecClient:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if num_draft_tokens is not None and num_draft_tokens < 0:
             raise ValueError(f"num_draft_tokens must be >= 0 or None, got {num_draft_tokens}")
+        window = (None, None, None) if lookahead_config is None else tuple(lookahead_config)
+        if len(window) != 3:
+            raise ValueError(f"lookahead_config must be (w, n, g) or None, got {lookahead_config!r}")
         inputs = self._inputs(
             prompt,
             max_tokens=max_tokens,
@@ -185,6 +194,7 @@ class SpecClient:
             top_k=top_k,
             top_p=top_p,
             seed=seed,
+            **dict(zip(LOOKAHEAD_INPUTS, window)),
         )
         names = ("text_output", "output_ids", "sequence_length")
         names += PERF_OUTPUTS if return_perf_metrics else ()
@@ -208,6 +218,7 @@ class SpecClient:
             "top_k": (np.int32, "INT32"),
             "top_p": (np.float32, "FP32"),
             "seed": (np.uint64, "UINT64"),
+            **{name: (np.int32, "INT32") for name in LOOKAHEAD_INPUTS},
         }
         for name, (np_dtype, triton_dtype) in optional.items():
             if values[name] is not None:

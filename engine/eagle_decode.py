@@ -51,6 +51,10 @@ class FeatureTreeProposer(Protocol):
         """A tree at most ``max_depth`` deep and its ``[1 + n]`` tokens, ``root`` first."""
         ...
 
+    def capped(self, num_draft_tokens: int) -> FeatureTreeProposer:
+        """The same proposer growing trees of at most ``num_draft_tokens`` nodes (a request's cap)."""
+        ...
+
 
 @dataclass(frozen=True)
 class EagleStep:

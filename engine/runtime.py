@@ -24,10 +24,24 @@ Tree methods (Medusa, Cai et al. 2024) verify a token tree instead of a chain; g
     cache        = compact(prefix + root + accepted path);  h = hidden state at the path's last node
     emit accepted + [bonus]  (clipped at max_tokens and after end_id)
 
+EAGLE (Li et al. 2024; ``"feature_tree"``) verifies a tree the same way, but its head reads the
+target's features of EVERY accepted position, so the proposer is fed after each step; greedy only::
+
+    prefill      = prompt -> first token + features [T, H];  head state += (features, prompt[1:] + first)
+    tree         = static (first num_draft_tokens nodes) or EAGLE-2 dynamic (num_draft_tokens best nodes),
+                   at most remaining - 1 deep
+    step         = eagle_step: propose, tree_forward, accept_tree_greedy, compact the target cache
+    head state  += (features at [root, *accepted path], accepted + [bonus])
+
+Lookahead (Fu et al. 2024; ``"lookahead"``) has no proposer: greedy requests with ``num_draft_tokens >
+0`` run :func:`~specbuild.engine.lookahead_decode.lookahead_generate_greedy` with the request's
+``lookahead_config`` ``(w, n, g)`` (default: the built ``(W, N, G)``; ``(1, 1, 0)``: plain decoding).
+
 Sampled requests (``temperature > 0``) run the same loop with the target's ``[k + 1, vocab]``
 distributions instead of its argmax, and speculative sampling instead of token matching
 (:func:`~specbuild.engine.acceptance.accept_speculative`): the output is distributed exactly as
-plain sampling from the target. Methods marked ``greedy_only`` (Medusa) refuse sampled requests.
+plain sampling from the target. Methods marked ``greedy_only`` (Medusa, EAGLE, Lookahead) refuse
+sampled requests.
 """
 
 from __future__ import annotations
@@ -41,7 +55,9 @@ import torch
 
 from . import target as target_model
 from .acceptance import Acceptance, accept_greedy, accept_speculative, clip_emitted
+from .eagle_decode import FeatureTreeProposer, eagle_step, prefill_features
 from .kv_cache import rollback
+from .lookahead_decode import lookahead_generate_greedy
 from .medusa_decode import TreeProposer, prefill_with_hidden, tree_step
 from .methods import SpeculativeMethod, get_method
 from .methods.base import Draft, MethodContext, Proposer, as_draft
@@ -251,12 +267,15 @@ class ReferenceEngine:
         On a tree method (Medusa) ``num_draft_tokens = k`` caps the tree verified per step: ``k`` below
         the tree's node count keeps its first ``k`` nodes in node order (by depth, then path: the
         shallow, most likely candidates), e.g. ``k = 1`` verifies only the top-1 token of head 0;
-        ``0`` decodes plainly.
+        ``0`` decodes plainly. EAGLE's static tree is cut the same way; its dynamic tree keeps the
+        ``k`` best nodes. On Lookahead ``num_draft_tokens > 0`` switches lookahead on; the request's
+        ``lookahead_config`` ``(w, n, g)`` shapes it.
 
         Raises:
             InvalidRequestError: a field is out of range (see :func:`validate_request`), the method
-                cannot serve the prompt (e.g. longer than the draft model's context), or a sampled
-                request (``temperature > 0``) on a greedy-only method (Medusa).
+                cannot serve the prompt (e.g. longer than the draft model's context), a sampled
+                request (``temperature > 0``) on a greedy-only method (Medusa, EAGLE, Lookahead), or a
+                ``lookahead_config`` outside the built ``(W, N, G)`` or sent to another engine.
         """
         resolved = validate_request(
             request,
@@ -271,13 +290,34 @@ class ReferenceEngine:
                 f"temperature={request.temperature!r}: {self._method.decoding_type} is greedy-only, as in "
                 "TensorRT-LLM; send temperature 0 (or None) to this engine"
             )
-        if resolved.num_draft_tokens > 0:
-            assert self._method is not None
-            self._method.check_prompt(self._method_state, resolved.input_ids)
+        self._check_lookahead_config(resolved.lookahead_config)
+        if resolved.num_draft_tokens == 0:
+            with torch.inference_mode():
+                return self._decode(resolved)
+        assert self._method is not None
+        self._method.check_prompt(self._method_state, resolved.input_ids)
+        decode = {
+            "chain": self._decode,
+            "tree": self._decode_tree,
+            "feature_tree": self._decode_feature_tree,
+            "lookahead": self._decode_lookahead,
+        }[self._method.verification]
         with torch.inference_mode():
-            if resolved.num_draft_tokens > 0 and self._method.verification == "tree":
-                return self._decode_tree(resolved)
-            return self._decode(resolved)
+            return decode(resolved)
+
+    def _check_lookahead_config(self, window: tuple[int, int, int] | None) -> None:
+        """Refuse a ``lookahead_config`` outside the built ``(W, N, G)``, or on an engine without Lookahead."""
+        if window is None:
+            return
+        if self._method is None or self._method.verification != "lookahead":
+            running = "no speculation" if self._method is None else self._method.decoding_type
+            raise InvalidRequestError(
+                f"lookahead_config={window!r}: this engine runs {running}, not Lookahead; send lookahead_config=None"
+            )
+        try:
+            self._method_state.resolve(window)
+        except ValueError as exc:
+            raise InvalidRequestError(f"lookahead_config={window!r} is out of range: {exc}") from None
 
     def _decode(self, request: ResolvedRequest) -> GenerationResult:
         cache = target_model.new_cache(self._model)
@@ -357,6 +397,40 @@ class ReferenceEngine:
         state.total_draft_tokens += step_tree.num_nodes
         state.total_accepted += min(step.acceptance.num_accepted, num_emitted)
         return step.next_hidden
+
+    def _decode_feature_tree(self, request: ResolvedRequest) -> GenerationResult:
+        """Greedy EAGLE speculation over the proposer capped at ``num_draft_tokens`` nodes per step;
+        counters: draft tokens = tree nodes verified."""
+        assert self._method is not None and request.sampling is None
+        proposer: FeatureTreeProposer = self._method.make_proposer(self._method_state).capped(request.num_draft_tokens)
+        cache = target_model.new_cache(self._model)
+        state = _DecodeState(list(request.input_ids), request.max_tokens, request.end_id)
+        head_state = proposer.new_state()
+        first, features = prefill_features(self._model, request.input_ids, cache)  # features [T, H]
+        state.emit([first])
+        if state.finish_reason is None:
+            proposer.update(head_state, [*request.input_ids[1:], first], features)
+        while state.finish_reason is None:
+            step = eagle_step(self._model, proposer, head_state, state.context[-1], cache, max_depth=state.remaining - 1)
+            num_emitted = state.emit(step.acceptance.emitted_tokens)
+            state.iterations += 1
+            state.total_draft_tokens += step.draft.tree.num_nodes
+            state.total_accepted += min(step.acceptance.num_accepted, num_emitted)
+            if state.finish_reason is None:
+                proposer.update(head_state, step.acceptance.emitted_tokens, step.features)
+        return state.result()
+
+    def _decode_lookahead(self, request: ResolvedRequest) -> GenerationResult:
+        """Greedy lookahead decoding with the request's ``(w, n, g)`` (None -> the built ``(W, N, G)``)."""
+        assert request.sampling is None
+        return lookahead_generate_greedy(
+            self._model,
+            request.input_ids,
+            max_tokens=request.max_tokens,
+            config=self._method_state,
+            end_id=request.end_id,
+            window=request.lookahead_config,
+        )
 
 
 def _propose(proposer: Proposer | None, context: list[int], k: int, sampler: Sampler | None) -> Draft:

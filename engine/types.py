@@ -33,6 +33,9 @@ class GenerationRequest:
             ``None`` or ``1.0`` -> no top-p cut.
         seed: random seed in ``[0, 2**64)``; the same seed gives the same output. ``None`` -> 0
             (TensorRT-LLM's default ``seed``).
+        lookahead_config: Lookahead engines only: this request's ``(w, n, g)`` (window size, n-gram
+            size, verification set size; TensorRT-LLM's ``lookahead_config``) within the built
+            ``(W, N, G)``; ``None`` -> ``(W, N, G)``; ``(1, 1, 0)`` -> plain decoding.
     """
 
     input_ids: list[int]
@@ -43,6 +46,7 @@ class GenerationRequest:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    lookahead_config: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)

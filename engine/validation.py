@@ -19,6 +19,7 @@ class ResolvedRequest:
     end_id: int
     num_draft_tokens: int
     sampling: SamplingParams | None = None
+    lookahead_config: tuple[int, int, int] | None = None
 
 
 def validate_request(
@@ -37,7 +38,8 @@ def validate_request(
             ``max_tokens`` < 1 or past ``max_seq_len``, ``num_draft_tokens`` outside
             ``[0, max_draft_len]``, ``end_id`` not -1 and outside ``[0, vocab_size)``, ``temperature``
             negative or not finite, ``top_k`` negative, ``top_p`` outside ``(0, 1]``, ``seed`` outside
-            ``[0, 2**64)``.
+            ``[0, 2**64)``, ``lookahead_config`` not None and not three integers (its range is the
+            method's to check).
     """
     _check_input_ids(request.input_ids, max_input_len=max_input_len, vocab_size=vocab_size)
     _check_max_tokens(request.max_tokens, input_len=len(request.input_ids), max_seq_len=max_seq_len)
@@ -54,7 +56,21 @@ def validate_request(
             f"or a token id in [0, {vocab_size})"
         )
     sampling = resolve_sampling(request)
-    return ResolvedRequest(list(request.input_ids), request.max_tokens, end_id, num_draft, sampling)
+    lookahead = _check_lookahead_config(request.lookahead_config)
+    return ResolvedRequest(list(request.input_ids), request.max_tokens, end_id, num_draft, sampling, lookahead)
+
+
+def _check_lookahead_config(value: object) -> tuple[int, int, int] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 3
+        or any(isinstance(v, bool) or not isinstance(v, Integral) for v in value)
+    ):
+        raise InvalidRequestError(f"lookahead_config={value!r}; allowed: None or three integers (w, n, g)")
+    w, n, g = (int(v) for v in value)
+    return (w, n, g)
 
 
 def resolve_sampling(request: GenerationRequest) -> SamplingParams | None:

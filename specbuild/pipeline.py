@@ -59,22 +59,28 @@ class RunSummary:
 
 
 def check_inputs(loaded: LoadedRecipe) -> list:
-    """The recipe's checkpoints, Medusa heads and prompts exist, and a draft shares the target's
-    vocabulary, Medusa heads its hidden and vocabulary sizes (milliseconds; a packaged GGUF's sizes
-    are checked after its conversion). Returns the prompts.
+    """The recipe's checkpoints, Medusa / EAGLE heads and prompts exist, and a draft shares the target's
+    vocabulary, Medusa and EAGLE heads its hidden and vocabulary sizes (milliseconds; a packaged GGUF's
+    sizes are checked after its conversion); on the reference backend, no setting it lacks
+    (``posterior_threshold``). Returns the prompts.
 
     Raises:
         RecipeError: naming the recipe line of the field at fault.
     """
     from specbuild.builder.reference import (
         check_draft_vocabulary,
+        check_eagle_sizes,
         check_medusa_sizes,
+        check_reference_speculation,
         locate_draft,
+        locate_eagle,
         locate_medusa,
         locate_target,
     )
     from specbuild.client.prompts import PromptSourceError, load_prompts
 
+    if loaded.recipe.build.backend == "reference":
+        check_reference_speculation(loaded)
     target = locate_target(loaded)
     draft = locate_draft(loaded)
     if draft is not None and target.kind != "packaged" and draft.kind != "packaged":
@@ -82,6 +88,9 @@ def check_inputs(loaded: LoadedRecipe) -> list:
     medusa = locate_medusa(loaded)
     if medusa is not None and target.kind != "packaged":
         check_medusa_sizes(loaded, target.path, medusa.path)
+    eagle = locate_eagle(loaded)
+    if eagle is not None and target.kind != "packaged":
+        check_eagle_sizes(loaded, target.path, eagle.path)
     try:
         return load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
     except PromptSourceError as exc:

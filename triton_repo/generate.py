@@ -12,6 +12,8 @@ The layout and tensor names are TensorRT-LLM's ``inflight_batcher_llm`` (see
 
 Ensemble interface. Inputs: ``text_input`` STRING [1], ``max_tokens`` INT32 [1]; optional
 ``end_id``, ``pad_id``, ``num_draft_tokens`` INT32 [1] (0 = the non-speculative baseline),
+``lookahead_window_size``, ``lookahead_ngram_size``, ``lookahead_verification_set_size`` INT32 [1]
+(a Lookahead engine's per-request (w, n, g), passed through under TensorRT-LLM's names),
 ``return_perf_metrics``, ``exclude_input_in_output`` BOOL [1], and sampling: ``temperature``,
 ``top_p`` FP32 [1], ``top_k`` INT32 [1], ``seed`` UINT64 [1] (no temperature: greedy). Outputs: ``text_output`` STRING [-1],
 ``output_ids`` INT32 [-1, -1] (beam, tokens), ``sequence_length`` INT32 [-1], ``acceptance_rate``
@@ -72,6 +74,10 @@ SAMPLING_ENGINE_INPUTS = {
 }
 
 
+# A Lookahead request's (w, n, g): the same names on the ensemble and on tensorrt_llm (TensorRT-LLM's).
+LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+
+
 def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
     """The four model configs (ensemble, preprocessing, tensorrt_llm, postprocessing)."""
     tokenizer_dir = str((spec.engine_dir / "tokenizer").resolve())
@@ -107,6 +113,7 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
             _t("end_id", "TYPE_INT32", (1,), optional=True),
             _t("pad_id", "TYPE_INT32", (1,), optional=True),
             _t("num_draft_tokens", "TYPE_INT32", (1,), optional=True),
+            *(_t(name, "TYPE_INT32", (1,), optional=True) for name in LOOKAHEAD_INPUTS),
             _t("return_perf_metrics", "TYPE_BOOL", (1,), optional=True),
             _t("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),
         )
@@ -136,7 +143,7 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
 
 
 def _ensemble(max_batch_size: int) -> ModelConfig:
-    optional_int = ("end_id", "pad_id", "num_draft_tokens")
+    optional_int = ("end_id", "pad_id", "num_draft_tokens", *LOOKAHEAD_INPUTS)
     optional_bool = ("return_perf_metrics", "exclude_input_in_output")
     steps = (
         EnsembleStep(
@@ -158,7 +165,7 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
                 "request_output_len": "_REQUEST_OUTPUT_LEN",
                 "end_id": "_PREPROCESSOR_END_ID",
                 "pad_id": "_PREPROCESSOR_PAD_ID",
-                **{name: name for name in ("num_draft_tokens",) + optional_bool},
+                **{name: name for name in ("num_draft_tokens", *LOOKAHEAD_INPUTS) + optional_bool},
                 **{engine_name: name for name, (engine_name, _) in SAMPLING_ENGINE_INPUTS.items()},
             },
             output_map={t.name: t.name for t in PERF_OUTPUTS}

@@ -1,7 +1,7 @@
 """Speculative methods, one module each, looked up by TensorRT-LLM's ``decoding_type``.
 
 Importing this registry stays torch-free (the recipe validator reads :data:`METHODS`): methods whose
-module needs torch at import (Medusa) are registered through :func:`_lazy`.
+module needs torch at import (Medusa, EAGLE, Lookahead) are registered through :func:`_lazy`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from .draft_target import (
 from .ngram import NGramConfig, NGramProposer, find_ngram_draft
 
 if TYPE_CHECKING:
+    from ..eagle_decode import FeatureTreeProposer
     from ..medusa_decode import TreeProposer
+    from .lookahead import LookaheadConfig
 
 
 def _no_load(config: Any, context: MethodContext) -> Any:
@@ -33,6 +35,11 @@ def _no_load(config: Any, context: MethodContext) -> Any:
 
 def _any_prompt(loaded: Any, input_ids: Sequence[int]) -> None:
     del loaded, input_ids
+
+
+def _loaded_itself(loaded: Any) -> Any:
+    """For methods without a proposer object (Lookahead: its per-request state lives in its decode loop)."""
+    return loaded
 
 
 def _lazy(module: str, attribute: str) -> Callable[..., Any]:
@@ -58,16 +65,19 @@ class SpeculativeMethod:
         verification: ``"chain"``: the proposer is a :class:`Proposer` (k tokens in a row, verified by
             token matching or speculative sampling); ``"tree"``: it is a
             :class:`~specbuild.engine.medusa_decode.TreeProposer` filling a token tree from the target's
-            hidden state, verified in one pass with a tree attention mask.
+            hidden state, verified in one pass with a tree attention mask; ``"feature_tree"``: it is a
+            :class:`~specbuild.engine.eagle_decode.FeatureTreeProposer` (EAGLE) fed with the target's
+            features of every accepted position, verified like ``"tree"``; ``"lookahead"``: no proposer,
+            the loaded config drives :func:`~specbuild.engine.lookahead_decode.lookahead_generate_greedy`.
         greedy_only: sampled requests (``temperature > 0``) are refused, as TensorRT-LLM refuses them.
     """
 
     decoding_type: str
     parse_config: Callable[[Mapping[str, Any]], Any]
-    make_proposer: Callable[[Any], Proposer | TreeProposer]
+    make_proposer: Callable[[Any], Proposer | TreeProposer | FeatureTreeProposer | LookaheadConfig]
     load: Callable[[Any, MethodContext], Any] = _no_load
     check_prompt: Callable[[Any, Sequence[int]], None] = _any_prompt
-    verification: Literal["chain", "tree"] = "chain"
+    verification: Literal["chain", "tree", "feature_tree", "lookahead"] = "chain"
     greedy_only: bool = False
 
 
@@ -83,6 +93,21 @@ METHODS: Mapping[str, SpeculativeMethod] = MappingProxyType(
             _lazy("medusa", "make_medusa_proposer"),
             load=_lazy("medusa", "load_medusa"),
             verification="tree",
+            greedy_only=True,
+        ),
+        "Eagle": SpeculativeMethod(
+            "Eagle",
+            _lazy("eagle", "EagleDecodingConfig.from_dict"),
+            _lazy("eagle", "make_eagle_proposer"),
+            load=_lazy("eagle", "load_eagle"),
+            verification="feature_tree",
+            greedy_only=True,
+        ),
+        "Lookahead": SpeculativeMethod(
+            "Lookahead",
+            _lazy("lookahead", "LookaheadConfig.from_dict"),
+            _loaded_itself,
+            verification="lookahead",
             greedy_only=True,
         ),
     }

@@ -50,9 +50,10 @@ On disk (a directory; TensorRT-LLM ``examples/eagle/convert_checkpoint.py --eagl
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -471,6 +472,10 @@ class EagleProposer:
     def new_state() -> EagleState:
         return EagleState()
 
+    def capped(self, num_draft_tokens: int) -> EagleProposer:
+        """This proposer verifying at most ``num_draft_tokens`` nodes per step (see :func:`capped_proposer`)."""
+        return capped_proposer(self, num_draft_tokens)
+
     def update(self, state: EagleState, next_tokens: Sequence[int], features: torch.Tensor) -> None:
         """Append ``m`` true positions: ``features [m, H]`` (target, final-norm) paired with the tokens they produced.
 
@@ -674,6 +679,11 @@ class EagleDecodingConfig:
         )
         return cls(tree, config.get("speculative_model_dir"))
 
+    @property
+    def max_draft_len(self) -> int:
+        """Draft nodes per step at most (the engine checks it against the built ``max_draft_len``)."""
+        return self.tree.max_draft_len
+
 
 @dataclass(frozen=True)
 class LoadedEagle:
@@ -719,3 +729,24 @@ def load_eagle(config: EagleDecodingConfig, context: Any) -> LoadedEagle:
 def make_eagle_proposer(loaded: LoadedEagle) -> EagleProposer:
     """The engine's proposer (stateless; each request holds its own :class:`EagleState`)."""
     return loaded.proposer
+
+
+def capped_proposer(proposer: EagleProposer, num_draft_tokens: int) -> EagleProposer:
+    """``proposer`` verifying at most ``num_draft_tokens`` nodes per step, sharing its head.
+
+    Static tree: its first ``k`` nodes in node order (:meth:`SpecTree.first`, as Medusa's per-request
+    cap), e.g. k = 2 on ``[[0], [1], [0, 0]]`` keeps ``[0]`` and ``[1]``; dynamic tree: EAGLE-2's
+    reranking keeps the ``k`` best nodes. ``k`` at or above the tree's size returns ``proposer`` itself.
+    """
+    config = proposer.tree_config
+    capped = copy.copy(proposer)
+    if config.dynamic_tree_max_topK is not None:
+        if num_draft_tokens >= config.max_draft_len:
+            return proposer
+        capped.tree_config = replace(config, max_draft_len=num_draft_tokens)
+    else:
+        if num_draft_tokens >= config.static_tree.num_nodes:
+            return proposer
+        capped.tree_config = copy.copy(config)  # static_tree is derived (init=False): set it on the copy
+        object.__setattr__(capped.tree_config, "static_tree", config.static_tree.first(num_draft_tokens))
+    return capped

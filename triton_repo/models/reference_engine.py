@@ -4,7 +4,9 @@ It takes and returns the tensors of TensorRT-LLM's ``tensorrt_llm`` model (``inp
 ``input_lengths``, ``request_output_len``, ``end_id``, ``pad_id`` -> ``output_ids`` [beam, len],
 ``sequence_length``, and with ``return_perf_metrics`` the speculative-decoding metrics
 ``acceptance_rate``, ``total_accepted_draft_tokens``, ``total_draft_tokens``), plus the BLS
-model's ``num_draft_tokens`` (0 = plain decoding on the same engine: the non-speculative baseline).
+model's ``num_draft_tokens`` (0 = plain decoding on the same engine: the non-speculative baseline)
+and, for a Lookahead engine, the request's ``(w, n, g)`` as TensorRT-LLM's ``lookahead_window_size``,
+``lookahead_ngram_size``, ``lookahead_verification_set_size``.
 
 The Triton glue (:class:`TritonPythonModel`) only converts tensors; :func:`parse_batch` and
 :func:`pack_outputs` are plain numpy functions that the tests call directly.
@@ -26,6 +28,7 @@ from specbuild.triton_repo.models.common import (
     run_each,
 )
 
+LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")  # (w, n, g)
 INPUTS = (
     "input_ids",
     "input_lengths",
@@ -39,6 +42,7 @@ INPUTS = (
     "runtime_top_k",
     "runtime_top_p",
     "seed",
+    *LOOKAHEAD_INPUTS,
 )
 
 
@@ -61,10 +65,12 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
             ``num_draft_tokens`` [batch, 1] int32, ``return_perf_metrics``,
             ``exclude_input_in_output`` [batch, 1] bool, and the sampling parameters ``temperature``,
             ``runtime_top_p`` [batch, 1] fp32, ``runtime_top_k`` [batch, 1] int32, ``seed`` [batch, 1]
-            uint64 (absent temperature: greedy).
+            uint64 (absent temperature: greedy), and ``lookahead_window_size``, ``lookahead_ngram_size``,
+            ``lookahead_verification_set_size`` [batch, 1] int32 (all three or none).
 
     Raises:
-        ValueError: a required tensor is missing or a shape does not match the batch.
+        ValueError: a required tensor is missing, a shape does not match the batch, or only some of
+            the three lookahead tensors are given.
     """
     ids = inputs.get("input_ids")
     if ids is None or inputs.get("request_output_len") is None:
@@ -73,6 +79,9 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
     batch = ids.shape[0]
     lengths = per_row(inputs.get("input_lengths"), batch, "input_lengths") or [ids.shape[1]] * batch
     column = {name: per_row(inputs.get(name), batch, name) for name in INPUTS[2:]}
+    lookahead = [column[name] for name in LOOKAHEAD_INPUTS]
+    if any(c is None for c in lookahead) and any(c is not None for c in lookahead):
+        raise ValueError(f"{', '.join(LOOKAHEAD_INPUTS)} go together: send all three or none")
     rows = []
     for b in range(batch):
         pick = lambda name, default, b=b: default if column[name] is None else column[name][b]  # noqa: E731
@@ -87,6 +96,7 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
             top_k=pick("runtime_top_k", None),
             top_p=pick("runtime_top_p", None),
             seed=pick("seed", None),
+            lookahead_config=None if lookahead[0] is None else tuple(int(c[b]) for c in lookahead),
         )
         rows.append(
             Row(

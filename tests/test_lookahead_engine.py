@@ -1,0 +1,224 @@
+"""Lookahead decoding as a method of the reference engine (Fu et al. 2024): greedy equivalence through
+``ReferenceEngine.generate``, per-request (w, n, g), stopping, refusals, Triton parsing and the real server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import write_recipe
+from specbuild.builder.recipe import lookahead_max_draft_len
+from specbuild.client.prompts import Prompt
+from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine
+from specbuild.engine import target as target_model
+
+MAXIMA = (4, 3, 4)  # (W, N, G) -> max_draft_len 15
+SPEC = {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4}
+LIMITS = EngineLimits(max_batch_size=1, max_input_len=64, max_seq_len=160, max_draft_len=lookahead_max_draft_len(*MAXIMA))
+REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+PROMPTS = [[17, 203, 44, 91, 300, 12], REPETITIVE, [42]]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+
+
+@pytest.fixture(scope="module")
+def engine(model) -> ReferenceEngine:
+    return ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=SPEC)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(engine) -> list[list[int]]:
+    return [_run(engine, p, num_draft_tokens=0).output_ids for p in PROMPTS]
+
+
+def _run(engine, prompt, max_tokens=NEW_TOKENS, **kwargs):
+    return engine.generate(GenerationRequest(prompt, max_tokens, **{"end_id": -1, **kwargs}))
+
+
+# --- greedy equivalence --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window", [None, (4, 3, 4), (2, 2, 1), (3, 3, 0), (1, 1, 0)])
+def test_lookahead_engine_equals_plain_greedy(engine, plain_outputs, window):
+    drafted = 0
+    for prompt, plain in zip(PROMPTS, plain_outputs):
+        result = _run(engine, prompt, lookahead_config=window)
+        assert result.output_ids == plain, f"prompt {prompt}"
+        assert result.finish_reason == "length"
+        assert result.num_decoding_iterations >= 2
+        assert result.num_decoding_iterations == len(plain) - 1 - result.total_accepted_draft_tokens
+        drafted += result.total_draft_tokens
+    if window in (None, (4, 3, 4)):
+        assert drafted > 0
+    if window == (1, 1, 0):  # plain decoding
+        assert drafted == 0
+
+
+def test_repetitive_prompt_gets_drafts_accepted(engine):
+    assert _run(engine, REPETITIVE, max_tokens=40).total_accepted_draft_tokens > 0
+
+
+def test_num_draft_tokens_zero_is_plain_decoding(engine, plain_outputs):
+    result = _run(engine, PROMPTS[1], num_draft_tokens=0, lookahead_config=(4, 3, 4))
+    assert result.output_ids == plain_outputs[1]
+    assert result.total_draft_tokens == 0 and result.num_decoding_iterations == NEW_TOKENS - 1
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 9])
+def test_max_tokens_never_exceeded(engine, plain_outputs, max_tokens):
+    for prompt, plain in zip(PROMPTS, plain_outputs):
+        result = _run(engine, prompt, max_tokens=max_tokens)
+        assert result.output_ids == plain[:max_tokens]
+        assert result.finish_reason == "length"
+
+
+def test_end_token_stops_there(engine, plain_outputs):
+    for prompt, plain in zip(PROMPTS, plain_outputs):
+        for end_id in dict.fromkeys(plain):
+            result = _run(engine, prompt, end_id=end_id)
+            assert result.output_ids == plain[: plain.index(end_id) + 1], f"end_id {end_id}"
+            assert result.finish_reason == "stop"
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_draft_tokens", [None, 0])
+def test_sampling_is_refused(engine, num_draft_tokens):
+    with pytest.raises(InvalidRequestError, match="Lookahead is greedy-only, as in TensorRT-LLM"):
+        _run(engine, PROMPTS[0], temperature=0.7, num_draft_tokens=num_draft_tokens)
+
+
+@pytest.mark.parametrize(
+    "window, message",
+    [
+        ((5, 3, 4), r"lookahead_config=\(5, 3, 4\) is out of range: .*1 <= w <= 4"),
+        ((0, 1, 0), r"lookahead_config=\(0, 1, 0\) is out of range"),
+        ((4, 3, 5), r"0 <= g <= 4"),
+        ((4, 3), r"lookahead_config=\(4, 3\); allowed: None or three integers"),
+        ((4.0, 3, 4), r"allowed: None or three integers"),
+    ],
+)
+def test_lookahead_config_outside_the_build_is_refused(engine, window, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        _run(engine, PROMPTS[0], lookahead_config=window)
+
+
+def test_lookahead_config_on_another_engine_is_refused(model):
+    plain = ReferenceEngine(model, limits=LIMITS, end_id=-1)
+    with pytest.raises(InvalidRequestError, match="this engine runs no speculation, not Lookahead"):
+        _run(plain, PROMPTS[0], lookahead_config=(1, 1, 0))
+
+
+@pytest.mark.parametrize(
+    "config, limits, message",
+    [
+        (SPEC, EngineLimits(1, 64, 160, 14), r"max_draft_len=15 exceeds the built max_draft_len=14"),
+        ({**SPEC, "max_draft_len": 16}, LIMITS, r"max_draft_len 16 does not match \(W, N, G\)"),
+        ({**SPEC, "window": 4}, LIMITS, r"unknown Lookahead speculative_config keys \['window'\]"),
+    ],
+)
+def test_bad_speculative_config_is_refused(model, config, limits, message):
+    with pytest.raises(ValueError, match=message):
+        ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=config)
+
+
+def test_method_registry_imports_without_torch():
+    code = "import sys, specbuild.engine.methods as m; assert 'Lookahead' in m.METHODS and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- Triton tensors ------------------------------------------------------------------------------
+
+
+def test_parse_batch_reads_lookahead_tensors():
+    from specbuild.triton_repo.models.reference_engine import parse_batch
+
+    base = {"input_ids": np.array([[1, 2], [3, 4]], dtype=np.int32), "request_output_len": np.array([[4], [4]], dtype=np.int32)}
+    window = {
+        "lookahead_window_size": np.array([[2], [1]], dtype=np.int32),
+        "lookahead_ngram_size": np.array([[3], [1]], dtype=np.int32),
+        "lookahead_verification_set_size": np.array([[1], [0]], dtype=np.int32),
+    }
+    rows = parse_batch({**base, **window}, default_pad_id=0, default_exclude_input=True)
+    assert [r.request.lookahead_config for r in rows] == [(2, 3, 1), (1, 1, 0)]
+    assert [r.request.lookahead_config for r in parse_batch(base, default_pad_id=0, default_exclude_input=True)] == [None, None]
+    with pytest.raises(ValueError, match="go together"):
+        parse_batch({**base, "lookahead_window_size": window["lookahead_window_size"]}, default_pad_id=0, default_exclude_input=True)
+
+
+def test_repository_declares_lookahead_inputs(tmp_path):
+    from specbuild.triton_repo.generate import LOOKAHEAD_INPUTS, ReferenceRepoSpec, reference_models
+
+    models = {m.name: m for m in reference_models(ReferenceRepoSpec(tmp_path, end_id=0, pad_id=0, max_batch_size=4))}
+    for name in ("ensemble", "tensorrt_llm"):
+        inputs = {t.name: t for t in models[name].inputs}
+        assert all(inputs[n].data_type == "TYPE_INT32" and inputs[n].optional for n in LOOKAHEAD_INPUTS)
+    step = next(s for s in models["ensemble"].steps if s.model_name == "tensorrt_llm")
+    assert all(step.input_map[n] == n for n in LOOKAHEAD_INPUTS)
+
+
+# --- recipe and the real server ------------------------------------------------------------------
+
+TEXT_PROMPTS = [
+    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
+    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
+]
+
+
+def lookahead_recipe(tmp_path: Path, checkpoint: Path) -> Path:
+    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
+    recipe.write_text(recipe.read_text().replace(
+        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
+        "  method: lookahead\n  max_window_size: 4\n  max_ngram_size: 3\n  max_verification_set_size: 4\n",
+    ).replace("max_seq_len: 500", "max_seq_len: 480"))  # + max_draft_len 15 within the tiny model's 512 positions
+    return recipe
+
+
+def test_lookahead_recipe_passes_check_runnable(tiny_checkpoint, tmp_path):
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.pipeline import check_runnable
+
+    assert check_runnable(load_recipe(str(lookahead_recipe(tmp_path, tiny_checkpoint))))
+
+
+@pytest.mark.e2e
+def test_lookahead_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
+    """recipe -> engine dir -> tritonserver -> verify; a (1, 1, 0) request equals the baseline."""
+    import json
+
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.client.sdk import RequestError, SpecClient
+    from specbuild.client.verify import verify
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.server import TritonServer
+
+    loaded = load_recipe(str(lookahead_recipe(tmp_path, tiny_checkpoint)))
+    engine_dir = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).engine_dir
+    config = json.loads((engine_dir / "config.json").read_text())
+    assert config["speculative_config"] == SPEC
+    assert config["build_config"]["max_draft_len"] == 15 and config["build_config"]["speculative_decoding_mode"] == 8
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
+    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
+    with server, SpecClient(server.grpc_url) as client:
+        client.wait_ready()
+        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
+        prompt = TEXT_PROMPTS[0].text
+        baseline = client.generate(prompt, max_tokens=20, end_id=-1, num_draft_tokens=0)
+        plain = client.generate(prompt, max_tokens=20, end_id=-1, lookahead_config=(1, 1, 0))
+        small = client.generate(prompt, max_tokens=20, end_id=-1, lookahead_config=(2, 2, 1))
+        with pytest.raises(RequestError, match=r"lookahead_config=\(5, 3, 4\) is out of range"):
+            client.generate(prompt, max_tokens=20, end_id=-1, lookahead_config=(5, 3, 4))
+    assert report.all_match, [r.divergence for r in report.results if not r.match]
+    assert report.total_draft_tokens > 0
+    assert plain.output_ids == baseline.output_ids and plain.total_draft_tokens == 0
+    assert small.output_ids == baseline.output_ids
