@@ -12,11 +12,12 @@ Layout, shaped like a TensorRT-LLM engine directory so tools read both alike::
       draft/        draft_target: the draft checkpoint (draft_dtype or the target's dtype)
       medusa/       medusa: the heads (config.json + medusa_lm_head.safetensors) in the target's dtype
       eagle/        eagle: the EAGLE-1/2 head (config.json + model.safetensors) in the target's dtype
+      eagle3/       eagle3: the EAGLE-3 head (config.json + model.safetensors) in the target's dtype
 
 ``speculative_decoding_mode`` is TensorRT-LLM's IntFlag value (NONE=1, DRAFT_TOKENS_EXTERNAL=2,
 MEDUSA=4, LOOKAHEAD=8, EXPLICIT_DRAFT_TOKENS=16, EAGLE=32). The directory is written under a
 temporary name and renamed when complete; it is rebuilt only when its fingerprint (recipe target,
-speculation and build sections plus the checkpoint's, draft's, Medusa heads' and EAGLE head's files) changes.
+speculation and build sections plus the checkpoint's, draft's, Medusa heads' and EAGLE / EAGLE-3 head's files) changes.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.pt")
 
 
 def locate_eagle(loaded: LoadedRecipe) -> CheckpointSource | None:
-    """The EAGLE head directory of an ``eagle`` recipe (None for other methods), located without
+    """The EAGLE head directory of an ``eagle`` or ``eagle3`` recipe (None for other methods), located without
     loading it; relative paths are relative to the recipe. It needs ``config.json`` and
     ``model.safetensors`` (or ``pytorch_model.bin`` / ``model.pt``).
 
@@ -169,7 +170,7 @@ def locate_eagle(loaded: LoadedRecipe) -> CheckpointSource | None:
         RecipeError: the directory or one of its files is missing (located at ``speculation.eagle_model``).
     """
     spec = loaded.recipe.speculation
-    if spec.method != "eagle":
+    if spec.method not in ("eagle", "eagle3"):
         return None
     path = loaded.resolve_path(spec.eagle_model)
     if not path.is_dir():
@@ -180,9 +181,10 @@ def locate_eagle(loaded: LoadedRecipe) -> CheckpointSource | None:
         problem = f"{path} has none of {', '.join(EAGLE_WEIGHTS)}"
     else:
         return CheckpointSource(spec=spec.eagle_model, kind="local", path=path.resolve())
+    kind = "EAGLE-3" if spec.method == "eagle3" else "EAGLE-1/2"
     raise loaded.error(
         ("speculation", "eagle_model"),
-        f"EAGLE head {spec.eagle_model!r}: {problem}; point eagle_model at an EAGLE-1/2 head directory "
+        f"EAGLE head {spec.eagle_model!r}: {problem}; point eagle_model at an {kind} head directory "
         "(config.json with hidden_size, num_hidden_layers, ... + model.safetensors)",
     )
 
@@ -206,6 +208,27 @@ def check_eagle_sizes(loaded: LoadedRecipe, target_dir: Path, eagle_dir: Path) -
             + ", ".join(f"{k}={target[k]}" for k in differ)
             + "; the head must be trained on this target",
         )
+
+
+def check_eagle3_layers(loaded: LoadedRecipe, target_dir: Path, eagle_dir: Path) -> None:
+    """Refuse an EAGLE-3 head whose captured layers the target lacks: TensorRT-LLM's default
+    ``(1, L // 2 - 1, L - 4)`` needs ``L > 5`` (config.json only, milliseconds; no-op for other methods).
+
+    Raises:
+        RecipeError: located at ``speculation.eagle_model``.
+    """
+    if loaded.recipe.speculation.method != "eagle3":
+        return
+    from specbuild.engine.methods.eagle3 import Eagle3Config, capture_layers_for
+
+    head, target = _read_json(eagle_dir / "config.json"), _read_json(target_dir / "config.json")
+    num_layers = {**(target.get("text_config") or {}), **target}.get("num_hidden_layers")
+    try:
+        config = Eagle3Config.from_dict(head, str(eagle_dir / "config.json"))
+        if num_layers is not None:
+            capture_layers_for(config, num_layers)
+    except ValueError as exc:
+        raise loaded.error(("speculation", "eagle_model"), str(exc)) from None
 
 
 def check_reference_speculation(loaded: LoadedRecipe) -> None:
@@ -277,6 +300,7 @@ def build_reference_engine(loaded: LoadedRecipe, engine_dir: Path, *, force: boo
     eagle_source = locate_eagle(loaded)
     if eagle_source is not None and source.kind != "packaged":
         check_eagle_sizes(loaded, source.path, eagle_source.path)
+        check_eagle3_layers(loaded, source.path, eagle_source.path)
     fingerprint = engine_fingerprint(loaded, source, draft_source, medusa_source, eagle_source)
     if not force and read_fingerprint(engine_dir) == fingerprint:
         log(f"engine is up to date: {engine_dir}")
@@ -376,8 +400,9 @@ def _write_medusa(heads, out: Path, *, log) -> None:
 
 
 def _load_eagle_head(loaded: LoadedRecipe, eagle_dir: Path, checkpoint: Path):
-    """The head (``EagleHead``) in the target's dtype, checked against the target's sizes; a ``.pt`` /
-    ``.bin`` is read with ``weights_only=True``. Seconds at most: it runs before the target is written.
+    """The head (``EagleHead``, or ``Eagle3Head`` for ``eagle3``) in the target's dtype, checked against
+    the target's sizes (EAGLE-3: also its layers and its draft vocabulary's ``d2t``); a ``.pt`` / ``.bin``
+    is read with ``weights_only=True``. Seconds at most: it runs before the target is written.
 
     Raises:
         RecipeError: a malformed head directory or sizes that differ from the target's (located at
@@ -386,10 +411,17 @@ def _load_eagle_head(loaded: LoadedRecipe, eagle_dir: Path, checkpoint: Path):
     import torch
 
     from specbuild.engine.methods.eagle import load_eagle_head
+    from specbuild.engine.methods.eagle3 import check_vocab_fits, load_eagle3_head
 
     check_eagle_sizes(loaded, checkpoint, eagle_dir)  # again: a packaged target's sizes are known only now
+    check_eagle3_layers(loaded, checkpoint, eagle_dir)
+    eagle3 = loaded.recipe.speculation.method == "eagle3"
+    target = _read_json(checkpoint / "config.json")
+    vocab = {**(target.get("text_config") or {}), **target}.get("vocab_size")
     try:
-        head = load_eagle_head(eagle_dir, dtype=getattr(torch, loaded.recipe.target.dtype))
+        head = (load_eagle3_head if eagle3 else load_eagle_head)(eagle_dir, dtype=getattr(torch, loaded.recipe.target.dtype))
+        if eagle3 and vocab is not None:
+            check_vocab_fits(head, vocab)
     except (OSError, ValueError, pickle.UnpicklingError) as exc:  # UnpicklingError: a .pt that is not plain tensors
         raise loaded.error(("speculation", "eagle_model"), str(exc)) from None
     return head
@@ -397,8 +429,13 @@ def _load_eagle_head(loaded: LoadedRecipe, eagle_dir: Path, checkpoint: Path):
 
 def _write_eagle(head, out: Path, *, log) -> None:
     from specbuild.engine.methods.eagle import EAGLE_SUBDIR, save_eagle_head
+    from specbuild.engine.methods.eagle3 import EAGLE3_SUBDIR, Eagle3Head, save_eagle3_head
 
     c = head.config
+    if isinstance(head, Eagle3Head):
+        log(f"writing the EAGLE-3 head (midlayer, hidden_size={c.hidden_size}, draft vocabulary {c.draft_vocab_size or c.vocab_size})")
+        save_eagle3_head(out / EAGLE3_SUBDIR, head.state_dict(), c)
+        return
     log(f"writing the EAGLE head ({c.num_hidden_layers} decoder layer(s), hidden_size={c.hidden_size})")
     save_eagle_head(out / EAGLE_SUBDIR, head.state_dict(), c)
 

@@ -33,6 +33,11 @@ target's features of EVERY accepted position, so the proposer is fed after each 
     step         = eagle_step: propose, tree_forward, accept_tree_greedy, compact the target cache
     head state  += (features at [root, *accepted path], accepted + [bonus])
 
+EAGLE-3 (Li et al. 2025; ``"feature_chain"``) drafts a chain from the fusion of three target layers;
+its module runs the loop (:func:`~specbuild.engine.methods.eagle3.generate_feature_chain_greedy`):
+a chain verification whose target pass also returns the captured layers, fed to the head after each
+step; ``num_draft_tokens`` caps the chain.
+
 Lookahead (Fu et al. 2024; ``"lookahead"``) has no proposer: greedy requests with ``num_draft_tokens >
 0`` run :func:`~specbuild.engine.lookahead_decode.lookahead_generate_greedy` with the request's
 ``lookahead_config`` ``(w, n, g)`` (default: the built ``(W, N, G)``; ``(1, 1, 0)``: plain decoding).
@@ -40,7 +45,7 @@ Lookahead (Fu et al. 2024; ``"lookahead"``) has no proposer: greedy requests wit
 Sampled requests (``temperature > 0``) run the same loop with the target's ``[k + 1, vocab]``
 distributions instead of its argmax, and speculative sampling instead of token matching
 (:func:`~specbuild.engine.acceptance.accept_speculative`): the output is distributed exactly as
-plain sampling from the target. Methods marked ``greedy_only`` (Medusa, EAGLE, Lookahead) refuse
+plain sampling from the target. Methods marked ``greedy_only`` (Medusa, EAGLE, EAGLE-3, Lookahead) refuse
 sampled requests.
 """
 
@@ -300,6 +305,7 @@ class ReferenceEngine:
             "chain": self._decode,
             "tree": self._decode_tree,
             "feature_tree": self._decode_feature_tree,
+            "feature_chain": self._decode_feature_chain,
             "lookahead": self._decode_lookahead,
         }[self._method.verification]
         with torch.inference_mode():
@@ -419,6 +425,20 @@ class ReferenceEngine:
             if state.finish_reason is None:
                 proposer.update(head_state, step.acceptance.emitted_tokens, step.features)
         return state.result()
+
+    def _decode_feature_chain(self, request: ResolvedRequest) -> GenerationResult:
+        """Greedy EAGLE-3 speculation: chains of at most ``num_draft_tokens`` drafts from captured target features."""
+        from .methods.eagle3 import generate_feature_chain_greedy
+
+        assert self._method is not None and request.sampling is None
+        return generate_feature_chain_greedy(
+            self._model,
+            self._method.make_proposer(self._method_state),
+            request.input_ids,
+            max_tokens=request.max_tokens,
+            num_draft_tokens=request.num_draft_tokens,
+            end_id=request.end_id,
+        )
 
     def _decode_lookahead(self, request: ResolvedRequest) -> GenerationResult:
         """Greedy lookahead decoding with the request's ``(w, n, g)`` (None -> the built ``(W, N, G)``)."""

@@ -60,8 +60,9 @@ class RunSummary:
 
 def check_inputs(loaded: LoadedRecipe) -> list:
     """The recipe's checkpoints, Medusa / EAGLE heads and prompts exist, and a draft shares the target's
-    vocabulary, Medusa and EAGLE heads its hidden and vocabulary sizes (milliseconds; a packaged GGUF's
-    sizes are checked after its conversion); on the reference backend, no setting it lacks
+    vocabulary, Medusa and EAGLE heads its hidden and vocabulary sizes, an EAGLE-3 head finds the layers it
+    fuses (milliseconds; a packaged GGUF's sizes are checked after its conversion); on the reference
+    backend, no setting it lacks
     (``posterior_threshold``). Returns the prompts.
 
     Raises:
@@ -69,6 +70,7 @@ def check_inputs(loaded: LoadedRecipe) -> list:
     """
     from specbuild.builder.reference import (
         check_draft_vocabulary,
+        check_eagle3_layers,
         check_eagle_sizes,
         check_medusa_sizes,
         check_reference_speculation,
@@ -91,6 +93,7 @@ def check_inputs(loaded: LoadedRecipe) -> list:
     eagle = locate_eagle(loaded)
     if eagle is not None and target.kind != "packaged":
         check_eagle_sizes(loaded, target.path, eagle.path)
+        check_eagle3_layers(loaded, target.path, eagle.path)
     try:
         return load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
     except PromptSourceError as exc:

@@ -1,7 +1,7 @@
 """Speculative methods, one module each, looked up by TensorRT-LLM's ``decoding_type``.
 
 Importing this registry stays torch-free (the recipe validator reads :data:`METHODS`): methods whose
-module needs torch at import (Medusa, EAGLE, Lookahead) are registered through :func:`_lazy`.
+module needs torch at import (Medusa, EAGLE, EAGLE-3, Lookahead) are registered through :func:`_lazy`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .ngram import NGramConfig, NGramProposer, find_ngram_draft
 if TYPE_CHECKING:
     from ..eagle_decode import FeatureTreeProposer
     from ..medusa_decode import TreeProposer
+    from .eagle3 import Eagle3Proposer
     from .lookahead import LookaheadConfig
 
 
@@ -67,17 +68,20 @@ class SpeculativeMethod:
             :class:`~specbuild.engine.medusa_decode.TreeProposer` filling a token tree from the target's
             hidden state, verified in one pass with a tree attention mask; ``"feature_tree"``: it is a
             :class:`~specbuild.engine.eagle_decode.FeatureTreeProposer` (EAGLE) fed with the target's
-            features of every accepted position, verified like ``"tree"``; ``"lookahead"``: no proposer,
+            features of every accepted position, verified like ``"tree"``; ``"feature_chain"``: it is an
+            :class:`~specbuild.engine.methods.eagle3.Eagle3Proposer` (EAGLE-3) drafting a chain from features
+            it captures from several target layers, run by its module's
+            :func:`~specbuild.engine.methods.eagle3.generate_feature_chain_greedy`; ``"lookahead"``: no proposer,
             the loaded config drives :func:`~specbuild.engine.lookahead_decode.lookahead_generate_greedy`.
         greedy_only: sampled requests (``temperature > 0``) are refused, as TensorRT-LLM refuses them.
     """
 
     decoding_type: str
     parse_config: Callable[[Mapping[str, Any]], Any]
-    make_proposer: Callable[[Any], Proposer | TreeProposer | FeatureTreeProposer | LookaheadConfig]
+    make_proposer: Callable[[Any], Proposer | TreeProposer | FeatureTreeProposer | Eagle3Proposer | LookaheadConfig]
     load: Callable[[Any, MethodContext], Any] = _no_load
     check_prompt: Callable[[Any, Sequence[int]], None] = _any_prompt
-    verification: Literal["chain", "tree", "feature_tree", "lookahead"] = "chain"
+    verification: Literal["chain", "tree", "feature_tree", "feature_chain", "lookahead"] = "chain"
     greedy_only: bool = False
 
 
@@ -101,6 +105,14 @@ METHODS: Mapping[str, SpeculativeMethod] = MappingProxyType(
             _lazy("eagle", "make_eagle_proposer"),
             load=_lazy("eagle", "load_eagle"),
             verification="feature_tree",
+            greedy_only=True,
+        ),
+        "Eagle3": SpeculativeMethod(
+            "Eagle3",
+            _lazy("eagle3", "Eagle3DecodingConfig.from_dict"),
+            _lazy("eagle3", "make_eagle3_proposer"),
+            load=_lazy("eagle3", "load_eagle3"),
+            verification="feature_chain",
             greedy_only=True,
         ),
         "Lookahead": SpeculativeMethod(

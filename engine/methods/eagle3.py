@@ -1,0 +1,624 @@
+"""EAGLE-3 draft heads (Li et al. 2025): the on-disk format, the head forward, chain drafting and decoding.
+
+EAGLE-3 drafts from a FUSION of three target layers instead of the last feature, and its head feeds its
+own output back after the first draft step (training-time test, §3)::
+
+    g_j   = [h^(a)_j ; h^(b)_j ; h^(c)_j]                     [3 Ht]  target decoder-layer OUTPUTS at j
+    x_j   = fc(g_j)              (true positions)              [3 Ht] -> [H]
+          = o_{j-1}              (draft positions: the head's own previous output, no fc)
+    o_j   = x_j + Attn([input_layernorm(embed(c_{j+1})) ; hidden_norm(x_j)])       attention input [2H]
+    o_j  += MLP(post_attention_layernorm(o_j))                 ``midlayer``: ONE decoder layer
+    p     = softmax(lm_head(norm(o_j)))                        over the draft vocabulary
+    token = d + d2t[d]           for draft id d                (draft -> target id offset)
+
+Sources: SafeAILab/EAGLE ``eagle/model/cnets.py`` (``LlamaDecoderLayeremb``: residual = the fused
+hidden, ``hidden_norm`` on it, ``input_layernorm`` on the embedding, q/k/v over the 2H concat;
+``topK_genrate``: ``lm_head(norm(out_hidden))`` and ``d2t`` added to the draft ids), vLLM
+``llama_eagle3.py`` (``midlayer.`` -> ``layers.0.``, ``draft_id_to_target_id``) and TensorRT-LLM
+``_torch/speculative`` (``Eagle3SpecMetadata``): the captured layers are ``(1, L // 2 - 1, L - 4)`` of an
+``L``-layer target, refused for ``L <= 5`` ("Not enough hidden layers for default EAGLE3 capture"). A
+captured layer ``i`` is its output, i.e. ``hidden_states[i + 1]`` in transformers (``[0]`` is the
+embedding). Head configs may name their own layers (``eagle_config.eagle_aux_hidden_state_layer_ids``,
+as NVIDIA's EAGLE-3 checkpoints do).
+
+Alignment (as EAGLE-1, :mod:`specbuild.engine.methods.eagle`): head position ``j`` reads ``g_j`` and token
+``c_{j+1}`` and predicts ``c_{j+2}``; context ``c_0 .. c_{N-1}`` -> the head holds ``N - 1`` true
+positions and its last output predicts ``c_N``. Drafting is a CHAIN of ``max_draft_len`` tokens, as
+TensorRT-LLM's PyTorch backend drafts EAGLE-3 (a linear tree); draft positions are dropped after each
+step and the target's captured features of the accepted tokens replace them.
+
+On disk (a directory; ``speculative_model_dir``, architecture ``LlamaForCausalLMEagle3``)::
+
+    config.json        LlamaConfig-style: hidden_size, intermediate_size, num_attention_heads,
+                       num_key_value_heads, rms_norm_eps, max_position_embeddings (num_hidden_layers 1;
+                       optional: rope_theta, rope_scaling, head_dim, hidden_act="silu", vocab_size,
+                       draft_vocab_size, target_hidden_size, eagle_config.eagle_aux_hidden_state_layer_ids)
+    model.safetensors  fc.weight [H, 3 Ht]; midlayer.self_attn.{q,k,v}_proj.weight [*, 2H],
+                       midlayer.self_attn.o_proj.weight, midlayer.mlp.{gate,up,down}_proj.weight,
+                       midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight [H];
+                       norm.weight [H]; lm_head.weight [Vd, H] (absent: the target's lm_head, Vd = V);
+                       d2t [Vd] int64 (needed when Vd != V). t2d and embed_tokens.weight are accepted
+                       and ignored: the embeddings are the target's.
+    (or pytorch_model.bin / model.pt, read only with torch.load(weights_only=True))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from ..acceptance import accept_greedy, clip_emitted
+from ..kv_cache import rollback
+from ..target import cache_keyword, new_cache
+from ..types import GenerationResult
+from .eagle import MLP, Attention, EagleConfig, LayerKV, RMSNorm
+
+SAFETENSORS_NAME = "model.safetensors"
+PT_NAMES = ("pytorch_model.bin", "model.pt")
+IGNORED_TENSORS = ("embed_tokens.weight", "t2d")
+EAGLE3_SUBDIR = "eagle3"  # where the builder puts the head inside an engine directory
+
+
+# --- format --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """The head's config.json (LlamaConfig names); other keys in the file are ignored.
+
+    Attributes:
+        draft_vocab_size: rows of ``lm_head``; None -> ``vocab_size`` (or the target's vocabulary).
+        target_hidden_size: width of each captured target layer; None -> ``hidden_size``.
+        aux_layer_ids: target layers to capture; None -> TensorRT-LLM's ``(1, L // 2 - 1, L - 4)``.
+
+    Raises (on construction):
+        ValueError: as :class:`EagleConfig`; ``num_hidden_layers`` other than 1; not three layer ids.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    num_hidden_layers: int = 1
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    vocab_size: int | None = None
+    draft_vocab_size: int | None = None
+    target_hidden_size: int | None = None
+    aux_layer_ids: tuple[int, ...] | None = None
+
+    REQUIRED = (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+        "max_position_embeddings",
+    )
+
+    def __post_init__(self) -> None:
+        self.layer_config()  # EagleConfig's size checks
+        for name in ("draft_vocab_size", "target_hidden_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"EAGLE-3 config {name} must be an integer >= 1, got {value!r}")
+        if self.num_hidden_layers != 1:
+            raise ValueError(f"EAGLE-3 config num_hidden_layers={self.num_hidden_layers}: the format has one midlayer")
+        if self.aux_layer_ids is not None:
+            object.__setattr__(self, "aux_layer_ids", tuple(self.aux_layer_ids))
+            if len(self.aux_layer_ids) != 3:
+                raise ValueError(f"EAGLE-3 fuses three target layers, eagle_aux_hidden_state_layer_ids is {list(self.aux_layer_ids)}")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], where: str = "config.json") -> Eagle3Config:
+        """Pick the known keys of ``raw`` (and ``eagle_config.eagle_aux_hidden_state_layer_ids``).
+
+        Raises:
+            ValueError: a required key missing (the message lists them) or a value invalid.
+        """
+        missing = [k for k in cls.REQUIRED if k not in raw]
+        if missing:
+            raise ValueError(f"{where}: missing key(s) {missing}")
+        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw and raw[k] is not None}
+        layer_ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if layer_ids is not None:
+            known["aux_layer_ids"] = tuple(layer_ids)
+        try:
+            return cls(**known)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        raw = {k: v for k, v in asdict(self).items() if v is not None and k != "aux_layer_ids"}
+        if self.aux_layer_ids is not None:
+            raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
+        return {"architectures": ["LlamaForCausalLMEagle3"], **raw}
+
+    def layer_config(self) -> EagleConfig:
+        """The midlayer's sizes as an :class:`EagleConfig` (one layer), for the shared attention/MLP/rotary."""
+        return EagleConfig(
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+            num_hidden_layers=1, rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_position_embeddings,
+            rope_theta=self.rope_theta, rope_scaling=self.rope_scaling, head_dim=self.head_dim, hidden_act=self.hidden_act,
+        )
+
+    def expected_shapes(self, *, lm_head: bool) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> shape (``lm_head.weight`` only with ``lm_head``; ``d2t`` is checked apart)."""
+        hidden, inter = self.hidden_size, self.intermediate_size
+        d = self.layer_config().attention_head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        shapes: dict[str, tuple[int, ...]] = {
+            "fc.weight": (hidden, 3 * (self.target_hidden_size or hidden)),
+            "midlayer.self_attn.q_proj.weight": (q, 2 * hidden),
+            "midlayer.self_attn.k_proj.weight": (kv, 2 * hidden),
+            "midlayer.self_attn.v_proj.weight": (kv, 2 * hidden),
+            "midlayer.self_attn.o_proj.weight": (hidden, q),
+            "midlayer.mlp.gate_proj.weight": (inter, hidden),
+            "midlayer.mlp.up_proj.weight": (inter, hidden),
+            "midlayer.mlp.down_proj.weight": (hidden, inter),
+            "midlayer.input_layernorm.weight": (hidden,),
+            "midlayer.hidden_norm.weight": (hidden,),
+            "midlayer.post_attention_layernorm.weight": (hidden,),
+            "norm.weight": (hidden,),
+        }
+        if lm_head:
+            shapes["lm_head.weight"] = (self.draft_vocab_size or self.vocab_size or -1, hidden)
+        return shapes
+
+
+def load_eagle3_head(head_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Eagle3Head:
+    """Load an EAGLE-3 head from ``head_dir`` (config.json + model.safetensors, or a weights-only .bin/.pt).
+
+    Raises:
+        FileNotFoundError: no config.json, or no weight file.
+        ValueError: a config key missing or invalid; a tensor missing, unexpected or of the wrong shape;
+            ``d2t`` missing for a draft vocabulary, of the wrong length, or mapping outside the vocabulary.
+        pickle.UnpicklingError: a .pt/.bin holding anything but tensors (``weights_only=True`` refuses it).
+    """
+    head_dir = Path(head_dir)
+    config_path = head_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: not an EAGLE-3 head directory")
+    config = Eagle3Config.from_dict(json.loads(config_path.read_text()), str(config_path))
+    state = {k: v for k, v in _read_weights(head_dir).items() if k not in IGNORED_TENSORS}
+    config = _with_draft_vocab(config, state)
+    _check_state(state, config, head_dir)
+    head = Eagle3Head(config, lm_head="lm_head.weight" in state, d2t="d2t" in state)
+    head.load_state_dict(state)
+    return head.to(dtype=dtype)
+
+
+def save_eagle3_head(head_dir: str | Path, state: Mapping[str, torch.Tensor], config: Eagle3Config) -> Path:
+    """Write ``state`` (e.g. ``Eagle3Head.state_dict()``) and ``config`` as an EAGLE-3 head directory.
+
+    Raises:
+        ValueError: ``state`` does not match ``config`` (as :func:`load_eagle3_head`).
+    """
+    head_dir = Path(head_dir)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    config = _with_draft_vocab(config, tensors)
+    _check_state(tensors, config, head_dir)
+    head_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(head_dir / SAFETENSORS_NAME))
+    (head_dir / "config.json").write_text(json.dumps(config.to_json(), indent=2) + "\n")
+    return head_dir
+
+
+def _read_weights(head_dir: Path) -> dict[str, torch.Tensor]:
+    if (head_dir / SAFETENSORS_NAME).is_file():
+        return load_file(str(head_dir / SAFETENSORS_NAME))
+    for name in PT_NAMES:
+        if (head_dir / name).is_file():
+            return torch.load(head_dir / name, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{head_dir}: none of {[SAFETENSORS_NAME, *PT_NAMES]} found")
+
+
+def _with_draft_vocab(config: Eagle3Config, state: Mapping[str, torch.Tensor]) -> Eagle3Config:
+    """``config`` with ``draft_vocab_size`` taken from ``lm_head.weight`` when the config lacks it."""
+    if config.draft_vocab_size is None and "lm_head.weight" in state:
+        return Eagle3Config(**{**asdict(config), "draft_vocab_size": int(state["lm_head.weight"].shape[0])})
+    return config
+
+
+def _check_state(state: Mapping[str, torch.Tensor], config: Eagle3Config, where: Path) -> None:
+    lm_head = "lm_head.weight" in state
+    expected = config.expected_shapes(lm_head=lm_head)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected) - {"d2t"})
+    if missing or unexpected:
+        raise ValueError(
+            f"{where}: EAGLE-3 weights (fc, midlayer.*, norm, lm_head, d2t) do not match: "
+            f"missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"{where}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}")
+    draft_vocab = config.draft_vocab_size
+    if "d2t" in state:
+        d2t = state["d2t"]
+        if not lm_head:
+            raise ValueError(f"{where}: d2t without lm_head.weight (d2t maps the head's own draft vocabulary)")
+        if d2t.dtype not in (torch.int64, torch.int32) or tuple(d2t.shape) != (draft_vocab,):
+            raise ValueError(f"{where}: d2t must be an integer tensor of length draft_vocab_size={draft_vocab}, got {d2t.dtype} {tuple(d2t.shape)}")
+        targets = torch.arange(draft_vocab) + d2t.long()
+        vocab = config.vocab_size
+        if int(targets.min()) < 0 or (vocab is not None and int(targets.max()) >= vocab):
+            raise ValueError(f"{where}: d2t maps draft ids outside the target vocabulary [0, {vocab})")
+    elif lm_head and config.vocab_size is not None and draft_vocab != config.vocab_size:
+        raise ValueError(f"{where}: draft_vocab_size={draft_vocab} != vocab_size={config.vocab_size} needs d2t")
+
+
+# --- the head ------------------------------------------------------------------------------------
+
+
+class WideAttention(Attention):
+    """Llama attention whose q/k/v read the ``[2H]`` concat ``[embedding ; hidden]``; o_proj writes ``[H]``."""
+
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__(config)
+        wide, d = 2 * config.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(wide, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(wide, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(wide, self.num_kv_heads * d, bias=False)
+
+
+class MidLayer(nn.Module):
+    """EAGLE-3's one decoder layer (cnets.py ``LlamaDecoderLayeremb``)."""
+
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__()
+        self.self_attn = WideAttention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor, past: LayerKV | None,
+    ) -> tuple[torch.Tensor, LayerKV]:
+        """``embeds, hidden [S, H]`` -> pre-norm output ``[S, H]``, the ``S`` new positions' KV."""
+        wide = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [S, 2H]
+        attended, new = self.self_attn(wide, rotary, mask, past)
+        x = hidden + attended  # residual: the un-normed hidden input
+        return x + self.mlp(self.post_attention_layernorm(x)), new
+
+
+class Eagle3Head(nn.Module):
+    """fc + midlayer + norm (+ lm_head, d2t); ``state_dict()`` keys are the on-disk names. KV passed in and out."""
+
+    def __init__(self, config: Eagle3Config, *, lm_head: bool = True, d2t: bool = False) -> None:
+        """Raises: ValueError if ``lm_head`` without a ``draft_vocab_size`` / ``vocab_size`` in ``config``."""
+        super().__init__()
+        layer = config.layer_config()
+        self.config = config
+        self.fc = nn.Linear(3 * (config.target_hidden_size or config.hidden_size), config.hidden_size, bias=False)
+        self.midlayer = MidLayer(layer)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = LlamaRotaryEmbedding(layer.rotary_config())
+        draft_vocab = config.draft_vocab_size or config.vocab_size
+        if lm_head:
+            if draft_vocab is None:
+                raise ValueError("an EAGLE-3 lm_head needs draft_vocab_size (or vocab_size) in the config")
+            self.lm_head = nn.Linear(config.hidden_size, draft_vocab, bias=False)
+        if d2t:
+            self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        past: LayerKV | None = None,
+    ) -> tuple[torch.Tensor, LayerKV]:
+        """Pre-norm outputs for ``S`` new positions.
+
+        Args:
+            embeds: ``[S, H]`` target token embeddings of ``c_{j+1}``.
+            hidden: ``[S, H]`` ``fc(fused target features)`` (true positions) or the head's own previous
+                outputs (draft positions).
+            positions: ``[S]`` long, rotary positions ``j``.
+            mask: ``[S, P + S]`` bool, True where new position ``s`` may attend.
+        """
+        cos, sin = self.rotary(hidden, positions[None])  # [1, S, d] each
+        return self.midlayer(embeds, hidden, (cos[0].to(hidden.dtype), sin[0].to(hidden.dtype)), mask, past)
+
+
+# --- drafting ------------------------------------------------------------------------------------
+
+
+def default_capture_layers(num_layers: int) -> tuple[int, int, int]:
+    """TensorRT-LLM's default EAGLE-3 capture: ``(1, L // 2 - 1, L - 4)``, e.g. 8 layers -> (1, 3, 4).
+
+    Raises:
+        ValueError: ``num_layers <= 5`` (TensorRT-LLM refuses it the same way).
+    """
+    if num_layers <= 5:
+        raise ValueError(f"Not enough hidden layers for default EAGLE3 capture: the target has {num_layers} (needs > 5)")
+    return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+def capture_layers_for(config: Eagle3Config, num_layers: int) -> tuple[int, ...]:
+    """The target layers the head fuses: its ``aux_layer_ids`` or :func:`default_capture_layers`.
+
+    Raises:
+        ValueError: a target too shallow for the default, or a layer id outside ``[0, num_layers)``.
+    """
+    layers = config.aux_layer_ids or default_capture_layers(num_layers)
+    if not all(0 <= i < num_layers for i in layers):
+        raise ValueError(f"EAGLE-3 capture layers {list(layers)} are not layers of a {num_layers}-layer target")
+    return tuple(layers)
+
+
+def check_vocab_fits(head: Eagle3Head, vocab_size: int) -> None:
+    """Refuse a head whose drafts cannot be target ids: a draft vocabulary of another size without
+    ``d2t``, or ``d2t`` mapping past the target vocabulary.
+
+    Raises:
+        ValueError: naming both sizes.
+    """
+    if head.config.vocab_size not in (None, vocab_size):
+        raise ValueError(f"EAGLE-3 head vocab_size {head.config.vocab_size} != target vocabulary {vocab_size}")
+    lm_head, d2t = getattr(head, "lm_head", None), getattr(head, "d2t", None)
+    if lm_head is not None and d2t is None and lm_head.out_features != vocab_size:
+        raise ValueError(f"EAGLE-3 head drafts over {lm_head.out_features} tokens, the target has {vocab_size}: it needs d2t")
+    if d2t is not None and int((torch.arange(len(d2t), device=d2t.device) + d2t).max()) >= vocab_size:
+        raise ValueError(f"EAGLE-3 head d2t maps draft ids outside the target vocabulary of {vocab_size}")
+
+
+@dataclass
+class Eagle3State:
+    """One request's head state: KV of every true position (``P`` = context length - 1) and the last output."""
+
+    kv: LayerKV | None = None
+    last_output: torch.Tensor | None = None  # [H] pre-norm, predicts the root's successor
+
+    @property
+    def length(self) -> int:
+        return 0 if self.kv is None else len(self.kv)
+
+
+class Eagle3Proposer:
+    """Drafts chains for requests of one target (stateless itself; per-request :class:`Eagle3State`).
+
+    Use: ``state = proposer.new_state()``; ``proposer.update(state, tokens, proposer.capture(hidden_states))``
+    with the prefill's hidden states; then per step ``draft = proposer.propose(state, k)``, verify, and
+    ``update`` with the captured features of the root and the accepted tokens.
+    """
+
+    def __init__(self, target: PreTrainedModel, head: Eagle3Head, *, max_draft_len: int) -> None:
+        """Raises: ValueError if the head does not fit the target (hidden size, vocabulary, captured layers)."""
+        text = target.config.get_text_config()
+        embedding = target.get_input_embeddings()
+        vocab, hidden = embedding.weight.shape
+        c = head.config
+        if c.hidden_size != hidden or (c.target_hidden_size or c.hidden_size) != text.hidden_size:
+            raise ValueError(
+                f"EAGLE-3 head hidden_size {c.hidden_size} (target_hidden_size {c.target_hidden_size}) != target hidden_size {hidden}"
+            )
+        check_vocab_fits(head, vocab)
+        self.capture_layers = capture_layers_for(c, text.num_hidden_layers)
+        if max_draft_len < 1:
+            raise ValueError(f"max_draft_len must be >= 1, got {max_draft_len}")
+        self.embedding, self.head, self.max_draft_len = embedding, head, max_draft_len
+        self.lm_head = head.lm_head if hasattr(head, "lm_head") else target.get_output_embeddings()
+
+    @staticmethod
+    def new_state() -> Eagle3State:
+        return Eagle3State()
+
+    def capture(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
+        """transformers' ``hidden_states`` (``L + 1`` of ``[1, S, Ht]``) -> fused features ``[S, 3 Ht]``."""
+        return torch.cat([hidden_states[i + 1][0] for i in self.capture_layers], dim=-1)
+
+    def update(self, state: Eagle3State, next_tokens: Sequence[int], features: torch.Tensor) -> None:
+        """Append ``m`` true positions: ``features [m, 3 Ht]`` paired with the tokens they produced."""
+        m, past = len(next_tokens), state.length
+        device = self.embedding.weight.device
+        tokens = torch.tensor(list(next_tokens), dtype=torch.long, device=device)
+        mask = torch.ones(m, past + m, dtype=torch.bool, device=device).tril(diagonal=past)  # causal
+        positions = torch.arange(past, past + m, device=device)
+        fused = self.head.fc(features.to(self._dtype))  # [m, 3 Ht] -> [m, H]
+        out, new_kv = self.head(self.embedding(tokens), fused, positions, mask, state.kv)
+        state.kv = new_kv if state.kv is None else state.kv.cat(new_kv)
+        state.last_output = out[-1]
+
+    def propose(self, state: Eagle3State, num_draft_tokens: int) -> list[int]:
+        """A greedy chain of ``min(num_draft_tokens, max_draft_len)`` target token ids; ``state`` is unchanged.
+
+        Depth 1 reads the cached last output; each further depth runs the head on ``[embed(previous
+        draft) ; previous output]`` at the next position, attending to the true cache and the chain.
+
+        Raises:
+            ValueError: ``state`` was never updated (no prefill features).
+        """
+        if state.last_output is None:
+            raise ValueError("Eagle3State has no features yet: call update() with the prefill's features first")
+        k = min(num_draft_tokens, self.max_draft_len)
+        tokens: list[int] = []
+        output, kv = state.last_output, state.kv
+        device = output.device
+        for depth in range(1, k + 1):
+            tokens.append(self._greedy_token(output))
+            if depth == k:
+                break
+            mask = torch.ones(1, len(kv) + 1, dtype=torch.bool, device=device)
+            position = torch.tensor([state.length + depth - 1], device=device)
+            token = torch.tensor(tokens[-1:], dtype=torch.long, device=device)
+            out, new_kv = self.head(self.embedding(token), output[None], position, mask, kv)
+            output, kv = out[0], kv.cat(new_kv)
+        return tokens
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.head.fc.weight.dtype
+
+    def _greedy_token(self, output: torch.Tensor) -> int:
+        """``[H]`` pre-norm head output -> the argmax draft id, mapped to a target id by ``d2t``."""
+        logits = self.lm_head(self.head.norm(output).to(self.lm_head.weight.dtype))  # [Vd]
+        draft_id = int(logits.argmax())
+        return draft_id + int(self.head.d2t[draft_id]) if hasattr(self.head, "d2t") else draft_id
+
+
+# --- decoding: chain verification with captured features ----------------------------------------
+
+
+def forward_captured(
+    model: PreTrainedModel, proposer: Eagle3Proposer, tokens: Sequence[int], cache: DynamicCache
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``tokens`` after ``cache`` (causal); the cache grows by ``len(tokens)``.
+
+    Returns:
+        ``([S, vocab]`` logits, ``[S, 3 Ht]`` captured features``)``.
+    """
+    input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=model.device)  # [1, S]
+    outputs = model(input_ids=input_ids, use_cache=True, output_hidden_states=True, **{cache_keyword(model): cache})
+    return outputs.logits[0], proposer.capture(outputs.hidden_states)
+
+
+def generate_feature_chain_greedy(
+    model: PreTrainedModel,
+    proposer: Eagle3Proposer,
+    input_ids: Sequence[int],
+    *,
+    max_tokens: int,
+    num_draft_tokens: int,
+    end_id: int = -1,
+) -> GenerationResult:
+    """Greedy EAGLE-3 decoding of one prompt: the target's own greedy output, in fewer target passes.
+
+    One step, context ``c_0 .. c_{N-1}`` (the target cache holds ``N - 1`` positions)::
+
+        draft      = proposer.propose(state, k)                 k = min(num_draft_tokens, remaining - 1)
+        logits, g  = target([c_{N-1}, *draft])                  one pass; g: captured features [k + 1, 3 Ht]
+        accepted   = longest draft prefix == argmax; bonus after it
+        cache      = rollback to N + num_accepted;  head += (g[: 1 + num_accepted], accepted + [bonus])
+
+    Counters: ``total_draft_tokens`` counts drafts verified, ``num_decoding_iterations`` target passes
+    after the prefill. Stops at ``end_id`` even inside an accepted chunk; never exceeds ``max_tokens``.
+
+    Raises:
+        ValueError: empty prompt or ``max_tokens < 1``.
+    """
+    if not input_ids or max_tokens < 1:
+        raise ValueError(f"need a non-empty prompt and max_tokens >= 1, got {len(input_ids)} tokens, {max_tokens}")
+    with torch.inference_mode():
+        cache = new_cache(model)
+        logits, features = forward_captured(model, proposer, input_ids, cache)  # [T, vocab], [T, 3 Ht]
+        first = int(logits[-1].argmax())
+        output, stopped = clip_emitted([first], remaining=max_tokens, end_id=end_id)
+        state = proposer.new_state()
+        if not stopped and len(output) < max_tokens:
+            proposer.update(state, [*input_ids[1:], first], features)
+        drafted = accepted = iterations = 0
+        while not stopped and len(output) < max_tokens:
+            context_len = len(input_ids) + len(output)
+            draft = proposer.propose(state, min(num_draft_tokens, max_tokens - len(output) - 1))
+            logits, features = forward_captured(model, proposer, [output[-1], *draft], cache)
+            acceptance = accept_greedy(draft, logits.argmax(dim=-1).tolist())
+            rollback(cache, context_len + acceptance.num_accepted)
+            kept, stopped = clip_emitted(acceptance.emitted_tokens, remaining=max_tokens - len(output), end_id=end_id)
+            output += kept
+            drafted += len(draft)
+            accepted += min(acceptance.num_accepted, len(kept))
+            iterations += 1
+            if not stopped and len(output) < max_tokens:
+                proposer.update(state, acceptance.emitted_tokens, features[: 1 + acceptance.num_accepted])
+    return GenerationResult(
+        output_ids=output,
+        finish_reason="stop" if stopped else "length",
+        total_draft_tokens=drafted,
+        total_accepted_draft_tokens=accepted,
+        num_decoding_iterations=iterations,
+    )
+
+
+# --- the reference engine's "Eagle3" method: speculative_config -> head loaded once -> proposer -----
+
+_CONFIG_KEYS = ("decoding_type", "max_draft_len", "speculative_model_dir", "eagle3_one_model", "greedy_sampling")
+
+
+@dataclass(frozen=True)
+class Eagle3DecodingConfig:
+    """TensorRT-LLM LLM-API ``Eagle3`` speculative_config keys, parsed (build it with :meth:`from_dict`).
+
+    Attributes:
+        max_draft_len: chain length (TensorRT-LLM's default for EAGLE-3 recipes: 3).
+        speculative_model_dir: the head directory; relative -> against the engine directory; None ->
+            ``engine_dir/eagle3`` (where the builder writes it).
+    """
+
+    max_draft_len: int = 3
+    speculative_model_dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> Eagle3DecodingConfig:
+        """Parse e.g. ``{"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_one_model": True}``.
+
+        ``eagle3_one_model`` and ``greedy_sampling`` are accepted and change nothing here (one process,
+        greedy decoding).
+
+        Raises:
+            ValueError: unknown keys (e.g. ``eagle_choices``: drafting is a chain), ``max_draft_len < 1``.
+        """
+        unknown = sorted(set(config) - set(_CONFIG_KEYS))
+        if unknown:
+            raise ValueError(
+                f"unknown Eagle3 speculative_config keys {unknown}; allowed: {sorted(_CONFIG_KEYS)} "
+                "(the reference engine drafts EAGLE-3 as a chain)"
+            )
+        max_draft_len = config.get("max_draft_len", 3)
+        if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
+            raise ValueError(f"Eagle3 max_draft_len must be an integer >= 1, got {max_draft_len!r}")
+        return cls(max_draft_len, config.get("speculative_model_dir"))
+
+
+@dataclass(frozen=True)
+class LoadedEagle3:
+    """The head of one engine, loaded once (target dtype and device) and shared by its requests."""
+
+    config: Eagle3DecodingConfig
+    proposer: Eagle3Proposer
+    path: Path
+
+
+def resolve_eagle3_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
+    """The head directory: (None, /e) -> /e/eagle3; ("h", /e) -> /e/h; ("/abs/h", /e) -> /abs/h; ("h", None) -> h.
+
+    Raises:
+        ValueError: ``speculative_model_dir`` is None outside an engine directory.
+    """
+    if speculative_model_dir is None:
+        if base_dir is None:
+            raise ValueError("Eagle3 speculative_config needs speculative_model_dir (the EAGLE-3 head directory)")
+        return base_dir / EAGLE3_SUBDIR
+    path = Path(speculative_model_dir)
+    return path if path.is_absolute() or base_dir is None else base_dir / path
+
+
+def load_eagle3(config: Eagle3DecodingConfig, context: Any) -> LoadedEagle3:
+    """Load the head (a :class:`~specbuild.engine.methods.base.MethodContext` gives target and base_dir).
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`load_eagle3_head`; a head that does not fit the target.
+    """
+    target = context.target
+    path = resolve_eagle3_dir(config.speculative_model_dir, context.base_dir)
+    head = load_eagle3_head(path, dtype=target.dtype).to(target.device)
+    return LoadedEagle3(config, Eagle3Proposer(target, head, max_draft_len=config.max_draft_len), path)
+
+
+def make_eagle3_proposer(loaded: LoadedEagle3) -> Eagle3Proposer:
+    """The engine's proposer (stateless; each request holds its own :class:`Eagle3State`)."""
+    return loaded.proposer

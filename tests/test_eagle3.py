@@ -1,0 +1,362 @@
+"""EAGLE-3 (Li et al. 2025) in the reference engine: the head format, greedy equivalence through
+``ReferenceEngine.generate``, per-request caps, stopping, refusals, the builder and the real server.
+
+Target: a tiny random 8-layer Llama (captured layers (1, 3, 4)). Heads: "random" over the full vocabulary
+(nearly every draft rejected) and "draft_vocab" (lm_head over 96 tokens mapped by ``d2t``); an oracle
+proposer swapped in for the head is the "same" draft (the whole chain accepted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import write_recipe
+from specbuild.client.prompts import Prompt
+from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine
+from specbuild.engine import target as target_model
+from specbuild.engine.methods import eagle3
+from specbuild.engine.methods.eagle3 import (
+    Eagle3Config,
+    Eagle3Head,
+    Eagle3Proposer,
+    default_capture_layers,
+    load_eagle3_head,
+    save_eagle3_head,
+)
+from tiny_models import make_tiny_llama
+
+VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 384, 64, 8, 96
+CONFIG = Eagle3Config(
+    hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+    max_position_embeddings=512, vocab_size=VOCAB,
+)
+DRAFT_CONFIG = Eagle3Config(**{**CONFIG.__dict__, "draft_vocab_size": DRAFT_VOCAB})
+MAX_DRAFT_LEN = 4
+LIMITS = EngineLimits(max_batch_size=1, max_input_len=64, max_seq_len=160, max_draft_len=MAX_DRAFT_LEN)
+PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42]]
+NEW_TOKENS = 16
+
+
+def _head(kind: str) -> Eagle3Head:
+    torch.manual_seed(5)
+    if kind == "random":
+        return Eagle3Head(CONFIG)
+    head = Eagle3Head(DRAFT_CONFIG, d2t=True)  # draft id d -> target id 4 * d (+ d2t offset 3d)
+    head.d2t.copy_(torch.arange(DRAFT_VOCAB) * 3)
+    return head
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny8") / "ckpt", seed=1, num_hidden_layers=LAYERS)
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return target_model.load_target(checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+
+
+@pytest.fixture(scope="module")
+def head_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("eagle3_heads")
+    configs = {"random": CONFIG, "draft_vocab": DRAFT_CONFIG}
+    return {kind: save_eagle3_head(root / kind, _head(kind).state_dict(), c) for kind, c in configs.items()}
+
+
+def eagle3_config(head_dir: Path | None, **extra) -> dict:
+    config = {"decoding_type": "Eagle3", "max_draft_len": MAX_DRAFT_LEN, "eagle3_one_model": True, **extra}
+    return config if head_dir is None else {**config, "speculative_model_dir": str(head_dir)}
+
+
+@pytest.fixture(scope="module")
+def engines(model, head_dirs) -> dict[str, ReferenceEngine]:
+    return {kind: ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=eagle3_config(path)) for kind, path in head_dirs.items()}
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(engines) -> list[list[int]]:
+    return [_run(engines["random"], p, num_draft_tokens=0).output_ids for p in PROMPTS]
+
+
+def _run(engine, prompt, max_tokens=NEW_TOKENS, **kwargs):
+    return engine.generate(GenerationRequest(prompt, max_tokens, **{"end_id": -1, **kwargs}))
+
+
+# --- format --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["random", "draft_vocab"])
+def test_format_round_trip(head_dirs, kind):
+    loaded, original = load_eagle3_head(head_dirs[kind]), _head(kind)
+    assert loaded.state_dict().keys() == original.state_dict().keys()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in original.state_dict().items())
+    raw = json.loads((head_dirs[kind] / "config.json").read_text())
+    assert raw["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert tuple(original.state_dict()["fc.weight"].shape) == (HIDDEN, 3 * HIDDEN)
+    assert tuple(original.state_dict()["midlayer.self_attn.q_proj.weight"].shape) == (HIDDEN, 2 * HIDDEN)
+
+
+def test_pt_is_read_weights_only_and_extras_are_ignored(tmp_path):
+    state = {**_head("draft_vocab").state_dict(), "t2d": torch.zeros(VOCAB, dtype=torch.bool), "embed_tokens.weight": torch.zeros(VOCAB, HIDDEN)}
+    head_dir = save_eagle3_head(tmp_path / "h", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
+    (head_dir / "model.safetensors").unlink()
+    torch.save(state, head_dir / "model.pt")
+    assert torch.equal(load_eagle3_head(head_dir).d2t, _head("draft_vocab").d2t)
+    torch.save({"fc.weight": torch.zeros(1), "evil": object()}, head_dir / "model.pt")
+    with pytest.raises(Exception, match="[Ww]eights only load failed|Unsupported global"):
+        load_eagle3_head(head_dir)
+
+
+def _save_broken(tmp_path: Path, state: dict, config: Eagle3Config = DRAFT_CONFIG) -> Path:
+    head_dir = save_eagle3_head(tmp_path / "h", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
+    from safetensors.torch import save_file
+
+    save_file(state, str(head_dir / "model.safetensors"))
+    (head_dir / "config.json").write_text(json.dumps(config.to_json()))
+    return head_dir
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s.update({"fc.weight": torch.zeros(HIDDEN, 2 * HIDDEN)}), r"fc.weight has shape \(64, 128\), expected \(64, 192\)"),
+        (lambda s: s.update({"midlayer.self_attn.q_proj.weight": torch.zeros(HIDDEN, HIDDEN)}), r"q_proj.weight has shape \(64, 64\), expected \(64, 128\)"),
+        (lambda s: s.pop("midlayer.hidden_norm.weight"), r"missing \['midlayer.hidden_norm.weight'\]"),
+        (lambda s: s.update({"layers.0.mlp.up_proj.weight": torch.zeros(1)}), r"unexpected \['layers.0.mlp.up_proj.weight'\]"),
+        (lambda s: s.update({"d2t": torch.zeros(DRAFT_VOCAB - 1, dtype=torch.long)}), r"d2t must be an integer tensor of length draft_vocab_size=96"),
+        (lambda s: s.update({"d2t": torch.full((DRAFT_VOCAB,), VOCAB, dtype=torch.long)}), r"d2t maps draft ids outside the target vocabulary \[0, 384\)"),
+        (lambda s: s.pop("d2t"), r"draft_vocab_size=96 != vocab_size=384 needs d2t"),
+    ],
+)
+def test_malformed_heads_are_refused(tmp_path, change, message):
+    state = dict(_head("draft_vocab").state_dict())
+    change(state)
+    with pytest.raises(ValueError, match=message):
+        load_eagle3_head(_save_broken(tmp_path, state))
+
+
+def test_config_refusals():
+    with pytest.raises(ValueError, match="missing key"):
+        Eagle3Config.from_dict({"hidden_size": 64})
+    with pytest.raises(ValueError, match="one midlayer"):
+        Eagle3Config(**{**CONFIG.__dict__, "num_hidden_layers": 2})
+    raw = {**CONFIG.to_json(), "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 5]}}
+    assert Eagle3Config.from_dict(raw).aux_layer_ids == (0, 2, 5)
+
+
+def test_default_capture_layers_follow_tensorrt_llm():
+    assert default_capture_layers(8) == (1, 3, 4) and default_capture_layers(32) == (1, 15, 28)
+    with pytest.raises(ValueError, match="Not enough hidden layers for default EAGLE3 capture"):
+        default_capture_layers(5)
+
+
+def test_capture_takes_layer_outputs(model):
+    """Layer i's output is transformers' hidden_states[i + 1]; features are [S, 3 H] in layer order."""
+    proposer = Eagle3Proposer(model, _head("random"), max_draft_len=2)
+    hidden = [torch.full((1, 2, HIDDEN), float(i)) for i in range(LAYERS + 1)]
+    assert proposer.capture(hidden)[0].tolist() == [2.0] * HIDDEN + [4.0] * HIDDEN + [5.0] * HIDDEN
+
+
+# --- greedy equivalence --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_draft_tokens", [None, 1])
+@pytest.mark.parametrize("kind", ["random", "draft_vocab"])
+def test_eagle3_engine_equals_plain_greedy(engines, plain_outputs, kind, num_draft_tokens):
+    cap = num_draft_tokens or MAX_DRAFT_LEN
+    for prompt, plain in zip(PROMPTS, plain_outputs):
+        result = _run(engines[kind], prompt, num_draft_tokens=num_draft_tokens)
+        assert result.output_ids == plain, f"prompt {prompt}"
+        assert result.finish_reason == "length"
+        assert result.num_decoding_iterations >= 2
+        assert result.num_decoding_iterations == len(plain) - 1 - result.total_accepted_draft_tokens
+        assert 0 < result.total_draft_tokens <= cap * result.num_decoding_iterations
+
+
+def test_draft_vocab_proposals_are_mapped_by_d2t(engines, monkeypatch):
+    proposed = []
+    real = Eagle3Proposer.propose
+
+    def recording(self, state, k):
+        proposed.extend(tokens := real(self, state, k))
+        return tokens
+
+    monkeypatch.setattr(Eagle3Proposer, "propose", recording)
+    _run(engines["draft_vocab"], PROMPTS[0])
+    assert proposed and all(t % 4 == 0 and t < 4 * DRAFT_VOCAB for t in proposed)  # d + 3d
+
+
+def test_num_draft_tokens_caps_the_chain(engines, monkeypatch):
+    lengths = []
+    real = Eagle3Proposer.propose
+    monkeypatch.setattr(Eagle3Proposer, "propose", lambda self, s, k: lengths.append(len(r := real(self, s, k))) or r)
+    result = _run(engines["random"], PROMPTS[0], max_tokens=6, num_draft_tokens=2)
+    assert lengths[0] == 2 and all(0 <= n <= 2 for n in lengths)  # never past remaining - 1 either
+    assert result.total_draft_tokens == sum(lengths)
+
+
+# --- a "same" draft: the oracle's chain is always right ---------------------------------------------
+
+
+class _OracleProposer:
+    """The target's true continuation (an Eagle3Proposer stand-in that still gets captured features)."""
+
+    def __init__(self, real: Eagle3Proposer, prompt: list[int], plain: list[int]) -> None:
+        self.real, self.prompt_len, self.plain = real, len(prompt), plain
+
+    def new_state(self) -> list[int]:
+        return []
+
+    def capture(self, hidden_states):
+        return self.real.capture(hidden_states)
+
+    def update(self, state, next_tokens, features):
+        assert features.shape == (len(next_tokens), 3 * HIDDEN)
+        state += next_tokens
+
+    def propose(self, state, k):
+        emitted = len(state) - self.prompt_len + 1
+        return [self.plain[min(emitted + d, len(self.plain) - 1)] for d in range(min(k, MAX_DRAFT_LEN))]
+
+
+@pytest.fixture
+def oracle_engine(engines, plain_outputs, monkeypatch):
+    real = engines["random"]._method_state.proposer
+    monkeypatch.setattr(eagle3, "make_eagle3_proposer", lambda loaded: _OracleProposer(real, PROMPTS[0], plain_outputs[0]))
+    return engines["random"]
+
+
+def test_same_draft_accepts_the_whole_chain(oracle_engine, plain_outputs):
+    result = _run(oracle_engine, PROMPTS[0])
+    assert result.output_ids == plain_outputs[0]
+    assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // (MAX_DRAFT_LEN + 1))
+    assert result.total_accepted_draft_tokens == NEW_TOKENS - 1 - result.num_decoding_iterations
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 6, 9])
+def test_max_tokens_never_exceeded(oracle_engine, plain_outputs, max_tokens):
+    result = _run(oracle_engine, PROMPTS[0], max_tokens=max_tokens)
+    assert result.output_ids == plain_outputs[0][:max_tokens]
+    assert result.finish_reason == "length"
+
+
+def test_end_token_inside_an_accepted_chunk_stops_there(oracle_engine, plain_outputs):
+    plain, mid_chunk = plain_outputs[0], 0
+    for end_id in dict.fromkeys(plain):
+        first = plain.index(end_id)
+        result = _run(oracle_engine, PROMPTS[0], end_id=end_id)
+        assert result.output_ids == plain[: first + 1], f"end_id {end_id}"
+        assert result.finish_reason == "stop"
+        mid_chunk += first % (MAX_DRAFT_LEN + 1) != 0
+    assert mid_chunk > 0, "no end token fell inside a multi-token accepted chunk"
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_draft_tokens", [None, 0])
+def test_sampling_is_refused(engines, num_draft_tokens):
+    with pytest.raises(InvalidRequestError, match="Eagle3 is greedy-only, as in TensorRT-LLM"):
+        _run(engines["random"], PROMPTS[0], temperature=0.7, num_draft_tokens=num_draft_tokens)
+
+
+@pytest.mark.parametrize(
+    "extra, limits, message",
+    [
+        ({"max_draft_len": 5}, LIMITS, r"max_draft_len=5 exceeds the built max_draft_len=4"),
+        ({"eagle_choices": [[0]]}, LIMITS, r"unknown Eagle3 speculative_config keys \['eagle_choices'\]"),
+        ({"max_draft_len": 0}, LIMITS, r"max_draft_len must be an integer >= 1"),
+    ],
+)
+def test_bad_speculative_config_is_refused(model, head_dirs, extra, limits, message):
+    with pytest.raises(ValueError, match=message):
+        ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=eagle3_config(head_dirs["random"], **extra))
+
+
+def test_heads_that_do_not_fit_the_target_are_refused(model, head_dirs, tiny_checkpoint, tmp_path):
+    config = Eagle3Config(**{**CONFIG.__dict__, "hidden_size": 32, "intermediate_size": 64})
+    narrow = save_eagle3_head(tmp_path / "narrow", Eagle3Head(config).state_dict(), config)
+    with pytest.raises(ValueError, match="EAGLE-3 head hidden_size 32 .* != target hidden_size 64"):
+        ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=eagle3_config(narrow))
+    shallow = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)  # 2 layers
+    with pytest.raises(ValueError, match="Not enough hidden layers for default EAGLE3 capture"):
+        ReferenceEngine(shallow, limits=LIMITS, end_id=-1, speculative_config=eagle3_config(head_dirs["random"]))
+    with pytest.raises(ValueError, match="needs speculative_model_dir"):
+        ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=eagle3_config(None))
+
+
+def test_method_registry_imports_without_torch():
+    code = "import sys, specbuild.engine.methods as m; assert 'Eagle3' in m.METHODS and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- builder and the real server -----------------------------------------------------------------
+
+TEXT_PROMPTS = [
+    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
+    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
+]
+
+
+def eagle3_recipe(tmp_path: Path, checkpoint: Path, head: str) -> Path:
+    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
+    recipe.write_text(recipe.read_text().replace(
+        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
+        f"  method: eagle3\n  eagle_model: {head}\n  max_draft_len: 3\n",
+    ))
+    return recipe
+
+
+def test_missing_or_unfit_heads_are_refused_before_any_work(checkpoint, tiny_checkpoint, tmp_path):
+    from specbuild.builder.recipe import RecipeError, load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.pipeline import check_inputs, check_runnable
+
+    with pytest.raises(RecipeError, match=r"r.yaml:\d+: speculation.eagle_model: .*no such directory.*EAGLE-3 head"):
+        check_inputs(load_recipe(str(eagle3_recipe(tmp_path, checkpoint, "head"))))
+    save_eagle3_head(tmp_path / "head", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
+    assert check_runnable(load_recipe(str(eagle3_recipe(tmp_path, checkpoint, "head"))))
+    shallow = load_recipe(str(eagle3_recipe(tmp_path, tiny_checkpoint, "head")))  # 2-layer target
+    for check in (check_inputs, lambda r: build_reference_engine(r, tmp_path / "engine")):
+        with pytest.raises(RecipeError, match=r"speculation.eagle_model: Not enough hidden layers for default EAGLE3 capture"):
+            check(shallow)
+    assert not (tmp_path / "engine").exists()
+
+
+@pytest.mark.e2e
+def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
+    """recipe (head as a .pt, relative path, draft vocabulary) -> engine dir with eagle3/ -> tritonserver -> verify."""
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_eagle, locate_target
+    from specbuild.client.sdk import SpecClient
+    from specbuild.client.verify import verify
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.server import TritonServer
+
+    head_dir = save_eagle3_head(tmp_path / "head", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
+    torch.save(_head("draft_vocab").state_dict(), head_dir / "model.pt")  # read weights_only
+    (head_dir / "model.safetensors").unlink()
+    loaded = load_recipe(str(eagle3_recipe(tmp_path, checkpoint, "head")))
+    build = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None)
+    engine_dir = build.engine_dir
+    assert sorted(p.name for p in (engine_dir / "eagle3").iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((engine_dir / "config.json").read_text())
+    assert config["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_one_model": True}
+    assert config["build_config"]["max_draft_len"] == 3 and config["build_config"]["speculative_decoding_mode"] == 32
+    weights = head_dir / "model.pt"
+    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
+    assert engine_fingerprint(loaded, locate_target(loaded), None, None, locate_eagle(loaded)) != build.fingerprint
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
+    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
+    with server, SpecClient(server.grpc_url) as client:
+        client.wait_ready()
+        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
+    assert report.all_match, [r.divergence for r in report.results if not r.match]
+    assert report.total_draft_tokens > 0
