@@ -261,6 +261,29 @@ def test_startup_timeout_stops_the_server(install, tmp_path):
     with pytest.raises(ServerStartError, match="not ready after 0.1 s"):
         server.start()
     assert server.returncode is not None
+    assert wait_for(lambda: not group_members(server.pid)), "a backend stub outlived the server"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in process group ``pgid`` (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
 
 
 def test_serve_forever_stops_on_sigterm(install, tmp_path, capsys):

@@ -241,6 +241,7 @@ class TritonServer:
         self.extra_args = tuple(extra_args)
         self._install = install
         self._process: subprocess.Popen[bytes] | None = None
+        self._group_reaped = False
 
     @property
     def install(self) -> TritonInstall:
@@ -370,6 +371,7 @@ class TritonServer:
             log.write(f"$ {' '.join(command)}\n".encode())
             log.flush()
             # Own session: a terminal's Ctrl-C reaches only us, and stop() shuts the server down in order.
+            self._group_reaped = False
             self._process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True,
@@ -427,10 +429,22 @@ class TritonServer:
         then after ``TERM_TIMEOUT_S`` more SIGKILL to its whole process group (stubs included).
 
         Safe to call any number of times, and on a server that never started or already exited.
+        Python-backend stubs left in the server's process group once it has exited (a stub still
+        starting up when the server was stopped outlives it) are killed too.
         """
         process = self._process
-        if process is None or process.poll() is not None:
+        if process is None:
             return
+        if process.poll() is None:
+            self._signal_until_exit(process, timeout_s)
+        if not self._group_reaped:
+            self._group_reaped = True
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _signal_until_exit(self, process: subprocess.Popen, timeout_s: float) -> None:
         for sig, wait_s in ((signal.SIGINT, timeout_s), (signal.SIGTERM, TERM_TIMEOUT_S)):
             process.send_signal(sig)
             try:
@@ -438,10 +452,7 @@ class TritonServer:
                 return
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
     def __enter__(self) -> TritonServer:
