@@ -144,18 +144,7 @@ def check_medusa_sizes(loaded: LoadedRecipe, target_dir: Path, medusa_dir: Path)
     Raises:
         RecipeError: a size differs (located at ``speculation.medusa_model``).
     """
-    heads, target = _read_json(medusa_dir / "config.json"), _read_json(target_dir / "config.json")
-    target = {**(target.get("text_config") or {}), **target}
-    differ = [k for k in ("hidden_size", "vocab_size") if k in heads and k in target and heads[k] != target[k]]
-    if differ:
-        raise loaded.error(
-            ("speculation", "medusa_model"),
-            f"Medusa heads {medusa_dir} have "
-            + ", ".join(f"{k}={heads[k]}" for k in differ)
-            + " but the target has "
-            + ", ".join(f"{k}={target[k]}" for k in differ)
-            + "; the heads must be trained on this target",
-        )
+    _check_head_sizes(loaded, "medusa_model", f"Medusa heads {medusa_dir}", medusa_dir, target_dir)
 
 
 EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.pt")
@@ -196,17 +185,20 @@ def check_eagle_sizes(loaded: LoadedRecipe, target_dir: Path, eagle_dir: Path) -
     Raises:
         RecipeError: a size differs (located at ``speculation.eagle_model``).
     """
-    head, target = _read_json(eagle_dir / "config.json"), _read_json(target_dir / "config.json")
+    _check_head_sizes(loaded, "eagle_model", f"EAGLE head {eagle_dir}", eagle_dir, target_dir)
+
+
+def _check_head_sizes(loaded: LoadedRecipe, field: str, label: str, head_dir: Path, target_dir: Path) -> None:
+    """``hidden_size`` / ``vocab_size`` of a head's config.json against the target's (sizes missing on
+    either side are checked when the head is loaded). Raises RecipeError at ``speculation.<field>``."""
+    head, target = _read_json(head_dir / "config.json"), _read_json(target_dir / "config.json")
     target = {**(target.get("text_config") or {}), **target}
     differ = [k for k in ("hidden_size", "vocab_size") if k in head and k in target and head[k] != target[k]]
     if differ:
         raise loaded.error(
-            ("speculation", "eagle_model"),
-            f"EAGLE head {eagle_dir} has "
-            + ", ".join(f"{k}={head[k]}" for k in differ)
-            + " but the target has "
-            + ", ".join(f"{k}={target[k]}" for k in differ)
-            + "; the head must be trained on this target",
+            ("speculation", field),
+            f"{label} has {', '.join(f'{k}={head[k]}' for k in differ)} but the target has "
+            f"{', '.join(f'{k}={target[k]}' for k in differ)}; it must be trained on this target",
         )
 
 

@@ -70,3 +70,20 @@ class Proposer(Protocol):
 def as_draft(proposal: list[int] | Draft) -> Draft:
     """A proposer's return value as a :class:`Draft` (a plain list is a deterministic draft)."""
     return proposal if isinstance(proposal, Draft) else Draft(list(proposal))
+
+
+def resolve_weights_dir(speculative_model_dir: str | None, base_dir: Path | None, *, subdir: str, what: str) -> Path:
+    """Where a method's weights are: ``speculative_model_dir`` resolved against the engine directory.
+
+    Examples (subdir "medusa"): (None, /e) -> /e/medusa; ("h", /e) -> /e/h; ("/abs/h", /e) -> /abs/h;
+    ("h", None) -> h.
+
+    Raises:
+        ValueError: ``speculative_model_dir`` is None outside an engine directory (names ``what``).
+    """
+    if speculative_model_dir is None:
+        if base_dir is None:
+            raise ValueError(f"speculative_config needs speculative_model_dir ({what})")
+        return base_dir / subdir
+    path = Path(speculative_model_dir)
+    return path if path.is_absolute() or base_dir is None else base_dir / path

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..types import InvalidRequestError
-from .base import Draft, MethodContext
+from .base import Draft, MethodContext, resolve_weights_dir
 
 if TYPE_CHECKING:
     from ..sampling import Sampler
@@ -78,19 +78,8 @@ class DraftModel:
 
 
 def resolve_draft_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
-    """The draft checkpoint directory.
-
-    Examples: (None, /e) -> /e/draft; ("d2", /e) -> /e/d2; ("/abs/d", /e) -> /abs/d; ("d2", None) -> d2.
-
-    Raises:
-        ValueError: ``speculative_model_dir`` is None outside an engine directory.
-    """
-    if speculative_model_dir is None:
-        if base_dir is None:
-            raise ValueError("DraftTarget speculative_config needs speculative_model_dir (the draft checkpoint)")
-        return base_dir / DRAFT_SUBDIR
-    path = Path(speculative_model_dir)
-    return path if path.is_absolute() or base_dir is None else base_dir / path
+    """The weights directory; default ``base_dir / DRAFT_SUBDIR`` (see :func:`~specbuild.engine.methods.base.resolve_weights_dir`)."""
+    return resolve_weights_dir(speculative_model_dir, base_dir, subdir=DRAFT_SUBDIR, what="the draft checkpoint")
 
 
 def read_vocab_size(checkpoint_dir: str | Path) -> int:

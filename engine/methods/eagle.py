@@ -50,6 +50,8 @@ On disk (a directory; TensorRT-LLM ``examples/eagle/convert_checkpoint.py --eagl
 
 from __future__ import annotations
 
+from specbuild.engine.methods.base import resolve_weights_dir
+
 import copy
 import json
 from collections.abc import Mapping, Sequence
@@ -695,17 +697,8 @@ class LoadedEagle:
 
 
 def resolve_eagle_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
-    """The head directory: (None, /e) -> /e/eagle; ("h", /e) -> /e/h; ("/abs/h", /e) -> /abs/h; ("h", None) -> h.
-
-    Raises:
-        ValueError: ``speculative_model_dir`` is None outside an engine directory.
-    """
-    if speculative_model_dir is None:
-        if base_dir is None:
-            raise ValueError("Eagle speculative_config needs speculative_model_dir (the EAGLE head directory)")
-        return base_dir / EAGLE_SUBDIR
-    path = Path(speculative_model_dir)
-    return path if path.is_absolute() or base_dir is None else base_dir / path
+    """The weights directory; default ``base_dir / EAGLE_SUBDIR`` (see :func:`~specbuild.engine.methods.base.resolve_weights_dir`)."""
+    return resolve_weights_dir(speculative_model_dir, base_dir, subdir=EAGLE_SUBDIR, what="the EAGLE head directory")
 
 
 def load_eagle(config: EagleDecodingConfig, context: Any) -> LoadedEagle:

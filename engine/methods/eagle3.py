@@ -44,6 +44,8 @@ On disk (a directory; ``speculative_model_dir``, architecture ``LlamaForCausalLM
 
 from __future__ import annotations
 
+from specbuild.engine.methods.base import resolve_weights_dir
+
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -594,17 +596,8 @@ class LoadedEagle3:
 
 
 def resolve_eagle3_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
-    """The head directory: (None, /e) -> /e/eagle3; ("h", /e) -> /e/h; ("/abs/h", /e) -> /abs/h; ("h", None) -> h.
-
-    Raises:
-        ValueError: ``speculative_model_dir`` is None outside an engine directory.
-    """
-    if speculative_model_dir is None:
-        if base_dir is None:
-            raise ValueError("Eagle3 speculative_config needs speculative_model_dir (the EAGLE-3 head directory)")
-        return base_dir / EAGLE3_SUBDIR
-    path = Path(speculative_model_dir)
-    return path if path.is_absolute() or base_dir is None else base_dir / path
+    """The weights directory; default ``base_dir / EAGLE3_SUBDIR`` (see :func:`~specbuild.engine.methods.base.resolve_weights_dir`)."""
+    return resolve_weights_dir(speculative_model_dir, base_dir, subdir=EAGLE3_SUBDIR, what="the EAGLE-3 head directory")
 
 
 def load_eagle3(config: Eagle3DecodingConfig, context: Any) -> LoadedEagle3:

@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..tree import MC_SIM_7B_63, SpecTree
-from .base import MethodContext
+from .base import MethodContext, resolve_weights_dir
 
 SAFETENSORS_NAME = "medusa_lm_head.safetensors"
 PT_NAME = "medusa_lm_head.pt"
@@ -303,19 +303,8 @@ class LoadedMedusa:
 
 
 def resolve_medusa_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
-    """The head directory.
-
-    Examples: (None, /e) -> /e/medusa; ("h", /e) -> /e/h; ("/abs/h", /e) -> /abs/h; ("h", None) -> h.
-
-    Raises:
-        ValueError: ``speculative_model_dir`` is None outside an engine directory.
-    """
-    if speculative_model_dir is None:
-        if base_dir is None:
-            raise ValueError("Medusa speculative_config needs speculative_model_dir (the Medusa head directory)")
-        return base_dir / MEDUSA_SUBDIR
-    path = Path(speculative_model_dir)
-    return path if path.is_absolute() or base_dir is None else base_dir / path
+    """The weights directory; default ``base_dir / MEDUSA_SUBDIR`` (see :func:`~specbuild.engine.methods.base.resolve_weights_dir`)."""
+    return resolve_weights_dir(speculative_model_dir, base_dir, subdir=MEDUSA_SUBDIR, what="the Medusa head directory")
 
 
 def check_heads_fit(heads: MedusaConfig, *, hidden_size: int, vocab_size: int, where: Path) -> None:
