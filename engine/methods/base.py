@@ -87,3 +87,24 @@ def resolve_weights_dir(speculative_model_dir: str | None, base_dir: Path | None
         return base_dir / subdir
     path = Path(speculative_model_dir)
     return path if path.is_absolute() or base_dir is None else base_dir / path
+
+
+def config_from_dict(cls, config, *, decoding_type: str):
+    """A method's frozen-dataclass config from a speculative_config dict; ``decoding_type`` itself is
+    ignored, ``max_draft_len`` is required.
+
+    Example: ``config_from_dict(NGramConfig, {"decoding_type": "NGram", "max_draft_len": 4}, decoding_type="NGram")``.
+
+    Raises:
+        ValueError: on unknown keys (the allowed ones are listed), a missing ``max_draft_len``, or
+            whatever ``cls`` itself refuses.
+    """
+    from dataclasses import fields
+
+    allowed = {f.name for f in fields(cls)}
+    unknown = set(config) - allowed - {"decoding_type"}
+    if unknown:
+        raise ValueError(f"unknown {decoding_type} speculative_config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    if "max_draft_len" not in config:
+        raise ValueError(f"{decoding_type} speculative_config needs max_draft_len")
+    return cls(**{k: v for k, v in config.items() if k in allowed})

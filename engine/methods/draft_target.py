@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..types import InvalidRequestError
-from .base import Draft, MethodContext, resolve_weights_dir
+from .base import Draft, MethodContext, config_from_dict, resolve_weights_dir
 
 if TYPE_CHECKING:
     from ..sampling import Sampler
@@ -51,13 +51,7 @@ class DraftTargetConfig:
         Raises:
             ValueError: on unknown keys, a missing ``max_draft_len`` or out-of-range values.
         """
-        allowed = {f.name for f in fields(cls)}
-        unknown = set(config) - allowed - {"decoding_type"}
-        if unknown:
-            raise ValueError(f"unknown DraftTarget speculative_config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-        if "max_draft_len" not in config:
-            raise ValueError("DraftTarget speculative_config needs max_draft_len")
-        return cls(**{k: v for k, v in config.items() if k in allowed})
+        return config_from_dict(cls, config, decoding_type="DraftTarget")
 
 
 @dataclass(frozen=True)

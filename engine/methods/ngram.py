@@ -8,7 +8,9 @@ context's current suffix appeared.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from .base import config_from_dict
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,7 @@ class NGramConfig:
         Raises:
             ValueError: on unknown keys, a missing ``max_draft_len`` or out-of-range values.
         """
-        allowed = {f.name for f in fields(cls)}
-        unknown = set(config) - allowed - {"decoding_type"}
-        if unknown:
-            raise ValueError(f"unknown NGram speculative_config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-        if "max_draft_len" not in config:
-            raise ValueError("NGram speculative_config needs max_draft_len")
-        return cls(**{k: v for k, v in config.items() if k in allowed})
+        return config_from_dict(cls, config, decoding_type="NGram")
 
 
 def find_ngram_draft(
