@@ -17,7 +17,9 @@ Ensemble interface. Inputs: ``text_input`` STRING [1], ``max_tokens`` INT32 [1];
 ``return_perf_metrics``, ``exclude_input_in_output`` BOOL [1], and sampling: ``temperature``,
 ``top_p`` FP32 [1], ``top_k`` INT32 [1], ``seed`` UINT64 [1] (no temperature: greedy). Outputs: ``text_output`` STRING [-1],
 ``output_ids`` INT32 [-1, -1] (beam, tokens), ``sequence_length`` INT32 [-1], ``acceptance_rate``
-FP32 [1], ``total_accepted_draft_tokens`` and ``total_draft_tokens`` INT32 [1].
+FP32 [1], ``total_accepted_draft_tokens`` and ``total_draft_tokens`` INT32 [1]. specbuild's
+``return_logit_margin`` BOOL [1] input asks for ``logit_margin`` FP32 [-1] and ``runner_up_ids``
+INT32 [-1]: the target's top-two logit margin and second choice at each generated position.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ PERF_OUTPUTS = (
     _t("acceptance_rate", "TYPE_FP32", (1,)),
     _t("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     _t("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+# Top-two target logits per generated token, asked for with return_logit_margin (verification only).
+MARGIN_OUTPUTS = (
+    _t("logit_margin", "TYPE_FP32", (-1,)),
+    _t("runner_up_ids", "TYPE_INT32", (-1,)),
 )
 
 
@@ -116,9 +123,12 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
             *(_t(name, "TYPE_INT32", (1,), optional=True) for name in LOOKAHEAD_INPUTS),
             _t("return_perf_metrics", "TYPE_BOOL", (1,), optional=True),
             _t("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),
+            _t("return_logit_margin", "TYPE_BOOL", (1,), optional=True),
         )
         + tuple(_t(name, dtype, (1,), optional=True) for name, dtype in SAMPLING_ENGINE_INPUTS.values()),
-        outputs=(_t("output_ids", "TYPE_INT32", (-1, -1)), _t("sequence_length", "TYPE_INT32", (-1,))) + PERF_OUTPUTS,
+        outputs=(_t("output_ids", "TYPE_INT32", (-1, -1)), _t("sequence_length", "TYPE_INT32", (-1,)))
+        + PERF_OUTPUTS
+        + MARGIN_OUTPUTS,
         parameters={
             "engine_dir": str(spec.engine_dir.resolve()),
             "device": spec.device,
@@ -144,7 +154,7 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
 
 def _ensemble(max_batch_size: int) -> ModelConfig:
     optional_int = ("end_id", "pad_id", "num_draft_tokens", *LOOKAHEAD_INPUTS)
-    optional_bool = ("return_perf_metrics", "exclude_input_in_output")
+    optional_bool = ("return_perf_metrics", "exclude_input_in_output", "return_logit_margin")
     steps = (
         EnsembleStep(
             "preprocessing",
@@ -168,7 +178,7 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
                 **{name: name for name in ("num_draft_tokens", *LOOKAHEAD_INPUTS) + optional_bool},
                 **{engine_name: name for name, (engine_name, _) in SAMPLING_ENGINE_INPUTS.items()},
             },
-            output_map={t.name: t.name for t in PERF_OUTPUTS}
+            output_map={t.name: t.name for t in PERF_OUTPUTS + MARGIN_OUTPUTS}
             | {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
         ),
         # The ids reach the client through postprocessing: a tensor that is both an ensemble output
@@ -193,7 +203,8 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
             _t("output_ids", "TYPE_INT32", (-1, -1)),
             _t("sequence_length", "TYPE_INT32", (-1,)),
         )
-        + PERF_OUTPUTS,
+        + PERF_OUTPUTS
+        + MARGIN_OUTPUTS,
         steps=steps,
     )
 

@@ -6,7 +6,10 @@ It takes and returns the tensors of TensorRT-LLM's ``tensorrt_llm`` model (``inp
 ``acceptance_rate``, ``total_accepted_draft_tokens``, ``total_draft_tokens``), plus the BLS
 model's ``num_draft_tokens`` (0 = plain decoding on the same engine: the non-speculative baseline)
 and, for a Lookahead engine, the request's ``(w, n, g)`` as TensorRT-LLM's ``lookahead_window_size``,
-``lookahead_ngram_size``, ``lookahead_verification_set_size``.
+``lookahead_ngram_size``, ``lookahead_verification_set_size``. specbuild's own
+``return_logit_margin`` asks for ``logit_margin`` / ``runner_up_ids``: the target's top-two logit
+margin and second choice at each generated position (see :class:`Margins`), so a client can tell a
+numerical near-tie from a real divergence.
 
 The Triton glue (:class:`TritonPythonModel`) only converts tensors; :func:`parse_batch` and
 :func:`pack_outputs` are plain numpy functions that the tests call directly.
@@ -43,6 +46,7 @@ INPUTS = (
     "runtime_top_p",
     "seed",
     *LOOKAHEAD_INPUTS,
+    "return_logit_margin",
 )
 
 
@@ -54,6 +58,7 @@ class Row:
     pad_id: int
     exclude_input_in_output: bool
     return_perf_metrics: bool
+    return_logit_margin: bool = False
 
 
 def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, default_exclude_input: bool) -> list[Row]:
@@ -66,7 +71,8 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
             ``exclude_input_in_output`` [batch, 1] bool, and the sampling parameters ``temperature``,
             ``runtime_top_p`` [batch, 1] fp32, ``runtime_top_k`` [batch, 1] int32, ``seed`` [batch, 1]
             uint64 (absent temperature: greedy), and ``lookahead_window_size``, ``lookahead_ngram_size``,
-            ``lookahead_verification_set_size`` [batch, 1] int32 (all three or none).
+            ``lookahead_verification_set_size`` [batch, 1] int32 (all three or none),
+            ``return_logit_margin`` [batch, 1] bool.
 
     Raises:
         ValueError: a required tensor is missing, a shape does not match the batch, or only some of
@@ -104,15 +110,20 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
                 pad_id=int(pick("pad_id", default_pad_id)),
                 exclude_input_in_output=bool(pick("exclude_input_in_output", default_exclude_input)),
                 return_perf_metrics=bool(pick("return_perf_metrics", False)),
+                return_logit_margin=bool(pick("return_logit_margin", False)),
             )
         )
     return rows
 
 
-def pack_outputs(rows: list[Row], results: list[GenerationResult]) -> dict[str, np.ndarray]:
+def pack_outputs(
+    rows: list[Row], results: list[GenerationResult], margins: list[Margins | None] | None = None
+) -> dict[str, np.ndarray]:
     """Output tensors for a batch: ``output_ids`` [batch, 1, max_len] int32 padded with each row's
-    pad_id, ``sequence_length`` [batch, 1] int32, and the three perf-metric tensors [batch, 1]
-    (zeros for rows that did not ask for ``return_perf_metrics``)."""
+    pad_id, ``sequence_length`` [batch, 1] int32, the three perf-metric tensors [batch, 1]
+    (zeros for rows that did not ask for ``return_perf_metrics``), and ``logit_margin`` [batch, n]
+    fp32 / ``runner_up_ids`` [batch, n] int32 (``margins[b]`` of the rows that asked for
+    ``return_logit_margin``, NaN / -1 elsewhere; n = the longest generated output, at least 1)."""
     sequences = [
         (r.output_ids if row.exclude_input_in_output else row.request.input_ids + r.output_ids)
         for row, r in zip(rows, results)
@@ -130,7 +141,55 @@ def pack_outputs(rows: list[Row], results: list[GenerationResult]) -> dict[str, 
         "acceptance_rate": metric([r.acceptance_rate for r in results], np.float32),
         "total_accepted_draft_tokens": metric([r.total_accepted_draft_tokens for r in results], np.int32),
         "total_draft_tokens": metric([r.total_draft_tokens for r in results], np.int32),
+        **_pack_margins(margins or [None] * len(rows)),
     }
+
+
+@dataclass(frozen=True)
+class Margins:
+    """The target's top-two logits at each generated position (specbuild's ``return_logit_margin``).
+
+    ``margin[i]`` = largest - second-largest target logit (logit units, >= 0) when the target scored
+    generated token ``i``; ``runner_up_ids[i]`` = the token with the second-largest logit. A greedy
+    divergence at position ``i`` where the other side chose ``runner_up_ids[i]`` and ``margin[i]`` is
+    tiny is a numerical near-tie, not a bug in the acceptance logic.
+    """
+
+    margin: list[float]
+    runner_up_ids: list[int]
+
+
+def logit_margins(model, prompt_ids: list[int], output_ids: list[int]) -> Margins:
+    """Teacher-forced target pass over ``prompt_ids + output_ids[:-1]`` (one forward, fresh KV cache).
+
+    Row ``i`` of the ``[n, vocab]`` logits (n = len(output_ids)) scores generated position ``i``.
+    Example: prompt [5, 6], output [7, 8] -> one pass over [5, 6, 7]; rows after 6 and after 7.
+    It scores the sequence in one pass, so it can differ from the incremental decode's logits by
+    floating-point rounding only (fp32 CPU: ~1e-6). Empty output -> empty Margins.
+    """
+    import torch
+
+    from specbuild.engine import target as target_model
+
+    if not output_ids:
+        return Margins([], [])
+    tokens = [*prompt_ids, *output_ids[:-1]]
+    with torch.inference_mode():
+        logits = target_model.forward_logits(model, tokens, target_model.new_cache(model), num_logits=len(output_ids))
+    top = logits.float().topk(2, dim=-1)  # values, indices: [n, 2]
+    margin = (top.values[:, 0] - top.values[:, 1]).tolist()
+    return Margins(margin=margin, runner_up_ids=top.indices[:, 1].tolist())
+
+
+def _pack_margins(margins: list[Margins | None]) -> dict[str, np.ndarray]:
+    width = max([1] + [len(m.margin) for m in margins if m is not None])
+    margin = np.full((len(margins), width), np.nan, dtype=np.float32)
+    runner_up = np.full((len(margins), width), -1, dtype=np.int32)
+    for b, m in enumerate(margins):
+        if m is not None:
+            margin[b, : len(m.margin)] = m.margin
+            runner_up[b, : len(m.runner_up_ids)] = m.runner_up_ids
+    return {"logit_margin": margin, "runner_up_ids": runner_up}
 
 
 class TritonPythonModel:
@@ -159,7 +218,11 @@ class TritonPythonModel:
         rows = parse_batch(inputs, default_pad_id=self.pad_id, default_exclude_input=self.exclude_input)
         results = [self.engine.generate(row.request) for row in rows]
         self.metrics.record(results)
-        outputs = pack_outputs(rows, results)
+        margins = [
+            logit_margins(self.engine._model, row.request.input_ids, r.output_ids) if row.return_logit_margin else None
+            for row, r in zip(rows, results)
+        ]
+        outputs = pack_outputs(rows, results, margins)
         return pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in outputs.items()])
 
 
