@@ -47,14 +47,22 @@ DOWNLOAD_SCRIPT = (
 
 @dataclass(frozen=True)
 class Step:
-    """One command: ``argv`` exactly as run; ``outputs`` the files/dirs it produces (a step whose
-    outputs all exist is skipped by build.sh); ``log`` where its stdout/stderr go."""
+    """One command: ``argv`` exactly as run; ``outputs`` the files it produces, all in one directory
+    (:attr:`output_dir`; a step whose outputs all exist is skipped by build.sh); ``log`` where its
+    stdout/stderr go; ``inputs`` the directories it reads (their fingerprints decide whether
+    ``specbuild recipe`` re-runs it)."""
 
     name: str
     kind: StepKind
     argv: tuple[str, ...]
     outputs: tuple[Path, ...]
     log: Path
+    inputs: tuple[Path, ...] = ()
+
+    @property
+    def output_dir(self) -> Path:
+        """The directory the step writes (its ``--output_dir`` / ``local_dir``)."""
+        return self.outputs[0].parent
 
     def command(self) -> str:
         return shlex.join(self.argv)
@@ -101,7 +109,8 @@ class TrtllmPlan:
     files: tuple[ConfigFile, ...] = ()
     engines: EngineDirs = EngineDirs(target=None)
     serve_argv: tuple[str, ...] = ()
-    tokenizer_dir: Path | None = None
+    tokenizer_dir: Path | None = None  # the target's Hugging Face directory (tokenizer, special ids)
+    draft_dir: Path | None = None  # draft-target: the draft's Hugging Face directory
     notes: tuple[str, ...] = field(default=())
 
     def lines(self) -> list[str]:
@@ -237,16 +246,17 @@ def _parallel_flags(p: Parallelism) -> tuple[str, ...]:
     return ("--tp_size", str(p.tp_size), "--pp_size", str(p.pp_size))
 
 
-def _convert_step(role: str, model_dir: Path, dtype: str, p: Parallelism, quantization: Quantization, paths: _Paths, extra: tuple[str, ...] = (), script: str = "models/core/llama/convert_checkpoint.py") -> Step:
+def _convert_step(role: str, model_dir: Path, dtype: str, p: Parallelism, quantization: Quantization, paths: _Paths, extra: tuple[str, ...] = (), script: str = "models/core/llama/convert_checkpoint.py", heads: Path | None = None) -> Step:
     """A TensorRT-LLM checkpoint from an HF checkpoint (fp8: ModelOpt's quantize.py instead)."""
     out = paths.ckpt(role)
     if quantization == "fp8":
         argv = ("python3", str(paths.examples / "quantization/quantize.py"), "--model_dir", str(model_dir), "--dtype", dtype,
                 "--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_size", "512", *_parallel_flags(p), "--output_dir", str(out))
-        return Step(f"quantize-{role}", "quantize", argv, (out / "config.json",), paths.log(f"quantize-{role}"))
+        return Step(f"quantize-{role}", "quantize", argv, (out / "config.json",), paths.log(f"quantize-{role}"), (model_dir,))
     argv = ("python3", str(paths.examples / script), "--model_dir", str(model_dir), *extra, "--dtype", dtype,
             *_parallel_flags(p), *_quant_flags(quantization), "--output_dir", str(out), "--workers", str(p.world_size))
-    return Step(f"convert-{role}", "convert", argv, (out / "config.json",), paths.log(f"convert-{role}"))
+    inputs = (model_dir,) if heads is None else (model_dir, heads)
+    return Step(f"convert-{role}", "convert", argv, (out / "config.json",), paths.log(f"convert-{role}"), inputs)
 
 
 @dataclass(frozen=True)
@@ -289,7 +299,8 @@ def _build_step(role: str, o: _EngineOptions, p: Parallelism, paths: _Paths, che
     if o.speculative_decoding_mode is not None:
         argv += ["--speculative_decoding_mode", o.speculative_decoding_mode, "--max_draft_len", str(o.max_draft_len)]
     argv += ["--workers", str(p.world_size)]
-    return Step(f"build-{role}", "build", tuple(argv), (out / "config.json", out / "rank0.engine"), paths.log(f"build-{role}"))
+    return Step(f"build-{role}", "build", tuple(argv), (out / "config.json", out / "rank0.engine"), paths.log(f"build-{role}"),
+                (paths.ckpt(checkpoint_role or role),))
 
 
 def _base_options(r: Recipe, dtype: str) -> _EngineOptions:
@@ -313,12 +324,12 @@ def _target_convert(loaded: LoadedRecipe, model_dir: Path, dtype: str, p: Parall
         heads = _source_dir(loaded, spec.medusa_model, "medusa", paths, steps)
         extra = ("--medusa_model_dir", str(heads), "--num_medusa_heads", str(spec.num_medusa_heads),
                  "--num_medusa_layers", "1", "--max_medusa_token_len", str(spec.max_draft_len))
-        return _convert_step("target", model_dir, dtype, p, q, paths, extra, "medusa/convert_checkpoint.py")
+        return _convert_step("target", model_dir, dtype, p, q, paths, extra, "medusa/convert_checkpoint.py", heads)
     if spec.method == "eagle":
         head = _source_dir(loaded, spec.eagle_model, "eagle", paths, steps)
         extra = ("--eagle_model_dir", str(head), "--max_draft_len", str(spec.max_draft_len),
                  "--num_eagle_layers", str(spec.num_eagle_layers), "--max_non_leaves_per_layer", str(spec.max_non_leaves_per_layer))
-        return _convert_step("target", model_dir, dtype, p, q, paths, extra, "eagle/convert_checkpoint.py")
+        return _convert_step("target", model_dir, dtype, p, q, paths, extra, "eagle/convert_checkpoint.py", head)
     return _convert_step("target", model_dir, dtype, p, q, paths)
 
 
@@ -340,7 +351,7 @@ def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None
     steps: list[Step] = []
     target_hf = _source_dir(loaded, r.target.checkpoint, "target", paths, steps)
     steps.append(_target_convert(loaded, target_hf, dtype, p, paths, steps))
-    draft_engine = None
+    draft_engine = draft_hf = None
     if spec.method == "draft_target":
         draft_dtype = spec.draft_dtype or dtype
         draft_hf = _source_dir(loaded, spec.draft_checkpoint, "draft", paths, steps)
@@ -359,7 +370,7 @@ def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None
             steps.append(_build_step("baseline", _base_options(r, dtype), p, paths, checkpoint_role="target"))
         baseline_engine = paths.engine("baseline")
     return TrtllmPlan(r.name, "tensorrt", output_dir, p, tuple(steps), engines=EngineDirs(paths.engine("target"), draft_engine, baseline_engine),
-                      tokenizer_dir=target_hf)
+                      tokenizer_dir=target_hf, draft_dir=draft_hf)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -426,7 +437,8 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
     )
     serve = ("trtllm-serve", str(target_hf), "--backend", "pytorch", "--tp_size", str(p.tp_size), "--pp_size", str(p.pp_size),
              "--extra_llm_api_options", str(options_file), "--host", r.serve.host, "--port", str(r.serve.http_port))
-    return TrtllmPlan(r.name, "pytorch", output_dir, p, tuple(steps), files, EngineDirs(None), serve, tokenizer_dir=target_hf)
+    return TrtllmPlan(r.name, "pytorch", output_dir, p, tuple(steps), files, EngineDirs(None), serve, tokenizer_dir=target_hf,
+                      draft_dir=draft_dir if spec.method == "draft_target" else None)
 
 
 def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None) -> TrtllmPlan:

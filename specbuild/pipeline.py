@@ -56,6 +56,7 @@ class RunSummary:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     engine_rebuilt: bool | None = None
     report: object | None = None  # specbuild.client.verify.VerifyReport
+    next_steps: list[str] = field(default_factory=list)  # TensorRT-LLM path: what to run on the GPU box next
 
 
 def check_inputs(loaded: LoadedRecipe) -> list:
@@ -114,11 +115,7 @@ def check_runnable(loaded: LoadedRecipe) -> list:
         version = installed_version()
         plan_for(loaded, default_output_dir(loaded), version=version)  # validates method vs path and version
         require_installed(loaded, version)
-        raise loaded.error(
-            ("build", "backend"),
-            "running TensorRT-LLM builds from `specbuild recipe` is not wired yet; run `specbuild plan` and the "
-            "build.sh it describes on the GPU machine",
-        )
+        return []  # the TensorRT-LLM path builds and writes the repository; verification runs after launch.sh
     _check_reference_engine_supports(loaded)
     missing = [
         extra
@@ -168,6 +165,36 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
     ]
 
 
+def run_trtllm_build(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, status=print, log=print):
+    """TensorRT-LLM path: run the plan's steps (resumable, logged under ``logs/``) and write the
+    Triton repository with its ``launch.sh``; returns a
+    :class:`specbuild.builder.trtllm_run.TrtllmRunResult`.
+
+    Raises:
+        RecipeError: TensorRT-LLM is missing or cannot run the recipe (before any work).
+        specbuild.builder.trtllm_run.StageError: a step failed; its log file is named.
+    """
+    from specbuild.builder.trtllm_plan import plan_for, require_installed
+    from specbuild.builder.trtllm_run import run_trtllm
+    from specbuild.builder.trtllm_version import installed_version
+
+    version = installed_version()
+    plan = plan_for(loaded, paths.output_dir, version=version)
+    require_installed(loaded, version)
+    return run_trtllm(loaded, plan, paths.repo_dir, force=rebuild, status=status, log=log)
+
+
+def trtllm_next_steps(loaded: LoadedRecipe, result) -> list[str]:
+    """How to serve and verify a TensorRT-LLM repository (inside the TensorRT-LLM Triton container)."""
+    v = loaded.recipe.verify
+    s = loaded.recipe.serve
+    return [
+        f"serve:  {result.launch_script}   (or: specbuild serve {result.repo_dir})",
+        f"verify: specbuild verify --url {s.host}:{s.grpc_port if v.protocol == 'grpc' else s.http_port} --protocol {v.protocol} "
+        f"--prompts {v.prompts} --max-tokens {v.max_tokens} --tokenizer {result.plan.tokenizer_dir}",
+    ]
+
+
 @contextmanager
 def _timed(summary: RunSummary, stage: str, status):
     status(stage)
@@ -196,6 +223,12 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
     with _timed(summary, "validate", status):
         prompts = check_runnable(loaded)
         paths.report.unlink(missing_ok=True)  # a report always belongs to the run that wrote it
+    if loaded.recipe.build.backend != "reference":
+        with _timed(summary, "build", status):
+            result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=status, log=log)
+        summary.engine_rebuilt = bool(result.record.ran)
+        summary.next_steps = trtllm_next_steps(loaded, result)
+        return summary
     with _timed(summary, "build", status):
         build = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log)
         summary.engine_rebuilt = build.rebuilt

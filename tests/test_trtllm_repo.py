@@ -99,12 +99,97 @@ def test_ensemble_steps_consume_only_inputs_or_earlier_outputs(name, tmp_path):
         assert {t.name for t in ens.input} <= used  # Triton refuses unused ensemble inputs
 
 
+CLIENT_INPUTS = {"text_input", "max_tokens", "end_id", "pad_id", "return_perf_metrics", "exclude_input_in_output",
+                 "temperature", "top_k", "top_p", "seed"}
+CLIENT_OUTPUTS = {"text_output", "output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"}
+
+
 def test_ensemble_keeps_the_reference_interface(tmp_path):
+    """What the client SDK sends and reads is there with the reference types; what the tensorrtllm
+    backend lacks (num_draft_tokens, reference-only extras) is absent rather than silently ignored."""
     _, configs = write("llama-eagle", tmp_path)
     reference = reference_models(ReferenceRepoSpec(engine_dir=tmp_path, end_id=0, pad_id=0, max_batch_size=8))[0]
     ens = configs["ensemble"]
-    assert [(t.name, t.data_type) for t in ens.output] == [(t.name, model_config_pb2.DataType.Value(t.data_type)) for t in reference.outputs]
-    assert [t.name for t in ens.input] == [t.name for t in reference.inputs if t.name != "num_draft_tokens"]
+    ref_in = {t.name: model_config_pb2.DataType.Value(t.data_type) for t in reference.inputs}
+    ref_out = {t.name: model_config_pb2.DataType.Value(t.data_type) for t in reference.outputs}
+    assert {t.name: t.data_type for t in ens.input}.items() <= ref_in.items()
+    assert {t.name: t.data_type for t in ens.output}.items() <= ref_out.items()
+    assert CLIENT_INPUTS <= {t.name for t in ens.input} and CLIENT_OUTPUTS <= {t.name for t in ens.output}
+    assert "num_draft_tokens" not in {t.name for t in ens.input}
+
+
+# tensorrt_llm inputs as upstream declares them: name -> (data type, dims, reshape or None, optional)
+# (tensorrtllm_backend c2e65b8, all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt)
+UPSTREAM_ENGINE_INPUTS = {
+    "input_ids": ("TYPE_INT32", [-1], None, True), "input_lengths": ("TYPE_INT32", [1], [], False),
+    "request_output_len": ("TYPE_INT32", [1], [], False), "draft_input_ids": ("TYPE_INT32", [-1], None, True),
+    "draft_logits": ("TYPE_FP32", [-1, -1], None, True), "draft_acceptance_threshold": ("TYPE_FP32", [1], [], True),
+    "end_id": ("TYPE_INT32", [1], [], True), "pad_id": ("TYPE_INT32", [1], [], True),
+    "stop_words_list": ("TYPE_INT32", [2, -1], None, True), "bad_words_list": ("TYPE_INT32", [2, -1], None, True),
+    "beam_width": ("TYPE_INT32", [1], [], True), "temperature": ("TYPE_FP32", [1], [], True),
+    "runtime_top_k": ("TYPE_INT32", [1], [], True), "runtime_top_p": ("TYPE_FP32", [1], [], True),
+    "seed": ("TYPE_UINT64", [1], [], True), "return_log_probs": ("TYPE_BOOL", [1], [], True),
+    "return_context_logits": ("TYPE_BOOL", [1], [], True), "return_generation_logits": ("TYPE_BOOL", [1], [], True),
+    "return_perf_metrics": ("TYPE_BOOL", [1], [], True), "exclude_input_in_output": ("TYPE_BOOL", [1], [], True),
+    "stop": ("TYPE_BOOL", [1], [], True), "streaming": ("TYPE_BOOL", [1], [], True),
+    "lookahead_window_size": ("TYPE_INT32", [1], None, True), "lookahead_ngram_size": ("TYPE_INT32", [1], None, True),
+    "lookahead_verification_set_size": ("TYPE_INT32", [1], None, True),
+}
+# What upstream's BLS (tensorrt_llm_bls/1/lib/triton_decoder.py, same commit; its model.py is copied
+# into the repository by launch.sh) asks of the models it calls by hard-coded name.
+BLS_PREPROC_REQUESTS = ["INPUT_ID", "DECODER_INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_DECODER_INPUT_LEN", "BAD_WORDS_IDS",
+                        "STOP_WORDS_IDS", "EMBEDDING_BIAS", "OUT_PAD_ID", "OUT_END_ID", "OUT_PROMPT_TABLE_EXTRA_IDS",
+                        "PIXEL_VALUES", "IMAGE_SIZES", "IS_VIDEO_INPUT", "VISION_INPUT_ID", "ATTENTION_MASK", "IMAGE_GRID_THW"]
+BLS_PREPROC_SENDS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
+                     "stop_words": "STOP_WORDS_DICT", "pad_id": "PAD_ID", "end_id": "END_ID"}
+BLS_LLM_REQUESTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
+                    "batch_index", "sequence_index", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
+                    "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+                    "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"]
+BLS_LLM_SENDS = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "temperature": "temperature", "seed": "seed",
+                 "return_log_probs": "return_log_probs", "stream": "streaming", "exclude_input_in_output": "exclude_input_in_output",
+                 "return_perf_metrics": "return_perf_metrics"}
+BLS_LLM_ALWAYS = {"input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits", "end_id", "pad_id",
+                  "return_context_logits", "return_generation_logits"}
+UPSTREAM_BLS_INPUT_NAMES = {
+    "text_input", "decoder_text_input", "image_input", "image_bytes_input", "image_url_input", "video_bytes_input", "max_tokens",
+    "bad_words", "stop_words", "end_id", "pad_id", "top_k", "top_p", "temperature", "length_penalty", "repetition_penalty",
+    "min_tokens", "presence_penalty", "frequency_penalty", "seed", "return_log_probs", "return_context_logits",
+    "return_generation_logits", "beam_width", "stream", "prompt_embedding_table", "prompt_vocab_size", "prompt_table_extra_id",
+    "embedding_bias_words", "embedding_bias_weights", "num_draft_tokens", "use_draft_logits", "lora_task_id", "lora_weights",
+    "lora_config", "exclude_input_in_output", "return_perf_metrics", "guided_decoding_guide_type", "guided_decoding_guide",
+}
+
+
+def shape(t) -> tuple:
+    return (model_config_pb2.DataType.Name(t.data_type), list(t.dims), list(t.reshape.shape) if t.HasField("reshape") else None, t.optional)
+
+
+@pytest.mark.parametrize("name", ENGINE_RECIPES)
+def test_engine_model_tensors_and_batching_match_upstream(name, tmp_path):
+    _, configs = write(name, tmp_path)
+    for model in (c for c in configs.values() if c.backend == "tensorrtllm"):
+        assert {t.name: shape(t) for t in model.input} == {k: v for k, v in UPSTREAM_ENGINE_INPUTS.items() if k in {t.name for t in model.input}}
+        assert set(UPSTREAM_ENGINE_INPUTS) == {t.name for t in model.input}
+        assert list(model.dynamic_batching.preferred_batch_size) == [model.max_batch_size]
+        assert {"output_ids", "sequence_length"} <= {t.name for t in model.output}
+
+
+def test_upstream_bls_finds_every_tensor_it_asks_for(tmp_path):
+    """Upstream's BLS calls preprocessing / tensorrt_llm(_draft) / postprocessing by fixed tensor
+    names; Triton refuses any request or requested output a config does not declare."""
+    _, configs = write("llama-draft", tmp_path)
+    bls, pre, post = configs["tensorrt_llm_bls"], configs["preprocessing"], configs["postprocessing"]
+    bls_inputs = {t.name for t in bls.input}
+    assert bls_inputs <= UPSTREAM_BLS_INPUT_NAMES
+    assert set(BLS_PREPROC_REQUESTS) <= {t.name for t in pre.output}
+    assert {BLS_PREPROC_SENDS[n] for n in bls_inputs if n in BLS_PREPROC_SENDS} <= {t.name for t in pre.input}
+    assert {"TOKENS_BATCH", "SEQUENCE_LENGTH"} <= {t.name for t in post.input} and "OUTPUT" in {t.name for t in post.output}
+    for engine in ("tensorrt_llm", "tensorrt_llm_draft"):
+        declared_in = {t.name for t in configs[engine].input}
+        assert set(BLS_LLM_REQUESTS) <= {t.name for t in configs[engine].output}, engine
+        assert {BLS_LLM_SENDS[n] for n in bls_inputs if n in BLS_LLM_SENDS} | BLS_LLM_ALWAYS <= declared_in, engine
+    assert {t.name for t in bls.output} >= {"text_output", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"}
 
 
 def test_medusa_eagle_lookahead_parameters(tmp_path):

@@ -15,13 +15,27 @@ DataType = Literal["TYPE_BOOL", "TYPE_INT32", "TYPE_INT64", "TYPE_UINT64", "TYPE
 
 @dataclass(frozen=True)
 class Tensor:
-    """One model input or output: ``dims`` exclude the batch dimension; -1 is variable."""
+    """One model input or output: ``dims`` exclude the batch dimension; -1 is variable.
+    ``reshape``: the shape the model sees instead of ``dims`` (``()``: a scalar, as TensorRT-LLM's
+    backend declares its per-request scalars); ``None``: no reshape."""
 
     name: str
     data_type: DataType
     dims: tuple[int, ...]
     optional: bool = False
     allow_ragged_batch: bool = False
+    reshape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    """``dynamic_batching { ... }``: Triton groups queued requests into batches of up to
+    ``preferred_batch_size`` (``()``: Triton's default, max_batch_size), waiting at most
+    ``max_queue_delay_microseconds``; ``max_queue_size`` 0 = unbounded queue."""
+
+    preferred_batch_size: tuple[int, ...] = ()
+    max_queue_delay_microseconds: int = 0
+    max_queue_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,7 @@ class ModelConfig:
     instance_kind: Literal["KIND_CPU", "KIND_GPU", "KIND_MODEL"] = "KIND_CPU"
     decoupled: bool = False
     steps: tuple[EnsembleStep, ...] = ()
+    dynamic_batching: DynamicBatching | None = None
 
     def __post_init__(self) -> None:
         if (self.backend is None) == (self.platform is None):
@@ -71,6 +86,8 @@ def render(config: ModelConfig) -> str:
     lines.append(f"max_batch_size: {config.max_batch_size}")
     if config.decoupled:
         lines.append("model_transaction_policy {\n  decoupled: true\n}")
+    if config.dynamic_batching is not None:
+        lines.append(_dynamic_batching(config.dynamic_batching))
     lines.append(_tensors("input", config.inputs))
     lines.append(_tensors("output", config.outputs))
     if config.platform != "ensemble":
@@ -90,8 +107,21 @@ def _tensors(kind: str, tensors: tuple[Tensor, ...]) -> str:
             body.append("optional: true")
         if t.allow_ragged_batch:
             body.append("allow_ragged_batch: true")
+        if t.reshape is not None:
+            body.append(f"reshape: {{ shape: [ {', '.join(map(str, t.reshape))} ] }}")
         blocks.append("  {\n" + "\n".join(f"    {b}" for b in body) + "\n  }")
     return f"{kind} [\n" + ",\n".join(blocks) + "\n]"
+
+
+def _dynamic_batching(d: DynamicBatching) -> str:
+    body = []
+    if d.preferred_batch_size:
+        body.append(f"preferred_batch_size: [ {', '.join(map(str, d.preferred_batch_size))} ]")
+    if d.max_queue_delay_microseconds:
+        body.append(f"max_queue_delay_microseconds: {d.max_queue_delay_microseconds}")
+    if d.max_queue_size:
+        body.append(f"default_queue_policy {{ max_queue_size: {d.max_queue_size} }}")
+    return "dynamic_batching {" + "".join(f"\n  {b}" for b in body) + ("\n}" if body else " }")
 
 
 def _ensemble(steps: tuple[EnsembleStep, ...]) -> str:

@@ -36,7 +36,7 @@ from specbuild.triton_repo.generate import (
     ReferenceRepoSpec,
     reference_models,
 )
-from specbuild.triton_repo.pbtxt import ModelConfig, Tensor, render
+from specbuild.triton_repo.pbtxt import DynamicBatching, ModelConfig, Tensor, render
 
 if TYPE_CHECKING:
     from specbuild.builder.recipe import LoadedRecipe
@@ -90,6 +90,7 @@ class TrtllmRepoSpec:
     bls_instance_count: int = 1
     accumulate_tokens: bool = False
     use_draft_logits: bool = False
+    max_queue_delay_microseconds: int = 0
 
 
 def choices_string(choices: Choices) -> str:
@@ -104,17 +105,19 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
-def _scalar(name: str, data_type: str, optional: bool = True) -> Tensor:
-    """A per-request scalar: dims [1] (upstream also reshapes these to [])."""
-    return Tensor(name, data_type, (1,), optional=optional)
+def _scalar(name: str, data_type: str, optional: bool = True, reshape: bool = True) -> Tensor:
+    """A per-request scalar: dims [1], reshaped to [] where upstream's config does."""
+    return Tensor(name, data_type, (1,), optional=optional, reshape=() if reshape else None)
 
 
 def _ragged(name: str, data_type: str, dims: tuple[int, ...] = (-1,)) -> Tensor:
     return Tensor(name, data_type, dims, optional=True, allow_ragged_batch=True)
 
 
+# Names, types, dims, reshapes and optional flags as in upstream's tensorrt_llm/config.pbtxt (the
+# tests compare them with a copy of it); the subset specbuild's ensemble and upstream's BLS send.
 ENGINE_INPUTS = (
-    Tensor("input_ids", "TYPE_INT32", (-1,), allow_ragged_batch=True),
+    Tensor("input_ids", "TYPE_INT32", (-1,), optional=True, allow_ragged_batch=True),
     _scalar("input_lengths", "TYPE_INT32", optional=False),
     _scalar("request_output_len", "TYPE_INT32", optional=False),
     _ragged("draft_input_ids", "TYPE_INT32"),
@@ -140,6 +143,17 @@ ENGINE_INPUTS = (
     _ragged("lookahead_ngram_size", "TYPE_INT32", (1,)),
     _ragged("lookahead_verification_set_size", "TYPE_INT32", (1,)),
 )
+# Requested by upstream's BLS from tensorrt_llm on every call (triton_decoder.py _llm_outputs), so
+# the engine model declares them (Triton refuses requests for undeclared outputs).
+KV_AND_TIMING_OUTPUTS = (
+    Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
+    Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+)
 PERF_OUTPUTS = (
     Tensor("acceptance_rate", "TYPE_FP32", (1,)),
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
@@ -154,7 +168,7 @@ ENGINE_OUTPUTS = (
     Tensor("generation_logits", "TYPE_FP32", (-1, -1, -1)),
     Tensor("batch_index", "TYPE_INT32", (1,)),
     Tensor("sequence_index", "TYPE_INT32", (1,)),
-) + PERF_OUTPUTS
+) + KV_AND_TIMING_OUTPUTS + PERF_OUTPUTS
 
 
 def engine_parameters(model: EngineModel, spec: TrtllmRepoSpec) -> dict[str, str]:
@@ -190,52 +204,89 @@ def engine_parameters(model: EngineModel, spec: TrtllmRepoSpec) -> dict[str, str
 
 def engine_model(model: EngineModel, spec: TrtllmRepoSpec) -> ModelConfig:
     """``tensorrt_llm`` / ``tensorrt_llm_draft``: backend ``tensorrtllm``, one CPU-kind instance
-    (the backend places ranks on GPUs itself)."""
+    (the backend places ranks on GPUs itself), dynamic batching up to max_batch_size as upstream."""
     return ModelConfig(
         name=model.name, backend="tensorrtllm", max_batch_size=spec.max_batch_size,
         inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS, parameters=engine_parameters(model, spec),
         decoupled=spec.decoupled,
+        dynamic_batching=DynamicBatching((spec.max_batch_size,), spec.max_queue_delay_microseconds),
     )
 
 
+# Outputs upstream's BLS requests from "preprocessing" on every call (triton_decoder.py
+# _preproc_outputs; its names are hard-coded there). specbuild's preprocessing produces the first
+# five; the others are declared (so the request is valid) and never produced, as upstream's own
+# preprocessing leaves the multimodal ones unset for text requests.
+BLS_PREPROCESSING_OUTPUTS = (
+    Tensor("DECODER_INPUT_ID", "TYPE_INT32", (-1,)),
+    Tensor("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32", (1,)),
+    Tensor("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
+    Tensor("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
+    Tensor("EMBEDDING_BIAS", "TYPE_FP32", (-1,)),
+    Tensor("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", (-1,)),
+    Tensor("PIXEL_VALUES", "TYPE_FP16", (-1, -1, -1, -1)),
+    Tensor("IMAGE_SIZES", "TYPE_INT64", (2,)),
+    Tensor("IS_VIDEO_INPUT", "TYPE_BOOL", (1,)),
+    Tensor("VISION_INPUT_ID", "TYPE_INT32", (-1,)),
+    Tensor("ATTENTION_MASK", "TYPE_INT64", (-1,)),
+    Tensor("IMAGE_GRID_THW", "TYPE_INT64", (3,)),
+)
+
+
 def _reference_interface(spec: TrtllmRepoSpec) -> dict[str, ModelConfig]:
-    """specbuild's ensemble/preprocessing/postprocessing, with this repository's tokenizer."""
+    """specbuild's ensemble/preprocessing/postprocessing, with this repository's tokenizer and
+    upstream's dynamic batching; with a BLS, preprocessing also declares what the BLS requests."""
     ref = ReferenceRepoSpec(engine_dir=spec.tokenizer_dir, end_id=spec.end_id, pad_id=spec.pad_id, max_batch_size=spec.max_batch_size)
     models = {m.name: m for m in reference_models(ref)}
     for name in ("preprocessing", "postprocessing"):
-        models[name] = dataclasses.replace(models[name], parameters={**models[name].parameters, "tokenizer_dir": str(spec.tokenizer_dir)})
+        models[name] = dataclasses.replace(models[name], parameters={**models[name].parameters, "tokenizer_dir": str(spec.tokenizer_dir)},
+                                           dynamic_batching=DynamicBatching())
+    if spec.draft is not None:
+        pre = models["preprocessing"]
+        models["preprocessing"] = dataclasses.replace(pre, outputs=pre.outputs + BLS_PREPROCESSING_OUTPUTS)
     return models
 
 
 def ensemble_for(reference: ModelConfig, name: str, engine_name: str) -> ModelConfig:
-    """The reference ensemble, routed to ``engine_name``, without ``num_draft_tokens`` (see module doc)."""
-    inputs = tuple(t for t in reference.inputs if t.name != "num_draft_tokens")
+    """The reference ensemble routed to ``engine_name``, keeping only what the ``tensorrtllm``
+    backend has: engine-step inputs/outputs it declares (:data:`ENGINE_INPUTS` /
+    :data:`ENGINE_OUTPUTS`), then the ensemble inputs some step still reads and the outputs some
+    step still writes (Triton refuses an ensemble input no step consumes; see module doc)."""
+    engine_in = {t.name for t in ENGINE_INPUTS}
+    engine_out = {t.name for t in ENGINE_OUTPUTS}
     steps = tuple(
-        dataclasses.replace(s, model_name=engine_name, input_map={k: v for k, v in s.input_map.items() if k != "num_draft_tokens"})
+        dataclasses.replace(s, model_name=engine_name,
+                            input_map={k: v for k, v in s.input_map.items() if k in engine_in},
+                            output_map={k: v for k, v in s.output_map.items() if k in engine_out})
         if s.model_name == "tensorrt_llm" else s
         for s in reference.steps
     )
-    return dataclasses.replace(reference, name=name, inputs=inputs, steps=steps)
+    read = {v for s in steps for v in s.input_map.values()}
+    written = {v for s in steps for v in s.output_map.values()}
+    return dataclasses.replace(reference, name=name, steps=steps,
+                               inputs=tuple(t for t in reference.inputs if t.name in read),
+                               outputs=tuple(t for t in reference.outputs if t.name in written))
 
 
+# Upstream's tensorrt_llm_bls inputs (same types, dims and reshapes) that specbuild's preprocessing
+# handles: no bad_words / stop_words, which it would ignore; a request carrying them is refused
+# by Triton ("unexpected inference input") instead of silently losing its stop words.
 BLS_INPUTS = (
     Tensor("text_input", "TYPE_STRING", (1,)),
-    _scalar("max_tokens", "TYPE_INT32", optional=False),
-    Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
-    Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),
-    _scalar("end_id", "TYPE_INT32"),
-    _scalar("pad_id", "TYPE_INT32"),
-    _scalar("top_k", "TYPE_INT32"),
-    _scalar("top_p", "TYPE_FP32"),
-    _scalar("temperature", "TYPE_FP32"),
-    _scalar("seed", "TYPE_UINT64"),
+    _scalar("max_tokens", "TYPE_INT32", optional=False, reshape=False),
+    _scalar("exclude_input_in_output", "TYPE_BOOL", reshape=False),
+    _scalar("end_id", "TYPE_INT32", reshape=False),
+    _scalar("pad_id", "TYPE_INT32", reshape=False),
+    _scalar("top_k", "TYPE_INT32", reshape=False),
+    _scalar("top_p", "TYPE_FP32", reshape=False),
+    _scalar("temperature", "TYPE_FP32", reshape=False),
+    _scalar("seed", "TYPE_UINT64", reshape=False),
     _scalar("return_log_probs", "TYPE_BOOL"),
     _scalar("return_generation_logits", "TYPE_BOOL"),
-    _scalar("return_perf_metrics", "TYPE_BOOL"),
-    _scalar("exclude_input_in_output", "TYPE_BOOL"),
-    _scalar("stream", "TYPE_BOOL"),
-    _scalar("num_draft_tokens", "TYPE_INT32"),
+    _scalar("stream", "TYPE_BOOL", reshape=False),
+    _scalar("num_draft_tokens", "TYPE_INT32", reshape=False),
     _scalar("use_draft_logits", "TYPE_BOOL"),
+    _scalar("return_perf_metrics", "TYPE_BOOL"),
 )
 BLS_OUTPUTS = (
     Tensor("text_output", "TYPE_STRING", (-1,)),
@@ -245,7 +296,7 @@ BLS_OUTPUTS = (
     Tensor("generation_logits", "TYPE_FP32", (-1, -1, -1)),
     Tensor("batch_index", "TYPE_INT32", (1,)),
     Tensor("sequence_index", "TYPE_INT32", (1,)),
-) + PERF_OUTPUTS
+) + KV_AND_TIMING_OUTPUTS + PERF_OUTPUTS
 
 
 def bls_model(spec: TrtllmRepoSpec) -> ModelConfig:
@@ -298,8 +349,12 @@ def launch_script_text(spec: TrtllmRepoSpec, argv: list[str], repo_dir: Path, bl
     return "\n".join(lines) + "\n"
 
 
-def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv: list[str]) -> Path:
-    """Write every model's config.pbtxt (+ specbuild shells) and ``launch.sh`` under ``repo_dir``."""
+def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv: list[str], final_dir: Path | None = None) -> Path:
+    """Write every model's config.pbtxt (+ specbuild shells) and ``launch.sh`` under ``repo_dir``.
+
+    ``final_dir``: where the repository will live when ``repo_dir`` is a staging directory
+    (``launch.sh`` names it); default ``repo_dir``.
+    """
     for model in trtllm_models(spec):
         version_dir = repo_dir / model.name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
@@ -307,7 +362,7 @@ def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv
         if model.name in ("preprocessing", "postprocessing"):
             (version_dir / "model.py").write_text(SHELL.format(version="trtllm", module=SHELL_MODULES[model.name]))
     launch = repo_dir / "launch.sh"
-    launch.write_text(launch_script_text(spec, launch_argv, repo_dir))
+    launch.write_text(launch_script_text(spec, launch_argv, final_dir or repo_dir))
     launch.chmod(0o755)
     return repo_dir
 
@@ -359,7 +414,13 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
 DEFAULT_LLMAPI_MODEL = Path("/app/all_models/llmapi/tensorrt_llm")
 
 
-def write_llmapi_repository(plan: TrtllmPlan, repo_dir: Path, *, upstream_model: Path = DEFAULT_LLMAPI_MODEL) -> Path:
+def llmapi_launch_command(repo_dir: Path) -> list[str]:
+    """launch_triton_server.py for the ``llmapi`` repository: one Triton process (``--no-mpi``);
+    the LLM API spawns its own tp * pp workers from model.yaml."""
+    return ["python3", str(DEFAULT_LAUNCH_SCRIPT), "--world_size", "1", "--model_repo", str(repo_dir), "--no-mpi"]
+
+
+def write_llmapi_repository(plan: TrtllmPlan, repo_dir: Path, *, upstream_model: Path = DEFAULT_LLMAPI_MODEL, final_dir: Path | None = None) -> Path:
     """The PyTorch-path repository: Triton's ``llmapi`` model with the plan's ``model.yaml``.
 
     ``config.pbtxt`` and ``1/model.py`` are TensorRT-LLM's own (copied from ``upstream_model`` in the
@@ -370,9 +431,10 @@ def write_llmapi_repository(plan: TrtllmPlan, repo_dir: Path, *, upstream_model:
     version_dir = repo_dir / "tensorrt_llm" / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
     (version_dir / "model.yaml").write_text(model_yaml.text)
+    final = final_dir or repo_dir
     src = shlex.quote(str(upstream_model))
-    dst = shlex.quote(str(repo_dir / "tensorrt_llm"))
-    argv = ["python3", str(DEFAULT_LAUNCH_SCRIPT), "--world_size", "1", "--model_repo", str(repo_dir), "--no-mpi"]
+    dst = shlex.quote(str(final / "tensorrt_llm"))
+    argv = llmapi_launch_command(final)
     text = ("#!/usr/bin/env bash\n# Generated by specbuild: run inside the TensorRT-LLM Triton container.\nset -euo pipefail\n"
             f"cp {src}/config.pbtxt {dst}/config.pbtxt\n"
             f"cp -n {src}/1/*.py {dst}/1/\n" + shlex.join(argv) + "\n")
