@@ -21,6 +21,7 @@ build.baseline_engine, serve.kv_cache_free_gpu_mem_fraction.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from specbuild.builder.trtllm_version import (
 StepKind = Literal["download", "convert", "quantize", "build"]
 Quantization = Literal["none", "fp8", "int8_wo", "int4_wo"]
 DEFAULT_EXAMPLES = Path("/app/tensorrt_llm/examples")  # TensorRT-LLM source tree in the NGC containers
+EXAMPLES_ENV = "TRTLLM_EXAMPLES_DIR"
 MIN_MAX_NUM_TOKENS = 8192  # trtllm-build's BuildConfig.max_num_tokens default
 EAGLE_MAX_DRAFT_LEN = 256
 DOWNLOAD_SCRIPT = (
@@ -441,6 +443,12 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
                       draft_dir=draft_dir if spec.method == "draft_target" else None)
 
 
+def examples_dir() -> Path:
+    """TensorRT-LLM's ``examples/`` (the conversion scripts are not in the wheel): ``$TRTLLM_EXAMPLES_DIR``,
+    default ``/app/tensorrt_llm/examples`` as in NGC's TensorRT-LLM containers."""
+    return Path(os.environ.get(EXAMPLES_ENV, str(DEFAULT_EXAMPLES)))
+
+
 def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None) -> TrtllmPlan:
     """``plan_tensorrt`` or ``plan_pytorch`` by ``build.backend``.
 
@@ -449,7 +457,7 @@ def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = No
     """
     backend = loaded.recipe.build.backend
     if backend == "tensorrt":
-        return plan_tensorrt(loaded, output_dir, version=version)
+        return plan_tensorrt(loaded, output_dir, version=version, examples_dir=examples_dir())
     if backend == "pytorch":
         return plan_pytorch(loaded, output_dir, version=version)
     raise loaded.error(("build", "backend"), "not a TensorRT-LLM backend; the reference backend has its own plan")

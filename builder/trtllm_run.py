@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -104,6 +105,7 @@ def run_step(plan: TrtllmPlan, step: Step, *, env: dict[str, str] | None = None)
     stamp.unlink(missing_ok=True)  # from here on the step is unfinished until the new stamp lands
     step.log.parent.mkdir(parents=True, exist_ok=True)
     final = step.output_dir
+    shutil.rmtree(final, ignore_errors=True)  # stale outputs must not look finished if this run fails
     start = time.perf_counter()
     with staging_dir(final) as tmp, step.log.open("w") as log:
         argv = [str(tmp) if a == str(final) else a for a in step.argv]
@@ -221,12 +223,17 @@ def run_trtllm(
     """
     from specbuild.triton_repo.tensorrtllm import launch_command, repo_spec_for, write_llmapi_repository, write_trtllm_repository
 
-    def before(step: Step) -> None:  # once both checkpoints are downloaded, before converting the draft
-        if plan.draft_dir is not None and plan.draft_dir in step.inputs:
+    checked: list[bool] = []
+
+    def before(step: Step | None) -> None:  # as soon as both checkpoints are on disk
+        if checked or plan.draft_dir is None:
+            return
+        if step is None or all((d / "config.json").is_file() for d in (plan.tokenizer_dir, plan.draft_dir)):
             check_vocabulary(loaded, plan)
+            checked.append(True)
 
     record = run_plan(plan, force=force, status=status, log=log, before=before, env=env)
-    check_vocabulary(loaded, plan)  # the PyTorch path converts nothing
+    before(None)  # no step read both (the PyTorch path converts nothing)
     status("repository")
     s = loaded.recipe.serve
     with staging_dir(repo_dir) as tmp:

@@ -72,6 +72,8 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
         return
     with stop_signals_interrupt():
         summary = run_with_progress(_console(), loaded, paths, rebuild=rebuild)
+    if summary.next_steps:  # TensorRT-LLM path: built; serving happens in the Triton container
+        return
     if summary.report is None or not summary.report.all_match:
         sys.exit(1)
 
@@ -142,9 +144,19 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 
     Uses `tritonserver` from PATH, else the one bundled in nvidia-pytriton
     (pip install 'specbuild[server]'). Binds 127.0.0.1 unless --host says otherwise.
+    A TensorRT-LLM repository (one with launch.sh) is not started here: the command prints its
+    launch command (scripts/launch_triton_server.py) to run in the TensorRT-LLM Triton container.
     """
     from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
+    from specbuild.triton_repo.tensorrtllm import launch_lines
 
+    launch = launch_lines(repo)
+    if launch is not None:  # tensorrtllm backend models: served by the TensorRT-LLM Triton container
+        click.echo(f"{repo} is a TensorRT-LLM repository; serve it inside the TensorRT-LLM Triton container "
+                   f"(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3) with\n  bash {repo / 'launch.sh'}\nwhich runs:")
+        for line in launch:
+            click.echo(f"  {line}")
+        return
     server = TritonServer(
         repo,
         host=host,

@@ -38,11 +38,12 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
     """
     from specbuild.builder.checkpoints import CheckpointError
     from specbuild.builder.recipe import RecipeError
+    from specbuild.builder.trtllm_run import StageError
     from specbuild.client.prompts import PromptSourceError
     from specbuild.client.sdk import RequestError, ServerUnavailableError
     from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError
 
-    failures = (RecipeError, CheckpointError, PromptSourceError, RequestError, ServerUnavailableError, ServerNotFoundError, ServerStartError)
+    failures = (StageError, RecipeError, CheckpointError, PromptSourceError, RequestError, ServerUnavailableError, ServerNotFoundError, ServerStartError)
     # transient: the live bar disappears when the run ends; the summary tables follow.
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
         stage = bar.add_task("start", total=None)
@@ -81,6 +82,11 @@ def print_summary(console: Console, summary: RunSummary) -> None:
     if summary.report is not None:
         print_report(console, summary.report)
     p = summary.paths
+    if summary.next_steps:  # TensorRT-LLM path: engines under engines/, logs under logs/
+        console.print(f"repository: {p.repo_dir}\nlogs: {p.output_dir / 'logs'}\nnext, inside the TensorRT-LLM Triton container:", highlight=False)
+        for line in summary.next_steps:
+            console.print(f"  {line}", highlight=False)
+        return
     console.print(f"engine: {p.engine_dir}\nrepository: {p.repo_dir}\nserver log: {p.log_file}\nreport: {p.report}", highlight=False)
 
 

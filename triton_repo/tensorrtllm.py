@@ -349,6 +349,14 @@ def launch_script_text(spec: TrtllmRepoSpec, argv: list[str], repo_dir: Path, bl
     return "\n".join(lines) + "\n"
 
 
+def launch_lines(repo_dir: Path) -> list[str] | None:
+    """The commands of a TensorRT-LLM repository's ``launch.sh`` (``None``: not such a repository)."""
+    launch = repo_dir / "launch.sh"
+    if not launch.is_file():
+        return None
+    return [line for line in launch.read_text().splitlines() if line and not line.startswith(("#", "set "))]
+
+
 def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv: list[str], final_dir: Path | None = None) -> Path:
     """Write every model's config.pbtxt (+ specbuild shells) and ``launch.sh`` under ``repo_dir``.
 
