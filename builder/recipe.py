@@ -28,6 +28,8 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from specbuild.train.config import TRAINABLE_METHODS, TrainConfig
+
 RECIPE_SUFFIXES = (".yaml", ".yml")
 CROSS_FIELD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", re.DOTALL)
 
@@ -415,6 +417,17 @@ class Recipe(_Strict):
     build: BuildConfig = BuildConfig()
     serve: ServeConfig = ServeConfig()
     verify: VerifyConfig = VerifyConfig()
+    # Optional: train the draft (EAGLE head, Medusa heads, draft model) from the target before the build.
+    train: TrainConfig | None = None
+
+    @model_validator(mode="after")
+    def _trainable(self) -> "Recipe":
+        if self.train is not None and self.speculation.method not in TRAINABLE_METHODS:
+            raise ValueError(
+                f"speculation.method: {self.speculation.method!r} has no draft to train, so the train: section cannot "
+                f"apply; trainable methods: {', '.join(TRAINABLE_METHODS)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _parallelism(self) -> "Recipe":

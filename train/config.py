@@ -1,0 +1,77 @@
+"""The recipe's optional ``train:`` section (pydantic v2, no torch import: validating a recipe stays fast).
+
+Example (``recipes/smollm2-eagle.yaml``)::
+
+    speculation: {method: eagle, eagle_model: heads/smollm2-eagle, ...}
+    train:
+      prompts: humaneval-train      # HumanEval problems 40..163; or a .jsonl / .txt file of your own
+      held_out: "humaneval:20"      # evaluation prompts; must not overlap the training prompts
+      max_new_tokens: 256           # length of each target-generated response
+      steps: 1500
+      learning_rate: 0.0003
+
+The trained artefact is written where the speculation section points (``eagle_model``,
+``medusa_model``, ``draft_checkpoint``), with ``model_card.json`` / ``MODEL_CARD.md`` beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TRAINABLE_METHODS = ("eagle", "eagle3", "medusa", "draft_target")
+HUMANEVAL_TRAIN = "humaneval-train"
+HUMANEVAL_TRAIN_START = 40  # HumanEval/40 .. HumanEval/163 train; 0 .. 39 stay held out
+
+
+class TrainConfig(BaseModel):
+    """How to train the recipe's draft (self-distillation from the target).
+
+    Attributes:
+        prompts: training prompts: ``humaneval-train`` (HumanEval problems 40..163, never the first 40)
+            or a ``.jsonl`` (objects with ``prompt`` or ``text``) / ``.txt`` (one per line) file,
+            relative to the recipe.
+        held_out: prompts for the held-out acceptance measurement (``humaneval:N`` with N <= 40, or a
+            file); a prompt also in ``prompts`` is an error.
+        max_prompts: use only the first N training prompts (None: all).
+        max_new_tokens: tokens the target generates (greedy) per training prompt.
+        generation_batch_size: prompts per batched ``generate()`` call.
+        steps: optimizer steps. batch_tokens: tokens per step (sequences packed, block-diagonal mask).
+        learning_rate / warmup_steps / weight_decay / grad_clip: AdamW with linear warm-up and cosine decay.
+        seed: seeds initialisation, batch order and feature noise; the same seed gives the same weights.
+        checkpoint_every: save a resumable checkpoint every N steps (and at the end).
+        device: ``auto`` -> CUDA when available, else CPU.
+        num_layers: EAGLE decoder layers (default 1); Medusa residual blocks per head (default 1);
+            draft model: target layers kept (default 4).
+        feature_noise: EAGLE input-feature noise, uniform in ``±feature_noise * std(features)`` (EAGLE §4.3).
+        token_loss_weight: EAGLE classification-loss weight (the paper's w_cls = 0.1).
+        medusa_decay: Medusa head ``k`` loss weight ``medusa_decay ** k`` (Medusa §2.2.1 uses 0.8).
+        distill_temperature: draft model KL temperature.
+        eval_prompts / eval_max_tokens / eval_draft_len: held-out acceptance measurement size.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompts: str = HUMANEVAL_TRAIN
+    held_out: str = "humaneval:20"
+    max_prompts: int | None = Field(None, ge=1)
+    max_new_tokens: int = Field(256, ge=1, le=8192)
+    generation_batch_size: int = Field(16, ge=1, le=1024)
+    steps: int = Field(1000, ge=1)
+    batch_tokens: int = Field(1024, ge=8)
+    learning_rate: float = Field(3e-4, gt=0, lt=1)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    seed: int = Field(0, ge=0)
+    checkpoint_every: int = Field(100, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_layers: int | None = Field(None, ge=1, le=64)
+    feature_noise: float = Field(0.05, ge=0)
+    token_loss_weight: float = Field(0.1, ge=0)
+    medusa_decay: float = Field(0.8, gt=0, le=1)
+    distill_temperature: float = Field(1.0, gt=0)
+    eval_prompts: int = Field(10, ge=0)
+    eval_max_tokens: int = Field(128, ge=1)
+    eval_draft_len: int = Field(4, ge=1, le=64)

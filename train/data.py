@@ -1,0 +1,266 @@
+"""Self-distillation data: the target writes the training responses, and its features are cached.
+
+For each training prompt the target generates ``max_new_tokens`` tokens greedily (batched
+``generate()``, left padding), so the draft learns the target's own greedy distribution, which is
+exactly what greedy verification accepts. One teacher-forced pass over prompt + response then records,
+per position ``j`` of each sequence ``c_0 .. c_{n-1}``::
+
+    features[j]   [H]     the target's final-norm hidden state f_j (the lm_head input; EAGLE's feature)
+    top1[j]               argmax lm_head(f_j): the target's greedy next token after c_0 .. c_j
+    aux[j]        [3 Ht]  (EAGLE-3 only) the outputs of the captured target layers, concatenated
+
+On disk (``$SPECBUILD_CACHE/train-data/<fingerprint>/``, fingerprint of the target checkpoint, prompts and
+generation settings; reused while they are unchanged)::
+
+    sequences.safetensors   tokens [N] int64 (all sequences concatenated), offsets [S + 1] int64,
+                            prompt_lens [S] int64
+    features.safetensors    features [N, H] float32, top1 [N] int64
+    aux_<a>_<b>_<c>.safetensors   aux [N, 3 Ht] float32 (written on demand)
+    meta.json               prompts used, token counts, timings
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specbuild.builder.atomic import staging_dir
+from specbuild.cache import cache_dir
+from specbuild.client.prompts import Prompt, load_prompts
+
+from .config import HUMANEVAL_TRAIN, HUMANEVAL_TRAIN_START, TrainConfig
+
+DATA_FORMAT = 1
+
+
+class TrainDataError(ValueError):
+    """Training prompts that cannot be used (missing, empty, or overlapping the held-out set)."""
+
+
+@dataclass(frozen=True)
+class DistillData:
+    """Target-generated sequences and the target's features at every position.
+
+    Attributes:
+        tokens: ``[N]`` int64, every sequence (prompt + response) concatenated.
+        offsets: ``[S + 1]`` int64; sequence ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``.
+        prompt_lens: ``[S]`` int64, prompt tokens at the start of each sequence.
+        features: ``[N, H]`` float32 final-norm hidden states. top1: ``[N]`` int64 target argmax.
+        path: the cache directory.
+    """
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    prompt_lens: torch.Tensor
+    features: torch.Tensor
+    top1: torch.Tensor
+    path: Path
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.prompt_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    def span(self, i: int) -> tuple[int, int]:
+        return int(self.offsets[i]), int(self.offsets[i + 1])
+
+    def aux(self, layers: Sequence[int]) -> torch.Tensor:
+        """``[N, 3 Ht]`` captured layer outputs (EAGLE-3); written by :func:`ensure_aux_features`."""
+        return load_file(str(self.path / _aux_name(layers)))["aux"]
+
+
+def training_prompts(config: TrainConfig, *, base_dir: Path | None = None) -> tuple[list[Prompt], list[Prompt]]:
+    """``(training prompts, held-out prompts)`` for ``config``.
+
+    Raises:
+        TrainDataError: a source cannot be read, or a held-out prompt's text is also a training prompt.
+    """
+    from specbuild.client.prompts import PromptSourceError
+
+    try:
+        if config.prompts == HUMANEVAL_TRAIN:
+            train = load_prompts("humaneval")[HUMANEVAL_TRAIN_START:]
+        else:
+            train = load_prompts(config.prompts, base_dir=base_dir)
+        held_out = load_prompts(config.held_out, base_dir=base_dir)
+    except PromptSourceError as exc:
+        raise TrainDataError(f"train.prompts / train.held_out: {exc}") from None
+    if config.max_prompts is not None:
+        train = train[: config.max_prompts]
+    overlap = sorted({p.id for p in held_out if p.text in {t.text for t in train}})
+    if overlap:
+        raise TrainDataError(
+            f"train.held_out: {len(overlap)} held-out prompt(s) are also training prompts (e.g. {overlap[:3]}); "
+            f"held-out acceptance must come from prompts never trained on (humaneval-train starts at "
+            f"HumanEval/{HUMANEVAL_TRAIN_START}: use humaneval:N with N <= {HUMANEVAL_TRAIN_START})"
+        )
+    return train, held_out
+
+
+def data_fingerprint(target_fingerprint: str, prompts: Sequence[Prompt], config: TrainConfig) -> str:
+    """Hash of what determines the data: target, prompt texts, generation length and format version."""
+    h = hashlib.sha256(f"{DATA_FORMAT}:{target_fingerprint}:{config.max_new_tokens}".encode())
+    for p in prompts:
+        h.update(hashlib.sha256(p.text.encode()).digest())
+    return h.hexdigest()[:16]
+
+
+def build_distill_data(
+    model,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    config: TrainConfig,
+    *,
+    fingerprint: str,
+    root: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> DistillData:
+    """Generate (or reuse) the self-distillation data for ``prompts``; see the module docstring.
+
+    Args:
+        model: the target (a transformers causal LM, eval mode). tokenizer: its tokenizer.
+        fingerprint: :func:`data_fingerprint`; names the cache directory under ``root``
+            (default ``$SPECBUILD_CACHE/train-data``).
+    """
+    out = (root or cache_dir() / "train-data") / fingerprint
+    if not (out / "meta.json").is_file():
+        if not prompts:
+            raise TrainDataError("train.prompts: no training prompts")
+        with staging_dir(out) as tmp:
+            _write_data(model, tokenizer, prompts, config, tmp, log=log)
+        log(f"training data written to {out}")
+    else:
+        log(f"training data: reusing {out}")
+    return load_distill_data(out)
+
+
+def load_distill_data(path: Path) -> DistillData:
+    seq = load_file(str(path / "sequences.safetensors"))
+    feats = load_file(str(path / "features.safetensors"))
+    return DistillData(seq["tokens"], seq["offsets"], seq["prompt_lens"], feats["features"], feats["top1"], path)
+
+
+def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig, out: Path, *, log) -> None:
+    start = time.perf_counter()
+    encoded = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]
+    responses = generate_responses(model, encoded, config, eos_id=_eos_id(model, tokenizer), log=log)
+    generated_s = time.perf_counter() - start
+    sequences = [p + r for p, r in zip(encoded, responses)]
+    lens = torch.tensor([len(s) for s in sequences])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+    tokens = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
+    save_file({"tokens": tokens, "offsets": offsets, "prompt_lens": torch.tensor([len(p) for p in encoded])},
+              str(out / "sequences.safetensors"))
+    features, top1 = target_features(model, sequences, batch_size=config.generation_batch_size, log=log)
+    save_file({"features": features, "top1": top1}, str(out / "features.safetensors"))
+    meta = {
+        "format": DATA_FORMAT, "num_sequences": len(sequences), "num_tokens": int(offsets[-1]),
+        "response_tokens": sum(len(r) for r in responses), "max_new_tokens": config.max_new_tokens,
+        "prompt_ids": [p.id for p in prompts], "generate_seconds": round(generated_s, 1),
+        "total_seconds": round(time.perf_counter() - start, 1),
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"training data: {meta['num_sequences']} sequences, {meta['num_tokens']} tokens "
+        f"({meta['response_tokens']} generated) in {meta['total_seconds']} s")
+
+
+def _eos_id(model, tokenizer) -> int | None:
+    eos = model.generation_config.eos_token_id
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos if eos is not None else tokenizer.eos_token_id
+
+
+@torch.inference_mode()
+def generate_responses(model, prompts: Sequence[list[int]], config: TrainConfig, *, eos_id: int | None, log=print) -> list[list[int]]:
+    """Greedy responses of the target, ``generation_batch_size`` prompts per left-padded ``generate()``.
+
+    Prompts are batched in length order (less padding); each response ends at its first ``eos_id``
+    (kept) or after ``max_new_tokens``. Returns responses in the order of ``prompts``.
+    """
+    device = next(model.parameters()).device
+    pad = eos_id if eos_id is not None else 0
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    responses: dict[int, list[int]] = {}
+    bs = config.generation_batch_size
+    for b in range(0, len(order), bs):
+        chunk = order[b : b + bs]
+        width = max(len(prompts[i]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, i in enumerate(chunk):
+            ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[r, width - len(prompts[i]):] = 1
+        start = time.perf_counter()
+        out = model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=config.max_new_tokens,
+            min_new_tokens=1, do_sample=False, eos_token_id=eos_id, pad_token_id=pad,
+        )[:, width:].tolist()
+        for r, i in enumerate(chunk):
+            row = out[r]
+            if eos_id is not None and eos_id in row:
+                row = row[: row.index(eos_id) + 1]
+            responses[i] = row
+        log(f"generated {min(b + bs, len(order))}/{len(order)} responses ({time.perf_counter() - start:.1f} s for this batch)")
+    return [responses[i] for i in range(len(prompts))]
+
+
+@torch.inference_mode()
+def target_features(model, sequences: Sequence[list[int]], *, batch_size: int, layers: Sequence[int] = (), log=print):
+    """Teacher-forced target pass over ``sequences`` (right-padded batches).
+
+    Returns:
+        ``(features [N, H] float32, top1 [N] int64)`` in concatenation order, or with ``layers`` given
+        ``aux [N, len(layers) * H]`` float32: the outputs of those decoder layers (``hidden_states[i + 1]``).
+    """
+    device = next(model.parameters()).device
+    lm_head = model.get_output_embeddings()
+    feats, top1, aux = [], [], []
+    order = list(range(len(sequences)))
+    for b in range(0, len(order), batch_size):
+        chunk = sequences[b : b + batch_size]
+        width = max(len(s) for s in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, s in enumerate(chunk):
+            ids[r, : len(s)] = torch.tensor(s)
+            mask[r, : len(s)] = 1
+        out = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=bool(layers))
+        hidden = out.last_hidden_state.float()  # [B, T, H] after the final norm
+        for r, s in enumerate(chunk):
+            h = hidden[r, : len(s)]
+            if layers:
+                aux.append(torch.cat([out.hidden_states[i + 1][r, : len(s)].float() for i in layers], -1).cpu())
+            else:
+                feats.append(h.cpu())
+                top1.append(lm_head(h.to(lm_head.weight.dtype)).argmax(-1).cpu())
+        log(f"target features {min(b + batch_size, len(order))}/{len(order)} sequences")
+    if layers:
+        return torch.cat(aux)
+    return torch.cat(feats), torch.cat(top1)
+
+
+def ensure_aux_features(model, data: DistillData, layers: Sequence[int], *, batch_size: int, log=print) -> torch.Tensor:
+    """Captured-layer features for EAGLE-3, cached beside the data (``aux_<layers>.safetensors``)."""
+    path = data.path / _aux_name(layers)
+    if not path.is_file():
+        sequences = [data.tokens[a:b].tolist() for a, b in map(data.span, range(data.num_sequences))]
+        aux = target_features(model, sequences, batch_size=batch_size, layers=layers, log=log)
+        tmp = path.with_suffix(".tmp")
+        save_file({"aux": aux.contiguous()}, str(tmp))
+        tmp.replace(path)
+    return data.aux(layers)
+
+
+def _aux_name(layers: Sequence[int]) -> str:
+    return "aux_" + "_".join(str(i) for i in layers) + ".safetensors"

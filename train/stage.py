@@ -1,0 +1,224 @@
+"""The ``train-draft`` stage: a recipe's ``train:`` section -> a trained draft artefact, cached.
+
+The artefact goes where the recipe's speculation section points (``eagle_model``, ``medusa_model`` or
+``draft_checkpoint``, relative to the recipe), with a model card beside it::
+
+    <artefact>/...                 the head / draft in the format the engine and TensorRT-LLM read
+    <artefact>/model_card.json     fingerprint, data, hyperparameters, steps, loss, held-out acceptance
+    <artefact>/MODEL_CARD.md       the same for people
+
+The fingerprint hashes the target checkpoint, the training prompts and every training setting; while
+it matches the card's, the stage is skipped (``force`` retrains). Resumable checkpoints live under
+``$SPECBUILD_CACHE/train-checkpoints/<fingerprint>`` until the artefact is written: an interrupted run
+continues where it stopped and ends with the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbuild.builder.recipe import LoadedRecipe, RecipeError
+from specbuild.cache import cache_dir
+
+from .config import TRAINABLE_METHODS, TrainConfig
+
+TRAIN_FORMAT = 1
+ARTEFACT_FIELD = {"eagle": "eagle_model", "eagle3": "eagle_model", "medusa": "medusa_model", "draft_target": "draft_checkpoint"}
+CARD_JSON, CARD_MD = "model_card.json", "MODEL_CARD.md"
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """The artefact, its fingerprint, whether a cached one was reused, and its model card."""
+
+    artefact: Path
+    fingerprint: str
+    reused: bool
+    card: dict
+
+
+def artefact_path(loaded: LoadedRecipe) -> Path:
+    """Where the recipe's trained draft goes (the speculation section's model path).
+
+    Raises:
+        RecipeError: no ``train:`` section, or a method that has nothing to train.
+    """
+    recipe = loaded.recipe
+    if recipe.train is None:
+        raise loaded.error(("train",), "the recipe has no train: section; add one (see README 'Training draft heads')")
+    method = recipe.speculation.method
+    if method not in ARTEFACT_FIELD:
+        raise loaded.error(("speculation", "method"), f"method {method!r} has no draft to train; trainable: {', '.join(TRAINABLE_METHODS)}")
+    return loaded.resolve_path(getattr(recipe.speculation, ARTEFACT_FIELD[method])).resolve()
+
+
+def train_fingerprint(loaded: LoadedRecipe, data_fp: str) -> str:
+    """Hash of the data fingerprint, the method, its head count and every ``train:`` setting."""
+    spec = loaded.recipe.speculation
+    settings = {
+        "format": TRAIN_FORMAT, "data": data_fp, "method": spec.method,
+        "num_medusa_heads": getattr(spec, "num_medusa_heads", None),
+        "train": loaded.recipe.train.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_card(artefact: Path, fingerprint: str) -> dict | None:
+    """The artefact's model card if it was trained with ``fingerprint``, else None."""
+    try:
+        card = json.loads((artefact / CARD_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return card if card.get("fingerprint") == fingerprint else None
+
+
+def train_draft(
+    loaded: LoadedRecipe, *, force: bool = False, log=print, show_progress: bool = True, on_step=None,
+    evaluate: bool = True,
+) -> TrainOutcome:
+    """Train (or reuse) the draft of ``loaded``; see the module docstring.
+
+    Args:
+        on_step: passed to the training loop (``on_step(step, output)``); tests interrupt runs with it.
+        evaluate: measure held-out acceptance into the model card (``train.eval_prompts`` prompts).
+
+    Raises:
+        RecipeError: no train section, an untrainable method, missing target or prompts, or held-out
+            prompts that overlap the training prompts.
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    from specbuild.builder.atomic import staging_dir
+    from specbuild.builder.checkpoints import materialize_checkpoint
+    from specbuild.builder.reference import locate_target
+    from specbuild.engine.target import load_target
+
+    from .data import TrainDataError, build_distill_data, data_fingerprint, training_prompts
+
+    config: TrainConfig = loaded.recipe.train
+    artefact = artefact_path(loaded)
+    method = loaded.recipe.speculation.method
+    if method == "eagle3":
+        raise loaded.error(("speculation", "method"), "EAGLE-3 training is not implemented yet; train an eagle (EAGLE-1/2) head")
+    try:
+        train_prompts, held_out = training_prompts(config, base_dir=loaded.path.parent)
+    except TrainDataError as exc:
+        raise loaded.error(("train", "held_out" if "held_out" in str(exc).split(":")[0] else "prompts"), str(exc)) from None
+    source = locate_target(loaded)
+    data_fp = data_fingerprint(source.fingerprint(), train_prompts, config)
+    fingerprint = train_fingerprint(loaded, data_fp)
+    card = None if force else cached_card(artefact, fingerprint)
+    if card is not None:
+        log(f"trained draft is up to date: {artefact}")
+        return TrainOutcome(artefact, fingerprint, True, card)
+
+    device = torch.device("cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
+    checkpoint = materialize_checkpoint(source, log=log)
+    target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    start = time.perf_counter()
+    data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log)
+    data_s = time.perf_counter() - start
+    ckpt_dir = cache_dir() / "train-checkpoints" / fingerprint
+    with staging_dir(artefact) as tmp:
+        result = _train(method, loaded, target, tokenizer, data, config, tmp, ckpt_dir, device, log, show_progress, on_step)
+        acceptance = None
+        if evaluate and config.eval_prompts > 0:
+            acceptance = _evaluate(method, loaded, target, tokenizer, held_out[: config.eval_prompts], tmp, config, log)
+        card = _card(loaded, fingerprint, data, config, result, data_s, acceptance, device, len(train_prompts))
+        (tmp / CARD_JSON).write_text(json.dumps(card, indent=2) + "\n")
+        (tmp / CARD_MD).write_text(_card_markdown(card))
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    log(f"trained draft written: {artefact}")
+    return TrainOutcome(artefact, fingerprint, False, card)
+
+
+def _train(method, loaded, target, tokenizer, data, config, out, ckpt_dir, device, log, show_progress, on_step):
+    common = {"device": device, "log": log, "show_progress": show_progress, "on_step": on_step}
+    if method == "eagle":
+        from .eagle import train_eagle
+
+        return train_eagle(target, data, config, out, ckpt_dir, **common)
+    if method == "medusa":
+        from .medusa import train_medusa
+
+        return train_medusa(target, data, config, out, ckpt_dir, num_heads=loaded.recipe.speculation.num_medusa_heads, **common)
+    from .draft import train_draft as distil
+
+    return distil(target, tokenizer, data, config, out, ckpt_dir, **common)
+
+
+def _evaluate(method, loaded, target, tokenizer, prompts, artefact, config, log):
+    from specbuild.engine.runtime import _default_end_id
+
+    from .evaluate import measure_acceptance, speculative_config_for
+
+    spec = loaded.recipe.speculation
+    speculative_config = speculative_config_for(
+        method, artefact, config.eval_draft_len, num_medusa_heads=getattr(spec, "num_medusa_heads", 4)
+    )
+    ids = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]
+    log(f"held-out acceptance: {len(ids)} prompts x {config.eval_max_tokens} tokens, draft length {config.eval_draft_len}")
+    result = measure_acceptance(
+        target.eval(), ids, speculative_config, max_tokens=config.eval_max_tokens, end_id=_default_end_id(target), timing=True,
+    )
+    log(f"held-out mean acceptance length {result.mean_acceptance_length:.3f} (rate {result.acceptance_rate:.3f}, "
+        f"speed-up {result.speed_up:.2f}x in-process, identical to plain: {result.identical_to_plain})")
+    return result
+
+
+def _card(loaded, fingerprint, data, config, result, data_s, acceptance, device, num_prompts) -> dict:
+    losses = result.losses
+    tail = losses[-20:]
+    return {
+        "fingerprint": fingerprint,
+        "method": loaded.recipe.speculation.method,
+        "target": loaded.recipe.target.checkpoint,
+        "recipe": str(loaded.path),
+        "data": {
+            "prompts": config.prompts, "num_prompts": num_prompts, "held_out": config.held_out,
+            "sequences": data.num_sequences, "tokens": data.num_tokens,
+            "generated_tokens": int(data.num_tokens - int(data.prompt_lens.sum())),
+            "max_new_tokens": config.max_new_tokens, "seconds": round(data_s, 1), "cache": str(data.path),
+        },
+        "training": {
+            "steps": result.steps, "seconds_this_run": round(result.seconds, 1), "resumed_from_step": result.resumed_from,
+            "device": str(device), "first_loss": losses[0] if losses else None,
+            "final_loss": sum(tail) / len(tail) if tail else None, "final_metrics": result.metrics,
+            "settings": config.model_dump(mode="json"),
+        },
+        "held_out_acceptance": None if acceptance is None else acceptance.to_json(),
+    }
+
+
+def _card_markdown(card: dict) -> str:
+    d, t, a = card["data"], card["training"], card["held_out_acceptance"]
+    lines = [
+        f"# {card['method']} draft for {card['target']}",
+        "",
+        "Trained by `specbuild train-draft` (self-distillation: the target wrote the training responses).",
+        "",
+        f"- data: {d['num_prompts']} prompts from `{d['prompts']}`, {d['sequences']} sequences, {d['tokens']} tokens "
+        f"({d['generated_tokens']} target-generated, up to {d['max_new_tokens']} per prompt)",
+        f"- training: {t['steps']} steps on {t['device']}, loss {t['first_loss']:.4f} -> {t['final_loss']:.4f} "
+        f"(mean of the last 20 steps), {t['seconds_this_run']} s in the last run",
+        f"- final step metrics: {json.dumps(t['final_metrics'])}",
+    ]
+    if a is not None:
+        lines.append(
+            f"- held-out ({a['prompts']} prompts of `{d['held_out']}`, never trained on, {a['max_tokens']} tokens, "
+            f"chain of {a['draft_len']}): mean acceptance length {a['mean_acceptance_length']:.3f} tokens per target "
+            f"forward (bonus included), acceptance rate {a['acceptance_rate']:.3f}, in-process speed-up "
+            f"{a['speed_up']:.2f}x, greedy output identical to plain decoding: {a['identical_to_plain']}"
+        )
+    lines.append(f"- fingerprint: `{card['fingerprint']}`")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["RecipeError", "TrainOutcome", "artefact_path", "train_draft", "train_fingerprint"]
