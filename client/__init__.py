@@ -1,7 +1,17 @@
 """Client side of a specbuild deployment: a typed SDK, prompt sources, and token-exact verification."""
 
 from .prompts import Prompt, PromptSourceError, load_prompts
-from .sdk import ClientError, GenerateResult, RequestError, ServerUnavailableError, SpecClient
+from .sdk import (
+    AsyncSpecClient,
+    ClientError,
+    GenerateResult,
+    ModelNotReadyError,
+    RequestError,
+    RequestTimeoutError,
+    ResponseError,
+    ServerUnavailableError,
+    SpecClient,
+)
 from .verify import (
     Divergence,
     PromptVerification,
@@ -13,7 +23,11 @@ from .verify import (
 )
 
 __all__ = [
+    "AsyncSpecClient",
     "ClientError",
+    "ModelNotReadyError",
+    "RequestTimeoutError",
+    "ResponseError",
     "Divergence",
     "GenerateResult",
     "Prompt",

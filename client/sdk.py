@@ -8,20 +8,34 @@ sends batch 1.
              end_id, num_draft_tokens INT32 [1, 1]
              lookahead_window_size, lookahead_ngram_size, lookahead_verification_set_size INT32 [1, 1]
              return_perf_metrics, exclude_input_in_output BOOL [1, 1] (optional)
+             temperature, top_p FP32, top_k INT32, seed UINT64 [1, 1] (optional, sampling)
+             return_logit_margin BOOL [1, 1] (optional; specbuild reference deployments only)
     outputs  text_output BYTES [1, 1]  output_ids INT32 [1, beam, n]  sequence_length INT32 [1, beam]
              acceptance_rate FP32 [1, 1], total_accepted_draft_tokens / total_draft_tokens INT32 [1, 1]
              (the last three only when return_perf_metrics is true)
+             logit_margin FP32 [1, n], runner_up_ids INT32 [1, n] (only with return_logit_margin)
+
+Errors are typed (:class:`ClientError` and its subclasses): server down, model not ready, request
+rejected (with the server's message), timeout, malformed response. Calls that found no server are
+retried ``retries`` times with exponential back-off; rejections and timeouts are not.
 
 Example::
 
     with SpecClient() as client:                      # gRPC on 127.0.0.1:8001
         client.wait_ready()
         result = client.generate("def fib(n):", max_tokens=64)
-        print(result.text, result.tokens_per_s, result.acceptance_length)
+        print(result.text, result.finish_reason, result.acceptance_length, result.num_iterations)
+
+    async with AsyncSpecClient() as client:           # asyncio, many requests in flight
+        results = await asyncio.gather(*(client.generate(p, max_tokens=64) for p in prompts))
 """
 
 from __future__ import annotations
 
+import asyncio
+import http.client
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,21 +46,62 @@ from tritonclient.utils import InferenceServerException
 Protocol = Literal["grpc", "http"]
 DEFAULT_URLS: dict[str, str] = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+MARGIN_OUTPUTS = ("logit_margin", "runner_up_ids")  # specbuild reference deployments, return_logit_margin
 LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")  # (w, n, g)
 # gRPC status codes that mean "no server answered", as opposed to "the server rejected the request".
 UNAVAILABLE_GRPC_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 
 
 class ClientError(Exception):
-    """Base class of the errors this client raises."""
+    """Base class of the errors this client raises.
+
+    Hierarchy (``except ServerUnavailableError`` catches everything worth retrying later)::
+
+        ClientError
+          ServerUnavailableError   no answer: connection refused or reset, server died mid-request
+            ModelNotReadyError     the server answers but the model is not loaded / not ready
+            RequestTimeoutError    no answer within timeout_s (also a TimeoutError)
+          RequestError             the server answered with an error (400: bad request, 500: failure)
+          ResponseError            the server's answer is malformed (missing or mis-shaped tensors)
+
+    ``attempts``: how many times the call was tried before this error (retries included).
+    """
+
+    attempts: int = 1
 
 
 class ServerUnavailableError(ClientError):
-    """No server answered at the url (refused, timed out), or the model never became ready."""
+    """No server answered at the url (refused, reset, died mid-request), or the model never became ready."""
+
+
+class ModelNotReadyError(ServerUnavailableError):
+    """The server answers, but the model is not loaded or not ready (Triton: unknown model, UNAVAILABLE)."""
+
+
+class RequestTimeoutError(ServerUnavailableError, TimeoutError):
+    """No answer within the client's ``timeout_s``; the request may still be running on the server."""
 
 
 class RequestError(ClientError):
-    """The server answered but rejected the request; the message carries the server's own text."""
+    """The server answered but rejected the request; the message carries the server's own text.
+
+    ``status``: the transport's status (``"400"``, ``"500"`` over HTTP; ``"StatusCode.INVALID_ARGUMENT"``,
+    ``"StatusCode.INTERNAL"`` over gRPC); ``server_message``: the server's text alone. Never retried.
+    """
+
+    def __init__(self, message: str, *, status: str | None = None, server_message: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.server_message = server_message
+
+    @property
+    def invalid_argument(self) -> bool:
+        """True for a bad request (HTTP 400 / gRPC INVALID_ARGUMENT): fix the request, do not retry."""
+        return self.status in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
+class ResponseError(ClientError):
+    """The server's response is malformed: a tensor is missing, or has the wrong type or shape."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +111,16 @@ class GenerateResult:
     ``output_ids`` are the generated tokens only when the request had
     ``exclude_input_in_output=True`` (the default); otherwise they include the prompt.
     The three perf fields are ``None`` when the request did not ask for perf metrics.
+
+    ``finish_reason``: ``"stop"`` (the end token ended it, or fewer than ``max_tokens`` came back),
+    ``"length"`` (``max_tokens`` tokens, the last not the known end token); ``None`` when unknown.
+    TensorRT-LLM's ensemble has no finish-reason tensor, so the client derives it from the token
+    count and the request's ``end_id``: with ``end_id=None`` (engine default, unknown here) a
+    generation whose end token lands exactly on the last allowed slot reads as ``"length"``.
+
+    ``logit_margin`` / ``runner_up_ids`` (only with ``return_logit_margin=True`` on a deployment
+    that has it, else ``None``): per generated token, the target's largest minus second-largest
+    logit (logit units) and the second choice's id.
     """
 
     output_ids: list[int]
@@ -64,10 +129,29 @@ class GenerateResult:
     acceptance_rate: float | None = None  # accepted draft tokens / draft tokens, as the server reports
     total_accepted_draft_tokens: int | None = None
     total_draft_tokens: int | None = None
+    finish_reason: str | None = None
+    logit_margin: list[float] | None = None  # [num_tokens] logit units
+    runner_up_ids: list[int] | None = None  # [num_tokens]
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Alias of ``output_ids``."""
+        return self.output_ids
 
     @property
     def num_tokens(self) -> int:
         return len(self.output_ids)
+
+    @property
+    def num_iterations(self) -> int | None:
+        """Target forward passes (verify steps, prefill included): ``num_tokens - accepted``.
+
+        Every step emits its accepted drafts plus one bonus token, so 10 tokens with 6 accepted
+        drafts took 4 passes. ``None`` without perf metrics.
+        """
+        if self.total_accepted_draft_tokens is None:
+            return None
+        return max(1, self.num_tokens - self.total_accepted_draft_tokens) if self.num_tokens else 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -97,8 +181,15 @@ class SpecClient:
     """Typed wrapper over ``tritonclient.grpc`` / ``tritonclient.http`` for the ``ensemble`` model.
 
     ``url`` is ``host:port`` without a scheme; it defaults to 127.0.0.1:8001 for gRPC and
-    127.0.0.1:8000 for HTTP. ``timeout_s`` (seconds) bounds each request.
-    Raises ``ValueError`` for an unknown protocol or a url with a scheme.
+    127.0.0.1:8000 for HTTP. ``timeout_s`` (seconds) bounds each request (gRPC ``client_timeout``;
+    HTTP ``connection_timeout`` / ``network_timeout``). A call that finds no server (refused, reset,
+    model not ready) is tried ``1 + retries`` times, ``retry_backoff_s * 2**i`` seconds apart;
+    a rejected request (``RequestError``), a malformed response and a timeout are never retried.
+
+    Thread-safe: one client may serve many threads at once (gRPC shares one channel, which
+    tritonclient documents as thread-safe for ``infer``; HTTP, whose tritonclient object is
+    single-threaded, gets one connection per thread). For asyncio use :class:`AsyncSpecClient`.
+    Raises ``ValueError`` for an unknown protocol, a url with a scheme, or negative retry settings.
     """
 
     def __init__(
@@ -108,18 +199,21 @@ class SpecClient:
         protocol: Protocol = "grpc",
         model_name: str = "ensemble",
         timeout_s: float = 300.0,
+        retries: int = 2,
+        retry_backoff_s: float = 0.25,
     ) -> None:
-        if protocol not in DEFAULT_URLS:
-            raise ValueError(f"protocol must be one of {sorted(DEFAULT_URLS)}, got {protocol!r}")
-        url = url or DEFAULT_URLS[protocol]
-        if "://" in url:
-            raise ValueError(f"url must be host:port without a scheme, got {url!r}")
-        self.url = url
-        self.protocol: Protocol = protocol
+        self.url, self.protocol = _check_url(url, protocol)
+        _check_retries(retries, retry_backoff_s, timeout_s)
         self.model_name = model_name
         self.timeout_s = timeout_s
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
         self._tc = _triton_module(protocol)
-        self._client = _make_client(self._tc, protocol, url, timeout_s)
+        self._client = _make_client(self._tc, protocol, self.url, timeout_s)
+        self._lock = threading.Lock()
+        self._thread_clients: list[Any] = [self._client]
+        self._local = threading.local()
+        self._local.client = self._client
 
     def __repr__(self) -> str:
         return f"SpecClient(url={self.url!r}, protocol={self.protocol!r}, model_name={self.model_name!r})"
@@ -131,13 +225,28 @@ class SpecClient:
         self.close()
 
     def close(self) -> None:
-        self._client.close()
+        with self._lock:
+            clients, self._thread_clients = self._thread_clients, []
+        for client in clients:
+            client.close()
+
+    def _local_client(self) -> Any:
+        """The tritonclient object for this thread (gRPC: the shared one)."""
+        if self.protocol == "grpc":
+            return self._client
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = _make_client(self._tc, self.protocol, self.url, self.timeout_s)
+            self._local.client = client
+            with self._lock:
+                self._thread_clients.append(client)
+        return client
 
     def wait_ready(self, timeout_s: float = 60.0, *, poll_s: float = 0.5) -> None:
         """Poll until the server is live and ``model_name`` is ready; give up after ``timeout_s`` seconds.
 
-        Raises ``ServerUnavailableError`` naming the url (server down) or the model (not ready,
-        with the repository's model states when the server can list them).
+        Raises ``ServerUnavailableError`` naming the url (server down), or ``ModelNotReadyError``
+        naming the model (with the repository's model states when the server can list them).
         """
         deadline = time.monotonic() + timeout_s
         while True:
@@ -145,7 +254,7 @@ class SpecClient:
             if problem is None:
                 return
             if time.monotonic() >= deadline:
-                raise ServerUnavailableError(f"{problem} (waited {timeout_s:g} s)")
+                raise problem[0](f"{problem[1]} (waited {timeout_s:g} s)")
             time.sleep(poll_s)
 
     def generate(
@@ -162,6 +271,7 @@ class SpecClient:
         top_p: float | None = None,
         seed: int | None = None,
         lookahead_config: tuple[int, int, int] | None = None,
+        return_logit_margin: bool = False,
     ) -> GenerateResult:
         """Generate up to ``max_tokens`` tokens for ``prompt``: greedy unless ``temperature > 0``.
 
@@ -172,18 +282,16 @@ class SpecClient:
         ``lookahead_config``: a Lookahead deployment's per-request ``(w, n, g)`` within its built
         ``(W, N, G)`` (``(1, 1, 0)`` = plain decoding), sent as ``lookahead_window_size``,
         ``lookahead_ngram_size``, ``lookahead_verification_set_size``; ``None`` = the built values.
-        Raises ``ValueError`` for out-of-range arguments, ``RequestError`` (with the server's
-        message) when the server rejects the request, ``ServerUnavailableError`` when no server
-        answers within ``timeout_s``.
+        ``return_logit_margin``: also fetch the target's top-two logit margin per generated token
+        (specbuild reference deployments; one extra target pass on the server).
+
+        Raises ``ValueError`` for out-of-range arguments; ``RequestError`` (with the server's
+        message, not retried) when the server rejects the request; ``ModelNotReadyError`` when the
+        model is not loaded; ``RequestTimeoutError`` when no answer comes within ``timeout_s``;
+        ``ServerUnavailableError`` when no server answers (after the retries);
+        ``ResponseError`` when the response lacks ``output_ids`` or is mis-shaped.
         """
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if num_draft_tokens is not None and num_draft_tokens < 0:
-            raise ValueError(f"num_draft_tokens must be >= 0 or None, got {num_draft_tokens}")
-        window = (None, None, None) if lookahead_config is None else tuple(lookahead_config)
-        if len(window) != 3:
-            raise ValueError(f"lookahead_config must be (w, n, g) or None, got {lookahead_config!r}")
-        inputs = self._inputs(
+        values = request_values(
             prompt,
             max_tokens=max_tokens,
             num_draft_tokens=num_draft_tokens,
@@ -194,36 +302,19 @@ class SpecClient:
             top_k=top_k,
             top_p=top_p,
             seed=seed,
-            **dict(zip(LOOKAHEAD_INPUTS, window)),
+            lookahead_config=lookahead_config,
+            return_logit_margin=return_logit_margin,
         )
-        names = ("text_output", "output_ids", "sequence_length")
-        names += PERF_OUTPUTS if return_perf_metrics else ()
-        outputs = [self._tc.InferRequestedOutput(name) for name in names]
+        inputs = input_tensors(self._tc, prompt, values)
+        outputs = [self._tc.InferRequestedOutput(name) for name in output_names(values)]
         start = time.perf_counter()
         response = self._call("inference", self._infer_fn(inputs, outputs))
         latency_s = time.perf_counter() - start
-        return _parse_response(response, latency_s)
+        return parse_response(response, latency_s, max_tokens=max_tokens, end_id=end_id, source=self._where)
 
     def _inputs(self, prompt: str, **values: Any) -> list[Any]:
-        tensors = {
-            "text_input": (np.array([[prompt.encode("utf-8")]], dtype=np.object_), "BYTES"),
-            "max_tokens": (np.array([[values["max_tokens"]]], dtype=np.int32), "INT32"),
-            "return_perf_metrics": (np.array([[values["return_perf_metrics"]]], dtype=np.bool_), "BOOL"),
-            "exclude_input_in_output": (np.array([[values["exclude_input_in_output"]]], dtype=np.bool_), "BOOL"),
-        }
-        optional = {
-            "num_draft_tokens": (np.int32, "INT32"),
-            "end_id": (np.int32, "INT32"),
-            "temperature": (np.float32, "FP32"),
-            "top_k": (np.int32, "INT32"),
-            "top_p": (np.float32, "FP32"),
-            "seed": (np.uint64, "UINT64"),
-            **{name: (np.int32, "INT32") for name in LOOKAHEAD_INPUTS},
-        }
-        for name, (np_dtype, triton_dtype) in optional.items():
-            if values[name] is not None:
-                tensors[name] = (np.array([[values[name]]], dtype=np_dtype), triton_dtype)
-        return [self._tensor(name, array, dtype) for name, (array, dtype) in tensors.items()]
+        """Input tensors for ``prompt`` and the request ``values`` (see :func:`input_tensors`)."""
+        return input_tensors(self._tc, prompt, values)
 
     def _tensor(self, name: str, array: np.ndarray, dtype: str) -> Any:
         tensor = self._tc.InferInput(name, list(array.shape), dtype)
@@ -235,56 +326,340 @@ class SpecClient:
             return lambda: self._client.infer(
                 self.model_name, inputs, outputs=outputs, client_timeout=self.timeout_s
             )
-        return lambda: self._client.infer(self.model_name, inputs, outputs=outputs)
+        return lambda: self._local_client().infer(self.model_name, inputs, outputs=outputs)
 
-    def _call(self, what: str, fn):
-        """Run one tritonclient call, translating its failures into this module's errors."""
-        try:
-            return fn()
-        except InferenceServerException as e:
-            message = e.message() or str(e)
-            if str(e.status()) in UNAVAILABLE_GRPC_STATUSES:
-                raise ServerUnavailableError(
-                    f"{what}: no answer from {self.protocol} server at {self.url}: {message}"
-                ) from e
-            raise RequestError(f"{what} on model {self.model_name!r} at {self.url} rejected: {message}") from e
-        except OSError as e:  # HTTP: connection refused, reset, socket timeout
-            raise ServerUnavailableError(
-                f"{what}: no answer from {self.protocol} server at {self.url}: {e!r}"
-            ) from e
+    @property
+    def _where(self) -> str:
+        return f"model {self.model_name!r} on the {self.protocol} server at {self.url}"
 
-    def _readiness_problem(self, *, poll_timeout_s: float) -> str | None:
-        """``None`` when the server is live and the model ready, else a sentence saying what is not."""
+    def _call(self, what: str, fn, *, retry: bool = True):
+        """Run one tritonclient call, retrying what ``retries`` allows; failures become this module's errors."""
+        for attempt in range(1, (self.retries if retry else 0) + 2):
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 - translate_error re-raises what is not a call failure
+                error = translate_error(exc, what=what, where=self._where, timeout_s=self.timeout_s)
+                error.attempts = attempt
+                if not _retryable(error) or attempt > (self.retries if retry else 0):
+                    if isinstance(error, ModelNotReadyError) and retry:
+                        error.args = (error.args[0] + self._repository_states(),)
+                    raise _with_attempts(error) from exc
+            time.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    def _readiness_problem(self, *, poll_timeout_s: float) -> tuple[type[ClientError], str] | None:
+        """``None`` when the server is live and the model ready, else (error class, sentence saying what is not)."""
         timeout = {"client_timeout": poll_timeout_s} if self.protocol == "grpc" else {}
+        client = self._local_client()
         try:
-            live = self._call("liveness", lambda: self._client.is_server_live(**timeout))
+            live = self._call("liveness", lambda: client.is_server_live(**timeout), retry=False)
             ready = live and self._call(
-                "readiness", lambda: self._client.is_model_ready(self.model_name, **timeout)
+                "readiness", lambda: client.is_model_ready(self.model_name, **timeout), retry=False
             )
         except ClientError as e:
-            return f"server at {self.url} ({self.protocol}) is not reachable: {e}"
+            return ServerUnavailableError, f"server at {self.url} ({self.protocol}) is not reachable: {e}"
         if not live:
-            return f"server at {self.url} ({self.protocol}) answers but is not live"
+            return ServerUnavailableError, f"server at {self.url} ({self.protocol}) answers but is not live"
         if not ready:
-            return f"model {self.model_name!r} is not ready on {self.url}{self._repository_states()}"
+            return ModelNotReadyError, f"model {self.model_name!r} is not ready on {self.url}{self._repository_states()}"
         return None
 
     def _repository_states(self) -> str:
         """``'; repository: name (STATE: reason), ...'``, or '' when the server cannot list it."""
         try:
-            index = self._call("repository index", self._repository_index)
+            index = self._call("repository index", self._repository_index, retry=False)
         except ClientError:
             return ""
-        entries = [
-            f"{m.get('name')} ({m.get('state', 'UNAVAILABLE')}{': ' + m['reason'] if m.get('reason') else ''})"
-            for m in index
-        ]
-        return "; repository: " + (", ".join(entries) or "empty")
+        return describe_repository(index)
 
     def _repository_index(self) -> list[dict[str, Any]]:
         if self.protocol == "grpc":
             return self._client.get_model_repository_index(as_json=True).get("models", [])
-        return list(self._client.get_model_repository_index())
+        return list(self._local_client().get_model_repository_index())
+
+
+class AsyncSpecClient:
+    """The asyncio twin of :class:`SpecClient` over ``tritonclient.grpc.aio`` / ``tritonclient.http.aio``.
+
+    Same arguments, results, errors, retries and timeouts; ``generate`` and ``wait_ready`` are
+    coroutines. Many ``generate`` calls may run at once on one client (``asyncio.gather``); use it
+    from one event loop. HTTP needs ``aiohttp`` (``pip install 'tritonclient[http]'``).
+
+    Example::
+
+        async with AsyncSpecClient() as client:
+            results = await asyncio.gather(*(client.generate(p, max_tokens=32) for p in prompts))
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        protocol: Protocol = "grpc",
+        model_name: str = "ensemble",
+        timeout_s: float = 300.0,
+        retries: int = 2,
+        retry_backoff_s: float = 0.25,
+    ) -> None:
+        self.url, self.protocol = _check_url(url, protocol)
+        _check_retries(retries, retry_backoff_s, timeout_s)
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self._tc = _triton_module(protocol)
+        self._client = None  # made on first use, inside the event loop
+
+    def __repr__(self) -> str:
+        return f"AsyncSpecClient(url={self.url!r}, protocol={self.protocol!r}, model_name={self.model_name!r})"
+
+    async def __aenter__(self) -> AsyncSpecClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    def _aio(self) -> Any:
+        if self._client is None:
+            if self.protocol == "grpc":
+                import tritonclient.grpc.aio as aio
+
+                self._client = aio.InferenceServerClient(self.url)
+            else:
+                import tritonclient.http.aio as aio
+
+                self._client = aio.InferenceServerClient(self.url, conn_timeout=self.timeout_s)
+        return self._client
+
+    @property
+    def _where(self) -> str:
+        return f"model {self.model_name!r} on the {self.protocol} server at {self.url}"
+
+    async def wait_ready(self, timeout_s: float = 60.0, *, poll_s: float = 0.5) -> None:
+        """Poll until the server is live and ``model_name`` is ready (see :meth:`SpecClient.wait_ready`)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ready = await self._call("readiness", lambda: self._aio().is_model_ready(self.model_name), retry=False)
+                problem = None if ready else (ModelNotReadyError, f"model {self.model_name!r} is not ready on {self.url}")
+            except ClientError as e:
+                problem = (type(e), f"server at {self.url} ({self.protocol}) is not reachable: {e}")
+            if problem is None:
+                return
+            if time.monotonic() >= deadline:
+                raise problem[0](f"{problem[1]} (waited {timeout_s:g} s)")
+            await asyncio.sleep(poll_s)
+
+    async def generate(self, prompt: str, *, max_tokens: int, **options: Any) -> GenerateResult:
+        """Generate for ``prompt``; the keyword options and errors are :meth:`SpecClient.generate`'s."""
+        values = request_values(prompt, max_tokens=max_tokens, **options)
+        inputs = input_tensors(self._tc, prompt, values)
+        outputs = [self._tc.InferRequestedOutput(name) for name in output_names(values)]
+        start = time.perf_counter()
+        response = await self._call("inference", lambda: self._infer(inputs, outputs))
+        latency_s = time.perf_counter() - start
+        return parse_response(response, latency_s, max_tokens=max_tokens, end_id=values["end_id"], source=self._where)
+
+    async def _infer(self, inputs: list[Any], outputs: list[Any]):
+        client = self._aio()
+        if self.protocol == "grpc":
+            return await client.infer(self.model_name, inputs, outputs=outputs, client_timeout=self.timeout_s)
+        return await asyncio.wait_for(client.infer(self.model_name, inputs, outputs=outputs), self.timeout_s)
+
+    async def _call(self, what: str, make_coroutine, *, retry: bool = True):
+        """``await make_coroutine()`` with :meth:`SpecClient._call`'s retries and error translation."""
+        for attempt in range(1, (self.retries if retry else 0) + 2):
+            try:
+                return await make_coroutine()
+            except Exception as exc:  # noqa: BLE001 - translate_error re-raises what is not a call failure
+                error = translate_error(exc, what=what, where=self._where, timeout_s=self.timeout_s)
+                error.attempts = attempt
+                if not _retryable(error) or attempt > (self.retries if retry else 0):
+                    raise _with_attempts(error) from exc
+            await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+
+def request_values(
+    prompt: str,
+    *,
+    max_tokens: int,
+    num_draft_tokens: int | None = None,
+    end_id: int | None = None,
+    return_perf_metrics: bool = True,
+    exclude_input_in_output: bool = True,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    lookahead_config: tuple[int, int, int] | None = None,
+    return_logit_margin: bool = False,
+) -> dict[str, Any]:
+    """The checked request fields by tensor name (``None`` = not sent). Raises ``ValueError``
+    (naming the argument) for ``max_tokens < 1``, ``num_draft_tokens < 0``, a ``lookahead_config``
+    that is not three numbers, or a ``prompt`` that is not a ``str``."""
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a str, got {type(prompt).__name__}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if num_draft_tokens is not None and num_draft_tokens < 0:
+        raise ValueError(f"num_draft_tokens must be >= 0 or None, got {num_draft_tokens}")
+    window = (None, None, None) if lookahead_config is None else tuple(lookahead_config)
+    if len(window) != 3:
+        raise ValueError(f"lookahead_config must be (w, n, g) or None, got {lookahead_config!r}")
+    return {
+        "max_tokens": max_tokens,
+        "num_draft_tokens": num_draft_tokens,
+        "end_id": end_id,
+        "return_perf_metrics": return_perf_metrics,
+        "exclude_input_in_output": exclude_input_in_output,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seed": seed,
+        "return_logit_margin": return_logit_margin or None,  # not sent unless asked: other deployments lack it
+        **dict(zip(LOOKAHEAD_INPUTS, window)),
+    }
+
+
+def output_names(values: dict[str, Any]) -> tuple[str, ...]:
+    """The outputs a request with ``values`` asks for."""
+    names = ("text_output", "output_ids", "sequence_length")
+    names += PERF_OUTPUTS if values["return_perf_metrics"] else ()
+    names += MARGIN_OUTPUTS if values.get("return_logit_margin") else ()
+    return names
+
+
+def input_tensors(tc, prompt: str, values: dict[str, Any]) -> list[Any]:
+    """``tc.InferInput`` tensors (``tc``: a tritonclient module) of batch 1 for ``prompt`` and ``values``."""
+    tensors = {
+        "text_input": (np.array([[prompt.encode("utf-8")]], dtype=np.object_), "BYTES"),
+        "max_tokens": (np.array([[values["max_tokens"]]], dtype=np.int32), "INT32"),
+        "return_perf_metrics": (np.array([[values["return_perf_metrics"]]], dtype=np.bool_), "BOOL"),
+        "exclude_input_in_output": (np.array([[values["exclude_input_in_output"]]], dtype=np.bool_), "BOOL"),
+    }
+    optional = {
+        "num_draft_tokens": (np.int32, "INT32"),
+        "end_id": (np.int32, "INT32"),
+        "temperature": (np.float32, "FP32"),
+        "top_k": (np.int32, "INT32"),
+        "top_p": (np.float32, "FP32"),
+        "seed": (np.uint64, "UINT64"),
+        "return_logit_margin": (np.bool_, "BOOL"),
+        **{name: (np.int32, "INT32") for name in LOOKAHEAD_INPUTS},
+    }
+    for name, (np_dtype, triton_dtype) in optional.items():
+        if values.get(name) is not None:
+            tensors[name] = (np.array([[values[name]]], dtype=np_dtype), triton_dtype)
+    result = []
+    for name, (array, dtype) in tensors.items():
+        tensor = tc.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        result.append(tensor)
+    return result
+
+
+def translate_error(exc: Exception, *, what: str, where: str, timeout_s: float) -> ClientError:
+    """The :class:`ClientError` for a failed tritonclient call; re-raises ``exc`` when it is not one.
+
+    tritonclient reports server answers and gRPC transport failures as ``InferenceServerException``
+    (status ``StatusCode.*`` or an HTTP code) and HTTP transport failures as ``OSError`` (refused,
+    reset, socket timeout) or the HTTP library's own errors.
+    """
+    if isinstance(exc, ClientError):
+        return exc
+    if isinstance(exc, InferenceServerException):
+        status = None if exc.status() is None else str(exc.status())
+        message = exc.message() or str(exc)
+        lowered = message.lower()
+        if status in ("StatusCode.DEADLINE_EXCEEDED", "504") or "deadline exceeded" in lowered:
+            return _timeout(what, where, timeout_s)
+        if any(marker in lowered for marker in MODEL_NOT_READY_MARKERS) or status in ("StatusCode.NOT_FOUND", "404"):
+            return ModelNotReadyError(f"{what}: {where} is not loaded or not ready: {message}")
+        if status in TRANSPORT_STATUSES:
+            return ServerUnavailableError(f"{what}: no answer from {where}: {message}")
+        if status is None:
+            return ResponseError(f"{what}: unreadable response from {where}: {message}")
+        return RequestError(f"{what} on {where} rejected ({status}): {message}", status=status, server_message=message)
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return _timeout(what, where, timeout_s)
+    if isinstance(exc, _transport_errors()):
+        return ServerUnavailableError(f"{what}: no answer from {where}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, (ValueError, KeyError, TypeError, UnicodeDecodeError)):
+        # tritonclient parsing a body that is not Triton's JSON / protobuf.
+        return ResponseError(f"{what}: malformed response from {where}: {type(exc).__name__}: {exc}")
+    raise exc
+
+
+MODEL_NOT_READY_MARKERS = ("unknown model", "is not ready", "no available versions", "is not loaded")
+# Statuses of a call that never reached a server able to answer (gRPC transport, HTTP 502/503).
+TRANSPORT_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.UNKNOWN", "StatusCode.CANCELLED", "502", "503")
+
+
+def _timeout(what: str, where: str, timeout_s: float) -> RequestTimeoutError:
+    return RequestTimeoutError(
+        f"{what}: no answer from {where} within timeout_s={timeout_s:g} s (the request may still be "
+        "running on the server); raise timeout_s or lower max_tokens"
+    )
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions the HTTP stacks raise when the connection fails (besides OSError)."""
+    errors: list[type[BaseException]] = [OSError, http.client.HTTPException, EOFError]
+    try:
+        from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
+
+        errors += [HTTPConnectionClosed, HTTPParseError]
+    except ImportError:
+        pass
+    try:
+        import aiohttp
+
+        errors.append(aiohttp.ClientError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _retryable(error: ClientError) -> bool:
+    """Retry only when no server answered or the model was not ready; never a rejection or a timeout."""
+    return isinstance(error, ServerUnavailableError) and not isinstance(error, RequestTimeoutError)
+
+
+def _with_attempts(error: ClientError) -> ClientError:
+    if error.attempts > 1 and error.args:
+        error.args = (f"{error.args[0]} (after {error.attempts} attempts)",)
+    return error
+
+
+def describe_repository(index: list[dict[str, Any]]) -> str:
+    """``'; repository: name (STATE: reason), ...'`` from a repository index."""
+    entries = [
+        f"{m.get('name')} ({m.get('state', 'UNAVAILABLE')}{': ' + m['reason'] if m.get('reason') else ''})"
+        for m in index
+    ]
+    return "; repository: " + (", ".join(entries) or "empty")
+
+
+def _check_url(url: str | None, protocol: str) -> tuple[str, Protocol]:
+    if protocol not in DEFAULT_URLS:
+        raise ValueError(f"protocol must be one of {sorted(DEFAULT_URLS)}, got {protocol!r}")
+    url = url or DEFAULT_URLS[protocol]
+    if "://" in url:
+        raise ValueError(f"url must be host:port without a scheme, got {url!r}")
+    return url, protocol  # type: ignore[return-value]
+
+
+def _check_retries(retries: int, retry_backoff_s: float, timeout_s: float) -> None:
+    if retries < 0 or retry_backoff_s < 0:
+        raise ValueError(f"retries and retry_backoff_s must be >= 0, got {retries} and {retry_backoff_s}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
 
 
 def _triton_module(protocol: Protocol):
@@ -301,23 +676,69 @@ def _make_client(module, protocol: Protocol, url: str, timeout_s: float):
     return module.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
 
 
-def _parse_response(response, latency_s: float) -> GenerateResult:
-    output_ids = response.as_numpy("output_ids")  # [1, beam, n]
+def parse_response(
+    response, latency_s: float, *, max_tokens: int | None = None, end_id: int | None = None, source: str = "the server"
+) -> GenerateResult:
+    """A :class:`GenerateResult` from a tritonclient ``InferResult``.
+
+    ``output_ids`` [1, beam, n] (first beam kept), cut to ``sequence_length`` [1, beam] when present.
+    Raises ``ResponseError`` (naming ``source``) when ``output_ids`` is missing, not integer, or
+    ``sequence_length`` is outside ``[0, n]``.
+    """
+    try:
+        output_ids = response.as_numpy("output_ids")  # [1, beam, n]
+        sequence_length = response.as_numpy("sequence_length")  # [1, beam]
+        text = response.as_numpy("text_output")  # [1, 1]
+    except Exception as e:  # noqa: BLE001 - tritonclient decoding a malformed body
+        raise ResponseError(f"malformed response from {source}: {type(e).__name__}: {e}") from e
     if output_ids is None:
-        raise RequestError("response has no output_ids tensor")
-    ids = output_ids.reshape(-1, output_ids.shape[-1])[0]  # [n], first beam
-    sequence_length = response.as_numpy("sequence_length")  # [1, beam]
-    if sequence_length is not None:
-        ids = ids[: int(sequence_length.reshape(-1)[0])]
-    text = response.as_numpy("text_output")  # [1, 1]
+        raise ResponseError(f"response from {source} has no output_ids tensor")
+    if output_ids.ndim == 0 or not np.issubdtype(output_ids.dtype, np.integer):
+        raise ResponseError(
+            f"response from {source}: output_ids must be an integer [1, beam, n] tensor, got "
+            f"{output_ids.dtype} {list(output_ids.shape)}"
+        )
+    ids = output_ids.reshape(-1, output_ids.shape[-1])[0] if output_ids.size else output_ids.reshape(0)  # [n], first beam
+    if sequence_length is not None and sequence_length.size:
+        n = int(sequence_length.reshape(-1)[0])
+        if not 0 <= n <= len(ids):
+            raise ResponseError(f"response from {source}: sequence_length {n} is outside [0, {len(ids)}] output ids")
+        ids = ids[:n]
+    output = [int(t) for t in ids]
+    margin = _per_token(response.as_numpy("logit_margin"), len(output), float)
     return GenerateResult(
-        output_ids=[int(t) for t in ids],
+        output_ids=output,
         text=_first_text(text),
         latency_s=latency_s,
         acceptance_rate=_first_scalar(response.as_numpy("acceptance_rate"), float),
         total_accepted_draft_tokens=_first_scalar(response.as_numpy("total_accepted_draft_tokens"), int),
         total_draft_tokens=_first_scalar(response.as_numpy("total_draft_tokens"), int),
+        finish_reason=_finish_reason(output, max_tokens, end_id),
+        logit_margin=margin,
+        runner_up_ids=_per_token(response.as_numpy("runner_up_ids"), len(output), int) if margin is not None else None,
     )
+
+
+_parse_response = parse_response  # the name earlier versions used
+
+
+def _finish_reason(ids: list[int], max_tokens: int | None, end_id: int | None) -> str | None:
+    """``"stop"``/``"length"`` (see :class:`GenerateResult`); None when ``max_tokens`` is unknown."""
+    if max_tokens is None:
+        return None
+    if ids and end_id is not None and end_id >= 0 and ids[-1] == end_id:
+        return "stop"
+    return "length" if len(ids) >= max_tokens else "stop"
+
+
+def _per_token(array: np.ndarray | None, n: int, cast) -> list | None:
+    """The first row of a [1, >= n] per-token output cut to ``n``; None when absent or all NaN."""
+    if array is None or array.size == 0:
+        return None
+    row = array.reshape(array.shape[0], -1)[0][:n] if array.ndim > 1 else array[:n]
+    if row.dtype.kind == "f" and np.isnan(row).all():
+        return None
+    return [cast(v) for v in row]
 
 
 def _first_text(array: np.ndarray | None) -> str:
