@@ -220,5 +220,130 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         sys.exit(1)
 
 
+def _int_list(ctx, param, value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers like 0,2,4, got {value!r}") from None
+
+
+def _sweep_options(levels_names: tuple[str, ...]):
+    """The sweep options `bench` and `tune` share."""
+
+    def wrap(f):
+        options = [
+            click.argument("targets", nargs=-1),
+            click.option("--draft-lengths", default="0,2,4", show_default=True, callback=_int_list, help="Draft tokens per step to sweep (comma list; 0 = speculation off, the baseline)."),
+            click.option(*levels_names, "levels", default="1,2,4,8,16", show_default=True, callback=_int_list, help="Concurrency levels: requests in flight (comma list)."),
+            click.option("--prompts", "prompt_sets", multiple=True, default=("humaneval:8",), show_default=True, help="Prompt set, repeatable: humaneval:N, chat:N, summarize:N, or a .jsonl/.txt file."),
+            click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1)),
+            click.option("--requests", default=None, type=click.IntRange(min=1), help="Requests per point [max(prompts, concurrency)]."),
+            click.option("--end-id", default=None, type=int, help="End token id; -1 always generates --max-tokens [the deployment's]."),
+            click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Untimed requests per deployment and prompt set."),
+            click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets)."),
+            click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True, help="For host:port targets."),
+            click.option("--label", "labels", multiple=True, help="Name of each host:port target, in order."),
+            click.option("--metrics-url", "metrics_urls", multiple=True, help="Metrics host:port of each host:port target, for the counter cross-check."),
+            click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir of host:port targets (chat template)."),
+            click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Where recipe engines and repositories go [./specbuild-out/NAME]."),
+            click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return wrap
+
+
+def _run_bench(console, targets, *, draft_lengths, levels, prompt_sets, max_tokens, requests, end_id, warmup,
+               chat_template, protocol, labels, metrics_urls, tokenizer_dir, deploy_dir, timeout_s):
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.client.bench import BenchError, SweepPlan, run_bench
+    from specbuild.client.prompts import PromptSourceError
+    from specbuild.client.sdk import ClientError
+    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError
+
+    try:
+        plan = SweepPlan(
+            draft_lengths=draft_lengths, concurrencies=levels, prompt_sets=tuple(prompt_sets), max_tokens=max_tokens,
+            requests=requests, end_id=end_id, warmup=warmup, chat_template=chat_template,
+        )
+        return run_bench(
+            targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, labels=labels,
+            metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
+        )
+    except (BenchError, RecipeError, PromptSourceError, ClientError, ServerNotFoundError, ServerStartError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command("bench")
+@_sweep_options(("--concurrency", "--levels"))
+@click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-out/bench"), show_default=True, help="Where bench.json and bench.csv go.")
+def bench_command(output_dir: Path, **options) -> None:
+    """Sweep TARGETS x draft lengths x concurrency x prompt sets; print a table, write JSON and CSV.
+
+    A TARGET is a recipe (name or path: built, served on free ports, stopped after) or a running
+    server's host:port. Per point: request latency p50/p90/p99, time per output token, tokens/s per
+    user and in total, tokens per step (acceptance length), acceptance rate, and cross-checks of the
+    server's acceptance counters against the client's token counts and of every output against k=0.
+
+    \b
+    Examples:
+      specbuild bench smollm2-ngram --draft-lengths 0,1,2,4 --concurrency 1,4,8 --prompts chat:8
+      specbuild bench smollm2-ngram smollm2-lookahead --prompts humaneval:4 --prompts summarize:4
+      specbuild bench 127.0.0.1:8001 --label ngram --metrics-url 127.0.0.1:8002
+    """
+    console = _console()
+    result = _run_bench(console, **options)
+    json_path, csv_path = result.write(output_dir)
+    console.print(f"wrote {json_path} and {csv_path} ({result.wall_s:.0f} s)")
+    if any(p.problems for p in result.points):
+        sys.exit(1)
+
+
+@main.command("tune")
+@_sweep_options(("--levels",))
+@click.option("--from", "from_json", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Tune on a bench.json instead of running a sweep.")
+@click.option("--goal", type=click.Choice(["latency", "throughput"]), default="latency", show_default=True)
+@click.option("--concurrency", "goal_concurrency", type=click.IntRange(min=1), help="--goal latency: the concurrency to be fastest at [lowest measured].")
+@click.option("--max-latency-ms", type=click.FloatRange(min=0), help="--goal throughput: the latency bound (ms).")
+@click.option("--latency-metric", type=click.Choice(["p50", "p90", "p99", "tpot"]), default="p50", show_default=True, help="Latency axis: request latency percentile or time per output token.")
+@click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-out/tune"), show_default=True, help="Where tune.json, the PNG plots (and bench.json/csv of a sweep) go.")
+def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, output_dir, **options) -> None:
+    """Pick a method and draft length: Pareto frontier, recommendation, schedule, analytic model.
+
+    Runs the sweep of `specbuild bench` on TARGETS (same options; concurrency levels are --levels),
+    or reads --from bench.json, then prints the throughput-latency Pareto frontier per prompt set, the
+    configuration that meets --goal, a draft-length schedule by concurrency (TensorRT-LLM's
+    draft_len_schedule / max_concurrency), and each point against Leviathan et al. 2023; writes
+    tune.json, frontier.png and speedup.png.
+
+    \b
+    Examples:
+      specbuild tune smollm2-ngram smollm2-lookahead --draft-lengths 0,1,2,3 --levels 1,4,8 --prompts chat:4
+      specbuild tune --from specbuild-out/bench/bench.json --goal throughput --max-latency-ms 5000
+    """
+    from specbuild.client.bench import BenchError, load_result
+    from specbuild.client.tune import TuneError, run_tune
+
+    console = _console()
+    if from_json is not None:
+        if options["targets"]:
+            raise click.UsageError("give TARGETS to run a sweep, or --from bench.json, not both")
+        try:
+            result = load_result(from_json)
+        except BenchError as exc:
+            raise click.ClickException(str(exc)) from None
+    else:
+        result = _run_bench(console, **options)
+        json_path, _ = result.write(output_dir)
+        console.print(f"wrote {json_path} ({result.wall_s:.0f} s of sweep)")
+    try:
+        run_tune(result.points, output_dir, console=console, goal=goal, concurrency=goal_concurrency,
+                 max_latency_ms=max_latency_ms, latency=latency_metric)
+    except TuneError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,767 @@
+"""``specbuild bench``: sweep deployments x draft lengths x concurrency levels x prompt sets.
+
+One deployment per speculation method (a recipe started here, or a server already running at a url);
+on each, every point of the grid::
+
+    prompt set P  x  concurrency C (C requests in flight, closed loop)  x  draft length k (0 = off)
+
+sends ``requests`` greedy requests (the prompts of P, cycled) from C worker threads, each with its own
+client, and measures, per point:
+
+    latency_ms_p50/p90/p99   request latency, request sent -> last token received (milliseconds)
+    ttft_ms_p50              time to first token; only when the client streams (None otherwise: the
+                             reference deployment answers once per request, so TTFT is not measured)
+    tpot_ms                  time per output token: mean over requests of latency / output tokens
+                             (prefill included), or (latency - TTFT) / (tokens - 1) when streamed
+    user_tok_s               output tokens/s per user: mean over requests of tokens / latency
+    total_tok_s              output tokens/s of the point: all output tokens / wall time of the point
+    tokens_per_step          mean acceptance length: tokens emitted per target verification step after
+                             the prefill, bonus token included, ``sum(n - 1) / sum(n - 1 - accepted)``
+                             (1.0 for plain decoding; Leviathan et al.'s "expected tokens per step")
+    acceptance_rate          accepted draft tokens / draft tokens, summed over the point's requests
+    accepted_per_step, drafts_per_step
+    per_position_acceptance  P(a step accepts at least i drafts), i = 1..k, counted from streamed steps;
+                             None without streaming: the server reports per-request totals only, so
+                             ``specbuild tune`` derives it from points at consecutive draft lengths
+                             (see :func:`specbuild.client.tune.per_position_from_sweep`).
+
+Cross-checks of the server's acceptance outputs against the client's own counts (``problems``):
+
+- per request: ``0 <= accepted <= drafts``, ``accepted <= tokens - 1`` (the prefill token is never a
+  draft), ``acceptance_rate == accepted / drafts``, no drafts when k = 0, ``tokens <= max_tokens``;
+- per point: the deltas of the server's Prometheus counters (``specbuild_generated_tokens_total``,
+  ``specbuild_draft_tokens_total``, ``specbuild_accepted_draft_tokens_total``) over the point equal the
+  sums of the per-request figures (when the metrics url is known and nothing else uses the server);
+- per deployment: greedy output ids at every k equal the k = 0 output for the same prompt
+  (``ids_match_baseline``: speculation must be lossless).
+
+Example::
+
+    targets = [Deployment.at_url("127.0.0.1:8001", name="ngram")]
+    result = run_sweep(targets, SweepPlan(draft_lengths=(0, 2, 4), concurrencies=(1, 4)))
+    result.write("bench-out")      # bench.json + bench.csv
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from .prompts import BUNDLED_SETS, Prompt, load_prompts
+
+CHAT_TEMPLATE_MODES = ("auto", "always", "never")
+URL = re.compile(r"^[\w.-]+:\d+$")  # host:port
+COUNTERS = {
+    "generated": "specbuild_generated_tokens_total",
+    "draft": "specbuild_draft_tokens_total",
+    "accepted": "specbuild_accepted_draft_tokens_total",
+}
+RATE_TOLERANCE = 1e-4  # acceptance_rate travels as fp32
+
+
+class BenchError(ValueError):
+    """A sweep that cannot run as asked; the message names the option at fault and the valid values."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One deployment to benchmark: where it answers and how a draft length maps onto its requests.
+
+    Attributes:
+        name: label in tables and files (the recipe name, or ``--label`` for a url).
+        method: speculation method (``ngram``, ``lookahead``, ...; ``"unknown"`` for a bare url).
+        url: gRPC or HTTP ``host:port``.
+        max_draft_len: the most draft tokens a request may ask for; ``None`` = unknown (not checked).
+        lookahead: the built ``(W, N, G)`` of a Lookahead deployment, else ``None``. Its draft length k
+            is the candidate length ``n - 1``: a request at k sends ``lookahead_config = (W, k + 1, G)``.
+        metrics_url: Triton's metrics ``host:port`` for the counter cross-check; ``None`` = skip it.
+        tokenizer_dir: the deployment's tokenizer, for chat templates; ``None`` = none applied.
+    """
+
+    name: str
+    url: str
+    method: str = "unknown"
+    protocol: str = "grpc"
+    max_draft_len: int | None = None
+    lookahead: tuple[int, int, int] | None = None
+    metrics_url: str | None = None
+    tokenizer_dir: str | None = None
+
+    def request_fields(self, draft_len: int) -> dict:
+        """``SpecClient.generate`` keyword arguments for draft length ``draft_len`` (0 = plain decoding).
+
+        Raises ``BenchError`` when ``draft_len`` is past what the deployment was built for.
+        """
+        if draft_len < 0:
+            raise BenchError(f"draft length must be >= 0, got {draft_len}")
+        if draft_len == 0:
+            return {"num_draft_tokens": 0}
+        if self.lookahead is not None:
+            w, n, g = self.lookahead
+            if draft_len + 1 > n:
+                raise BenchError(
+                    f"{self.name}: lookahead draft length {draft_len} needs ngram size {draft_len + 1} > the built "
+                    f"N = {n}; use --draft-lengths up to {n - 1}"
+                )
+            return {"lookahead_config": (w, draft_len + 1, g)}
+        if self.max_draft_len is not None and draft_len > self.max_draft_len:
+            raise BenchError(
+                f"{self.name}: draft length {draft_len} > the deployment's max_draft_len {self.max_draft_len}; "
+                f"use --draft-lengths up to {self.max_draft_len}"
+            )
+        return {"num_draft_tokens": draft_len}
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The grid and the request shape.
+
+    Attributes:
+        draft_lengths: draft tokens per step to sweep, 0 = speculation off (run first: the baseline).
+        concurrencies: requests in flight (closed loop: C workers, each sends its next request when
+            the previous one returns).
+        prompt_sets: ``load_prompts`` sources (``humaneval:N``, ``chat:N``, ``summarize:N``, files).
+        max_tokens: new tokens per request.
+        requests: requests per point; ``None`` = ``max(len(prompts), C)`` (every prompt at least once,
+            every worker busy at least once).
+        end_id: ``None`` = the deployment's end token; -1 = always generate ``max_tokens``.
+        warmup: untimed requests per deployment and prompt set before its points.
+        chat_template: ``auto`` = wrap the bundled chat/summarize prompts in the deployment's chat
+            template when its tokenizer has one; ``always`` = every set; ``never``.
+    """
+
+    draft_lengths: tuple[int, ...] = (0, 2, 4)
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16)
+    prompt_sets: tuple[str, ...] = ("humaneval:8",)
+    max_tokens: int = 64
+    requests: int | None = None
+    end_id: int | None = None
+    warmup: int = 1
+    chat_template: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.draft_lengths or any(k < 0 for k in self.draft_lengths):
+            raise BenchError(f"--draft-lengths must be integers >= 0 (0 = off), got {self.draft_lengths}")
+        if not self.concurrencies or any(c < 1 for c in self.concurrencies):
+            raise BenchError(f"--concurrency levels must be integers >= 1, got {self.concurrencies}")
+        if not self.prompt_sets:
+            raise BenchError("give at least one --prompts set")
+        if self.max_tokens < 1:
+            raise BenchError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.requests is not None and self.requests < 1:
+            raise BenchError(f"--requests must be >= 1, got {self.requests}")
+        if self.chat_template not in CHAT_TEMPLATE_MODES:
+            raise BenchError(f"--chat-template must be one of {CHAT_TEMPLATE_MODES}, got {self.chat_template!r}")
+
+    def draft_lengths_for(self, deployment: Deployment) -> list[int]:
+        """The draft lengths swept on ``deployment``: only 0 on a deployment without speculation."""
+        return [0] if deployment.method == "none" else self.ordered_draft_lengths()
+
+    def num_requests(self, num_prompts: int, concurrency: int) -> int:
+        return self.requests if self.requests is not None else max(num_prompts, concurrency)
+
+    def ordered_draft_lengths(self) -> list[int]:
+        """Sorted, without repeats: k = 0 first, so every later point can compare its ids to it."""
+        return sorted(set(self.draft_lengths))
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One timed request and what the server said about it."""
+
+    prompt_id: str
+    latency_s: float
+    num_tokens: int
+    accepted: int  # total_accepted_draft_tokens
+    drafts: int  # total_draft_tokens
+    acceptance_rate: float | None
+    ttft_s: float | None = None  # only when streamed
+    step_tokens: tuple[int, ...] | None = None  # tokens per streamed step (prefill first), when streamed
+    output_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None  # "stop" / "length" as the client reads it; None = unknown
+
+    @property
+    def decode_steps(self) -> int:
+        """Target verification steps after the prefill: each emits its accepted drafts + 1 token."""
+        return max(0, self.num_tokens - 1 - self.accepted)
+
+
+@dataclass
+class PointResult:
+    """Measurements of one grid point (see the module docstring for each field's definition)."""
+
+    deployment: str
+    method: str
+    prompt_set: str
+    draft_len: int
+    concurrency: int
+    requests: int
+    wall_s: float
+    output_tokens: int
+    latency_ms_p50: float
+    latency_ms_p90: float
+    latency_ms_p99: float
+    ttft_ms_p50: float | None
+    tpot_ms: float
+    user_tok_s: float
+    total_tok_s: float
+    tokens_per_step: float
+    acceptance_rate: float | None
+    accepted_per_step: float
+    drafts_per_step: float
+    step_ms: float  # sum(latency) / sum(decode steps + 1): wall time per target pass, prefill included
+    per_position_acceptance: list[float] | None = None
+    ids_match_baseline: float | None = None  # fraction of requests whose ids equal the k = 0 ids
+    counters_checked: bool = False
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SweepResult:
+    """Every point of a sweep plus the plan and the deployments it ran on."""
+
+    plan: SweepPlan
+    deployments: list[Deployment]
+    points: list[PointResult]
+    started_at: str = ""
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "plan": asdict(self.plan),
+            "deployments": [asdict(d) for d in self.deployments],
+            "points": [asdict(p) for p in self.points],
+            "started_at": self.started_at,
+            "wall_s": self.wall_s,
+            "machine": {"platform": platform.platform(), "python": platform.python_version()},
+            "ttft_measured": any(p.ttft_ms_p50 is not None for p in self.points),
+        }
+
+    def write(self, out_dir: str | Path) -> tuple[Path, Path]:
+        """Write ``bench.json`` (everything) and ``bench.csv`` (one row per point); return their paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        json_path, csv_path = out / "bench.json", out / "bench.csv"
+        json_path.write_text(json.dumps(self.to_json(), indent=1))
+        with csv_path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=[f.name for f in fields(PointResult)])
+            writer.writeheader()
+            for point in self.points:
+                row = asdict(point)
+                row["per_position_acceptance"] = _join(row["per_position_acceptance"])
+                row["problems"] = "; ".join(row["problems"])
+                writer.writerow(row)
+        return json_path, csv_path
+
+
+def load_result(path: str | Path) -> SweepResult:
+    """Read back a ``bench.json``. Raises ``BenchError`` naming the file when it is not one."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        plan = SweepPlan(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["plan"].items()})
+        deployments = [Deployment(**{k: tuple(v) if k == "lookahead" and v else v for k, v in d.items()}) for d in data["deployments"]]
+        points = [PointResult(**p) for p in data["points"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"{path}: not a bench.json written by `specbuild bench` ({exc})") from None
+    return SweepResult(plan, deployments, points, data.get("started_at", ""), data.get("wall_s", 0.0))
+
+
+# --- measurement ---------------------------------------------------------------------------------
+
+
+def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100, linear interpolation) of latencies in seconds, in milliseconds."""
+    return float(np.percentile(np.asarray(latencies_s, dtype=float), q)) * 1000.0
+
+
+def summarize_point(
+    records: Sequence[RequestRecord], *, wall_s: float, draft_len: int, max_tokens: int
+) -> dict:
+    """The aggregate fields of :class:`PointResult` from a point's requests (pure; see module docstring).
+
+    Raises ``ValueError`` when ``records`` is empty or ``wall_s <= 0``.
+    """
+    if not records or wall_s <= 0:
+        raise ValueError("a point needs at least one request and a positive wall time")
+    latencies = [r.latency_s for r in records]
+    tokens = sum(r.num_tokens for r in records)
+    accepted = sum(r.accepted for r in records)
+    drafts = sum(r.drafts for r in records)
+    steps = sum(r.decode_steps for r in records)
+    streamed = all(r.ttft_s is not None for r in records)
+    return {
+        "requests": len(records),
+        "wall_s": wall_s,
+        "output_tokens": tokens,
+        "latency_ms_p50": percentile_ms(latencies, 50),
+        "latency_ms_p90": percentile_ms(latencies, 90),
+        "latency_ms_p99": percentile_ms(latencies, 99),
+        "ttft_ms_p50": percentile_ms([r.ttft_s for r in records], 50) if streamed else None,
+        "tpot_ms": 1000.0 * float(np.mean([_time_per_token(r, streamed) for r in records])),
+        "user_tok_s": float(np.mean([r.num_tokens / r.latency_s if r.latency_s > 0 else 0.0 for r in records])),
+        "total_tok_s": tokens / wall_s,
+        "tokens_per_step": (tokens - len(records)) / steps if steps else 1.0,
+        "acceptance_rate": accepted / drafts if drafts else None,
+        "accepted_per_step": accepted / steps if steps else 0.0,
+        "drafts_per_step": drafts / steps if steps else 0.0,
+        "step_ms": 1000.0 * sum(latencies) / max(1, steps + len(records)),
+        "per_position_acceptance": per_position_from_steps(records, draft_len) if streamed and draft_len else None,
+        "problems": [p for r in records for p in check_request(r, draft_len=draft_len, max_tokens=max_tokens)],
+    }
+
+
+def _time_per_token(r: RequestRecord, streamed: bool) -> float:
+    if streamed and r.num_tokens > 1:
+        return (r.latency_s - r.ttft_s) / (r.num_tokens - 1)
+    return r.latency_s / max(1, r.num_tokens)
+
+
+def per_position_from_steps(records: Sequence[RequestRecord], draft_len: int) -> list[float] | None:
+    """P(a verification step accepts at least i drafts), i = 1..draft_len, from streamed step sizes.
+
+    A streamed step after the prefill carries its accepted drafts + 1 token. Example: steps of
+    [1 (prefill), 3, 1, 2] tokens at k = 2 -> accepted [2, 0, 1] -> [2/3, 1/3]. The last step may be
+    clipped at max_tokens or the end token, which can only lower the estimate.
+    """
+    accepted = [n - 1 for r in records if r.step_tokens for n in r.step_tokens[1:]]
+    if not accepted:
+        return None
+    return [sum(a >= i for a in accepted) / len(accepted) for i in range(1, draft_len + 1)]
+
+
+def check_request(r: RequestRecord, *, draft_len: int, max_tokens: int) -> list[str]:
+    """Inconsistencies between the server's acceptance outputs and the client's token count ([] if none)."""
+    where = f"{r.prompt_id} (k={draft_len})"
+    problems = []
+    if not 0 <= r.accepted <= r.drafts:
+        problems.append(f"{where}: accepted {r.accepted} outside [0, drafts {r.drafts}]")
+    if r.num_tokens and r.accepted > r.num_tokens - 1:
+        problems.append(f"{where}: accepted {r.accepted} > tokens - 1 = {r.num_tokens - 1}")
+    if not 1 <= r.num_tokens <= max_tokens:
+        problems.append(f"{where}: {r.num_tokens} tokens, expected 1..{max_tokens}")
+    if r.finish_reason == "length" and r.num_tokens != max_tokens:
+        problems.append(f"{where}: finish reason 'length' with {r.num_tokens} of {max_tokens} tokens")
+    if draft_len == 0 and r.drafts:
+        problems.append(f"{where}: {r.drafts} draft tokens with speculation off")
+    if r.acceptance_rate is not None and r.drafts and abs(r.acceptance_rate - r.accepted / r.drafts) > RATE_TOLERANCE:
+        problems.append(f"{where}: acceptance_rate {r.acceptance_rate:.6f} != accepted/drafts {r.accepted / r.drafts:.6f}")
+    if r.step_tokens is not None and sum(r.step_tokens) != r.num_tokens:
+        problems.append(f"{where}: streamed steps carry {sum(r.step_tokens)} tokens, the result {r.num_tokens}")
+    return problems
+
+
+def read_counters(metrics_url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """The specbuild Prometheus counters (summed over labels) from ``http://metrics_url/metrics``.
+
+    Raises ``OSError`` when the endpoint does not answer.
+    """
+    text = urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=timeout_s).read().decode()
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    names = {v: k for k, v in COUNTERS.items()}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            totals[names[name]] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def counter_problems(before: dict[str, float], after: dict[str, float], records: Sequence[RequestRecord]) -> list[str]:
+    """Server counter deltas that differ from the client's sums over ``records``."""
+    expected = {
+        "generated": sum(r.num_tokens for r in records),
+        "draft": sum(r.drafts for r in records),
+        "accepted": sum(r.accepted for r in records),
+    }
+    return [
+        f"server counter {COUNTERS[k]} rose by {after[k] - before[k]:g}, the client counted {v}"
+        for k, v in expected.items()
+        if after[k] - before[k] != v
+    ]
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+
+class _Clients:
+    """One SpecClient per worker thread (tritonclient clients are not shared across threads)."""
+
+    def __init__(self, deployment: Deployment, timeout_s: float):
+        self.deployment, self.timeout_s = deployment, timeout_s
+        self._local = threading.local()
+        self._all: list = []
+        self._lock = threading.Lock()
+
+    def get(self):
+        client = getattr(self._local, "client", None)
+        if client is None:
+            from .sdk import SpecClient
+
+            # retries=0: a silently retried request would count its back-off as latency.
+            client = SpecClient(self.deployment.url, protocol=self.deployment.protocol, timeout_s=self.timeout_s, retries=0)
+            self._local.client = client
+            with self._lock:
+                self._all.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self._all:
+            client.close()
+
+
+def timed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end_id: int | None, fields: dict) -> RequestRecord:
+    """Send one greedy request; the SDK's result becomes a :class:`RequestRecord`."""
+    result = client.generate(text, max_tokens=max_tokens, end_id=end_id, **fields)
+    return RequestRecord(
+        prompt_id=prompt.id,
+        latency_s=result.latency_s,
+        num_tokens=len(result.output_ids),
+        accepted=result.total_accepted_draft_tokens or 0,
+        drafts=result.total_draft_tokens or 0,
+        acceptance_rate=result.acceptance_rate,
+        output_ids=tuple(result.output_ids),
+        finish_reason=getattr(result, "finish_reason", None),
+    )
+
+
+def run_point(
+    clients: _Clients,
+    prompts: Sequence[tuple[Prompt, str]],
+    *,
+    concurrency: int,
+    num_requests: int,
+    max_tokens: int,
+    end_id: int | None,
+    fields: dict,
+    on_done: Callable[[], None] = lambda: None,
+) -> tuple[list[RequestRecord], float]:
+    """``num_requests`` requests (prompts cycled) from ``concurrency`` threads; returns them and the wall s."""
+    jobs = [prompts[i % len(prompts)] for i in range(num_requests)]
+
+    def one(job: tuple[Prompt, str]) -> RequestRecord:
+        record = timed_request(clients.get(), job[0], job[1], max_tokens=max_tokens, end_id=end_id, fields=fields)
+        on_done()
+        return record
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench") as pool:
+        records = list(pool.map(one, jobs))
+    return records, time.perf_counter() - start
+
+
+def prepare_prompts(source: str, deployment: Deployment, mode: str, tokenizer) -> list[tuple[Prompt, str]]:
+    """The prompts of ``source`` with the text to send (chat-templated when ``mode`` says so)."""
+    prompts = load_prompts(source)
+    templated = tokenizer is not None and getattr(tokenizer, "chat_template", None) and (
+        mode == "always" or (mode == "auto" and source.partition(":")[0] in BUNDLED_SETS)
+    )
+    if not templated:
+        return [(p, p.text) for p in prompts]
+    return [
+        (p, tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True))
+        for p in prompts
+    ]
+
+
+def sweep_size(plan: SweepPlan, deployments: Sequence[Deployment], set_sizes: dict[str, int]) -> int:
+    """Timed requests the whole sweep sends (for the progress bar); ``set_sizes``: prompts per set."""
+    per_k = sum(plan.num_requests(n, c) for n in set_sizes.values() for c in set(plan.concurrencies))
+    return sum(per_k * len(plan.draft_lengths_for(d)) for d in deployments)
+
+
+def run_sweep(
+    deployments: Sequence[Deployment],
+    plan: SweepPlan,
+    *,
+    timeout_s: float = 600.0,
+    progress: Callable[[str, int], None] = lambda description, advance: None,
+    log: Callable[[str], None] = lambda message: None,
+) -> SweepResult:
+    """Run ``plan`` on each deployment in turn (deployments must already answer; see :func:`serve_recipes`).
+
+    ``progress(description, advance)`` is called as each request finishes. Order per deployment:
+    prompt set -> concurrency -> draft length, so the draft lengths compared at one concurrency are
+    measured next to each other in time.
+
+    Raises:
+        BenchError: a draft length past a deployment's limits (before any request is sent), or a bad
+            prompt set.
+        specbuild.client.sdk.ClientError: a request failed.
+    """
+    for d in deployments:
+        for k in plan.draft_lengths_for(d):
+            d.request_fields(k)
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    start = time.perf_counter()
+    points: list[PointResult] = []
+    for deployment in deployments:
+        points += _sweep_deployment(deployment, plan, timeout_s=timeout_s, progress=progress, log=log)
+    return SweepResult(plan, list(deployments), points, started_at, time.perf_counter() - start)
+
+
+def _sweep_deployment(deployment: Deployment, plan: SweepPlan, *, timeout_s, progress, log) -> list[PointResult]:
+    tokenizer = _tokenizer(deployment) if plan.chat_template != "never" else None
+    clients = _Clients(deployment, timeout_s)
+    points = []
+    try:
+        clients.get().wait_ready(timeout_s=60)
+        for source in plan.prompt_sets:
+            prompts = prepare_prompts(source, deployment, plan.chat_template, tokenizer)
+            for prompt, text in prompts[: plan.warmup]:
+                timed_request(clients.get(), prompt, text, max_tokens=plan.max_tokens, end_id=plan.end_id, fields={})
+            baseline: dict[str, tuple[int, ...]] = {}
+            for concurrency in sorted(set(plan.concurrencies)):
+                for k in plan.draft_lengths_for(deployment):
+                    point = _one_point(deployment, plan, clients, prompts, source, concurrency, k, baseline, progress)
+                    points.append(point)
+                    log(_point_line(point))
+    finally:
+        clients.close()
+    return points
+
+
+def _one_point(deployment, plan, clients, prompts, source, concurrency, k, baseline, progress) -> PointResult:
+    label = f"{deployment.name} {source} C={concurrency} k={k}"
+    metrics = deployment.metrics_url
+    before = _try_counters(metrics)
+    records, wall_s = run_point(
+        clients,
+        prompts,
+        concurrency=concurrency,
+        num_requests=plan.num_requests(len(prompts), concurrency),
+        max_tokens=plan.max_tokens,
+        end_id=plan.end_id,
+        fields=deployment.request_fields(k),
+        on_done=lambda: progress(label, 1),
+    )
+    after = _try_counters(metrics) if before is not None else None
+    summary = summarize_point(records, wall_s=wall_s, draft_len=k, max_tokens=plan.max_tokens)
+    if after is not None:
+        summary["problems"] += counter_problems(before, after, records)
+    if k == 0:
+        baseline.update({r.prompt_id: r.output_ids for r in records})
+    compared = [r for r in records if r.prompt_id in baseline]
+    matches = [r.output_ids == baseline[r.prompt_id] for r in compared]
+    summary["problems"] += [
+        f"{r.prompt_id} (k={k}, C={concurrency}): output ids differ from k=0" for r, m in zip(compared, matches) if not m
+    ]
+    return PointResult(
+        deployment=deployment.name,
+        method=deployment.method,
+        prompt_set=source,
+        draft_len=k,
+        concurrency=concurrency,
+        ids_match_baseline=sum(matches) / len(matches) if matches else None,
+        counters_checked=after is not None,
+        **summary,
+    )
+
+
+def _try_counters(metrics_url: str | None) -> dict[str, float] | None:
+    if metrics_url is None:
+        return None
+    try:
+        return read_counters(metrics_url)
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+
+
+def _tokenizer(deployment: Deployment):
+    if deployment.tokenizer_dir is None:
+        return None
+    from specbuild.triton_repo.models.tokenization import load_tokenizer
+
+    return load_tokenizer(deployment.tokenizer_dir)
+
+
+def _point_line(p: PointResult) -> str:
+    rate = "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}"
+    return (
+        f"{p.deployment:>16s} {p.prompt_set:>12s} C={p.concurrency:<3d} k={p.draft_len:<2d} "
+        f"p50 {p.latency_ms_p50:8.0f} ms  {p.total_tok_s:7.1f} tok/s  tokens/step {p.tokens_per_step:.2f}  "
+        f"acc {rate}" + (f"  PROBLEMS {len(p.problems)}" if p.problems else "")
+    )
+
+
+def _join(values: list[float] | None) -> str:
+    return "" if values is None else " ".join(f"{v:.4f}" for v in values)
+
+
+# --- deployments from recipes ------------------------------------------------------------------------
+
+
+def is_url(target: str) -> bool:
+    """``host:port`` (a running server) rather than a recipe name or path."""
+    return bool(URL.match(target)) and not Path(target).exists()
+
+
+def deployment_for_recipe(loaded, paths, server) -> Deployment:
+    """The :class:`Deployment` of a recipe served by ``server`` (a started TritonServer)."""
+    spec = loaded.recipe.speculation
+    lookahead = None
+    if spec.method == "lookahead":
+        lookahead = (spec.max_window_size, spec.max_ngram_size, spec.max_verification_set_size)
+    return Deployment(
+        name=loaded.recipe.name,
+        method=spec.method,
+        url=server.grpc_url,
+        protocol="grpc",
+        max_draft_len=getattr(spec, "max_draft_len", None) or 0,
+        lookahead=lookahead,
+        metrics_url=server.metrics_url,
+        tokenizer_dir=str(paths.engine_dir / "tokenizer"),
+    )
+
+
+@contextmanager
+def serve_recipes(recipes: Sequence[str], *, output_root: Path | None = None, log=print) -> Iterator[list[Deployment]]:
+    """Build (or reuse) each recipe's engine and repository, start one tritonserver per recipe on free
+    ports, and yield their :class:`Deployment` s; every server is stopped on exit.
+
+    Servers start one after another and all run during the sweep (a sweep measures one at a time).
+    Raises ``specbuild.builder.recipe.RecipeError`` for a recipe that cannot run here.
+    """
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.pipeline import RunPaths, check_runnable, default_output_dir
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.server import TritonServer
+
+    with ExitStack() as stack:
+        deployments = []
+        for recipe in recipes:
+            loaded = load_recipe(recipe)
+            paths = RunPaths(output_root / loaded.recipe.name if output_root else default_output_dir(loaded))
+            check_runnable(loaded)
+            build_reference_engine(loaded, paths.engine_dir, log=log)
+            spec = spec_from_engine_dir(paths.engine_dir, instance_count=loaded.recipe.serve.instance_count)
+            write_reference_repository(spec, paths.repo_dir)
+            server = TritonServer(
+                paths.repo_dir,
+                host=loaded.recipe.serve.host,
+                http_port=0,
+                grpc_port=0,
+                metrics_port=0,
+                log_file=paths.output_dir / "logs" / "tritonserver-bench.log",
+                startup_timeout_s=loaded.recipe.serve.startup_timeout_s,
+            )
+            log(f"starting tritonserver for {loaded.recipe.name} ({paths.repo_dir})")
+            stack.enter_context(server)
+            deployments.append(deployment_for_recipe(loaded, paths, server))
+        yield deployments
+
+
+# --- display -----------------------------------------------------------------------------------------
+
+
+def points_table(points: Sequence[PointResult]):
+    """A rich Table, one row per point."""
+    from rich.table import Table
+
+    table = Table(title="specbuild bench", show_lines=False)
+    for name in ("deployment", "prompts", "C", "k", "p50 ms", "p90 ms", "p99 ms", "TTFT ms", "TPOT ms",
+                 "tok/s/user", "tok/s total", "tok/step", "acc rate", "lossless", "checks"):
+        table.add_column(name, justify="left" if name in ("deployment", "prompts") else "right")
+    for p in points:
+        table.add_row(
+            p.deployment,
+            p.prompt_set,
+            str(p.concurrency),
+            str(p.draft_len),
+            f"{p.latency_ms_p50:.0f}",
+            f"{p.latency_ms_p90:.0f}",
+            f"{p.latency_ms_p99:.0f}",
+            "-" if p.ttft_ms_p50 is None else f"{p.ttft_ms_p50:.0f}",
+            f"{p.tpot_ms:.1f}",
+            f"{p.user_tok_s:.1f}",
+            f"{p.total_tok_s:.1f}",
+            f"{p.tokens_per_step:.2f}",
+            "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}",
+            "-" if p.ids_match_baseline is None else f"{100 * p.ids_match_baseline:.0f}%",
+            ("ok" if not p.problems else f"[red]{len(p.problems)} problems[/red]") + ("" if p.counters_checked else " (no counters)"),
+        )
+    return table
+
+
+def notes(result: SweepResult) -> list[str]:
+    """What the table cannot say by itself: what was not measured, and any cross-check problem."""
+    lines = []
+    if not any(p.ttft_ms_p50 is not None for p in result.points):
+        lines.append(
+            "TTFT not measured: the client does not stream; TPOT = latency / tokens includes the prefill."
+        )
+    if not any(p.per_position_acceptance for p in result.points):
+        lines.append(
+            "Per-position acceptance: the server reports per-request totals only; `specbuild tune` derives "
+            "P(step accepts >= i drafts) from points at consecutive draft lengths."
+        )
+    problems = [q for p in result.points for q in p.problems]
+    if problems:
+        lines.append(f"{len(problems)} cross-check problems, first: {problems[0]}")
+    return lines
+
+
+
+# --- command-line driver -----------------------------------------------------------------------------
+
+
+def url_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), metrics_urls: Sequence[str] = (),
+                    protocol: str = "grpc", tokenizer_dir: str | None = None) -> list[Deployment]:
+    """Deployments for servers already running at ``urls``; ``labels`` / ``metrics_urls`` pair up with
+    them in order. Raises ``BenchError`` when more labels or metrics urls than urls are given."""
+    if len(labels) > len(urls) or len(metrics_urls) > len(urls):
+        raise BenchError(f"{len(urls)} url targets but {len(labels)} --label and {len(metrics_urls)} --metrics-url")
+    return [
+        Deployment(
+            name=labels[i] if i < len(labels) else url,
+            url=url,
+            protocol=protocol,
+            metrics_url=metrics_urls[i] if i < len(metrics_urls) else None,
+            tokenizer_dir=tokenizer_dir,
+        )
+        for i, url in enumerate(urls)
+    ]
+
+
+def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: Path | None = None,
+              timeout_s: float = 600.0, **url_options) -> SweepResult:
+    """``specbuild bench``: serve the recipe targets, sweep every target with a progress bar, print
+    the table and the notes. ``url_options`` go to :func:`url_deployments`.
+
+    Raises ``BenchError``, ``specbuild.builder.recipe.RecipeError``, ``specbuild.client.sdk.ClientError``.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    if not targets:
+        raise BenchError("give at least one target: a recipe name or path, or a running server's host:port")
+    set_sizes = {s: len(load_prompts(s)) for s in plan.prompt_sets}  # fails fast on a bad set
+    urls = [t for t in targets if is_url(t)]
+    recipes = [t for t in targets if not is_url(t)]
+    log = lambda message: console.print(f"[dim]{message}[/dim]")  # noqa: E731
+    with serve_recipes(recipes, output_root=output_root, log=log) as served:
+        deployments = served + url_deployments(urls, **url_options)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=False) as bar:
+            task = bar.add_task("bench", total=sweep_size(plan, deployments, set_sizes))
+            result = run_sweep(
+                deployments, plan, timeout_s=timeout_s,
+                progress=lambda description, advance: bar.update(task, description=description, advance=advance),
+                log=lambda line: bar.console.print(line, highlight=False),
+            )
+    console.print(points_table(result.points))
+    for line in notes(result):
+        console.print(f"note: {line}")
+    return result

@@ -1,0 +1,552 @@
+"""``specbuild tune``: pick a method and draft length from a bench sweep.
+
+From the points of :mod:`specbuild.client.bench` (one per deployment x prompt set x concurrency x
+draft length) this module computes, per prompt set (a workload):
+
+- the throughput-latency Pareto frontier (:func:`pareto_front`): points no other point beats on both
+  total output tokens/s (higher is better) and latency (lower is better);
+- a recommendation for a stated goal: the lowest latency at concurrency C
+  (:func:`recommend_lowest_latency`), or the highest throughput under a latency bound
+  (:func:`recommend_highest_throughput`);
+- a draft-length schedule by concurrency per deployment (:func:`draft_len_schedule`), in TensorRT-LLM's
+  terms: ``draft_len_schedule`` {batch-size threshold: draft length} (a batch of b requests uses the
+  entry of the smallest threshold >= b) and ``max_concurrency`` (speculation off above it);
+- the analytic expectation of Leviathan et al. 2023 (:func:`analytic_comparison`) and how close each
+  point comes to it;
+- PNG plots of the frontier and of speed-up vs concurrency per method (:func:`plot_frontier`,
+  :func:`plot_speedup`).
+
+The pure functions take plain data and are unit-tested on hand-made points.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+LATENCY_METRICS = {
+    "p50": "latency_ms_p50",
+    "p90": "latency_ms_p90",
+    "p99": "latency_ms_p99",
+    "tpot": "tpot_ms",
+}
+
+
+class TuneError(ValueError):
+    """A goal no measured point can meet, or data that cannot answer the question; says what was measured."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration as the tuner sees it.
+
+    Attributes:
+        latency_ms: the chosen latency figure (request latency p50/p90/p99 or time per output token), ms.
+        throughput: total output tokens/s over all requests in flight.
+    """
+
+    deployment: str
+    method: str
+    prompt_set: str
+    draft_len: int
+    concurrency: int
+    latency_ms: float
+    throughput: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.deployment} k={self.draft_len} C={self.concurrency}"
+
+
+def candidates(points: Iterable, latency: str = "p50") -> list[Candidate]:
+    """Candidates from bench points (``PointResult`` or dicts with the same keys).
+
+    Raises ``TuneError`` for an unknown latency metric.
+    """
+    if latency not in LATENCY_METRICS:
+        raise TuneError(f"latency metric must be one of {sorted(LATENCY_METRICS)}, got {latency!r}")
+    key = LATENCY_METRICS[latency]
+    out = []
+    for p in points:
+        d = p if isinstance(p, dict) else asdict(p)
+        out.append(
+            Candidate(d["deployment"], d["method"], d["prompt_set"], d["draft_len"], d["concurrency"], d[key], d["total_tok_s"])
+        )
+    return out
+
+
+def dominates(a: Candidate, b: Candidate) -> bool:
+    """``a`` is no worse than ``b`` on latency and throughput, and better on at least one."""
+    no_worse = a.latency_ms <= b.latency_ms and a.throughput >= b.throughput
+    return no_worse and (a.latency_ms < b.latency_ms or a.throughput > b.throughput)
+
+
+def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates no other candidate dominates, by increasing latency.
+
+    Example: (latency, throughput) = (10, 5), (20, 9), (15, 4), (30, 9) -> (10, 5), (20, 9):
+    (15, 4) is beaten by (10, 5) on both, (30, 9) by (20, 9) on latency.
+    """
+    front = [c for c in cands if not any(dominates(o, c) for o in cands)]
+    return sorted(front, key=lambda c: (c.latency_ms, -c.throughput))
+
+
+def recommend_lowest_latency(cands: Sequence[Candidate], concurrency: int) -> Candidate:
+    """The lowest-latency candidate at ``concurrency`` (ties: higher throughput).
+
+    Raises ``TuneError`` listing the measured concurrency levels when none is at ``concurrency``.
+    """
+    at = [c for c in cands if c.concurrency == concurrency]
+    if not at:
+        levels = sorted({c.concurrency for c in cands})
+        raise TuneError(f"no point measured at concurrency {concurrency}; measured: {levels}")
+    return min(at, key=lambda c: (c.latency_ms, -c.throughput))
+
+
+def recommend_highest_throughput(cands: Sequence[Candidate], max_latency_ms: float) -> Candidate:
+    """The highest-throughput candidate with latency <= ``max_latency_ms`` (ties: lower latency).
+
+    Raises ``TuneError`` naming the lowest latency measured when no candidate meets the bound.
+    """
+    within = [c for c in cands if c.latency_ms <= max_latency_ms]
+    if not within:
+        best = min(cands, key=lambda c: c.latency_ms)
+        raise TuneError(
+            f"no configuration meets latency <= {max_latency_ms:g} ms; the lowest measured is "
+            f"{best.latency_ms:.0f} ms ({best.label}): raise --max-latency-ms or lower the concurrency"
+        )
+    return max(within, key=lambda c: (c.throughput, -c.latency_ms))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Draft length by concurrency for one deployment and prompt set.
+
+    Attributes:
+        best: measured concurrency -> the draft length with the lowest latency there.
+        draft_len_schedule: TensorRT-LLM's ``{threshold: draft_len}`` for the levels where speculation
+            is on (a batch of b requests uses the smallest threshold >= b).
+        max_concurrency: speculation off above it (TensorRT-LLM ``max_concurrency``); ``None`` = on at
+            every measured level; 0 = off at every level.
+    """
+
+    deployment: str
+    prompt_set: str
+    best: dict[int, int]
+    draft_len_schedule: dict[int, int]
+    max_concurrency: int | None
+
+
+def draft_len_schedule(cands: Sequence[Candidate]) -> list[Schedule]:
+    """Per (deployment, prompt set): the best draft length at each measured concurrency, and the
+    threshold above which speculation stays off.
+
+    ``max_concurrency`` is the largest level below the tail of levels where k = 0 wins; a k = 0 win
+    followed by a k > 0 win at a higher level is not a tail, so speculation stays on there.
+    Example: best {1: 4, 4: 2, 8: 0, 16: 0} -> draft_len_schedule {1: 4, 4: 2}, max_concurrency 4.
+    """
+    groups: dict[tuple[str, str], list[Candidate]] = defaultdict(list)
+    for c in cands:
+        groups[(c.deployment, c.prompt_set)].append(c)
+    schedules = []
+    for (deployment, prompt_set), group in sorted(groups.items()):
+        levels = sorted({c.concurrency for c in group})
+        best = {level: recommend_lowest_latency(group, level).draft_len for level in levels}
+        off_tail = []
+        for level in reversed(levels):
+            if best[level] != 0:
+                break
+            off_tail.append(level)
+        if not off_tail:
+            max_concurrency = None
+        elif len(off_tail) == len(levels):
+            max_concurrency = 0
+        else:
+            max_concurrency = max(level for level in levels if level not in off_tail)
+        on = {level: k for level, k in best.items() if max_concurrency is None or level <= max_concurrency}
+        schedules.append(Schedule(deployment, prompt_set, best, on if max_concurrency != 0 else {}, max_concurrency))
+    return schedules
+
+
+# --- analytic model (Leviathan et al. 2023) ----------------------------------------------------------
+
+
+def expected_tokens_per_step(a: float, k: int) -> float:
+    """Leviathan et al. 2023, eq. (1): E[tokens per step] = (1 - a^(k+1)) / (1 - a).
+
+    ``a``: per-token acceptance probability in [0, 1] (i.i.d. across positions); ``k``: draft length.
+    Computed as sum_{i=0..k} a^i, which equals the formula and stays finite at a = 1 (k + 1).
+    Raises ``ValueError`` for ``a`` outside [0, 1] or ``k < 0``.
+    """
+    if not 0.0 <= a <= 1.0 or k < 0:
+        raise ValueError(f"need 0 <= a <= 1 and k >= 0, got a={a}, k={k}")
+    return sum(a**i for i in range(k + 1))
+
+
+def expected_speedup(a: float, k: int, c: float) -> float:
+    """Leviathan et al. 2023, Theorem 3.8: walltime improvement (1 - a^(k+1)) / ((1 - a)(k c + 1)).
+
+    ``c``: cost ratio, the time of one draft step relative to one target step (>= 0).
+    Raises ``ValueError`` for ``c < 0`` (and as :func:`expected_tokens_per_step`).
+    """
+    if c < 0:
+        raise ValueError(f"cost ratio c must be >= 0, got {c}")
+    return expected_tokens_per_step(a, k) / (k * c + 1.0)
+
+
+def fit_acceptance(tokens_per_step: Sequence[tuple[int, float]]) -> float:
+    """Least-squares a in [0, 1] with expected_tokens_per_step(a, k) closest to the measured values.
+
+    ``tokens_per_step``: (k, measured tokens per step) pairs with k >= 1. One pair inverts eq. (1)
+    exactly. Example: [(2, 1.75)] -> 0.5 (1 + 0.5 + 0.25 = 1.75).
+    Raises ``ValueError`` without a pair at k >= 1.
+    """
+    from scipy.optimize import minimize_scalar
+
+    pairs = [(k, t) for k, t in tokens_per_step if k >= 1]
+    if not pairs:
+        raise ValueError("fit_acceptance needs at least one (k >= 1, tokens per step) pair")
+
+    def loss(a: float) -> float:
+        return sum((expected_tokens_per_step(a, k) - t) ** 2 for k, t in pairs)
+
+    result = minimize_scalar(loss, bounds=(0.0, 1.0), method="bounded", options={"xatol": 1e-10})
+    return float(min(1.0, max(0.0, result.x)))
+
+
+def fit_cost_ratio(step_time_ratios: Sequence[tuple[int, float]]) -> float:
+    """Least-squares c through the origin of T(k) / T(0) - 1 = c k (Leviathan's k c + 1 cost per step).
+
+    ``step_time_ratios``: (k, T(k) / T(0)) pairs, T = wall time per target step. Example:
+    [(2, 1.2), (4, 1.4)] -> 0.1. Raises ``ValueError`` without a pair at k >= 1.
+    """
+    pairs = [(k, r) for k, r in step_time_ratios if k >= 1]
+    if not pairs:
+        raise ValueError("fit_cost_ratio needs at least one (k >= 1, step time ratio) pair")
+    return sum(k * (r - 1.0) for k, r in pairs) / sum(k * k for k, _ in pairs)
+
+
+@dataclass(frozen=True)
+class AnalyticRow:
+    """One point against the model: measured vs expected tokens per step and speed-up."""
+
+    deployment: str
+    prompt_set: str
+    draft_len: int
+    concurrency: int
+    a: float
+    c: float
+    tokens_per_step: float
+    expected_tokens_per_step: float
+    speedup: float
+    expected_speedup: float
+
+    @property
+    def closeness(self) -> float:
+        """Measured / expected speed-up (1.0 = the model is exact)."""
+        return self.speedup / self.expected_speedup if self.expected_speedup else math.nan
+
+
+def analytic_comparison(points: Iterable) -> list[AnalyticRow]:
+    """Every point with k >= 1 against Leviathan et al.'s expectation, per (deployment, prompt set).
+
+    How a and c are estimated (from the concurrency-1 points of the same deployment and prompt set;
+    the lowest measured concurrency when 1 is absent):
+
+    - a, the per-token acceptance probability: the least-squares fit of eq. (1) to the measured tokens
+      per step (:func:`fit_acceptance`). Tokens per step, not accepted/proposed, because the latter is
+      biased low under the model ((a - a^(k+1)) / ((1 - a) k) < a) and because drafters (n-gram) may
+      propose fewer than k tokens.
+    - c, the cost ratio: from the wall time per target pass T(k) = sum(latency) / sum(target passes)
+      (prefill included in both), T(k) / T(0) = k c + 1 fitted through the origin
+      (:func:`fit_cost_ratio`), clamped at 0. c thus folds in everything a step with k drafts costs more
+      than a plain step: drafting and, on a compute-bound CPU, verifying k + 1 tokens instead of 1.
+
+    Measured speed-up at (k, C) = time per output token at k = 0 / at k, both at concurrency C. The
+    model has no notion of concurrency: the same a and c predict every C, so the gap at C > 1 shows
+    what batching (or, with a server that serves one request at a time, queueing) changes.
+    Points without a k = 0 partner at the same concurrency are skipped. The model assumes one chain of
+    k drafts per step; for tree/lookahead methods it is a reference line only.
+    """
+    rows: list[AnalyticRow] = []
+    by_group: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for p in points:
+        d = p if isinstance(p, dict) else asdict(p)
+        by_group[(d["deployment"], d["prompt_set"])].append(d)
+    for (deployment, prompt_set), group in sorted(by_group.items()):
+        base = {d["concurrency"]: d for d in group if d["draft_len"] == 0}
+        if not base:
+            continue
+        fit_level = 1 if 1 in base else min(base)
+        fit_points = [d for d in group if d["concurrency"] == fit_level and d["draft_len"] > 0]
+        if not fit_points:
+            continue
+        a = fit_acceptance([(d["draft_len"], d["tokens_per_step"]) for d in fit_points])
+        t0 = base[fit_level]["step_ms"]
+        c = max(0.0, fit_cost_ratio([(d["draft_len"], d["step_ms"] / t0) for d in fit_points]))
+        for d in sorted(group, key=lambda d: (d["concurrency"], d["draft_len"])):
+            if d["draft_len"] == 0 or d["concurrency"] not in base:
+                continue
+            k = d["draft_len"]
+            rows.append(
+                AnalyticRow(
+                    deployment, prompt_set, k, d["concurrency"], a, c, d["tokens_per_step"],
+                    expected_tokens_per_step(a, k), base[d["concurrency"]]["tpot_ms"] / d["tpot_ms"],
+                    expected_speedup(a, k, c),
+                )
+            )
+    return rows
+
+
+def per_position_from_sweep(points: Iterable) -> dict[tuple[str, str], list[tuple[int, int, float]]]:
+    """P(a step accepts at least i drafts), derived from accepted drafts per step at consecutive k.
+
+    E[accepted per step | k] = sum_{i=1..k} P(accepted >= i), so the difference between draft lengths
+    k' < k is the acceptance summed over positions k'+1..k, reported as its mean per position
+    (exact per position when k = k' + 1). Uses the concurrency-1 (else lowest) points and assumes
+    the step mix does not depend on k. Returns, per (deployment, prompt set), (first position, last
+    position, P) triples. Example: accepted/step 0 (k=0), 0.6 (k=1), 0.9 (k=2) -> [(1, 1, 0.6), (2, 2, 0.3)].
+    """
+    by_group: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for p in points:
+        d = p if isinstance(p, dict) else asdict(p)
+        by_group[(d["deployment"], d["prompt_set"])].append(d)
+    out = {}
+    for key, group in sorted(by_group.items()):
+        level = min(d["concurrency"] for d in group)
+        per_k = {d["draft_len"]: d["accepted_per_step"] for d in group if d["concurrency"] == level}
+        per_k.setdefault(0, 0.0)
+        ks = sorted(per_k)
+        if len(ks) < 2:
+            continue
+        out[key] = [(lo + 1, hi, (per_k[hi] - per_k[lo]) / (hi - lo)) for lo, hi in zip(ks, ks[1:])]
+    return out
+
+
+# --- report, plots -----------------------------------------------------------------------------------
+
+
+@dataclass
+class TuneReport:
+    """Everything ``specbuild tune`` prints and writes."""
+
+    latency_metric: str
+    frontiers: dict[str, list[Candidate]]
+    recommendations: dict[str, Candidate]
+    goal: str
+    schedules: list[Schedule]
+    analytic: list[AnalyticRow]
+    per_position: dict[tuple[str, str], list[tuple[int, int, float]]]
+    plots: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "latency_metric": self.latency_metric,
+            "goal": self.goal,
+            "frontiers": {s: [asdict(c) for c in f] for s, f in self.frontiers.items()},
+            "recommendations": {s: asdict(c) for s, c in self.recommendations.items()},
+            "recommendation_errors": self.errors,
+            "schedules": [asdict(s) for s in self.schedules],
+            "analytic": [asdict(r) | {"closeness": r.closeness} for r in self.analytic],
+            "per_position_acceptance_derived": [
+                {"deployment": d, "prompt_set": s, "positions": [{"from": a, "to": b, "p": p} for a, b, p in v]}
+                for (d, s), v in self.per_position.items()
+            ],
+            "plots": self.plots,
+        }
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1))
+        return path
+
+
+def tune(
+    points: Sequence, *, goal: str = "latency", concurrency: int | None = None, max_latency_ms: float | None = None,
+    latency: str = "p50",
+) -> TuneReport:
+    """Frontier, recommendation, schedule and analytic comparison for bench ``points``.
+
+    ``goal``: ``latency`` (lowest latency at ``concurrency``; default: the lowest measured level) or
+    ``throughput`` (highest throughput with latency <= ``max_latency_ms``; required).
+    Raises ``TuneError`` for a bad goal or a missing bound; an unmeetable goal for one prompt set is
+    recorded in ``errors`` and the others still get theirs.
+    """
+    if goal not in ("latency", "throughput"):
+        raise TuneError(f"--goal must be 'latency' or 'throughput', got {goal!r}")
+    if goal == "throughput" and max_latency_ms is None:
+        raise TuneError("--goal throughput needs --max-latency-ms X (the latency bound in milliseconds)")
+    cands = candidates(points, latency)
+    if not cands:
+        raise TuneError("no bench points to tune on")
+    if goal == "latency" and concurrency is None:
+        concurrency = min(c.concurrency for c in cands)
+    by_set: dict[str, list[Candidate]] = defaultdict(list)
+    for c in cands:
+        by_set[c.prompt_set].append(c)
+    recommendations, errors = {}, {}
+    for prompt_set, group in by_set.items():
+        try:
+            recommendations[prompt_set] = (
+                recommend_lowest_latency(group, concurrency)
+                if goal == "latency"
+                else recommend_highest_throughput(group, max_latency_ms)
+            )
+        except TuneError as exc:
+            errors[prompt_set] = str(exc)
+    goal_text = (
+        f"lowest {latency} latency at concurrency {concurrency}"
+        if goal == "latency"
+        else f"highest throughput with {latency} latency <= {max_latency_ms:g} ms"
+    )
+    return TuneReport(
+        latency_metric=latency,
+        frontiers={s: pareto_front(g) for s, g in by_set.items()},
+        recommendations=recommendations,
+        goal=goal_text,
+        schedules=draft_len_schedule(cands),
+        analytic=analytic_comparison(points),
+        per_position=per_position_from_sweep(points),
+        errors=errors,
+    )
+
+
+def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Path:
+    """PNG: throughput vs latency, one panel per prompt set; every point coloured by deployment,
+    marked by draft length, the frontier as a line with its points labelled."""
+    plt = _pyplot()
+    cands = candidates(points, report.latency_metric)
+    sets = sorted({c.prompt_set for c in cands})
+    deployments = sorted({c.deployment for c in cands})
+    colors = {d: f"C{i}" for i, d in enumerate(deployments)}
+    markers = dict(zip(sorted({c.draft_len for c in cands}), "os^Dv<>ph*"))
+    fig, axes = plt.subplots(1, len(sets), figsize=(6.5 * len(sets), 5), squeeze=False)
+    for ax, prompt_set in zip(axes[0], sets):
+        group = [c for c in cands if c.prompt_set == prompt_set]
+        for c in group:
+            ax.scatter(c.latency_ms, c.throughput, color=colors[c.deployment], marker=markers[c.draft_len], s=40, alpha=0.8)
+        front = report.frontiers.get(prompt_set, [])
+        ax.plot([c.latency_ms for c in front], [c.throughput for c in front], "k--", lw=1, label="Pareto frontier")
+        for c in front:
+            ax.annotate(f"{c.deployment}\nk={c.draft_len} C={c.concurrency}", (c.latency_ms, c.throughput),
+                        textcoords="offset points", xytext=(5, 5), fontsize=7)
+        ax.set_title(f"{prompt_set}")
+        ax.set_xlabel(f"latency {report.latency_metric} (ms)")
+        ax.set_ylabel("total output tokens/s")
+        ax.grid(alpha=0.3)
+        for d in deployments:
+            ax.scatter([], [], color=colors[d], label=d)
+        for k, m in markers.items():
+            ax.scatter([], [], color="grey", marker=m, label=f"k={k}" + (" (off)" if k == 0 else ""))
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Throughput vs latency (specbuild tune)")
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def plot_speedup(points: Sequence, report: TuneReport, path: str | Path) -> Path:
+    """PNG: measured speed-up (time per output token at k = 0 / at k) vs concurrency, one line per
+    deployment and draft length, with Leviathan et al.'s expectation for the same (a, c) dashed."""
+    plt = _pyplot()
+    sets = sorted({r.prompt_set for r in report.analytic}) or ["(no speculative points)"]
+    fig, axes = plt.subplots(1, len(sets), figsize=(6.5 * len(sets), 5), squeeze=False)
+    for ax, prompt_set in zip(axes[0], sets):
+        rows = [r for r in report.analytic if r.prompt_set == prompt_set]
+        lines = sorted({(r.deployment, r.draft_len) for r in rows})
+        for i, (deployment, k) in enumerate(lines):
+            line = sorted((r for r in rows if (r.deployment, r.draft_len) == (deployment, k)), key=lambda r: r.concurrency)
+            xs = [r.concurrency for r in line]
+            ax.plot(xs, [r.speedup for r in line], marker="o", color=f"C{i}", label=f"{deployment} k={k}")
+            ax.plot(xs, [r.expected_speedup for r in line], ls="--", color=f"C{i}", alpha=0.6)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{prompt_set}: measured (solid) vs Leviathan et al. (dashed)")
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel("speed-up vs k=0 (time per output token)")
+        ax.grid(alpha=0.3)
+        if lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise TuneError("plots need matplotlib: pip install 'specbuild[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, plt, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report_tables(report: TuneReport) -> list:
+    """Rich renderables: frontier, recommendation, schedule, analytic comparison."""
+    from rich.table import Table
+
+    out = []
+    for prompt_set, front in sorted(report.frontiers.items()):
+        t = Table(title=f"Pareto frontier: {prompt_set} (latency {report.latency_metric})")
+        for name in ("deployment", "k", "C", "latency ms", "tok/s total"):
+            t.add_column(name, justify="left" if name == "deployment" else "right")
+        for c in front:
+            t.add_row(c.deployment, str(c.draft_len), str(c.concurrency), f"{c.latency_ms:.0f}", f"{c.throughput:.1f}")
+        out.append(t)
+    t = Table(title=f"Recommendation: {report.goal}")
+    for name in ("prompts", "deployment", "method", "k", "C", "latency ms", "tok/s total"):
+        t.add_column(name)
+    for prompt_set, c in sorted(report.recommendations.items()):
+        t.add_row(prompt_set, c.deployment, c.method, str(c.draft_len), str(c.concurrency), f"{c.latency_ms:.0f}", f"{c.throughput:.1f}")
+    for prompt_set, error in sorted(report.errors.items()):
+        t.add_row(prompt_set, f"[red]{error}[/red]", "", "", "", "", "")
+    out.append(t)
+    t = Table(title="Draft-length schedule by concurrency (TensorRT-LLM draft_len_schedule / max_concurrency)")
+    for name in ("deployment", "prompts", "best k per C", "draft_len_schedule", "max_concurrency"):
+        t.add_column(name)
+    for s in report.schedules:
+        mc = "always on" if s.max_concurrency is None else ("always off" if s.max_concurrency == 0 else str(s.max_concurrency))
+        t.add_row(s.deployment, s.prompt_set, _fmt_map(s.best), _fmt_map(s.draft_len_schedule) or "-", mc)
+    out.append(t)
+    t = Table(title="Against Leviathan et al. 2023: E[tokens/step] = (1-a^(k+1))/(1-a), speed-up = E/(kc+1)")
+    for name in ("deployment", "prompts", "k", "C", "a", "c", "tok/step", "expected", "speed-up", "expected", "meas/exp"):
+        t.add_column(name, justify="left" if name in ("deployment", "prompts") else "right")
+    for r in report.analytic:
+        t.add_row(r.deployment, r.prompt_set, str(r.draft_len), str(r.concurrency), f"{r.a:.3f}", f"{r.c:.3f}",
+                  f"{r.tokens_per_step:.2f}", f"{r.expected_tokens_per_step:.2f}", f"{r.speedup:.2f}",
+                  f"{r.expected_speedup:.2f}", f"{r.closeness:.2f}")
+    out.append(t)
+    return out
+
+
+def _fmt_map(m: dict[int, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(m.items()))
+
+
+def run_tune(points: Sequence, out_dir: str | Path, *, console, **goal) -> TuneReport:
+    """``specbuild tune`` on bench points: print the tables, write tune.json, frontier.png, speedup.png.
+
+    ``goal``: the keyword arguments of :func:`tune`. Raises ``TuneError``.
+    """
+    out = Path(out_dir)
+    report = tune(points, **goal)
+    report.plots = [str(plot_frontier(points, report, out / "frontier.png")), str(plot_speedup(points, report, out / "speedup.png"))]
+    for table in report_tables(report):
+        console.print(table)
+    json_path = report.write(out / "tune.json")
+    console.print(f"wrote {json_path}, {', '.join(report.plots)}")
+    return report
