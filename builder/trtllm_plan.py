@@ -345,6 +345,7 @@ def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None
         RecipeError: see :func:`check_recipe`.
     """
     check_recipe(loaded, "tensorrt", version)
+    output_dir = Path(os.path.abspath(output_dir))  # the paths end up in configs read from other directories
     r = loaded.recipe
     spec = r.speculation
     p = parallelism(r)
@@ -422,6 +423,7 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
         RecipeError: see :func:`check_recipe`.
     """
     check_recipe(loaded, "pytorch", version)
+    output_dir = Path(os.path.abspath(output_dir))
     r = loaded.recipe
     spec = r.speculation
     p = parallelism(r)

@@ -223,6 +223,7 @@ def run_trtllm(
     """
     from specbuild.triton_repo.tensorrtllm import launch_command, repo_spec_for, write_llmapi_repository, write_trtllm_repository
 
+    repo_dir = Path(os.path.abspath(repo_dir))
     checked: list[bool] = []
 
     def before(step: Step | None) -> None:  # as soon as both checkpoints are on disk

@@ -122,6 +122,9 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
+    if loaded.recipe.build.backend != "reference":
+        _build_trtllm(loaded, paths, rebuild)
+        return
     try:
         check_runnable(loaded)
         build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=click.echo)
@@ -130,6 +133,59 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
     spec = spec_from_engine_dir(paths.engine_dir, instance_count=loaded.recipe.serve.instance_count)
     write_reference_repository(spec, paths.repo_dir)
     click.echo(f"repository: {paths.repo_dir}\nserve it with: specbuild serve {paths.repo_dir}")
+
+
+def _build_trtllm(loaded, paths, rebuild: bool) -> None:
+    """TensorRT-LLM engines (or LLM-API files) and the repository, then how to serve them."""
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.builder.trtllm_run import StageError
+    from specbuild.pipeline import run_trtllm_build, trtllm_next_steps
+
+    try:
+        result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=lambda name: click.echo(f"{name} ..."), log=click.echo)
+    except (RecipeError, StageError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in trtllm_next_steps(loaded, result):
+        click.echo(line)
+
+
+@main.command("train-draft")
+@click.argument("recipe")
+@click.option("--force", is_flag=True, help="Retrain even if the draft on disk was trained with the same data and settings.")
+@click.option("--no-eval", is_flag=True, help="Skip the held-out acceptance measurement for the model card.")
+def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
+    """Train RECIPE's draft from its target, as its `train:` section says.
+
+    Self-distillation: the target generates responses to the training prompts, then an EAGLE head,
+    Medusa heads or a small draft model (by `speculation.method`) learns from the target's features
+    and logits. The result goes where the speculation section points (eagle_model, medusa_model,
+    draft_checkpoint), with model_card.json and MODEL_CARD.md (data, steps, loss, held-out
+    acceptance). Skipped while the data and settings are unchanged; an interrupted run resumes from
+    its last checkpoint. `specbuild recipe` runs this stage itself before the build.
+
+    \b
+    Examples:
+      specbuild train-draft smollm2-eagle
+      specbuild train-draft recipes/smollm2-medusa.yaml --force
+    """
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.train.stage import train_draft
+
+    loaded = _load(recipe)
+    try:
+        outcome = train_draft(loaded, force=force, log=click.echo, evaluate=not no_eval)
+    except RecipeError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted; run the same command again to resume from the last checkpoint", err=True)
+        raise SystemExit(130) from None
+    held_out = outcome.card.get("held_out_acceptance")
+    if held_out:
+        click.echo(
+            f"held-out mean acceptance length {held_out['mean_acceptance_length']:.3f} "
+            f"(draft length {held_out['draft_len']}, {held_out['prompts']} prompts)"
+        )
+    click.echo(f"{'reused' if outcome.reused else 'trained'}: {outcome.artefact}")
 
 
 @main.command("serve")

@@ -99,6 +99,8 @@ def print_report(console: Console, report) -> None:
         if result.divergence is not None:
             console.print(f"[red]{result.prompt_id}[/red]: {describe_divergence(result.divergence)}", highlight=False)
     verdict = "[green]LOSSLESS[/green]" if report.all_match else "[red]MISMATCH[/red]"
+    if not report.all_match and getattr(report, "passed", False):
+        verdict = f"[yellow]NEAR-TIES ONLY[/yellow] ({report.num_near_ties} within --near-tie-margin {report.near_tie_margin:g})"
     fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
     console.print(
         f"{verdict}: {report.num_match}/{report.num_prompts} prompts token-identical; "

@@ -85,13 +85,14 @@ def check_inputs(loaded: LoadedRecipe) -> list:
     if loaded.recipe.build.backend == "reference":
         check_reference_speculation(loaded)
     target = locate_target(loaded)
-    draft = locate_draft(loaded)
+    untrained = draft_from_train_stage(loaded) and not _trained_artefact_exists(loaded)  # written by the train stage
+    draft = None if untrained else locate_draft(loaded)
     if draft is not None and target.kind != "packaged" and draft.kind != "packaged":
         check_draft_vocabulary(loaded, target.path, draft.path)
-    medusa = locate_medusa(loaded)
+    medusa = None if untrained else locate_medusa(loaded)
     if medusa is not None and target.kind != "packaged":
         check_medusa_sizes(loaded, target.path, medusa.path)
-    eagle = locate_eagle(loaded)
+    eagle = None if untrained else locate_eagle(loaded)
     if eagle is not None and target.kind != "packaged":
         check_eagle_sizes(loaded, target.path, eagle.path)
         check_eagle3_layers(loaded, target.path, eagle.path)
@@ -99,6 +100,17 @@ def check_inputs(loaded: LoadedRecipe) -> list:
         return load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
     except PromptSourceError as exc:
         raise loaded.error(("verify", "prompts"), str(exc)) from None
+
+
+def draft_from_train_stage(loaded: LoadedRecipe) -> bool:
+    """True when the recipe's ``train:`` section makes its draft (EAGLE/Medusa heads, draft model)."""
+    return loaded.recipe.train is not None
+
+
+def _trained_artefact_exists(loaded: LoadedRecipe) -> bool:
+    from specbuild.train.stage import artefact_path
+
+    return artefact_path(loaded).exists()
 
 
 def check_runnable(loaded: LoadedRecipe) -> list:
@@ -150,11 +162,20 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         from specbuild.builder.trtllm_plan import plan_for
         from specbuild.builder.trtllm_version import installed_version
 
-        return plan_for(loaded, paths.output_dir, version=installed_version()).lines()
+        from specbuild.triton_repo.tensorrtllm import repository_lines
+
+        plan = plan_for(loaded, paths.output_dir, version=installed_version())
+        return plan.lines() + repository_lines(loaded, plan, paths.repo_dir)
+    train = []
+    if r.train is not None:
+        from specbuild.train.stage import artefact_path
+
+        train = [f"train     {spec.method} draft from {r.train.prompts} ({r.train.steps} steps, cached) -> {artefact_path(loaded)}"]
     return [
         f"recipe    {loaded.path} ({r.name})",
         f"target    {r.target.checkpoint} ({r.target.dtype})",
         f"method    {spec.method}" + (f", max_draft_len={spec.max_draft_len}" if spec.max_draft_len else ""),
+        *train,
         f"build     {r.build.backend} engine -> {paths.engine_dir} "
         f"(max_batch_size={r.build.max_batch_size}, max_input_len={r.build.max_input_len}, max_seq_len={r.build.max_seq_len})",
         f"repo      ensemble/preprocessing/tensorrt_llm/postprocessing -> {paths.repo_dir}",
@@ -223,6 +244,11 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
     with _timed(summary, "validate", status):
         prompts = check_runnable(loaded)
         paths.report.unlink(missing_ok=True)  # a report always belongs to the run that wrote it
+    if draft_from_train_stage(loaded):
+        from specbuild.train.stage import train_draft
+
+        with _timed(summary, "train", status):  # cached: skipped while data and settings are unchanged
+            train_draft(loaded, log=log, show_progress=False)
     if loaded.recipe.build.backend != "reference":
         with _timed(summary, "build", status):
             result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=status, log=log)

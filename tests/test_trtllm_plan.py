@@ -281,6 +281,11 @@ def test_cli_plans_without_tensorrt_llm_and_refuses_to_run():
         pytest.skip("TensorRT-LLM is installed here")
     plan = subprocess.run([sys.executable, "-m", "specbuild.cli", "plan", "llama-eagle"], capture_output=True, text=True, timeout=60)
     assert plan.returncode == 0 and "trtllm-build" in plan.stdout and "--speculative_decoding_mode eagle" in plan.stdout
+    assert "triton_repo/tensorrt_llm/config.pbtxt (backend tensorrtllm)" in plan.stdout and "decoding_mode = eagle" in plan.stdout
+    assert "launch: $ python3 /app/scripts/launch_triton_server.py --world_size 1 " in plan.stdout
+    draft = subprocess.run([sys.executable, "-m", "specbuild.cli", "recipe", "llama-draft", "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert draft.returncode == 0 and "tensorrt_llm_bls/config.pbtxt" in draft.stdout and "tensorrt_llm_draft_model_name = tensorrt_llm_draft" in draft.stdout
+    assert "--multi-model" in draft.stdout.replace("\n", " ")
     run = subprocess.run([sys.executable, "-m", "specbuild.cli", "recipe", "llama-eagle"], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0
     assert "needs TensorRT-LLM, which is not installed" in run.stderr and "--dry-run" in run.stderr

@@ -208,14 +208,23 @@ def test_draft_target_models_refer_to_each_other(tmp_path):
     assert (bls["tensorrt_llm_model_name"], bls["tensorrt_llm_draft_model_name"]) == ("tensorrt_llm", "tensorrt_llm_draft")
     assert target["enable_kv_cache_reuse"] == draft["enable_kv_cache_reuse"] == "true"
     assert target["gpt_model_path"] == f"{tmp_path}/engines/target" and draft["gpt_model_path"] == f"{tmp_path}/engines/draft"
-    assert (target["participant_ids"], draft["participant_ids"]) == ("1,2,3,4", "5,6,7,8")
+    assert "participant_ids" not in target and "participant_ids" not in draft  # spawned ranks (orchestrator mode)
     assert {"num_draft_tokens", "use_draft_logits"} <= {t.name for t in configs["tensorrt_llm_bls"].input}
     launch = (repo / "launch.sh").read_text().splitlines()
     argv = launch[-1].split()
-    assert argv[argv.index("--world_size") + 1] == "4" and "--multi-model" in argv
+    # orchestrator mode: launch_triton_server.py asserts world size 1; the backend spawns 4 ranks per model
+    assert argv[argv.index("--world_size") + 1] == "1" and "--multi-model" in argv
     assert argv[argv.index("--tensorrt_llm_model_name") + 1] == "tensorrt_llm,tensorrt_llm_draft"
     assert {a for a in argv if a.startswith("--")} <= LAUNCH_FLAGS
     assert any(line.startswith("cp -r ") and "tensorrt_llm_bls/1" in line for line in launch)
+
+
+def test_tensor_parallel_single_model_launches_in_leader_mode_with_world_size_tp_pp(tmp_path):
+    text = (Path(__file__).parents[1] / "recipes" / "llama-lookahead.yaml").read_text()
+    loaded = parse_recipe(text.replace("  backend: tensorrt\n", "  backend: tensorrt\n  tp_size: 2\n  pp_size: 2\n"), Path("l.yaml"))
+    plan = plan_tensorrt(loaded, tmp_path)
+    argv = launch_command(repo_spec_for(loaded, plan, end_id=2, pad_id=0), tmp_path, http_port=8000, grpc_port=8001, metrics_port=8002)
+    assert argv[argv.index("--world_size") + 1] == "4" and "--multi-model" not in argv
 
 
 def test_single_gpu_launch_is_leader_mode_and_gpu_ids_render(tmp_path):

@@ -100,7 +100,7 @@ def test_runs_every_step_with_logs_then_resumes(gpu_box):
         assert (out / STAMP_DIR / f"{name}.json").is_file()
     assert (out / "engines/target/rank1.engine").is_file() and (out / "checkpoints/draft/config.json").is_file()
     launch = (result.launch_script).read_text()
-    assert "--world_size 2" in launch and "--multi-model" in launch
+    assert "--world_size 1" in launch and "--multi-model" in launch  # orchestrator mode: ranks spawned per model
     assert "[1/4] convert-target" in lines and any("done in" in line for line in lines)
     preprocessing = (out / "triton_repo/preprocessing/config.pbtxt").read_text()
     assert 'key: "end_id"' in preprocessing and 'string_value: "7"' in preprocessing  # eos from config.json
@@ -170,7 +170,7 @@ def test_cli_recipe_runs_the_stages_when_tensorrt_llm_is_installed(gpu_box):
     assert "launch.sh" in first.stdout and "specbuild verify" in first.stdout
     serve = subprocess.run([sys.executable, "-m", "specbuild.cli", "serve", str(out / "triton_repo")], capture_output=True,
                            text=True, env=env, timeout=60)
-    assert serve.returncode == 0 and "launch_triton_server.py --world_size 2" in serve.stdout and "--multi-model" in serve.stdout
+    assert serve.returncode == 0 and "launch_triton_server.py --world_size 1" in serve.stdout and "--multi-model" in serve.stdout
     second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert second.returncode == 0 and "up to date, skipped" in second.stdout
     failed = subprocess.run(cmd + ["--rebuild"], capture_output=True, text=True, env={**env, "STUB_FAIL": "checkpoints/draft"}, timeout=120)

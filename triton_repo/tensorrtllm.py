@@ -10,7 +10,8 @@
       tensorrt_llm_draft/ backend "tensorrtllm": the draft engine            (draft_target only)
       tensorrt_llm_bls/   python: draft -> target loop (upstream model.py)   (draft_target only)
       tensorrt_llm_baseline/ + ensemble_baseline/   the target without speculation (opt-in)
-      launch.sh           scripts/launch_triton_server.py with world_size = tp * pp
+      launch.sh           scripts/launch_triton_server.py: leader mode with world_size = tp * pp for
+                          one engine model, orchestrator mode (--multi-model) for several
 
 Every parameter comes from :class:`TrtllmRepoSpec`; nothing is a template placeholder.
 
@@ -25,6 +26,7 @@ the ``lookahead_*`` inputs, or the opt-in baseline engine (``ensemble_baseline``
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +56,8 @@ class EngineModel:
 
     ``gpu_device_ids``: per instance, the GPUs of its ranks, e.g. ``((0, 1),)``; ``None`` lets the
     backend use the visible devices. ``kv_cache_free_gpu_mem_fraction``: of the GPU memory free after
-    loading the engine (0-1). ``participant_ids``: MPI ranks in orchestrator mode, or ``None``.
+    loading the engine (0-1). ``participant_ids``: MPI ranks, only for orchestrator mode with
+    ``--disable-spawn-processes`` (not used here: the backend spawns the ranks), else ``None``.
     """
 
     name: str
@@ -328,14 +331,25 @@ def engine_model_names(spec: TrtllmRepoSpec) -> list[str]:
     return [m.name for m in (spec.target, spec.draft, spec.baseline) if m is not None]
 
 
+def orchestrator_mode(spec: TrtllmRepoSpec) -> bool:
+    """More than one ``tensorrtllm`` model (draft-target, baseline engine): orchestrator mode."""
+    return spec.draft is not None or spec.baseline is not None
+
+
 def launch_command(spec: TrtllmRepoSpec, repo_dir: Path, *, http_port: int, grpc_port: int, metrics_port: int,
                    launch_script: Path = DEFAULT_LAUNCH_SCRIPT) -> list[str]:
-    """scripts/launch_triton_server.py for this repository: ``--world_size`` = tp * pp;
-    orchestrator mode (``--multi-model``) for draft-target, a baseline engine, or world size > 1."""
-    argv = ["python3", str(launch_script), "--world_size", str(spec.world_size), "--model_repo", str(repo_dir),
+    """scripts/launch_triton_server.py for this repository (tensorrtllm_backend c2e65b8).
+
+    One engine model: leader mode, ``--world_size`` = tp * pp (mpirun starts one tritonserver per
+    rank). Several (draft-target, baseline engine): orchestrator mode, ``--multi-model`` with
+    ``--world_size 1``; the script asserts world size 1 there, because the backend spawns each
+    model's tp * pp ranks itself (on its ``gpu_device_ids``).
+    """
+    multi = orchestrator_mode(spec)
+    argv = ["python3", str(launch_script), "--world_size", "1" if multi else str(spec.world_size), "--model_repo", str(repo_dir),
             "--tensorrt_llm_model_name", ",".join(engine_model_names(spec)),
             "--http_port", str(http_port), "--grpc_port", str(grpc_port), "--metrics_port", str(metrics_port)]
-    if spec.draft is not None or spec.baseline is not None or spec.world_size > 1:
+    if multi:
         argv.append("--multi-model")
     return argv
 
@@ -347,6 +361,33 @@ def launch_script_text(spec: TrtllmRepoSpec, argv: list[str], repo_dir: Path, bl
         lines.append(f"cp -r {shlex.quote(str(bls_source))}/. {shlex.quote(str(repo_dir / 'tensorrt_llm_bls' / '1'))}/")
     lines.append(shlex.join(argv))
     return "\n".join(lines) + "\n"
+
+
+def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> list[str]:
+    """What the plan's Triton repository will hold and the command that serves it (dry run).
+
+    Engine path: every model with its backend and, for ``tensorrtllm`` models, every parameter
+    (end/pad ids are read from the target checkpoint at run time, so they are not shown).
+    """
+    s = loaded.recipe.serve
+    repo_dir = Path(os.path.abspath(repo_dir))
+    if plan.backend == "pytorch":
+        argv = llmapi_launch_command(repo_dir)
+        return [f"repository {repo_dir} (Triton llmapi model, TensorRT-LLM >= 1.0)",
+                f"  file {repo_dir / 'tensorrt_llm/1/model.yaml'} (= model.yaml above; config.pbtxt and model.py copied by launch.sh)",
+                f"  file {repo_dir / 'launch.sh'}", f"launch: $ {shlex.join(argv)}"]
+    spec = repo_spec_for(loaded, plan, end_id=0, pad_id=0)
+    argv = launch_command(spec, repo_dir, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
+    out = [f"repository {repo_dir} (TensorRT-LLM inflight_batcher_llm; end/pad ids from {plan.tokenizer_dir} at run time)"]
+    for model in trtllm_models(spec):
+        what = model.platform or f"backend {model.backend}"
+        if model.steps:
+            what += ": " + " -> ".join(step.model_name for step in model.steps)
+        out.append(f"  file {repo_dir / model.name / 'config.pbtxt'} ({what})")
+        if model.backend == "tensorrtllm" or model.name == "tensorrt_llm_bls":
+            out += [f"      {key} = {value}" for key, value in model.parameters.items()]
+    out += [f"  file {repo_dir / 'launch.sh'}", f"launch: $ {shlex.join(argv)}"]
+    return out
 
 
 def launch_lines(repo_dir: Path) -> list[str] | None:
@@ -381,36 +422,32 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     ``serve.gpu_device_ids`` and ``serve.kv_cache_free_gpu_mem_fraction`` are read with defaults
     until the schema has them. Models sharing GPUs (draft, baseline) get a fifth of the target's
     KV-cache fraction; draft-target turns KV-cache reuse on for both engines (required).
-    Orchestrator mode: participant ranks 1..world for the target, then the next ones per model.
+    Several engine models run in orchestrator mode, where the backend spawns each model's ranks on
+    its ``gpu_device_ids`` (default: the first tp * pp visible GPUs), so no ``participant_ids``.
     """
     r = loaded.recipe
     spec = r.speculation
     fraction = getattr(r.serve, "kv_cache_free_gpu_mem_fraction", 0.9)
     gpus = getattr(r.serve, "gpu_device_ids", None)
     gpu_ids = tuple(tuple(g) for g in gpus) if gpus else None
-    two_models = plan.engines.draft is not None or plan.engines.baseline is not None
     world = plan.parallel.world_size
     target = EngineModel(
         name="tensorrt_llm", engine_dir=plan.engines.target, decoding_mode=DECODING_MODES[spec.method],
         kv_cache_free_gpu_mem_fraction=fraction, enable_kv_cache_reuse=spec.method == "draft_target",
-        gpu_device_ids=gpu_ids, participant_ids=tuple(range(1, world + 1)) if two_models else None,
+        gpu_device_ids=gpu_ids,
         medusa_choices=getattr(spec, "medusa_choices", None), eagle_choices=getattr(spec, "eagle_choices", None),
         lookahead=(spec.max_window_size, spec.max_ngram_size, spec.max_verification_set_size) if spec.method == "lookahead" else None,
     )
     extra = {}
-    next_rank = world + 1
     if plan.engines.draft is not None:
         extra["draft"] = EngineModel(
             name="tensorrt_llm_draft", engine_dir=plan.engines.draft, decoding_mode="top_k_top_p",
             kv_cache_free_gpu_mem_fraction=round(fraction / 5, 4), enable_kv_cache_reuse=True, gpu_device_ids=gpu_ids,
-            participant_ids=tuple(range(next_rank, next_rank + world)),
         )
-        next_rank += world
     if plan.engines.baseline is not None:
         extra["baseline"] = EngineModel(
             name="tensorrt_llm_baseline", engine_dir=plan.engines.baseline, decoding_mode="top_k_top_p",
             kv_cache_free_gpu_mem_fraction=round(fraction / 5, 4), gpu_device_ids=gpu_ids,
-            participant_ids=tuple(range(next_rank, next_rank + world)),
         )
     return TrtllmRepoSpec(
         method=spec.method, target=target, tokenizer_dir=plan.tokenizer_dir, end_id=end_id, pad_id=pad_id,
