@@ -5,9 +5,14 @@ Each prompt runs twice on the same deployment, with the same max_tokens and end_
 (``num_draft_tokens=None`` = the engine's max_draft_len, or a given value). The runs are
 interleaved, alternating which goes first, after one untimed warm-up request, so machine noise
 and connection set-up hit both alike.
-Token ids are compared exactly; there is no tolerance. The first mismatch is reported with the
-next few tokens of both sides, as ids and, given a tokenizer, as text. (The server returns no
-logits, so the logit margin at the divergence is not available from this client.)
+Token ids are compared exactly; there is no tolerance unless asked for. The first mismatch is
+reported with the next few tokens of both sides, as ids and, given a tokenizer, as text, and with
+the target's logit margin there: the baseline is re-run with ``return_logit_margin`` (specbuild
+reference deployments; other deployments say "not available" in the report) to get the target's
+largest minus second-largest logit and its second choice at the divergence. A divergence where
+speculation picked the target's second choice by a margin of a few ulps of the logits is a
+numerical near-tie (fp16/bf16 kernels that batch differently); any other divergence is a bug.
+``near_tie_margin`` (explicit, reported) lets such near-ties pass; it never hides anything else.
 
 Example::
 
@@ -23,14 +28,14 @@ import json
 import os
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from rich.table import Table
 
 from .prompts import Prompt
-from .sdk import GenerateResult, SpecClient
+from .sdk import GenerateResult, RequestError, SpecClient
 
 CONTINUATION_TOKENS = 20  # tokens shown after the divergence, on each side
 CONTEXT_TOKENS = 10  # agreed tokens shown before it
@@ -61,23 +66,39 @@ class Divergence:
     context_text: str | None = None
     baseline_continuation_text: str | None = None
     speculative_continuation_text: str | None = None
+    logit_margin: float | None = None  # target's top-1 minus top-2 logit at position (logit units)
+    runner_up_token: int | None = None  # target's second choice at position
+    margin_note: str | None = None  # why logit_margin is None, when it is
+
+    @property
+    def speculative_took_runner_up(self) -> bool:
+        """The speculative side emitted the target's second choice (what a near-tie looks like)."""
+        return self.runner_up_token is not None and self.speculative_token == self.runner_up_token
+
+    def is_near_tie(self, near_tie_margin: float) -> bool:
+        """Speculation took the runner-up and the top-two logits differ by at most ``near_tie_margin``."""
+        return self.speculative_took_runner_up and self.logit_margin is not None and self.logit_margin <= near_tie_margin
 
     def to_json(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {**vars(self), "speculative_took_runner_up": self.speculative_took_runner_up}
 
 
 @dataclass(frozen=True)
 class PromptVerification:
+    """One prompt's two runs; ``near_tie``: the divergence is within the report's ``near_tie_margin``."""
+
     prompt_id: str
     match: bool
     baseline: GenerateResult
     speculative: GenerateResult
     divergence: Divergence | None
+    near_tie: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.prompt_id,
             "match": self.match,
+            "near_tie": self.near_tie,
             "first_divergence": self.divergence.position if self.divergence else None,
             "divergence": self.divergence.to_json() if self.divergence else None,
             "baseline": result_to_json(self.baseline),
@@ -97,6 +118,16 @@ class VerifyReport:
     max_tokens: int | None = None
     num_draft_tokens: int | None = None  # None = the engine's max_draft_len
     end_id: int | None = None
+    near_tie_margin: float | None = None  # None: no tolerance, every divergence fails
+
+    @property
+    def num_near_ties(self) -> int:
+        return sum(r.near_tie for r in self.results)
+
+    @property
+    def passed(self) -> bool:
+        """All prompts matched, or every mismatch is a near-tie within ``near_tie_margin`` (when given)."""
+        return bool(self.results) and all(r.match or r.near_tie for r in self.results)
 
     @property
     def num_prompts(self) -> int:
@@ -161,7 +192,8 @@ class VerifyReport:
 
     def summary(self) -> dict[str, Any]:
         names = (
-            "num_prompts", "num_match", "all_match", "mean_acceptance_length", "mean_acceptance_rate",
+            "num_prompts", "num_match", "all_match", "num_near_ties", "passed",
+            "mean_acceptance_length", "mean_acceptance_rate",
             "total_draft_tokens", "total_accepted_draft_tokens",
             "baseline_tokens_per_s", "speculative_tokens_per_s", "speedup", "median_speedup",
         )  # fmt: skip
@@ -173,6 +205,7 @@ class VerifyReport:
                 "max_tokens": self.max_tokens,
                 "num_draft_tokens": self.num_draft_tokens,
                 "end_id": self.end_id,
+                "near_tie_margin": self.near_tie_margin,
             },
             "summary": self.summary(),
             "prompts": [r.to_json() for r in self.results],
@@ -195,24 +228,76 @@ def verify(
     end_id: int | None = None,
     tokenizer: str | os.PathLike[str] | TokenDecoder | None = None,
     progress: Callable[[int, int], None] | None = None,
+    margins: bool = True,
+    near_tie_margin: float | None = None,
 ) -> VerifyReport:
     """Run every prompt as baseline then speculative, interleaved, and compare token ids.
 
     ``tokenizer``: a tokenizer folder (loaded with transformers) or an object with ``decode``,
     used only to show divergences as text. ``progress(done, total)`` is called after each prompt.
-    Raises what ``SpecClient.generate`` raises (``RequestError``, ``ServerUnavailableError``).
+    ``margins``: on a divergence, fetch the target's logit margin there (one more baseline run).
+    ``near_tie_margin`` (logit units, >= 0): a divergence where speculation took the target's
+    runner-up by at most this margin counts as a near-tie and passes (``report.passed``); None =
+    exact equality only.
+    Raises what ``SpecClient.generate`` raises (``RequestError``, ``ServerUnavailableError``), and
+    ``ValueError`` for a negative ``near_tie_margin``.
     """
+    if near_tie_margin is not None and not near_tie_margin >= 0:
+        raise ValueError(f"near_tie_margin must be >= 0 logit units or None, got {near_tie_margin}")
     decoder = as_decoder(tokenizer)
+    margin_source = MarginSource(client) if margins else None
     if prompts:
         # Untimed warm-up: connection set-up would otherwise land on the first baseline run.
         client.generate(prompts[0].text, max_tokens=1, num_draft_tokens=0, end_id=end_id)
     results = []
     for done, prompt in enumerate(prompts, start=1):
         settings = {"max_tokens": max_tokens, "num_draft_tokens": num_draft_tokens, "end_id": end_id}
-        results.append(verify_prompt(client, prompt, **settings, decoder=decoder, baseline_first=done % 2 == 1))
+        result = verify_prompt(client, prompt, **settings, decoder=decoder, baseline_first=done % 2 == 1)
+        if result.divergence is not None and margin_source is not None:
+            divergence = margin_source.annotate(result.divergence, prompt.text, result.baseline, max_tokens=max_tokens, end_id=end_id)
+            near_tie = near_tie_margin is not None and divergence.is_near_tie(near_tie_margin)
+            result = replace(result, divergence=divergence, near_tie=near_tie)
+        results.append(result)
         if progress is not None:
             progress(done, len(prompts))
-    return VerifyReport(results=results, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, end_id=end_id)
+    return VerifyReport(
+        results=results, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, end_id=end_id,
+        near_tie_margin=near_tie_margin,
+    )
+
+
+class MarginSource:
+    """Fetches the target's logit margin at a divergence by re-running the baseline with
+    ``return_logit_margin``; remembers when the deployment cannot (then says why, once per report)."""
+
+    def __init__(self, client: SpecClient) -> None:
+        self.client = client
+        self.unavailable: str | None = None
+
+    def annotate(
+        self, divergence: Divergence, prompt: str, baseline: GenerateResult, *, max_tokens: int, end_id: int | None
+    ) -> Divergence:
+        """``divergence`` with ``logit_margin`` / ``runner_up_token`` at its position, or a ``margin_note``."""
+        if self.unavailable is not None:
+            return replace(divergence, margin_note=self.unavailable)
+        if divergence.baseline_token is None:
+            return replace(divergence, margin_note="the baseline ended before this position: no target logits there")
+        try:
+            scored = self.client.generate(
+                prompt, max_tokens=max_tokens, num_draft_tokens=0, end_id=end_id, return_logit_margin=True
+            )
+        except RequestError as e:
+            self.unavailable = f"not available: the deployment does not return logit margins ({e.server_message or e})"
+            return replace(divergence, margin_note=self.unavailable)
+        if scored.logit_margin is None or scored.runner_up_ids is None:
+            self.unavailable = "not available: the deployment sent no logit_margin output"
+            return replace(divergence, margin_note=self.unavailable)
+        if scored.output_ids != baseline.output_ids:
+            return replace(divergence, margin_note="the baseline re-run for margins gave other tokens (non-deterministic baseline)")
+        position = divergence.position
+        return replace(
+            divergence, logit_margin=scored.logit_margin[position], runner_up_token=scored.runner_up_ids[position]
+        )
 
 
 def verify_prompt(
@@ -323,6 +408,9 @@ def describe_divergence(divergence: Divergence | None, *, short: bool = False) -
     if divergence is None:
         return "-"
     head = f"@{divergence.position}: {divergence.baseline_token} vs {divergence.speculative_token}"
+    if divergence.logit_margin is not None:
+        choice = "runner-up" if divergence.speculative_took_runner_up else f"not the runner-up {divergence.runner_up_token}"
+        head += f", margin {divergence.logit_margin:.3g} ({choice})"
     if short:
         return head
     lines = [head, f"  context      {divergence.context}"]
@@ -332,6 +420,13 @@ def describe_divergence(divergence: Divergence | None, *, short: bool = False) -
         lines += [f"  context      {divergence.context_text!r}"]
         lines += [f"  baseline     {divergence.baseline_continuation_text!r}"]
         lines += [f"  speculative  {divergence.speculative_continuation_text!r}"]
+    if divergence.logit_margin is not None:
+        lines += [
+            f"  target logits at @{divergence.position}: top-1 {divergence.baseline_token} beats the runner-up "
+            f"{divergence.runner_up_token} by {divergence.logit_margin:.6g}"
+        ]
+    elif divergence.margin_note:
+        lines += [f"  logit margin: {divergence.margin_note}"]
     return "\n".join(lines)
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import socket
 import time
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
 
 from specbuild.client.prompts import Prompt
-from specbuild.client.sdk import GenerateResult, ServerUnavailableError, SpecClient
+from specbuild.client.sdk import GenerateResult, RequestError, ServerUnavailableError, SpecClient
 from specbuild.client.verify import (
     PromptVerification,
     VerifyReport,
+    describe_divergence,
     find_divergence,
     first_divergence,
     verify,
@@ -157,7 +159,7 @@ def test_report_json_round_trips(tmp_path):
     path = report.write(tmp_path / "out" / "verify.json")
     data = json.loads(path.read_text())
     assert data == json.loads(json.dumps(report.to_json()))
-    assert data["settings"] == {"max_tokens": 20, "num_draft_tokens": None, "end_id": -1}
+    assert data["settings"] == {"max_tokens": 20, "num_draft_tokens": None, "end_id": -1, "near_tie_margin": None}
     assert data["summary"]["num_match"] == 1 and data["summary"]["speedup"] == pytest.approx(2.0)
     first, second = data["prompts"]
     assert first["id"] == "a" and first["match"] and first["divergence"] is None
@@ -184,11 +186,18 @@ def test_printed_report_lists_prompts_divergence_and_summary():
 class ScriptedClient:
     """Answers baseline (num_draft_tokens=0) and speculative requests from fixed id lists."""
 
-    def __init__(self, baseline_ids, speculative_ids):
+    def __init__(self, baseline_ids, speculative_ids, margins=None):
         self.baseline_ids, self.speculative_ids = baseline_ids, speculative_ids
+        self.margins = margins  # prompt -> (logit_margin, runner_up_ids); None: a deployment without them
         self.calls = []
 
-    def generate(self, prompt, *, max_tokens, num_draft_tokens=None, end_id=None):
+    def generate(self, prompt, *, max_tokens, num_draft_tokens=None, end_id=None, return_logit_margin=False):
+        if return_logit_margin:
+            self.calls.append((prompt, "margin"))
+            if self.margins is None:
+                raise RequestError("rejected", status="400", server_message="unexpected inference input 'return_logit_margin'")
+            margin, runner_up = self.margins[prompt]
+            return replace(result(self.baseline_ids[prompt]), logit_margin=margin, runner_up_ids=runner_up)
         self.calls.append((prompt, num_draft_tokens, max_tokens, end_id))
         if num_draft_tokens == 0:
             return result(self.baseline_ids[prompt], accepted=0, drafted=0)
@@ -208,13 +217,39 @@ def test_verify_alternates_runs_and_reports_divergence():
         progress=lambda done, total: progress.append((done, total)),
     )
     # One untimed warm-up, then each prompt's pair, alternating which side runs first.
-    assert client.calls == [("p", 0, 1, -1), ("p", 0, 3, -1), ("p", 4, 3, -1), ("q", 4, 3, -1), ("q", 0, 3, -1)]
+    # One untimed warm-up, then each prompt's pair, alternating which side runs first; the mismatch
+    # asks for the margin, which this deployment cannot give.
+    assert client.calls == [("p", 0, 1, -1), ("p", 0, 3, -1), ("p", 4, 3, -1), ("q", 4, 3, -1), ("q", 0, 3, -1), ("q", "margin")]
     assert progress == [(1, 2), (2, 2)]
     assert [r.match for r in report.results] == [True, False]
     divergence = report.results[1].divergence
     assert (divergence.position, divergence.baseline_token, divergence.speculative_token) == (1, 5, 9)
     assert divergence.speculative_continuation_text == "t9 t6"
+    assert divergence.logit_margin is None and "not available" in divergence.margin_note
+    assert "return_logit_margin" in divergence.margin_note  # the server's own words
     assert report.num_draft_tokens == 4 and report.max_tokens == 3
+    assert not report.passed
+
+
+def test_margin_tells_a_near_tie_from_a_real_divergence():
+    baseline = {"tie": [4, 5, 6], "bug": [4, 5, 6]}
+    speculative = {"tie": [4, 9, 6], "bug": [4, 7, 6]}  # 9 is the target's runner-up at @1, 7 is not
+    margins = {"tie": ([3.0, 0.002, 2.0], [1, 9, 2]), "bug": ([3.0, 0.002, 2.0], [1, 9, 2])}
+    prompts = [Prompt("tie", "tie"), Prompt("bug", "bug")]
+    strict = verify(ScriptedClient(baseline, speculative, margins), prompts, max_tokens=3, end_id=-1)
+    assert [r.divergence.logit_margin for r in strict.results] == [0.002, 0.002]
+    assert [r.divergence.speculative_took_runner_up for r in strict.results] == [True, False]
+    assert not strict.passed and strict.num_near_ties == 0  # no tolerance unless asked for
+    tolerant = verify(ScriptedClient(baseline, speculative, margins), prompts, max_tokens=3, end_id=-1, near_tie_margin=0.01)
+    assert [r.near_tie for r in tolerant.results] == [True, False]
+    assert not tolerant.passed  # the non-runner-up divergence still fails
+    assert "margin 0.002 (runner-up)" in describe_divergence(tolerant.results[0].divergence, short=True)
+    assert "not the runner-up 9" in describe_divergence(tolerant.results[1].divergence, short=True)
+    only_tie = verify(ScriptedClient(baseline, speculative, margins), prompts[:1], max_tokens=3, end_id=-1, near_tie_margin=0.01)
+    assert only_tie.passed and not only_tie.all_match
+    assert only_tie.to_json()["settings"]["near_tie_margin"] == 0.01
+    with pytest.raises(ValueError, match="near_tie_margin"):
+        verify(ScriptedClient(baseline, speculative, margins), prompts, max_tokens=3, near_tie_margin=-1)
 
 
 # SDK error paths that need no model
