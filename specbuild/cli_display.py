@@ -17,7 +17,7 @@ def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths) -> None:
     """The dry-run plan: one line per stage, no work done."""
     console.print("[bold]plan[/bold] (dry run: nothing is built or started)")
     for line in plan_lines(loaded, paths):
-        console.print(f"  {line}", highlight=False)
+        console.print(f"  {line}", highlight=False, soft_wrap=True)  # commands stay one line: copy-pasteable
 
 
 @contextmanager
