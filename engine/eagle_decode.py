@@ -28,10 +28,11 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .acceptance import TreeAcceptance, accept_tree_greedy, clip_emitted
+from .acceptance import TreeAcceptance, accept_tree_greedy
 from .kv_cache_tree import compact
 from .methods.eagle import EagleHead, EagleProposer, EagleTreeConfig, TreeDraft
 from .target import cache_keyword, new_cache
+from .stream import DecodeState, Steps, check_prompt_and_length, collect
 from .tree_verify import tree_forward
 from .types import GenerationResult
 
@@ -98,10 +99,31 @@ def eagle_step(
     return EagleStep(draft, acceptance, forward.hidden[keep])  # features [1 + num_accepted, H]
 
 
+def feature_tree_steps(
+    model: PreTrainedModel, proposer: FeatureTreeProposer, input_ids: Sequence[int], *, max_tokens: int, end_id: int = -1
+) -> Steps:
+    """Greedy EAGLE decoding for one prompt, step by step (any :class:`FeatureTreeProposer`): the
+    prefill's token, then one :class:`~specbuild.engine.stream.StepOutput` per verification (counters:
+    draft tokens = tree nodes verified). The caller runs it under ``torch.inference_mode()``."""
+    cache = new_cache(model)
+    state = DecodeState(list(input_ids), max_tokens, end_id)
+    head_state = proposer.new_state()
+    first, features = prefill_features(model, input_ids, cache)  # features [T, H]
+    yield state.first(first)
+    if not state.done:
+        proposer.update(head_state, [*input_ids[1:], first], features)
+    while not state.done:
+        step = eagle_step(model, proposer, head_state, state.context[-1], cache, max_depth=state.remaining - 1)
+        emitted = step.acceptance.emitted_tokens
+        yield state.step(emitted, drafted=step.draft.tree.num_nodes, accepted=step.acceptance.num_accepted)
+        if not state.done:
+            proposer.update(head_state, emitted, step.features)
+
+
 def generate_feature_tree_greedy(
     model: PreTrainedModel, proposer: FeatureTreeProposer, input_ids: Sequence[int], *, max_tokens: int, end_id: int = -1
 ) -> GenerationResult:
-    """Greedy generation for one prompt with any :class:`FeatureTreeProposer`.
+    """Greedy generation for one prompt with any :class:`FeatureTreeProposer`: :func:`feature_tree_steps`, collected.
 
     Returns:
         ``GenerationResult``: ``total_draft_tokens`` counts tree nodes verified, ``num_decoding_iterations``
@@ -110,33 +132,9 @@ def generate_feature_tree_greedy(
     Raises:
         ValueError: empty prompt or ``max_tokens < 1``.
     """
-    if not input_ids or max_tokens < 1:
-        raise ValueError(f"need a non-empty prompt and max_tokens >= 1, got {len(input_ids)} tokens, {max_tokens}")
+    check_prompt_and_length(input_ids, max_tokens)
     with torch.inference_mode():
-        cache = new_cache(model)
-        first, features = prefill_features(model, input_ids, cache)
-        output, stopped = clip_emitted([first], remaining=max_tokens, end_id=end_id)
-        state = proposer.new_state()
-        if not stopped and len(output) < max_tokens:
-            proposer.update(state, [*input_ids[1:], first], features)
-        drafted = accepted = iterations = 0
-        while not stopped and len(output) < max_tokens:
-            step = eagle_step(model, proposer, state, output[-1], cache, max_depth=max_tokens - len(output) - 1)
-            emitted = step.acceptance.emitted_tokens
-            kept, stopped = clip_emitted(emitted, remaining=max_tokens - len(output), end_id=end_id)
-            output += kept
-            drafted += step.draft.tree.num_nodes
-            accepted += min(step.acceptance.num_accepted, len(kept))
-            iterations += 1
-            if not stopped and len(output) < max_tokens:
-                proposer.update(state, emitted, step.features)
-    return GenerationResult(
-        output_ids=output,
-        finish_reason="stop" if stopped else "length",
-        total_draft_tokens=drafted,
-        total_accepted_draft_tokens=accepted,
-        num_decoding_iterations=iterations,
-    )
+        return collect(feature_tree_steps(model, proposer, input_ids, max_tokens=max_tokens, end_id=end_id))
 
 
 def eagle_generate_greedy(

@@ -23,15 +23,17 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .acceptance import Acceptance, accept_greedy, clip_emitted
+from .acceptance import Acceptance, accept_greedy
 from .kv_cache_tree import compact
 from .methods.lookahead import (
     LookaheadConfig,
+    LookaheadParams,
     LookaheadState,
     StepLayout,
     build_step_layout,
 )
 from .target import cache_keyword, new_cache, prefill
+from .stream import DecodeState, Steps, check_prompt_and_length, collect
 from .tree_verify import TREE_MASK_ATTENTION
 from .types import GenerationResult
 
@@ -110,6 +112,29 @@ def lookahead_step(
     return LookaheadStep(layout, best, [target[i] for i in top])
 
 
+def lookahead_steps(
+    model: PreTrainedModel,
+    input_ids: Sequence[int],
+    *,
+    max_tokens: int,
+    params: LookaheadParams,
+    end_id: int = -1,
+) -> Steps:
+    """Greedy lookahead decoding of one prompt with the resolved ``(w, n, g)`` (``LookaheadConfig.resolve``),
+    step by step: the prefill's token, then one :class:`~specbuild.engine.stream.StepOutput` per target
+    pass (counters: draft tokens = verification-branch tokens). The caller runs it under
+    ``torch.inference_mode()``."""
+    cache = new_cache(model)
+    state = DecodeState(list(input_ids), max_tokens, end_id)
+    yield state.first(prefill(model, input_ids, cache))
+    pool = LookaheadState.start(input_ids, params)
+    while not state.done:
+        step = lookahead_step(model, pool, state.context[-1], cache, max_accept=state.remaining - 1)
+        out = state.step(step.acceptance.emitted_tokens, drafted=step.layout.num_draft_tokens, accepted=step.acceptance.num_accepted)
+        pool.advance(step.new_level, state.context[-(len(out.token_ids) + params.ngram - 1) :], state.context[-1])
+        yield out
+
+
 def lookahead_generate_greedy(
     model: PreTrainedModel,
     input_ids: Sequence[int],
@@ -119,7 +144,8 @@ def lookahead_generate_greedy(
     end_id: int = -1,
     window: tuple[int, int, int] | None = None,
 ) -> GenerationResult:
-    """Greedy lookahead decoding of one prompt; token-identical to plain greedy decoding.
+    """Greedy lookahead decoding of one prompt (:func:`lookahead_steps`, collected); token-identical to
+    plain greedy decoding.
 
     Example: ``lookahead_generate_greedy(model, prompt, max_tokens=64, config=LookaheadConfig(4, 3, 4))``
     -> the target's greedy 64 tokens in fewer target passes when pool n-grams get accepted.
@@ -140,28 +166,7 @@ def lookahead_generate_greedy(
         ValueError: empty prompt, ``max_tokens < 1``, ``window`` outside ``(W, N, G)``, or a target whose
             attention implementation ignores custom masks.
     """
-    if not input_ids or max_tokens < 1:
-        raise ValueError(f"need a non-empty prompt and max_tokens >= 1, got {len(input_ids)} tokens, {max_tokens}")
+    check_prompt_and_length(input_ids, max_tokens)
     params = config.resolve(window)
     with torch.inference_mode():
-        cache = new_cache(model)
-        output, stopped = clip_emitted([prefill(model, input_ids, cache)], remaining=max_tokens, end_id=end_id)
-        state = LookaheadState.start(input_ids, params)
-        drafted = accepted = iterations = 0
-        while not stopped and len(output) < max_tokens:
-            remaining = max_tokens - len(output)
-            step = lookahead_step(model, state, output[-1], cache, max_accept=remaining - 1)
-            kept, stopped = clip_emitted(step.acceptance.emitted_tokens, remaining=remaining, end_id=end_id)
-            output += kept
-            drafted += step.layout.num_draft_tokens
-            accepted += min(step.acceptance.num_accepted, len(kept))
-            iterations += 1
-            tail = [*input_ids, *output][-(len(kept) + params.ngram - 1) :]
-            state.advance(step.new_level, tail, output[-1])
-    return GenerationResult(
-        output_ids=output,
-        finish_reason="stop" if stopped else "length",
-        total_draft_tokens=drafted,
-        total_accepted_draft_tokens=accepted,
-        num_decoding_iterations=iterations,
-    )
+        return collect(lookahead_steps(model, input_ids, max_tokens=max_tokens, params=params, end_id=end_id))

@@ -23,11 +23,12 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .acceptance import TreeAcceptance, accept_tree_greedy, clip_emitted
+from .acceptance import TreeAcceptance, accept_tree_greedy
 from .kv_cache_tree import compact
 from .methods.medusa import MedusaHeads, MedusaProposer
 from .target import cache_keyword, new_cache
 from .tree import SpecTree
+from .stream import DecodeState, Steps, check_prompt_and_length, collect
 from .tree_verify import tree_forward
 from .types import GenerationResult
 
@@ -97,6 +98,27 @@ def tree_step(
     return TreeStep(tree_tokens, acceptance, forward.hidden[acceptance.last_index])
 
 
+def tree_steps(
+    model: PreTrainedModel, proposer: TreeProposer, input_ids: Sequence[int], *, max_tokens: int, tree: SpecTree, end_id: int = -1
+) -> Steps:
+    """Greedy tree speculation for one prompt, step by step (any :class:`TreeProposer`): the prefill's
+    token, then one :class:`~specbuild.engine.stream.StepOutput` per verification (counters: draft
+    tokens = tree nodes verified). The caller runs it under ``torch.inference_mode()``.
+
+    Each step cuts ``tree`` to depth ``remaining - 1``: deeper nodes could never be emitted (the bonus
+    token takes the last slot), e.g. 3 tokens left -> at most 2 accepted + bonus.
+    """
+    cache = new_cache(model)
+    state = DecodeState(list(input_ids), max_tokens, end_id)
+    first, hidden = prefill_with_hidden(model, input_ids, cache)
+    yield state.first(first)
+    while not state.done:
+        step_tree = tree.truncated(state.remaining - 1)
+        step = tree_step(model, proposer, step_tree, state.context, hidden, cache)
+        hidden = step.next_hidden
+        yield state.step(step.acceptance.emitted_tokens, drafted=step_tree.num_nodes, accepted=step.acceptance.num_accepted)
+
+
 def generate_tree_greedy(
     model: PreTrainedModel,
     proposer: TreeProposer,
@@ -106,7 +128,7 @@ def generate_tree_greedy(
     tree: SpecTree,
     end_id: int = -1,
 ) -> GenerationResult:
-    """Greedy generation with tree speculation for one prompt (any :class:`TreeProposer`).
+    """Greedy generation with tree speculation for one prompt: :func:`tree_steps`, collected.
 
     Args:
         input_ids: prompt token ids (non-empty).
@@ -121,29 +143,9 @@ def generate_tree_greedy(
     Raises:
         ValueError: empty prompt or ``max_tokens < 1``.
     """
-    if not input_ids or max_tokens < 1:
-        raise ValueError(f"need a non-empty prompt and max_tokens >= 1, got {len(input_ids)} tokens, {max_tokens}")
+    check_prompt_and_length(input_ids, max_tokens)
     with torch.inference_mode():
-        cache = new_cache(model)
-        first, hidden = prefill_with_hidden(model, input_ids, cache)
-        output, stopped = clip_emitted([first], remaining=max_tokens, end_id=end_id)
-        drafted = accepted = iterations = 0
-        while not stopped and len(output) < max_tokens:
-            step_tree = tree.truncated(max_tokens - len(output) - 1)
-            step = tree_step(model, proposer, step_tree, [*input_ids, *output], hidden, cache)
-            kept, stopped = clip_emitted(step.acceptance.emitted_tokens, remaining=max_tokens - len(output), end_id=end_id)
-            output += kept
-            drafted += step_tree.num_nodes
-            accepted += min(step.acceptance.num_accepted, len(kept))
-            iterations += 1
-            hidden = step.next_hidden
-    return GenerationResult(
-        output_ids=output,
-        finish_reason="stop" if stopped else "length",
-        total_draft_tokens=drafted,
-        total_accepted_draft_tokens=accepted,
-        num_decoding_iterations=iterations,
-    )
+        return collect(tree_steps(model, proposer, input_ids, max_tokens=max_tokens, tree=tree, end_id=end_id))
 
 
 def medusa_generate_greedy(

@@ -52,22 +52,23 @@ sampled requests.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import target as target_model
-from .acceptance import Acceptance, accept_greedy, accept_speculative, clip_emitted
-from .eagle_decode import FeatureTreeProposer, eagle_step, prefill_features
+from .acceptance import Acceptance, accept_greedy, accept_speculative
+from .eagle_decode import feature_tree_steps
 from .kv_cache import rollback
-from .lookahead_decode import lookahead_generate_greedy
-from .medusa_decode import TreeProposer, prefill_with_hidden, tree_step
+from .lookahead_decode import lookahead_steps
+from .medusa_decode import tree_steps
 from .methods import SpeculativeMethod, get_method
 from .methods.base import Draft, MethodContext, Proposer, as_draft
+from .methods.eagle3 import feature_chain_steps
 from .sampling import Sampler
-from .tree import SpecTree
+from .stream import DecodeState, StepOutput, Steps, collect
 from .types import GenerationRequest, GenerationResult, InvalidRequestError
 from .validation import ResolvedRequest, validate_request
 
@@ -87,44 +88,6 @@ class EngineLimits:
                 raise ValueError(f"EngineLimits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_draft_len < 0:
             raise ValueError(f"EngineLimits.max_draft_len must be >= 0, got {self.max_draft_len}")
-
-
-@dataclass
-class _DecodeState:
-    """Per-request bookkeeping of the loop."""
-
-    context: list[int]
-    max_tokens: int
-    end_id: int
-    output: list[int] = field(default_factory=list)
-    total_draft_tokens: int = 0
-    total_accepted: int = 0
-    iterations: int = 0
-    finish_reason: str | None = None
-
-    @property
-    def remaining(self) -> int:
-        return self.max_tokens - len(self.output)
-
-    def emit(self, tokens: list[int]) -> int:
-        """Append ``tokens`` clipped at max_tokens / end_id; returns how many were kept."""
-        kept, stopped = clip_emitted(tokens, remaining=self.remaining, end_id=self.end_id)
-        self.output += kept
-        self.context += kept
-        if stopped:
-            self.finish_reason = "stop"
-        elif self.remaining == 0:
-            self.finish_reason = "length"
-        return len(kept)
-
-    def result(self) -> GenerationResult:
-        return GenerationResult(
-            output_ids=self.output,
-            finish_reason=self.finish_reason or "length",
-            total_draft_tokens=self.total_draft_tokens,
-            total_accepted_draft_tokens=self.total_accepted,
-            num_decoding_iterations=self.iterations,
-        )
 
 
 class ReferenceEngine:
@@ -263,7 +226,7 @@ class ReferenceEngine:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate for one request: greedy, or sampled when ``temperature > 0``; speculative when
-        ``num_draft_tokens > 0``.
+        ``num_draft_tokens > 0``. The same steps as :meth:`generate_stream`, collected.
 
         Greedy output equals plain greedy decoding of the target token for token (up to floating-point
         differences between a multi-token and a one-token forward pass); sampled output is distributed
@@ -275,6 +238,25 @@ class ReferenceEngine:
         ``0`` decodes plainly. EAGLE's static tree is cut the same way; its dynamic tree keeps the
         ``k`` best nodes. On Lookahead ``num_draft_tokens > 0`` switches lookahead on; the request's
         ``lookahead_config`` ``(w, n, g)`` shapes it.
+
+        Raises:
+            InvalidRequestError: as :meth:`generate_stream`.
+        """
+        return collect(self.generate_stream(request))
+
+    def generate_stream(self, request: GenerationRequest) -> Steps:
+        """The request's decoding steps, one :class:`~specbuild.engine.stream.StepOutput` per target pass:
+        first the prefill's token, then per verification step the tokens it emitted (accepted drafts +
+        bonus, clipped at ``max_tokens`` / after the end token) with the running counters; the last
+        step has ``finish_reason`` set. Concatenating ``token_ids`` gives :meth:`generate`'s output.
+
+        The request is validated now (errors raise here, before any step); each step runs when the
+        iterator is advanced, under ``torch.inference_mode()``, so steps of several requests may be
+        interleaved (:class:`~specbuild.engine.scheduler.Scheduler`). Each request owns its KV cache
+        and proposer state; the engine's weights are shared read-only.
+
+        Example: ``[s.token_ids for s in engine.generate_stream(GenerationRequest(ids, 8))]`` ->
+        ``[[412], [9, 77, 5], [31], [8, 8, 2]]`` (1 + 3 + 1 + 3 = 8 tokens, 3 verification steps).
 
         Raises:
             InvalidRequestError: a field is out of range (see :func:`validate_request`), the method
@@ -296,20 +278,10 @@ class ReferenceEngine:
                 "TensorRT-LLM; send temperature 0 (or None) to this engine"
             )
         self._check_lookahead_config(resolved.lookahead_config)
-        if resolved.num_draft_tokens == 0:
-            with torch.inference_mode():
-                return self._decode(resolved)
-        assert self._method is not None
-        self._method.check_prompt(self._method_state, resolved.input_ids)
-        decode = {
-            "chain": self._decode,
-            "tree": self._decode_tree,
-            "feature_tree": self._decode_feature_tree,
-            "feature_chain": self._decode_feature_chain,
-            "lookahead": self._decode_lookahead,
-        }[self._method.verification]
-        with torch.inference_mode():
-            return decode(resolved)
+        if resolved.num_draft_tokens > 0:
+            assert self._method is not None
+            self._method.check_prompt(self._method_state, resolved.input_ids)
+        return _InferenceSteps(self._steps(resolved))
 
     def _check_lookahead_config(self, window: tuple[int, int, int] | None) -> None:
         """Refuse a ``lookahead_config`` outside the built ``(W, N, G)``, or on an engine without Lookahead."""
@@ -325,15 +297,36 @@ class ReferenceEngine:
         except ValueError as exc:
             raise InvalidRequestError(f"lookahead_config={window!r} is out of range: {exc}") from None
 
-    def _decode(self, request: ResolvedRequest) -> GenerationResult:
+    def _steps(self, request: ResolvedRequest) -> Steps:
+        """The step generator of the request's decoding path (``num_draft_tokens == 0``: plain chain)."""
+        if request.num_draft_tokens == 0:
+            return self._chain_steps(request)
+        assert self._method is not None
+        verification = self._method.verification
+        ids, k, end_id, max_tokens = request.input_ids, request.num_draft_tokens, request.end_id, request.max_tokens
+        if verification == "chain":
+            return self._chain_steps(request)
+        assert request.sampling is None
+        proposer = self._method.make_proposer(self._method_state)
+        if verification == "tree":  # Medusa: the proposer's tree cut to k nodes
+            return tree_steps(self._model, proposer, ids, max_tokens=max_tokens, tree=proposer.tree.first(k), end_id=end_id)
+        if verification == "feature_tree":  # EAGLE: trees of at most k nodes
+            return feature_tree_steps(self._model, proposer.capped(k), ids, max_tokens=max_tokens, end_id=end_id)
+        if verification == "feature_chain":  # EAGLE-3: chains of at most k drafts
+            return feature_chain_steps(self._model, proposer, ids, max_tokens=max_tokens, num_draft_tokens=k, end_id=end_id)
+        assert verification == "lookahead"  # the request's (w, n, g), None -> the built (W, N, G)
+        params = self._method_state.resolve(request.lookahead_config)
+        return lookahead_steps(self._model, ids, max_tokens=max_tokens, params=params, end_id=end_id)
+
+    def _chain_steps(self, request: ResolvedRequest) -> Steps:
+        """Plain decoding (``num_draft_tokens == 0``) or chain speculation, greedy or sampled."""
         cache = target_model.new_cache(self._model)
         sampler = None if request.sampling is None else Sampler(request.sampling, device=self._model.device)
-        state = _DecodeState(list(request.input_ids), request.max_tokens, request.end_id)
-        state.emit([self._prefill(request.input_ids, cache, sampler)])
+        state = DecodeState(list(request.input_ids), request.max_tokens, request.end_id)
+        yield state.first(self._prefill(request.input_ids, cache, sampler))
         proposer = self._new_proposer() if request.num_draft_tokens > 0 else None
-        while state.finish_reason is None:
-            self._step(state, cache, proposer, request.num_draft_tokens, sampler)
-        return state.result()
+        while not state.done:
+            yield self._step(state, cache, proposer, request.num_draft_tokens, sampler)
 
     def _prefill(self, prompt: list[int], cache: Any, sampler: Sampler | None) -> int:
         """The first token: the target's argmax after the prompt, or a sample from its distribution."""
@@ -344,24 +337,22 @@ class ReferenceEngine:
 
     def _step(
         self,
-        state: _DecodeState,
+        state: DecodeState,
         cache: Any,
         proposer: Proposer | None,
         num_draft_tokens: int,
         sampler: Sampler | None,
-    ) -> None:
+    ) -> StepOutput:
         """One decoding iteration: propose, verify in one target pass, accept, roll back, emit."""
         # More than remaining - 1 drafts could never be emitted (the bonus token takes the last slot).
         k = min(num_draft_tokens, state.remaining - 1)
         draft = _propose(proposer, state.context, k, sampler)
         acceptance = self._verify(state.context[-1], draft, cache, sampler)
         rollback(cache, len(state.context) + acceptance.num_accepted)
-        num_emitted = state.emit(acceptance.emitted_tokens)
-        state.iterations += 1
-        state.total_draft_tokens += len(draft.tokens)
-        state.total_accepted += min(acceptance.num_accepted, num_emitted)
+        out = state.step(acceptance.emitted_tokens, drafted=len(draft.tokens), accepted=acceptance.num_accepted)
         if proposer is not None:
             proposer.update(state.context, acceptance.num_accepted)
+        return out
 
     def _verify(self, last_token: int, draft: Draft, cache: Any, sampler: Sampler | None) -> Acceptance:
         """Score ``[last_token, *draft]`` in one target pass; token matching (greedy) or speculative sampling."""
@@ -374,83 +365,26 @@ class ReferenceEngine:
         assert self._method is not None
         return self._method.make_proposer(self._method_state)
 
-    def _decode_tree(self, request: ResolvedRequest) -> GenerationResult:
-        """Greedy tree speculation (Medusa, Cai et al. 2024) over the proposer's tree cut to
-        ``num_draft_tokens`` nodes; counters: draft tokens = tree nodes verified."""
-        assert self._method is not None and request.sampling is None
-        proposer: TreeProposer = self._method.make_proposer(self._method_state)
-        tree = proposer.tree.first(request.num_draft_tokens)
-        cache = target_model.new_cache(self._model)
-        state = _DecodeState(list(request.input_ids), request.max_tokens, request.end_id)
-        first, hidden = prefill_with_hidden(self._model, request.input_ids, cache)
-        state.emit([first])
-        while state.finish_reason is None:
-            hidden = self._tree_step(state, cache, proposer, tree, hidden)
-        return state.result()
 
-    def _tree_step(
-        self, state: _DecodeState, cache: Any, proposer: TreeProposer, tree: SpecTree, hidden: torch.Tensor
-    ) -> torch.Tensor:
-        """One tree iteration; ``hidden`` ``[hidden_size]`` produced ``state.context[-1]``; returns the next one.
+class _InferenceSteps:
+    """Advances a step generator under ``torch.inference_mode()``, one step at a time.
 
-        The tree is cut to depth ``remaining - 1``: deeper nodes could never be emitted (the bonus
-        token takes the last slot), e.g. 3 tokens left -> at most 2 accepted + bonus.
-        """
-        step_tree = tree.truncated(state.remaining - 1)
-        step = tree_step(self._model, proposer, step_tree, state.context, hidden, cache)
-        num_emitted = state.emit(step.acceptance.emitted_tokens)
-        state.iterations += 1
-        state.total_draft_tokens += step_tree.num_nodes
-        state.total_accepted += min(step.acceptance.num_accepted, num_emitted)
-        return step.next_hidden
+    A ``with`` inside the generator would stay entered between steps and interleave wrongly with other
+    requests' generators (grad mode is per thread, entered and restored like a stack)."""
 
-    def _decode_feature_tree(self, request: ResolvedRequest) -> GenerationResult:
-        """Greedy EAGLE speculation over the proposer capped at ``num_draft_tokens`` nodes per step;
-        counters: draft tokens = tree nodes verified."""
-        assert self._method is not None and request.sampling is None
-        proposer: FeatureTreeProposer = self._method.make_proposer(self._method_state).capped(request.num_draft_tokens)
-        cache = target_model.new_cache(self._model)
-        state = _DecodeState(list(request.input_ids), request.max_tokens, request.end_id)
-        head_state = proposer.new_state()
-        first, features = prefill_features(self._model, request.input_ids, cache)  # features [T, H]
-        state.emit([first])
-        if state.finish_reason is None:
-            proposer.update(head_state, [*request.input_ids[1:], first], features)
-        while state.finish_reason is None:
-            step = eagle_step(self._model, proposer, head_state, state.context[-1], cache, max_depth=state.remaining - 1)
-            num_emitted = state.emit(step.acceptance.emitted_tokens)
-            state.iterations += 1
-            state.total_draft_tokens += step.draft.tree.num_nodes
-            state.total_accepted += min(step.acceptance.num_accepted, num_emitted)
-            if state.finish_reason is None:
-                proposer.update(head_state, step.acceptance.emitted_tokens, step.features)
-        return state.result()
+    def __init__(self, steps: Steps) -> None:
+        self._steps = steps
 
-    def _decode_feature_chain(self, request: ResolvedRequest) -> GenerationResult:
-        """Greedy EAGLE-3 speculation: chains of at most ``num_draft_tokens`` drafts from captured target features."""
-        from .methods.eagle3 import generate_feature_chain_greedy
+    def __iter__(self) -> _InferenceSteps:
+        return self
 
-        assert self._method is not None and request.sampling is None
-        return generate_feature_chain_greedy(
-            self._model,
-            self._method.make_proposer(self._method_state),
-            request.input_ids,
-            max_tokens=request.max_tokens,
-            num_draft_tokens=request.num_draft_tokens,
-            end_id=request.end_id,
-        )
+    def __next__(self) -> StepOutput:
+        with torch.inference_mode():
+            return next(self._steps)
 
-    def _decode_lookahead(self, request: ResolvedRequest) -> GenerationResult:
-        """Greedy lookahead decoding with the request's ``(w, n, g)`` (None -> the built ``(W, N, G)``)."""
-        assert request.sampling is None
-        return lookahead_generate_greedy(
-            self._model,
-            request.input_ids,
-            max_tokens=request.max_tokens,
-            config=self._method_state,
-            end_id=request.end_id,
-            window=request.lookahead_config,
-        )
+    def close(self) -> None:
+        """Drop the request (its KV cache and proposer state) before its last step."""
+        self._steps.close()
 
 
 def _propose(proposer: Proposer | None, context: list[int], k: int, sampler: Sampler | None) -> Draft:

@@ -21,7 +21,7 @@ from specbuild.engine import (  # noqa: E402
     InvalidRequestError,
     ReferenceEngine,
 )
-from specbuild.engine import runtime  # noqa: E402
+from specbuild.engine import stream  # noqa: E402
 from specbuild.engine import target as target_model  # noqa: E402
 from specbuild.engine.acceptance import accept_greedy, clip_emitted  # noqa: E402
 from specbuild.engine.kv_cache import rollback  # noqa: E402
@@ -142,7 +142,7 @@ def test_end_token_inside_accepted_chunk_stops_there(engine, plain_outputs, monk
             clipped_chunks.append((list(tokens), kept))
         return kept, stopped
 
-    monkeypatch.setattr(runtime, "clip_emitted", recording_clip)
+    monkeypatch.setattr(stream, "clip_emitted", recording_clip)
     prompt, plain = PROMPTS[1], plain_outputs[1]
     if drafts == "same":
         monkeypatch.setattr(engine, "_new_proposer", lambda: _ScriptedProposer(len(prompt), plain))

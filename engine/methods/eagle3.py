@@ -58,8 +58,9 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ..acceptance import accept_greedy, clip_emitted
+from ..acceptance import accept_greedy
 from ..kv_cache import rollback
+from ..stream import DecodeState, Steps, check_prompt_and_length, collect
 from ..target import cache_keyword, new_cache
 from ..types import GenerationResult
 from .eagle import MLP, Attention, EagleConfig, LayerKV, RMSNorm
@@ -489,6 +490,45 @@ def forward_captured(
     return outputs.logits[0], proposer.capture(outputs.hidden_states)
 
 
+def feature_chain_steps(
+    model: PreTrainedModel,
+    proposer: Eagle3Proposer,
+    input_ids: Sequence[int],
+    *,
+    max_tokens: int,
+    num_draft_tokens: int,
+    end_id: int = -1,
+) -> Steps:
+    """Greedy EAGLE-3 decoding of one prompt, step by step: the prefill's token, then one
+    :class:`~specbuild.engine.stream.StepOutput` per verification. The caller runs it under
+    ``torch.inference_mode()``.
+
+    One step, context ``c_0 .. c_{N-1}`` (the target cache holds ``N - 1`` positions)::
+
+        draft      = proposer.propose(state, k)                 k = min(num_draft_tokens, remaining - 1)
+        logits, g  = target([c_{N-1}, *draft])                  one pass; g: captured features [k + 1, 3 Ht]
+        accepted   = longest draft prefix == argmax; bonus after it
+        cache      = rollback to N + num_accepted;  head += (g[: 1 + num_accepted], accepted + [bonus])
+    """
+    cache = new_cache(model)
+    state = DecodeState(list(input_ids), max_tokens, end_id)
+    logits, features = forward_captured(model, proposer, input_ids, cache)  # [T, vocab], [T, 3 Ht]
+    first = int(logits[-1].argmax())
+    yield state.first(first)
+    head_state = proposer.new_state()
+    if not state.done:
+        proposer.update(head_state, [*input_ids[1:], first], features)
+    while not state.done:
+        context_len = len(state.context)
+        draft = proposer.propose(head_state, min(num_draft_tokens, state.remaining - 1))
+        logits, features = forward_captured(model, proposer, [state.context[-1], *draft], cache)
+        acceptance = accept_greedy(draft, logits.argmax(dim=-1).tolist())
+        rollback(cache, context_len + acceptance.num_accepted)
+        yield state.step(acceptance.emitted_tokens, drafted=len(draft), accepted=acceptance.num_accepted)
+        if not state.done:
+            proposer.update(head_state, acceptance.emitted_tokens, features[: 1 + acceptance.num_accepted])
+
+
 def generate_feature_chain_greedy(
     model: PreTrainedModel,
     proposer: Eagle3Proposer,
@@ -498,14 +538,8 @@ def generate_feature_chain_greedy(
     num_draft_tokens: int,
     end_id: int = -1,
 ) -> GenerationResult:
-    """Greedy EAGLE-3 decoding of one prompt: the target's own greedy output, in fewer target passes.
-
-    One step, context ``c_0 .. c_{N-1}`` (the target cache holds ``N - 1`` positions)::
-
-        draft      = proposer.propose(state, k)                 k = min(num_draft_tokens, remaining - 1)
-        logits, g  = target([c_{N-1}, *draft])                  one pass; g: captured features [k + 1, 3 Ht]
-        accepted   = longest draft prefix == argmax; bonus after it
-        cache      = rollback to N + num_accepted;  head += (g[: 1 + num_accepted], accepted + [bonus])
+    """Greedy EAGLE-3 decoding of one prompt (:func:`feature_chain_steps`, collected): the target's own
+    greedy output, in fewer target passes.
 
     Counters: ``total_draft_tokens`` counts drafts verified, ``num_decoding_iterations`` target passes
     after the prefill. Stops at ``end_id`` even inside an accepted chunk; never exceeds ``max_tokens``.
@@ -513,37 +547,12 @@ def generate_feature_chain_greedy(
     Raises:
         ValueError: empty prompt or ``max_tokens < 1``.
     """
-    if not input_ids or max_tokens < 1:
-        raise ValueError(f"need a non-empty prompt and max_tokens >= 1, got {len(input_ids)} tokens, {max_tokens}")
+    check_prompt_and_length(input_ids, max_tokens)
     with torch.inference_mode():
-        cache = new_cache(model)
-        logits, features = forward_captured(model, proposer, input_ids, cache)  # [T, vocab], [T, 3 Ht]
-        first = int(logits[-1].argmax())
-        output, stopped = clip_emitted([first], remaining=max_tokens, end_id=end_id)
-        state = proposer.new_state()
-        if not stopped and len(output) < max_tokens:
-            proposer.update(state, [*input_ids[1:], first], features)
-        drafted = accepted = iterations = 0
-        while not stopped and len(output) < max_tokens:
-            context_len = len(input_ids) + len(output)
-            draft = proposer.propose(state, min(num_draft_tokens, max_tokens - len(output) - 1))
-            logits, features = forward_captured(model, proposer, [output[-1], *draft], cache)
-            acceptance = accept_greedy(draft, logits.argmax(dim=-1).tolist())
-            rollback(cache, context_len + acceptance.num_accepted)
-            kept, stopped = clip_emitted(acceptance.emitted_tokens, remaining=max_tokens - len(output), end_id=end_id)
-            output += kept
-            drafted += len(draft)
-            accepted += min(acceptance.num_accepted, len(kept))
-            iterations += 1
-            if not stopped and len(output) < max_tokens:
-                proposer.update(state, acceptance.emitted_tokens, features[: 1 + acceptance.num_accepted])
-    return GenerationResult(
-        output_ids=output,
-        finish_reason="stop" if stopped else "length",
-        total_draft_tokens=drafted,
-        total_accepted_draft_tokens=accepted,
-        num_decoding_iterations=iterations,
-    )
+        steps = feature_chain_steps(
+            model, proposer, input_ids, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, end_id=end_id
+        )
+        return collect(steps)
 
 
 # --- the reference engine's "Eagle3" method: speculative_config -> head loaded once -> proposer -----
