@@ -213,6 +213,12 @@ def test_eagle_choices_depth_and_budget_are_rejected():
         recipe("  method: eagle\n  eagle_model: e/h\n  max_draft_len: 300\n")
 
 
+def test_lookahead_draft_len_inconsistent_with_wng_is_rejected():
+    with pytest.raises(RecipeError, match=r"t.yaml:\d+: speculation.*max_draft_len 50 does not match \(W, N, G\) = \(4, 3, 4\).*= 15"):
+        recipe("  method: lookahead\n  max_window_size: 4\n  max_ngram_size: 3\n  max_verification_set_size: 4\n  max_draft_len: 50\n")
+    assert recipe("  method: lookahead\n  max_window_size: 4\n  max_ngram_size: 3\n  max_verification_set_size: 4\n").recipe.speculation.max_draft_len == 15
+
+
 def test_eagle_with_pipeline_parallel_is_rejected():
     with pytest.raises(RecipeError, match=r"t.yaml:\d+: build.pp_size: EAGLE supports no pipeline parallelism"):
         recipe("  method: eagle\n  eagle_model: e/h\n", build=", pp_size: 2")

@@ -175,3 +175,16 @@ def test_cli_recipe_runs_the_stages_when_tensorrt_llm_is_installed(gpu_box):
     assert second.returncode == 0 and "up to date, skipped" in second.stdout
     failed = subprocess.run(cmd + ["--rebuild"], capture_output=True, text=True, env={**env, "STUB_FAIL": "checkpoints/draft"}, timeout=120)
     assert failed.returncode == 1 and "step build-draft failed" in failed.stderr and "build-draft.log" in failed.stderr
+
+
+def test_engine_path_on_tensorrt_llm_1_3_stops_before_any_work(gpu_box):
+    root, env = gpu_box
+    dist = root / "site" / "tensorrt_llm-1.2.1.dist-info"
+    dist.rename(root / "site" / "tensorrt_llm-1.3.0.dist-info")
+    (root / "site" / "tensorrt_llm-1.3.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: 1.3.0\n")
+    out = root / "cli-out"
+    cmd = [sys.executable, "-m", "specbuild.cli", "recipe", str(root / "recipe/recipe.yaml"), "-o", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 1
+    assert "build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x" in run.stderr and "installed: 1.3.0" in run.stderr
+    assert "use build.backend: pytorch" in run.stderr and not (out / "logs").exists()
