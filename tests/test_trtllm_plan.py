@@ -30,8 +30,9 @@ from specbuild.builder.trtllm_version import (
 OUT = Path("/out")
 EX = "/app/tensorrt_llm/examples"
 
-# Reference flag sets, copied by hand from the upstream argparse definitions (NVIDIA/TensorRT-LLM).
-# tensorrt_llm/commands/build.py parse_arguments() + tensorrt_llm/plugin/plugin.py cli_plugin_args (1.x tree)
+# Reference flag sets, copied by hand from the upstream argparse/click definitions (NVIDIA/TensorRT-LLM);
+# each names the file and the commit it was read at (1.x trees, engine path present).
+# tensorrt_llm/commands/build.py parse_arguments() @ 008b2b8d + tensorrt_llm/plugin/plugin.py add_plugin_argument
 TRTLLM_BUILD_FLAGS = {
     "--checkpoint_dir", "--model_config", "--build_config", "--output_dir", "--max_batch_size", "--max_input_len",
     "--max_seq_len", "--max_beam_width", "--max_num_tokens", "--opt_num_tokens", "--workers", "--log_level",
@@ -51,11 +52,24 @@ MEDUSA_CONVERT_FLAGS = {"--model_dir", "--tp_size", "--pp_size", "--dtype", "--u
 EAGLE_CONVERT_FLAGS = {"--model_dir", "--tp_size", "--pp_size", "--dtype", "--use_weight_only", "--weight_only_precision",
                        "--output_dir", "--workers", "--eagle_model_dir", "--max_draft_len", "--num_eagle_layers",
                        "--max_non_leaves_per_layer"}
-# examples/quantization/quantize.py (ModelOpt)
-QUANTIZE_FLAGS = {"--model_dir", "--dtype", "--qformat", "--kv_cache_dtype", "--calib_size", "--tp_size", "--pp_size", "--output_dir"}
-# tensorrt_llm/commands/serve.py (click options)
-TRTLLM_SERVE_FLAGS = {"--backend", "--tp_size", "--pp_size", "--extra_llm_api_options", "--host", "--port",
-                      "--max_batch_size", "--max_seq_len", "--kv_cache_free_gpu_memory_fraction"}
+# examples/quantization/quantize.py argparse @ 059c97c1 (ModelOpt; --qformat choices include fp8, int8_wo, int4_wo)
+QUANTIZE_FLAGS = {"--model_dir", "--nemo_ckpt_path", "--decoder_type", "--device", "--device_map", "--calib_dataset",
+                  "--calib_tp_size", "--calib_pp_size", "--dtype", "--qformat", "--seed", "--tokenizer_max_seq_length",
+                  "--batch_size", "--calib_size", "--calib_max_seq_length", "--output_dir", "--tp_size", "--pp_size",
+                  "--cp_size", "--awq_block_size", "--kv_cache_dtype", "--quantize_lm_head", "--num_medusa_heads",
+                  "--num_medusa_layers", "--max_draft_len", "--medusa_hidden_act", "--medusa_model_dir",
+                  "--quant_medusa_head", "--autoq_format", "--auto_quantize_bits", "--export_format"}
+QUANTIZE_QFORMATS = {"nvfp4", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo", "full_prec"}
+# tensorrt_llm/commands/serve.py `serve` click options @ 00209af1 (aliases listed too: --tp_size of
+# --tensor_parallel_size, --config of --extra_llm_api_options, --kv_cache_free_gpu_memory_fraction of
+# --free_gpu_memory_fraction)
+TRTLLM_SERVE_FLAGS = {"--tokenizer", "--custom_tokenizer", "--host", "--port", "--backend", "--custom_module_dirs", "--log_level",
+                      "--max_beam_width", "--max_batch_size", "--max_num_tokens", "--max_seq_len", "--tensor_parallel_size",
+                      "--tp_size", "--pipeline_parallel_size", "--pp_size", "--context_parallel_size", "--cp_size",
+                      "--moe_expert_parallel_size", "--ep_size", "--gpus_per_node", "--free_gpu_memory_fraction",
+                      "--kv_cache_free_gpu_memory_fraction", "--num_postprocess_workers", "--trust_remote_code", "--revision",
+                      "--config", "--extra_llm_api_options", "--reasoning_parser", "--tool_parser", "--chat_template"}
+TRTLLM_SERVE_BACKENDS = {"pytorch", "tensorrt", "_autodeploy"}
 # tensorrt_llm/llmapi/llm_args.py: DecodingBaseConfig.from_dict names and each config's fields (1.0; Eagle3 added later)
 DECODING_TYPES = {"MTP", "Medusa", "Eagle", "Eagle3", "Lookahead", "NGram", "DraftTarget", "UserProvided", "AUTO"}
 SPEC_CONFIG_FIELDS = {"decoding_type", "max_draft_len", "speculative_model_dir", "medusa_choices", "num_medusa_heads",
@@ -172,6 +186,7 @@ def test_pytorch_path_golden_configs(name, tmp_path):
     assert set(options["kv_cache_config"]) <= KV_CACHE_CONFIG_FIELDS
     assert set(golden) <= SPEC_CONFIG_FIELDS and golden["decoding_type"] in DECODING_TYPES
     assert flags(list(plan.serve_argv)) <= TRTLLM_SERVE_FLAGS
+    assert plan.serve_argv[plan.serve_argv.index("--backend") + 1] in TRTLLM_SERVE_BACKENDS
     assert [p.name for p in written] == ["build.sh", "extra_llm_api_options.yaml", "model.yaml"]
 
 
@@ -275,6 +290,7 @@ def test_quantization_and_baseline_engine():
     fp8 = recipe("  method: lookahead\n", build=", quantization: fp8")
     quantize = argvs(plan_tensorrt(fp8, OUT))[1]
     assert quantize[1].endswith("quantization/quantize.py") and flags(quantize) <= QUANTIZE_FLAGS
+    assert quantize[quantize.index("--qformat") + 1] in QUANTIZE_QFORMATS
     assert "--gemm_plugin" not in argvs(plan_tensorrt(fp8, OUT))[-1]
 
 
