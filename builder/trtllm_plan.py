@@ -37,7 +37,7 @@ from specbuild.builder.trtllm_version import (
 
 StepKind = Literal["download", "convert", "quantize", "build"]
 Quantization = Literal["none", "fp8", "int8_wo", "int4_wo"]
-DEFAULT_EXAMPLES = Path("/app/tensorrt_llm/examples")  # TensorRT-LLM source tree in the NGC containers
+DEFAULT_EXAMPLES = Path("/app/examples")  # the tritonserver:<yy.mm>-trtllm-python-py3 image copies TensorRT-LLM examples/ here
 EXAMPLES_ENV = "TRTLLM_EXAMPLES_DIR"
 MIN_MAX_NUM_TOKENS = 8192  # trtllm-build's BuildConfig.max_num_tokens default
 EAGLE_MAX_DRAFT_LEN = 256
@@ -447,7 +447,9 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
 
 def examples_dir() -> Path:
     """TensorRT-LLM's ``examples/`` (the conversion scripts are not in the wheel): ``$TRTLLM_EXAMPLES_DIR``,
-    default ``/app/tensorrt_llm/examples`` as in NGC's TensorRT-LLM containers."""
+    default ``/app/examples``: NGC's tritonserver:<yy.mm>-trtllm-python-py3 image copies TensorRT-LLM's
+    examples/ there, next to /app/scripts and /app/all_models (tensorrtllm_backend
+    dockerfile/Dockerfile.triton.trt_llm_backend: WORKDIR /app, COPY ... examples)."""
     return Path(os.environ.get(EXAMPLES_ENV, str(DEFAULT_EXAMPLES)))
 
 

@@ -28,7 +28,7 @@ from specbuild.builder.trtllm_version import (
 )
 
 OUT = Path("/out")
-EX = "/app/tensorrt_llm/examples"
+EX = "/app/examples"
 
 # Reference flag sets, copied by hand from the upstream argparse/click definitions (NVIDIA/TensorRT-LLM);
 # each names the file and the commit it was read at (1.x trees, engine path present).
