@@ -517,7 +517,7 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, *, timeout_s, pro
     clients = _Clients(deployment, timeout_s)
     points = []
     try:
-        clients.get().wait_ready(timeout_s=60)
+        clients.get().wait_ready(timeout_s=min(60.0, timeout_s))
         for source in plan.prompt_sets:
             prompts = prepare_prompts(source, deployment, plan.chat_template, tokenizer)
             for prompt, text in prompts[: plan.warmup]:

@@ -466,6 +466,8 @@ def plot_speedup(points: Sequence, report: TuneReport, path: str | Path) -> Path
             ax.plot(xs, [r.expected_speedup for r in line], ls="--", color=f"C{i}", alpha=0.6)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xscale("log", base=2)
+        levels = sorted({r.concurrency for r in rows})
+        ax.set_xticks(levels, [str(level) for level in levels])
         ax.set_title(f"{prompt_set}: measured (solid) vs Leviathan et al. (dashed)")
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel("speed-up vs k=0 (time per output token)")

@@ -1,0 +1,263 @@
+"""specbuild bench: measurement arithmetic and cross-checks on hand-made requests, the bundled prompt
+sets, and one end-to-end sweep + tune through a real tritonserver on a tiny model."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import write_recipe
+from specbuild.cli import main
+from specbuild.client.bench import (
+    BenchError,
+    Deployment,
+    PointResult,
+    RequestRecord,
+    SweepPlan,
+    SweepResult,
+    check_request,
+    counter_problems,
+    is_url,
+    load_result,
+    per_position_from_steps,
+    summarize_point,
+    sweep_size,
+)
+from specbuild.client.prompts import PromptSourceError, load_prompts
+
+
+def rec(latency_s=1.0, n=10, accepted=0, drafts=0, rate=None, prompt_id="p", **kw):
+    return RequestRecord(prompt_id, latency_s, n, accepted, drafts, rate, **kw)
+
+
+# --- per-point arithmetic -------------------------------------------------------------------------------
+
+
+def test_point_summary_from_known_requests():
+    # Two requests of 10 tokens: 6 and 3 drafts accepted out of 8 and 8.
+    records = [rec(1.0, 10, 6, 8, 0.75), rec(3.0, 10, 3, 8, 0.375)]
+    s = summarize_point(records, wall_s=4.0, draft_len=2, max_tokens=10)
+    assert s["latency_ms_p50"] == pytest.approx(2000.0)
+    assert s["latency_ms_p90"] == pytest.approx(2800.0)  # linear interpolation between 1 s and 3 s
+    assert s["output_tokens"] == 20
+    assert s["total_tok_s"] == pytest.approx(5.0)
+    assert s["user_tok_s"] == pytest.approx((10 / 1 + 10 / 3) / 2)
+    assert s["tpot_ms"] == pytest.approx((100 + 300) / 2)
+    # Decode steps after the prefill: (10 - 1 - 6) + (10 - 1 - 3) = 3 + 6 = 9, emitting 18 tokens.
+    assert s["tokens_per_step"] == pytest.approx(18 / 9)
+    assert s["accepted_per_step"] == pytest.approx(9 / 9)
+    assert s["drafts_per_step"] == pytest.approx(16 / 9)
+    assert s["acceptance_rate"] == pytest.approx(9 / 16)
+    assert s["step_ms"] == pytest.approx(4000 / (9 + 2))  # prefill passes counted
+    assert s["ttft_ms_p50"] is None and s["per_position_acceptance"] is None
+    assert s["problems"] == []
+
+
+def test_plain_decoding_point_has_one_token_per_step_and_no_rate():
+    s = summarize_point([rec(2.0, 8), rec(2.0, 8)], wall_s=4.0, draft_len=0, max_tokens=8)
+    assert s["tokens_per_step"] == 1.0
+    assert s["acceptance_rate"] is None
+    assert s["accepted_per_step"] == 0.0
+
+
+def test_streamed_requests_give_ttft_and_measured_per_position_acceptance():
+    # Steps [prefill 1, 3, 1, 2] at k=2: accepted 2, 0, 1 -> P(>=1) = 2/3, P(>=2) = 1/3.
+    r = rec(1.0, 7, 3, 6, 0.5, ttft_s=0.4, step_tokens=(1, 3, 1, 2))
+    assert per_position_from_steps([r], 2) == [pytest.approx(2 / 3), pytest.approx(1 / 3)]
+    s = summarize_point([r], wall_s=1.0, draft_len=2, max_tokens=7)
+    assert s["ttft_ms_p50"] == pytest.approx(400.0)
+    assert s["tpot_ms"] == pytest.approx(600.0 / 6)
+
+
+def test_summary_refuses_an_empty_point():
+    with pytest.raises(ValueError):
+        summarize_point([], wall_s=1.0, draft_len=0, max_tokens=4)
+
+
+# --- cross-checks -----------------------------------------------------------------------------------------
+
+
+def test_consistent_request_has_no_problems():
+    assert check_request(rec(1.0, 10, 6, 8, 0.75, finish_reason="length"), draft_len=2, max_tokens=10) == []
+
+
+@pytest.mark.parametrize(
+    "record, draft_len, expected",
+    [
+        (rec(n=10, accepted=9, drafts=8), 4, "outside [0, drafts 8]"),
+        (rec(n=5, accepted=5, drafts=8), 4, "tokens - 1 = 4"),
+        (rec(n=10, accepted=0, drafts=3), 0, "speculation off"),
+        (rec(n=10, accepted=2, drafts=8, rate=0.5), 4, "acceptance_rate 0.500000 != accepted/drafts 0.250000"),
+        (rec(n=11), 0, "11 tokens, expected 1..10"),
+        (rec(n=7, finish_reason="length"), 0, "'length' with 7 of 10"),
+        (rec(n=7, step_tokens=(1, 2, 2)), 0, "streamed steps carry 5 tokens"),
+    ],
+)
+def test_inconsistent_server_figures_are_reported(record, draft_len, expected):
+    problems = check_request(record, draft_len=draft_len, max_tokens=10)
+    assert len(problems) == 1 and expected in problems[0]
+
+
+def test_server_counters_must_rise_by_the_clients_sums():
+    records = [rec(n=10, accepted=6, drafts=8), rec(n=5, accepted=1, drafts=4)]
+    before = {"generated": 100.0, "draft": 50.0, "accepted": 20.0}
+    assert counter_problems(before, {"generated": 115.0, "draft": 62.0, "accepted": 27.0}, records) == []
+    (problem,) = counter_problems(before, {"generated": 115.0, "draft": 62.0, "accepted": 26.0}, records)
+    assert "specbuild_accepted_draft_tokens_total rose by 6, the client counted 7" in problem
+
+
+# --- plan, deployments, files -------------------------------------------------------------------------------
+
+
+def test_draft_length_maps_to_the_request_fields_of_each_method():
+    ngram = Deployment("ngram", "h:1", method="ngram", max_draft_len=4)
+    assert ngram.request_fields(0) == {"num_draft_tokens": 0}
+    assert ngram.request_fields(3) == {"num_draft_tokens": 3}
+    with pytest.raises(BenchError, match="max_draft_len 4; use --draft-lengths up to 4"):
+        ngram.request_fields(5)
+    lookahead = Deployment("la", "h:1", method="lookahead", lookahead=(4, 3, 4))
+    assert lookahead.request_fields(2) == {"lookahead_config": (4, 3, 4)}  # candidate length n - 1 = 2
+    assert lookahead.request_fields(0) == {"num_draft_tokens": 0}
+    with pytest.raises(BenchError, match="built N = 3; use --draft-lengths up to 2"):
+        lookahead.request_fields(3)
+
+
+def test_plain_deployment_is_swept_at_draft_length_zero_only():
+    plan = SweepPlan(draft_lengths=(4, 0, 2, 2), concurrencies=(1, 4), prompt_sets=("chat:3",))
+    assert plan.draft_lengths_for(Deployment("greedy", "h:1", method="none")) == [0]
+    assert plan.draft_lengths_for(Deployment("ngram", "h:1", method="ngram")) == [0, 2, 4]
+    # 3 prompts: max(3, 1) + max(3, 4) = 7 requests per draft length.
+    deployments = [Deployment("greedy", "h:1", method="none"), Deployment("ngram", "h:1", method="ngram")]
+    assert sweep_size(plan, deployments, {"chat:3": 3}) == 7 * 1 + 7 * 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"draft_lengths": (0, -1)}, "draft-lengths"),
+        ({"concurrencies": (0,)}, "concurrency"),
+        ({"prompt_sets": ()}, "--prompts"),
+        ({"max_tokens": 0}, "max-tokens"),
+        ({"chat_template": "maybe"}, "chat-template"),
+    ],
+)
+def test_bad_plan_names_the_option(kwargs, message):
+    with pytest.raises(BenchError, match=message):
+        SweepPlan(**kwargs)
+
+
+def test_targets_are_urls_or_recipes(tmp_path):
+    assert is_url("127.0.0.1:8001") and is_url("localhost:8001")
+    assert not is_url("smollm2-ngram") and not is_url("recipes/x.yaml")
+
+
+def test_result_round_trips_through_json_and_writes_csv(tmp_path):
+    plan = SweepPlan(draft_lengths=(0, 2), concurrencies=(1,), prompt_sets=("chat:2",))
+    summary = summarize_point([rec(1.0, 10, 6, 8, 0.75)], wall_s=1.0, draft_len=2, max_tokens=10)
+    point = PointResult(deployment="d", method="ngram", prompt_set="chat:2", draft_len=2, concurrency=1, **summary)
+    result = SweepResult(plan, [Deployment("d", "h:1", method="lookahead", lookahead=(4, 3, 4))], [point])
+    json_path, csv_path = result.write(tmp_path)
+    back = load_result(json_path)
+    assert back.points == [point] and back.plan == plan and back.deployments == result.deployments
+    rows = list(csv.DictReader(csv_path.open()))
+    assert rows[0]["deployment"] == "d" and float(rows[0]["tokens_per_step"]) == pytest.approx(9 / 3)
+    with pytest.raises(BenchError, match="not a bench.json"):
+        load_result(csv_path)
+
+
+# --- bundled prompt sets -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, size", [("chat", 80), ("summarize", 25)])
+def test_bundled_sets_load_by_name_with_unique_ids(name, size):
+    prompts = load_prompts(name)
+    assert len(prompts) == size
+    assert len({p.id for p in prompts}) == size
+    assert [p.id for p in load_prompts(f"{name}:3")] == [p.id for p in prompts[:3]]
+    with pytest.raises(PromptSourceError, match=rf"{name}:N with N in 1\.\.{size}"):
+        load_prompts(f"{name}:{size + 1}")
+
+
+def test_summarisation_prompts_are_long_documents_with_an_instruction():
+    prompts = load_prompts("summarize")
+    assert all(p.text.startswith("Summarize the following document") for p in prompts)
+    assert min(len(p.text) for p in prompts) > 1500
+
+
+def test_every_bundled_file_has_its_source_and_licence_documented():
+    from specbuild.client import prompts as module
+
+    sources = (module.BUNDLED_DIR / "SOURCES.md").read_text()
+    for file in module.BUNDLED_SETS.values():
+        assert f"`{file}`" in sources
+    assert "Apache-2.0" in sources and "public domain" in sources
+
+
+# --- end to end through a real tritonserver ------------------------------------------------------------------
+
+# Repetitive prompts: the n-gram drafter finds matches, so drafts get accepted and rejected.
+E2E_PROMPTS = [
+    {"id": "loop", "prompt": "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"},
+    {"id": "abc", "prompt": "a b c d a b c d a b c d a b"},
+    {"id": "fib", "prompt": "def fib(n):\n    if n < 2:\n        return n\n"},
+]
+
+
+@pytest.mark.e2e
+def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
+    recipe = write_recipe(tmp_path / "tiny.yaml", tiny_checkpoint)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in E2E_PROMPTS))
+    bench_dir = tmp_path / "bench"
+    runner = CliRunner()
+    result = runner.invoke(main, [
+        "bench", str(recipe), "--draft-lengths", "0,1,3", "--concurrency", "1,2", "--prompts", str(prompts),
+        "--max-tokens", "12", "--end-id", "-1", "--deploy-dir", str(tmp_path / "deploy"), "-o", str(bench_dir),
+    ])
+    assert result.exit_code == 0, result.output
+    data = json.loads((bench_dir / "bench.json").read_text())
+    points = data["points"]
+    assert {(p["draft_len"], p["concurrency"]) for p in points} == {(k, c) for k in (0, 1, 3) for c in (1, 2)}
+    for p in points:
+        assert p["problems"] == [], p["problems"]
+        assert p["counters_checked"]  # the server's Prometheus counters matched the client's sums
+        assert p["ids_match_baseline"] == 1.0  # every speculative output equals plain decoding
+        assert p["requests"] == 3 and p["output_tokens"] == 3 * 12
+    speculative = [p for p in points if p["draft_len"] > 0]
+    assert all(p["accepted_per_step"] > 0 for p in speculative)
+    assert all(p["acceptance_rate"] < 1 for p in speculative)  # rejections happened too
+    assert all(p["drafts_per_step"] <= p["draft_len"] for p in speculative)
+    assert (bench_dir / "bench.csv").is_file()
+
+    tune_dir = tmp_path / "tune"
+    result = runner.invoke(main, ["tune", "--from", str(bench_dir / "bench.json"), "--goal", "latency",
+                                  "--concurrency", "2", "-o", str(tune_dir)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tune_dir / "tune.json").read_text())
+    (recommended,) = report["recommendations"].values()
+    assert recommended["concurrency"] == 2
+    assert report["frontiers"] and report["schedules"] and report["analytic"]
+    for png in ("frontier.png", "speedup.png"):
+        assert (tune_dir / png).read_bytes()[:4] == b"\x89PNG"
+    assert "Pareto frontier" in result.output and "Recommendation" in result.output
+
+
+def test_tune_cli_errors_are_one_line(tmp_path):
+    runner = CliRunner()
+    bad = tmp_path / "bench.json"
+    bad.write_text("{}")
+    result = runner.invoke(main, ["tune", "--from", str(bad)])
+    assert result.exit_code == 1 and "not a bench.json" in result.output and "Traceback" not in result.output
+    result = runner.invoke(main, ["bench", "--draft-lengths", "0,x", "127.0.0.1:1"])
+    assert result.exit_code == 2 and "comma-separated integers" in result.output
+    result = runner.invoke(main, ["bench"])
+    assert result.exit_code == 1 and "at least one target" in result.output
+
+
+def test_bench_against_a_dead_url_fails_with_a_clear_error():
+    result = CliRunner().invoke(main, ["bench", "127.0.0.1:9", "--prompts", "chat:1", "--concurrency", "1",
+                                       "--draft-lengths", "0", "--timeout-s", "2"])
+    assert result.exit_code == 1 and "127.0.0.1:9" in result.output and "Traceback" not in result.output

@@ -1,0 +1,250 @@
+"""specbuild tune's pure functions on hand-made points whose right answers are known by construction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specbuild.client.tune import (
+    Candidate,
+    TuneError,
+    analytic_comparison,
+    draft_len_schedule,
+    expected_speedup,
+    expected_tokens_per_step,
+    fit_acceptance,
+    fit_cost_ratio,
+    pareto_front,
+    per_position_from_sweep,
+    plot_frontier,
+    plot_speedup,
+    recommend_highest_throughput,
+    recommend_lowest_latency,
+    tune,
+)
+
+
+def cand(latency, throughput, *, k=0, c=1, deployment="d", prompt_set="s"):
+    return Candidate(deployment, "ngram", prompt_set, k, c, latency, throughput)
+
+
+def point(k, c, *, tokens_per_step=1.0, step_ms=10.0, tpot_ms=10.0, accepted_per_step=0.0, latency=None,
+          throughput=None, deployment="d", prompt_set="s"):
+    """A bench point dict with only the fields the tuner reads."""
+    return {
+        "deployment": deployment, "method": "ngram", "prompt_set": prompt_set, "draft_len": k, "concurrency": c,
+        "latency_ms_p50": latency if latency is not None else 100 * tpot_ms, "latency_ms_p90": 0.0,
+        "latency_ms_p99": 0.0, "tpot_ms": tpot_ms, "total_tok_s": throughput if throughput is not None else c * 1000 / tpot_ms,
+        "tokens_per_step": tokens_per_step, "step_ms": step_ms, "accepted_per_step": accepted_per_step,
+    }
+
+
+# --- Pareto frontier and recommendations ----------------------------------------------------------------
+
+
+def test_pareto_front_keeps_exactly_the_undominated_points():
+    a, b, dominated_by_a, dominated_by_b = cand(10, 5), cand(20, 9), cand(15, 4), cand(30, 9)
+    assert pareto_front([dominated_by_b, a, dominated_by_a, b]) == [a, b]
+
+
+def test_pareto_front_of_a_pure_trade_off_keeps_every_point_in_latency_order():
+    points = [cand(lat, thr) for lat, thr in [(40, 10), (10, 1), (30, 8), (20, 5)]]
+    assert [c.latency_ms for c in pareto_front(points)] == [10, 20, 30, 40]
+
+
+def test_pareto_front_keeps_ties_and_drops_a_point_beaten_on_one_axis_only():
+    twin1, twin2, worse = cand(10, 5, k=1), cand(10, 5, k=2), cand(10, 4)
+    assert pareto_front([twin1, twin2, worse]) == [twin1, twin2]
+
+
+def test_lowest_latency_at_a_concurrency_ignores_faster_points_elsewhere():
+    best = cand(50, 10, k=2, c=4)
+    cands = [cand(5, 1, c=1), cand(60, 12, k=0, c=4), best, cand(55, 30, k=4, c=4)]
+    assert recommend_lowest_latency(cands, 4) == best
+
+
+def test_lowest_latency_at_an_unmeasured_concurrency_lists_the_measured_ones():
+    with pytest.raises(TuneError, match=r"concurrency 8; measured: \[1, 4\]"):
+        recommend_lowest_latency([cand(1, 1, c=1), cand(2, 2, c=4)], 8)
+
+
+def test_highest_throughput_under_a_bound_includes_the_bound_itself():
+    at_bound = cand(100, 50)
+    cands = [cand(10, 5), at_bound, cand(101, 99), cand(90, 40)]
+    assert recommend_highest_throughput(cands, 100) == at_bound
+
+
+def test_unmeetable_latency_bound_names_the_lowest_latency_measured():
+    with pytest.raises(TuneError, match=r"lowest measured is 30 ms \(d k=2 C=1\)"):
+        recommend_highest_throughput([cand(30, 1, k=2), cand(40, 2)], 20)
+
+
+# --- draft-length schedule -----------------------------------------------------------------------------
+
+
+def schedule_points(best_by_level):
+    """Candidates whose lowest latency at each level is at the given draft length."""
+    cands = []
+    for level, best in best_by_level.items():
+        for k in (0, 2, 4):
+            cands.append(cand(10.0 if k == best else 20.0 + k, 1.0, k=k, c=level))
+    return cands
+
+
+def test_schedule_turns_speculation_off_above_the_last_level_where_it_wins():
+    (s,) = draft_len_schedule(schedule_points({1: 4, 4: 2, 8: 0, 16: 0}))
+    assert s.best == {1: 4, 4: 2, 8: 0, 16: 0}
+    assert s.draft_len_schedule == {1: 4, 4: 2}
+    assert s.max_concurrency == 4
+
+
+def test_schedule_is_always_on_when_the_top_level_still_speculates():
+    (s,) = draft_len_schedule(schedule_points({1: 4, 4: 0, 8: 2}))
+    assert s.max_concurrency is None
+    assert s.draft_len_schedule == {1: 4, 4: 0, 8: 2}
+
+
+def test_schedule_is_always_off_when_plain_decoding_wins_everywhere():
+    (s,) = draft_len_schedule(schedule_points({1: 0, 4: 0}))
+    assert (s.max_concurrency, s.draft_len_schedule) == (0, {})
+
+
+def test_schedule_is_per_deployment_and_prompt_set():
+    cands = schedule_points({1: 4}) + [
+        Candidate("e", "lookahead", "s", k, 1, 10.0 if k == 2 else 30.0, 1.0) for k in (0, 2)
+    ]
+    assert {(s.deployment, s.best[1]) for s in draft_len_schedule(cands)} == {("d", 4), ("e", 2)}
+
+
+# --- Leviathan et al. 2023 -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("a", [0.05, 0.3, 0.5, 0.8, 0.95])
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_expected_tokens_per_step_is_the_closed_form(a, k):
+    assert expected_tokens_per_step(a, k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+
+
+def test_expected_tokens_per_step_limits():
+    assert expected_tokens_per_step(0.0, 5) == 1.0  # every draft rejected: the bonus token only
+    assert expected_tokens_per_step(1.0, 5) == 6.0  # every draft accepted: k + 1
+    assert expected_tokens_per_step(0.5, 2) == 1.75
+    assert expected_tokens_per_step(0.7, 0) == 1.0  # no drafts: plain decoding
+
+
+def test_expected_speedup_is_tokens_per_step_over_step_cost():
+    a, k, c = 0.8, 4, 0.05
+    assert expected_speedup(a, k, c) == pytest.approx((1 - a**5) / ((1 - a) * (k * c + 1)))
+    assert expected_speedup(a, k, 0.0) == pytest.approx(expected_tokens_per_step(a, k))  # free drafts
+    assert expected_speedup(0.0, k, c) < 1.0  # nothing accepted, drafting costs: a slow-down
+
+
+@pytest.mark.parametrize("bad", [(-0.1, 2, 0.0), (1.1, 2, 0.0), (0.5, -1, 0.0), (0.5, 2, -0.1)])
+def test_model_rejects_out_of_range_arguments(bad):
+    with pytest.raises(ValueError):
+        expected_speedup(*bad)
+
+
+@pytest.mark.parametrize("a", [0.0, 0.35, 0.7, 0.99])
+def test_fit_acceptance_recovers_the_a_that_generated_the_data(a):
+    data = [(k, expected_tokens_per_step(a, k)) for k in (1, 2, 3, 4)]
+    assert fit_acceptance(data) == pytest.approx(a, abs=1e-5)
+
+
+def test_fit_acceptance_inverts_one_point_exactly_and_needs_one():
+    assert fit_acceptance([(0, 1.0), (2, 1.75)]) == pytest.approx(0.5, abs=1e-6)
+    with pytest.raises(ValueError):
+        fit_acceptance([(0, 1.0)])
+
+
+def test_fit_cost_ratio_recovers_c():
+    assert fit_cost_ratio([(1, 1.1), (2, 1.2), (4, 1.4)]) == pytest.approx(0.1)
+    assert fit_cost_ratio([(2, 1.2), (4, 1.4)]) == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        fit_cost_ratio([(0, 1.0)])
+
+
+def synthetic_sweep(a, c, *, t0=10.0, batching_loss=1.0):
+    """Points that obey the model at C=1; at C=4 the speculative gain is scaled by ``batching_loss``."""
+    points = []
+    for level, loss in ((1, 1.0), (4, batching_loss)):
+        for k in (0, 1, 2, 4):
+            tau = expected_tokens_per_step(a, k)
+            step = t0 * (1 + c * k)
+            speedup = 1 + (tau / (1 + c * k) - 1) * loss
+            points.append(point(k, level, tokens_per_step=tau, step_ms=step, tpot_ms=t0 / speedup,
+                                accepted_per_step=tau - 1))
+    return points
+
+
+def test_analytic_comparison_recovers_a_and_c_and_scores_a_model_exact_point_at_one():
+    rows = analytic_comparison(synthetic_sweep(0.6, 0.1, batching_loss=0.5))
+    assert {(r.draft_len, r.concurrency) for r in rows} == {(k, c) for k in (1, 2, 4) for c in (1, 4)}
+    for r in rows:
+        assert r.a == pytest.approx(0.6, abs=1e-5)
+        assert r.c == pytest.approx(0.1)
+        assert r.expected_speedup == pytest.approx(expected_speedup(0.6, r.draft_len, 0.1), rel=1e-4)
+        if r.concurrency == 1:
+            assert r.closeness == pytest.approx(1.0, rel=1e-4)
+        else:  # half the gain was lost at C=4 by construction
+            assert r.speedup - 1 == pytest.approx((r.expected_speedup - 1) * 0.5, rel=1e-3)
+            assert r.closeness < 1.0
+
+
+def test_analytic_comparison_clamps_a_negative_cost_ratio_to_zero():
+    # Speculative steps measured faster than plain ones (noise): c would fit negative.
+    points = [point(0, 1, step_ms=10.0), point(2, 1, tokens_per_step=1.5, step_ms=9.0, tpot_ms=6.0)]
+    (row,) = analytic_comparison(points)
+    assert row.c == 0.0
+    assert row.expected_speedup == pytest.approx(row.expected_tokens_per_step)
+
+
+def test_analytic_comparison_skips_groups_without_a_baseline():
+    assert analytic_comparison([point(2, 1, tokens_per_step=1.5)]) == []
+
+
+def test_per_position_acceptance_from_consecutive_draft_lengths():
+    points = [point(0, 1), point(1, 1, accepted_per_step=0.6), point(2, 1, accepted_per_step=0.9)]
+    (positions,) = per_position_from_sweep(points).values()
+    assert positions == [(1, 1, pytest.approx(0.6)), (2, 2, pytest.approx(0.3))]
+
+
+def test_per_position_acceptance_over_a_gap_is_the_mean_per_position():
+    # Geometric acceptance 0.5: P(>= i) = 0.5^i, so accepted/step at k=1 is 0.5 and at k=3 is 0.875.
+    points = [point(0, 1), point(1, 1, accepted_per_step=0.5), point(3, 1, accepted_per_step=0.875)]
+    (positions,) = per_position_from_sweep(points).values()
+    assert positions[1] == (2, 3, pytest.approx((0.25 + 0.125) / 2))
+
+
+# --- tune() and the plots --------------------------------------------------------------------------------
+
+
+def test_tune_recommends_per_prompt_set_and_records_unmeetable_goals():
+    points = [
+        point(0, 1, latency=100, throughput=10, prompt_set="chat"),
+        point(2, 1, latency=60, throughput=16, prompt_set="chat"),
+        point(0, 1, latency=900, throughput=2, prompt_set="summarize"),
+    ]
+    report = tune(points, goal="throughput", max_latency_ms=500)
+    assert report.recommendations["chat"].draft_len == 2
+    assert "summarize" in report.errors and "900 ms" in report.errors["summarize"]
+    latency_report = tune(points, goal="latency")  # default concurrency: the lowest measured
+    assert latency_report.recommendations["chat"].latency_ms == 60
+
+
+def test_tune_needs_a_bound_for_the_throughput_goal():
+    with pytest.raises(TuneError, match="--max-latency-ms"):
+        tune([point(0, 1)], goal="throughput")
+    with pytest.raises(TuneError, match="goal"):
+        tune([point(0, 1)], goal="cheapest")
+
+
+def test_plots_are_png_files(tmp_path):
+    points = synthetic_sweep(0.6, 0.1, batching_loss=0.5)
+    report = tune(points)
+    for plot, name in ((plot_frontier, "frontier.png"), (plot_speedup, "speedup.png")):
+        path = plot(points, report, tmp_path / name)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert path.stat().st_size > 10_000  # axes, points and labels, not an empty canvas
+    assert not math.isnan(report.analytic[0].closeness)
