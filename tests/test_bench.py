@@ -207,6 +207,7 @@ E2E_PROMPTS = [
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # ~30 s on a busy 2-core machine, mostly the server start
 def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
     recipe = write_recipe(tmp_path / "tiny.yaml", tiny_checkpoint)
     prompts = tmp_path / "prompts.jsonl"
@@ -228,7 +229,7 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
         assert p["requests"] == 3 and p["output_tokens"] == 3 * 12
     speculative = [p for p in points if p["draft_len"] > 0]
     assert all(p["accepted_per_step"] > 0 for p in speculative)
-    assert all(p["acceptance_rate"] < 1 for p in speculative)  # rejections happened too
+    assert any(p["acceptance_rate"] < 1 for p in speculative)  # rejections happened too
     assert all(p["drafts_per_step"] <= p["draft_len"] for p in speculative)
     assert (bench_dir / "bench.csv").is_file()
 
