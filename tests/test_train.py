@@ -15,12 +15,14 @@ from transformers import AutoTokenizer
 
 from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe
 from specbuild.engine.methods.eagle import load_eagle_head
+from specbuild.engine.methods.eagle3 import load_eagle3_head
 from specbuild.engine.methods.medusa import load_medusa_heads
 from specbuild.engine.target import load_target
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import build_distill_data, training_prompts
 from specbuild.train.draft import train_draft as distil_draft
 from specbuild.train.eagle import train_eagle
+from specbuild.train.eagle3 import train_eagle3
 from specbuild.train.evaluate import measure_acceptance, speculative_config_for
 from specbuild.train.medusa import train_medusa
 from specbuild.train.stage import train_draft
@@ -71,7 +73,7 @@ def test_distill_data_is_the_targets_own_greedy_output(setup):
         assert torch.equal(data.tokens[a + prompt_len : b], data.top1[a + prompt_len - 1 : b - 1])
 
 
-@pytest.mark.parametrize("method", ["eagle", "medusa", "draft_target"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "draft_target"])
 def test_saved_artefact_loads_in_the_engine_and_decodes_like_plain_greedy(setup, prompt_files, tmp_path, method):
     model, tokenizer, data, held_ids = setup
     config = small_config(prompt_files, steps=4, num_layers=1)
@@ -79,6 +81,9 @@ def test_saved_artefact_loads_in_the_engine_and_decodes_like_plain_greedy(setup,
     if method == "eagle":
         train_eagle(model, data, config, out, tmp_path / "ckpt", **quiet())
         assert load_eagle_head(out).config.hidden_size == model.config.hidden_size
+    elif method == "eagle3":
+        train_eagle3(model, data, config, out, tmp_path / "ckpt", **quiet())
+        assert load_eagle3_head(out).config.aux_layer_ids == (0, 1, 1)  # a 2-layer target names its layers
     elif method == "medusa":
         train_medusa(model, data, config, out, tmp_path / "ckpt", **quiet(num_heads=3))
         assert load_medusa_heads(out).config.medusa_num_heads == 3
@@ -91,12 +96,14 @@ def test_saved_artefact_loads_in_the_engine_and_decodes_like_plain_greedy(setup,
     assert result.draft_tokens > 0 and 1.0 <= result.mean_acceptance_length <= 4.0
 
 
-@pytest.mark.parametrize("method", ["eagle", "medusa", "draft_target"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "draft_target"])
 def test_a_few_steps_reduce_the_loss(setup, prompt_files, tmp_path, method):
     model, tokenizer, data, _ = setup
     config = small_config(prompt_files, steps=30, batch_tokens=256, num_layers=1, checkpoint_every=30, learning_rate=1e-2)
     if method == "eagle":
         result = train_eagle(model, data, config, tmp_path / "out", tmp_path / "ckpt", **quiet())
+    elif method == "eagle3":
+        result = train_eagle3(model, data, config, tmp_path / "out", tmp_path / "ckpt", **quiet())
     elif method == "medusa":
         result = train_medusa(model, data, config, tmp_path / "out", tmp_path / "ckpt", **quiet(num_heads=2))
     else:

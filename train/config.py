@@ -46,7 +46,10 @@ class TrainConfig(BaseModel):
             draft model: target layers kept (default 4).
         feature_noise: EAGLE input-feature noise, uniform in ``±feature_noise * std(features)`` (EAGLE §4.3).
         token_loss_weight: EAGLE classification-loss weight (the paper's w_cls = 0.1).
-        medusa_decay: Medusa head ``k`` loss weight ``medusa_decay ** k`` (Medusa §2.2.1 uses 0.8).
+        loss_decay: weight ``loss_decay ** k`` of Medusa head ``k`` (Medusa §2.2.1 uses 0.8) and of EAGLE-3's
+            ``k``-th training-time-test step.
+        ttt_steps: EAGLE-3 training-time-test depth: the head is unrolled on its own outputs this many
+            steps (EAGLE-3 §3.2).
         distill_temperature: draft model KL temperature.
         eval_prompts / eval_max_tokens / eval_draft_len: held-out acceptance measurement size.
     """
@@ -70,7 +73,8 @@ class TrainConfig(BaseModel):
     num_layers: int | None = Field(None, ge=1, le=64)
     feature_noise: float = Field(0.05, ge=0)
     token_loss_weight: float = Field(0.1, ge=0)
-    medusa_decay: float = Field(0.8, gt=0, le=1)
+    loss_decay: float = Field(0.8, gt=0, le=1)
+    ttt_steps: int = Field(3, ge=1, le=8)
     distill_temperature: float = Field(1.0, gt=0)
     eval_prompts: int = Field(10, ge=0)
     eval_max_tokens: int = Field(128, ge=1)

@@ -61,7 +61,7 @@ class MedusaObjective:
             valid = target < end
             labels = torch.where(valid, self.data.tokens[target.clamp(max=self.data.num_tokens - 1)], -100).to(self.device)
             ce = nn.functional.cross_entropy(logits[h], labels, ignore_index=-100)
-            loss = loss + self.config.medusa_decay**h * ce
+            loss = loss + self.config.loss_decay**h * ce
             hit = (logits[h].argmax(-1) == labels)[valid.to(self.device)]
             metrics[f"acc{h}"] = float(hit.float().mean()) if hit.numel() else 0.0
         return StepOutput(loss, len(index), metrics)

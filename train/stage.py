@@ -104,8 +104,6 @@ def train_draft(
     config: TrainConfig = loaded.recipe.train
     artefact = artefact_path(loaded)
     method = loaded.recipe.speculation.method
-    if method == "eagle3":
-        raise loaded.error(("speculation", "method"), "EAGLE-3 training is not implemented yet; train an eagle (EAGLE-1/2) head")
     try:
         train_prompts, held_out = training_prompts(config, base_dir=loaded.path.parent)
     except TrainDataError as exc:
@@ -145,6 +143,10 @@ def _train(method, loaded, target, tokenizer, data, config, out, ckpt_dir, devic
         from .eagle import train_eagle
 
         return train_eagle(target, data, config, out, ckpt_dir, **common)
+    if method == "eagle3":
+        from .eagle3 import train_eagle3
+
+        return train_eagle3(target, data, config, out, ckpt_dir, **common)
     if method == "medusa":
         from .medusa import train_medusa
 
