@@ -83,39 +83,33 @@ def test_every_config_parses_and_uses_known_parameters(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ENGINE_RECIPES)
-def test_ensemble_steps_consume_only_inputs_or_earlier_outputs(name, tmp_path):
-    _, configs = write(name, tmp_path, build="  baseline_engine: true\n")
-    for ens in (c for c in configs.values() if c.platform == "ensemble"):
-        available = {t.name for t in ens.input}
-        used = set()
-        for step in ens.ensemble_scheduling.step:
-            model = configs[step.model_name]
-            assert set(step.input_map) <= {t.name for t in model.input}, step.model_name
-            assert set(step.output_map) <= {t.name for t in model.output}, step.model_name
-            assert set(step.input_map.values()) <= available, step.model_name
-            used |= set(step.input_map.values())
-            available |= set(step.output_map.values())
-        assert {t.name for t in ens.output} <= available
-        assert {t.name for t in ens.input} <= used  # Triton refuses unused ensemble inputs
+def test_front_names_models_that_exist(name, tmp_path):
+    repo, configs = write(name, tmp_path, build="  baseline_engine: true\n")
+    front = params(configs["ensemble"])
+    for key in ("tensorrt_llm_model_name", "tensorrt_llm_draft_model_name", "tensorrt_llm_baseline_model_name"):
+        if key in front:
+            assert configs[front[key]].backend == "tensorrtllm", key
+    assert "specbuild.triton_repo.models.trtllm_front" in (repo / "ensemble/1/model.py").read_text()
+    assert int(front["max_draft_len"]) > 0 and front["method"] in {"draft_target", "eagle", "lookahead", "medusa"}
 
 
-CLIENT_INPUTS = {"text_input", "max_tokens", "end_id", "pad_id", "return_perf_metrics", "exclude_input_in_output",
-                 "temperature", "top_k", "top_p", "seed"}
+CLIENT_INPUTS = {"text_input", "max_tokens", "end_id", "pad_id", "num_draft_tokens", "return_perf_metrics",
+                 "exclude_input_in_output", "temperature", "top_k", "top_p", "seed"}
 CLIENT_OUTPUTS = {"text_output", "output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"}
 
 
 def test_ensemble_keeps_the_reference_interface(tmp_path):
-    """What the client SDK sends and reads is there with the reference types; what the tensorrtllm
-    backend lacks (num_draft_tokens, reference-only extras) is absent rather than silently ignored."""
+    """What the client SDK sends and reads is there, num_draft_tokens included, with the reference
+    repository's names, types and dims."""
     _, configs = write("llama-eagle", tmp_path)
     reference = reference_models(ReferenceRepoSpec(engine_dir=tmp_path, end_id=0, pad_id=0, max_batch_size=8))[0]
     ens = configs["ensemble"]
-    ref_in = {t.name: model_config_pb2.DataType.Value(t.data_type) for t in reference.inputs}
-    ref_out = {t.name: model_config_pb2.DataType.Value(t.data_type) for t in reference.outputs}
-    assert {t.name: t.data_type for t in ens.input}.items() <= ref_in.items()
-    assert {t.name: t.data_type for t in ens.output}.items() <= ref_out.items()
+    ref_in = {t.name: (model_config_pb2.DataType.Value(t.data_type), list(t.dims)) for t in reference.inputs}
+    ref_out = {t.name: (model_config_pb2.DataType.Value(t.data_type), list(t.dims)) for t in reference.outputs}
+    assert {t.name: (t.data_type, list(t.dims)) for t in ens.input}.items() <= ref_in.items()
+    assert {t.name: (t.data_type, list(t.dims)) for t in ens.output}.items() <= ref_out.items()
     assert CLIENT_INPUTS <= {t.name for t in ens.input} and CLIENT_OUTPUTS <= {t.name for t in ens.output}
-    assert "num_draft_tokens" not in {t.name for t in ens.input}
+    assert ens.backend == "python" and ens.instance_group[0].count == ens.max_batch_size
 
 
 # tensorrt_llm inputs as upstream declares them: name -> (data type, dims, reshape or None, optional)

@@ -3,24 +3,24 @@
 ::
 
     repo/
-      ensemble/           platform "ensemble": preprocessing -> tensorrt_llm -> postprocessing
-      preprocessing/      python (specbuild's, as in the reference repository)
-      postprocessing/     python (specbuild's; passes output_ids / sequence_length through)
+      ensemble/           python: specbuild's front (the reference interface, num_draft_tokens routed)
+      preprocessing/      python (specbuild's, as in the reference repository; upstream's BLS calls it)
+      postprocessing/     python (specbuild's)
       tensorrt_llm/       backend "tensorrtllm": the target engine
       tensorrt_llm_draft/ backend "tensorrtllm": the draft engine            (draft_target only)
-      tensorrt_llm_bls/   python: draft -> target loop (upstream model.py)   (draft_target only)
-      tensorrt_llm_baseline/ + ensemble_baseline/   the target without speculation (opt-in)
+      tensorrt_llm_bls/   python: upstream's draft -> target BLS (text only)  (draft_target only)
+      tensorrt_llm_baseline/   the target without speculation (opt-in build.baseline_engine)
       launch.sh           scripts/launch_triton_server.py: leader mode with world_size = tp * pp for
                           one engine model, orchestrator mode (--multi-model) for several
 
 Every parameter comes from :class:`TrtllmRepoSpec`; nothing is a template placeholder.
 
-Client interface: the ensemble has the reference repository's tensors except ``num_draft_tokens``:
-the C++ ``tensorrtllm`` backend has no such input and Triton refuses an ensemble input no step
-consumes ("ensemble input ... is not used", verified with Triton 2.51), so a client that sends it
-gets an explicit error instead of a silently speculative "baseline". Per-request baselines:
-``tensorrt_llm_bls`` with ``num_draft_tokens=0`` (draft_target), lookahead ``(1, 1, 0)`` through
-the ``lookahead_*`` inputs, or the opt-in baseline engine (``ensemble_baseline``).
+Client interface: ``ensemble`` has the reference repository's tensors, ``num_draft_tokens``
+included. The C++ ``tensorrtllm`` backend has no such input, so a static ensemble could not honour
+it (Triton refuses an ensemble input no step consumes); ``ensemble`` is therefore a Python BLS
+model (:mod:`specbuild.triton_repo.models.trtllm_front`) that routes each request: draft-target
+runs the draft -> target loop (``0``: the target alone), lookahead sends (w, n, g) = (1, 1, 0) for
+``0``, Medusa / EAGLE send ``0`` to ``tensorrt_llm_baseline`` when the recipe builds one.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class TrtllmRepoSpec:
     accumulate_tokens: bool = False
     use_draft_logits: bool = False
     max_queue_delay_microseconds: int = 0
+    max_draft_len: int = 0  # the target engine's draft budget (tokens per step)
 
 
 def choices_string(choices: Choices) -> str:
@@ -250,25 +251,32 @@ def _reference_interface(spec: TrtllmRepoSpec) -> dict[str, ModelConfig]:
     return models
 
 
-def ensemble_for(reference: ModelConfig, name: str, engine_name: str) -> ModelConfig:
-    """The reference ensemble routed to ``engine_name``, keeping only what the ``tensorrtllm``
-    backend has: engine-step inputs/outputs it declares (:data:`ENGINE_INPUTS` /
-    :data:`ENGINE_OUTPUTS`), then the ensemble inputs some step still reads and the outputs some
-    step still writes (Triton refuses an ensemble input no step consumes; see module doc)."""
-    engine_in = {t.name for t in ENGINE_INPUTS}
-    engine_out = {t.name for t in ENGINE_OUTPUTS}
-    steps = tuple(
-        dataclasses.replace(s, model_name=engine_name,
-                            input_map={k: v for k, v in s.input_map.items() if k in engine_in},
-                            output_map={k: v for k, v in s.output_map.items() if k in engine_out})
-        if s.model_name == "tensorrt_llm" else s
-        for s in reference.steps
-    )
-    read = {v for s in steps for v in s.input_map.values()}
-    written = {v for s in steps for v in s.output_map.values()}
-    return dataclasses.replace(reference, name=name, steps=steps,
-                               inputs=tuple(t for t in reference.inputs if t.name in read),
-                               outputs=tuple(t for t in reference.outputs if t.name in written))
+# The reference ensemble's inputs the front model handles (trtllm_front.TritonPythonModel).
+FRONT_INPUT_NAMES = ("text_input", "max_tokens", "end_id", "pad_id", "num_draft_tokens", "lookahead_window_size",
+                     "lookahead_ngram_size", "lookahead_verification_set_size", "return_perf_metrics",
+                     "exclude_input_in_output", "temperature", "top_k", "top_p", "seed")
+FRONT_OUTPUT_NAMES = ("text_output", "output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens",
+                      "total_draft_tokens")
+
+
+def front_model(reference: ModelConfig, spec: TrtllmRepoSpec) -> ModelConfig:
+    """``ensemble``: specbuild's BLS front (:mod:`specbuild.triton_repo.models.trtllm_front`) with the
+    reference ensemble's tensors (same names, types, dims), routing ``num_draft_tokens`` per request.
+    One instance per batch slot: each instance serves one request at a time."""
+    inputs = tuple(t for t in reference.inputs if t.name in FRONT_INPUT_NAMES)
+    outputs = tuple(t for t in reference.outputs if t.name in FRONT_OUTPUT_NAMES)
+    params = {
+        "method": spec.method, "max_draft_len": str(spec.max_draft_len), "tokenizer_dir": str(spec.tokenizer_dir),
+        "end_id": str(spec.end_id), "pad_id": str(spec.pad_id), "tensorrt_llm_model_name": spec.target.name,
+    }
+    if spec.draft is not None:
+        params["tensorrt_llm_draft_model_name"] = spec.draft.name
+    if spec.baseline is not None:
+        params["tensorrt_llm_baseline_model_name"] = spec.baseline.name
+    if spec.target.lookahead is not None:
+        params["lookahead_wng"] = ",".join(str(v) for v in spec.target.lookahead)
+    return ModelConfig(name="ensemble", backend="python", max_batch_size=spec.max_batch_size, inputs=inputs, outputs=outputs,
+                       parameters=params, instance_count=spec.max_batch_size)
 
 
 # Upstream's tensorrt_llm_bls inputs (same types, dims and reshapes) that specbuild's preprocessing
@@ -319,11 +327,11 @@ def bls_model(spec: TrtllmRepoSpec) -> ModelConfig:
 def trtllm_models(spec: TrtllmRepoSpec) -> list[ModelConfig]:
     """Every model config of the repository, ensemble first."""
     ref = _reference_interface(spec)
-    models = [ensemble_for(ref["ensemble"], "ensemble", spec.target.name), ref["preprocessing"], ref["postprocessing"], engine_model(spec.target, spec)]
+    models = [front_model(ref["ensemble"], spec), ref["preprocessing"], ref["postprocessing"], engine_model(spec.target, spec)]
     if spec.draft is not None:
         models += [engine_model(spec.draft, spec), bls_model(spec)]
     if spec.baseline is not None:
-        models += [ensemble_for(ref["ensemble"], "ensemble_baseline", spec.baseline.name), engine_model(spec.baseline, spec)]
+        models.append(engine_model(spec.baseline, spec))
     return models
 
 
@@ -398,6 +406,10 @@ def launch_lines(repo_dir: Path) -> list[str] | None:
     return [line for line in launch.read_text().splitlines() if line and not line.startswith(("#", "set "))]
 
 
+FRONT_AND_SHELL_MODULES = {"ensemble": "specbuild.triton_repo.models.trtllm_front", "preprocessing": SHELL_MODULES["preprocessing"],
+                           "postprocessing": SHELL_MODULES["postprocessing"]}
+
+
 def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv: list[str], final_dir: Path | None = None) -> Path:
     """Write every model's config.pbtxt (+ specbuild shells) and ``launch.sh`` under ``repo_dir``.
 
@@ -408,8 +420,8 @@ def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv
         version_dir = repo_dir / model.name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
         (repo_dir / model.name / "config.pbtxt").write_text(render(model))
-        if model.name in ("preprocessing", "postprocessing"):
-            (version_dir / "model.py").write_text(SHELL.format(version="trtllm", module=SHELL_MODULES[model.name]))
+        if model.name in FRONT_AND_SHELL_MODULES:
+            (version_dir / "model.py").write_text(SHELL.format(version="trtllm", module=FRONT_AND_SHELL_MODULES[model.name]))
     launch = repo_dir / "launch.sh"
     launch.write_text(launch_script_text(spec, launch_argv, final_dir or repo_dir))
     launch.chmod(0o755)
@@ -452,7 +464,7 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     return TrtllmRepoSpec(
         method=spec.method, target=target, tokenizer_dir=plan.tokenizer_dir, end_id=end_id, pad_id=pad_id,
         max_batch_size=r.build.max_batch_size, world_size=world, decoupled=getattr(r.serve, "decoupled", False),
-        use_draft_logits=getattr(spec, "use_draft_logits", False), **extra,
+        use_draft_logits=getattr(spec, "use_draft_logits", False), max_draft_len=spec.max_draft_len, **extra,
     )
 
 

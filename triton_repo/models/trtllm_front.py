@@ -1,0 +1,254 @@
+"""Triton Python-backend ``ensemble`` for TensorRT-LLM repositories: the reference interface
+(``num_draft_tokens`` included) in front of the ``tensorrtllm`` engine models.
+
+The C++ ``tensorrtllm`` backend has no ``num_draft_tokens`` input, so a static ensemble cannot give
+the client its per-request baseline. This model (Triton BLS: it calls the engine models with
+``pb_utils.InferenceRequest``) routes each request (:func:`route`):
+
+==================  =============================  ==========================================
+method              num_draft_tokens = 0           otherwise (None: the engine's budget)
+==================  =============================  ==========================================
+draft_target        tensorrt_llm, no drafts        draft -> target loop (:func:`draft_target_generate`)
+lookahead           tensorrt_llm, (w, n, g)=(1,1,0) tensorrt_llm, the request's or the engine's (W, N, G)
+medusa / eagle      tensorrt_llm_baseline          tensorrt_llm
+none                tensorrt_llm                   tensorrt_llm
+==================  =============================  ==========================================
+
+Medusa / EAGLE without ``build.baseline_engine`` have no per-request off switch: ``0`` is refused
+with a message saying so. The draft -> target loop follows upstream's tensorrt_llm_bls
+(lib/decode.py ``_spec_generate``): draft k = min(num_draft_tokens, remaining - 1) tokens with
+``tensorrt_llm_draft``, then one ``tensorrt_llm`` call with ``draft_input_ids`` and
+``request_output_len`` = k + 1, which returns the accepted draft prefix plus one target token; stop
+at the length limit, at the end id, or when a step adds nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specbuild.triton_repo.models.common import model_parameters, optional_input, per_row, required_input, run_each
+
+# (new tokens) = generate(model, ids, max_new_tokens, draft_ids, extra inputs)
+Generate = Callable[[str, Sequence[int], int, Sequence[int] | None, dict], "EngineResult"]
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """One engine call: the tokens it added after ``ids``; perf metrics when it reported them."""
+
+    tokens: list[int]
+    accepted_draft_tokens: int | None = None
+    draft_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one request goes: ``engine`` model, whether to run the draft loop, extra inputs."""
+
+    engine: str
+    draft_loop: bool = False
+    draft_len: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FrontConfig:
+    """The model's parameters (config.pbtxt): method, engine budget, model names, lookahead (W, N, G)."""
+
+    method: str
+    max_draft_len: int
+    target_model: str = "tensorrt_llm"
+    draft_model: str | None = None
+    baseline_model: str | None = None
+    lookahead: tuple[int, int, int] | None = None
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> FrontConfig:
+        lookahead = params.get("lookahead_wng")
+        return cls(
+            method=params["method"], max_draft_len=int(params["max_draft_len"]),
+            target_model=params.get("tensorrt_llm_model_name", "tensorrt_llm"),
+            draft_model=params.get("tensorrt_llm_draft_model_name") or None,
+            baseline_model=params.get("tensorrt_llm_baseline_model_name") or None,
+            lookahead=tuple(int(v) for v in lookahead.split(",")) if lookahead else None,
+        )
+
+
+def route(config: FrontConfig, num_draft_tokens: int | None) -> Route:
+    """The engine call(s) for a request asking for ``num_draft_tokens`` (None: the engine's budget).
+
+    Raises:
+        ValueError: a negative count; a count over the engine's max_draft_len; 0 for a method
+            with no per-request off switch and no baseline engine; a count other than 0 or the
+            budget for a method whose draft length is fixed at build time.
+    """
+    k = config.max_draft_len if num_draft_tokens is None else num_draft_tokens
+    if k < 0:
+        raise ValueError(f"num_draft_tokens must be >= 0, got {k}")
+    if k > config.max_draft_len:
+        raise ValueError(f"num_draft_tokens {k} exceeds the engine's max_draft_len {config.max_draft_len}")
+    if config.method == "draft_target":
+        return Route(config.target_model, draft_loop=k > 0, draft_len=k)
+    if config.method == "none" or (k == config.max_draft_len and k > 0):
+        return Route(config.target_model)
+    if k == 0 and config.method == "lookahead":
+        return Route(config.target_model, extra={"lookahead_window_size": 1, "lookahead_ngram_size": 1,
+                                                 "lookahead_verification_set_size": 0})
+    if k == 0 and config.baseline_model is not None:
+        return Route(config.baseline_model)
+    if k == 0:
+        raise ValueError(f"{config.method} has no per-request off switch in TensorRT-LLM: num_draft_tokens=0 needs a "
+                         "baseline engine (recipe build.baseline_engine: true)")
+    raise ValueError(f"{config.method}'s draft length is fixed when the engine is built: send num_draft_tokens 0 or "
+                     f"{config.max_draft_len} (or omit it)")
+
+
+@dataclass
+class Generation:
+    """The tokens a request generated and its draft counts (None: the engine reported none)."""
+
+    tokens: list[int]
+    accepted_draft_tokens: int | None = None
+    draft_tokens: int | None = None
+
+
+def draft_target_generate(generate: Generate, config: FrontConfig, prompt: Sequence[int], max_tokens: int, k: int,
+                          end_id: int, extra: dict) -> Generation:
+    """The draft -> target loop for one request (greedy or sampled as ``extra`` says).
+
+    Example (k = 3): draft proposes [5, 6, 7] after the context; the target accepts [5, 6] and adds
+    its own 9 -> the context grows by [5, 6, 9]: accepted 2 of 3 draft tokens in one target call.
+    """
+    assert config.draft_model is not None
+    ids = list(prompt)
+    out: list[int] = []
+    accepted = drafted = 0
+    while len(out) < max_tokens:
+        n = min(k, max_tokens - len(out) - 1)
+        draft = generate(config.draft_model, ids, n, None, extra).tokens[:n] if n > 0 else []
+        result = generate(config.target_model, ids, len(draft) + 1, draft or None, extra)
+        step = result.tokens[: max_tokens - len(out)]
+        if not step:
+            break
+        drafted += len(draft)
+        if draft:  # the engine's count when it reports one, else the matching prefix
+            matched = next((i for i, (d, t) in enumerate(zip(draft, step)) if d != t), min(len(draft), len(step)))
+            accepted += result.accepted_draft_tokens if result.accepted_draft_tokens is not None else matched
+        ids += step
+        out += step
+        if end_id in step:
+            out = out[: out.index(end_id) + 1]
+            break
+    return Generation(out, accepted, drafted)
+
+
+def generate_request(generate: Generate, config: FrontConfig, prompt: Sequence[int], max_tokens: int,
+                     num_draft_tokens: int | None, end_id: int, extra: dict) -> Generation:
+    """One request, routed (:func:`route`); ``extra`` are inputs passed to every engine call."""
+    r = route(config, num_draft_tokens)
+    if r.draft_loop:
+        return draft_target_generate(generate, config, prompt, max_tokens, r.draft_len, end_id, extra)
+    result = generate(r.engine, prompt, max_tokens, None, {**extra, **r.extra})
+    if config.method == "draft_target" or r.engine == config.baseline_model or "lookahead_window_size" in r.extra:
+        return Generation(result.tokens, 0, 0)  # plain decoding: nothing drafted
+    return Generation(result.tokens, result.accepted_draft_tokens, result.draft_tokens)
+
+
+# Front inputs passed to the engines under TensorRT-LLM's names (front name -> engine name).
+PASSTHROUGH = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
+               "lookahead_window_size": "lookahead_window_size", "lookahead_ngram_size": "lookahead_ngram_size",
+               "lookahead_verification_set_size": "lookahead_verification_set_size"}
+_DTYPES = {"temperature": np.float32, "runtime_top_p": np.float32, "seed": np.uint64}
+
+
+class TritonPythonModel:
+    """Inputs: the reference ensemble's (text_input, max_tokens, end_id, pad_id, num_draft_tokens,
+    lookahead_*, return_perf_metrics, exclude_input_in_output, temperature, top_k, top_p, seed);
+    outputs: text_output, output_ids [1, n], sequence_length [1], acceptance_rate,
+    total_accepted_draft_tokens, total_draft_tokens (see the module docstring)."""
+
+    def initialize(self, args):
+        import triton_python_backend_utils as pb_utils
+
+        from specbuild.triton_repo.models.tokenization import load_tokenizer
+
+        self.pb_utils = pb_utils
+        params = model_parameters(args)
+        self.config = FrontConfig.from_parameters(params)
+        self.tokenizer = load_tokenizer(params["tokenizer_dir"])
+        self.end_id = int(params["end_id"])
+        self.pad_id = int(params["pad_id"])
+
+    def execute(self, requests):
+        return run_each(self.pb_utils, requests, self._one)
+
+    def _scalar(self, request, name):
+        value = per_row(optional_input(self.pb_utils, request, name), 1, name)
+        return None if value is None else value[0]
+
+    def _one(self, request):
+        from specbuild.triton_repo.models.tokenization import decode_queries
+
+        pb = self.pb_utils
+        query = required_input(pb, request, "text_input")
+        if query.shape[0] != 1:
+            raise ValueError("send one prompt per request (batch 1); the draft loop runs per request")
+        max_tokens = int(per_row(required_input(pb, request, "max_tokens"), 1, "max_tokens")[0])
+        end_id = self._scalar(request, "end_id")
+        end_id = self.end_id if end_id is None else int(end_id)
+        pad_id = self._scalar(request, "pad_id")
+        extra = {"end_id": end_id, "pad_id": self.pad_id if pad_id is None else int(pad_id)}
+        for name, engine_name in PASSTHROUGH.items():
+            value = self._scalar(request, name)
+            if value is not None:
+                extra[engine_name] = value
+        num_draft_tokens = self._scalar(request, "num_draft_tokens")
+        prompt = self.tokenizer(decode_queries(query)[0])["input_ids"]
+        gen = generate_request(self._generate, self.config, prompt, max_tokens,
+                               None if num_draft_tokens is None else int(num_draft_tokens), end_id, extra)
+        exclude = self._scalar(request, "exclude_input_in_output")
+        ids = gen.tokens if exclude is None or exclude else list(prompt) + gen.tokens
+        text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+        outputs = [
+            pb.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object)),
+            pb.Tensor("output_ids", np.array([[ids]], dtype=np.int32).reshape(1, 1, -1)),
+            pb.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
+        ]
+        if self._scalar(request, "return_perf_metrics") and gen.draft_tokens is not None:
+            rate = gen.accepted_draft_tokens / gen.draft_tokens if gen.draft_tokens else 0.0
+            outputs += [
+                pb.Tensor("acceptance_rate", np.array([[rate]], dtype=np.float32)),
+                pb.Tensor("total_accepted_draft_tokens", np.array([[gen.accepted_draft_tokens]], dtype=np.int32)),
+                pb.Tensor("total_draft_tokens", np.array([[gen.draft_tokens]], dtype=np.int32)),
+            ]
+        return pb.InferenceResponse(output_tensors=outputs)
+
+    def _generate(self, model: str, ids: Sequence[int], max_new: int, draft: Sequence[int] | None, extra: dict) -> EngineResult:
+        """One ``tensorrtllm`` call: output_ids with the input excluded, perf metrics on."""
+        pb = self.pb_utils
+        column = lambda v, dt=np.int32: np.array([[v]], dtype=dt)  # noqa: E731
+        tensors = [
+            pb.Tensor("input_ids", np.array([list(ids)], dtype=np.int32)),
+            pb.Tensor("input_lengths", column(len(ids))),
+            pb.Tensor("request_output_len", column(max_new)),
+            pb.Tensor("exclude_input_in_output", column(True, bool)),
+            pb.Tensor("return_perf_metrics", column(True, bool)),
+        ]
+        if draft:
+            tensors.append(pb.Tensor("draft_input_ids", np.array([list(draft)], dtype=np.int32)))
+        tensors += [pb.Tensor(name, column(value, _DTYPES.get(name, np.int32))) for name, value in extra.items()]
+        response = pb.InferenceRequest(
+            model_name=model, inputs=tensors,
+            requested_output_names=["output_ids", "sequence_length", "total_accepted_draft_tokens", "total_draft_tokens"],
+        ).exec()
+        if response.has_error():
+            raise RuntimeError(f"{model}: {response.error().message()}")
+        get = lambda name: pb.get_output_tensor_by_name(response, name)  # noqa: E731
+        length = int(get("sequence_length").as_numpy().reshape(-1)[0])
+        tokens = get("output_ids").as_numpy().reshape(-1)[:length].tolist()
+        accepted, total = get("total_accepted_draft_tokens"), get("total_draft_tokens")
+        return EngineResult(tokens, None if accepted is None else int(accepted.as_numpy().reshape(-1)[0]),
+                            None if total is None else int(total.as_numpy().reshape(-1)[0]))
