@@ -201,6 +201,8 @@ def test_draft_target_models_refer_to_each_other(tmp_path):
     bls, target, draft = params(configs["tensorrt_llm_bls"]), params(configs["tensorrt_llm"]), params(configs["tensorrt_llm_draft"])
     assert (bls["tensorrt_llm_model_name"], bls["tensorrt_llm_draft_model_name"]) == ("tensorrt_llm", "tensorrt_llm_draft")
     assert target["enable_kv_cache_reuse"] == draft["enable_kv_cache_reuse"] == "true"
+    # upstream's BLS (lib/decode.py) takes each target output as the next input: prompt included
+    assert target["exclude_input_in_output"] == draft["exclude_input_in_output"] == "false"
     assert target["gpt_model_path"] == f"{tmp_path}/engines/target" and draft["gpt_model_path"] == f"{tmp_path}/engines/draft"
     assert "participant_ids" not in target and "participant_ids" not in draft  # spawned ranks (orchestrator mode)
     assert {"num_draft_tokens", "use_draft_logits"} <= {t.name for t in configs["tensorrt_llm_bls"].input}

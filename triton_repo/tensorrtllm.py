@@ -392,8 +392,8 @@ def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> 
         if model.steps:
             what += ": " + " -> ".join(step.model_name for step in model.steps)
         out.append(f"  file {repo_dir / model.name / 'config.pbtxt'} ({what})")
-        if model.backend == "tensorrtllm" or model.name == "tensorrt_llm_bls":
-            out += [f"      {key} = {value}" for key, value in model.parameters.items()]
+        if model.backend == "tensorrtllm" or model.name in ("tensorrt_llm_bls", "ensemble"):
+            out += [f"      {key} = {value}" for key, value in model.parameters.items() if key not in ("end_id", "pad_id")]
     out += [f"  file {repo_dir / 'launch.sh'}", f"launch: $ {shlex.join(argv)}"]
     return out
 
@@ -464,6 +464,9 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     return TrtllmRepoSpec(
         method=spec.method, target=target, tokenizer_dir=plan.tokenizer_dir, end_id=end_id, pad_id=pad_id,
         max_batch_size=r.build.max_batch_size, world_size=world, decoupled=getattr(r.serve, "decoupled", False),
+        # upstream's BLS loop feeds each output back as the next input: it needs the prompt included
+        # (the front sends exclude_input_in_output per request, so it is unaffected)
+        exclude_input_in_output=spec.method != "draft_target",
         use_draft_logits=getattr(spec, "use_draft_logits", False), max_draft_len=spec.max_draft_len, **extra,
     )
 
