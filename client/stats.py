@@ -231,7 +231,9 @@ class SamplingReport:
     """All prompts' tests, Bonferroni-corrected as one family.
 
     ``p_value`` = min(1, m * smallest p) over the m tests; ``passed`` when it is >= ``alpha``.
-    ``min_detectable_tv``: the largest per-test detectable TV (the weakest test's reach).
+    ``min_detectable_tv``: the largest per-test detectable TV over the tests that could test
+    anything (the weakest one's reach); ``num_degenerate``: tests whose samples all fell in one
+    (pooled) category, so they had no power at all (more samples, or a lower temperature / top_k).
     """
 
     settings: SamplingSettings
@@ -260,7 +262,11 @@ class SamplingReport:
 
     @property
     def min_detectable_tv(self) -> float:
-        return max((t.min_detectable_tv for t in self.tests), default=math.inf)
+        return max((t.min_detectable_tv for t in self.tests if t.df > 0), default=math.inf)
+
+    @property
+    def num_degenerate(self) -> int:
+        return sum(t.df == 0 for t in self.tests)
 
     @property
     def worst(self) -> HomogeneityTest | None:
@@ -277,6 +283,7 @@ class SamplingReport:
             "worst_statistic": None if worst is None else worst.statistic,
             "worst_df": None if worst is None else worst.df,
             "min_detectable_tv": self.min_detectable_tv,
+            "num_degenerate_tests": self.num_degenerate,
             "power": self.settings.power,
             "total_draft_tokens": self.total_draft_tokens,
             "total_accepted_draft_tokens": self.total_accepted_draft_tokens,
@@ -403,4 +410,10 @@ def describe_sampling_report(report: SamplingReport) -> str:
         f"per arm a total-variation shift >= {report.min_detectable_tv:.3f} is detected with power "
         f">= {report.settings.power:g}; {report.total_accepted_draft_tokens}/{report.total_draft_tokens} "
         "draft tokens accepted"
+        + (
+            f"; {report.num_degenerate} test(s) had every sample in one pooled category and no power "
+            "(more --samples, or fewer --positions)"
+            if report.num_degenerate
+            else ""
+        )
     )

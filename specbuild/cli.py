@@ -237,21 +237,42 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir to show divergences as text (e.g. OUT/engine/tokenizer).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.json"), show_default=True)
 @click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for the server to be ready (seconds).")
-def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, report_path, wait_s) -> None:
+@click.option("--near-tie-margin", default=None, type=click.FloatRange(min=0), help="Greedy: let a divergence pass when speculation took the target's runner-up and the top-two logits differ by at most this (logit units) [off: exact].")
+@click.option("--hf-oracle", "hf_oracle", type=click.Path(exists=True, file_okay=False), help="Also compare both runs with Hugging Face generate() on this local checkpoint folder (the target's).")
+@click.option("--sampling", is_flag=True, help="Run the statistical test of speculative vs plain sampling instead of the greedy check.")
+@click.option("--samples", default=500, show_default=True, type=click.IntRange(min=2), help="Sampling: seeded requests per arm and prompt.")
+@click.option("--positions", default=4, show_default=True, type=click.IntRange(min=1), help="Sampling: leading tokens compared (= max_tokens of each request).")
+@click.option("--sampling-prompts", default=2, show_default=True, type=click.IntRange(min=1), help="Sampling: use the first N of --prompts.")
+@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Sampling temperature.")
+@click.option("--top-k", default=None, type=click.IntRange(min=0), help="Sampling top_k [off].")
+@click.option("--top-p", default=None, type=click.FloatRange(min=0, max=1, min_open=True), help="Sampling top_p [off].")
+@click.option("--alpha", default=0.01, show_default=True, type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), help="Sampling: significance level of the whole family of tests.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
+@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
+def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, report_path, wait_s,
+                   near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts, temperature, top_k, top_p,
+                   alpha, seed, concurrency) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
 
     Sends each prompt with num_draft_tokens=0 (the non-speculative baseline) and with speculation,
-    compares the token ids, reports the first divergence and the speed-up, writes a JSON report.
-    Exits 1 on any mismatch.
+    compares the token ids, reports the first divergence (with the target's top-two logit margin
+    there when the deployment returns it) and the speed-up, writes a JSON report.
+    Exits 1 on any mismatch (or, with --near-tie-margin, on any mismatch that is not a near-tie).
+
+    With --sampling: sends --samples seeded requests per arm (plain, speculative; disjoint seeds)
+    for each of the first --sampling-prompts prompts and tests with chi-square that the first
+    --positions tokens are distributed alike; prints statistic, p-value and the smallest difference
+    (total variation) the sample size detects. Exits 1 when the test rejects equivalence.
 
     \b
-    Example:
+    Examples:
       specbuild verify --prompts humaneval:5 --max-tokens 64
+      specbuild verify --hf-oracle ~/ckpt/SmolLM2 --prompts humaneval:3
+      specbuild verify --sampling --samples 500 --temperature 0.8 --top-k 20
     """
-    from specbuild.cli_display import print_report, verification_progress
+    from specbuild.cli_display import print_report
     from specbuild.client.prompts import PromptSourceError, load_prompts
     from specbuild.client.sdk import ClientError, SpecClient
-    from specbuild.client.verify import verify
 
     tokenizer = None
     if tokenizer_dir:
@@ -261,19 +282,74 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     console = _console()
     try:
         prompt_list = load_prompts(prompts)
-        with SpecClient(url, protocol=protocol) as client, verification_progress(console, len(prompt_list)) as progress:
+        with SpecClient(url, protocol=protocol) as client:
             client.wait_ready(timeout_s=wait_s)
-            report = verify(
-                client, prompt_list, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
-                end_id=end_id, tokenizer=tokenizer, progress=progress,
-            )
-    except (PromptSourceError, ClientError) as exc:
+            if sampling:
+                _verify_sampling(console, client, prompt_list[:sampling_prompts], report_path, samples=samples,
+                                 positions=positions, temperature=temperature, top_k=top_k, top_p=top_p, alpha=alpha,
+                                 seed=seed, num_draft_tokens=num_draft_tokens, concurrency=concurrency)
+                return
+            report = _verify_greedy(console, client, prompt_list, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
+                                    end_id=end_id, tokenizer=tokenizer, near_tie_margin=near_tie_margin)
+            oracle_ok = True
+            if hf_oracle:
+                oracle_ok = _verify_oracle(console, client, prompt_list, hf_oracle, report_path, max_tokens=max_tokens,
+                                           num_draft_tokens=num_draft_tokens, end_id=end_id, tokenizer=tokenizer)
+    except (PromptSourceError, ClientError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     report.write(report_path)
     print_report(console, report)
     console.print(f"report: {report_path}")
-    if not report.all_match:
+    if near_tie_margin is not None:
+        console.print(f"tolerance: divergences where speculation took the target's runner-up within {near_tie_margin:g} logits pass ({report.num_near_ties} such)")
+    if not report.passed or not oracle_ok:
         sys.exit(1)
+
+
+def _verify_greedy(console, client, prompt_list, **options):
+    from specbuild.cli_display import verification_progress
+    from specbuild.client.verify import verify
+
+    with verification_progress(console, len(prompt_list)) as progress:
+        return verify(client, prompt_list, progress=progress, **options)
+
+
+def _verify_sampling(console, client, prompt_list, report_path: Path, *, samples, positions, temperature, top_k, top_p,
+                     alpha, seed, num_draft_tokens, concurrency) -> None:
+    from specbuild.cli_display import verification_progress
+    from specbuild.client.stats import SamplingSettings, describe_sampling_report, render_sampling_report, verify_sampling
+
+    settings = SamplingSettings(num_samples=samples, positions=positions, temperature=temperature, top_k=top_k, top_p=top_p,
+                                num_draft_tokens=num_draft_tokens, seed=seed, alpha=alpha)
+    with verification_progress(console, 2 * samples * len(prompt_list)) as progress:
+        report = verify_sampling(client, prompt_list, settings, concurrency=concurrency, progress=progress)
+    report.write(report_path)
+    console.print(render_sampling_report(report))
+    colour = "green" if report.passed else "red"
+    console.print(f"[{colour}]{describe_sampling_report(report)}[/{colour}]", highlight=False)
+    console.print(f"report: {report_path}")
+    if not report.passed:
+        sys.exit(1)
+
+
+def _verify_oracle(console, client, prompt_list, checkpoint, report_path: Path, *, tokenizer, **options) -> bool:
+    import json
+
+    from specbuild.cli_display import verification_progress
+    from specbuild.client.oracle import HFOracle, OracleError, compare_with_oracle
+
+    try:
+        oracle = HFOracle(checkpoint)
+        with verification_progress(console, len(prompt_list)) as progress:
+            result = compare_with_oracle(client, prompt_list, oracle, decoder=tokenizer, progress=progress, **options)
+    except OracleError as exc:
+        raise click.ClickException(str(exc)) from None
+    path = report_path.with_name(report_path.stem + ".oracle.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+    console.print(result.describe(), highlight=False)
+    console.print(f"oracle report: {path}")
+    return result.all_match
 
 
 def _int_list(ctx, param, value: str) -> tuple[int, ...]:
