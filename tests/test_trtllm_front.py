@@ -141,3 +141,13 @@ def test_baseline_and_lookahead_off_report_no_drafts():
     assert engines.calls[-1][0] == "tensorrt_llm_baseline" and gen.draft_tokens == 0
     gen = generate_request(engines, FrontConfig("lookahead", 83, lookahead=(7, 7, 7)), [1, 2], 5, 0, END, {"end_id": END})
     assert engines.calls[-1][4]["lookahead_verification_set_size"] == 0 and gen.draft_tokens == 0
+
+
+def test_sampling_on_medusa_is_refused():
+    medusa = FrontConfig("medusa", 63, baseline_model="tensorrt_llm_baseline")
+    engines = ToyEngines(target_next, stop_after_verify=True)
+    with pytest.raises(ValueError, match=r"temperature=0.8: Medusa is greedy-only in TensorRT-LLM"):
+        generate_request(engines, medusa, [1, 2], 5, None, END, {"temperature": 0.8})
+    assert engines.calls == []
+    generate_request(engines, medusa, [1, 2], 5, 0, END, {"temperature": 0.8})  # the baseline engine samples
+    assert engines.calls[-1][0] == "tensorrt_llm_baseline"

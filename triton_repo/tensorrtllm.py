@@ -275,6 +275,8 @@ def front_model(reference: ModelConfig, spec: TrtllmRepoSpec) -> ModelConfig:
         params["tensorrt_llm_baseline_model_name"] = spec.baseline.name
     if spec.target.lookahead is not None:
         params["lookahead_wng"] = ",".join(str(v) for v in spec.target.lookahead)
+    if spec.decoupled:
+        params["decoupled"] = "true"
     return ModelConfig(name="ensemble", backend="python", max_batch_size=spec.max_batch_size, inputs=inputs, outputs=outputs,
                        parameters=params, instance_count=spec.max_batch_size)
 

@@ -64,6 +64,7 @@ class FrontConfig:
     draft_model: str | None = None
     baseline_model: str | None = None
     lookahead: tuple[int, int, int] | None = None
+    decoupled: bool = False  # the engine models stream (model_transaction_policy decoupled)
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> FrontConfig:
@@ -74,6 +75,7 @@ class FrontConfig:
             draft_model=params.get("tensorrt_llm_draft_model_name") or None,
             baseline_model=params.get("tensorrt_llm_baseline_model_name") or None,
             lookahead=tuple(int(v) for v in lookahead.split(",")) if lookahead else None,
+            decoupled=params.get("decoupled", "false") == "true",
         )
 
 
@@ -147,8 +149,16 @@ def draft_target_generate(generate: Generate, config: FrontConfig, prompt: Seque
 
 def generate_request(generate: Generate, config: FrontConfig, prompt: Sequence[int], max_tokens: int,
                      num_draft_tokens: int | None, end_id: int, extra: dict) -> Generation:
-    """One request, routed (:func:`route`); ``extra`` are inputs passed to every engine call."""
+    """One request, routed (:func:`route`); ``extra`` are inputs passed to every engine call.
+
+    Raises:
+        ValueError: see :func:`route`; a sampled request (temperature > 0) on a Medusa engine,
+            which TensorRT-LLM decodes greedily only.
+    """
     r = route(config, num_draft_tokens)
+    if config.method == "medusa" and r.engine == config.target_model and (extra.get("temperature") or 0) > 0:
+        raise ValueError(f"temperature={extra['temperature']!r}: Medusa is greedy-only in TensorRT-LLM; send temperature 0 "
+                         "(or num_draft_tokens=0 for the baseline engine, which samples)")
     if r.draft_loop:
         return draft_target_generate(generate, config, prompt, max_tokens, r.draft_len, end_id, extra)
     result = generate(r.engine, prompt, max_tokens, None, {**extra, **r.extra})
@@ -240,12 +250,17 @@ class TritonPythonModel:
         if draft:
             tensors.append(pb.Tensor("draft_input_ids", np.array([list(draft)], dtype=np.int32)))
         tensors += [pb.Tensor(name, column(value, _DTYPES.get(name, np.int32))) for name, value in extra.items()]
-        response = pb.InferenceRequest(
+        request = pb.InferenceRequest(
             model_name=model, inputs=tensors,
             requested_output_names=["output_ids", "sequence_length", "total_accepted_draft_tokens", "total_draft_tokens"],
-        ).exec()
-        if response.has_error():
-            raise RuntimeError(f"{model}: {response.error().message()}")
+        )
+        # Decoupled engine models answer through a stream: without streaming, one response with the
+        # tokens, then an empty one flagged final.
+        responses = list(request.exec(decoupled=True)) if self.config.decoupled else [request.exec()]
+        for response in responses:
+            if response.has_error():
+                raise RuntimeError(f"{model}: {response.error().message()}")
+        response = [r for r in responses if r.output_tensors()][-1]
         get = lambda name: pb.get_output_tensor_by_name(response, name)  # noqa: E731
         length = int(get("sequence_length").as_numpy().reshape(-1)[0])
         tokens = get("output_ids").as_numpy().reshape(-1)[:length].tolist()
