@@ -188,3 +188,18 @@ def test_engine_path_on_tensorrt_llm_1_3_stops_before_any_work(gpu_box):
     assert run.returncode == 1
     assert "build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x" in run.stderr and "installed: 1.3.0" in run.stderr
     assert "use build.backend: pytorch" in run.stderr and not (out / "logs").exists()
+
+
+def test_pytorch_path_writes_the_llmapi_repository_and_checks_the_draft(gpu_box):
+    root, env = gpu_box
+    text = RECIPE.replace("backend: tensorrt, tp_size: 2,", "backend: pytorch,")
+    loaded = load(root, text)
+    from specbuild.builder.trtllm_plan import plan_pytorch
+
+    plan = plan_pytorch(loaded, root / "out")
+    result = run_trtllm(loaded, plan, root / "out/triton_repo", status=lambda _: None, log=lambda _: None, env=env)
+    assert result.record.ran == {} and (root / "out/triton_repo/tensorrt_llm/1/model.yaml").is_file()
+    assert "decoding_type: DraftTarget" in (root / "out/extra_llm_api_options.yaml").read_text()
+    (root / "recipe/draft/config.json").write_text(json.dumps({"vocab_size": 100, "eos_token_id": 7}))
+    with pytest.raises(RecipeError, match="vocab_size=100 but the target has vocab_size=128"):
+        run_trtllm(loaded, plan_pytorch(loaded, root / "out"), root / "out/triton_repo", status=lambda _: None, log=lambda _: None, env=env)
