@@ -241,7 +241,10 @@ def run_trtllm(
         if plan.backend == "pytorch":
             write_llmapi_repository(plan, tmp, final_dir=repo_dir)
         else:
-            end_id, pad_id = special_ids(plan.tokenizer_dir)
+            try:
+                end_id, pad_id = special_ids(plan.tokenizer_dir)
+            except ValueError as exc:
+                raise StageError(f"repository: {exc}; add eos_token_id to the target's generation_config.json") from None
             spec = repo_spec_for(loaded, plan, end_id=end_id, pad_id=pad_id)
             argv = launch_command(spec, repo_dir, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
             write_trtllm_repository(spec, tmp, launch_argv=argv, final_dir=repo_dir)
