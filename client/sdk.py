@@ -37,6 +37,7 @@ import http.client
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -376,6 +377,56 @@ class SpecClient:
         if self.protocol == "grpc":
             return self._client.get_model_repository_index(as_json=True).get("models", [])
         return list(self._local_client().get_model_repository_index())
+
+    def generate_stream(self, prompt: str, *, max_tokens: int, stream: bool = True, **options: Any) -> Iterator[GenerateResult]:
+        """Stream a generation from a decoupled deployment (recipe ``serve.decoupled: true``) over gRPC
+        ``start_stream`` / ``async_stream_infer`` with TensorRT-LLM's ``stream`` input.
+
+        Yields one :class:`GenerateResult` per decoding step: ``output_ids`` and ``text`` are what that
+        step added (several tokens when drafts were accepted), the perf counters are totals so far and
+        ``latency_s`` counts from sending the request. Concatenating the chunks' ``output_ids`` and
+        ``text`` gives what :meth:`generate` returns. ``stream=False`` gets one response: the way to send
+        a non-streamed request to a decoupled deployment (which refuses plain ``infer``).
+        ``options``: the keyword arguments of :meth:`generate`. Each call opens its own gRPC stream,
+        so several may run at once (from threads). Example::
+
+            text = "".join(chunk.text for chunk in client.generate_stream("def fib(n):", max_tokens=64))
+
+        Raises ``ValueError`` for out-of-range arguments or ``protocol="http"``; ``RequestError`` (the
+        server's message) when the server answers with an error; ``RequestTimeoutError`` when no
+        response arrives within ``timeout_s``; ``ServerUnavailableError`` when no server answers.
+        """
+        import queue
+
+        if self.protocol != "grpc":
+            raise ValueError("generate_stream needs protocol='grpc' (Triton streams over gRPC)")
+        values = request_values(prompt, max_tokens=max_tokens, **options)
+        inputs = input_tensors(self._tc, prompt, values)
+        inputs.append(self._tensor("stream", np.array([[stream]], dtype=np.bool_), "BOOL"))
+        outputs = [self._tc.InferRequestedOutput(name) for name in output_names(values)]
+        arrivals: queue.Queue = queue.Queue()
+        client = _make_client(self._tc, "grpc", self.url, self.timeout_s)  # one stream per connection
+        start, finished = time.perf_counter(), False
+        try:
+            self._call("streaming", lambda: client.start_stream(callback=lambda result, error: arrivals.put((result, error))))
+            client.async_stream_infer(self.model_name, inputs, outputs=outputs, enable_empty_final_response=True)
+            while not finished:
+                try:
+                    result, error = arrivals.get(timeout=self.timeout_s)
+                except queue.Empty:
+                    raise _timeout("streaming inference", self._where, self.timeout_s) from None
+                if error is not None:
+                    finished = True
+                    if isinstance(error, InferenceServerException) and error.status() is None:  # an error response
+                        message = error.message() or str(error)
+                        raise RequestError(f"streaming inference on {self._where} rejected: {message}", server_message=message)
+                    raise translate_error(error, what="streaming inference", where=self._where, timeout_s=self.timeout_s)
+                finished = result.get_response().parameters["triton_final_response"].bool_param
+                if result.as_numpy("output_ids") is not None:  # the empty final response carries no tensors
+                    yield parse_response(result, time.perf_counter() - start, source=self._where)
+        finally:
+            client.stop_stream(cancel_requests=not finished)
+            client.close()
 
 
 class AsyncSpecClient:

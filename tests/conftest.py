@@ -26,3 +26,15 @@ def write_recipe(path: Path, checkpoint: Path, *, method: str = "ngram", extra: 
         + extra
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def method_engines(tiny_checkpoint, tmp_path_factory):
+    """``(method, kind)`` -> ReferenceEngine on the tiny target for every method, "same" (oracle) and
+    "random" drafts (tests/method_engines.py); built once per session."""
+    from method_engines import build_engines
+
+    from specbuild.engine import target as target_model
+
+    model = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    return build_engines(model, tmp_path_factory.mktemp("method_engines"))

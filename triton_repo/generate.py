@@ -15,7 +15,8 @@ Ensemble interface. Inputs: ``text_input`` STRING [1], ``max_tokens`` INT32 [1];
 ``lookahead_window_size``, ``lookahead_ngram_size``, ``lookahead_verification_set_size`` INT32 [1]
 (a Lookahead engine's per-request (w, n, g), passed through under TensorRT-LLM's names),
 ``return_perf_metrics``, ``exclude_input_in_output`` BOOL [1], and sampling: ``temperature``,
-``top_p`` FP32 [1], ``top_k`` INT32 [1], ``seed`` UINT64 [1] (no temperature: greedy). Outputs: ``text_output`` STRING [-1],
+``top_p`` FP32 [1], ``top_k`` INT32 [1], ``seed`` UINT64 [1] (no temperature: greedy), ``stream`` BOOL [1]
+(TensorRT-LLM's: one response per decoding step, on a decoupled deployment). Outputs: ``text_output`` STRING [-1],
 ``output_ids`` INT32 [-1, -1] (beam, tokens), ``sequence_length`` INT32 [-1], ``acceptance_rate``
 FP32 [1], ``total_accepted_draft_tokens`` and ``total_draft_tokens`` INT32 [1]. specbuild's
 ``return_logit_margin`` BOOL [1] input asks for ``logit_margin`` FP32 [-1] and ``runner_up_ids``
@@ -54,6 +55,7 @@ class ReferenceRepoSpec:
     device: str = "cpu"
     recipe: str = ""
     fingerprint: str = ""
+    decoupled: bool = False  # tensorrt_llm streams (model_transaction_policy { decoupled: true })
 
 
 def _t(name: str, data_type: str, dims: tuple[int, ...], optional: bool = False) -> Tensor:
@@ -79,6 +81,15 @@ SAMPLING_ENGINE_INPUTS = {
     "top_p": ("runtime_top_p", "TYPE_FP32"),
     "seed": ("seed", "TYPE_UINT64"),
 }
+
+
+# Streaming (decoupled) responses carry only the step's tokens; postprocessing also needs the tokens
+# sent before (a step's token may complete a character begun earlier) and whether this is the last
+# response, to emit exactly the text each step adds (see reference_engine.pack_step).
+STREAM_ENGINE_OUTPUTS = (
+    _t("stream_prefix_ids", "TYPE_INT32", (-1,)),
+    _t("stream_final", "TYPE_BOOL", (1,)),
+)
 
 
 # A Lookahead request's (w, n, g): the same names on the ensemble and on tensorrt_llm (TensorRT-LLM's).
@@ -124,11 +135,13 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
             _t("return_perf_metrics", "TYPE_BOOL", (1,), optional=True),
             _t("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),
             _t("return_logit_margin", "TYPE_BOOL", (1,), optional=True),
+            _t("streaming", "TYPE_BOOL", (1,), optional=True),
         )
         + tuple(_t(name, dtype, (1,), optional=True) for name, dtype in SAMPLING_ENGINE_INPUTS.values()),
         outputs=(_t("output_ids", "TYPE_INT32", (-1, -1)), _t("sequence_length", "TYPE_INT32", (-1,)))
         + PERF_OUTPUTS
-        + MARGIN_OUTPUTS,
+        + MARGIN_OUTPUTS
+        + STREAM_ENGINE_OUTPUTS,
         parameters={
             "engine_dir": str(spec.engine_dir.resolve()),
             "device": spec.device,
@@ -136,12 +149,18 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
             "pad_id": str(spec.pad_id),
         },
         instance_count=spec.instance_count,
+        decoupled=spec.decoupled,
     )
     postprocessing = ModelConfig(
         name="postprocessing",
         backend="python",
         max_batch_size=b,
-        inputs=(_t("TOKENS_BATCH", "TYPE_INT32", (-1, -1)), _t("SEQUENCE_LENGTH", "TYPE_INT32", (-1,))),
+        inputs=(
+            _t("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
+            _t("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
+            _t("STREAM_PREFIX_IDS", "TYPE_INT32", (-1,), optional=True),
+            _t("STREAM_FINAL", "TYPE_BOOL", (1,), optional=True),
+        ),
         outputs=(
             _t("OUTPUT", "TYPE_STRING", (-1,)),
             _t("OUT_OUTPUT_IDS", "TYPE_INT32", (-1, -1)),
@@ -176,17 +195,24 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
                 "end_id": "_PREPROCESSOR_END_ID",
                 "pad_id": "_PREPROCESSOR_PAD_ID",
                 **{name: name for name in ("num_draft_tokens", *LOOKAHEAD_INPUTS) + optional_bool},
+                "streaming": "stream",
                 **{engine_name: name for name, (engine_name, _) in SAMPLING_ENGINE_INPUTS.items()},
             },
             output_map={t.name: t.name for t in PERF_OUTPUTS + MARGIN_OUTPUTS}
-            | {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
+            | {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"}
+            | {"stream_prefix_ids": "_STREAM_PREFIX_IDS", "stream_final": "_STREAM_FINAL"},
         ),
         # The ids reach the client through postprocessing: a tensor that is both an ensemble output
         # and a later step's input breaks Triton's pruning for requests that ask for a subset of
         # the outputs (2.51: "unexpected deadlock, at least one output is not set").
         EnsembleStep(
             "postprocessing",
-            input_map={"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
+            input_map={
+                "TOKENS_BATCH": "_TOKENS_BATCH",
+                "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH",
+                "STREAM_PREFIX_IDS": "_STREAM_PREFIX_IDS",
+                "STREAM_FINAL": "_STREAM_FINAL",
+            },
             output_map={"OUTPUT": "text_output", "OUT_OUTPUT_IDS": "output_ids", "OUT_SEQUENCE_LENGTH": "sequence_length"},
         ),
     )
@@ -196,7 +222,7 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
         max_batch_size=max_batch_size,
         inputs=(_t("text_input", "TYPE_STRING", (1,)), _t("max_tokens", "TYPE_INT32", (1,)))
         + tuple(_t(n, "TYPE_INT32", (1,), optional=True) for n in optional_int)
-        + tuple(_t(n, "TYPE_BOOL", (1,), optional=True) for n in optional_bool)
+        + tuple(_t(n, "TYPE_BOOL", (1,), optional=True) for n in (*optional_bool, "stream"))
         + tuple(_t(name, dtype, (1,), optional=True) for name, (_, dtype) in SAMPLING_ENGINE_INPUTS.items()),
         outputs=(
             _t("text_output", "TYPE_STRING", (-1,)),
@@ -230,8 +256,11 @@ def write_reference_repository(spec: ReferenceRepoSpec, repo_dir: Path) -> Path:
     return repo_dir
 
 
-def spec_from_engine_dir(engine_dir: Path, *, instance_count: int = 1) -> ReferenceRepoSpec:
-    """A :class:`ReferenceRepoSpec` read from a built engine directory's config.json."""
+def spec_from_engine_dir(engine_dir: Path, *, instance_count: int = 1, decoupled: bool = False) -> ReferenceRepoSpec:
+    """A :class:`ReferenceRepoSpec` read from a built engine directory's config.json.
+
+    ``decoupled`` (recipe ``serve.decoupled``): the ``tensorrt_llm`` model may stream; clients then use
+    gRPC streaming (``start_stream`` / ``async_stream_infer``) for every request, as with TensorRT-LLM."""
     config = json.loads((engine_dir / "config.json").read_text())
     meta = config["specbuild"]
     return ReferenceRepoSpec(
@@ -240,6 +269,7 @@ def spec_from_engine_dir(engine_dir: Path, *, instance_count: int = 1) -> Refere
         pad_id=int(meta["pad_id"]),
         max_batch_size=int(config["build_config"]["max_batch_size"]),
         instance_count=instance_count,
+        decoupled=decoupled,
         device=meta.get("device", "cpu"),
         recipe=meta.get("recipe", ""),
         fingerprint=meta.get("fingerprint", ""),

@@ -11,24 +11,31 @@ and, for a Lookahead engine, the request's ``(w, n, g)`` as TensorRT-LLM's ``loo
 margin and second choice at each generated position (see :class:`Margins`), so a client can tell a
 numerical near-tie from a real divergence.
 
-The Triton glue (:class:`TritonPythonModel`) only converts tensors; :func:`parse_batch` and
-:func:`pack_outputs` are plain numpy functions that the tests call directly.
+Requests run with in-flight batching (:class:`~specbuild.engine.scheduler.Scheduler`); on a decoupled
+deployment a request with ``streaming`` true gets one response per decoding step (TensorRT-LLM's
+``streaming`` input, ``model_transaction_policy { decoupled: true }``).
+
+The Triton glue (:class:`TritonPythonModel`) only converts tensors; :func:`parse_batch`,
+:func:`pack_outputs` and :func:`pack_step` are plain numpy functions that the tests call directly.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 
 import numpy as np
 
+from specbuild.engine.stream import StepOutput, collect
 from specbuild.engine.types import GenerationRequest, GenerationResult
 from specbuild.triton_repo.models.common import (
     as_bool,
+    error_response,
     model_parameters,
     optional_input,
     per_row,
     required_input,
-    run_each,
 )
 
 LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")  # (w, n, g)
@@ -47,6 +54,7 @@ INPUTS = (
     "seed",
     *LOOKAHEAD_INPUTS,
     "return_logit_margin",
+    "streaming",
 )
 
 
@@ -59,6 +67,7 @@ class Row:
     exclude_input_in_output: bool
     return_perf_metrics: bool
     return_logit_margin: bool = False
+    streaming: bool = False
 
 
 def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, default_exclude_input: bool) -> list[Row]:
@@ -72,7 +81,8 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
             ``runtime_top_p`` [batch, 1] fp32, ``runtime_top_k`` [batch, 1] int32, ``seed`` [batch, 1]
             uint64 (absent temperature: greedy), and ``lookahead_window_size``, ``lookahead_ngram_size``,
             ``lookahead_verification_set_size`` [batch, 1] int32 (all three or none),
-            ``return_logit_margin`` [batch, 1] bool.
+            ``return_logit_margin`` [batch, 1] bool, ``streaming`` [batch, 1] bool (one response per
+            decoding step; decoupled deployments only).
 
     Raises:
         ValueError: a required tensor is missing, a shape does not match the batch, or only some of
@@ -111,6 +121,7 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
                 exclude_input_in_output=bool(pick("exclude_input_in_output", default_exclude_input)),
                 return_perf_metrics=bool(pick("return_perf_metrics", False)),
                 return_logit_margin=bool(pick("return_logit_margin", False)),
+                streaming=bool(pick("streaming", False)),
             )
         )
     return rows
@@ -123,7 +134,9 @@ def pack_outputs(
     pad_id, ``sequence_length`` [batch, 1] int32, the three perf-metric tensors [batch, 1]
     (zeros for rows that did not ask for ``return_perf_metrics``), and ``logit_margin`` [batch, n]
     fp32 / ``runner_up_ids`` [batch, n] int32 (``margins[b]`` of the rows that asked for
-    ``return_logit_margin``, NaN / -1 elsewhere; n = the longest generated output, at least 1)."""
+    ``return_logit_margin``, NaN / -1 elsewhere; n = the longest generated output, at least 1), and
+    the streaming tensors of a whole (final) answer: ``stream_prefix_ids`` [batch, 0],
+    ``stream_final`` [batch, 1] true."""
     sequences = [
         (r.output_ids if row.exclude_input_in_output else row.request.input_ids + r.output_ids)
         for row, r in zip(rows, results)
@@ -133,15 +146,49 @@ def pack_outputs(
     for b, (row, seq) in enumerate(zip(rows, sequences)):
         output_ids[b, 0, :] = row.pad_id
         output_ids[b, 0, : len(seq)] = seq
-    perf = [row.return_perf_metrics for row in rows]
-    metric = lambda values, dtype: np.array([[v if p else 0] for v, p in zip(values, perf)], dtype=dtype)  # noqa: E731
     return {
         "output_ids": output_ids,
         "sequence_length": np.array([[len(s)] for s in sequences], dtype=np.int32),
+        **_perf(rows, results),
+        **_pack_margins(margins or [None] * len(rows)),
+        "stream_prefix_ids": np.zeros((len(rows), 0), dtype=np.int32),
+        "stream_final": np.ones((len(rows), 1), dtype=np.bool_),
+    }
+
+
+def pack_step(row: Row, step: StepOutput, *, sent: list[int]) -> dict[str, np.ndarray]:
+    """Output tensors of one streamed response (batch 1): this step's tokens and the running counters.
+
+    ``output_ids`` [1, 1, n] holds the tokens the step emitted (TensorRT-LLM streaming: only the new
+    tokens), preceded on the first response by the prompt when ``exclude_input_in_output`` is false,
+    so the concatenated stream equals the non-streamed ``output_ids``; ``sequence_length`` [1, 1] = n;
+    the perf metrics are the totals so far (``logit_margin`` / ``runner_up_ids`` are not streamed:
+    placeholders). ``stream_prefix_ids`` [1, len(sent)] repeats what earlier
+    responses carried and ``stream_final`` [1, 1] marks the last step: postprocessing needs both to
+    turn each step into exactly the text it adds (a token may complete a character that an earlier
+    token began), so the streamed texts concatenate to the non-streamed ``text_output``.
+    """
+    new = step.token_ids if sent or row.exclude_input_in_output else row.request.input_ids + step.token_ids
+    result = GenerationResult(new, step.finish_reason or "length", step.total_draft_tokens,
+                              step.total_accepted_draft_tokens, step.num_decoding_iterations)
+    return {
+        "output_ids": np.array([[new]], dtype=np.int32).reshape(1, 1, len(new)),
+        "sequence_length": np.array([[len(new)]], dtype=np.int32),
+        **_perf([row], [result]),
+        **_pack_margins([None]),
+        "stream_prefix_ids": np.array([sent], dtype=np.int32).reshape(1, len(sent)),
+        "stream_final": np.array([[step.is_final]], dtype=np.bool_),
+    }
+
+
+def _perf(rows: list[Row], results: list[GenerationResult]) -> dict[str, np.ndarray]:
+    """The three perf-metric tensors [batch, 1] (zeros for rows without ``return_perf_metrics``)."""
+    perf = [row.return_perf_metrics for row in rows]
+    metric = lambda values, dtype: np.array([[v if p else 0] for v, p in zip(values, perf)], dtype=dtype)  # noqa: E731
+    return {
         "acceptance_rate": metric([r.acceptance_rate for r in results], np.float32),
         "total_accepted_draft_tokens": metric([r.total_accepted_draft_tokens for r in results], np.int32),
         "total_draft_tokens": metric([r.total_draft_tokens for r in results], np.int32),
-        **_pack_margins(margins or [None] * len(rows)),
     }
 
 
@@ -193,37 +240,137 @@ def _pack_margins(margins: list[Margins | None]) -> dict[str, np.ndarray]:
 
 
 class TritonPythonModel:
-    """Loads the engine directory named by parameter ``engine_dir`` (TensorRT-LLM: gpt_model_path)."""
+    """Loads the engine directory named by parameter ``engine_dir`` (TensorRT-LLM: gpt_model_path) and
+    serves it with in-flight batching (:class:`~specbuild.engine.scheduler.Scheduler`, up to the build's
+    ``max_batch_size`` requests in flight, new ones joining between steps).
+
+    ``execute`` validates each request and hands it to the scheduler; the scheduler's thread answers
+    through the request's response sender (so ``execute`` returns at once and Triton can deliver the
+    next requests while earlier ones decode). Decoupled deployments (``serve.decoupled``) answer a
+    ``streaming`` request with one response per decoding step, the last flagged
+    ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; every other request gets exactly one final response.
+    """
 
     def initialize(self, args):
         import triton_python_backend_utils as pb_utils
 
         from specbuild.engine.runtime import ReferenceEngine
+        from specbuild.engine.scheduler import Scheduler
 
         self.pb_utils = pb_utils
         params = model_parameters(args)
         device = params.get("device") or "cpu"
         self.engine = ReferenceEngine.from_engine_dir(params["engine_dir"], device=device)
+        from specbuild.triton_repo.models import fault_injection
+
+        fault = fault_injection.install_from_environment()
+        if fault is not None:  # test-only: a deliberately wrong sampling rule (fault_injection.py)
+            pb_utils.Logger.log_warn(f"{fault_injection.ENV_VAR}={fault}: serving a WRONG acceptance rule (tests only)")
         self.exclude_input = as_bool(params.get("exclude_input_in_output", "true"))
         self.pad_id = int(params.get("pad_id", self.engine.end_id))
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.metrics = _Counters(pb_utils, args["model_name"])
+        self.scheduler = Scheduler(self.engine, max_batch_size=self.engine.limits.max_batch_size)
 
     def execute(self, requests):
-        return run_each(self.pb_utils, requests, self._one)
+        final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except ValueError as exc:  # bad input, e.g. InvalidRequestError: 400 / INVALID_ARGUMENT
+                sender.send(error_response(self.pb_utils, f"{type(exc).__name__}: {exc}", invalid_argument=True), flags=final)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes an error response
+                sender.send(error_response(self.pb_utils, f"{type(exc).__name__}: {exc}"), flags=final)
+        return None
 
-    def _one(self, request):
+    def finalize(self):
+        self.scheduler.close()
+
+    def _submit(self, request, sender) -> None:
+        """Parse and validate every row, then queue them; raises ValueError for a bad request."""
         pb = self.pb_utils
         inputs = {name: optional_input(pb, request, name) for name in INPUTS}
         required_input(pb, request, "input_ids")
         rows = parse_batch(inputs, default_pad_id=self.pad_id, default_exclude_input=self.exclude_input)
-        results = [self.engine.generate(row.request) for row in rows]
-        self.metrics.record(results)
-        margins = [
-            logit_margins(self.engine._model, row.request.input_ids, r.output_ids) if row.return_logit_margin else None
-            for row, r in zip(rows, results)
-        ]
-        outputs = pack_outputs(rows, results, margins)
-        return pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in outputs.items()])
+        streaming = any(row.streaming for row in rows)
+        if streaming and not self.decoupled:
+            raise ValueError(
+                "streaming=true needs a decoupled deployment (recipe serve.decoupled: true, "
+                "model_transaction_policy { decoupled: true }); send stream=false here"
+            )
+        if streaming and len(rows) != 1:
+            raise ValueError(f"streaming=true takes one sequence per request, got a batch of {len(rows)}")
+        steps = []
+        try:
+            for row in rows:
+                steps.append(self.engine.generate_stream(row.request))
+        except Exception:
+            for s in steps:
+                s.close()
+            raise
+        reply = _StreamReply(self, rows[0], sender) if streaming else _BatchReply(self, rows, sender)
+        for b, row_steps in enumerate(steps):
+            self.scheduler.submit_steps(row_steps, functools.partial(reply.on_step, b), reply.on_error)
+
+    def send(self, sender, outputs: dict[str, np.ndarray], *, final: bool) -> None:
+        pb = self.pb_utils
+        response = pb.InferenceResponse(output_tensors=[pb.Tensor(k, v) for k, v in outputs.items()])
+        sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+    def send_error(self, sender, exc: BaseException) -> None:
+        invalid = isinstance(exc, ValueError)
+        response = error_response(self.pb_utils, f"{type(exc).__name__}: {exc}", invalid_argument=invalid)
+        sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class _BatchReply:
+    """One final response for a whole request (all its rows), sent when the last row finishes."""
+
+    def __init__(self, model: TritonPythonModel, rows: list[Row], sender) -> None:
+        self.model, self.rows, self.sender = model, rows, sender
+        self.steps: list[list[StepOutput]] = [[] for _ in rows]
+        self.failed = False
+
+    def on_step(self, b: int, step: StepOutput) -> None:
+        if self.failed:
+            raise RuntimeError("request already answered with an error")
+        self.steps[b].append(step)
+        if all(s and s[-1].is_final for s in self.steps):
+            results = [collect(s) for s in self.steps]
+            self.model.metrics.record(results)
+            margins = [
+                logit_margins(self.model.engine._model, row.request.input_ids, r.output_ids) if row.return_logit_margin else None
+                for row, r in zip(self.rows, results)
+            ]
+            self.model.send(self.sender, pack_outputs(self.rows, results, margins), final=True)
+
+    def on_error(self, exc: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            self.model.send_error(self.sender, exc)
+
+
+class _StreamReply:
+    """One response per decoding step of a single-row streaming request."""
+
+    def __init__(self, model: TritonPythonModel, row: Row, sender) -> None:
+        self.model, self.row, self.sender = model, row, sender
+        self.steps: list[StepOutput] = []
+
+        self.sent: list[int] = []
+
+    def on_step(self, b: int, step: StepOutput) -> None:
+        del b
+        outputs = pack_step(self.row, step, sent=self.sent)
+        self.sent += outputs["output_ids"][0, 0].tolist()
+        self.steps.append(step)
+        if step.is_final:
+            self.model.metrics.record([collect(self.steps)])
+        self.model.send(self.sender, outputs, final=step.is_final)
+
+    def on_error(self, exc: BaseException) -> None:
+        self.model.send_error(self.sender, exc)
 
 
 class _Counters:

@@ -63,3 +63,34 @@ def detokenize(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray
             ids = tokens[b, k, : int(lengths[b, k])].tolist()
             out[b, k] = tokenizer.decode(ids, skip_special_tokens=True).encode("utf-8")
     return out
+
+
+def detokenize_step(tokenizer, sent_ids: list[int], new_ids: list[int], *, final: bool) -> str:
+    """The text a streamed step adds: ``decode(sent + new)`` minus ``decode(sent)``, so the steps'
+    texts concatenate to ``decode(all ids)`` exactly (incremental detokenization, as vLLM does).
+
+    A token may hold part of a UTF-8 character that a later token completes; until the last step,
+    trailing replacement characters (U+FFFD) are held back. Example (byte-level BPE): "é" = bytes
+    C3 A9 as two tokens -> step 1 adds "", step 2 adds "é" (not "\ufffd" then "\ufffd").
+
+    Args:
+        sent_ids: the ids of the earlier steps; new_ids: this step's ids; final: the last step.
+    """
+    before = _held_back(tokenizer.decode(sent_ids, skip_special_tokens=True)) if sent_ids else ""
+    after = tokenizer.decode([*sent_ids, *new_ids], skip_special_tokens=True)
+    after = after if final else _held_back(after)
+    return after[len(before) :] if after.startswith(before) else after[_common_prefix(before, after) :]
+
+
+def _held_back(text: str) -> str:
+    return text.rstrip("\ufffd")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+

@@ -1,0 +1,190 @@
+"""One reference engine per speculative method on the shared tiny target, with a "same" draft (an
+oracle that proposes the target's own greedy continuation: everything accepted) and a "random" draft
+(random heads / a random draft model / random tokens: mostly rejected), for the equivalence tests of
+streaming and in-flight batching.
+
+The oracles know the plain greedy output of each prompt (``truth``), find which prompt a context
+belongs to, and propose what comes next; they stand in for the method's proposer through the same
+interface, so the engine's verification, cache compaction and stopping run unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
+from specbuild.engine.methods.eagle import EagleConfig, EagleHead, TreeDraft, save_eagle_head
+from specbuild.engine.methods.eagle3 import Eagle3Config, Eagle3Head, save_eagle3_head
+from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
+from specbuild.engine.tree import SpecTree
+from tiny_models import make_tiny_llama
+
+VOCAB, HIDDEN = 384, 64
+LIMITS = EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=160, max_draft_len=15)
+CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 7 nodes, depth 3
+# Four prompts with distinct first tokens (an oracle tells them apart by their prefix).
+PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42, 42, 7], [101, 102, 103, 104]]
+NEW_TOKENS = 16
+METHODS = ("plain", "ngram", "draft_target", "lookahead", "medusa", "eagle", "eagle3")
+
+
+def greedy(prompt: list[int], max_tokens: int = NEW_TOKENS, **kwargs) -> GenerationRequest:
+    return GenerationRequest(list(prompt), max_tokens, **{"end_id": -1, **kwargs})
+
+
+class Truth:
+    """The plain greedy continuation of each prompt, looked up by context."""
+
+    def __init__(self, plain: dict[tuple[int, ...], list[int]]) -> None:
+        self.plain = plain
+
+    def next_tokens(self, context: Sequence[int], count: int, *, skip_first: bool = False) -> list[int]:
+        """``count`` tokens after ``context`` (prompt + emitted; without the prompt's first token when
+        ``skip_first``, as the EAGLE states hold it); past the end the last token repeats."""
+        for prompt, plain in self.plain.items():
+            head = prompt[1:] if skip_first else prompt
+            if tuple(context[: len(head)]) == head:
+                emitted = len(context) - len(head)
+                return [plain[min(emitted + d, len(plain) - 1)] for d in range(count)]
+        raise AssertionError(f"context {list(context)[:8]}... belongs to no known prompt")
+
+
+class ChainOracle:
+    """A :class:`~specbuild.engine.methods.base.Proposer` proposing the true continuation."""
+
+    def __init__(self, truth: Truth) -> None:
+        self.truth = truth
+
+    def propose(self, context, num_draft_tokens):
+        return self.truth.next_tokens(context, num_draft_tokens)
+
+    def update(self, context, num_accepted):
+        del context, num_accepted
+
+
+class RandomChain:
+    """A chain proposer of seeded random tokens (nearly all rejected)."""
+
+    def __init__(self) -> None:
+        self.rng = random.Random(7)
+
+    def propose(self, context, num_draft_tokens):
+        del context
+        return [self.rng.randrange(VOCAB) for _ in range(num_draft_tokens)]
+
+    def update(self, context, num_accepted):
+        del context, num_accepted
+
+
+def _tree_tokens(truth: list[int], tree) -> list[int]:
+    """Node tokens: the truth at child 0 of each depth, a wrong token at every other child."""
+    return [(truth[len(p) - 1] + p[-1]) % VOCAB for p in tree.paths]
+
+
+class TreeOracle:
+    """A Medusa :class:`~specbuild.engine.medusa_decode.TreeProposer` filling the true path."""
+
+    def __init__(self, truth: Truth, tree) -> None:
+        self.truth, self.tree = truth, tree
+
+    def propose_tree(self, context, hidden, tree):
+        del hidden
+        return [context[-1], *_tree_tokens(self.truth.next_tokens(context, tree.max_depth), tree)]
+
+
+class FeatureTreeOracle:
+    """An EAGLE :class:`~specbuild.engine.eagle_decode.FeatureTreeProposer` filling the true path."""
+
+    def __init__(self, truth: Truth, tree, cap: int | None = None) -> None:
+        self.truth, self.tree = truth, tree if cap is None else tree.first(cap)
+
+    def new_state(self) -> list[int]:
+        return []
+
+    def capped(self, num_draft_tokens: int) -> FeatureTreeOracle:
+        return FeatureTreeOracle(self.truth, self.tree, num_draft_tokens)
+
+    def update(self, state, next_tokens, features):
+        del features
+        state += next_tokens
+
+    def propose(self, state, root, max_depth):
+        tree = self.tree.truncated(max_depth)
+        truth = self.truth.next_tokens(state, tree.max_depth, skip_first=True)
+        return TreeDraft(tree, [root, *_tree_tokens(truth, tree)])
+
+
+class FeatureChainOracle:
+    """An :class:`~specbuild.engine.methods.eagle3.Eagle3Proposer` stand-in proposing the truth (it still
+    captures the target's features through the real proposer)."""
+
+    def __init__(self, truth: Truth, real) -> None:
+        self.truth, self.real = truth, real
+
+    def new_state(self) -> list[int]:
+        return []
+
+    def capture(self, hidden_states):
+        return self.real.capture(hidden_states)
+
+    def update(self, state, next_tokens, features):
+        del features
+        state += next_tokens
+
+    def propose(self, state, k):
+        return self.truth.next_tokens(state, min(k, self.real.max_draft_len), skip_first=True)
+
+
+def _configs(root: Path) -> dict[str, dict | None]:
+    """speculative_config per method, with random weights written under ``root``."""
+    torch.manual_seed(3)
+    medusa = MedusaConfig(medusa_num_heads=3, medusa_num_layers=1, hidden_size=HIDDEN, vocab_size=VOCAB)
+    eagle = EagleConfig(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                        num_hidden_layers=1, rms_norm_eps=1e-6, max_position_embeddings=512)
+    eagle3 = Eagle3Config(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                          rms_norm_eps=1e-6, max_position_embeddings=512, vocab_size=VOCAB, aux_layer_ids=(0, 1, 1))
+    return {
+        "plain": None,
+        "ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2},
+        "draft_target": {"decoding_type": "DraftTarget", "max_draft_len": 4,
+                         "speculative_model_dir": str(make_tiny_llama(root / "draft", seed=1, num_hidden_layers=1))},
+        "lookahead": {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4},
+        "medusa": {"decoding_type": "Medusa", "num_medusa_heads": 3, "medusa_choices": CHOICES,
+                   "speculative_model_dir": str(save_medusa_heads(root / "medusa", MedusaHeads(medusa).heads.state_dict(), medusa))},
+        "eagle": {"decoding_type": "Eagle", "eagle_choices": CHOICES, "num_eagle_layers": 3, "max_draft_len": 7,
+                  "speculative_model_dir": str(save_eagle_head(root / "eagle", EagleHead(eagle).state_dict(), eagle))},
+        "eagle3": {"decoding_type": "Eagle3", "max_draft_len": 4,
+                   "speculative_model_dir": str(save_eagle3_head(root / "eagle3", Eagle3Head(eagle3).state_dict(), eagle3))},
+    }
+
+
+def build_engines(model, root: Path) -> dict[tuple[str, str], ReferenceEngine]:
+    """``(method, kind)`` -> engine; kind "random" for every method, "same" (oracle) where a draft exists.
+
+    Plain has only "random" (never speculates); lookahead has no draft to swap: its "random" is the
+    real lookahead (its Jacobi guesses are mostly rejected on a random model).
+    """
+    engines: dict[tuple[str, str], ReferenceEngine] = {}
+    for method, config in _configs(root).items():
+        engines[method, "random"] = ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=config)
+    plain_engine = engines["plain", "random"]
+    truth = Truth({tuple(p): plain_engine.generate(greedy(p, NEW_TOKENS + 8)).output_ids for p in PROMPTS})
+    engines["ngram", "random"]._method = dataclasses.replace(engines["ngram", "random"]._method, make_proposer=lambda _: RandomChain())
+    tree = SpecTree.from_choices(CHOICES)
+    oracles = {
+        "ngram": lambda loaded: ChainOracle(truth),
+        "draft_target": lambda loaded: ChainOracle(truth),
+        "medusa": lambda loaded: TreeOracle(truth, tree),
+        "eagle": lambda loaded: FeatureTreeOracle(truth, tree),
+        "eagle3": lambda loaded: FeatureChainOracle(truth, loaded.proposer),
+    }
+    for method, make in oracles.items():
+        engine = ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=engines[method, "random"].speculative_config)
+        engine._method = dataclasses.replace(engine._method, make_proposer=make)
+        engines[method, "same"] = engine
+    return engines
