@@ -284,6 +284,35 @@ class EagleSpeculation(_Strict):
         return config | {k: v for k, v in optional.items() if v is not None}
 
 
+class ReDrafterSpeculation(_Strict):
+    """Recurrent Drafter (Cheng et al. 2024, arXiv:2403.09919): an RNN draft head over the target's
+    last hidden state beam-searches ``redrafter_num_beams`` candidates of
+    ``redrafter_draft_len_per_beam`` tokens each, verified in one pass. TensorRT-LLM engine path
+    only (``examples/redrafter/convert_checkpoint.py``, ``--speculative_decoding_mode
+    explicit_draft_tokens``); both sizes are fixed when the engine is built.
+
+    ``drafter_model``: a directory with the drafter's ``config.json`` and ``model.safetensors``
+    (TensorRT-LLM's converter falls back to unpickling ``model.pt``, which specbuild refuses).
+    """
+
+    method: Literal["redrafter"]
+    decoding_type: ClassVar[str | None] = "ReDrafter"  # no LLM-API config exists; engine path only
+    drafter_model: str = Field(min_length=1)
+    redrafter_num_beams: int = Field(5, ge=1, le=64)
+    redrafter_draft_len_per_beam: int = Field(5, ge=1, le=64)
+    redrafter_greedy_search: bool = True
+    speculative_decoding_mode: ClassVar[str] = "explicit_draft_tokens"
+
+    @property
+    def max_draft_len(self) -> int:
+        """Draft tokens verified per step: num_beams * draft_len_per_beam (TensorRT-LLM's
+        ReDrafterForCausalLM.prepare_inputs), e.g. 5 beams x 5 tokens -> 25."""
+        return self.redrafter_num_beams * self.redrafter_draft_len_per_beam
+
+    def to_llm_api(self) -> dict[str, Any]:
+        raise ValueError("ReDrafter has no LLM-API speculative_config; use build.backend: tensorrt")
+
+
 class Eagle3Speculation(_Strict):
     """EAGLE-3 (Li et al. 2025): the draft head fuses features from three target layers (``midlayer``
     format, optional draft vocabulary with ``d2t``). TensorRT-LLM PyTorch backend only."""
@@ -330,6 +359,7 @@ SPECULATION_MODELS: tuple[type[BaseModel], ...] = (
     EagleSpeculation,
     Eagle3Speculation,
     MTPSpeculation,
+    ReDrafterSpeculation,
 )
 Speculation = Annotated[Union[SPECULATION_MODELS], Field(discriminator="method")]
 

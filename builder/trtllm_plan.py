@@ -196,6 +196,27 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None) -> 
         raise loaded.error(("speculation", "max_draft_len"), "the target needs a draft budget: max_draft_len >= 1 (tensorrtllm_backend#473)")
     if spec.method in ("medusa", "eagle") and _build_field(r, "quantization", "none") == "fp8":
         raise loaded.error(("build", "quantization"), f"fp8 is not planned for {spec.method} conversion; use int8_wo, int4_wo or none")
+    if spec.method == "redrafter":
+        if parallelism(r).pp_size != 1:
+            raise loaded.error(("build", "pp_size"), "ReDrafter's converter (examples/redrafter/convert_checkpoint.py) has no pipeline parallelism; use tp_size")
+        if _build_field(r, "quantization", "none") != "none":
+            raise loaded.error(("build", "quantization"), "ReDrafter's converter has no quantization options; set quantization: none")
+        local = loaded.resolve_path(spec.drafter_model)
+        if local.is_dir():
+            check_drafter_weights(loaded, local)
+
+
+def check_drafter_weights(loaded: LoadedRecipe, drafter_dir: Path) -> None:
+    """A ReDrafter drafter directory holds ``model.safetensors``: TensorRT-LLM's converter would
+    otherwise ``torch.load`` (unpickle) ``model.pt``, which can run arbitrary code.
+
+    Raises:
+        RecipeError: located at ``speculation.drafter_model``.
+    """
+    if not (drafter_dir / "model.safetensors").is_file():
+        raise loaded.error(("speculation", "drafter_model"),
+                           f"{drafter_dir} has no model.safetensors; convert the drafter's model.pt to safetensors first "
+                           "(specbuild never lets a pickle be loaded)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,7 +319,9 @@ def _build_step(role: str, o: _EngineOptions, p: Parallelism, paths: _Paths, che
         argv += ["--use_paged_context_fmha", "enable"]
     if o.gather_generation_logits:
         argv += ["--gather_generation_logits"]
-    if o.speculative_decoding_mode is not None:
+    if o.speculative_decoding_mode == "explicit_draft_tokens":  # ReDrafter: the draft budget comes from the checkpoint
+        argv += ["--speculative_decoding_mode", o.speculative_decoding_mode]
+    elif o.speculative_decoding_mode is not None:
         argv += ["--speculative_decoding_mode", o.speculative_decoding_mode, "--max_draft_len", str(o.max_draft_len)]
     argv += ["--workers", str(p.world_size)]
     return Step(f"build-{role}", "build", tuple(argv), (out / "config.json", out / "rank0.engine"), paths.log(f"build-{role}"),
@@ -327,6 +350,15 @@ def _target_convert(loaded: LoadedRecipe, model_dir: Path, dtype: str, p: Parall
         extra = ("--medusa_model_dir", str(heads), "--num_medusa_heads", str(spec.num_medusa_heads),
                  "--num_medusa_layers", "1", "--max_medusa_token_len", str(spec.max_draft_len))
         return _convert_step("target", model_dir, dtype, p, q, paths, extra, "medusa/convert_checkpoint.py", heads)
+    if spec.method == "redrafter":
+        drafter = _source_dir(loaded, spec.drafter_model, "drafter", paths, steps)
+        out = paths.ckpt("target")
+        argv = ("python3", str(paths.examples / "redrafter/convert_checkpoint.py"), "--model_dir", str(model_dir),
+                "--drafter_model_dir", str(drafter), "--redrafter_num_beams", str(spec.redrafter_num_beams),
+                "--redrafter_draft_len_per_beam", str(spec.redrafter_draft_len_per_beam),
+                *(() if spec.redrafter_greedy_search else ("--redrafter_no_greedy_search",)),
+                "--dtype", dtype, "--tp_size", str(p.tp_size), "--output_dir", str(out), "--workers", str(p.world_size))
+        return Step("convert-target", "convert", argv, (out / "config.json",), paths.log("convert-target"), (model_dir, drafter))
     if spec.method == "eagle":
         head = _source_dir(loaded, spec.eagle_model, "eagle", paths, steps)
         extra = ("--eagle_model_dir", str(head), "--max_draft_len", str(spec.max_draft_len),
@@ -366,7 +398,7 @@ def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None
     steps.append(_build_step("target", _target_engine_options(r, dtype), p, paths))
     baseline_engine = None
     if _build_field(r, "baseline_engine", False) and spec.method != "none":
-        if spec.method in ("medusa", "eagle"):  # their checkpoints carry the heads; convert plainly
+        if spec.method in ("medusa", "eagle", "redrafter"):  # their checkpoints carry the heads; convert plainly
             steps.append(_convert_step("baseline", target_hf, dtype, p, _build_field(r, "quantization", "none"), paths))
             steps.append(_build_step("baseline", _base_options(r, dtype), p, paths))
         else:

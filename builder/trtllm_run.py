@@ -221,12 +221,15 @@ def run_trtllm(
         RecipeError: draft and target vocabularies differ (checked once both are downloaded,
             before any conversion).
     """
+    from specbuild.builder.trtllm_plan import check_drafter_weights
     from specbuild.triton_repo.tensorrtllm import launch_command, repo_spec_for, write_llmapi_repository, write_trtllm_repository
 
     repo_dir = Path(os.path.abspath(repo_dir))
     checked: list[bool] = []
 
     def before(step: Step | None) -> None:  # as soon as both checkpoints are on disk
+        if step is not None and step.name == "convert-target" and loaded.recipe.speculation.method == "redrafter":
+            check_drafter_weights(loaded, step.inputs[1])  # downloaded drafters too: never unpickle model.pt
         if checked or plan.draft_dir is None:
             return
         if step is None or all((d / "config.json").is_file() for d in (plan.tokenizer_dir, plan.draft_dir)):

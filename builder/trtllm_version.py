@@ -12,6 +12,7 @@ Capability table (TensorRT-LLM sources; see ../shared/facts/tensorrt-llm.md)::
     lookahead     yes (lookahead_decoding)       no  (LookaheadDecodingConfig.supports_backend)
     medusa        yes (medusa)                   no  (MedusaDecodingConfig.supports_backend)
     eagle         yes (eagle, EAGLE-1/2)         no  (the PyTorch backend runs EAGLE-3 only)
+    redrafter     yes (explicit_draft_tokens)    no
     eagle3        no                             yes
     mtp           no                             yes (MTPDecodingConfig)
     ngram         no (Triton has no server-side   yes (NGram)
@@ -74,12 +75,13 @@ def installed_version() -> str | None:
         return None
 
 
-_ENGINE_METHODS = frozenset({"none", "draft_target", "lookahead", "medusa", "eagle"})
+_ENGINE_METHODS = frozenset({"none", "draft_target", "lookahead", "medusa", "eagle", "redrafter"})
 _PYTORCH_METHODS = frozenset({"none", "draft_target", "ngram", "eagle3", "mtp"})
 _WHY_NOT = {
     ("pytorch", "medusa"): "TensorRT-LLM's PyTorch backend has no Medusa",
     ("pytorch", "lookahead"): "TensorRT-LLM's PyTorch backend has no lookahead decoding",
     ("pytorch", "eagle"): "TensorRT-LLM's PyTorch backend runs EAGLE-3 only (method: eagle3)",
+    ("pytorch", "redrafter"): "TensorRT-LLM's PyTorch backend has no ReDrafter",
     ("tensorrt", "eagle3"): "EAGLE-3 exists only on TensorRT-LLM's PyTorch backend",
     ("tensorrt", "mtp"): "MTP exists only on TensorRT-LLM's PyTorch backend",
     ("tensorrt", "ngram"): "n-gram drafts on the engine path come from the client; the Triton "

@@ -52,6 +52,11 @@ MEDUSA_CONVERT_FLAGS = {"--model_dir", "--tp_size", "--pp_size", "--dtype", "--u
 EAGLE_CONVERT_FLAGS = {"--model_dir", "--tp_size", "--pp_size", "--dtype", "--use_weight_only", "--weight_only_precision",
                        "--output_dir", "--workers", "--eagle_model_dir", "--max_draft_len", "--num_eagle_layers",
                        "--max_non_leaves_per_layer"}
+# examples/redrafter/convert_checkpoint.py parse_arguments() @ 0e8b9484 (no --pp_size, no quantization)
+REDRAFTER_CONVERT_FLAGS = {"--model_dir", "--drafter_model_dir", "--tp_size", "--dtype", "--storage-type", "--load_model_on_cpu",
+                           "--use_parallel_embedding", "--embedding_sharding_dim", "--output_dir", "--workers",
+                           "--dense_context_fmha", "--redrafter_draft_len_per_beam", "--redrafter_num_beams",
+                           "--redrafter_no_greedy_search"}
 # examples/quantization/quantize.py argparse @ 059c97c1 (ModelOpt; --qformat choices include fp8, int8_wo, int4_wo)
 QUANTIZE_FLAGS = {"--model_dir", "--nemo_ckpt_path", "--decoder_type", "--device", "--device_map", "--calib_dataset",
                   "--calib_tp_size", "--calib_pp_size", "--dtype", "--qformat", "--seed", "--tokenizer_max_seq_length",
@@ -311,3 +316,32 @@ def test_cli_plans_without_tensorrt_llm_and_refuses_to_run():
     run = subprocess.run([sys.executable, "-m", "specbuild.cli", "recipe", "llama-eagle"], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0
     assert "needs TensorRT-LLM, which is not installed" in run.stderr and "--dry-run" in run.stderr
+
+
+REDRAFTER = "  method: redrafter\n  drafter_model: org/vicuna-7b-drafter\n  redrafter_num_beams: 4\n  redrafter_draft_len_per_beam: 5\n"
+
+
+def test_redrafter_engine_plan():
+    steps = argvs(plan_tensorrt(recipe(REDRAFTER, build=", tp_size: 2"), OUT))
+    assert steps[2] == ["python3", f"{EX}/redrafter/convert_checkpoint.py", "--model_dir", "/out/hf/target",
+                        "--drafter_model_dir", "/out/hf/drafter", "--redrafter_num_beams", "4", "--redrafter_draft_len_per_beam", "5",
+                        "--dtype", "float16", "--tp_size", "2", "--output_dir", "/out/checkpoints/target", "--workers", "2"]
+    assert flags(steps[2]) <= REDRAFTER_CONVERT_FLAGS
+    build = steps[-1]
+    assert build[build.index("--speculative_decoding_mode") + 1] == "explicit_draft_tokens" and "--max_draft_len" not in build
+    assert flags(build) <= TRTLLM_BUILD_FLAGS
+    assert recipe(REDRAFTER).recipe.speculation.max_draft_len == 20
+
+
+def test_redrafter_refusals(tmp_path):
+    with pytest.raises(RecipeError, match=r"'redrafter' is not available on build.backend 'pytorch'.*use build.backend: tensorrt"):
+        plan_pytorch(recipe(REDRAFTER, "pytorch"), OUT)
+    with pytest.raises(RecipeError, match="build.pp_size: ReDrafter's converter .* has no pipeline parallelism"):
+        plan_tensorrt(recipe(REDRAFTER, build=", pp_size: 2"), OUT)
+    with pytest.raises(RecipeError, match="build.quantization: ReDrafter's converter has no quantization options"):
+        plan_tensorrt(recipe(REDRAFTER, build=", quantization: int8_wo"), OUT)
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "model.pt").write_bytes(b"pickle")
+    with pytest.raises(RecipeError, match="speculation.drafter_model: .*has no model.safetensors.*never lets a pickle be loaded"):
+        plan_tensorrt(recipe(REDRAFTER.replace("org/vicuna-7b-drafter", str(drafter))), OUT)

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 Choices = list[list[int]]
 DEFAULT_LAUNCH_SCRIPT = Path("/app/scripts/launch_triton_server.py")  # tensorrtllm_backend in the NGC container
 DEFAULT_BLS_MODEL = Path("/app/all_models/inflight_batcher_llm/tensorrt_llm_bls/1")
-DECODING_MODES = {"none": "top_k_top_p", "medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead", "draft_target": "top_k_top_p"}
+DECODING_MODES = {"none": "top_k_top_p", "medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead", "draft_target": "top_k_top_p",
+                  "redrafter": "redrafter"}
 
 
 @dataclass(frozen=True)
