@@ -457,8 +457,12 @@ def run_point(
         return record
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench") as pool:
-        records = list(pool.map(one, jobs))
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench")
+    try:
+        futures = [pool.submit(one, job) for job in jobs]
+        records = [f.result() for f in futures]
+    finally:  # on Ctrl-C or a failed request: requests not yet sent are dropped, not run
+        pool.shutdown(wait=True, cancel_futures=True)
     return records, time.perf_counter() - start
 
 

@@ -393,17 +393,18 @@ def _run_bench(console, targets, *, draft_lengths, levels, prompt_sets, max_toke
     from specbuild.client.bench import BenchError, SweepPlan, run_bench
     from specbuild.client.prompts import PromptSourceError
     from specbuild.client.sdk import ClientError
-    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError
+    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, stop_signals_interrupt
 
     try:
         plan = SweepPlan(
             draft_lengths=draft_lengths, concurrencies=levels, prompt_sets=tuple(prompt_sets), max_tokens=max_tokens,
             requests=requests, end_id=end_id, warmup=warmup, chat_template=chat_template,
         )
-        return run_bench(
-            targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, labels=labels,
-            metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
-        )
+        with stop_signals_interrupt():  # SIGTERM/SIGHUP stop the servers like Ctrl-C
+            return run_bench(
+                targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, labels=labels,
+                metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
+            )
     except (BenchError, RecipeError, PromptSourceError, ClientError, ServerNotFoundError, ServerStartError) as exc:
         raise click.ClickException(str(exc)) from None
 
