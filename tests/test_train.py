@@ -198,3 +198,27 @@ def test_bundled_training_recipes_hold_out_the_verify_prompts():
         recipe = load_recipe(name).recipe
         assert recipe.train is not None and recipe.train.prompts == "humaneval-train"
         assert recipe.verify.prompts == recipe.train.held_out == "humaneval:20"
+
+
+@pytest.mark.e2e
+def test_recipe_with_a_train_section_trains_then_serves_losslessly_and_reuses_the_head(tiny_checkpoint, prompt_files, tmp_path):
+    """`specbuild recipe FILE` with train: -> train stage -> build -> real tritonserver -> lossless verify;
+    the second run reuses the trained head."""
+    import os
+    import subprocess
+    import sys
+
+    recipe = write_train_recipe(tmp_path / "r.yaml", tiny_checkpoint, prompt_files)
+    recipe.write_text(
+        recipe.read_text().replace("verify:\n  prompts: humaneval:1\n", f"verify:\n  prompts: {prompt_files[1]}\n  max_tokens: 12\n  end_id: -1\n")
+        + "serve:\n  http_port: 0\n  grpc_port: 0\n  metrics_port: 0\n"
+    )
+    env = {**os.environ, "COLUMNS": "200", "SPECBUILD_CACHE": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "specbuild.cli", "recipe", str(recipe), "-o", str(tmp_path / "out")]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "trained draft written" in first.stdout and "LOSSLESS" in first.stdout
+    assert (tmp_path / "out" / "engine" / "eagle" / "model.safetensors").is_file()
+    second = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "trained draft is up to date" in second.stdout and "LOSSLESS" in second.stdout
