@@ -337,7 +337,7 @@ def _target_engine_options(r: Recipe, dtype: str) -> _EngineOptions:
     base = _base_options(r, dtype)
     if spec.method == "none":
         return base
-    paged = spec.method in ("draft_target", "eagle")  # required by draft-target and EAGLE
+    paged = spec.method in ("draft_target", "ngram", "eagle")  # required by external drafts (KV reuse) and EAGLE
     return _EngineOptions(**{**base.__dict__, "speculative_decoding_mode": spec.speculative_decoding_mode,
                              "max_draft_len": spec.max_draft_len, "paged_context_fmha": paged})
 

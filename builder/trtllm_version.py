@@ -15,9 +15,9 @@ Capability table (TensorRT-LLM sources; see ../shared/facts/tensorrt-llm.md)::
     redrafter     yes (explicit_draft_tokens)    no
     eagle3        no                             yes
     mtp           no                             yes (MTPDecodingConfig)
-    ngram         no (Triton has no server-side   yes (NGram)
-                  n-gram proposer; drafts would
-                  have to come from the client)
+    ngram         yes (draft_tokens_external;    yes (NGram)
+                  drafts proposed by specbuild's
+                  Triton front, prompt lookup)
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def installed_version() -> str | None:
         return None
 
 
-_ENGINE_METHODS = frozenset({"none", "draft_target", "lookahead", "medusa", "eagle", "redrafter"})
+_ENGINE_METHODS = frozenset({"none", "draft_target", "ngram", "lookahead", "medusa", "eagle", "redrafter"})
 _PYTORCH_METHODS = frozenset({"none", "draft_target", "ngram", "eagle3", "mtp"})
 _WHY_NOT = {
     ("pytorch", "medusa"): "TensorRT-LLM's PyTorch backend has no Medusa",
@@ -84,8 +84,6 @@ _WHY_NOT = {
     ("pytorch", "redrafter"): "TensorRT-LLM's PyTorch backend has no ReDrafter",
     ("tensorrt", "eagle3"): "EAGLE-3 exists only on TensorRT-LLM's PyTorch backend",
     ("tensorrt", "mtp"): "MTP exists only on TensorRT-LLM's PyTorch backend",
-    ("tensorrt", "ngram"): "n-gram drafts on the engine path come from the client; the Triton "
-    "repository has no server-side n-gram proposer",
 }
 
 

@@ -16,7 +16,7 @@ from specbuild.triton_repo.models.trtllm_front import (
     EngineResult,
     FrontConfig,
     Route,
-    draft_target_generate,
+    draft_loop_generate,
     generate_request,
     route,
 )
@@ -43,8 +43,9 @@ def greedy(next_token, ids, n, end_id=END) -> list[int]:
 class ToyEngines:
     """``generate`` as the front calls it; records every call."""
 
-    def __init__(self, draft_next, *, stop_after_verify: bool, end_id: int = END):
+    def __init__(self, draft_next, *, stop_after_verify: bool, end_id: int = END, target=target_next):
         self.draft_next = draft_next
+        self.target = target
         self.stop_after_verify = stop_after_verify
         self.end_id = end_id
         self.calls: list[tuple] = []
@@ -54,21 +55,21 @@ class ToyEngines:
         if model == "tensorrt_llm_draft":
             return EngineResult(greedy(self.draft_next, ids, max_new, self.end_id))
         if draft is None:
-            return EngineResult(greedy(target_next, ids, max_new, self.end_id))
+            return EngineResult(greedy(self.target, ids, max_new, self.end_id))
         out, ctx, accepted = [], list(ids), 0
         for d in draft:  # verify: keep the draft while it equals the target's greedy token
-            t = target_next(ctx)
+            t = self.target(ctx)
             out.append(t)
             ctx.append(t)
             if t != d or t == self.end_id:
                 break
             accepted += 1
         else:
-            t = target_next(ctx)
+            t = self.target(ctx)
             out.append(t)
             ctx.append(t)
         if not self.stop_after_verify and out[-1] != self.end_id:
-            out += greedy(target_next, ctx, max_new - len(out), self.end_id)
+            out += greedy(self.target, ctx, max_new - len(out), self.end_id)
         return EngineResult(out[:max_new], accepted, len(draft))
 
 
@@ -88,7 +89,7 @@ def test_draft_target_loop_equals_target_greedy(stop_after_verify, agree):
         for k in (1, 3, 4):
             for max_tokens in (1, 7, 30):
                 engines = ToyEngines(noisy_draft(seed, agree), stop_after_verify=stop_after_verify)
-                gen = draft_target_generate(engines, DRAFT_TARGET, prompt, max_tokens, k, END, {})
+                gen = draft_loop_generate(engines, DRAFT_TARGET, prompt, max_tokens, k, END, {})
                 assert gen.tokens == greedy(target_next, prompt, max_tokens), (seed, k, max_tokens)
                 assert 0 <= gen.accepted_draft_tokens <= gen.draft_tokens
                 assert all(call[2] <= k + 1 for call in engines.calls)
@@ -103,7 +104,7 @@ def test_draft_target_stops_at_the_end_id():
     assert plain[-1] == end_id and len(plain) <= 12
     for stop_after_verify in (True, False):
         engines = ToyEngines(noisy_draft(1, 0.7), stop_after_verify=stop_after_verify, end_id=end_id)
-        assert draft_target_generate(engines, DRAFT_TARGET, prompt, 200, 4, end_id, {}).tokens == plain
+        assert draft_loop_generate(engines, DRAFT_TARGET, prompt, 200, 4, end_id, {}).tokens == plain
 
 
 def test_zero_draft_tokens_is_plain_target_decoding():
@@ -151,3 +152,15 @@ def test_sampling_on_medusa_is_refused():
     assert engines.calls == []
     generate_request(engines, medusa, [1, 2], 5, 0, END, {"temperature": 0.8})  # the baseline engine samples
     assert engines.calls[-1][0] == "tensorrt_llm_baseline"
+
+
+@pytest.mark.parametrize("stop_after_verify", [True, False])
+def test_ngram_loop_equals_target_greedy_and_accepts_repeats(stop_after_verify):
+    ngram = FrontConfig("ngram", 4, max_matching_ngram_size=2)
+    periodic = lambda ids: ids[-3] if len(ids) >= 3 else 1  # noqa: E731 - a target that repeats with period 3
+    engines = ToyEngines(periodic, stop_after_verify=stop_after_verify, target=periodic)
+    gen = draft_loop_generate(engines, ngram, [5, 6, 7, 5, 6], 20, 4, END, {})
+    assert gen.tokens == greedy(periodic, [5, 6, 7, 5, 6], 20)
+    assert gen.accepted_draft_tokens > 10  # the repeats are copied from the context and accepted
+    assert all(call[0] == "tensorrt_llm" for call in engines.calls)  # no draft engine
+    assert route(ngram, 0) == Route("tensorrt_llm") and route(ngram, None).draft_loop

@@ -254,8 +254,6 @@ def test_methods_on_the_wrong_path_name_the_right_one():
         plan_pytorch(recipe("  method: medusa\n  medusa_model: m/h\n", "pytorch"), OUT)
     with pytest.raises(RecipeError, match=r"'mtp' is not available on build.backend 'tensorrt'.*use build.backend: pytorch"):
         plan_tensorrt(recipe("  method: mtp\n"), OUT)
-    with pytest.raises(RecipeError, match=r"'ngram' is not available on build.backend 'tensorrt'.*use build.backend: pytorch"):
-        plan_tensorrt(recipe("  method: ngram\n"), OUT)
 
 
 def test_engine_path_with_tensorrt_llm_1_3_is_rejected():
@@ -345,3 +343,18 @@ def test_redrafter_refusals(tmp_path):
     (drafter / "model.pt").write_bytes(b"pickle")
     with pytest.raises(RecipeError, match="speculation.drafter_model: .*has no model.safetensors.*never lets a pickle be loaded"):
         plan_tensorrt(recipe(REDRAFTER.replace("org/vicuna-7b-drafter", str(drafter))), OUT)
+
+
+def test_ngram_engine_plan_is_one_target_with_external_drafts(tmp_path):
+    loaded = recipe("  method: ngram\n  max_draft_len: 5\n  max_matching_ngram_size: 2\n")
+    plan = plan_tensorrt(loaded, OUT)
+    build = argvs(plan)[-1]
+    assert [s.name for s in plan.steps] == ["download-target", "convert-target", "build-target"]  # no draft engine
+    assert build[build.index("--speculative_decoding_mode") + 1] == "draft_tokens_external"
+    assert build[build.index("--max_draft_len") + 1] == "5" and "--use_paged_context_fmha" in build
+    from specbuild.triton_repo.tensorrtllm import repo_spec_for, trtllm_models
+
+    models = {m.name: m for m in trtllm_models(repo_spec_for(loaded, plan_tensorrt(loaded, tmp_path), end_id=2, pad_id=0))}
+    front = models["ensemble"].parameters
+    assert (front["method"], front["max_draft_len"], front["max_matching_ngram_size"]) == ("ngram", "5", "2")
+    assert models["tensorrt_llm"].parameters["enable_kv_cache_reuse"] == "true" and "tensorrt_llm_draft" not in models

@@ -48,7 +48,7 @@ Choices = list[list[int]]
 DEFAULT_LAUNCH_SCRIPT = Path("/app/scripts/launch_triton_server.py")  # tensorrtllm_backend in the NGC container
 DEFAULT_BLS_MODEL = Path("/app/all_models/inflight_batcher_llm/tensorrt_llm_bls/1")
 DECODING_MODES = {"none": "top_k_top_p", "medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead", "draft_target": "top_k_top_p",
-                  "redrafter": "redrafter"}
+                  "ngram": "top_k_top_p", "redrafter": "redrafter"}
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,8 @@ class TrtllmRepoSpec:
     use_draft_logits: bool = False
     max_queue_delay_microseconds: int = 0
     max_draft_len: int = 0  # the target engine's draft budget (tokens per step)
+    max_matching_ngram_size: int = 3  # ngram: the front's prompt lookup
+    is_use_oldest: bool = True
 
 
 def choices_string(choices: Choices) -> str:
@@ -278,6 +280,9 @@ def front_model(reference: ModelConfig, spec: TrtllmRepoSpec) -> ModelConfig:
         params["lookahead_wng"] = ",".join(str(v) for v in spec.target.lookahead)
     if spec.decoupled:
         params["decoupled"] = "true"
+    if spec.method == "ngram":
+        params["max_matching_ngram_size"] = str(spec.max_matching_ngram_size)
+        params["is_use_oldest"] = "true" if spec.is_use_oldest else "false"
     return ModelConfig(name="ensemble", backend="python", max_batch_size=spec.max_batch_size, inputs=inputs, outputs=outputs,
                        parameters=params, instance_count=spec.max_batch_size)
 
@@ -448,7 +453,8 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     world = plan.parallel.world_size
     target = EngineModel(
         name="tensorrt_llm", engine_dir=plan.engines.target, decoding_mode=DECODING_MODES[spec.method],
-        kv_cache_free_gpu_mem_fraction=fraction, enable_kv_cache_reuse=spec.method == "draft_target",
+        # the front's draft loop resends the whole sequence each step: KV reuse keeps that cheap
+        kv_cache_free_gpu_mem_fraction=fraction, enable_kv_cache_reuse=spec.method in ("draft_target", "ngram"),
         gpu_device_ids=gpu_ids,
         medusa_choices=getattr(spec, "medusa_choices", None), eagle_choices=getattr(spec, "eagle_choices", None),
         lookahead=(spec.max_window_size, spec.max_ngram_size, spec.max_verification_set_size) if spec.method == "lookahead" else None,
@@ -470,7 +476,8 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
         # upstream's BLS loop feeds each output back as the next input: it needs the prompt included
         # (the front sends exclude_input_in_output per request, so it is unaffected)
         exclude_input_in_output=spec.method != "draft_target",
-        use_draft_logits=getattr(spec, "use_draft_logits", False), max_draft_len=spec.max_draft_len, **extra,
+        use_draft_logits=getattr(spec, "use_draft_logits", False), max_draft_len=spec.max_draft_len,
+        max_matching_ngram_size=getattr(spec, "max_matching_ngram_size", 3), is_use_oldest=getattr(spec, "is_use_oldest", True), **extra,
     )
 
 

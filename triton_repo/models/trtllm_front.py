@@ -8,7 +8,8 @@ the client its per-request baseline. This model (Triton BLS: it calls the engine
 ==================  =============================  ==========================================
 method              num_draft_tokens = 0           otherwise (None: the engine's budget)
 ==================  =============================  ==========================================
-draft_target        tensorrt_llm, no drafts        draft -> target loop (:func:`draft_target_generate`)
+draft_target        tensorrt_llm, no drafts        draft -> target loop (:func:`draft_loop_generate`)
+ngram               tensorrt_llm, no drafts        the same loop, prompt-lookup drafts
 lookahead           tensorrt_llm, (w, n, g)=(1,1,0) tensorrt_llm, the request's or the engine's (W, N, G)
 medusa / eagle      tensorrt_llm_baseline          tensorrt_llm
 none                tensorrt_llm                   tensorrt_llm
@@ -65,6 +66,8 @@ class FrontConfig:
     baseline_model: str | None = None
     lookahead: tuple[int, int, int] | None = None
     decoupled: bool = False  # the engine models stream (model_transaction_policy decoupled)
+    max_matching_ngram_size: int = 3  # ngram: longest context suffix looked up
+    is_use_oldest: bool = True  # ngram: copy after the earliest match (else the latest)
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> FrontConfig:
@@ -76,6 +79,8 @@ class FrontConfig:
             baseline_model=params.get("tensorrt_llm_baseline_model_name") or None,
             lookahead=tuple(int(v) for v in lookahead.split(",")) if lookahead else None,
             decoupled=params.get("decoupled", "false") == "true",
+            max_matching_ngram_size=int(params.get("max_matching_ngram_size", "3")),
+            is_use_oldest=params.get("is_use_oldest", "true") == "true",
         )
 
 
@@ -92,7 +97,7 @@ def route(config: FrontConfig, num_draft_tokens: int | None) -> Route:
         raise ValueError(f"num_draft_tokens must be >= 0, got {k}")
     if k > config.max_draft_len:
         raise ValueError(f"num_draft_tokens {k} exceeds the engine's max_draft_len {config.max_draft_len}")
-    if config.method == "draft_target":
+    if config.method in DRAFT_LOOP_METHODS:
         return Route(config.target_model, draft_loop=k > 0, draft_len=k)
     if config.method == "none" or (k == config.max_draft_len and k > 0):
         return Route(config.target_model)
@@ -117,20 +122,35 @@ class Generation:
     draft_tokens: int | None = None
 
 
-def draft_target_generate(generate: Generate, config: FrontConfig, prompt: Sequence[int], max_tokens: int, k: int,
-                          end_id: int, extra: dict) -> Generation:
+DRAFT_LOOP_METHODS = ("draft_target", "ngram")  # drafts proposed here, verified by a draft_tokens_external target
+
+
+def proposer(generate: Generate, config: FrontConfig, extra: dict) -> Callable[[list[int], int], list[int]]:
+    """``propose(ids, n)`` -> up to n draft tokens: the draft engine (draft_target) or prompt lookup
+    over the request's own context (ngram, :func:`specbuild.engine.methods.ngram.find_ngram_draft`)."""
+    if config.method == "ngram":
+        from specbuild.engine.methods.ngram import find_ngram_draft
+
+        return lambda ids, n: find_ngram_draft(ids, max_ngram_size=config.max_matching_ngram_size, num_draft_tokens=n,
+                                               use_oldest=config.is_use_oldest)
+    assert config.draft_model is not None
+    return lambda ids, n: generate(config.draft_model, ids, n, None, extra).tokens[:n]
+
+
+def draft_loop_generate(generate: Generate, config: FrontConfig, prompt: Sequence[int], max_tokens: int, k: int,
+                        end_id: int, extra: dict) -> Generation:
     """The draft -> target loop for one request (greedy or sampled as ``extra`` says).
 
-    Example (k = 3): draft proposes [5, 6, 7] after the context; the target accepts [5, 6] and adds
-    its own 9 -> the context grows by [5, 6, 9]: accepted 2 of 3 draft tokens in one target call.
+    Example (k = 3): the proposer offers [5, 6, 7] after the context; the target accepts [5, 6] and
+    adds its own 9 -> the context grows by [5, 6, 9]: 2 of 3 draft tokens accepted in one target call.
     """
-    assert config.draft_model is not None
+    propose = proposer(generate, config, extra)
     ids = list(prompt)
     out: list[int] = []
     accepted = drafted = 0
     while len(out) < max_tokens:
         n = min(k, max_tokens - len(out) - 1)
-        draft = generate(config.draft_model, ids, n, None, extra).tokens[:n] if n > 0 else []
+        draft = propose(ids, n) if n > 0 else []
         result = generate(config.target_model, ids, len(draft) + 1, draft or None, extra)
         step = result.tokens[: max_tokens - len(out)]
         if not step:
@@ -160,9 +180,9 @@ def generate_request(generate: Generate, config: FrontConfig, prompt: Sequence[i
         raise ValueError(f"temperature={extra['temperature']!r}: Medusa is greedy-only in TensorRT-LLM; send temperature 0 "
                          "(or num_draft_tokens=0 for the baseline engine, which samples)")
     if r.draft_loop:
-        return draft_target_generate(generate, config, prompt, max_tokens, r.draft_len, end_id, extra)
+        return draft_loop_generate(generate, config, prompt, max_tokens, r.draft_len, end_id, extra)
     result = generate(r.engine, prompt, max_tokens, None, {**extra, **r.extra})
-    if config.method == "draft_target" or r.engine == config.baseline_model or "lookahead_window_size" in r.extra:
+    if config.method in DRAFT_LOOP_METHODS or r.engine == config.baseline_model or "lookahead_window_size" in r.extra:
         return Generation(result.tokens, 0, 0)  # plain decoding: nothing drafted
     return Generation(result.tokens, result.accepted_draft_tokens, result.draft_tokens)
 
