@@ -57,3 +57,13 @@ def test_draft_target_front_verifies_with_the_unchanged_client(tiny_checkpoint, 
 
     prompt = AutoTokenizer.from_pretrained(str(tiny_checkpoint))("def add(a, b):")["input_ids"]
     assert base.output_ids == trtllm_standin.run(trtllm_standin.target_next, prompt, 10, -1)
+
+
+def test_ngram_front_verifies_with_the_unchanged_client(tiny_checkpoint, tmp_path):
+    repo = standin_repository(tiny_checkpoint, tmp_path, method="ngram")
+    assert not (repo / "tensorrt_llm_draft").exists()
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
+        with SpecClient(server.grpc_url) as client:
+            client.wait_ready()
+            report = verify(client, load_prompts("humaneval:2"), max_tokens=24, end_id=-1)
+    assert report.all_match, [r.divergence for r in report.results if not r.match]
