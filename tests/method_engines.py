@@ -25,7 +25,12 @@ from specbuild.engine.tree import SpecTree
 from tiny_models import make_tiny_llama
 
 VOCAB, HIDDEN = 384, 64
-LIMITS = EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=160, max_draft_len=15)
+# The build's max_draft_len per method (a request's default num_draft_tokens).
+DRAFT_LEN = {"plain": 0, "ngram": 4, "draft_target": 4, "lookahead": 15, "medusa": 7, "eagle": 7, "eagle3": 4}
+
+
+def limits(method: str) -> EngineLimits:
+    return EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=160, max_draft_len=DRAFT_LEN[method])
 CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 7 nodes, depth 3
 # Four prompts with distinct first tokens (an oracle tells them apart by their prefix).
 PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42, 42, 7], [101, 102, 103, 104]]
@@ -171,7 +176,7 @@ def build_engines(model, root: Path) -> dict[tuple[str, str], ReferenceEngine]:
     """
     engines: dict[tuple[str, str], ReferenceEngine] = {}
     for method, config in _configs(root).items():
-        engines[method, "random"] = ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=config)
+        engines[method, "random"] = ReferenceEngine(model, limits=limits(method), end_id=-1, speculative_config=config)
     plain_engine = engines["plain", "random"]
     truth = Truth({tuple(p): plain_engine.generate(greedy(p, NEW_TOKENS + 8)).output_ids for p in PROMPTS})
     engines["ngram", "random"]._method = dataclasses.replace(engines["ngram", "random"]._method, make_proposer=lambda _: RandomChain())
@@ -184,7 +189,7 @@ def build_engines(model, root: Path) -> dict[tuple[str, str], ReferenceEngine]:
         "eagle3": lambda loaded: FeatureChainOracle(truth, loaded.proposer),
     }
     for method, make in oracles.items():
-        engine = ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=engines[method, "random"].speculative_config)
+        engine = ReferenceEngine(model, limits=limits(method), end_id=-1, speculative_config=engines[method, "random"].speculative_config)
         engine._method = dataclasses.replace(engine._method, make_proposer=make)
         engines[method, "same"] = engine
     return engines

@@ -1,0 +1,188 @@
+"""In-flight batching: greedy output for a prompt is the same alone or with three other requests in
+flight, for every method, with a "same" draft (everything accepted) and a "random" one (rejections),
+EOS disabled, at least two verify steps; in the engine's scheduler and through a real tritonserver."""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from method_engines import DRAFT_LEN, METHODS, NEW_TOKENS, PROMPTS, greedy  # noqa: E402
+
+from specbuild.engine.scheduler import Scheduler  # noqa: E402
+from specbuild.engine.stream import collect  # noqa: E402
+
+CASES = [(m, k) for m in METHODS for k in ("same", "random") if not (k == "same" and m in ("plain", "lookahead"))]
+DEPTH = {"ngram": 4, "draft_target": 4, "eagle3": 4, "medusa": 3, "eagle": 3}  # drafts accepted per step, at most
+
+
+@pytest.fixture(scope="module")
+def plain(method_engines) -> dict[tuple[int, ...], list[int]]:
+    engine = method_engines["plain", "random"]
+    return {tuple(p): engine.generate(greedy(p, num_draft_tokens=0)).output_ids for p in PROMPTS}
+
+
+def _check(method, kind, results, plain):
+    for prompt, result in zip(PROMPTS, results):
+        assert result.output_ids == plain[tuple(prompt)], (method, kind, prompt)
+        assert result.finish_reason == "length" and result.num_decoding_iterations >= 2
+        assert result.num_decoding_iterations == NEW_TOKENS - 1 - result.total_accepted_draft_tokens
+    if kind == "same":  # the whole depth accepted at every step
+        assert all(r.num_decoding_iterations == math.ceil((NEW_TOKENS - 1) / (DEPTH[method] + 1)) for r in results)
+    elif method != "plain":  # drafts were verified, and most were rejected
+        assert sum(r.total_draft_tokens for r in results) > 2 * sum(r.total_accepted_draft_tokens for r in results)
+
+
+@pytest.mark.parametrize("method, kind", CASES)
+def test_batch_of_one_equals_plain_greedy(method_engines, plain, method, kind):
+    engine = method_engines[method, kind]
+    _check(method, kind, [engine.generate(greedy(p)) for p in PROMPTS], plain)
+
+
+@pytest.mark.parametrize("method, kind", CASES)
+def test_four_requests_in_flight_equal_plain_greedy(method_engines, plain, method, kind):
+    engine = method_engines[method, kind]
+    with Scheduler(engine, max_batch_size=4) as scheduler:
+        streams = [scheduler.stream(greedy(p)) for p in PROMPTS]  # all four submitted before any result is read
+        results = [collect(s) for s in streams]
+    assert scheduler.max_active_seen == 4
+    _check(method, kind, results, plain)
+
+
+def test_sampled_requests_give_the_same_tokens_in_a_batch(method_engines):
+    """Each request owns its seeded sampler: batching does not change a sampled output either."""
+    engine = method_engines["draft_target", "random"]
+    requests = [greedy(p, temperature=0.8, top_k=50, seed=11 + i) for i, p in enumerate(PROMPTS)]
+    alone = [engine.generate(r) for r in requests]
+    with Scheduler(engine, max_batch_size=4) as scheduler:
+        together = [collect(s) for s in [scheduler.stream(r) for r in requests]]
+    assert together == alone
+
+
+def test_requests_join_between_steps_and_take_turns(method_engines):
+    """A, B running; C submitted: C's first step comes before A and B finish, then one step each in turn."""
+    engine = method_engines["plain", "random"]
+    events: list[tuple[str, int, bool]] = []
+    errors: list[BaseException] = []
+    two_steps = threading.Event()
+    done = threading.Semaphore(0)
+
+    def recorder(name):
+        def on_step(step):
+            events.append((name, step.num_decoding_iterations, step.is_final))
+            if name == "A" and step.num_decoding_iterations == 2:
+                two_steps.set()
+            if step.is_final:
+                done.release()
+        return on_step
+
+    with Scheduler(engine, max_batch_size=4) as scheduler:
+        for name, prompt in zip("AB", PROMPTS):
+            scheduler.submit(greedy(prompt, max_tokens=40), recorder(name), errors.append)
+        assert two_steps.wait(60)
+        scheduler.submit(greedy(PROMPTS[2], max_tokens=40), recorder("C"), errors.append)
+        for _ in range(3):
+            assert done.acquire(timeout=120)
+    assert not errors
+    names = [name for name, _, _ in events]
+    first_c, last_a = names.index("C"), len(names) - 1 - names[::-1].index("A")
+    assert first_c < last_a
+    assert names[first_c : first_c + 6] in (list("CABCAB"), list("CBACBA"))  # round-robin after joining
+    assert names.count("C") == 40 and events[-1][2]  # prefill + 39 one-token steps, then final
+
+
+def test_max_batch_size_bounds_the_requests_in_flight(method_engines, plain):
+    engine = method_engines["ngram", "random"]
+    with Scheduler(engine, max_batch_size=2) as scheduler:
+        results = [collect(s) for s in [scheduler.stream(greedy(p)) for p in PROMPTS]]
+    assert scheduler.max_active_seen == 2
+    assert [r.output_ids for r in results] == [plain[tuple(p)] for p in PROMPTS]
+
+
+def test_a_failing_step_fails_its_request_only(method_engines, plain):
+    engine = method_engines["ngram", "random"]
+    errors = []
+    with Scheduler(engine, max_batch_size=4) as scheduler:
+        good = scheduler.stream(greedy(PROMPTS[0]))
+        scheduler.submit_steps(iter([]), lambda step: None, errors.append)  # ends without a final step
+        assert collect(good).output_ids == plain[tuple(PROMPTS[0])]
+    assert len(errors) == 1 and "no final step" in str(errors[0])
+
+
+# --- through a real tritonserver: every method, four concurrent requests -----------------------------
+
+
+@pytest.fixture(scope="module")
+def all_methods_server(method_engines, tiny_checkpoint, tmp_path_factory):
+    """One tritonserver with an ``ensemble_<method>`` -> ``tensorrt_llm_<method>`` pair per method (shared
+    pre/postprocessing); the engines' real drafts ("random" kind: random heads / draft model)."""
+    import dataclasses
+    import json
+
+    from conftest import write_recipe
+
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.triton_repo.generate import SHELL, SHELL_MODULES, reference_models, spec_from_engine_dir
+    from specbuild.triton_repo.pbtxt import render
+    from specbuild.triton_repo.server import TritonServer
+
+    out = tmp_path_factory.mktemp("all_methods")
+    built = build_reference_engine(load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint))), out / "built", log=lambda m: None).engine_dir
+    base = json.loads((built / "config.json").read_text())
+    repo = out / "repo"
+    for method in METHODS:
+        engine_dir = out / f"engine_{method}"
+        engine_dir.mkdir()
+        for part in ("target", "tokenizer"):
+            (engine_dir / part).symlink_to(built / part)
+        config = {**base, "speculative_config": method_engines[method, "random"].speculative_config}
+        config["build_config"] = {**base["build_config"], "max_draft_len": DRAFT_LEN[method]}
+        (engine_dir / "config.json").write_text(json.dumps(config))
+        models = {m.name: m for m in reference_models(spec_from_engine_dir(engine_dir))}
+        ensemble = models["ensemble"]
+        steps = tuple(dataclasses.replace(s, model_name=f"tensorrt_llm_{method}") if s.model_name == "tensorrt_llm" else s for s in ensemble.steps)
+        renamed = [dataclasses.replace(ensemble, name=f"ensemble_{method}", steps=steps),
+                   dataclasses.replace(models["tensorrt_llm"], name=f"tensorrt_llm_{method}")]
+        if method == METHODS[0]:
+            renamed += [models["preprocessing"], models["postprocessing"]]
+        for model in renamed:
+            (repo / model.name / "1").mkdir(parents=True)
+            (repo / model.name / "config.pbtxt").write_text(render(model))
+            module = SHELL_MODULES.get(model.name.removesuffix(f"_{method}"))
+            if module:
+                (repo / model.name / "1" / "model.py").write_text(SHELL.format(version="test", module=module))
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "server.log") as server:
+        yield server
+
+
+TEXT_PROMPTS = [
+    "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i",
+    "def fib(n):\n    if n < 2:\n        return n\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n",
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("method", METHODS)
+def test_four_concurrent_requests_through_triton_equal_plain_greedy(all_methods_server, method):
+    from specbuild.client.sdk import SpecClient
+
+    with SpecClient(all_methods_server.grpc_url, model_name=f"ensemble_{method}") as client:
+        client.wait_ready()
+        baseline = [client.generate(p, max_tokens=NEW_TOKENS, end_id=-1, num_draft_tokens=0) for p in TEXT_PROMPTS]
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda p: client.generate(p, max_tokens=NEW_TOKENS, end_id=-1), TEXT_PROMPTS))
+    assert [r.output_ids for r in together] == [r.output_ids for r in baseline]
+    assert [r.text for r in together] == [r.text for r in baseline]
+    assert all(len(r.output_ids) == NEW_TOKENS for r in together)
+    if method != "plain":
+        assert sum(r.total_draft_tokens for r in together) > 0
