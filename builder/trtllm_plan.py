@@ -196,6 +196,12 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None) -> 
         raise loaded.error(("speculation", "max_draft_len"), "the target needs a draft budget: max_draft_len >= 1 (tensorrtllm_backend#473)")
     if spec.method in ("medusa", "eagle") and _build_field(r, "quantization", "none") == "fp8":
         raise loaded.error(("build", "quantization"), f"fp8 is not planned for {spec.method} conversion; use int8_wo, int4_wo or none")
+    if spec.method == "eagle" and path == "tensorrt":
+        runtime_only = [name for name in ("use_dynamic_tree", "posterior_threshold") if getattr(spec, name)]
+        if runtime_only:
+            raise loaded.error(("speculation", runtime_only[0]),
+                               f"{runtime_only[0]} is a TensorRT-LLM runtime option that its Triton backend does not take "
+                               "(the tensorrt_llm model has only eagle_choices); remove it, or give a static tree with eagle_choices")
     if spec.method == "redrafter":
         if parallelism(r).pp_size != 1:
             raise loaded.error(("build", "pp_size"), "ReDrafter's converter (examples/redrafter/convert_checkpoint.py) has no pipeline parallelism; use tp_size")

@@ -358,3 +358,11 @@ def test_ngram_engine_plan_is_one_target_with_external_drafts(tmp_path):
     front = models["ensemble"].parameters
     assert (front["method"], front["max_draft_len"], front["max_matching_ngram_size"]) == ("ngram", "5", "2")
     assert models["tensorrt_llm"].parameters["enable_kv_cache_reuse"] == "true" and "tensorrt_llm_draft" not in models
+
+
+def test_eagle_runtime_options_the_triton_backend_lacks_are_rejected():
+    """tensorrt_llm/config.pbtxt has eagle_choices but no dynamic-tree or posterior-threshold key."""
+    with pytest.raises(RecipeError, match=r"speculation.use_dynamic_tree: use_dynamic_tree is a TensorRT-LLM runtime option that its Triton backend does not take"):
+        plan_tensorrt(recipe("  method: eagle\n  eagle_model: e/h\n  use_dynamic_tree: true\n  dynamic_tree_max_topK: 8\n"), OUT)
+    with pytest.raises(RecipeError, match=r"speculation.posterior_threshold: .*remove it"):
+        plan_tensorrt(recipe("  method: eagle\n  eagle_model: e/h\n  posterior_threshold: 0.09\n"), OUT)
