@@ -5,18 +5,18 @@ the checkpoint conversion (the model family's ``convert_checkpoint.py``, Medusa/
 ModelOpt ``quantize.py`` for fp8) and ``trtllm-build`` with speculation enabled. ``plan_pytorch``
 (LLM API, >= 1.0) writes the ``speculative_config`` as ``extra_llm_api_options.yaml`` (for
 ``trtllm-serve``) and ``model.yaml`` (for Triton's ``llmapi`` model). ``TrtllmPlan.write`` writes a
-runnable ``build.sh``: every step logs to ``logs/<step>.log`` and is skipped when its outputs exist.
+runnable ``build.sh`` (every step logs to ``logs/<step>.log`` and is skipped when its outputs exist);
+:mod:`specbuild.builder.trtllm_run` runs the same steps from ``specbuild recipe``, resumably.
 
-Output layout (``output_dir``)::
+Output layout (``output_dir``, made absolute: the paths end up in Triton configs)::
 
-    hf/target, hf/draft                 downloaded Hugging Face checkpoints (ids only)
+    hf/target, hf/draft, hf/<head>      downloaded Hugging Face checkpoints (ids only)
     checkpoints/target, checkpoints/draft   TensorRT-LLM checkpoints (engine path)
     engines/target, engines/draft, engines/baseline   engines (rank{N}.engine + config.json)
     logs/<step>.log, build.sh, extra_llm_api_options.yaml, model.yaml
 
-Recipe fields this module reads that the schema may not have yet (see /tmp/issue4-schema.md) are
-read with ``getattr(..., default)``: build.tp_size, build.pp_size, build.quantization,
-build.baseline_engine, serve.kv_cache_free_gpu_mem_fraction.
+Every flag and key is checked in tests/test_trtllm_plan.py against the argparse / click / LLM-API
+definitions of TensorRT-LLM (file and commit named there).
 """
 
 from __future__ import annotations

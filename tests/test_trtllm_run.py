@@ -173,6 +173,9 @@ def test_cli_recipe_runs_the_stages_when_tensorrt_llm_is_installed(gpu_box):
     assert serve.returncode == 0 and "launch_triton_server.py --world_size 1" in serve.stdout and "--multi-model" in serve.stdout
     second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert second.returncode == 0 and "up to date, skipped" in second.stdout
+    build = subprocess.run([sys.executable, "-m", "specbuild.cli", "build", str(root / "recipe/recipe.yaml"), "-o", str(out)],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert build.returncode == 0 and "up to date, skipped" in build.stdout and "launch.sh" in build.stdout
     failed = subprocess.run(cmd + ["--rebuild"], capture_output=True, text=True, env={**env, "STUB_FAIL": "checkpoints/draft"}, timeout=120)
     assert failed.returncode == 1 and "step build-draft failed" in failed.stderr and "build-draft.log" in failed.stderr
 
