@@ -41,9 +41,12 @@ DEFAULT_EXAMPLES = Path("/app/examples")  # the tritonserver:<yy.mm>-trtllm-pyth
 EXAMPLES_ENV = "TRTLLM_EXAMPLES_DIR"
 MIN_MAX_NUM_TOKENS = 8192  # trtllm-build's BuildConfig.max_num_tokens default
 EAGLE_MAX_DRAFT_LEN = 256
+# Skips Meta's original/ consolidated *.pth (pickles, as large again as the HF weights: 16 GB for
+# Llama-3.1-8B, 140 GB for 70B) that Llama repositories ship next to the safetensors.
 DOWNLOAD_SCRIPT = (
     "import sys; from huggingface_hub import snapshot_download; "
-    "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3])"
+    "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
+    "ignore_patterns=['original/*', '*.pth'])"
 )
 
 
