@@ -9,10 +9,11 @@ sends ``requests`` greedy requests (the prompts of P, cycled) from C worker thre
 client, and measures, per point:
 
     latency_ms_p50/p90/p99   request latency, request sent -> last token received (milliseconds)
-    ttft_ms_p50              time to first token; only when the client streams (None otherwise: the
-                             reference deployment answers once per request, so TTFT is not measured)
-    tpot_ms                  time per output token: mean over requests of latency / output tokens
-                             (prefill included), or (latency - TTFT) / (tokens - 1) when streamed
+    ttft_ms_p50              time to first token: the first streamed response (``stream=True``: recipes
+                             are served decoupled, one response per decoding step); None when not
+                             streamed (one response per request: TTFT is not measured)
+    tpot_ms                  time per output token: mean over requests of (latency - TTFT) / (tokens - 1)
+                             when streamed, else latency / tokens (prefill included)
     user_tok_s               output tokens/s per user: mean over requests of tokens / latency
     total_tok_s              output tokens/s of the point: all output tokens / wall time of the point
     tokens_per_step          mean acceptance length: tokens emitted per target verification step after
@@ -20,15 +21,18 @@ client, and measures, per point:
                              (1.0 for plain decoding; Leviathan et al.'s "expected tokens per step")
     acceptance_rate          accepted draft tokens / draft tokens, summed over the point's requests
     accepted_per_step, drafts_per_step
-    per_position_acceptance  P(a step accepts at least i drafts), i = 1..k, counted from streamed steps;
-                             None without streaming: the server reports per-request totals only, so
-                             ``specbuild tune`` derives it from points at consecutive draft lengths
+    per_position_acceptance  P(a step accepts at least i drafts), i = 1..k, counted from the streamed
+                             steps (each carries its accepted drafts + 1); None without streaming: the
+                             server reports per-request totals only, and ``specbuild tune`` derives it
+                             from points at consecutive draft lengths
                              (see :func:`specbuild.client.tune.per_position_from_sweep`).
 
 Cross-checks of the server's acceptance outputs against the client's own counts (``problems``):
 
 - per request: ``0 <= accepted <= drafts``, ``accepted <= tokens - 1`` (the prefill token is never a
   draft), ``acceptance_rate == accepted / drafts``, no drafts when k = 0, ``tokens <= max_tokens``;
+  streamed: the steps the client counted equal ``tokens - 1 - accepted`` (each step emits its accepted
+  drafts + 1 bonus token), and the streamed chunks add up to the tokens;
 - per point: the deltas of the server's Prometheus counters (``specbuild_generated_tokens_total``,
   ``specbuild_draft_tokens_total``, ``specbuild_accepted_draft_tokens_total``) over the point equal the
   sums of the per-request figures (when the metrics url is known and nothing else uses the server);
@@ -89,6 +93,7 @@ class Deployment:
             is the candidate length ``n - 1``: a request at k sends ``lookahead_config = (W, k + 1, G)``.
         metrics_url: Triton's metrics ``host:port`` for the counter cross-check; ``None`` = skip it.
         tokenizer_dir: the deployment's tokenizer, for chat templates; ``None`` = none applied.
+        stream: stream every request (gRPC; required by a decoupled deployment).
     """
 
     name: str
@@ -99,6 +104,7 @@ class Deployment:
     lookahead: tuple[int, int, int] | None = None
     metrics_url: str | None = None
     tokenizer_dir: str | None = None
+    stream: bool = False  # send requests with SpecClient.generate_stream (TTFT, per-step tokens)
 
     def request_fields(self, draft_len: int) -> dict:
         """``SpecClient.generate`` keyword arguments for draft length ``draft_len`` (0 = plain decoding).
@@ -361,6 +367,11 @@ def check_request(r: RequestRecord, *, draft_len: int, max_tokens: int) -> list[
         problems.append(f"{where}: acceptance_rate {r.acceptance_rate:.6f} != accepted/drafts {r.accepted / r.drafts:.6f}")
     if r.step_tokens is not None and sum(r.step_tokens) != r.num_tokens:
         problems.append(f"{where}: streamed steps carry {sum(r.step_tokens)} tokens, the result {r.num_tokens}")
+    if r.step_tokens and len(r.step_tokens) - 1 != r.decode_steps:
+        problems.append(
+            f"{where}: {len(r.step_tokens) - 1} streamed steps after the prefill, but tokens - 1 - accepted "
+            f"= {r.decode_steps}"
+        )
     return problems
 
 
@@ -422,8 +433,12 @@ class _Clients:
             client.close()
 
 
-def timed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end_id: int | None, fields: dict) -> RequestRecord:
-    """Send one greedy request; the SDK's result becomes a :class:`RequestRecord`."""
+def timed_request(
+    client, prompt: Prompt, text: str, *, max_tokens: int, end_id: int | None, fields: dict, stream: bool = False
+) -> RequestRecord:
+    """Send one greedy request (streamed or not); the SDK's result becomes a :class:`RequestRecord`."""
+    if stream:
+        return _streamed_request(client, prompt, text, max_tokens=max_tokens, end_id=end_id, fields=fields)
     result = client.generate(text, max_tokens=max_tokens, end_id=end_id, **fields)
     return RequestRecord(
         prompt_id=prompt.id,
@@ -434,6 +449,28 @@ def timed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end_id:
         acceptance_rate=result.acceptance_rate,
         output_ids=tuple(result.output_ids),
         finish_reason=getattr(result, "finish_reason", None),
+    )
+
+
+def _streamed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end_id: int | None, fields: dict) -> RequestRecord:
+    """One request through ``generate_stream``: a chunk per decoding step, perf counters cumulative."""
+    chunks = list(client.generate_stream(text, max_tokens=max_tokens, end_id=end_id, **fields))
+    if not chunks:
+        from .sdk import RequestError
+
+        raise RequestError(f"streamed request for {prompt.id!r} returned no response with tokens")
+    last = chunks[-1]
+    output_ids = tuple(t for chunk in chunks for t in chunk.output_ids)
+    return RequestRecord(
+        prompt_id=prompt.id,
+        latency_s=last.latency_s,
+        num_tokens=len(output_ids),
+        accepted=last.total_accepted_draft_tokens or 0,
+        drafts=last.total_draft_tokens or 0,
+        acceptance_rate=last.acceptance_rate,
+        ttft_s=chunks[0].latency_s,
+        step_tokens=tuple(len(chunk.output_ids) for chunk in chunks),
+        output_ids=output_ids,
     )
 
 
@@ -452,7 +489,9 @@ def run_point(
     jobs = [prompts[i % len(prompts)] for i in range(num_requests)]
 
     def one(job: tuple[Prompt, str]) -> RequestRecord:
-        record = timed_request(clients.get(), job[0], job[1], max_tokens=max_tokens, end_id=end_id, fields=fields)
+        record = timed_request(
+            clients.get(), job[0], job[1], max_tokens=max_tokens, end_id=end_id, fields=fields, stream=clients.deployment.stream
+        )
         on_done()
         return record
 
@@ -525,7 +564,9 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, *, timeout_s, pro
         for source in plan.prompt_sets:
             prompts = prepare_prompts(source, deployment, plan.chat_template, tokenizer)
             for prompt, text in prompts[: plan.warmup]:
-                timed_request(clients.get(), prompt, text, max_tokens=plan.max_tokens, end_id=plan.end_id, fields={})
+                timed_request(
+                    clients.get(), prompt, text, max_tokens=plan.max_tokens, end_id=plan.end_id, fields={}, stream=deployment.stream
+                )
             baseline: dict[str, tuple[int, ...]] = {}
             for concurrency in sorted(set(plan.concurrencies)):
                 for k in plan.draft_lengths_for(deployment):
@@ -612,7 +653,7 @@ def is_url(target: str) -> bool:
     return bool(URL.match(target)) and not Path(target).exists()
 
 
-def deployment_for_recipe(loaded, paths, server) -> Deployment:
+def deployment_for_recipe(loaded, paths, server, *, stream: bool = False) -> Deployment:
     """The :class:`Deployment` of a recipe served by ``server`` (a started TritonServer)."""
     spec = loaded.recipe.speculation
     lookahead = None
@@ -627,13 +668,19 @@ def deployment_for_recipe(loaded, paths, server) -> Deployment:
         lookahead=lookahead,
         metrics_url=server.metrics_url,
         tokenizer_dir=str(paths.engine_dir / "tokenizer"),
+        stream=stream,
     )
 
 
 @contextmanager
-def serve_recipes(recipes: Sequence[str], *, output_root: Path | None = None, log=print) -> Iterator[list[Deployment]]:
+def serve_recipes(
+    recipes: Sequence[str], *, output_root: Path | None = None, stream: bool = True, log=print
+) -> Iterator[list[Deployment]]:
     """Build (or reuse) each recipe's engine and repository, start one tritonserver per recipe on free
     ports, and yield their :class:`Deployment` s; every server is stopped on exit.
+
+    ``stream``: serve decoupled (one response per decoding step, whatever the recipe's
+    ``serve.decoupled``) and stream every request, so TTFT and per-step acceptance are measured.
 
     Servers start one after another and all run during the sweep (a sweep measures one at a time).
     Raises ``specbuild.builder.recipe.RecipeError`` for a recipe that cannot run here.
@@ -651,7 +698,9 @@ def serve_recipes(recipes: Sequence[str], *, output_root: Path | None = None, lo
             paths = RunPaths(output_root / loaded.recipe.name if output_root else default_output_dir(loaded))
             check_runnable(loaded)
             build_reference_engine(loaded, paths.engine_dir, log=log)
-            spec = spec_from_engine_dir(paths.engine_dir, instance_count=loaded.recipe.serve.instance_count)
+            spec = spec_from_engine_dir(
+                paths.engine_dir, instance_count=loaded.recipe.serve.instance_count, decoupled=stream
+            )
             write_reference_repository(spec, paths.repo_dir)
             server = TritonServer(
                 paths.repo_dir,
@@ -664,7 +713,7 @@ def serve_recipes(recipes: Sequence[str], *, output_root: Path | None = None, lo
             )
             log(f"starting tritonserver for {loaded.recipe.name} ({paths.repo_dir})")
             stack.enter_context(server)
-            deployments.append(deployment_for_recipe(loaded, paths, server))
+            deployments.append(deployment_for_recipe(loaded, paths, server, stream=stream))
         yield deployments
 
 
@@ -704,10 +753,8 @@ def notes(result: SweepResult) -> list[str]:
     """What the table cannot say by itself: what was not measured, and any cross-check problem."""
     lines = []
     if not any(p.ttft_ms_p50 is not None for p in result.points):
-        lines.append(
-            "TTFT not measured: the client does not stream; TPOT = latency / tokens includes the prefill."
-        )
-    if not any(p.per_position_acceptance for p in result.points):
+        lines.append("TTFT not measured: requests were not streamed (--no-stream); TPOT = latency / tokens includes the prefill.")
+    if not any(p.per_position_acceptance for p in result.points) and any(p.draft_len for p in result.points):
         lines.append(
             "Per-position acceptance: the server reports per-request totals only; `specbuild tune` derives "
             "P(step accepts >= i drafts) from points at consecutive draft lengths."
@@ -723,7 +770,7 @@ def notes(result: SweepResult) -> list[str]:
 
 
 def url_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), metrics_urls: Sequence[str] = (),
-                    protocol: str = "grpc", tokenizer_dir: str | None = None) -> list[Deployment]:
+                    protocol: str = "grpc", tokenizer_dir: str | None = None, stream: bool = False) -> list[Deployment]:
     """Deployments for servers already running at ``urls``; ``labels`` / ``metrics_urls`` pair up with
     them in order. Raises ``BenchError`` when more labels or metrics urls than urls are given."""
     if len(labels) > len(urls) or len(metrics_urls) > len(urls):
@@ -735,15 +782,19 @@ def url_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), metrics_
             protocol=protocol,
             metrics_url=metrics_urls[i] if i < len(metrics_urls) else None,
             tokenizer_dir=tokenizer_dir,
+            stream=stream,
         )
         for i, url in enumerate(urls)
     ]
 
 
 def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: Path | None = None,
-              timeout_s: float = 600.0, **url_options) -> SweepResult:
+              timeout_s: float = 600.0, stream: bool | None = None, **url_options) -> SweepResult:
     """``specbuild bench``: serve the recipe targets, sweep every target with a progress bar, print
     the table and the notes. ``url_options`` go to :func:`url_deployments`.
+
+    ``stream``: ``None`` = stream the recipes (served decoupled) and not the host:port targets (a
+    deployment that is not decoupled refuses streamed requests, a decoupled one plain ones).
 
     Raises ``BenchError``, ``specbuild.builder.recipe.RecipeError``, ``specbuild.client.sdk.ClientError``.
     """
@@ -755,8 +806,8 @@ def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: 
     urls = [t for t in targets if is_url(t)]
     recipes = [t for t in targets if not is_url(t)]
     log = lambda message: console.print(f"[dim]{message}[/dim]")  # noqa: E731
-    with serve_recipes(recipes, output_root=output_root, log=log) as served:
-        deployments = served + url_deployments(urls, **url_options)
+    with serve_recipes(recipes, output_root=output_root, stream=stream is not False, log=log) as served:
+        deployments = served + url_deployments(urls, stream=bool(stream), **url_options)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
         with Progress(*columns, console=console, transient=False) as bar:
             task = bar.add_task("bench", total=sweep_size(plan, deployments, set_sizes))

@@ -379,6 +379,7 @@ def _sweep_options(levels_names: tuple[str, ...]):
             click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir of host:port targets (chat template)."),
             click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Where recipe engines and repositories go [./specbuild-out/NAME]."),
             click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
+            click.option("--stream/--no-stream", default=None, help="Stream every request (gRPC): measures time to first token and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served]"),
         ]
         for option in reversed(options):
             f = option(f)
@@ -388,7 +389,7 @@ def _sweep_options(levels_names: tuple[str, ...]):
 
 
 def _run_bench(console, targets, *, draft_lengths, levels, prompt_sets, max_tokens, requests, end_id, warmup,
-               chat_template, protocol, labels, metrics_urls, tokenizer_dir, deploy_dir, timeout_s):
+               chat_template, protocol, labels, metrics_urls, tokenizer_dir, deploy_dir, timeout_s, stream):
     from specbuild.builder.recipe import RecipeError
     from specbuild.client.bench import BenchError, SweepPlan, run_bench
     from specbuild.client.prompts import PromptSourceError
@@ -402,8 +403,8 @@ def _run_bench(console, targets, *, draft_lengths, levels, prompt_sets, max_toke
         )
         with stop_signals_interrupt():  # SIGTERM/SIGHUP stop the servers like Ctrl-C
             return run_bench(
-                targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, labels=labels,
-                metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
+                targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, stream=stream,
+                labels=labels, metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
             )
     except (BenchError, RecipeError, PromptSourceError, ClientError, ServerNotFoundError, ServerStartError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -93,7 +93,8 @@ def test_consistent_request_has_no_problems():
         (rec(n=10, accepted=2, drafts=8, rate=0.5), 4, "acceptance_rate 0.500000 != accepted/drafts 0.250000"),
         (rec(n=11), 0, "11 tokens, expected 1..10"),
         (rec(n=7, finish_reason="length"), 0, "'length' with 7 of 10"),
-        (rec(n=7, step_tokens=(1, 2, 2)), 0, "streamed steps carry 5 tokens"),
+        (rec(n=7, accepted=4, drafts=4, step_tokens=(1, 2, 2)), 4, "streamed steps carry 5 tokens"),
+        (rec(n=5, accepted=0, drafts=4, step_tokens=(1, 2, 2)), 2, "2 streamed steps after the prefill, but tokens - 1 - accepted = 4"),
     ],
 )
 def test_inconsistent_server_figures_are_reported(record, draft_len, expected):
@@ -231,6 +232,14 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
     assert all(p["accepted_per_step"] > 0 for p in speculative)
     assert any(p["acceptance_rate"] < 1 for p in speculative)  # rejections happened too
     assert all(p["drafts_per_step"] <= p["draft_len"] for p in speculative)
+    # Recipes are served decoupled and streamed: TTFT and per-position acceptance are measured, and
+    # P(>= i accepted) summed over positions is the mean accepted per step the server's totals give.
+    assert all(0 < p["ttft_ms_p50"] <= p["latency_ms_p50"] for p in points)
+    for p in speculative:
+        per_position = p["per_position_acceptance"]
+        assert len(per_position) == p["draft_len"]
+        assert per_position == sorted(per_position, reverse=True)
+        assert sum(per_position) == pytest.approx(p["accepted_per_step"])
     assert (bench_dir / "bench.csv").is_file()
 
     tune_dir = tmp_path / "tune"
@@ -244,6 +253,35 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
     for png in ("frontier.png", "speedup.png"):
         assert (tune_dir / png).read_bytes()[:4] == b"\x89PNG"
     assert "Pareto frontier" in result.output and "Recommendation" in result.output
+
+
+@pytest.mark.e2e
+@pytest.mark.slow  # ~25 s, mostly the server start
+def test_bench_a_running_server_by_url_without_streaming(tiny_checkpoint, tmp_path):
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.server import TritonServer
+
+    loaded = load_recipe(str(write_recipe(tmp_path / "r.yaml", tiny_checkpoint)))
+    engine = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).engine_dir
+    repo = write_reference_repository(spec_from_engine_dir(engine), tmp_path / "repo")  # not decoupled
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in E2E_PROMPTS))
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
+        result = CliRunner().invoke(main, [
+            "bench", server.grpc_url, "--label", "tiny", "--metrics-url", server.metrics_url, "--draft-lengths", "0,2",
+            "--concurrency", "1,3", "--prompts", str(prompts), "--max-tokens", "10", "--end-id", "-1",
+            "-o", str(tmp_path / "out"),
+        ])
+    assert result.exit_code == 0, result.output
+    points = json.loads((tmp_path / "out" / "bench.json").read_text())["points"]
+    assert len(points) == 4
+    for p in points:
+        assert p["deployment"] == "tiny" and p["problems"] == [] and p["counters_checked"]
+        assert p["ids_match_baseline"] == 1.0
+        assert p["ttft_ms_p50"] is None and p["per_position_acceptance"] is None  # not streamed: not measured
+    assert "TTFT not measured" in result.output
 
 
 def test_tune_cli_errors_are_one_line(tmp_path):
