@@ -42,11 +42,15 @@ EXAMPLES_ENV = "TRTLLM_EXAMPLES_DIR"
 MIN_MAX_NUM_TOKENS = 8192  # trtllm-build's BuildConfig.max_num_tokens default
 EAGLE_MAX_DRAFT_LEN = 256
 # Skips Meta's original/ consolidated *.pth (pickles, as large again as the HF weights: 16 GB for
-# Llama-3.1-8B, 140 GB for 70B) that Llama repositories ship next to the safetensors.
+# Llama-3.1-8B, 140 GB for 70B) that Llama repositories ship next to the safetensors. Downloads go
+# straight to their directory (snapshot_download resumes partial files); DOWNLOAD_DONE, written
+# last, is what marks one complete.
+DOWNLOAD_DONE = ".specbuild-download-complete"
 DOWNLOAD_SCRIPT = (
-    "import sys; from huggingface_hub import snapshot_download; "
+    "import pathlib, sys; from huggingface_hub import snapshot_download; "
     "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
-    "ignore_patterns=['original/*', '*.pth'])"
+    "ignore_patterns=['original/*', '*.pth']); "
+    f"pathlib.Path(sys.argv[3], '{DOWNLOAD_DONE}').touch()"
 )
 
 
@@ -263,7 +267,7 @@ def _source_dir(loaded: LoadedRecipe, checkpoint: str, role: str, paths: _Paths,
     revision = loaded.recipe.target.revision if role == "target" else None
     dest = paths.hf(role)
     argv = ("python3", "-c", DOWNLOAD_SCRIPT, checkpoint, revision or "", str(dest))
-    steps.append(Step(f"download-{role}", "download", argv, (dest / "config.json",), paths.log(f"download-{role}")))
+    steps.append(Step(f"download-{role}", "download", argv, (dest / "config.json", dest / DOWNLOAD_DONE), paths.log(f"download-{role}")))
     return dest
 
 

@@ -5,10 +5,11 @@
 and ``launch.sh``. Each step:
 
 - writes its stdout/stderr to ``step.log`` (``<output_dir>/logs/<step>.log``);
-- runs with its output directory redirected to a hidden staging sibling (``--output_dir`` /
-  ``local_dir`` in ``argv`` replaced), published by rename only when the command exits 0
+- conversions and builds run with their output directory redirected to a hidden staging sibling
+  (``--output_dir`` in ``argv`` replaced), published by rename only when the command exits 0
   (:mod:`specbuild.builder.atomic`): a failed or interrupted step leaves no output directory that
-  looks finished;
+  looks finished. Downloads write in place, so an interrupted one resumes where it stopped; they
+  count as finished only once their completion marker (written last) exists;
 - records a stamp ``<output_dir>/.stamps/<step>.json`` (written atomically, after the outputs)
   with the command and the fingerprints of its input directories.
 
@@ -105,23 +106,36 @@ def run_step(plan: TrtllmPlan, step: Step, *, env: dict[str, str] | None = None)
     stamp.unlink(missing_ok=True)  # from here on the step is unfinished until the new stamp lands
     step.log.parent.mkdir(parents=True, exist_ok=True)
     final = step.output_dir
-    shutil.rmtree(final, ignore_errors=True)  # stale outputs must not look finished if this run fails
     start = time.perf_counter()
-    with staging_dir(final) as tmp, step.log.open("w") as log:
-        argv = [str(tmp) if a == str(final) else a for a in step.argv]
-        log.write(f"$ {step.command()}\n# writing to {tmp}, published as {final} on success\n")
+    if step.kind == "download":  # in place, resumable; its completion marker is written last
+        step.outputs[-1].unlink(missing_ok=True)
+        _run_logged(step, list(step.argv), final, env)
+    else:
+        shutil.rmtree(final, ignore_errors=True)  # stale outputs must not look finished if this run fails
+        with staging_dir(final) as tmp:
+            _run_logged(step, [str(tmp) if a == str(final) else a for a in step.argv], tmp, env)
+    _write_atomic(stamp, json.dumps(_stamp(step), indent=1) + "\n")
+    return time.perf_counter() - start
+
+
+def _run_logged(step: Step, argv: list[str], out_dir: Path, env: dict[str, str] | None) -> None:
+    """Run ``argv`` (``step.argv`` writing to ``out_dir``) with its output in ``step.log``.
+
+    Raises:
+        StageError: it could not start, exited non-zero, or left one of the step's outputs unwritten.
+    """
+    with step.log.open("w") as log:
+        log.write(f"$ {step.command()}\n# writing to {out_dir}\n")
         log.flush()
         try:
             code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env).returncode
         except OSError as exc:  # command not found / not executable
             raise StageError(f"step {step.name} could not start: {exc}; see {step.log}") from None
-        if code != 0:
-            raise StageError(f"step {step.name} failed (exit status {code}); see {step.log}")
-        missing = [str(p.relative_to(final)) for p in step.outputs if not (tmp / p.relative_to(final)).exists()]
-        if missing:
-            raise StageError(f"step {step.name} exited 0 but did not write {', '.join(missing)}; see {step.log}")
-    _write_atomic(stamp, json.dumps(_stamp(step), indent=1) + "\n")
-    return time.perf_counter() - start
+    if code != 0:
+        raise StageError(f"step {step.name} failed (exit status {code}); see {step.log}")
+    missing = [p.name for p in step.outputs if not (out_dir / p.relative_to(step.output_dir)).exists()]
+    if missing:
+        raise StageError(f"step {step.name} exited 0 but did not write {', '.join(missing)}; see {step.log}")
 
 
 def run_plan(

@@ -102,7 +102,9 @@ def flags(argv: list[str]) -> set[str]:
 
 def download(repo: str, role: str) -> list[str]:
     return ["python3", "-c", ("import sys; from huggingface_hub import snapshot_download; snapshot_download(sys.argv[1], "
-            "revision=sys.argv[2] or None, local_dir=sys.argv[3], ignore_patterns=['original/*', '*.pth'])"), repo, "", f"/out/hf/{role}"]
+            "revision=sys.argv[2] or None, local_dir=sys.argv[3], ignore_patterns=['original/*', '*.pth']); "
+            "pathlib.Path(sys.argv[3], '.specbuild-download-complete').touch()").replace("import sys", "import pathlib, sys"),
+            repo, "", f"/out/hf/{role}"]
 
 
 def build(role: str, *extra: str, batch: int, inp: int, seq: int, dtype: str, workers: int = 1, tokens: int = 8192) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -206,3 +207,44 @@ def test_pytorch_path_writes_the_llmapi_repository_and_checks_the_draft(gpu_box)
     (root / "recipe/draft/config.json").write_text(json.dumps({"vocab_size": 100, "eos_token_id": 7}))
     with pytest.raises(RecipeError, match="vocab_size=100 but the target has vocab_size=128"):
         run_trtllm(loaded, plan_pytorch(loaded, root / "out"), root / "out/triton_repo", status=lambda _: None, log=lambda _: None, env=env)
+
+
+HUB_STUB = '''"""Stand-in huggingface_hub: snapshot_download copies $STUB_HUB/<org>--<name> into local_dir."""
+import os, shutil
+
+
+def snapshot_download(repo_id, revision=None, local_dir=None, ignore_patterns=None):
+    assert ignore_patterns == ["original/*", "*.pth"]
+    os.makedirs(local_dir, exist_ok=True)
+    with open(os.path.join(local_dir, "calls"), "a") as f:  # what a resumed download finds already there
+        f.write(",".join(sorted(os.listdir(local_dir))) + "\\n")
+    if os.environ.get("STUB_HUB_FAIL"):
+        open(os.path.join(local_dir, "model-00001.safetensors.incomplete"), "w").close()
+        raise ConnectionError("network down (stub)")
+    shutil.copytree(os.path.join(os.environ["STUB_HUB"], repo_id.replace("/", "--")), local_dir, dirs_exist_ok=True)
+    return local_dir
+'''
+
+
+def test_downloads_resume_in_place_and_finish_only_with_their_marker(gpu_box):
+    root, env = gpu_box
+    (root / "site/huggingface_hub").mkdir()
+    (root / "site/huggingface_hub/__init__.py").write_text(HUB_STUB)
+    shutil.copytree(root / "recipe/target", root / "hub/org--target")
+    env = {**env, "STUB_HUB": str(root / "hub")}
+    text = RECIPE.replace("checkpoint: target", "checkpoint: org/target")
+    loaded = load(root, text)
+    out = root / "out"
+
+    def run_once(extra_env):
+        plan = plan_tensorrt(loaded, out, examples_dir=root / "examples")
+        return run_trtllm(loaded, plan, out / "triton_repo", status=lambda _: None, log=lambda _: None, env={**env, **extra_env})
+
+    with pytest.raises(StageError, match="step download-target failed"):
+        run_once({"STUB_HUB_FAIL": "1"})
+    assert (out / "hf/target/model-00001.safetensors.incomplete").exists()  # kept for the resume
+    assert not (out / "hf/target/.specbuild-download-complete").exists() and not (out / STAMP_DIR / "download-target.json").exists()
+    result = run_once({})
+    assert list(result.record.ran)[0] == "download-target" and (out / "hf/target/.specbuild-download-complete").exists()
+    assert "model-00001.safetensors.incomplete" in (out / "hf/target/calls").read_text().splitlines()[-1]
+    assert run_once({}).record.ran == {}
