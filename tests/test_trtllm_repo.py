@@ -242,3 +242,26 @@ def test_llmapi_repository_for_the_pytorch_path(tmp_path):
     assert "decoding_type: Eagle3" in model_yaml and "${" not in model_yaml
     launch = (repo / "launch.sh").read_text()
     assert "llmapi/tensorrt_llm/config.pbtxt" in launch and "--no-mpi" in launch
+
+
+@pytest.mark.parametrize("speculation", [
+    "  method: ngram\n  max_draft_len: 5\n",
+    "  method: redrafter\n  drafter_model: org/drafter\n",
+    "  method: medusa\n  medusa_model: org/heads\n  medusa_choices: [[0], [0, 0], [1]]\n",
+    "  method: eagle\n  eagle_model: org/head\n  num_eagle_layers: 2\n  eagle_choices: [[0], [0, 0], [1]]\n",
+])
+def test_other_engine_methods_render_parseable_configs(speculation, tmp_path):
+    text = f"name: t\ntarget: {{checkpoint: org/target, dtype: float16}}\nspeculation:\n{speculation}build: {{backend: tensorrt, baseline_engine: true}}\n"
+    loaded = parse_recipe(text, Path("t.yaml"))
+    plan = plan_tensorrt(loaded, tmp_path)
+    spec = repo_spec_for(loaded, plan, end_id=2, pad_id=0)
+    repo = tmp_path / "repo"
+    write_trtllm_repository(spec, repo, launch_argv=launch_command(spec, repo, http_port=8000, grpc_port=8001, metrics_port=8002))
+    configs = {p.parent.name: parse(p) for p in repo.glob("*/config.pbtxt")}
+    engine = params(configs["tensorrt_llm"])
+    assert set(engine) <= TENSORRT_LLM_PARAMETERS and engine["decoding_mode"] in DECODING_MODES
+    assert params(configs["ensemble"])["tensorrt_llm_baseline_model_name"] == "tensorrt_llm_baseline"
+    if "choices" in speculation:
+        key = "medusa_choices" if "medusa" in speculation else "eagle_choices"
+        assert engine[key] == "{0}, {0, 0}, {1}"
+    assert "${" not in "".join(p.read_text() for p in repo.rglob("*") if p.is_file())
