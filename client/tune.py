@@ -343,6 +343,8 @@ class TuneReport:
     per_position: dict[tuple[str, str], list[tuple[int, int, float]]]
     plots: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    # (deployment, prompt set, k) -> P(>= i accepted), i = 1..k, from streamed steps at the lowest concurrency
+    measured_per_position: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -356,6 +358,9 @@ class TuneReport:
             "per_position_acceptance_derived": [
                 {"deployment": d, "prompt_set": s, "positions": [{"from": a, "to": b, "p": p} for a, b, p in v]}
                 for (d, s), v in self.per_position.items()
+            ],
+            "per_position_acceptance_measured": [
+                {"deployment": d, "prompt_set": s, "draft_len": k, "p": v} for (d, s, k), v in self.measured_per_position.items()
             ],
             "plots": self.plots,
         }
@@ -414,7 +419,22 @@ def tune(
         analytic=analytic_comparison(points),
         per_position=per_position_from_sweep(points),
         errors=errors,
+        measured_per_position=measured_per_position(points),
     )
+
+
+def measured_per_position(points: Iterable) -> dict[tuple[str, str, int], list[float]]:
+    """The streamed per-position acceptance of each (deployment, prompt set, k) at its lowest concurrency."""
+    dicts = [p if isinstance(p, dict) else asdict(p) for p in points]
+    lowest: dict[tuple[str, str], int] = {}
+    for d in dicts:
+        key = (d["deployment"], d["prompt_set"])
+        lowest[key] = min(lowest.get(key, d["concurrency"]), d["concurrency"])
+    return {
+        (d["deployment"], d["prompt_set"], d["draft_len"]): list(d["per_position_acceptance"])
+        for d in dicts
+        if d.get("per_position_acceptance") and d["concurrency"] == lowest[(d["deployment"], d["prompt_set"])]
+    }
 
 
 def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Path:
@@ -532,7 +552,27 @@ def report_tables(report: TuneReport) -> list:
                   f"{r.tokens_per_step:.2f}", f"{r.expected_tokens_per_step:.2f}", f"{r.speedup:.2f}",
                   f"{r.expected_speedup:.2f}", f"{r.closeness:.2f}")
     out.append(t)
+    out.append(per_position_table(report))
     return out
+
+
+def per_position_table(report: TuneReport):
+    """Per-position acceptance at the lowest concurrency: measured from streamed steps where the bench
+    streamed, else derived across draft lengths; next to the model's a^i for the fitted a."""
+    from rich.table import Table
+
+    fitted = {(r.deployment, r.prompt_set): r.a for r in report.analytic}
+    t = Table(title="Per-position acceptance P(step accepts >= i drafts): measured (streamed) / derived (across k) / model a^i")
+    for name in ("deployment", "prompts", "k", "source", "i = 1, 2, ...", "model a^i"):
+        t.add_column(name)
+    for (deployment, prompt_set, k), values in sorted(report.measured_per_position.items()):
+        a = fitted.get((deployment, prompt_set))
+        model = "" if a is None else " ".join(f"{a ** i:.2f}" for i in range(1, k + 1))
+        t.add_row(deployment, prompt_set, str(k), "measured", " ".join(f"{v:.2f}" for v in values), model)
+    for (deployment, prompt_set), spans in sorted(report.per_position.items()):
+        text = " ".join(f"{p:.2f}" if lo == hi else f"[{lo}-{hi}] {p:.2f}" for lo, hi, p in spans)
+        t.add_row(deployment, prompt_set, "-", "derived", text, "")
+    return t
 
 
 def _fmt_map(m: dict[int, int]) -> str:

@@ -248,3 +248,14 @@ def test_plots_are_png_files(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert path.stat().st_size > 10_000  # axes, points and labels, not an empty canvas
     assert not math.isnan(report.analytic[0].closeness)
+
+
+def test_measured_per_position_is_taken_at_the_lowest_concurrency():
+    from specbuild.client.tune import measured_per_position
+
+    points = [
+        point(2, 1) | {"per_position_acceptance": [0.5, 0.2]},
+        point(2, 4) | {"per_position_acceptance": [0.9, 0.9]},
+        point(0, 1) | {"per_position_acceptance": None},
+    ]
+    assert measured_per_position(points) == {("d", "s", 2): [0.5, 0.2]}
