@@ -73,6 +73,21 @@ def test_distill_data_is_the_targets_own_greedy_output(setup):
         assert torch.equal(data.tokens[a + prompt_len : b], data.top1[a + prompt_len - 1 : b - 1])
 
 
+def test_interrupted_generation_keeps_finished_batches(setup, prompt_files, tmp_path):
+    from specbuild.train.data import generate_responses
+
+    model, tokenizer, _, _ = setup
+    config = small_config(prompt_files, generation_batch_size=2, max_new_tokens=6)
+    prompts = [tokenizer(c[:20])["input_ids"] for c in CORPUS[:4]]
+    partial = tmp_path / "partial.json"
+    full = generate_responses(model, prompts, config, eos_id=None, partial=partial, log=lambda m: None)
+    saved = json.loads(partial.read_text())
+    assert {int(i): r["response"] for i, r in saved.items()} == dict(enumerate(full))
+    # a rerun takes the saved batches instead of generating again (here: marked responses)
+    partial.write_text(json.dumps({i: {"prompt": r["prompt"], "response": [7]} for i, r in saved.items()}))
+    assert generate_responses(model, prompts, config, eos_id=None, partial=partial, log=lambda m: None) == [[7]] * 4
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "draft_target"])
 def test_saved_artefact_loads_in_the_engine_and_decodes_like_plain_greedy(setup, prompt_files, tmp_path, method):
     model, tokenizer, data, held_ids = setup

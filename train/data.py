@@ -136,8 +136,10 @@ def build_distill_data(
     if not (out / "meta.json").is_file():
         if not prompts:
             raise TrainDataError("train.prompts: no training prompts")
+        partial = out.with_name(f"{fingerprint}.responses.partial.json")  # survives an interrupted run
         with staging_dir(out) as tmp:
-            _write_data(model, tokenizer, prompts, config, tmp, log=log)
+            _write_data(model, tokenizer, prompts, config, tmp, partial=partial, log=log)
+        partial.unlink(missing_ok=True)
         log(f"training data written to {out}")
     else:
         log(f"training data: reusing {out}")
@@ -150,10 +152,10 @@ def load_distill_data(path: Path) -> DistillData:
     return DistillData(seq["tokens"], seq["offsets"], seq["prompt_lens"], feats["features"], feats["top1"], path)
 
 
-def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig, out: Path, *, log) -> None:
+def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig, out: Path, *, partial: Path, log) -> None:
     start = time.perf_counter()
     encoded = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]
-    responses = generate_responses(model, encoded, config, eos_id=_eos_id(model, tokenizer), log=log)
+    responses = generate_responses(model, encoded, config, eos_id=_eos_id(model, tokenizer), partial=partial, log=log)
     generated_s = time.perf_counter() - start
     sequences = [p + r for p, r in zip(encoded, responses)]
     lens = torch.tensor([len(s) for s in sequences])
@@ -182,19 +184,26 @@ def _eos_id(model, tokenizer) -> int | None:
 
 
 @torch.inference_mode()
-def generate_responses(model, prompts: Sequence[list[int]], config: TrainConfig, *, eos_id: int | None, log=print) -> list[list[int]]:
+def generate_responses(
+    model, prompts: Sequence[list[int]], config: TrainConfig, *, eos_id: int | None, partial: Path | None = None, log=print,
+) -> list[list[int]]:
     """Greedy responses of the target, ``generation_batch_size`` prompts per left-padded ``generate()``.
 
     Prompts are batched in length order (less padding); each response ends at its first ``eos_id``
-    (kept) or after ``max_new_tokens``. Returns responses in the order of ``prompts``.
+    (kept) or after ``max_new_tokens``. Returns responses in the order of ``prompts``. With ``partial``
+    (a JSON file) finished batches are saved as they complete and skipped when a run starts again.
     """
     device = next(model.parameters()).device
     pad = eos_id if eos_id is not None else 0
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    responses: dict[int, list[int]] = {}
+    responses: dict[int, list[int]] = _read_partial(partial, prompts)
+    if responses:
+        log(f"resuming generation: {len(responses)}/{len(prompts)} responses already generated")
     bs = config.generation_batch_size
     for b in range(0, len(order), bs):
         chunk = order[b : b + bs]
+        if all(i in responses for i in chunk):
+            continue
         width = max(len(prompts[i]) for i in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -211,8 +220,28 @@ def generate_responses(model, prompts: Sequence[list[int]], config: TrainConfig,
             if eos_id is not None and eos_id in row:
                 row = row[: row.index(eos_id) + 1]
             responses[i] = row
+        if partial is not None:
+            _write_partial(partial, prompts, responses)
         log(f"generated {min(b + bs, len(order))}/{len(order)} responses ({time.perf_counter() - start:.1f} s for this batch)")
     return [responses[i] for i in range(len(prompts))]
+
+
+def _read_partial(partial: Path | None, prompts: Sequence[list[int]]) -> dict[int, list[int]]:
+    """Responses saved by an interrupted run, kept only where the prompt's tokens are the same."""
+    if partial is None or not partial.is_file():
+        return {}
+    try:
+        saved = json.loads(partial.read_text())
+    except ValueError:
+        return {}
+    return {int(i): r["response"] for i, r in saved.items() if int(i) < len(prompts) and r.get("prompt") == prompts[int(i)]}
+
+
+def _write_partial(partial: Path, prompts: Sequence[list[int]], responses: dict[int, list[int]]) -> None:
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    tmp = partial.with_suffix(".tmp")
+    tmp.write_text(json.dumps({str(i): {"prompt": prompts[i], "response": r} for i, r in responses.items()}))
+    tmp.replace(partial)
 
 
 @torch.inference_mode()
