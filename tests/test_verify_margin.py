@@ -1,0 +1,90 @@
+"""Logit margins from a real server, and the Hugging Face oracle, on the tiny checkpoint.
+
+The server's ``logit_margin`` / ``runner_up_ids`` must be the target's own top-two logits (checked
+against transformers run here), so the margin verify prints at a divergence can be trusted; the
+oracle must agree with a correct deployment and disagree, with its margin, with another checkpoint.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import write_recipe
+from specbuild.client.oracle import HFOracle, OracleError, compare_with_oracle
+from specbuild.client.prompts import Prompt
+from specbuild.client.sdk import SpecClient
+from specbuild.client.verify import verify
+from tiny_models import make_tiny_llama
+
+pytestmark = pytest.mark.e2e
+PROMPTS = [
+    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
+    Prompt("code", "def fib(n):\n    if n < 2:\n        return n\n"),
+]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, tmp_path_factory):
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.server import TritonServer
+
+    out = tmp_path_factory.mktemp("margin")
+    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
+    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir), out / "repo")
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "s.log") as s:
+        yield s
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_server_margins_are_the_targets_top_two_logits(server, tiny_checkpoint, protocol):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    with SpecClient(url, protocol=protocol) as client:
+        result = client.generate(PROMPTS[0].text, max_tokens=MAX_TOKENS, end_id=-1, return_logit_margin=True)
+        plain = client.generate(PROMPTS[0].text, max_tokens=MAX_TOKENS, end_id=-1)
+    assert result.output_ids == plain.output_ids and plain.logit_margin is None  # only when asked for
+    assert len(result.logit_margin) == len(result.runner_up_ids) == MAX_TOKENS
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    prompt = AutoTokenizer.from_pretrained(tiny_checkpoint)(PROMPTS[0].text)["input_ids"]
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + result.output_ids[:-1]])).logits[0, len(prompt) - 1 :]  # [n, vocab]
+    top = logits.topk(2, dim=-1)
+    assert top.indices[:, 0].tolist() == result.output_ids  # greedy: each token is the top-1
+    assert result.runner_up_ids == top.indices[:, 1].tolist()
+    assert result.logit_margin == pytest.approx((top.values[:, 0] - top.values[:, 1]).tolist(), abs=1e-4)
+    assert all(m >= 0 for m in result.logit_margin)
+
+
+def test_verify_on_a_correct_deployment_fetches_no_margins(server):
+    with SpecClient(server.grpc_url) as client:
+        report = verify(client, PROMPTS, max_tokens=MAX_TOKENS, end_id=-1)
+    assert report.all_match and report.passed and report.num_near_ties == 0
+
+
+def test_oracle_agrees_with_the_deployment_on_its_checkpoint(server, tiny_checkpoint):
+    with SpecClient(server.grpc_url) as client:
+        for end_id in (-1, None):
+            report = compare_with_oracle(client, PROMPTS, HFOracle(tiny_checkpoint), max_tokens=MAX_TOKENS, end_id=end_id)
+            assert report.all_match, report.describe()
+            assert all(len(r.oracle_ids) == MAX_TOKENS for r in report.results) or end_id is None
+
+
+def test_oracle_on_another_checkpoint_disagrees_and_shows_its_margin(server, tmp_path):
+    other = make_tiny_llama(tmp_path / "other", seed=1)  # same tokenizer, other weights
+    with SpecClient(server.grpc_url) as client:
+        report = compare_with_oracle(client, PROMPTS, HFOracle(other), max_tokens=MAX_TOKENS, end_id=-1)
+    assert not report.all_match
+    d = report.results[0].baseline_divergence
+    assert d is not None and d.logit_margin is not None and d.logit_margin >= 0 and d.runner_up_token is not None
+    assert "ORACLE DISAGREES" in report.describe() and "oracle margin" in report.describe()
+
+
+def test_oracle_refuses_a_folder_without_a_checkpoint(tmp_path):
+    with pytest.raises(OracleError, match="no config.json"):
+        HFOracle(tmp_path)
