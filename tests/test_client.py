@@ -293,3 +293,112 @@ def test_default_urls_and_argument_checks():
             client.generate("x", max_tokens=0)
         with pytest.raises(ValueError, match="num_draft_tokens"):
             client.generate("x", max_tokens=1, num_draft_tokens=-1)
+
+
+# Typed errors, retries, finish reason, iterations (no server needed)
+
+
+def ise(message, status):
+    from tritonclient.utils import InferenceServerException
+
+    return InferenceServerException(message, status=status)
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (ise("failed to connect to all addresses", "StatusCode.UNAVAILABLE"), "ServerUnavailableError"),
+        (ise("Socket closed", "StatusCode.UNAVAILABLE"), "ServerUnavailableError"),
+        (ConnectionRefusedError(111, "Connection refused"), "ServerUnavailableError"),
+        (ConnectionResetError(104, "Connection reset by peer"), "ServerUnavailableError"),
+        (ise("Deadline Exceeded", "StatusCode.DEADLINE_EXCEEDED"), "RequestTimeoutError"),
+        (TimeoutError("timed out"), "RequestTimeoutError"),
+        (ise("Request for unknown model: 'x' is not found", "StatusCode.NOT_FOUND"), "ModelNotReadyError"),
+        (ise("Request for unknown model: 'x' has no available versions", "StatusCode.UNAVAILABLE"), "ModelNotReadyError"),
+        (ise("Request for unknown model: 'x' is not found", "404"), "ModelNotReadyError"),
+        (ise("in ensemble 'ensemble', InvalidRequestError: max_tokens", "400"), "RequestError"),
+        (ise("in ensemble 'ensemble', InvalidRequestError: max_tokens", "StatusCode.INVALID_ARGUMENT"), "RequestError"),
+        (ise("RuntimeError: engine crashed", "StatusCode.INTERNAL"), "RequestError"),
+        (ValueError("Expecting value: line 1 column 1"), "ResponseError"),
+    ],
+)
+def test_failures_map_to_typed_errors(exc, expected):
+    from specbuild.client import sdk
+
+    error = sdk.translate_error(exc, what="inference", where="model 'ensemble' at h:1", timeout_s=3)
+    assert type(error).__name__ == expected
+    assert "model 'ensemble' at h:1" in str(error)
+    assert sdk._retryable(error) == (expected in ("ServerUnavailableError", "ModelNotReadyError"))
+    if expected == "RequestError":
+        assert error.server_message in str(error) and error.status is not None
+
+
+def test_programming_errors_are_not_swallowed():
+    from specbuild.client import sdk
+
+    with pytest.raises(ZeroDivisionError):
+        sdk.translate_error(ZeroDivisionError(), what="x", where="y", timeout_s=1)
+
+
+def test_retries_back_off_and_say_how_many_attempts():
+    url = f"127.0.0.1:{free_port()}"
+    with SpecClient(url, retries=2, retry_backoff_s=0.2) as client:
+        start = time.monotonic()
+        with pytest.raises(ServerUnavailableError, match=r"after 3 attempts") as info:
+            client.generate("x", max_tokens=2)
+        assert info.value.attempts == 3
+        assert time.monotonic() - start >= 0.2 + 0.4  # back-off 0.2 s, then 0.4 s
+    with pytest.raises(ValueError, match="retries"):
+        SpecClient(url, retries=-1)
+
+
+@pytest.mark.parametrize(
+    ("ids", "max_tokens", "end_id", "reason"),
+    [
+        ([5, 6, 7], 3, -1, "length"),
+        ([5, 6, 0], 3, 0, "stop"),  # end token on the last slot
+        ([5, 0], 3, None, "stop"),  # fewer than max_tokens: only an end token stops early
+        ([5, 6, 0], 3, None, "length"),  # engine-default end id unknown to the client
+        ([5, 6, 7], None, -1, None),
+    ],
+)
+def test_finish_reason(ids, max_tokens, end_id, reason):
+    from specbuild.client.sdk import _finish_reason
+
+    assert _finish_reason(ids, max_tokens, end_id) == reason
+
+
+def test_iterations_from_the_counters():
+    assert result(range(10), accepted=6, drafted=8).num_iterations == 4
+    assert result(range(10), accepted=0, drafted=0).num_iterations == 10
+    assert result(range(10)).num_iterations is None
+    assert result(range(3)).token_ids == [0, 1, 2]
+
+
+def test_http_client_gives_each_thread_its_own_connection():
+    import threading
+
+    with SpecClient(f"127.0.0.1:{free_port()}", protocol="http") as client:
+        seen = []
+        threads = [threading.Thread(target=lambda: seen.append(client._local_client())) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len({id(c) for c in seen} | {id(client._local_client())}) == 4
+    with SpecClient(f"127.0.0.1:{free_port()}") as grpc_client:  # gRPC: one channel, thread-safe
+        assert grpc_client._local_client() is grpc_client._client
+
+
+def test_async_client_without_a_server_raises_unavailable():
+    import asyncio
+
+    from specbuild.client.sdk import AsyncSpecClient
+
+    async def run(protocol):
+        async with AsyncSpecClient(f"127.0.0.1:{free_port()}", protocol=protocol, retries=0) as client:
+            await client.generate("x", max_tokens=2)
+
+    for protocol in ("grpc", "http"):
+        with pytest.raises(ServerUnavailableError):
+            asyncio.run(run(protocol))
