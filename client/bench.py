@@ -228,7 +228,7 @@ class PointResult:
     acceptance_rate: float | None
     accepted_per_step: float
     drafts_per_step: float
-    step_ms: float  # sum(latency) / sum(decode steps + 1): wall time per target pass, prefill included
+    step_ms: float  # wall ms per target pass: decode steps after the first token when streamed, else prefill included
     per_position_acceptance: list[float] | None = None
     ids_match_baseline: float | None = None  # fraction of requests whose ids equal the k = 0 ids
     counters_checked: bool = False
@@ -324,10 +324,20 @@ def summarize_point(
         "acceptance_rate": accepted / drafts if drafts else None,
         "accepted_per_step": accepted / steps if steps else 0.0,
         "drafts_per_step": drafts / steps if steps else 0.0,
-        "step_ms": 1000.0 * sum(latencies) / max(1, steps + len(records)),
+        "step_ms": _step_ms(records, streamed),
         "per_position_acceptance": per_position_from_steps(records, draft_len) if streamed and draft_len else None,
         "problems": [p for r in records for p in check_request(r, draft_len=draft_len, max_tokens=max_tokens)],
     }
+
+
+def _step_ms(records: Sequence[RequestRecord], streamed: bool) -> float:
+    """Wall ms per target pass: streamed, the decode steps after the first token only; else every pass,
+    the prefill's included (sum(latency) / sum(decode steps + 1))."""
+    if streamed:
+        steps = sum(r.decode_steps for r in records)
+        if steps:
+            return 1000.0 * sum(r.latency_s - r.ttft_s for r in records) / steps
+    return 1000.0 * sum(r.latency_s for r in records) / max(1, sum(r.decode_steps + 1 for r in records))
 
 
 def _time_per_token(r: RequestRecord, streamed: bool) -> float:

@@ -261,8 +261,9 @@ def analytic_comparison(points: Iterable) -> list[AnalyticRow]:
       per step (:func:`fit_acceptance`). Tokens per step, not accepted/proposed, because the latter is
       biased low under the model ((a - a^(k+1)) / ((1 - a) k) < a) and because drafters (n-gram) may
       propose fewer than k tokens.
-    - c, the cost ratio: from the wall time per target pass T(k) = sum(latency) / sum(target passes)
-      (prefill included in both), T(k) / T(0) = k c + 1 fitted through the origin
+    - c, the cost ratio: from the wall time per target pass T(k) (bench's ``step_ms``: decode steps
+      after the first token when streamed, else sum(latency) / sum(target passes) with the prefill in
+      both), T(k) / T(0) = k c + 1 fitted through the origin
       (:func:`fit_cost_ratio`), clamped at 0. c thus folds in everything a step with k drafts costs more
       than a plain step: drafting and, on a compute-bound CPU, verifying k + 1 tokens instead of 1.
 

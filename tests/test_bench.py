@@ -70,6 +70,7 @@ def test_streamed_requests_give_ttft_and_measured_per_position_acceptance():
     s = summarize_point([r], wall_s=1.0, draft_len=2, max_tokens=7)
     assert s["ttft_ms_p50"] == pytest.approx(400.0)
     assert s["tpot_ms"] == pytest.approx(600.0 / 6)
+    assert s["step_ms"] == pytest.approx(600.0 / 3)  # 3 decode steps after the first token
 
 
 def test_summary_refuses_an_empty_point():
