@@ -1,4 +1,10 @@
-"""ReferenceEngine: greedy or sampled decoding with a KV cache and draft-then-verify speculation, one request at a time.
+"""ReferenceEngine: greedy or sampled decoding with a KV cache and draft-then-verify speculation.
+
+Every decoding path is a step generator (:meth:`ReferenceEngine.generate_stream`, one
+:class:`~specbuild.engine.stream.StepOutput` per target pass); :meth:`ReferenceEngine.generate`
+collects it, so a streamed request's tokens concatenate to the non-streamed output by construction,
+and :class:`~specbuild.engine.scheduler.Scheduler` interleaves several requests' steps (in-flight
+batching by time-slicing: each step is one sequence's own forward pass).
 
 Each decoding iteration (Leviathan et al. 2023, §2.3, greedy case)::
 
@@ -34,12 +40,12 @@ target's features of EVERY accepted position, so the proposer is fed after each 
     head state  += (features at [root, *accepted path], accepted + [bonus])
 
 EAGLE-3 (Li et al. 2025; ``"feature_chain"``) drafts a chain from the fusion of three target layers;
-its module runs the loop (:func:`~specbuild.engine.methods.eagle3.generate_feature_chain_greedy`):
+its module has the step loop (:func:`~specbuild.engine.methods.eagle3.feature_chain_steps`):
 a chain verification whose target pass also returns the captured layers, fed to the head after each
 step; ``num_draft_tokens`` caps the chain.
 
 Lookahead (Fu et al. 2024; ``"lookahead"``) has no proposer: greedy requests with ``num_draft_tokens >
-0`` run :func:`~specbuild.engine.lookahead_decode.lookahead_generate_greedy` with the request's
+0`` run :func:`~specbuild.engine.lookahead_decode.lookahead_steps` with the request's
 ``lookahead_config`` ``(w, n, g)`` (default: the built ``(W, N, G)``; ``(1, 1, 0)``: plain decoding).
 
 Sampled requests (``temperature > 0``) run the same loop with the target's ``[k + 1, vocab]``

@@ -71,8 +71,8 @@ class SpeculativeMethod:
             features of every accepted position, verified like ``"tree"``; ``"feature_chain"``: it is an
             :class:`~specbuild.engine.methods.eagle3.Eagle3Proposer` (EAGLE-3) drafting a chain from features
             it captures from several target layers, run by its module's
-            :func:`~specbuild.engine.methods.eagle3.generate_feature_chain_greedy`; ``"lookahead"``: no proposer,
-            the loaded config drives :func:`~specbuild.engine.lookahead_decode.lookahead_generate_greedy`.
+            :func:`~specbuild.engine.methods.eagle3.feature_chain_steps`; ``"lookahead"``: no proposer,
+            the loaded config drives :func:`~specbuild.engine.lookahead_decode.lookahead_steps`.
         greedy_only: sampled requests (``temperature > 0``) are refused, as TensorRT-LLM refuses them.
     """
 
