@@ -1,5 +1,7 @@
-"""Client side of a specbuild deployment: a typed SDK, prompt sources, and token-exact verification."""
+"""Client side of a specbuild deployment: a typed SDK (sync and asyncio), prompt sources, token-exact
+verification with logit margins, a Hugging Face oracle, and the sampling equivalence test."""
 
+from .oracle import HFOracle, OracleReport, compare_with_oracle
 from .prompts import Prompt, PromptSourceError, load_prompts
 from .sdk import (
     AsyncSpecClient,
@@ -12,6 +14,7 @@ from .sdk import (
     ServerUnavailableError,
     SpecClient,
 )
+from .stats import SamplingReport, SamplingSettings, verify_sampling
 from .verify import (
     Divergence,
     PromptVerification,
@@ -42,4 +45,10 @@ __all__ = [
     "load_prompts",
     "render_report",
     "verify",
+    "verify_sampling",
+    "HFOracle",
+    "OracleReport",
+    "SamplingReport",
+    "SamplingSettings",
+    "compare_with_oracle",
 ]
