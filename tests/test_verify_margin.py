@@ -88,3 +88,25 @@ def test_oracle_on_another_checkpoint_disagrees_and_shows_its_margin(server, tmp
 def test_oracle_refuses_a_folder_without_a_checkpoint(tmp_path):
     with pytest.raises(OracleError, match="no config.json"):
         HFOracle(tmp_path)
+
+
+def test_verify_cli_sampling_and_oracle(server, tiny_checkpoint, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": p.id, "prompt": p.text}) + "\n" for p in PROMPTS))
+    common = ["verify", "--url", server.grpc_url, "--prompts", str(prompts)]
+    sampling = CliRunner().invoke(main, [*common, "--sampling", "--samples", "30", "--positions", "2", "--sampling-prompts", "1",
+                                         "--top-k", "3", "--report", str(tmp_path / "s.json")])
+    assert sampling.exit_code == 0, sampling.output
+    summary = json.loads((tmp_path / "s.json").read_text())["summary"]
+    assert summary["passed"] and summary["num_tests"] == 3 and 0 < summary["p_value"] <= 1
+    assert "EQUIVALENT" in sampling.output and "total-variation shift >=" in sampling.output
+    greedy = CliRunner().invoke(main, [*common, "--max-tokens", "8", "--end-id", "-1", "--hf-oracle", str(tiny_checkpoint),
+                                       "--report", str(tmp_path / "g.json")])
+    assert greedy.exit_code == 0, greedy.output
+    assert "ORACLE AGREES: 2/2" in greedy.output and json.loads((tmp_path / "g.oracle.json").read_text())["all_match"]
