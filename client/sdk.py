@@ -14,6 +14,8 @@ sends batch 1.
              acceptance_rate FP32 [1, 1], total_accepted_draft_tokens / total_draft_tokens INT32 [1, 1]
              (the last three only when return_perf_metrics is true)
              logit_margin FP32 [1, n], runner_up_ids INT32 [1, n] (only with return_logit_margin)
+             generation_logits FP32 [1, beam, n, vocab] (TensorRT-LLM, with return_generation_logits;
+             reduced here to the same per-token margin, the logits themselves are not kept)
 
 Errors are typed (:class:`ClientError` and its subclasses): server down, model not ready, request
 rejected (with the server's message), timeout, malformed response. Calls that found no server are
@@ -273,6 +275,7 @@ class SpecClient:
         seed: int | None = None,
         lookahead_config: tuple[int, int, int] | None = None,
         return_logit_margin: bool = False,
+        return_generation_logits: bool = False,
     ) -> GenerateResult:
         """Generate up to ``max_tokens`` tokens for ``prompt``: greedy unless ``temperature > 0``.
 
@@ -285,6 +288,8 @@ class SpecClient:
         ``lookahead_ngram_size``, ``lookahead_verification_set_size``; ``None`` = the built values.
         ``return_logit_margin``: also fetch the target's top-two logit margin per generated token
         (specbuild reference deployments; one extra target pass on the server).
+        ``return_generation_logits``: TensorRT-LLM's way to the same margin (its ensemble's
+        ``generation_logits``; the engine must be built with ``--gather_generation_logits``).
 
         Raises ``ValueError`` for out-of-range arguments; ``RequestError`` (with the server's
         message, not retried) when the server rejects the request; ``ModelNotReadyError`` when the
@@ -305,6 +310,7 @@ class SpecClient:
             seed=seed,
             lookahead_config=lookahead_config,
             return_logit_margin=return_logit_margin,
+            return_generation_logits=return_generation_logits,
         )
         inputs = input_tensors(self._tc, prompt, values)
         outputs = [self._tc.InferRequestedOutput(name) for name in output_names(values)]
@@ -550,6 +556,7 @@ def request_values(
     seed: int | None = None,
     lookahead_config: tuple[int, int, int] | None = None,
     return_logit_margin: bool = False,
+    return_generation_logits: bool = False,
 ) -> dict[str, Any]:
     """The checked request fields by tensor name (``None`` = not sent). Raises ``ValueError``
     (naming the argument) for ``max_tokens < 1``, ``num_draft_tokens < 0``, a ``lookahead_config``
@@ -574,6 +581,7 @@ def request_values(
         "top_p": top_p,
         "seed": seed,
         "return_logit_margin": return_logit_margin or None,  # not sent unless asked: other deployments lack it
+        "return_generation_logits": return_generation_logits or None,
         **dict(zip(LOOKAHEAD_INPUTS, window)),
     }
 
@@ -583,6 +591,7 @@ def output_names(values: dict[str, Any]) -> tuple[str, ...]:
     names = ("text_output", "output_ids", "sequence_length")
     names += PERF_OUTPUTS if values["return_perf_metrics"] else ()
     names += MARGIN_OUTPUTS if values.get("return_logit_margin") else ()
+    names += ("generation_logits",) if values.get("return_generation_logits") else ()
     return names
 
 
@@ -602,6 +611,7 @@ def input_tensors(tc, prompt: str, values: dict[str, Any]) -> list[Any]:
         "top_p": (np.float32, "FP32"),
         "seed": (np.uint64, "UINT64"),
         "return_logit_margin": (np.bool_, "BOOL"),
+        "return_generation_logits": (np.bool_, "BOOL"),
         **{name: (np.int32, "INT32") for name in LOOKAHEAD_INPUTS},
     }
     for name, (np_dtype, triton_dtype) in optional.items():
@@ -757,6 +767,9 @@ def parse_response(
         ids = ids[:n]
     output = [int(t) for t in ids]
     margin = _per_token(response.as_numpy("logit_margin"), len(output), float)
+    runner_up = _per_token(response.as_numpy("runner_up_ids"), len(output), int) if margin is not None else None
+    if margin is None:
+        margin, runner_up = margins_from_logits(response.as_numpy("generation_logits"), len(output))
     return GenerateResult(
         output_ids=output,
         text=_first_text(text),
@@ -766,8 +779,24 @@ def parse_response(
         total_draft_tokens=_first_scalar(response.as_numpy("total_draft_tokens"), int),
         finish_reason=_finish_reason(output, max_tokens, end_id),
         logit_margin=margin,
-        runner_up_ids=_per_token(response.as_numpy("runner_up_ids"), len(output), int) if margin is not None else None,
+        runner_up_ids=runner_up,
     )
+
+
+def margins_from_logits(logits: np.ndarray | None, n: int) -> tuple[list[float] | None, list[int] | None]:
+    """Per-token top-1 minus top-2 logit and the runner-up id from TensorRT-LLM's ``generation_logits``.
+
+    ``logits``: ``[1, beam, steps, vocab]`` (or ``[beam, steps, vocab]``), first beam used, cut to
+    ``n`` steps. Example: rows [[2, 5, 1]] -> margin [3.0], runner-up [0]. ``(None, None)`` when absent.
+    """
+    if logits is None or logits.size == 0 or logits.ndim < 2:
+        return None, None
+    rows = logits.reshape(-1, *logits.shape[-2:])[0][:n].astype(np.float32)  # [steps, vocab]
+    if rows.shape[-1] < 2:
+        return None, None
+    order = np.argsort(-rows, axis=-1, kind="stable")[:, :2]  # [steps, 2]
+    top = np.take_along_axis(rows, order, axis=-1)
+    return [float(v) for v in top[:, 0] - top[:, 1]], [int(i) for i in order[:, 1]]
 
 
 _parse_response = parse_response  # the name earlier versions used

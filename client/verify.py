@@ -282,12 +282,17 @@ class MarginSource:
             return replace(divergence, margin_note=self.unavailable)
         if divergence.baseline_token is None:
             return replace(divergence, margin_note="the baseline ended before this position: no target logits there")
-        try:
-            scored = self.client.generate(
-                prompt, max_tokens=max_tokens, num_draft_tokens=0, end_id=end_id, return_logit_margin=True
-            )
-        except RequestError as e:
-            self.unavailable = f"not available: the deployment does not return logit margins ({e.server_message or e})"
+        scored, reasons = None, []
+        # specbuild's reference deployments; then TensorRT-LLM's generation_logits (engines built with
+        # --gather_generation_logits).
+        for ask in ("return_logit_margin", "return_generation_logits"):
+            try:
+                scored = self.client.generate(prompt, max_tokens=max_tokens, num_draft_tokens=0, end_id=end_id, **{ask: True})
+                break
+            except RequestError as e:
+                reasons.append(f"{ask}: {e.server_message or e}")
+        if scored is None:
+            self.unavailable = f"not available: the deployment returns no logits ({'; '.join(reasons)})"
             return replace(divergence, margin_note=self.unavailable)
         if scored.logit_margin is None or scored.runner_up_ids is None:
             self.unavailable = "not available: the deployment sent no logit_margin output"

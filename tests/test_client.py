@@ -191,11 +191,13 @@ class ScriptedClient:
         self.margins = margins  # prompt -> (logit_margin, runner_up_ids); None: a deployment without them
         self.calls = []
 
-    def generate(self, prompt, *, max_tokens, num_draft_tokens=None, end_id=None, return_logit_margin=False):
-        if return_logit_margin:
-            self.calls.append((prompt, "margin"))
+    def generate(self, prompt, *, max_tokens, num_draft_tokens=None, end_id=None, return_logit_margin=False,
+                 return_generation_logits=False):
+        if return_logit_margin or return_generation_logits:
+            ask = "return_logit_margin" if return_logit_margin else "return_generation_logits"
+            self.calls.append((prompt, ask))
             if self.margins is None:
-                raise RequestError("rejected", status="400", server_message="unexpected inference input 'return_logit_margin'")
+                raise RequestError("rejected", status="400", server_message=f"unexpected inference input '{ask}'")
             margin, runner_up = self.margins[prompt]
             return replace(result(self.baseline_ids[prompt]), logit_margin=margin, runner_up_ids=runner_up)
         self.calls.append((prompt, num_draft_tokens, max_tokens, end_id))
@@ -219,7 +221,10 @@ def test_verify_alternates_runs_and_reports_divergence():
     # One untimed warm-up, then each prompt's pair, alternating which side runs first.
     # One untimed warm-up, then each prompt's pair, alternating which side runs first; the mismatch
     # asks for the margin, which this deployment cannot give.
-    assert client.calls == [("p", 0, 1, -1), ("p", 0, 3, -1), ("p", 4, 3, -1), ("q", 4, 3, -1), ("q", 0, 3, -1), ("q", "margin")]
+    assert client.calls == [
+        ("p", 0, 1, -1), ("p", 0, 3, -1), ("p", 4, 3, -1), ("q", 4, 3, -1), ("q", 0, 3, -1),
+        ("q", "return_logit_margin"), ("q", "return_generation_logits"),  # specbuild's, then TensorRT-LLM's
+    ]  # fmt: skip
     assert progress == [(1, 2), (2, 2)]
     assert [r.match for r in report.results] == [True, False]
     divergence = report.results[1].divergence
@@ -227,6 +232,7 @@ def test_verify_alternates_runs_and_reports_divergence():
     assert divergence.speculative_continuation_text == "t9 t6"
     assert divergence.logit_margin is None and "not available" in divergence.margin_note
     assert "return_logit_margin" in divergence.margin_note  # the server's own words
+    assert "return_generation_logits" in divergence.margin_note
     assert report.num_draft_tokens == 4 and report.max_tokens == 3
     assert not report.passed
 
@@ -402,3 +408,15 @@ def test_async_client_without_a_server_raises_unavailable():
     for protocol in ("grpc", "http"):
         with pytest.raises(ServerUnavailableError):
             asyncio.run(run(protocol))
+
+
+def test_margins_from_tensorrt_llm_generation_logits():
+    import numpy as np
+
+    from specbuild.client.sdk import margins_from_logits
+
+    logits = np.array([[[[2.0, 5.0, 1.0], [0.0, 0.0, 0.5], [9.0, 9.0, 9.0]]]], dtype=np.float32)  # [1, beam, steps, vocab]
+    margin, runner_up = margins_from_logits(logits, 2)
+    assert margin == [3.0, 0.5] and runner_up == [0, 0]
+    assert margins_from_logits(None, 3) == (None, None)
+    assert margins_from_logits(logits[0], 3)[0] == [3.0, 0.5, 0.0]  # without the batch dimension too

@@ -110,3 +110,13 @@ def test_verify_cli_sampling_and_oracle(server, tiny_checkpoint, tmp_path):
                                        "--report", str(tmp_path / "g.json")])
     assert greedy.exit_code == 0, greedy.output
     assert "ORACLE AGREES: 2/2" in greedy.output and json.loads((tmp_path / "g.oracle.json").read_text())["all_match"]
+
+
+def test_generation_logits_are_not_served_here_and_that_is_a_rejection(server):
+    """The reference deployment has no generation_logits (TensorRT-LLM's route to the margin): a 400, named."""
+    from specbuild.client.sdk import RequestError
+
+    with SpecClient(server.http_url, protocol="http") as client:
+        with pytest.raises(RequestError, match="generation_logits") as info:
+            client.generate(PROMPTS[0].text, max_tokens=2, return_generation_logits=True)
+    assert info.value.invalid_argument and info.value.attempts == 1
