@@ -51,8 +51,6 @@ DEFAULT_URLS: dict[str, str] = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:800
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 MARGIN_OUTPUTS = ("logit_margin", "runner_up_ids")  # specbuild reference deployments, return_logit_margin
 LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")  # (w, n, g)
-# gRPC status codes that mean "no server answered", as opposed to "the server rejected the request".
-UNAVAILABLE_GRPC_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 
 
 class ClientError(Exception):
