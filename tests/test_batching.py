@@ -186,3 +186,14 @@ def test_four_concurrent_requests_through_triton_equal_plain_greedy(all_methods_
     assert all(len(r.output_ids) == NEW_TOKENS for r in together)
     if method != "plain":
         assert sum(r.total_draft_tokens for r in together) > 0
+
+
+@pytest.mark.e2e
+def test_streaming_needs_a_decoupled_deployment(all_methods_server):
+    from specbuild.client.sdk import RequestError, SpecClient
+
+    with SpecClient(all_methods_server.grpc_url, model_name="ensemble_ngram") as client:
+        with pytest.raises(RequestError, match="streaming=true needs a decoupled deployment"):
+            list(client.generate_stream("x = 1", max_tokens=4))
+        (whole,) = client.generate_stream("x = 1", max_tokens=4, end_id=-1, stream=False)  # the stream API, one answer
+        assert whole.output_ids == client.generate("x = 1", max_tokens=4, end_id=-1).output_ids
