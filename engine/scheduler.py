@@ -30,6 +30,10 @@ from .types import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
 
+class DropRequest(Exception):  # noqa: N818 - an instruction, not an error
+    """Raised by an ``on_step`` callback to drop its request quietly (answered already, cancelled)."""
+
+
 OnStep = Callable[[StepOutput], None]
 OnError = Callable[[BaseException], None]
 
@@ -82,8 +86,8 @@ class Scheduler:
         """Validate ``request`` now and queue it; ``on_step`` then gets each step on the worker thread,
         the last one with ``finish_reason`` set, or ``on_error`` gets the exception a step raised.
 
-        Callbacks run on the worker thread and must be quick; an exception from ``on_step`` drops the
-        request (e.g. the client went away) and is logged.
+        Callbacks run on the worker thread and must be quick; :class:`DropRequest` from ``on_step``
+        drops the request quietly (e.g. cancelled), any other exception drops it and is logged.
 
         Raises:
             InvalidRequestError: the engine refuses the request (nothing is queued).
@@ -157,6 +161,9 @@ class Scheduler:
             return False
         try:
             entry.on_step(step)
+        except DropRequest:
+            entry.steps.close()
+            return False
         except Exception:  # noqa: BLE001 - a failing sender drops its request only
             log.exception("on_step callback failed; dropping the request")
             entry.steps.close()
@@ -177,4 +184,4 @@ def _drain(arrivals: queue.Queue) -> Iterator[StepOutput]:
             return
 
 
-__all__ = ["Scheduler"]
+__all__ = ["DropRequest", "Scheduler"]

@@ -116,6 +116,24 @@ def test_a_failing_step_fails_its_request_only(method_engines, plain):
     assert len(errors) == 1 and "no final step" in str(errors[0])
 
 
+def test_a_callback_may_drop_its_request(method_engines, plain):
+    """DropRequest (a cancelled client, a request answered with an error) stops that request only."""
+    from specbuild.engine.scheduler import DropRequest
+
+    engine = method_engines["plain", "random"]
+    seen = []
+
+    def drop_after_two(step):
+        seen.append(step)
+        if len(seen) == 2:
+            raise DropRequest("cancelled")
+
+    with Scheduler(engine, max_batch_size=4) as scheduler:
+        scheduler.submit(greedy(PROMPTS[1]), drop_after_two, lambda exc: seen.append(exc))
+        assert collect(scheduler.stream(greedy(PROMPTS[0]))).output_ids == plain[tuple(PROMPTS[0])]
+    assert len(seen) == 2 and not seen[-1].is_final
+
+
 # --- through a real tritonserver: every method, four concurrent requests -----------------------------
 
 

@@ -82,6 +82,26 @@ def test_streamed_tensors_concatenate_to_the_non_streamed_ones(method_engines, e
     assert out["total_accepted_draft_tokens"][0, 0] == whole["total_accepted_draft_tokens"][0, 0] > 0
 
 
+def test_decoupled_repository_streams_only_the_engine_model(tmp_path):
+    """TensorRT-LLM's layout: tensorrt_llm decoupled, the ensemble's ``stream`` input feeding its
+    ``streaming``, and the streaming tensors routed to postprocessing (parsed with Triton's schema)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from specbuild.triton_repo.generate import ReferenceRepoSpec, reference_models
+    from specbuild.triton_repo.pbtxt import render
+
+    for decoupled in (False, True):
+        models = reference_models(ReferenceRepoSpec(tmp_path, end_id=0, pad_id=0, max_batch_size=4, decoupled=decoupled))
+        parsed = {m.name: text_format.Parse(render(m), model_config_pb2.ModelConfig()) for m in models}
+        assert {n for n, c in parsed.items() if c.model_transaction_policy.decoupled} == ({"tensorrt_llm"} if decoupled else set())
+        steps = {s.model_name: s for s in parsed["ensemble"].ensemble_scheduling.step}
+        assert steps["tensorrt_llm"].input_map["streaming"] == "stream"
+        assert "stream" in {t.name for t in parsed["ensemble"].input}
+        assert steps["postprocessing"].input_map["STREAM_PREFIX_IDS"] == steps["tensorrt_llm"].output_map["stream_prefix_ids"]
+        assert steps["postprocessing"].input_map["STREAM_FINAL"] == steps["tensorrt_llm"].output_map["stream_final"]
+
+
 # --- through a real decoupled tritonserver ---------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specbuild.engine.scheduler import DropRequest
 from specbuild.engine.stream import StepOutput, collect
 from specbuild.engine.types import GenerationRequest, GenerationResult
 from specbuild.triton_repo.models.common import (
@@ -309,7 +310,7 @@ class TritonPythonModel:
             for s in steps:
                 s.close()
             raise
-        reply = _StreamReply(self, rows[0], sender) if streaming else _BatchReply(self, rows, sender)
+        reply = _StreamReply(self, request, rows[0], sender) if streaming else _BatchReply(self, request, rows, sender)
         for b, row_steps in enumerate(steps):
             self.scheduler.submit_steps(row_steps, functools.partial(reply.on_step, b), reply.on_error)
 
@@ -324,17 +325,37 @@ class TritonPythonModel:
         sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
-class _BatchReply:
-    """One final response for a whole request (all its rows), sent when the last row finishes."""
+class _Reply:
+    """Answers one Triton request from the scheduler's thread; a failed or cancelled request is
+    answered once with an error (final flag) and its remaining steps are dropped."""
 
-    def __init__(self, model: TritonPythonModel, rows: list[Row], sender) -> None:
-        self.model, self.rows, self.sender = model, rows, sender
-        self.steps: list[list[StepOutput]] = [[] for _ in rows]
+    def __init__(self, model: TritonPythonModel, request, sender) -> None:
+        self.model, self.request, self.sender = model, request, sender
         self.failed = False
 
-    def on_step(self, b: int, step: StepOutput) -> None:
+    def check(self) -> None:
+        """Raise DropRequest once the request is answered with an error or the client cancelled it."""
+        if not self.failed and getattr(self.request, "is_cancelled", lambda: False)():
+            self.on_error(RuntimeError("the client cancelled the request"))
         if self.failed:
-            raise RuntimeError("request already answered with an error")
+            raise DropRequest("request already answered")
+
+    def on_error(self, exc: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            self.model.send_error(self.sender, exc)
+
+
+class _BatchReply(_Reply):
+    """One final response for a whole request (all its rows), sent when the last row finishes."""
+
+    def __init__(self, model: TritonPythonModel, request, rows: list[Row], sender) -> None:
+        super().__init__(model, request, sender)
+        self.rows = rows
+        self.steps: list[list[StepOutput]] = [[] for _ in rows]
+
+    def on_step(self, b: int, step: StepOutput) -> None:
+        self.check()
         self.steps[b].append(step)
         if all(s and s[-1].is_final for s in self.steps):
             results = [collect(s) for s in self.steps]
@@ -345,32 +366,25 @@ class _BatchReply:
             ]
             self.model.send(self.sender, pack_outputs(self.rows, results, margins), final=True)
 
-    def on_error(self, exc: BaseException) -> None:
-        if not self.failed:
-            self.failed = True
-            self.model.send_error(self.sender, exc)
 
-
-class _StreamReply:
+class _StreamReply(_Reply):
     """One response per decoding step of a single-row streaming request."""
 
-    def __init__(self, model: TritonPythonModel, row: Row, sender) -> None:
-        self.model, self.row, self.sender = model, row, sender
+    def __init__(self, model: TritonPythonModel, request, row: Row, sender) -> None:
+        super().__init__(model, request, sender)
+        self.row = row
         self.steps: list[StepOutput] = []
-
         self.sent: list[int] = []
 
     def on_step(self, b: int, step: StepOutput) -> None:
         del b
+        self.check()
         outputs = pack_step(self.row, step, sent=self.sent)
         self.sent += outputs["output_ids"][0, 0].tolist()
         self.steps.append(step)
         if step.is_final:
             self.model.metrics.record([collect(self.steps)])
         self.model.send(self.sender, outputs, final=step.is_final)
-
-    def on_error(self, exc: BaseException) -> None:
-        self.model.send_error(self.sender, exc)
 
 
 class _Counters:
