@@ -141,9 +141,14 @@ class Schedule:
     max_concurrency: int | None
 
 
-def draft_len_schedule(cands: Sequence[Candidate]) -> list[Schedule]:
+def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> list[Schedule]:
     """Per (deployment, prompt set): the best draft length at each measured concurrency, and the
     threshold above which speculation stays off.
+
+    ``min_gain``: a draft length k > 0 is chosen at a level only when its latency is below
+    ``(1 - min_gain)`` x the k = 0 latency there (e.g. 0.05: at least 5 % faster), so that noise on a
+    busy machine does not switch speculation on. Example: k=0 1000 ms, k=2 980 ms -> k = 2 with
+    min_gain 0, k = 0 with min_gain 0.05.
 
     ``max_concurrency`` is the largest level below the tail of levels where k = 0 wins; a k = 0 win
     followed by a k > 0 win at a higher level is not a tail, so speculation stays on there.
@@ -155,7 +160,7 @@ def draft_len_schedule(cands: Sequence[Candidate]) -> list[Schedule]:
     schedules = []
     for (deployment, prompt_set), group in sorted(groups.items()):
         levels = sorted({c.concurrency for c in group})
-        best = {level: recommend_lowest_latency(group, level).draft_len for level in levels}
+        best = {level: _best_draft_len(group, level, min_gain) for level in levels}
         off_tail = []
         for level in reversed(levels):
             if best[level] != 0:
@@ -168,8 +173,16 @@ def draft_len_schedule(cands: Sequence[Candidate]) -> list[Schedule]:
         else:
             max_concurrency = max(level for level in levels if level not in off_tail)
         on = {level: k for level, k in best.items() if max_concurrency is None or level <= max_concurrency}
-        schedules.append(Schedule(deployment, prompt_set, best, on if max_concurrency != 0 else {}, max_concurrency))
+        schedules.append(Schedule(deployment, prompt_set, best, on, max_concurrency))
     return schedules
+
+
+def _best_draft_len(group: Sequence[Candidate], level: int, min_gain: float) -> int:
+    best = recommend_lowest_latency(group, level)
+    base = [c for c in group if c.concurrency == level and c.draft_len == 0]
+    if best.draft_len and base and best.latency_ms > (1.0 - min_gain) * base[0].latency_ms:
+        return 0
+    return best.draft_len
 
 
 # --- analytic model (Leviathan et al. 2023) ----------------------------------------------------------
@@ -346,11 +359,13 @@ class TuneReport:
     errors: dict[str, str] = field(default_factory=dict)
     # (deployment, prompt set, k) -> P(>= i accepted), i = 1..k, from streamed steps at the lowest concurrency
     measured_per_position: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)
+    min_gain: float = 0.0
 
     def to_json(self) -> dict:
         return {
             "latency_metric": self.latency_metric,
             "goal": self.goal,
+            "schedule_min_gain": self.min_gain,
             "frontiers": {s: [asdict(c) for c in f] for s, f in self.frontiers.items()},
             "recommendations": {s: asdict(c) for s, c in self.recommendations.items()},
             "recommendation_errors": self.errors,
@@ -375,12 +390,13 @@ class TuneReport:
 
 def tune(
     points: Sequence, *, goal: str = "latency", concurrency: int | None = None, max_latency_ms: float | None = None,
-    latency: str = "p50",
+    latency: str = "p50", min_gain: float = 0.05,
 ) -> TuneReport:
     """Frontier, recommendation, schedule and analytic comparison for bench ``points``.
 
     ``goal``: ``latency`` (lowest latency at ``concurrency``; default: the lowest measured level) or
     ``throughput`` (highest throughput with latency <= ``max_latency_ms``; required).
+    ``min_gain``: the schedule's noise margin (:func:`draft_len_schedule`).
     Raises ``TuneError`` for a bad goal or a missing bound; an unmeetable goal for one prompt set is
     recorded in ``errors`` and the others still get theirs.
     """
@@ -416,11 +432,12 @@ def tune(
         frontiers={s: pareto_front(g) for s, g in by_set.items()},
         recommendations=recommendations,
         goal=goal_text,
-        schedules=draft_len_schedule(cands),
+        schedules=draft_len_schedule(cands, min_gain=min_gain),
         analytic=analytic_comparison(points),
         per_position=per_position_from_sweep(points),
         errors=errors,
         measured_per_position=measured_per_position(points),
+        min_gain=min_gain,
     )
 
 
@@ -538,7 +555,8 @@ def report_tables(report: TuneReport) -> list:
     for prompt_set, error in sorted(report.errors.items()):
         t.add_row(prompt_set, f"[red]{error}[/red]", "", "", "", "", "")
     out.append(t)
-    t = Table(title="Draft-length schedule by concurrency (TensorRT-LLM draft_len_schedule / max_concurrency)")
+    t = Table(title=f"Draft-length schedule by concurrency (TensorRT-LLM draft_len_schedule / max_concurrency; "
+                    f"k > 0 only when >= {100 * report.min_gain:.0f}% faster than k=0)")
     for name in ("deployment", "prompts", "best k per C", "draft_len_schedule", "max_concurrency"):
         t.add_column(name)
     for s in report.schedules:

@@ -442,8 +442,9 @@ def bench_command(output_dir: Path, **options) -> None:
 @click.option("--concurrency", "goal_concurrency", type=click.IntRange(min=1), help="--goal latency: the concurrency to be fastest at [lowest measured].")
 @click.option("--max-latency-ms", type=click.FloatRange(min=0), help="--goal throughput: the latency bound (ms).")
 @click.option("--latency-metric", type=click.Choice(["p50", "p90", "p99", "tpot"]), default="p50", show_default=True, help="Latency axis: request latency percentile or time per output token.")
+@click.option("--min-gain", default=0.05, show_default=True, type=click.FloatRange(0, 1), help="Schedule: speculate at a concurrency only when at least this much faster than k=0 (0.05 = 5%).")
 @click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-out/tune"), show_default=True, help="Where tune.json, the PNG plots (and bench.json/csv of a sweep) go.")
-def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, output_dir, **options) -> None:
+def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, output_dir, **options) -> None:
     """Pick a method and draft length: Pareto frontier, recommendation, schedule, analytic model.
 
     Runs the sweep of `specbuild bench` on TARGETS (same options; concurrency levels are --levels),
@@ -474,7 +475,7 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
         console.print(f"wrote {json_path} ({result.wall_s:.0f} s of sweep)")
     try:
         run_tune(result.points, output_dir, console=console, goal=goal, concurrency=goal_concurrency,
-                 max_latency_ms=max_latency_ms, latency=latency_metric)
+                 max_latency_ms=max_latency_ms, latency=latency_metric, min_gain=min_gain)
     except TuneError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -259,3 +259,12 @@ def test_measured_per_position_is_taken_at_the_lowest_concurrency():
         point(0, 1) | {"per_position_acceptance": None},
     ]
     assert measured_per_position(points) == {("d", "s", 2): [0.5, 0.2]}
+
+
+def test_schedule_ignores_gains_smaller_than_min_gain():
+    cands = [cand(1000.0, 1.0, k=0, c=1), cand(980.0, 1.0, k=2, c=1), cand(1000.0, 1.0, k=0, c=4), cand(800.0, 1.0, k=2, c=4)]
+    (noisy,) = draft_len_schedule(cands)
+    assert noisy.best == {1: 2, 4: 2}
+    (guarded,) = draft_len_schedule(cands, min_gain=0.05)  # 2 % at C=1 is within the margin, 20 % at C=4 is not
+    assert guarded.best == {1: 0, 4: 2}
+    assert guarded.max_concurrency is None
