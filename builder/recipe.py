@@ -475,6 +475,15 @@ class Recipe(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _decoupled_protocol(self) -> "Recipe":
+        if self.serve.decoupled and self.verify.protocol != "grpc":
+            raise ValueError(
+                "verify.protocol: a decoupled deployment (serve.decoupled: true) answers over gRPC streams only; "
+                "set verify.protocol to grpc or serve.decoupled to false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _draft_fits(self) -> "Recipe":
         k = self.speculation.max_draft_len
         if self.verify.num_draft_tokens is not None and self.verify.num_draft_tokens > k:

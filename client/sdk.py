@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import socket
 import threading
@@ -186,6 +187,9 @@ class SpecClient:
     HTTP ``connection_timeout`` / ``network_timeout``). A call that finds no server (refused, reset,
     model not ready) is tried ``1 + retries`` times, ``retry_backoff_s * 2**i`` seconds apart;
     a rejected request (``RequestError``), a malformed response and a timeout are never retried.
+    ``decoupled=True`` is for a decoupled deployment (recipe ``serve.decoupled: true``), which
+    refuses plain ``infer``: :meth:`generate` then sends each request over a gRPC stream with
+    ``stream=False`` and returns its one response (same result; gRPC only).
 
     Thread-safe: one client may serve many threads at once (gRPC shares one channel, which
     tritonclient documents as thread-safe for ``infer``; HTTP, whose tritonclient object is
@@ -202,13 +206,17 @@ class SpecClient:
         timeout_s: float = 300.0,
         retries: int = 2,
         retry_backoff_s: float = 0.25,
+        decoupled: bool = False,
     ) -> None:
         self.url, self.protocol = _check_url(url, protocol)
         _check_retries(retries, retry_backoff_s, timeout_s)
+        if decoupled and self.protocol != "grpc":
+            raise ValueError("decoupled=True needs protocol='grpc': Triton streams responses over gRPC only")
         self.model_name = model_name
         self.timeout_s = timeout_s
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
+        self.decoupled = decoupled
         self._tc = _triton_module(protocol)
         self._client = _make_client(self._tc, protocol, self.url, timeout_s)
         self._lock = threading.Lock()
@@ -310,6 +318,9 @@ class SpecClient:
             return_logit_margin=return_logit_margin,
             return_generation_logits=return_generation_logits,
         )
+        if self.decoupled:
+            (result,) = self._stream_values(prompt, values, stream=False)
+            return dataclasses.replace(result, finish_reason=_finish_reason(result.token_ids, max_tokens, end_id))
         inputs = input_tensors(self._tc, prompt, values)
         outputs = [self._tc.InferRequestedOutput(name) for name in output_names(values)]
         start = time.perf_counter()
@@ -400,11 +411,14 @@ class SpecClient:
         server's message) when the server answers with an error; ``RequestTimeoutError`` when no
         response arrives within ``timeout_s``; ``ServerUnavailableError`` when no server answers.
         """
+        return self._stream_values(prompt, request_values(prompt, max_tokens=max_tokens, **options), stream=stream)
+
+    def _stream_values(self, prompt: str, values: dict[str, Any], *, stream: bool) -> Iterator[GenerateResult]:
+        """:meth:`generate_stream` for already-checked request ``values`` (see :func:`request_values`)."""
         import queue
 
         if self.protocol != "grpc":
             raise ValueError("generate_stream needs protocol='grpc' (Triton streams over gRPC)")
-        values = request_values(prompt, max_tokens=max_tokens, **options)
         inputs = input_tensors(self._tc, prompt, values)
         inputs.append(self._tensor("stream", np.array([[stream]], dtype=np.bool_), "BOOL"))
         outputs = [self._tc.InferRequestedOutput(name) for name in output_names(values)]

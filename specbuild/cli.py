@@ -130,7 +130,9 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
         build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=click.echo)
     except RecipeError as exc:
         raise click.ClickException(str(exc)) from None
-    spec = spec_from_engine_dir(paths.engine_dir, instance_count=loaded.recipe.serve.instance_count)
+    spec = spec_from_engine_dir(
+        paths.engine_dir, instance_count=loaded.recipe.serve.instance_count, decoupled=loaded.recipe.serve.decoupled
+    )
     write_reference_repository(spec, paths.repo_dir)
     click.echo(f"repository: {paths.repo_dir}\nserve it with: specbuild serve {paths.repo_dir}")
 
@@ -237,6 +239,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir to show divergences as text (e.g. OUT/engine/tokenizer).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.json"), show_default=True)
 @click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for the server to be ready (seconds).")
+@click.option("--decoupled", is_flag=True, help="The deployment is decoupled (recipe serve.decoupled: true): send each request over a gRPC stream.")
 @click.option("--near-tie-margin", default=None, type=click.FloatRange(min=0), help="Greedy: let a divergence pass when speculation took the target's runner-up and the top-two logits differ by at most this (logit units) [off: exact].")
 @click.option("--hf-oracle", "hf_oracle", type=click.Path(exists=True, file_okay=False), help="Also compare both runs with Hugging Face generate() on this local checkpoint folder (the target's).")
 @click.option("--sampling", is_flag=True, help="Run the statistical test of speculative vs plain sampling instead of the greedy check.")
@@ -250,7 +253,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
 def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, report_path, wait_s,
-                   near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts, temperature, top_k, top_p,
+                   decoupled, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts, temperature, top_k, top_p,
                    alpha, seed, concurrency) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
 
@@ -282,7 +285,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     console = _console()
     try:
         prompt_list = load_prompts(prompts)
-        with SpecClient(url, protocol=protocol) as client:
+        with SpecClient(url, protocol=protocol, decoupled=decoupled) as client:
             client.wait_ready(timeout_s=wait_s)
             if sampling:
                 _verify_sampling(console, client, prompt_list[:sampling_prompts], report_path, samples=samples,

@@ -264,7 +264,9 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
         build = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log)
         summary.engine_rebuilt = build.rebuilt
     with _timed(summary, "repository", status):
-        repo_spec = spec_from_engine_dir(paths.engine_dir, instance_count=loaded.recipe.serve.instance_count)
+        repo_spec = spec_from_engine_dir(
+            paths.engine_dir, instance_count=loaded.recipe.serve.instance_count, decoupled=loaded.recipe.serve.decoupled
+        )
         write_reference_repository(repo_spec, paths.repo_dir)
     summary.report = _serve_and_verify(loaded, paths, prompts, summary, status=status, progress=progress)
     summary.report.write(paths.report)
@@ -291,7 +293,7 @@ def _serve_and_verify(loaded, paths, prompts, summary, *, status, progress):
         with _timed(summary, "serve", status):
             server.start()
         url = server.grpc_url if v.protocol == "grpc" else server.http_url
-        with _timed(summary, "verify", status), SpecClient(url, protocol=v.protocol) as client:
+        with _timed(summary, "verify", status), SpecClient(url, protocol=v.protocol, decoupled=s.decoupled) as client:
             client.wait_ready()
             return verify(
                 client,

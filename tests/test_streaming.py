@@ -172,6 +172,38 @@ def test_bad_streamed_request_gets_an_error_and_the_server_keeps_serving(decoupl
 
 
 @pytest.mark.e2e
+def test_decoupled_client_verifies_a_decoupled_deployment(decoupled_server):
+    """Recipe ``serve.decoupled: true``: plain ``infer`` is refused, so ``SpecClient(decoupled=True)``
+    sends each request over a stream; ``verify`` (what ``specbuild recipe`` runs) then passes."""
+    from specbuild.client.prompts import Prompt
+    from specbuild.client.sdk import RequestError, SpecClient
+    from specbuild.client.verify import verify
+
+    server, _ = decoupled_server
+    with SpecClient(server.grpc_url) as plain_client:
+        with pytest.raises(RequestError):
+            plain_client.generate(TEXT_PROMPTS[0], max_tokens=8)
+    with SpecClient(server.grpc_url, decoupled=True) as client:
+        result = client.generate(TEXT_PROMPTS[0], max_tokens=24, end_id=-1)
+        (whole,) = client.generate_stream(TEXT_PROMPTS[0], max_tokens=24, end_id=-1, stream=False)
+        assert result.output_ids == whole.output_ids and result.text == whole.text
+        assert result.finish_reason == "length" and result.total_accepted_draft_tokens > 0
+        report = verify(client, [Prompt(f"p{i}", t) for i, t in enumerate(TEXT_PROMPTS[:2])], max_tokens=16)
+    assert report.all_match
+
+
+def test_decoupled_recipe_needs_grpc_verification(tmp_path, tiny_checkpoint):
+    from conftest import write_recipe
+
+    from specbuild.builder.recipe import RecipeError, load_recipe
+
+    path = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra="verify: {protocol: http}\n")
+    path.write_text(path.read_text().replace("serve:\n", "serve:\n  decoupled: true\n"))
+    with pytest.raises(RecipeError, match="verify.protocol.*grpc"):
+        load_recipe(str(path))
+
+
+@pytest.mark.e2e
 def test_four_concurrent_streams_equal_each_alone(decoupled_server):
     from specbuild.client.sdk import SpecClient
 
