@@ -428,6 +428,8 @@ class VerifyConfig(_Strict):
     ``prompts``: ``humaneval:N`` (the first N HumanEval problems), ``humaneval``, or a path to a
     ``.jsonl`` (objects with ``prompt``) or ``.txt`` (one prompt per line) file.
     ``end_id``: ``null`` stops at the tokenizer's end token, ``-1`` never stops early.
+    ``chat_template``: ``auto`` wraps the bundled chat-style sets (``chat``, ``summarize``) in the
+    target tokenizer's chat template, ``always`` every prompt, ``never`` none.
     """
 
     prompts: str = "humaneval:20"
@@ -435,6 +437,7 @@ class VerifyConfig(_Strict):
     protocol: Literal["grpc", "http"] = "grpc"
     end_id: int | None = None
     num_draft_tokens: int | None = Field(None, ge=0)
+    chat_template: Literal["auto", "always", "never"] = "auto"
 
 
 class Recipe(_Strict):

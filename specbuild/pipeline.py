@@ -274,12 +274,15 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
 
 
 def _serve_and_verify(loaded, paths, prompts, summary, *, status, progress):
+    from specbuild.client.prompts import apply_chat_template
     from specbuild.client.sdk import SpecClient
     from specbuild.client.verify import verify
     from specbuild.triton_repo.models.tokenization import load_tokenizer
     from specbuild.triton_repo.server import TritonServer
 
     s, v = loaded.recipe.serve, loaded.recipe.verify
+    tokenizer = load_tokenizer(str(paths.engine_dir / "tokenizer"))
+    prompts = apply_chat_template(prompts, v.prompts, v.chat_template, tokenizer)
     server = TritonServer(
         paths.repo_dir,
         host=s.host,
@@ -301,7 +304,7 @@ def _serve_and_verify(loaded, paths, prompts, summary, *, status, progress):
                 max_tokens=v.max_tokens,
                 num_draft_tokens=v.num_draft_tokens,
                 end_id=v.end_id,
-                tokenizer=load_tokenizer(str(paths.engine_dir / "tokenizer")),
+                tokenizer=tokenizer,
                 progress=progress,
             )
     finally:

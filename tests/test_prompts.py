@@ -95,3 +95,69 @@ def test_unsupported_file_type_and_empty_file(tmp_path):
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(PromptSourceError, match="no prompts"):
         load_prompts(str(tmp_path / "empty.txt"))
+
+
+# --- chat template (verify and bench send the bundled chat-style sets inside it) ---------------------
+
+TEMPLATE = "{% for m in messages %}<|user|>{{ m['content'] }}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(tmp_path_factory):
+    from tiny_models import make_tokenizer
+
+    tokenizer = make_tokenizer(tmp_path_factory.mktemp("tok"))
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def test_auto_wraps_the_bundled_chat_sets_and_keeps_ids(chat_tokenizer):
+    from specbuild.client.prompts import apply_chat_template
+
+    for source in ("chat:3", "summarize:2"):
+        raw = load_prompts(source)
+        wrapped = apply_chat_template(raw, source, "auto", chat_tokenizer)
+        assert [p.id for p in wrapped] == [p.id for p in raw]
+        assert [p.text for p in wrapped] == [f"<|user|>{p.text}<|end|><|assistant|>" for p in raw]
+
+
+def test_auto_leaves_humaneval_and_files_as_written(chat_tokenizer, tmp_path):
+    from specbuild.client.prompts import apply_chat_template
+
+    raw = load_prompts("humaneval:2")
+    assert apply_chat_template(raw, "humaneval:2", "auto", chat_tokenizer) == raw
+    assert apply_chat_template(raw, "humaneval:2", "always", chat_tokenizer)[0].text == f"<|user|>{raw[0].text}<|end|><|assistant|>"
+    chat = load_prompts("chat:2")
+    assert apply_chat_template(chat, "chat:2", "never", None) == chat
+
+
+def test_chat_set_without_a_tokenizer_says_how_to_fix_it(chat_tokenizer):
+    from specbuild.client.prompts import apply_chat_template
+
+    with pytest.raises(ValueError, match=r"--tokenizer OUT/engine/tokenizer.*--chat-template never"):
+        apply_chat_template(load_prompts("chat:1"), "chat:1", "auto", None)
+    with pytest.raises(ValueError, match="must be one of auto, always, never"):
+        apply_chat_template(load_prompts("chat:1"), "chat:1", "sometimes", chat_tokenizer)
+
+
+def test_a_base_model_without_a_template_gets_raw_text_under_auto_but_always_is_refused(tmp_path):
+    from tiny_models import make_tokenizer
+
+    from specbuild.client.prompts import apply_chat_template
+
+    base = make_tokenizer(tmp_path)
+    base.chat_template = None
+    chat = load_prompts("chat:2")
+    assert apply_chat_template(chat, "chat:2", "auto", base) == chat
+    with pytest.raises(ValueError, match="the tokenizer has no chat template"):
+        apply_chat_template(chat, "chat:2", "always", base)
+
+
+def test_verify_cli_refuses_chat_prompts_without_a_tokenizer_before_connecting():
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    result = CliRunner().invoke(main, ["verify", "--url", "127.0.0.1:9", "--prompts", "chat:2", "--wait-s", "0"])
+    assert result.exit_code == 1
+    assert "--chat-template never" in result.output and "unavailable" not in result.output.lower()

@@ -88,6 +88,27 @@ def test_interrupted_generation_keeps_finished_batches(setup, prompt_files, tmp_
     assert generate_responses(model, prompts, config, eos_id=None, partial=partial, log=lambda m: None) == [[7]] * 4
 
 
+def test_extra_sampled_responses_are_seeded_and_the_first_stays_greedy(setup, prompt_files, tmp_path):
+    model, tokenizer, data, _ = setup
+    train, _ = training_prompts(small_config(prompt_files))
+
+    def build(seed, name):
+        config = small_config(prompt_files, samples_per_prompt=3, temperature=1.5, seed=seed)
+        return build_distill_data(model, tokenizer, train, config, fingerprint=name, root=tmp_path, log=lambda m: None)
+
+    first, again, other = build(0, "a"), build(0, "b"), build(1, "c")
+    assert first.num_sequences == 3 * data.num_sequences
+    spans = [first.tokens[a:b].tolist() for a, b in map(first.span, range(first.num_sequences))]
+    greedy = [data.tokens[a:b].tolist() for a, b in map(data.span, range(data.num_sequences))]
+    assert spans[::3] == greedy  # each prompt's first response is the greedy one
+    assert torch.equal(first.tokens, again.tokens)  # same seed, same data
+    assert not torch.equal(first.tokens, other.tokens)  # the other responses are sampled
+    assert len({tuple(s) for s in spans}) > data.num_sequences
+    for i in range(first.num_sequences):  # labels stay the target's argmax, whichever tokens were fed
+        a, b = first.span(i)
+        assert torch.equal(first.top1[a:b], model(first.tokens[a:b][None]).logits[0].argmax(-1))
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "draft_target"])
 def test_saved_artefact_loads_in_the_engine_and_decodes_like_plain_greedy(setup, prompt_files, tmp_path, method):
     model, tokenizer, data, held_ids = setup

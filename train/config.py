@@ -35,7 +35,11 @@ class TrainConfig(BaseModel):
         held_out: prompts for the held-out acceptance measurement (``humaneval:N`` with N <= 40, or a
             file); a prompt also in ``prompts`` is an error.
         max_prompts: use only the first N training prompts (None: all).
-        max_new_tokens: tokens the target generates (greedy) per training prompt.
+        max_new_tokens: tokens the target generates per response.
+        samples_per_prompt: responses per training prompt: the first greedy, the others sampled at
+            ``temperature`` (seeded by ``seed``), so a small prompt set still gives varied data in the
+            target's own distribution (default 1: greedy only).
+        temperature: sampling temperature of the extra responses.
         generation_batch_size: prompts per batched ``generate()`` call.
         steps: optimizer steps. batch_tokens: tokens per step (sequences packed, block-diagonal mask).
         learning_rate / warmup_steps / weight_decay / grad_clip: AdamW with linear warm-up and cosine decay.
@@ -60,6 +64,8 @@ class TrainConfig(BaseModel):
     held_out: str = "humaneval:20"
     max_prompts: int | None = Field(None, ge=1)
     max_new_tokens: int = Field(256, ge=1, le=8192)
+    samples_per_prompt: int = Field(1, ge=1, le=64)
+    temperature: float = Field(0.8, gt=0, le=4)
     generation_batch_size: int = Field(16, ge=1, le=1024)
     steps: int = Field(1000, ge=1)
     batch_tokens: int = Field(1024, ge=8)

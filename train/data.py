@@ -1,8 +1,9 @@
 """Self-distillation data: the target writes the training responses, and its features are cached.
 
-For each training prompt the target generates ``max_new_tokens`` tokens greedily (batched
-``generate()``, left padding), so the draft learns the target's own greedy distribution, which is
-exactly what greedy verification accepts. One teacher-forced pass over prompt + response then records,
+For each training prompt the target generates a greedy response of up to ``max_new_tokens`` tokens
+(batched ``generate()``, left padding), and ``samples_per_prompt - 1`` more sampled at ``temperature``,
+so the draft learns the target's own distribution; greedy verification accepts exactly the target's
+argmax, which is the label at every position whichever response the tokens came from. One teacher-forced pass over prompt + response then records,
 per position ``j`` of each sequence ``c_0 .. c_{n-1}``::
 
     features[j]   [H]     the target's final-norm hidden state f_j (the lm_head input; EAGLE's feature)
@@ -108,8 +109,10 @@ def training_prompts(config: TrainConfig, *, base_dir: Path | None = None) -> tu
 
 
 def data_fingerprint(target_fingerprint: str, prompts: Sequence[Prompt], config: TrainConfig) -> str:
-    """Hash of what determines the data: target, prompt texts, generation length and format version."""
+    """Hash of what determines the data: target, prompt texts, generation settings and format version."""
     h = hashlib.sha256(f"{DATA_FORMAT}:{target_fingerprint}:{config.max_new_tokens}".encode())
+    if config.samples_per_prompt > 1:
+        h.update(f":{config.samples_per_prompt}:{config.temperature}:{config.seed}".encode())
     for p in prompts:
         h.update(hashlib.sha256(p.text.encode()).digest())
     return h.hexdigest()[:16]
@@ -155,8 +158,13 @@ def load_distill_data(path: Path) -> DistillData:
 def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig, out: Path, *, partial: Path, log) -> None:
     start = time.perf_counter()
     encoded = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]
-    responses = generate_responses(model, encoded, config, eos_id=_eos_id(model, tokenizer), partial=partial, log=log)
+    samples = config.samples_per_prompt
+    jobs = [ids for ids in encoded for _ in range(samples)]  # prompt i's responses at i*samples .. i*samples+samples-1
+    sampled = [s > 0 for _ in encoded for s in range(samples)]
+    responses = generate_responses(model, jobs, config, eos_id=_eos_id(model, tokenizer), partial=partial, log=log,
+                                   sampled=sampled)
     generated_s = time.perf_counter() - start
+    encoded = jobs
     sequences = [p + r for p, r in zip(encoded, responses)]
     lens = torch.tensor([len(s) for s in sequences])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
@@ -168,6 +176,7 @@ def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig
     meta = {
         "format": DATA_FORMAT, "num_sequences": len(sequences), "num_tokens": int(offsets[-1]),
         "response_tokens": sum(len(r) for r in responses), "max_new_tokens": config.max_new_tokens,
+        "samples_per_prompt": samples, "temperature": config.temperature if samples > 1 else None,
         "prompt_ids": [p.id for p in prompts], "generate_seconds": round(generated_s, 1),
         "total_seconds": round(time.perf_counter() - start, 1),
     }
@@ -186,22 +195,32 @@ def _eos_id(model, tokenizer) -> int | None:
 @torch.inference_mode()
 def generate_responses(
     model, prompts: Sequence[list[int]], config: TrainConfig, *, eos_id: int | None, partial: Path | None = None, log=print,
+    sampled: Sequence[bool] | None = None,
 ) -> list[list[int]]:
-    """Greedy responses of the target, ``generation_batch_size`` prompts per left-padded ``generate()``.
+    """Responses of the target, ``generation_batch_size`` prompts per left-padded ``generate()``.
 
-    Prompts are batched in length order (less padding); each response ends at its first ``eos_id``
-    (kept) or after ``max_new_tokens``. Returns responses in the order of ``prompts``. With ``partial``
-    (a JSON file) finished batches are saved as they complete and skipped when a run starts again.
+    Prompts are greedy unless ``sampled[i]`` (then multinomial sampling at ``config.temperature``, the
+    batch seeded from ``config.seed`` and its position, so the same settings give the same data).
+    Greedy and sampled prompts are batched apart, each in length order (less padding); each response
+    ends at its first ``eos_id`` (kept) or after ``max_new_tokens``. Returns responses in the order of
+    ``prompts``. With ``partial`` (a JSON file) finished batches are saved as they complete and skipped
+    when a run starts again.
     """
     device = next(model.parameters()).device
     pad = eos_id if eos_id is not None else 0
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    sampled = list(sampled) if sampled is not None else [False] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: (sampled[i], len(prompts[i]), i))
     responses: dict[int, list[int]] = _read_partial(partial, prompts)
     if responses:
         log(f"resuming generation: {len(responses)}/{len(prompts)} responses already generated")
     bs = config.generation_batch_size
-    for b in range(0, len(order), bs):
-        chunk = order[b : b + bs]
+    batches = []  # a batch never mixes greedy and sampled prompts
+    for kind in (False, True):
+        part = [i for i in order if sampled[i] == kind]
+        batches += [part[b : b + bs] for b in range(0, len(part), bs)]
+    done = 0
+    for chunk in batches:
+        done += len(chunk)
         if all(i in responses for i in chunk):
             continue
         width = max(len(prompts[i]) for i in chunk)
@@ -211,9 +230,13 @@ def generate_responses(
             ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
             mask[r, width - len(prompts[i]):] = 1
         start = time.perf_counter()
+        sampling = {"do_sample": False}
+        if sampled[chunk[0]]:
+            torch.manual_seed(config.seed * 1_000_003 + chunk[0])
+            sampling = {"do_sample": True, "temperature": config.temperature, "top_k": 0, "top_p": 1.0}
         out = model.generate(
             input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=config.max_new_tokens,
-            min_new_tokens=1, do_sample=False, eos_token_id=eos_id, pad_token_id=pad,
+            min_new_tokens=1, eos_token_id=eos_id, pad_token_id=pad, **sampling,
         )[:, width:].tolist()
         for r, i in enumerate(chunk):
             row = out[r]
@@ -222,7 +245,7 @@ def generate_responses(
             responses[i] = row
         if partial is not None:
             _write_partial(partial, prompts, responses)
-        log(f"generated {min(b + bs, len(order))}/{len(order)} responses ({time.perf_counter() - start:.1f} s for this batch)")
+        log(f"generated {done}/{len(order)} responses ({time.perf_counter() - start:.1f} s for this batch)")
     return [responses[i] for i in range(len(prompts))]
 
 
