@@ -166,6 +166,7 @@ def test_interrupted_training_resumes_to_the_same_weights(setup, prompt_files, t
     assert not (tmp_path / "resumed").exists()
     result = train_eagle(model, data, config, tmp_path / "resumed", tmp_path / "ckpt-resumed", **quiet())
     assert result.resumed_from == 3 and len(result.losses) == 10
+    assert result.total_seconds > result.seconds > 0  # the model card counts the interrupted run's seconds too
     straight = load_file(str(tmp_path / "straight" / "model.safetensors"))
     resumed = load_file(str(tmp_path / "resumed" / "model.safetensors"))
     assert straight.keys() == resumed.keys()
@@ -227,6 +228,44 @@ def test_train_section_needs_a_method_with_a_draft(tmp_path):
         parse_recipe(text, tmp_path / "x.yaml")
     with pytest.raises(RecipeError, match="train.stepz: unknown key"):
         parse_recipe(text.replace("ngram}", "eagle, eagle_model: h}").replace("steps", "stepz"), tmp_path / "x.yaml")
+
+
+def test_python_stdlib_texts_are_sources_without_test_suites_cut_to_the_token_budget(setup):
+    from specbuild.train.data import load_texts, text_chunks
+
+    _, tokenizer, _, _ = setup
+    texts = load_texts("python-stdlib")
+    names = [name for name, _ in texts]
+    assert len(texts) > 300 and "os.py" in names and "json/decoder.py" in names
+    assert not [n for n in names if n.startswith("test/") or "/tests/" in n or "site-packages" in n]
+    pieces = text_chunks(tokenizer, texts, max_tokens=1000, chunk_len=64, seed=0)
+    assert sum(map(len, pieces)) == 1000 and max(map(len, pieces)) == 64 and min(map(len, pieces)) >= 16
+    assert pieces == text_chunks(tokenizer, texts, max_tokens=1000, chunk_len=64, seed=0)
+    assert pieces != text_chunks(tokenizer, texts, max_tokens=1000, chunk_len=64, seed=1)
+
+
+def test_teacher_forced_texts_join_the_data_and_medusa_skips_them(setup, prompt_files, tmp_path):
+    from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads
+    from specbuild.train.data import load_texts
+    from specbuild.train.medusa import MedusaObjective
+
+    model, tokenizer, data, _ = setup
+    (tmp_path / "texts.jsonl").write_text(json.dumps({"text": CORPUS[0] * 20}) + "\n" + json.dumps({"text": CORPUS[2] * 20}) + "\n")
+    config = small_config(prompt_files, texts=str(tmp_path / "texts.jsonl"), text_tokens=90, text_chunk_tokens=32)
+    train, _ = training_prompts(config)
+    texts = load_texts(config.texts)
+    with_texts = build_distill_data(model, tokenizer, train, config, fingerprint="t", root=tmp_path, log=lambda m: None, texts=texts)
+    extra = range(data.num_sequences, with_texts.num_sequences)
+    assert with_texts.num_tokens - data.num_tokens == 90 and len(extra) >= 3
+    for i in extra:  # teacher-forced: nothing generated, labels are the target's argmax on the text
+        a, b = with_texts.span(i)
+        assert int(with_texts.prompt_lens[i]) == b - a
+        assert torch.equal(with_texts.top1[a:b], model(with_texts.tokens[a:b][None]).logits[0].argmax(-1))
+    heads = MedusaHeads(MedusaConfig(2, 1, model.config.hidden_size, model.config.vocab_size))
+    objective = MedusaObjective(heads, with_texts, config, CPU)
+    assert {s for s, _, _ in objective.batches.pieces} <= set(range(data.num_sequences))
+    with pytest.raises(Exception, match="train.texts: .*texts.txt"):
+        load_texts("texts.txt", base_dir=tmp_path)
 
 
 def test_bundled_training_recipes_hold_out_the_verify_prompts():

@@ -40,6 +40,13 @@ class TrainConfig(BaseModel):
             ``temperature`` (seeded by ``seed``), so a small prompt set still gives varied data in the
             target's own distribution (default 1: greedy only).
         temperature: sampling temperature of the extra responses.
+        texts: extra training text, teacher-forced (the target generates nothing there; its features and
+            argmax labels are recorded on the text, as EAGLE trains on fixed ShareGPT text): ``python-stdlib``
+            (the running Python's standard-library sources, PSF licence) or a ``.jsonl`` (objects with
+            ``text``) / ``.txt`` (the whole file) path relative to the recipe. None: only generated data.
+            Medusa skips these sequences (its labels must be the target's own tokens).
+        text_tokens: how many tokens to take from ``texts`` (files in a seeded order, cut in
+            ``text_chunk_tokens`` pieces).
         generation_batch_size: prompts per batched ``generate()`` call.
         steps: optimizer steps. batch_tokens: tokens per step (sequences packed, block-diagonal mask).
         learning_rate / warmup_steps / weight_decay / grad_clip: AdamW with linear warm-up and cosine decay.
@@ -66,6 +73,9 @@ class TrainConfig(BaseModel):
     max_new_tokens: int = Field(256, ge=1, le=8192)
     samples_per_prompt: int = Field(1, ge=1, le=64)
     temperature: float = Field(0.8, gt=0, le=4)
+    texts: str | None = None
+    text_tokens: int = Field(100_000, ge=1)
+    text_chunk_tokens: int = Field(512, ge=16, le=8192)
     generation_batch_size: int = Field(16, ge=1, le=1024)
     steps: int = Field(1000, ge=1)
     batch_tokens: int = Field(1024, ge=8)

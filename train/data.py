@@ -3,7 +3,11 @@
 For each training prompt the target generates a greedy response of up to ``max_new_tokens`` tokens
 (batched ``generate()``, left padding), and ``samples_per_prompt - 1`` more sampled at ``temperature``,
 so the draft learns the target's own distribution; greedy verification accepts exactly the target's
-argmax, which is the label at every position whichever response the tokens came from. One teacher-forced pass over prompt + response then records,
+argmax, which is the label at every position whichever response the tokens came from. With
+``texts`` set, pieces of existing text (e.g. the Python standard library's sources) are added as
+teacher-forced sequences: no generation, only the target's features and argmax on the text, which is
+cheap data (one forward pass per token) the way EAGLE trains on fixed text. Their ``prompt_lens``
+equal their lengths (nothing in them is target-generated). One teacher-forced pass over prompt + response then records,
 per position ``j`` of each sequence ``c_0 .. c_{n-1}``::
 
     features[j]   [H]     the target's final-norm hidden state f_j (the lm_head input; EAGLE's feature)
@@ -18,6 +22,9 @@ generation settings; reused while they are unchanged)::
     features.safetensors    features [N, H] float32, top1 [N] int64
     aux_<a>_<b>_<c>.safetensors   aux [N, 3 Ht] float32 (written on demand)
     meta.json               prompts used, token counts, timings
+
+and beside it ``<responses fingerprint>.responses.json``, the target's responses as batches finish
+(an interrupted run resumes from it; data differing only in ``texts`` reuses it).
 """
 
 from __future__ import annotations
@@ -108,13 +115,87 @@ def training_prompts(config: TrainConfig, *, base_dir: Path | None = None) -> tu
     return train, held_out
 
 
-def data_fingerprint(target_fingerprint: str, prompts: Sequence[Prompt], config: TrainConfig) -> str:
-    """Hash of what determines the data: target, prompt texts, generation settings and format version."""
+STDLIB_TEXTS = "python-stdlib"
+_STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3", "idlelib"}
+
+
+def load_texts(source: str | None, *, base_dir: Path | None = None) -> list[tuple[str, str]]:
+    """``(name, text)`` pairs of ``train.texts``: ``python-stdlib`` (every ``.py`` of the running
+    Python's standard library outside test suites, sorted by path), a ``.jsonl`` file (objects with
+    ``text``) or a ``.txt`` file (one text). None gives ``[]``.
+
+    Raises:
+        TrainDataError: a missing or unreadable file, a bad line, or no text at all.
+    """
+    if source is None:
+        return []
+    if source == STDLIB_TEXTS:
+        import sysconfig
+
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = sorted(p for p in root.rglob("*.py") if not _STDLIB_SKIP & set(p.relative_to(root).parts[:-1]))
+        texts = [(str(p.relative_to(root)), p.read_text(encoding="utf-8", errors="replace")) for p in files]
+    else:
+        path = Path(source) if base_dir is None or Path(source).is_absolute() else base_dir / source
+        if not path.is_file():
+            raise TrainDataError(f"train.texts: no such file {path} (use {STDLIB_TEXTS!r}, a .jsonl or a .txt file)")
+        if path.suffix == ".jsonl":
+            texts = []
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    texts.append((f"{path.name}:{n}", str(json.loads(line)["text"])))
+                except (ValueError, KeyError, TypeError):
+                    raise TrainDataError(f'train.texts: {path}:{n}: expected a JSON object with "text"') from None
+        elif path.suffix == ".txt":
+            texts = [(path.name, path.read_text(encoding="utf-8"))]
+        else:
+            raise TrainDataError(f"train.texts: {path} is neither .jsonl nor .txt")
+    texts = [(name, text) for name, text in texts if text.strip()]
+    if not texts:
+        raise TrainDataError(f"train.texts: {source} holds no text")
+    return texts
+
+
+def text_chunks(tokenizer, texts: Sequence[tuple[str, str]], *, max_tokens: int, chunk_len: int, seed: int) -> list[list[int]]:
+    """Token pieces of ``texts`` for teacher forcing: texts in an order seeded by ``seed``, each
+    tokenized and cut into ``chunk_len``-token pieces (pieces under 16 tokens dropped), until
+    ``max_tokens`` tokens are taken (the last piece is cut to fit)."""
+    pieces: list[list[int]] = []
+    taken = 0
+    for k in torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist():
+        ids = tokenizer(texts[k][1], add_special_tokens=True)["input_ids"]
+        for a in range(0, len(ids), chunk_len):
+            piece = ids[a : a + chunk_len][: max_tokens - taken]
+            if len(piece) >= 16:
+                pieces.append(piece)
+                taken += len(piece)
+            if taken >= max_tokens:
+                return pieces
+    return pieces
+
+
+def responses_fingerprint(target_fingerprint: str, prompts: Sequence[Prompt], config: TrainConfig) -> str:
+    """Hash of what determines the target's responses: target, prompt texts, generation settings, format."""
     h = hashlib.sha256(f"{DATA_FORMAT}:{target_fingerprint}:{config.max_new_tokens}".encode())
     if config.samples_per_prompt > 1:
         h.update(f":{config.samples_per_prompt}:{config.temperature}:{config.seed}".encode())
     for p in prompts:
         h.update(hashlib.sha256(p.text.encode()).digest())
+    return h.hexdigest()[:16]
+
+
+def data_fingerprint(
+    target_fingerprint: str, prompts: Sequence[Prompt], config: TrainConfig, texts: Sequence[tuple[str, str]] = (),
+) -> str:
+    """Hash of what determines the data: the responses' fingerprint, then the teacher-forced texts."""
+    responses = responses_fingerprint(target_fingerprint, prompts, config)
+    if not texts:
+        return responses
+    h = hashlib.sha256(f"{responses}:texts:{config.text_tokens}:{config.text_chunk_tokens}:{config.seed}".encode())
+    for name, text in texts:
+        h.update(hashlib.sha256(f"{name}\0{text}".encode()).digest())
     return h.hexdigest()[:16]
 
 
@@ -127,22 +208,27 @@ def build_distill_data(
     fingerprint: str,
     root: Path | None = None,
     log: Callable[[str], None] = print,
+    texts: Sequence[tuple[str, str]] = (),
+    responses_key: str | None = None,
 ) -> DistillData:
     """Generate (or reuse) the self-distillation data for ``prompts``; see the module docstring.
 
     Args:
         model: the target (a transformers causal LM, eval mode). tokenizer: its tokenizer.
+        texts: ``(name, text)`` pairs to add teacher-forced (:func:`load_texts`).
         fingerprint: :func:`data_fingerprint`; names the cache directory under ``root``
             (default ``$SPECBUILD_CACHE/train-data``).
+        responses_key: :func:`responses_fingerprint` (default ``fingerprint``): the target's responses
+            are kept in ``<root>/<responses_key>.responses.json`` as batches finish, so an interrupted
+            run resumes and data that differs only in ``texts`` reuses them.
     """
     out = (root or cache_dir() / "train-data") / fingerprint
     if not (out / "meta.json").is_file():
         if not prompts:
             raise TrainDataError("train.prompts: no training prompts")
-        partial = out.with_name(f"{fingerprint}.responses.partial.json")  # survives an interrupted run
+        partial = out.with_name(f"{responses_key or fingerprint}.responses.json")  # survives an interrupted run
         with staging_dir(out) as tmp:
-            _write_data(model, tokenizer, prompts, config, tmp, partial=partial, log=log)
-        partial.unlink(missing_ok=True)
+            _write_data(model, tokenizer, prompts, config, tmp, partial=partial, log=log, texts=texts)
         log(f"training data written to {out}")
     else:
         log(f"training data: reusing {out}")
@@ -155,7 +241,8 @@ def load_distill_data(path: Path) -> DistillData:
     return DistillData(seq["tokens"], seq["offsets"], seq["prompt_lens"], feats["features"], feats["top1"], path)
 
 
-def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig, out: Path, *, partial: Path, log) -> None:
+def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig, out: Path, *, partial: Path, log,
+                texts: Sequence[tuple[str, str]]) -> None:
     start = time.perf_counter()
     encoded = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]
     samples = config.samples_per_prompt
@@ -166,6 +253,9 @@ def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig
     generated_s = time.perf_counter() - start
     encoded = jobs
     sequences = [p + r for p, r in zip(encoded, responses)]
+    pieces = text_chunks(tokenizer, texts, max_tokens=config.text_tokens, chunk_len=config.text_chunk_tokens, seed=config.seed)
+    sequences += pieces
+    encoded += pieces  # teacher-forced text: all "prompt", nothing generated
     lens = torch.tensor([len(s) for s in sequences])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
     tokens = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
@@ -176,7 +266,7 @@ def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig
     meta = {
         "format": DATA_FORMAT, "num_sequences": len(sequences), "num_tokens": int(offsets[-1]),
         "response_tokens": sum(len(r) for r in responses), "max_new_tokens": config.max_new_tokens,
-        "samples_per_prompt": samples, "temperature": config.temperature if samples > 1 else None,
+        "samples_per_prompt": samples, "text_tokens": sum(map(len, pieces)), "text_sequences": len(pieces), "temperature": config.temperature if samples > 1 else None,
         "prompt_ids": [p.id for p in prompts], "generate_seconds": round(generated_s, 1),
         "total_seconds": round(time.perf_counter() - start, 1),
     }

@@ -100,13 +100,15 @@ class StepOutput:
 
 @dataclass
 class TrainResult:
-    """What a run did: steps, wall seconds of this process, the loss curve (every step) and last metrics."""
+    """What a run did: steps, wall seconds of this process, the loss curve (every step), last metrics,
+    and ``total_seconds``: training seconds over every run that made these weights (resumes included)."""
 
     steps: int
     seconds: float
     losses: list[float]
     metrics: dict[str, float]
     resumed_from: int = 0
+    total_seconds: float = 0.0
 
 
 def lr_factor(step: int, *, warmup: int, total: int) -> float:
@@ -135,8 +137,7 @@ def train(
     """
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     optimizer = torch.optim.AdamW(params.values(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    start, losses = _resume(ckpt_dir, model, params, optimizer, log)
-    metrics: dict[str, float] = {}
+    start, losses, earlier_s, metrics = _resume(ckpt_dir, model, params, optimizer, log)
     began = time.perf_counter()
     tokens_seen = 0
     with _progress(description, config.steps, start, show_progress) as advance:
@@ -155,12 +156,13 @@ def train(
             advance(losses[-1], rate, metrics)
             done = step + 1
             if done % config.checkpoint_every == 0 or done == config.steps:
-                _save(ckpt_dir, done, params, optimizer, losses)
+                _save(ckpt_dir, done, params, optimizer, losses, earlier_s + time.perf_counter() - began, metrics)
                 shown = " ".join(f"{k}={v:.3f}" for k, v in metrics.items())
                 log(f"{description}: step {done}/{config.steps} loss={_mean_tail(losses):.4f} {shown} {rate:.0f} tok/s")
             if on_step is not None:
                 on_step(step, out)
-    return TrainResult(config.steps, time.perf_counter() - began, losses, metrics, resumed_from=start)
+    seconds = time.perf_counter() - began
+    return TrainResult(config.steps, seconds, losses, metrics, resumed_from=start, total_seconds=earlier_s + seconds)
 
 
 def _mean_tail(losses: list[float], n: int = 20) -> float:
@@ -199,14 +201,15 @@ class _progress:
             self.bar.__exit__(*exc)
 
 
-def _save(ckpt_dir: Path, step: int, params: dict[str, torch.nn.Parameter], optimizer, losses: list[float]) -> None:
+def _save(ckpt_dir: Path, step: int, params: dict[str, torch.nn.Parameter], optimizer, losses: list[float],
+          seconds: float, metrics: dict[str, float]) -> None:
     final = ckpt_dir / f"step-{step:06d}"
     tmp = ckpt_dir / f".step-{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({n: p.detach().cpu().contiguous() for n, p in params.items()}, str(tmp / "trainable.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses}))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "seconds": seconds, "metrics": metrics}))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in ckpt_dir.glob("step-*"):
@@ -220,11 +223,13 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _resume(ckpt_dir: Path, model, params, optimizer, log) -> tuple[int, list[float]]:
+def _resume(ckpt_dir: Path, model, params, optimizer, log) -> tuple[int, list[float], float, dict[str, float]]:
+    """``(step, losses, training seconds so far, last metrics)`` of the newest checkpoint, loaded into
+    ``params`` and ``optimizer``; ``(0, [], 0.0, {})`` when there is none."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     latest = latest_checkpoint(ckpt_dir)
     if latest is None:
-        return 0, []
+        return 0, [], 0.0, {}
     state = json.loads((latest / "state.json").read_text())
     saved = load_file(str(latest / "trainable.safetensors"))
     if set(saved) != set(params):
@@ -234,4 +239,4 @@ def _resume(ckpt_dir: Path, model, params, optimizer, log) -> tuple[int, list[fl
             p.copy_(saved[name].to(p.device))
     optimizer.load_state_dict(torch.load(latest / "optimizer.pt", map_location=next(iter(params.values())).device, weights_only=True))
     log(f"resuming from {latest} (step {state['step']})")
-    return int(state["step"]), list(state["losses"])
+    return int(state["step"]), list(state["losses"]), float(state.get("seconds", 0.0)), dict(state.get("metrics", {}))

@@ -99,17 +99,19 @@ def train_draft(
     from specbuild.builder.reference import locate_target
     from specbuild.engine.target import load_target
 
-    from .data import TrainDataError, build_distill_data, data_fingerprint, training_prompts
+    from .data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_fingerprint, training_prompts
 
     config: TrainConfig = loaded.recipe.train
     artefact = artefact_path(loaded)
     method = loaded.recipe.speculation.method
     try:
         train_prompts, held_out = training_prompts(config, base_dir=loaded.path.parent)
+        texts = load_texts(config.texts, base_dir=loaded.path.parent)
     except TrainDataError as exc:
-        raise loaded.error(("train", "held_out" if "held_out" in str(exc).split(":")[0] else "prompts"), str(exc)) from None
+        field = str(exc).split(":")[0].removeprefix("train.")
+        raise loaded.error(("train", field if field in ("held_out", "texts") else "prompts"), str(exc)) from None
     source = locate_target(loaded)
-    data_fp = data_fingerprint(source.fingerprint(), train_prompts, config)
+    data_fp = data_fingerprint(source.fingerprint(), train_prompts, config, texts)
     fingerprint = train_fingerprint(loaded, data_fp)
     card = None if force else cached_card(artefact, fingerprint)
     if card is not None:
@@ -121,7 +123,8 @@ def train_draft(
     target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     start = time.perf_counter()
-    data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log)
+    data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log, texts=texts,
+                              responses_key=responses_fingerprint(source.fingerprint(), train_prompts, config))
     data_s = time.perf_counter() - start
     ckpt_dir = cache_dir() / "train-checkpoints" / fingerprint
     with staging_dir(artefact) as tmp:
@@ -187,18 +190,24 @@ def _card(loaded, fingerprint, data, config, result, data_s, acceptance, device,
             "prompts": config.prompts, "num_prompts": num_prompts, "held_out": config.held_out,
             "sequences": data.num_sequences, "tokens": data.num_tokens,
             "generated_tokens": int(data.num_tokens - int(data.prompt_lens.sum())),
-            "max_new_tokens": config.max_new_tokens, "seconds_this_run": round(data_s, 1),
-            "seconds_when_made": json.loads((data.path / "meta.json").read_text()).get("total_seconds"),
+            "max_new_tokens": config.max_new_tokens, "samples_per_prompt": config.samples_per_prompt,
+            "texts": config.texts, "text_tokens": _meta(data).get("text_tokens", 0), "seconds_this_run": round(data_s, 1),
+            "seconds_when_made": _meta(data).get("total_seconds"),
             "cache": str(data.path),
         },
         "training": {
-            "steps": result.steps, "seconds_this_run": round(result.seconds, 1), "resumed_from_step": result.resumed_from,
+            "steps": result.steps, "seconds": round(result.total_seconds, 1), "seconds_this_run": round(result.seconds, 1),
+            "resumed_from_step": result.resumed_from,
             "device": str(device), "first_loss": losses[0] if losses else None,
             "final_loss": sum(tail) / len(tail) if tail else None, "final_metrics": result.metrics,
             "settings": config.model_dump(mode="json"),
         },
         "held_out_acceptance": None if acceptance is None else acceptance.to_json(),
     }
+
+
+def _meta(data) -> dict:
+    return json.loads((data.path / "meta.json").read_text())
 
 
 def _card_markdown(card: dict) -> str:
@@ -209,9 +218,10 @@ def _card_markdown(card: dict) -> str:
         "Trained by `specbuild train-draft` (self-distillation: the target wrote the training responses).",
         "",
         f"- data: {d['num_prompts']} prompts from `{d['prompts']}`, {d['sequences']} sequences, {d['tokens']} tokens "
-        f"({d['generated_tokens']} target-generated, up to {d['max_new_tokens']} per prompt)",
+        f"({d['generated_tokens']} target-generated in {d['samples_per_prompt']} response(s) per prompt of up to "
+        f"{d['max_new_tokens']} tokens; {d['text_tokens']} teacher-forced tokens of `{d['texts']}`)",
         f"- training: {t['steps']} steps on {t['device']}, loss {t['first_loss']:.4f} -> {t['final_loss']:.4f} "
-        f"(mean of the last 20 steps), {t['seconds_this_run']} s in the last run",
+        f"(mean of the last 20 steps), {t['seconds']} s of training ({t['seconds_this_run']} s in the last run)",
         f"- final step metrics: {json.dumps(t['final_metrics'])}",
     ]
     if a is not None:
