@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .prompts import CHAT_TEMPLATE_MODES, Prompt, load_prompts, wants_chat_template
+from .prompts import CHAT_TEMPLATE_MODES, Prompt, apply_chat_template, load_prompts
 
 URL = re.compile(r"^[\w.-]+:\d+$")  # host:port
 COUNTERS = {
@@ -515,15 +515,18 @@ def run_point(
 
 
 def prepare_prompts(source: str, deployment: Deployment, mode: str, tokenizer) -> list[tuple[Prompt, str]]:
-    """The prompts of ``source`` with the text to send (chat-templated when ``mode`` says so)."""
+    """The prompts of ``source`` with the text to send (chat-templated when ``mode`` says so; see
+    :func:`~specbuild.client.prompts.apply_chat_template`).
+
+    Raises:
+        BenchError: the set wants the chat template and the deployment has no tokenizer (pass --tokenizer).
+    """
     prompts = load_prompts(source)
-    templated = tokenizer is not None and getattr(tokenizer, "chat_template", None) and wants_chat_template(source, mode)
-    if not templated:
-        return [(p, p.text) for p in prompts]
-    return [
-        (p, tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True))
-        for p in prompts
-    ]
+    try:
+        sent = apply_chat_template(prompts, source, mode, tokenizer)
+    except ValueError as exc:
+        raise BenchError(f"{deployment.name}: {exc}") from None
+    return [(p, s.text) for p, s in zip(prompts, sent)]
 
 
 def sweep_size(plan: SweepPlan, deployments: Sequence[Deployment], set_sizes: dict[str, int]) -> int:

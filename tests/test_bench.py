@@ -127,6 +127,16 @@ def test_draft_length_maps_to_the_request_fields_of_each_method():
         lookahead.request_fields(3)
 
 
+def test_chat_sets_against_an_address_without_a_tokenizer_are_refused_not_sent_raw():
+    from specbuild.client.bench import prepare_prompts
+
+    url_only = Deployment("remote", "h:1", method="ngram")
+    with pytest.raises(BenchError, match=r"remote: .*--tokenizer OUT/engine/tokenizer"):
+        prepare_prompts("chat:2", url_only, "auto", None)
+    assert [text for _, text in prepare_prompts("chat:2", url_only, "never", None)] == [p.text for p in load_prompts("chat:2")]
+    assert len(prepare_prompts("humaneval:2", url_only, "auto", None)) == 2  # code prompts go as written
+
+
 def test_plain_deployment_is_swept_at_draft_length_zero_only():
     plan = SweepPlan(draft_lengths=(4, 0, 2, 2), concurrencies=(1, 4), prompt_sets=("chat:3",))
     assert plan.draft_lengths_for(Deployment("greedy", "h:1", method="none")) == [0]
