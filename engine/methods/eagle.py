@@ -50,7 +50,7 @@ On disk (a directory; TensorRT-LLM ``examples/eagle/convert_checkpoint.py --eagl
 
 from __future__ import annotations
 
-from specbuild.engine.methods.base import resolve_weights_dir
+from specbuild.engine.methods.base import DraftProjection, resolve_weights_dir
 
 import copy
 import json
@@ -469,6 +469,7 @@ class EagleProposer:
         if widest > vocab:
             raise ValueError(f"the tree needs top-{widest} candidates, the vocabulary has {vocab} tokens")
         self.embedding, self.lm_head, self.head, self.tree_config = embedding, lm_head, head, tree_config
+        self._project = DraftProjection(lm_head)  # draft logits only; the target's come from its forward
 
     @staticmethod
     def new_state() -> EagleState:
@@ -514,7 +515,7 @@ class EagleProposer:
 
     def _log_probs(self, outputs: torch.Tensor) -> torch.Tensor:
         """``[b, H]`` head outputs -> ``[b, vocab]`` draft log-probabilities through the target's lm_head."""
-        return torch.log_softmax(self.lm_head(outputs.to(self.lm_head.weight.dtype)).float(), dim=-1)
+        return torch.log_softmax(self._project(outputs).float(), dim=-1)
 
     def _static(self, state: EagleState, root: int, tree: SpecTree) -> TreeDraft:
         """Fill ``tree``: child rank ``c`` of index ``i`` gets the ``c``-th best token of ``i``'s distribution."""

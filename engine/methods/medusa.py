@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..tree import MC_SIM_7B_63, SpecTree
-from .base import MethodContext, resolve_weights_dir
+from .base import DraftProjection, MethodContext, resolve_weights_dir
 
 SAFETENSORS_NAME = "medusa_lm_head.safetensors"
 PT_NAME = "medusa_lm_head.pt"
@@ -211,12 +211,18 @@ class MedusaProposer:
             raise ValueError(f"tree needs top-{max(tree.top_k_per_depth)} candidates, vocab_size is {config.vocab_size}")
         self.heads = heads
         self.tree = tree
+        self._projections = [DraftProjection(head[-1]) for head in heads.heads]  # each head's vocab projection
 
     def head_candidates(self, hidden: torch.Tensor, tree: SpecTree) -> list[list[int]]:
-        """``hidden [hidden_size]`` -> per depth ``d`` the top-``tree.top_k_per_depth[d]`` tokens of head ``d``."""
-        top_k = tree.top_k_per_depth
-        logits = self.heads(hidden.to(next(self.heads.parameters()).dtype))  # [num_heads, vocab]
-        return [logits[d].topk(k).indices.tolist() for d, k in enumerate(top_k)]
+        """``hidden [hidden_size]`` -> per depth ``d`` the top-``tree.top_k_per_depth[d]`` tokens of head ``d``
+        (only the heads the tree reaches are run)."""
+        hidden = hidden.to(next(self.heads.parameters()).dtype)
+        candidates = []
+        for d, k in enumerate(tree.top_k_per_depth):
+            head = self.heads.heads[d]
+            logits = self._projections[d](head[:-1](hidden))  # residual blocks, then the vocab projection [vocab]
+            candidates.append(logits.topk(k).indices.tolist())
+        return candidates
 
     def propose_tree(self, context: Sequence[int], hidden: torch.Tensor, tree: SpecTree | None = None) -> list[int]:
         """Tree tokens ``[1 + n]`` for ``tree`` (default: the proposer's; a truncated one near max_tokens).
