@@ -266,6 +266,9 @@ def test_teacher_forced_texts_join_the_data_and_medusa_skips_them(setup, prompt_
     assert {s for s, _, _ in objective.batches.pieces} <= set(range(data.num_sequences))
     with pytest.raises(Exception, match="train.texts: .*texts.txt"):
         load_texts("texts.txt", base_dir=tmp_path)
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\nnot json\n')
+    with pytest.raises(Exception, match=r"train.texts: .*bad.jsonl.*2"):
+        load_texts("bad.jsonl", base_dir=tmp_path)
 
 
 def test_bundled_training_recipes_hold_out_the_verify_prompts():

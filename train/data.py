@@ -7,8 +7,8 @@ argmax, which is the label at every position whichever response the tokens came 
 ``texts`` set, pieces of existing text (e.g. the Python standard library's sources) are added as
 teacher-forced sequences: no generation, only the target's features and argmax on the text, which is
 cheap data (one forward pass per token) the way EAGLE trains on fixed text. Their ``prompt_lens``
-equal their lengths (nothing in them is target-generated). One teacher-forced pass over prompt + response then records,
-per position ``j`` of each sequence ``c_0 .. c_{n-1}``::
+equal their lengths (nothing in them is target-generated). One teacher-forced pass over every
+sequence then records, per position ``j`` of each sequence ``c_0 .. c_{n-1}``::
 
     features[j]   [H]     the target's final-norm hidden state f_j (the lm_head input; EAGLE's feature)
     top1[j]               argmax lm_head(f_j): the target's greedy next token after c_0 .. c_j
@@ -122,7 +122,8 @@ _STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", 
 def load_texts(source: str | None, *, base_dir: Path | None = None) -> list[tuple[str, str]]:
     """``(name, text)`` pairs of ``train.texts``: ``python-stdlib`` (every ``.py`` of the running
     Python's standard library outside test suites, sorted by path), a ``.jsonl`` file (objects with
-    ``text``) or a ``.txt`` file (one text). None gives ``[]``.
+    ``text``, read as :func:`~specbuild.client.prompts.load_prompts` reads prompt files) or a ``.txt``
+    file (one text). None gives ``[]``.
 
     Raises:
         TrainDataError: a missing or unreadable file, a bad line, or no text at all.
@@ -139,15 +140,13 @@ def load_texts(source: str | None, *, base_dir: Path | None = None) -> list[tupl
         path = Path(source) if base_dir is None or Path(source).is_absolute() else base_dir / source
         if not path.is_file():
             raise TrainDataError(f"train.texts: no such file {path} (use {STDLIB_TEXTS!r}, a .jsonl or a .txt file)")
-        if path.suffix == ".jsonl":
-            texts = []
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    texts.append((f"{path.name}:{n}", str(json.loads(line)["text"])))
-                except (ValueError, KeyError, TypeError):
-                    raise TrainDataError(f'train.texts: {path}:{n}: expected a JSON object with "text"') from None
+        if path.suffix == ".jsonl":  # the prompt files' format: objects with "text" (or "prompt")
+            from specbuild.client.prompts import PromptSourceError
+
+            try:
+                texts = [(p.id, p.text) for p in load_prompts(str(path))]
+            except PromptSourceError as exc:
+                raise TrainDataError(f"train.texts: {exc}") from None
         elif path.suffix == ".txt":
             texts = [(path.name, path.read_text(encoding="utf-8"))]
         else:
