@@ -12,7 +12,8 @@ Sources (``load_prompts(source)``):
 
 The bundled sets live in ``client/data/`` (sources and licences: ``client/data/SOURCES.md``); they
 hold the raw user message, which an instruct model should see inside its chat template
-(:func:`apply_chat_template`). Blank lines are skipped. Prompts from files without an id get ``"<file name>:<line number>"``.
+(:func:`apply_chat_template`). Blank lines are skipped. Prompts from files without an id get
+``"<file name>:<line number>"``.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def apply_chat_template(prompts: list[Prompt], source: str, mode: str, tokenizer
 
     Raises:
         ValueError: templating is wanted but ``tokenizer`` is None, or ``always`` is asked of a tokenizer
-            without a chat template (the message
-            says to pass the deployment's tokenizer, e.g. ``OUT/engine/tokenizer``, or use ``never``).
+            without a chat template; the message says to pass the deployment's tokenizer (e.g.
+            ``OUT/engine/tokenizer``) or to use ``never``.
     """
     if not prompts or not wants_chat_template(source, mode):
         return list(prompts)

@@ -111,7 +111,8 @@ def train_draft(
         field = str(exc).split(":")[0].removeprefix("train.")
         raise loaded.error(("train", field if field in ("held_out", "texts") else "prompts"), str(exc)) from None
     source = locate_target(loaded)
-    data_fp = data_fingerprint(source.fingerprint(), train_prompts, config, texts)
+    target_fp = source.fingerprint()
+    data_fp = data_fingerprint(target_fp, train_prompts, config, texts)
     fingerprint = train_fingerprint(loaded, data_fp)
     card = None if force else cached_card(artefact, fingerprint)
     if card is not None:
@@ -124,7 +125,7 @@ def train_draft(
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log, texts=texts,
-                              responses_key=responses_fingerprint(source.fingerprint(), train_prompts, config))
+                              responses_key=responses_fingerprint(target_fp, train_prompts, config))
     data_s = time.perf_counter() - start
     ckpt_dir = cache_dir() / "train-checkpoints" / fingerprint
     with staging_dir(artefact) as tmp:
@@ -181,6 +182,7 @@ def _evaluate(method, loaded, target, tokenizer, prompts, artefact, config, log)
 def _card(loaded, fingerprint, data, config, result, data_s, acceptance, device, num_prompts) -> dict:
     losses = result.losses
     tail = losses[-20:]
+    meta = json.loads((data.path / "meta.json").read_text())
     return {
         "fingerprint": fingerprint,
         "method": loaded.recipe.speculation.method,
@@ -191,8 +193,8 @@ def _card(loaded, fingerprint, data, config, result, data_s, acceptance, device,
             "sequences": data.num_sequences, "tokens": data.num_tokens,
             "generated_tokens": int(data.num_tokens - int(data.prompt_lens.sum())),
             "max_new_tokens": config.max_new_tokens, "samples_per_prompt": config.samples_per_prompt,
-            "texts": config.texts, "text_tokens": _meta(data).get("text_tokens", 0), "seconds_this_run": round(data_s, 1),
-            "seconds_when_made": _meta(data).get("total_seconds"),
+            "texts": config.texts, "text_tokens": meta.get("text_tokens", 0), "seconds_this_run": round(data_s, 1),
+            "seconds_when_made": meta.get("total_seconds"),
             "cache": str(data.path),
         },
         "training": {
@@ -204,10 +206,6 @@ def _card(loaded, fingerprint, data, config, result, data_s, acceptance, device,
         },
         "held_out_acceptance": None if acceptance is None else acceptance.to_json(),
     }
-
-
-def _meta(data) -> dict:
-    return json.loads((data.path / "meta.json").read_text())
 
 
 def _card_markdown(card: dict) -> str:
