@@ -48,6 +48,39 @@ def load_target(
     return model.to(device).eval()
 
 
+class DraftLMHead(torch.nn.Module):
+    """A draft model's ``lm_head`` (``nn.Linear [vocab, hidden]``) projected by :class:`~specbuild.engine.methods.base.DraftProjection`.
+
+    A draft-target step projects one row (``logits_to_keep=1``); on CPU that is faster against the
+    transposed copy ``DraftProjection`` keeps (one more weight's memory). ``weight`` and ``bias`` are the
+    linear's own parameters (tied embeddings stay tied). Call with ``x [..., hidden]``; returns
+    ``[..., vocab]``.
+    """
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        from .methods.base import DraftProjection
+
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.project = DraftProjection(linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.project(x)
+
+
+def use_draft_lm_head(model: PreTrainedModel) -> PreTrainedModel:
+    """Swap a draft model's ``nn.Linear`` lm_head for a :class:`DraftLMHead` on CPU (in place; returns it).
+
+    Only for a draft the engine owns and never trains or saves: the target's logits always come from its
+    own unchanged forward, so verification never depends on this kernel choice. Anything else than a
+    plain ``nn.Linear`` on CPU (soft-capping heads, CUDA) is left as it is; a second call changes nothing.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is torch.nn.Linear and head.weight.device.type == "cpu":
+        model.set_output_embeddings(DraftLMHead(head))
+    return model
+
+
 def cache_keyword(model: PreTrainedModel) -> str:
     """The forward() keyword for the KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``.
 

@@ -333,3 +333,19 @@ def test_draft_projection_matches_the_layer_it_copies():
             x = torch.randn(*rows)
             assert torch.allclose(project(x), layer(x), atol=1e-5)
             assert project(x).shape == layer(x).shape
+
+
+def test_draft_lm_head_computes_the_same_logits_and_keeps_the_weights_tied(tiny_checkpoint):
+    from specbuild.engine.target import DraftLMHead, load_target, use_draft_lm_head
+
+    model = load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    prompt = torch.tensor([[1, 5, 9, 2, 7]])
+    before = model(input_ids=prompt).logits
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    use_draft_lm_head(model)
+    head = model.get_output_embeddings()
+    assert isinstance(head, DraftLMHead)
+    assert (head.weight is model.get_input_embeddings().weight) == tied
+    assert torch.allclose(model(input_ids=prompt).logits, before, atol=1e-5)
+    assert torch.allclose(model(input_ids=prompt, logits_to_keep=1).logits, before[:, -1:], atol=1e-5)
+    assert use_draft_lm_head(model).get_output_embeddings() is head  # a second call changes nothing

@@ -122,6 +122,7 @@ def load_draft(config: DraftTargetConfig, context: MethodContext) -> DraftModel:
     model = target_model.load_target(
         path, dtype=context.target.dtype, device=str(context.target.device), trust_remote_code=context.trust_remote_code
     )
+    target_model.use_draft_lm_head(model)  # CPU: each draft step projects one row
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     return DraftModel(config, model, path, max_positions)
 
