@@ -72,8 +72,8 @@ def use_draft_lm_head(model: PreTrainedModel) -> PreTrainedModel:
     """Swap a draft model's ``nn.Linear`` lm_head for a :class:`DraftLMHead` on CPU (in place; returns it).
 
     Only for a draft the engine owns and never trains or saves: the target's logits always come from its
-    own unchanged forward, so verification never depends on this kernel choice. Anything else than a
-    plain ``nn.Linear`` on CPU (soft-capping heads, CUDA) is left as it is; a second call changes nothing.
+    own unchanged forward, so verification never depends on this kernel choice. Anything but a plain
+    ``nn.Linear`` on CPU (custom heads, CUDA) is left as it is; a second call changes nothing.
     """
     head = model.get_output_embeddings()
     if type(head) is torch.nn.Linear and head.weight.device.type == "cpu":
