@@ -10,7 +10,9 @@ alike), with the engine's own forward functions and KV cache:
 
 and for each draft length ``k`` the step cost ``r(k) = (k t_draft + t_target(k + 1)) / t_target(1)``
 in plain-decoding steps, and the per-token acceptance probability ``a`` (i.i.d., Leviathan eq. 1:
-``1 + a + ... + a^k`` tokens per step) a draft-target deployment needs for each ``--speed-ups`` goal.
+``1 + a + ... + a^k`` tokens per step) a draft-target deployment needs for each ``--speed-ups`` goal;
+with ``--draft`` also the ``a`` the largest goal needs from a draft that costs nothing (``t_draft = 0``),
+the floor that no draft model, however cheap, gets under on this machine.
 Without ``--draft`` the draft cost is 0 (n-gram, lookahead's verification side only).
 
     python benchmarks/bench_step_cost.py                                         # target only, k = 1..4
@@ -98,19 +100,28 @@ def main() -> None:
         verify_ms = median[("target", k + 1)]
         cost = (k * draft_ms + verify_ms) / plain
         rows.append({"k": k, "target_verify_ms": verify_ms, "verify_ratio": verify_ms / plain, "step_cost_ratio": cost,
-                     "acceptance_needed": {str(g): acceptance_needed(g * cost, k) for g in args.speed_ups}})
+                     "acceptance_needed": {str(g): acceptance_needed(g * cost, k) for g in args.speed_ups},
+                     # the floor: a draft that cost nothing would still need this much (verification alone)
+                     "acceptance_needed_free_draft": {str(g): acceptance_needed(g * verify_ms / plain, k) for g in args.speed_ups}})
 
     table = Table(title=f"one speculative step, {args.context} cached positions, fp32, {torch.get_num_threads()} threads: "
                         f"plain step {plain:.1f} ms, draft token {draft_ms:.1f} ms")
+    goal = max(args.speed_ups)
     for col in ("k", "verify k+1 (ms)", "verify / plain", "step cost (plain steps)",
-                *[f"a needed for {g:g}x" for g in args.speed_ups]):
+                *[f"a needed for {g:g}x" for g in args.speed_ups], *([f"a for {goal:g}x, free draft"] if args.draft else [])):
         table.add_column(col, justify="right")
+
+    def shown(a: float | None) -> str:
+        return "unreachable" if a is None else f"{a:.2f}"
+
     for row in rows:
         needed = [row["acceptance_needed"][str(g)] for g in args.speed_ups]
+        free = [row["acceptance_needed_free_draft"][str(goal)]] if args.draft else []
         table.add_row(str(row["k"]), f"{row['target_verify_ms']:.1f}", f"{row['verify_ratio']:.2f}", f"{row['step_cost_ratio']:.2f}",
-                      *["unreachable" if a is None else f"{a:.2f}" for a in needed])
+                      *[shown(a) for a in needed + free])
     console.print(table)
-    console.print("a: per-token acceptance probability (Leviathan eq. 1); compare with a draft's measured rate at k = 1")
+    console.print("a: per-token acceptance probability (Leviathan eq. 1); compare with a draft's measured rate at k = 1. "
+                  "free draft: the same step with a draft that costs nothing, the floor no draft model gets under")
     report = {"checkpoint": args.checkpoint, "draft": args.draft, "context": args.context, "threads": torch.get_num_threads(),
               "plain_step_ms": plain, "draft_token_ms": draft_ms, "rows": rows}
     args.json.write_text(json.dumps(report, indent=2) + "\n")
