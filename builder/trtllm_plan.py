@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from specbuild.builder.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
 from specbuild.builder.recipe import LoadedRecipe, Recipe, RecipeError
 from specbuild.builder.trtllm_version import (
     LLM_API_LINES,
@@ -206,6 +207,9 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
     if problem:
         loc = ("speculation", "method") if capability_error(spec.method, path, None) else ("build", "backend")
         raise loaded.error(loc, problem)
+    if _build_field(r, "draft_len_schedule", None) and (path != "pytorch" or spec.method == "none"):
+        why = "there is no speculation to schedule" if spec.method == "none" else "the engine path has no such option"
+        raise loaded.error(("build", "draft_len_schedule"), f"draft_len_schedule is a PyTorch-path (LLM API) speculative_config option and {why}; remove it")
     if spec.method != "none" and _build_field(r, "max_beam_width", 1) > 1:
         raise loaded.error(("build", "max_beam_width"), "beam search is not supported with speculative decoding; set 1")
     if spec.method == "eagle" and parallelism(r).pp_size != 1:
@@ -450,7 +454,14 @@ def speculative_config(recipe: Recipe, version: str) -> dict[str, Any] | None:
 
 
 def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) -> dict[str, Any]:
-    """``extra_llm_api_options.yaml`` contents: LLM(...) keyword arguments beyond the model."""
+    """``extra_llm_api_options.yaml`` contents: LLM(...) keyword arguments beyond the model;
+    ``build.draft_len_schedule`` goes to ``speculative_config.draft_len_schedule``.
+
+    Raises:
+        RecipeError: the schedule breaks a TensorRT-LLM rule
+            (:func:`~specbuild.builder.draft_len_schedule.check_draft_len_schedule`), or there is no
+            speculation to schedule.
+    """
     r = loaded.recipe
     options: dict[str, Any] = {
         "max_batch_size": r.build.max_batch_size,
@@ -461,6 +472,12 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
     if spec is not None:
         if "speculative_model_dir" in spec and draft_dir is not None:
             spec["speculative_model_dir"] = str(draft_dir)
+        schedule = _build_field(r, "draft_len_schedule", None)
+        if schedule:
+            try:
+                spec["draft_len_schedule"] = check_draft_len_schedule(schedule, r.speculation.max_draft_len)
+            except DraftLenScheduleError as exc:
+                raise loaded.error(("build", "draft_len_schedule"), f"{exc} (speculation.max_draft_len: {r.speculation.max_draft_len})") from None
         options["speculative_config"] = spec
     return options
 
