@@ -4,7 +4,7 @@
 the checkpoint conversion (the model family's ``convert_checkpoint.py``, Medusa/EAGLE's own, or
 ModelOpt ``quantize.py`` for fp8) and ``trtllm-build`` with speculation enabled. ``plan_pytorch``
 (LLM API, >= 1.0) writes the ``speculative_config`` as ``extra_llm_api_options.yaml`` (for
-``trtllm-serve``) and ``model.yaml`` (for Triton's ``llmapi`` model). ``TrtllmPlan.write`` writes a
+``trtllm-serve``) and ``model.yaml`` (the LLM arguments of the repository's ensemble). ``TrtllmPlan.write`` writes a
 runnable ``build.sh`` (every step logs to ``logs/<step>.log`` and is skipped when its outputs exist);
 :mod:`specbuild.builder.trtllm_run` runs the same steps from ``specbuild recipe``, resumably.
 
@@ -483,14 +483,15 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
 
 
 def llmapi_model_yaml(loaded: LoadedRecipe, model_dir: Path, options: dict[str, Any], p: Parallelism) -> dict[str, Any]:
-    """Triton ``llmapi`` model's ``model.yaml`` (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml)."""
+    """``model.yaml``: the ``LLM(...)`` arguments the repository's ensemble loads
+    (:mod:`specbuild.triton_repo.models.llmapi_front`), laid out as TensorRT-LLM's own ``llmapi``
+    model's (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml) less its ``triton_config``."""
     return {
         "model": str(model_dir),
         "backend": "pytorch",
         "tensor_parallel_size": p.tp_size,
         "pipeline_parallel_size": p.pp_size,
         **options,
-        "triton_config": {"max_batch_size": 0, "decoupled": False},
     }
 
 

@@ -256,7 +256,7 @@ def run_trtllm(
     s = loaded.recipe.serve
     with staging_dir(repo_dir) as tmp:
         if plan.backend == "pytorch":
-            write_llmapi_repository(plan, tmp, final_dir=repo_dir)
+            write_llmapi_repository(loaded, plan, tmp, final_dir=repo_dir)
         else:
             try:
                 end_id, pad_id = special_ids(plan.tokenizer_dir)

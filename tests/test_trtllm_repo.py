@@ -177,12 +177,14 @@ def test_single_gpu_launch_is_leader_mode_and_gpu_ids_render(tmp_path):
 
 
 def test_llmapi_repository_for_the_pytorch_path(tmp_path):
-    plan = plan_pytorch(llama("llama-eagle3"), tmp_path)
-    repo = write_llmapi_repository(plan, tmp_path / "repo")
-    model_yaml = (repo / "tensorrt_llm" / "1" / "model.yaml").read_text()
-    assert "decoding_type: Eagle3" in model_yaml and "${" not in model_yaml
-    launch = (repo / "launch.sh").read_text()
-    assert "llmapi/tensorrt_llm/config.pbtxt" in launch and "--no-mpi" in launch
+    loaded = llama("llama-eagle3")
+    plan = plan_pytorch(loaded, tmp_path)
+    repo = write_llmapi_repository(loaded, plan, tmp_path / "repo")
+    model_yaml = (repo / "ensemble" / "1" / "model.yaml").read_text()
+    assert "decoding_type: Eagle\n" in model_yaml and "${" not in model_yaml  # planned for the recipe's 1.2.1
+    assert parse(repo / "ensemble" / "config.pbtxt").backend == "python"
+    assert not (repo / "tensorrt_llm").exists()  # TensorRT-LLM's text-only llmapi model is not used
+    assert (repo / "launch.sh").read_text().splitlines()[-1].startswith("tritonserver --model-repository ")
 
 
 @pytest.mark.parametrize("speculation", [

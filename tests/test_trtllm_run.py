@@ -202,7 +202,7 @@ def test_pytorch_path_writes_the_llmapi_repository_and_checks_the_draft(gpu_box)
 
     plan = plan_pytorch(loaded, root / "out")
     result = run_trtllm(loaded, plan, root / "out/triton_repo", status=lambda _: None, log=lambda _: None, env=env)
-    assert result.record.ran == {} and (root / "out/triton_repo/tensorrt_llm/1/model.yaml").is_file()
+    assert result.record.ran == {} and (root / "out/triton_repo/ensemble/1/model.yaml").is_file()
     assert "decoding_type: DraftTarget" in (root / "out/extra_llm_api_options.yaml").read_text()
     (root / "recipe/draft/config.json").write_text(json.dumps({"vocab_size": 100, "eos_token_id": 7}))
     with pytest.raises(RecipeError, match="vocab_size=100 but the target has vocab_size=128"):

@@ -328,9 +328,12 @@ def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> 
     s = loaded.recipe.serve
     repo_dir = Path(os.path.abspath(repo_dir))
     if plan.backend == "pytorch":
-        argv = llmapi_launch_command(repo_dir)
-        return [f"repository {repo_dir} (Triton llmapi model, TensorRT-LLM >= 1.0)",
-                f"  file {repo_dir / 'tensorrt_llm/1/model.yaml'} (= model.yaml above; config.pbtxt and model.py copied by launch.sh)",
+        argv = llmapi_launch_command(repo_dir, host=s.host, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
+        model = llmapi_model(loaded, plan)
+        return [f"repository {repo_dir} (specbuild's ensemble over tensorrt_llm.LLM: output_ids and acceptance counts)",
+                f"  file {repo_dir / 'ensemble/config.pbtxt'} (backend python: {LLMAPI_MODULE})",
+                *(f"      {key} = {value}" for key, value in model.parameters.items()),
+                f"  file {repo_dir / 'ensemble/1/model.yaml'} (= model.yaml above)",
                 f"  file {repo_dir / 'launch.sh'}", f"launch: $ {shlex.join(argv)}"]
     spec = repo_spec_for(loaded, plan, end_id=0, pad_id=0)
     argv = launch_command(spec, repo_dir, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
@@ -415,33 +418,52 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     )
 
 
-DEFAULT_LLMAPI_MODEL = Path("/app/all_models/llmapi/tensorrt_llm")
+# The PyTorch path's ensemble: the reference interface over tensorrt_llm.LLM
+# (:mod:`specbuild.triton_repo.models.llmapi_front`); no lookahead inputs (no such LLM-API path).
+LLMAPI_INPUT_NAMES = ("text_input", "max_tokens", "end_id", "pad_id", "num_draft_tokens", "return_perf_metrics",
+                      "exclude_input_in_output", "temperature", "top_k", "top_p", "seed")
+LLMAPI_MODULE = "specbuild.triton_repo.models.llmapi_front"
+TRITONSERVER = "tritonserver"  # on PATH in the tritonserver:<yy.mm>-trtllm-python-py3 image (/opt/tritonserver/bin)
 
 
-def llmapi_launch_command(repo_dir: Path) -> list[str]:
-    """launch_triton_server.py for the ``llmapi`` repository: one Triton process (``--no-mpi``);
-    the LLM API spawns its own tp * pp workers from model.yaml."""
-    return ["python3", str(DEFAULT_LAUNCH_SCRIPT), "--world_size", "1", "--model_repo", str(repo_dir), "--no-mpi"]
+def llmapi_model(loaded: LoadedRecipe, plan: TrtllmPlan) -> ModelConfig:
+    """``ensemble`` for the PyTorch path: a Python model over ``tensorrt_llm.LLM`` with the reference
+    ensemble's tensors (names, types, dims), one instance; Triton's dynamic batching hands it the
+    queued requests together and it passes them to ``LLM.generate`` as one list."""
+    r = loaded.recipe
+    reference = reference_models(ReferenceRepoSpec(engine_dir=plan.tokenizer_dir, end_id=0, pad_id=0, max_batch_size=r.build.max_batch_size))[0]
+    max_draft_len = r.speculation.max_draft_len if r.speculation.method != "none" else 0
+    return ModelConfig(
+        name="ensemble", backend="python", max_batch_size=r.build.max_batch_size,
+        inputs=tuple(t for t in reference.inputs if t.name in LLMAPI_INPUT_NAMES),
+        outputs=tuple(t for t in reference.outputs if t.name in FRONT_OUTPUT_NAMES),
+        parameters={"max_draft_len": str(max_draft_len),
+                    "baseline": _b(bool(getattr(r.build, "baseline_engine", False)) and r.speculation.method != "none")},
+        dynamic_batching=DynamicBatching(),
+    )
 
 
-def write_llmapi_repository(plan: TrtllmPlan, repo_dir: Path, *, upstream_model: Path = DEFAULT_LLMAPI_MODEL, final_dir: Path | None = None) -> Path:
-    """The PyTorch-path repository: Triton's ``llmapi`` model with the plan's ``model.yaml``.
+def llmapi_launch_command(repo_dir: Path, *, host: str, http_port: int, grpc_port: int, metrics_port: int) -> list[str]:
+    """``tritonserver`` on the PyTorch-path repository: one process; the LLM API spawns its own
+    tp * pp workers from model.yaml."""
+    return [TRITONSERVER, "--model-repository", str(repo_dir), "--http-address", host, "--grpc-address", host,
+            "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
 
-    ``config.pbtxt`` and ``1/model.py`` are TensorRT-LLM's own (copied from ``upstream_model`` in the
-    container by ``launch.sh``); its outputs include acceptance_rate / total_accepted_draft_tokens /
-    total_draft_tokens.
+
+def write_llmapi_repository(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path, *, final_dir: Path | None = None) -> Path:
+    """The PyTorch-path repository: ``ensemble`` (config.pbtxt, a shell model.py importing
+    :mod:`specbuild.triton_repo.models.llmapi_front`, and the plan's ``model.yaml``) and ``launch.sh``.
+
+    ``final_dir``: where the repository will live when ``repo_dir`` is a staging directory.
     """
-    model_yaml = next(f for f in plan.files if f.path.name == "model.yaml")
-    version_dir = repo_dir / "tensorrt_llm" / "1"
+    s = loaded.recipe.serve
+    model = llmapi_model(loaded, plan)
+    version_dir = repo_dir / model.name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
-    (version_dir / "model.yaml").write_text(model_yaml.text)
-    final = final_dir or repo_dir
-    src = shlex.quote(str(upstream_model))
-    dst = shlex.quote(str(final / "tensorrt_llm"))
-    argv = llmapi_launch_command(final)
-    text = ("#!/usr/bin/env bash\n# Generated by specbuild: run inside the TensorRT-LLM Triton container.\nset -euo pipefail\n"
-            f"cp {src}/config.pbtxt {dst}/config.pbtxt\n"
-            f"cp -n {src}/1/*.py {dst}/1/\n" + shlex.join(argv) + "\n")
-    (repo_dir / "launch.sh").write_text(text)
+    (repo_dir / model.name / "config.pbtxt").write_text(render(model))
+    (version_dir / "model.py").write_text(SHELL.format(version="trtllm", module=LLMAPI_MODULE))
+    (version_dir / "model.yaml").write_text(next(f for f in plan.files if f.path.name == "model.yaml").text)
+    argv = llmapi_launch_command(final_dir or repo_dir, host=s.host, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
+    (repo_dir / "launch.sh").write_text(launch_script_text(argv))
     (repo_dir / "launch.sh").chmod(0o755)
     return repo_dir
