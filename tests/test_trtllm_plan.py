@@ -33,7 +33,8 @@ EX = "/app/examples"
 
 # Reference flag sets, copied by hand from the upstream argparse/click definitions (NVIDIA/TensorRT-LLM);
 # each names the file and the commit it was read at (1.x trees, engine path present).
-# tensorrt_llm/commands/build.py parse_arguments() @ 008b2b8d + tensorrt_llm/plugin/plugin.py add_plugin_argument
+# tensorrt_llm/commands/build.py parse_arguments() @ 008b2b8d (the only stored copy of build.py; re-read at the
+# v1.2.1 tag when a full checkout is at hand) + tensorrt_llm/plugin/plugin.py add_plugin_argument
 TRTLLM_BUILD_FLAGS = {
     "--checkpoint_dir", "--model_config", "--build_config", "--output_dir", "--max_batch_size", "--max_input_len",
     "--max_seq_len", "--max_beam_width", "--max_num_tokens", "--opt_num_tokens", "--workers", "--log_level",

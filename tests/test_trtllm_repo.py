@@ -25,11 +25,11 @@ from tritonclient.grpc import model_config_pb2
 from upstream_trtllm import BACKEND_PARAMETERS, KNOWN_PARAMETERS, replay_parameter_reading
 
 DECODING_MODES = set(BACKEND_PARAMETERS["decoding_mode"].choices)
-# scripts/launch_triton_server.py (triton-inference-server/tensorrtllm_backend c2e65b8, 2025-05; now
-# NVIDIA/TensorRT-LLM triton_backend/scripts/)
+# triton_backend/scripts/launch_triton_server.py parse_arguments() (NVIDIA/TensorRT-LLM 0a2e2c1f)
 LAUNCH_FLAGS = {"--world_size", "--tritonserver", "--grpc_port", "--http_port", "--metrics_port", "--force", "--log",
                 "--log-file", "--no-mpi", "--model_repo", "--tensorrt_llm_model_name", "--multi-model",
-                "--disable-spawn-processes", "--multimodal_gpu0_cuda_mem_pool_bytes", "--oversubscribe"}
+                "--disable-spawn-processes", "--multimodal_gpu0_cuda_mem_pool_bytes", "--oversubscribe",
+                "--trtllm_llmapi_launch", "--exit_timeout"}
 ENGINE_RECIPES = ("llama-draft", "llama-eagle", "llama-lookahead", "llama-medusa")
 
 

@@ -296,7 +296,7 @@ def orchestrator_mode(spec: TrtllmRepoSpec) -> bool:
 
 def launch_command(spec: TrtllmRepoSpec, repo_dir: Path, *, http_port: int, grpc_port: int, metrics_port: int,
                    launch_script: Path = DEFAULT_LAUNCH_SCRIPT) -> list[str]:
-    """scripts/launch_triton_server.py for this repository (tensorrtllm_backend c2e65b8).
+    """scripts/launch_triton_server.py for this repository (NVIDIA/TensorRT-LLM triton_backend/scripts, 0a2e2c1f).
 
     One engine model: leader mode, ``--world_size`` = tp * pp (mpirun starts one tritonserver per
     rank). Several (draft-target, baseline engine): orchestrator mode, ``--multi-model`` with
