@@ -9,6 +9,8 @@ repository, configs and ``model.yaml`` the plan really writes.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -111,7 +113,7 @@ def test_repository_parses_and_keeps_the_reference_interface(tiny_checkpoint, tm
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_verify_compares_token_ids_on_a_pytorch_path_repository(tiny_checkpoint, tmp_path):
-    """``specbuild verify``'s own function against the generated repository in a real tritonserver."""
+    """``specbuild verify`` (its function, then the command) against the generated repository in a real tritonserver."""
     from specbuild.client.prompts import load_prompts
     from specbuild.client.sdk import RequestError, SpecClient
     from specbuild.client.verify import verify
@@ -127,6 +129,12 @@ def test_verify_compares_token_ids_on_a_pytorch_path_repository(tiny_checkpoint,
             report = verify(client, load_prompts("humaneval:2"), max_tokens=24, end_id=-1)
             with pytest.raises(RequestError, match="fixes the draft length"):
                 client.generate("def add(a, b):", max_tokens=8, num_draft_tokens=2)
+        cli = subprocess.run([sys.executable, "-m", "specbuild.cli", "verify", "--url", server.grpc_url, "--prompts", "humaneval:1",
+                              "--max-tokens", "12", "--end-id", "-1", "--report", str(tmp_path / "report.json")],
+                             capture_output=True, text=True, timeout=300)
+    summary = json.loads((tmp_path / "report.json").read_text())["summary"]
+    assert cli.returncode == 0, cli.stderr
+    assert summary["all_match"] and 0 < summary["total_accepted_draft_tokens"] < summary["total_draft_tokens"]
     assert report.all_match and len(report.results) == 2, [r.divergence for r in report.results if not r.match]
     assert 0 < report.total_accepted_draft_tokens < report.total_draft_tokens  # the stand-in's draft is wrong every third token
     assert all(len(r.speculative.output_ids) == 24 for r in report.results)
