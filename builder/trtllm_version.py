@@ -49,6 +49,7 @@ class TrtllmVersion:
 ENGINE_PATH_LAST = TrtllmVersion(1, 2, 99)  # the engine path ships in <= 1.2.x
 PYTORCH_PATH_FIRST = TrtllmVersion(1, 0, 0)
 EAGLE3_NAME_FIRST = TrtllmVersion(1, 3, 0)  # older LLM APIs spell EAGLE-3 as decoding_type "Eagle"
+RENAMED_IN_1_3 = {"DraftTarget": "Draft_Target"}  # llm_args.py 1.3 line: DraftTargetDecodingConfig's Literal
 
 
 def parse_version(text: str) -> TrtllmVersion:
@@ -128,11 +129,12 @@ def llm_api_decoding_type(decoding_type: str, version: str) -> str:
     """The ``decoding_type`` string the LLM API of ``version`` accepts.
 
     Example: ``"Eagle3"`` -> ``"Eagle"`` for 1.0-1.2 (``DecodingBaseConfig.from_dict`` has no
-    ``Eagle3`` key there; its PyTorch backend treats ``Eagle`` as EAGLE-3), ``"Eagle3"`` from 1.3.
+    ``Eagle3`` key there; its PyTorch backend treats ``Eagle`` as EAGLE-3), ``"Eagle3"`` from 1.3;
+    ``"DraftTarget"`` -> ``"Draft_Target"`` from 1.3 (that line's ``decoding_type`` literal).
     """
-    if decoding_type == "Eagle3" and parse_version(version) < EAGLE3_NAME_FIRST:
-        return "Eagle"
-    return decoding_type
+    if parse_version(version) < EAGLE3_NAME_FIRST:
+        return "Eagle" if decoding_type == "Eagle3" else decoding_type
+    return RENAMED_IN_1_3.get(decoding_type, decoding_type)
 
 
 VersionSource = Literal["installed", "build.trtllm_version", "path default", "unknown"]

@@ -432,3 +432,13 @@ def test_trtllm_version_must_be_a_version_string():
         recipe("  method: ngram\n", "pytorch", build=", trtllm_version: latest")
     with pytest.raises(RecipeError, match=r"build.backend: build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x.*build.trtllm_version: 1.3.0"):
         plan_tensorrt(recipe("  method: lookahead\n", build=", trtllm_version: '1.3.0'"), OUT)
+
+
+def test_draft_target_decoding_type_follows_the_version(tmp_path):
+    """1.2.x registers DraftTarget; the 1.3 line's class literal is Draft_Target."""
+    loaded = recipe("  method: draft_target\n  draft_checkpoint: meta-llama/Llama-3.2-1B-Instruct\n  max_draft_len: 4\n", "pytorch")
+    for version, expected in (("1.2.1", "DraftTarget"), ("1.3.0", "Draft_Target")):
+        config = yaml.safe_load(plan_pytorch(loaded, tmp_path, version=version).files[0].text)["speculative_config"]
+        assert config["decoding_type"] == expected and check_speculative_config(config, version) == []
+    with pytest.raises(RecipeError, match="differs by TensorRT-LLM version"):
+        plan_pytorch(loaded, tmp_path)

@@ -12,9 +12,9 @@ read):
 - ``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`` at
   0c8de69a1ca6213eebb20a51873890ff128666c2;
 - ``tensorrt_llm/llmapi/llm_args.py``: the 1.2 line's ``DecodingBaseConfig.from_dict`` registry
-  (no ``Eagle3``; EAGLE-3 is ``Eagle``) and the current line at
-  0004396720054fd8e205cbf616f21f0b57c6b412 (per-class ``decoding_type: Literal[...]``, ``Eagle3``
-  added, ``speculative_model`` with ``speculative_model_dir`` as an alias).
+  (no ``Eagle3``; EAGLE-3 is ``Eagle``), and the 1.3 line (the stored pre-release copy, and the
+  current line at 0004396720054fd8e205cbf616f21f0b57c6b412): per-class ``decoding_type:
+  Literal[...]``, ``Eagle3`` added, ``speculative_model`` with ``speculative_model_dir`` as an alias.
 
 On a machine with TensorRT-LLM installed, tests/test_trtllm_source.py (``pytest -m
 trtllm_source``) reads the installed ``llm_args.py`` / ``sampling_params.py`` instead.
@@ -218,11 +218,17 @@ LLM_API_1_2: dict[str, frozenset[str]] = {
     "AUTO": _BASE_1_2,
 }
 _BASE_1_3 = (_BASE_1_2 - {"speculative_model_dir"}) | {"speculative_model", "speculative_model_dir", "allow_advanced_sampling"}
-# The current line (llm_args.py @ 0004396): per-class decoding_type Literal; Eagle3 is its own type.
+# The 1.3 line (llm_args.py as stored at the 1.3 pre-release stage, MTP's note "will do nothing in
+# release 1.3"; and at 0004396): one ``decoding_type: Literal[...]`` per class. Eagle3 and PARD are
+# new; DraftTarget and UserProvided are spelled Draft_Target and User_Provided there (the 1.2
+# spellings may be accepted as aliases, DecodingBaseConfig._decoding_type_alias; the alias table was
+# not read, so specbuild writes the canonical spelling for >= 1.3).
+_RENAMED_1_3 = {"DraftTarget": "Draft_Target", "UserProvided": "User_Provided"}
 LLM_API_1_3: dict[str, frozenset[str]] = {
-    **{name: (fields - _BASE_1_2) | _BASE_1_3 for name, fields in LLM_API_1_2.items()},
+    **{_RENAMED_1_3.get(name, name): (fields - _BASE_1_2) | _BASE_1_3 for name, fields in LLM_API_1_2.items()},
     "Eagle": _BASE_1_3 | _EAGLE_1_2 | {"eagle3_model_arch"},
     "Eagle3": _BASE_1_3 | _EAGLE_1_2 | {"eagle3_model_arch"},
+    "PARD": _BASE_1_3 | {"mask_token_id"},
 }
 
 
