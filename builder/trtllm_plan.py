@@ -205,7 +205,10 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
     spec = r.speculation
     problem = capability_error(spec.method, path, version, source)
     if problem:
-        loc = ("speculation", "method") if capability_error(spec.method, path, None) else ("build", "backend")
+        if capability_error(spec.method, path, None):
+            loc = ("speculation", "method")
+        else:
+            loc = ("build", "trtllm_version") if source == "build.trtllm_version" else ("build", "backend")
         raise loaded.error(loc, problem)
     if _build_field(r, "draft_len_schedule", None) and (path != "pytorch" or spec.method == "none"):
         why = "there is no speculation to schedule" if spec.method == "none" else "the engine path has no such option"

@@ -430,7 +430,7 @@ def test_trtllm_version_must_be_a_version_string():
         recipe("  method: ngram\n", "pytorch", build=", trtllm_version: 1.3")
     with pytest.raises(RecipeError, match=r"build.trtllm_version"):
         recipe("  method: ngram\n", "pytorch", build=", trtllm_version: latest")
-    with pytest.raises(RecipeError, match=r"build.backend: build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x.*build.trtllm_version: 1.3.0"):
+    with pytest.raises(RecipeError, match=r"t.yaml:\d+: build.trtllm_version: build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x.*build.trtllm_version: 1.3.0"):
         plan_tensorrt(recipe("  method: lookahead\n", build=", trtllm_version: '1.3.0'"), OUT)
 
 
