@@ -3,7 +3,7 @@ sources, read with ``ast`` (never imported), and the readers themselves.
 
 On a GPU box, inside the NGC container, before building::
 
-    pip install -e '/work[test]' && pytest -m trtllm_source
+    pip install -e /work pytest && cd /work && pytest -m trtllm_source tests/test_trtllm_source.py
 
 Without TensorRT-LLM the ``trtllm_source`` tests skip, saying so; the reader tests below run
 everywhere, on source texts in the two layouts the LLM API has had. (The C++ Triton backend's
@@ -12,6 +12,7 @@ sources are not in the wheel; its parameter reading is test data, tests/upstream
 
 from __future__ import annotations
 
+import ast
 import itertools
 
 import pytest
@@ -21,7 +22,7 @@ from specbuild.builder.recipe import load_recipe
 from specbuild.builder.trtllm_plan import plan_for
 from specbuild.builder.trtllm_version import installed_version, parse_version
 from specbuild.triton_repo.models.llmapi_front import sampling_arguments
-from trtllm_sources import class_fields, decoding_registry, draft_len_schedule_validator, package_dir, read
+from trtllm_sources import class_fields, class_members, decoding_registry, draft_len_schedule_validator, package_dir, read
 from upstream_trtllm import LLM_API_1_2, LLM_API_1_3
 
 ROOT = package_dir()
@@ -73,6 +74,17 @@ def test_sampling_params_has_every_keyword_the_pytorch_path_model_passes():
     fields = class_fields(read("sampling_params.py"), "SamplingParams")
     every = sampling_arguments(8, end_id=2, pad_id=0, temperature=0.5, top_k=4, top_p=0.9, seed=1) | sampling_arguments(8, end_id=-1)
     assert set(every) <= fields
+
+
+@pytest.mark.trtllm_source
+@source_truth
+def test_request_output_has_what_the_pytorch_path_model_reads():
+    """RequestOutput.prompt_token_ids and outputs[i].token_ids / .text / .request_perf_metrics
+    (tensorrt_llm/executor/result.py)."""
+    source = read("executor/result.py")
+    assert {"token_ids", "text", "request_perf_metrics"} <= class_members(source, "CompletionOutput")
+    request_output = next(n for n in ast.walk(ast.parse(read("llmapi/llm.py"))) if isinstance(n, ast.ClassDef) and n.name == "RequestOutput")
+    assert "prompt_token_ids" in ast.unparse(request_output)  # a field, property or attribute set there
 
 
 @pytest.mark.trtllm_source

@@ -48,6 +48,13 @@ def class_fields(source: str, name: str) -> set[str]:
     return fields - {"decoding_type"}
 
 
+def class_members(source: str, name: str) -> set[str]:
+    """:func:`class_fields` plus the class's methods and properties (e.g. a ``token_ids`` property)."""
+    cls = _classes(ast.parse(source)).get(name)
+    methods = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))} if cls is not None else set()
+    return class_fields(source, name) | methods
+
+
 def decoding_registry(source: str) -> dict[str, str]:
     """``decoding_type`` value -> config class name, from ``llm_args.py``: the 1.2 line's
     ``DecodingBaseConfig.from_dict`` ``config_classes`` dict, or the later per-class
@@ -93,4 +100,4 @@ def read(relative: str) -> str:
     return (root / relative).read_text()
 
 
-__all__ = ["class_fields", "decoding_registry", "draft_len_schedule_validator", "package_dir", "read"]
+__all__ = ["class_fields", "class_members", "decoding_registry", "draft_len_schedule_validator", "package_dir", "read"]
