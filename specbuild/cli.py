@@ -49,7 +49,8 @@ def main() -> None:
 @click.option("--output-dir", "-o", help="Where the engine, repository, logs and report go [./specbuild-out/NAME].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit without doing any work.")
 @click.option("--rebuild", is_flag=True, help="Rebuild the engine even if its inputs are unchanged.")
-def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: bool) -> None:
+@click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
+def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: bool, trtllm_version: str | None) -> None:
     """Build, serve and verify RECIPE (a path or a bundled recipe name).
 
     Converts the target checkpoint, builds the engine with speculation enabled, generates a Triton
@@ -65,7 +66,7 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
     from specbuild.cli_display import run_with_progress
     from specbuild.triton_repo.server import stop_signals_interrupt
 
-    loaded = _load(recipe)
+    loaded = _with_trtllm_version(_load(recipe), trtllm_version)
     paths = _paths(loaded, output_dir)
     if dry_run:
         _plan(loaded, paths)
@@ -81,10 +82,30 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
 @main.command("plan")
 @click.argument("recipe")
 @click.option("--output-dir", "-o", help="Output directory the plan refers to [./specbuild-out/NAME].")
-def plan_command(recipe: str, output_dir: str | None) -> None:
-    """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run)."""
-    loaded = _load(recipe)
+@click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
+def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None) -> None:
+    """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run).
+
+    TensorRT-LLM recipes are planned for the installed TensorRT-LLM, else build.trtllm_version /
+    --trtllm-version, else the path's default (engine path: 1.2.x); the header says which.
+
+    \b
+    Examples:
+      specbuild plan llama-eagle
+      specbuild plan llama-eagle3 --trtllm-version 1.3.0
+    """
+    loaded = _with_trtllm_version(_load(recipe), trtllm_version)
     _plan(loaded, _paths(loaded, output_dir))
+
+
+def _with_trtllm_version(loaded, version: str | None):
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.builder.trtllm_plan import with_trtllm_version
+
+    try:
+        return with_trtllm_version(loaded, version)
+    except RecipeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--trtllm-version") from None
 
 
 def _plan(loaded, paths) -> None:
