@@ -97,15 +97,16 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
       specbuild recipe recipes/smollm2-ngram.yaml --dry-run
       specbuild recipe my-recipe.yaml -o /tmp/out
     """
-    from specbuild.cli_display import run_with_progress
-    from specbuild.triton_repo.server import stop_signals_interrupt
-
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
     if dry_run:
         _plan(loaded, paths)
         return
+    _check(loaded)  # what plan checks, before importing the server and display modules
     _warn(loaded)
+    from specbuild.cli_display import run_with_progress
+    from specbuild.triton_repo.server import stop_signals_interrupt
+
     with stop_signals_interrupt():
         summary = run_with_progress(_console(), loaded, paths, rebuild=rebuild)
     if summary.next_steps:  # TensorRT-LLM path: built; serving happens in the Triton container
