@@ -705,7 +705,7 @@ def _tensorrt_llm_spellings(data: dict, lines: dict, path: Path) -> tuple[dict, 
     method = spec.get("method")
     if isinstance(method, str):
         spec["method"] = method_spellings().get(method.lower(), method)
-    field = DRAFT_PATH_FIELD.get(spec.get("method"))
+    field = DRAFT_PATH_FIELD.get(spec["method"]) if isinstance(spec.get("method"), str) else None
     if field is not None:
         for alias in (*DRAFT_PATH_ALIASES, f"{field}_dir"):
             if alias in spec:

@@ -69,19 +69,33 @@ def read_recipe_text(path: Path) -> str:
         ) from None
 
 
+MAX_DEPTH = 32  # a recipe nests 4 levels (speculation.eagle_choices[i][j])
+
+
 class _RecipeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing aliases at their line instead of expanding them."""
+    """PyYAML's safe loader, refusing aliases at their line instead of expanding them, and nesting
+    deeper than :data:`MAX_DEPTH` (PyYAML composes recursively: 5000 ``[`` would overflow the stack)."""
+
+    depth = 0
 
     def compose_node(self, parent, index):  # noqa: ANN001 (PyYAML's signature)
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
             raise yaml.MarkedYAMLError(
                 None, None,
                 f"alias *{event.anchor} is not allowed in a recipe (aliases can expand a small file into gigabytes); "
                 "write the value out in full",
                 event.start_mark,
             )
-        return super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:
+            raise yaml.MarkedYAMLError(
+                None, None, f"nested more than {MAX_DEPTH} levels deep; a recipe needs 4 at most", event.start_mark,
+            )
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def parse_recipe_yaml(text: str, path: Path) -> RecipeDocument:

@@ -92,6 +92,10 @@ def test_alias_bomb_is_refused_at_the_first_alias_in_milliseconds(tmp_path):
     assert "write the value out in full" in err
 
 
+def test_deep_nesting_is_refused_before_it_overflows_the_stack(tmp_path):
+    refuse(tmp_path, "name: " + "[" * 5000 + "]" * 5000 + "\n", "{path}:1: invalid YAML: nested more than 32 levels deep")
+
+
 def test_oversized_file_is_not_parsed(tmp_path):
     refuse(tmp_path, GOOD + "#" * (300 * 1024) + "\n", "is too large for a recipe (the limit is 256 KiB")
 
