@@ -653,7 +653,7 @@ def parse_recipe(text: str, path: Path) -> LoadedRecipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_format_validation(path, lines, exc, data)) from None
+        raise RecipeError(_format_validation(path, lines, exc)) from None
     return LoadedRecipe(recipe=recipe, path=path, lines=lines)
 
 
@@ -669,8 +669,9 @@ DRAFT_PATH_ALIASES = ("speculative_model_dir", "speculative_model")
 
 
 def method_spellings() -> dict[str, str]:
-    """Accepted ``speculation.method`` spellings (lower-cased) -> method: ours and TensorRT-LLM's
-    ``decoding_type`` names, e.g. ``{"ngram": "ngram", "draftttarget": ...}``; ``NGram`` -> ``ngram``."""
+    """Accepted ``speculation.method`` spellings, lower-cased, -> method: ours and TensorRT-LLM's
+    ``decoding_type`` names, e.g. ``{"ngram": "ngram", "draft_target": "draft_target", "draftarget": "draft_target"}``
+    (so ``NGram`` and ``DraftTarget`` are read as ``ngram`` and ``draft_target``)."""
     spellings = {name: name for name in speculation_methods()}
     for name, model in speculation_methods().items():
         if model.decoding_type is not None:
@@ -744,9 +745,9 @@ FOREIGN_KEYS = {
 }
 
 
-def _format_validation(path: Path, lines: dict[tuple, int], exc: ValidationError, data: dict | None = None) -> str:
+def _format_validation(path: Path, lines: dict[tuple, int], exc: ValidationError) -> str:
     errors = exc.errors(include_url=False)
-    located = [_describe(err, data) for err in errors]
+    located = [_describe(err) for err in errors]
     # A misspelt key (chekpoint -> checkpoint) also makes its field "missing": say the typo, not both.
     suggested = {loc[:-1] + (hint,) for loc, _, hint in located if hint}
     located = [item for item, err in zip(located, errors) if not (err["type"] == "missing" and item[0] in suggested)]
@@ -755,7 +756,7 @@ def _format_validation(path: Path, lines: dict[tuple, int], exc: ValidationError
     return "invalid recipe:\n  " + "\n  ".join(messages)
 
 
-def _describe(err: dict[str, Any], data: dict | None) -> tuple[tuple, str, str | None]:
+def _describe(err: dict[str, Any]) -> tuple[tuple, str, str | None]:
     """``(field path, message with its fix, suggested key for an unknown key or None)`` for one pydantic error."""
     loc = _strip_tags(err["loc"])
     message = err["msg"].removeprefix("Value error, ")
