@@ -122,18 +122,22 @@ def check_recipe(loaded: LoadedRecipe) -> None:
 
 
 def cuda_device_present() -> bool:
-    """Whether this machine shows an NVIDIA GPU, from the file system only (importing torch to ask
-    takes seconds): ``/dev/nvidia0``... on Linux (``/dev/dxg`` under WSL), else ``nvidia-smi`` on PATH;
-    ``CUDA_VISIBLE_DEVICES`` set to empty or ``-1`` hides them."""
+    """Whether this machine may have an NVIDIA GPU, from the file system only (importing torch to ask
+    takes seconds): a ``/dev/nvidia0``... device, ``/dev/dxg`` (WSL), a GPU under
+    ``/proc/driver/nvidia/gpus``, or ``nvidia-smi`` on PATH. ``CUDA_VISIBLE_DEVICES`` set to empty or
+    ``-1`` hides them. Errs towards True: a false "no GPU" would refuse a recipe that runs."""
     import os
     import shutil
-    import sys
 
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
-    if sys.platform.startswith("linux"):
-        return any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/dxg").exists()
-    return shutil.which("nvidia-smi") is not None
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return (
+        any(Path("/dev").glob("nvidia[0-9]*"))
+        or Path("/dev/dxg").exists()
+        or (gpus.is_dir() and any(gpus.iterdir()))
+        or shutil.which("nvidia-smi") is not None
+    )
 
 
 def _check_device(loaded: LoadedRecipe) -> None:
