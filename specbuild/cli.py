@@ -142,13 +142,14 @@ def _plan(loaded, paths, *, as_json: bool = False) -> None:
     from specbuild.cli_display import print_plan
     from specbuild.pipeline import plan_json, plan_lines
 
+    from specbuild.builder.recipe import recipe_warnings
+
     _check(loaded)
-    warnings = _warn(loaded)
     try:
-        if as_json:
-            click.echo(json.dumps(plan_json(loaded, paths, plan_lines(loaded, paths), warnings), indent=2))
+        if as_json:  # stdout is the JSON alone; the warnings are in it and on stderr
+            click.echo(json.dumps(plan_json(loaded, paths, plan_lines(loaded, paths), _warn(loaded)), indent=2))
         else:
-            print_plan(_console(), loaded, paths, warnings)
+            print_plan(_console(), loaded, paths, recipe_warnings(loaded))
     except RecipeError as exc:
         raise bad_input(str(exc)) from None
 
