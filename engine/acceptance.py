@@ -191,9 +191,13 @@ class TreeAcceptance:
 def accept_tree_greedy(tree: SpecTree, tree_tokens: Sequence[int], target_tokens: Sequence[int]) -> TreeAcceptance:
     """Greedy tree acceptance: the longest root-to-node path whose every token is the target's argmax at its parent.
 
-    Equivalent to Medusa's greedy ``evaluate_posterior`` (longest matching prefix over all leaf paths)
-    when siblings hold distinct tokens; with duplicate siblings the first in node order wins, which emits
-    the same tokens.
+    Medusa's greedy ``evaluate_posterior`` (Cai et al. 2024, §2.1.2: the longest matching prefix over
+    all leaf paths); among equally long paths the first in node order wins. Siblings may hold the same
+    token (lookahead's candidates share first tokens), so every matching child is explored.
+
+    Example: tree ``[[0], [1], [1, 0]]``, tokens ``[r, a, a, b]``, target argmax ``[a, x, b, y]``: node 1
+    matches but has no child, node 2 matches and its child 3 (``b``) matches too -> accepted nodes
+    ``[2, 3]``, tokens ``[a, b]``, bonus ``y``.
 
     Args:
         tree_tokens: ``[num_nodes + 1]`` token per index, ``tree_tokens[0]`` the root.
@@ -207,12 +211,14 @@ def accept_tree_greedy(tree: SpecTree, tree_tokens: Sequence[int], target_tokens
         raise ValueError(
             f"need {size} tree tokens and target tokens, got {len(tree_tokens)} and {len(target_tokens)}"
         )
-    nodes: list[int] = []
-    current = 0
-    while True:
-        match = next((c for c in tree.children[current] if tree_tokens[c] == target_tokens[current]), None)
-        if match is None:
-            break
-        nodes.append(match)
-        current = match
-    return TreeAcceptance(nodes, [int(tree_tokens[n]) for n in nodes], int(target_tokens[current]))
+    best: list[int] = []
+    stack: list[list[int]] = [[]]  # paths below the root, explored depth first in node order
+    while stack:
+        path = stack.pop()
+        if len(path) > len(best):
+            best = path
+        parent = path[-1] if path else 0
+        matches = [c for c in tree.children[parent] if tree_tokens[c] == target_tokens[parent]]
+        stack.extend([*path, c] for c in reversed(matches))
+    last = best[-1] if best else 0
+    return TreeAcceptance(best, [int(tree_tokens[n]) for n in best], int(target_tokens[last]))

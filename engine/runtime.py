@@ -1,57 +1,37 @@
-"""ReferenceEngine: greedy or sampled decoding with a KV cache and draft-then-verify speculation.
+"""ReferenceEngine: greedy or sampled decoding with draft-then-verify speculation, batched in flight.
 
-Every decoding path is a step generator (:meth:`ReferenceEngine.generate_stream`, one
-:class:`~specbuild.engine.stream.StepOutput` per target pass); :meth:`ReferenceEngine.generate`
-collects it, so a streamed request's tokens concatenate to the non-streamed output by construction,
-and :class:`~specbuild.engine.scheduler.Scheduler` interleaves several requests' steps (in-flight
-batching by time-slicing: each step is one sequence's own forward pass).
+The engine loads the target (transformers' own model) and the method's extra weights once; every
+request becomes a :class:`~specbuild.engine.worker.InflightRequest` (validated fields, a per-request
+:class:`~specbuild.engine.drafters.Drafter`, a seeded sampler) that a
+:class:`~specbuild.engine.worker.Worker` advances together with the other requests in flight: one
+target forward per iteration over every row's block (:func:`~specbuild.engine.forward.forward_blocks`),
+each row with its own KV slot (:mod:`~specbuild.engine.kv_pool`). :meth:`ReferenceEngine.generate_stream`
+runs one request in a worker of its own; :class:`~specbuild.engine.scheduler.Scheduler` shares one
+worker among all requests (in-flight batching).
 
-Each decoding iteration (Leviathan et al. 2023, §2.3, greedy case)::
+Each decoding iteration of one row (Leviathan et al. 2023, §2.3; SpecInfer tree attention, Miao et
+al. 2024, §4 for trees)::
 
-    context      = prompt + emitted            cache holds context[:-1]
-    draft        = proposer.propose(context, k)                       k tokens
-    target       = verify([context[-1], *draft])                      k + 1 tokens, one forward pass
-    accepted     = longest draft prefix == target;  bonus = target[len(accepted)]
-    cache        = rollback(cache, len(context) + len(accepted))      drop rejected drafts
-    emit accepted + [bonus]  (clipped at max_tokens and after end_id)
+    context      = prompt + emitted            KV slot holds context[:-1]
+    block        = drafter.draft(context)      [root = context[-1], drafts..., extra rows]
+    target       = one pass over the block     (batched with the other rows)
+    accepted     = longest path of the verification tree the target agrees with (greedy), or
+                   speculative sampling along a chain (sampled); bonus = target's next token
+    KV slot      = keep root + accepted path   (a chain: roll back the rejected drafts)
+    emit accepted + [bonus]  (clipped at max_tokens and after end_id); drafter.update(...)
 
     positions:   | context[:-1] | last | d0 d1 d2 |      k = 3, 2 accepted
-    cache after verify:  len(context) + 3   ->  rollback to len(context) + 2
-    emitted: d0 d1 t2 (t2 = bonus, not yet in the cache: it is the next step's ``last``)
+    slot after verify:  len(context) + 3   ->  keep len(context) + 2
+    emitted: d0 d1 t2 (t2 = bonus, not yet in the cache: it is the next step's root)
 
-Tree methods (Medusa, Cai et al. 2024) verify a token tree instead of a chain; greedy only::
+The blocks by method (:mod:`~specbuild.engine.drafters`): plain decoding and ``num_draft_tokens=0``
+a one-token block; n-gram and draft-target a chain of ``k`` drafts; EAGLE-3 (Li et al. 2025) a chain
+from fused target layers; Medusa (Cai et al. 2024) and EAGLE-1/2 (Li et al. 2024) a token tree cut to
+``k`` nodes; lookahead (Fu et al. 2024) its n-gram candidates plus the Jacobi window as extra rows.
 
-    prefill      = prompt -> first token + the target's final-norm hidden state h that produced it
-    tree         = proposer's tree cut to num_draft_tokens nodes (first k in node order) and to the
-                   depth max_tokens still allows (remaining - 1)
-    tree tokens  = proposer.propose_tree(context, h, tree)               1 + n tokens, root = context[-1]
-    target       = tree_forward(tree tokens)          one pass, tree attention mask (tree_verify)
-    accepted     = longest root-to-node path matching the target (accept_tree_greedy); bonus after it
-    cache        = compact(prefix + root + accepted path);  h = hidden state at the path's last node
-    emit accepted + [bonus]  (clipped at max_tokens and after end_id)
-
-EAGLE (Li et al. 2024; ``"feature_tree"``) verifies a tree the same way, but its head reads the
-target's features of EVERY accepted position, so the proposer is fed after each step; greedy only::
-
-    prefill      = prompt -> first token + features [T, H];  head state += (features, prompt[1:] + first)
-    tree         = static (first num_draft_tokens nodes) or EAGLE-2 dynamic (num_draft_tokens best nodes),
-                   at most remaining - 1 deep
-    step         = eagle_step: propose, tree_forward, accept_tree_greedy, compact the target cache
-    head state  += (features at [root, *accepted path], accepted + [bonus])
-
-EAGLE-3 (Li et al. 2025; ``"feature_chain"``) drafts a chain from the fusion of three target layers;
-its module has the step loop (:func:`~specbuild.engine.methods.eagle3.feature_chain_steps`):
-a chain verification whose target pass also returns the captured layers, fed to the head after each
-step; ``num_draft_tokens`` caps the chain.
-
-Lookahead (Fu et al. 2024; ``"lookahead"``) has no proposer: greedy requests with ``num_draft_tokens >
-0`` run :func:`~specbuild.engine.lookahead_decode.lookahead_steps` with the request's
-``lookahead_config`` ``(w, n, g)`` (default: the built ``(W, N, G)``; ``(1, 1, 0)``: plain decoding).
-
-Sampled requests (``temperature > 0``) run the same loop with the target's ``[k + 1, vocab]``
-distributions instead of its argmax, and speculative sampling instead of token matching
-(:func:`~specbuild.engine.acceptance.accept_speculative`): the output is distributed exactly as
-plain sampling from the target. Methods marked ``greedy_only`` (Medusa, EAGLE, EAGLE-3, Lookahead) refuse
+Sampled requests (``temperature > 0``) verify chains with speculative sampling
+(:func:`~specbuild.engine.acceptance.accept_speculative`): the output is distributed exactly as plain
+sampling from the target. Methods marked ``greedy_only`` (Medusa, EAGLE, EAGLE-3, Lookahead) refuse
 sampled requests.
 """
 
@@ -65,18 +45,23 @@ from typing import Any
 import torch
 
 from . import target as target_model
-from .acceptance import Acceptance, accept_greedy, accept_speculative
-from .eagle_decode import feature_tree_steps
-from .kv_cache import rollback
-from .lookahead_decode import lookahead_steps
-from .medusa_decode import tree_steps
+from .drafters import (
+    ChainDrafter,
+    Drafter,
+    FeatureChainDrafter,
+    FeatureTreeDrafter,
+    LookaheadDrafter,
+    PlainDrafter,
+    TreeDrafter,
+)
+from .forward import check_mask_attention
 from .methods import SpeculativeMethod, get_method
-from .methods.base import Draft, MethodContext, Proposer, as_draft
-from .methods.eagle3 import feature_chain_steps
+from .methods.base import MethodContext
 from .sampling import Sampler
-from .stream import DecodeState, StepOutput, Steps, collect
+from .stream import Steps, collect
 from .types import GenerationRequest, GenerationResult, InvalidRequestError
 from .validation import ResolvedRequest, validate_request
+from .worker import InflightRequest, run_alone
 
 
 @dataclass(frozen=True)
@@ -87,6 +72,7 @@ class EngineLimits:
     max_input_len: int
     max_seq_len: int
     max_draft_len: int
+    max_num_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_input_len", "max_seq_len"):
@@ -94,6 +80,24 @@ class EngineLimits:
                 raise ValueError(f"EngineLimits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_draft_len < 0:
             raise ValueError(f"EngineLimits.max_draft_len must be >= 0, got {self.max_draft_len}")
+        if self.max_num_tokens is not None and self.max_num_tokens < self.max_block:
+            raise ValueError(
+                f"EngineLimits.max_num_tokens={self.max_num_tokens} is below one step of one request "
+                f"(1 + max_draft_len = {self.max_block}); raise it or leave it unset"
+            )
+
+    @property
+    def max_block(self) -> int:
+        """The widest block one request brings to an iteration: the root plus ``max_draft_len`` drafts."""
+        return 1 + self.max_draft_len
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        """TensorRT-LLM's ``max_num_tokens``: tokens one iteration may run over all requests; unset ->
+        every request's widest step at once, or the longest prompt (a prefill), whichever is more."""
+        if self.max_num_tokens is not None:
+            return self.max_num_tokens
+        return max(self.max_batch_size * self.max_block, self.max_input_len)
 
 
 class ReferenceEngine:
@@ -132,6 +136,7 @@ class ReferenceEngine:
             context = MethodContext(model, None if base_dir is None else Path(base_dir), trust_remote_code)
             self._method_state = self._method.load(config, context)
         self._vocab_size = int(model.config.get_text_config().vocab_size)
+        check_mask_attention(model)
 
     @classmethod
     def from_pretrained(
@@ -195,7 +200,8 @@ class ReferenceEngine:
             raise FileNotFoundError(f"{config_path} not found: not an engine directory")
         config = json.loads(config_path.read_text())
         build = _require(config, "build_config", config_path)
-        limits = EngineLimits(**{k: _require(build, k, config_path) for k in EngineLimits.__dataclass_fields__})
+        required = ("max_batch_size", "max_input_len", "max_seq_len", "max_draft_len")
+        limits = EngineLimits(**{k: _require(build, k, config_path) for k in required}, max_num_tokens=build.get("max_num_tokens"))
         extra = config.get("specbuild") or {}
         return cls.from_pretrained(
             engine_dir / "target",
@@ -256,13 +262,22 @@ class ReferenceEngine:
         bonus, clipped at ``max_tokens`` / after the end token) with the running counters; the last
         step has ``finish_reason`` set. Concatenating ``token_ids`` gives :meth:`generate`'s output.
 
-        The request is validated now (errors raise here, before any step); each step runs when the
-        iterator is advanced, under ``torch.inference_mode()``, so steps of several requests may be
-        interleaved (:class:`~specbuild.engine.scheduler.Scheduler`). Each request owns its KV cache
-        and proposer state; the engine's weights are shared read-only.
+        The request is validated now (errors raise here, before any step); it then runs alone in a
+        worker of its own (a batch of one), each step when the iterator is advanced. To batch requests,
+        submit them to a :class:`~specbuild.engine.scheduler.Scheduler`.
 
         Example: ``[s.token_ids for s in engine.generate_stream(GenerationRequest(ids, 8))]`` ->
         ``[[412], [9, 77, 5], [31], [8, 8, 2]]`` (1 + 3 + 1 + 3 = 8 tokens, 3 verification steps).
+
+        Raises:
+            InvalidRequestError: as :meth:`prepare`.
+        """
+        seq = self.prepare(request)
+        return run_alone(self._model, seq, max_block=self._limits.max_block)
+
+    def prepare(self, request: GenerationRequest) -> InflightRequest:
+        """Validate ``request`` and make its :class:`~specbuild.engine.worker.InflightRequest` (drafter, sampler),
+        ready for a :class:`~specbuild.engine.worker.Worker`.
 
         Raises:
             InvalidRequestError: a field is out of range (see :func:`validate_request`), the method
@@ -287,7 +302,36 @@ class ReferenceEngine:
         if resolved.num_draft_tokens > 0:
             assert self._method is not None
             self._method.check_prompt(self._method_state, resolved.input_ids)
-        return _InferenceSteps(self._steps(resolved))
+        sampler = None if resolved.sampling is None else Sampler(resolved.sampling, device=self._model.device)
+        return InflightRequest(resolved.input_ids, resolved.max_tokens, resolved.end_id, self._drafter(resolved), sampler)
+
+    @property
+    def model(self) -> Any:
+        """The target model (transformers); the engine's forward passes run through it."""
+        return self._model
+
+    def logit_margins(self, prompt_ids: list[int], output_ids: list[int]) -> tuple[list[float], list[int]]:
+        """The target's top-two logit margin and runner-up token at each position of ``output_ids``.
+
+        One causal pass over ``prompt + output[:-1]`` (fp32 logits); row ``i`` scores the position that
+        produced ``output_ids[i]``. Used to tell a numerical near-tie from a bug at a divergence.
+
+        Returns:
+            ``(margins, runner_up_ids)``, each ``[len(output_ids)]``: ``top1 - top2`` logits and the
+            second most likely token.
+
+        Raises:
+            ValueError: ``output_ids`` is empty.
+        """
+        if not output_ids:
+            raise ValueError("logit_margins needs at least one output token")
+        tokens = [*prompt_ids, *output_ids[:-1]]
+        with torch.inference_mode():
+            logits = target_model.forward_logits(
+                self._model, tokens, target_model.new_cache(self._model), num_logits=len(output_ids)
+            ).float()  # [len(output_ids), vocab]
+            top = logits.topk(2, dim=-1)
+        return (top.values[:, 0] - top.values[:, 1]).tolist(), top.indices[:, 1].tolist()
 
     def _check_lookahead_config(self, window: tuple[int, int, int] | None) -> None:
         """Refuse a ``lookahead_config`` outside the built ``(W, N, G)``, or on an engine without Lookahead."""
@@ -303,103 +347,24 @@ class ReferenceEngine:
         except ValueError as exc:
             raise InvalidRequestError(f"lookahead_config={window!r} is out of range: {exc}") from None
 
-    def _steps(self, request: ResolvedRequest) -> Steps:
-        """The step generator of the request's decoding path (``num_draft_tokens == 0``: plain chain)."""
-        if request.num_draft_tokens == 0:
-            return self._chain_steps(request)
+    def _drafter(self, request: ResolvedRequest) -> Drafter:
+        """The request's drafter: plain for ``num_draft_tokens == 0``, else the method's, capped at ``k``."""
+        k = request.num_draft_tokens
+        if k == 0:
+            return PlainDrafter()
         assert self._method is not None
         verification = self._method.verification
-        ids, k, end_id, max_tokens = request.input_ids, request.num_draft_tokens, request.end_id, request.max_tokens
-        if verification == "chain":
-            return self._chain_steps(request)
-        assert request.sampling is None
+        if verification == "lookahead":  # the request's (w, n, g), None -> the built (W, N, G)
+            return LookaheadDrafter(self._method_state.resolve(request.lookahead_config))
         proposer = self._method.make_proposer(self._method_state)
-        if verification == "tree":  # Medusa: the proposer's tree cut to k nodes
-            return tree_steps(self._model, proposer, ids, max_tokens=max_tokens, tree=proposer.tree.first(k), end_id=end_id)
+        if verification == "chain":
+            return ChainDrafter(proposer, k)
+        if verification == "tree":  # Medusa: the tree's first k nodes
+            return TreeDrafter(proposer, proposer.tree.first(k))
         if verification == "feature_tree":  # EAGLE: trees of at most k nodes
-            return feature_tree_steps(self._model, proposer.capped(k), ids, max_tokens=max_tokens, end_id=end_id)
-        if verification == "feature_chain":  # EAGLE-3: chains of at most k drafts
-            return feature_chain_steps(self._model, proposer, ids, max_tokens=max_tokens, num_draft_tokens=k, end_id=end_id)
-        assert verification == "lookahead"  # the request's (w, n, g), None -> the built (W, N, G)
-        params = self._method_state.resolve(request.lookahead_config)
-        return lookahead_steps(self._model, ids, max_tokens=max_tokens, params=params, end_id=end_id)
-
-    def _chain_steps(self, request: ResolvedRequest) -> Steps:
-        """Plain decoding (``num_draft_tokens == 0``) or chain speculation, greedy or sampled."""
-        cache = target_model.new_cache(self._model)
-        sampler = None if request.sampling is None else Sampler(request.sampling, device=self._model.device)
-        state = DecodeState(list(request.input_ids), request.max_tokens, request.end_id)
-        yield state.first(self._prefill(request.input_ids, cache, sampler))
-        proposer = self._new_proposer() if request.num_draft_tokens > 0 else None
-        while not state.done:
-            yield self._step(state, cache, proposer, request.num_draft_tokens, sampler)
-
-    def _prefill(self, prompt: list[int], cache: Any, sampler: Sampler | None) -> int:
-        """The first token: the target's argmax after the prompt, or a sample from its distribution."""
-        if sampler is None:
-            return target_model.prefill(self._model, prompt, cache)
-        logits = target_model.forward_logits(self._model, prompt, cache, num_logits=1)  # [1, vocab]
-        return sampler.sample(sampler.probs(logits)[0])
-
-    def _step(
-        self,
-        state: DecodeState,
-        cache: Any,
-        proposer: Proposer | None,
-        num_draft_tokens: int,
-        sampler: Sampler | None,
-    ) -> StepOutput:
-        """One decoding iteration: propose, verify in one target pass, accept, roll back, emit."""
-        # More than remaining - 1 drafts could never be emitted (the bonus token takes the last slot).
-        k = min(num_draft_tokens, state.remaining - 1)
-        draft = _propose(proposer, state.context, k, sampler)
-        acceptance = self._verify(state.context[-1], draft, cache, sampler)
-        rollback(cache, len(state.context) + acceptance.num_accepted)
-        out = state.step(acceptance.emitted_tokens, drafted=len(draft.tokens), accepted=acceptance.num_accepted)
-        if proposer is not None:
-            proposer.update(state.context, acceptance.num_accepted)
-        return out
-
-    def _verify(self, last_token: int, draft: Draft, cache: Any, sampler: Sampler | None) -> Acceptance:
-        """Score ``[last_token, *draft]`` in one target pass; token matching (greedy) or speculative sampling."""
-        if sampler is None:
-            return accept_greedy(draft.tokens, target_model.verify(self._model, last_token, draft.tokens, cache))
-        logits = target_model.verify_logits(self._model, last_token, draft.tokens, cache)  # [k + 1, vocab]
-        return accept_speculative(draft.tokens, draft.probs, sampler.probs(logits), sampler=sampler)
-
-    def _new_proposer(self) -> Proposer:
-        assert self._method is not None
-        return self._method.make_proposer(self._method_state)
-
-
-class _InferenceSteps:
-    """Advances a step generator under ``torch.inference_mode()``, one step at a time.
-
-    A ``with`` inside the generator would stay entered between steps and interleave wrongly with other
-    requests' generators (grad mode is per thread, entered and restored like a stack)."""
-
-    def __init__(self, steps: Steps) -> None:
-        self._steps = steps
-
-    def __iter__(self) -> _InferenceSteps:
-        return self
-
-    def __next__(self) -> StepOutput:
-        with torch.inference_mode():
-            return next(self._steps)
-
-    def close(self) -> None:
-        """Drop the request (its KV cache and proposer state) before its last step."""
-        self._steps.close()
-
-
-def _propose(proposer: Proposer | None, context: list[int], k: int, sampler: Sampler | None) -> Draft:
-    """The proposer's draft; greedy requests call ``propose(context, k)`` without a sampler (see Proposer)."""
-    if proposer is None or k <= 0:
-        return Draft()
-    if sampler is None:
-        return as_draft(proposer.propose(context, k))
-    return as_draft(proposer.propose(context, k, sampler=sampler))
+            return FeatureTreeDrafter(proposer.capped(k))
+        assert verification == "feature_chain"  # EAGLE-3: chains of at most k drafts
+        return FeatureChainDrafter(proposer, k)
 
 
 def _check_draft_len(method_draft_len: int, built_draft_len: int) -> None:

@@ -1,19 +1,20 @@
-"""In-flight batching for the reference engine: active requests advance one decoding step each, in turn.
+"""In-flight batching for the reference engine: one worker thread runs decoding iterations over every request.
 
-TensorRT-LLM's in-flight batching (its ``batch_scheduler_policy``) lets new requests join the running
-batch between decoding iterations instead of waiting for the whole batch to finish. The
-:class:`Scheduler` does the same over :meth:`ReferenceEngine.generate_stream` step generators::
+TensorRT-LLM's in-flight batching lets new requests join the running batch between decoding iterations
+instead of waiting for the whole batch to finish. The :class:`Scheduler` does the same around one
+:class:`~specbuild.engine.worker.Worker`::
 
-    thread loop:   admit pending requests while len(active) < max_batch_size
-                   for each active request (round-robin): step = next(its steps); on_step(step)
-                   drop the finished ones (final step, or an error -> on_error)
+    thread loop:   admit queued requests while a KV slot is free (max_batch_size), FIFO
+                   worker.step(): ONE batched target pass over the running requests' blocks,
+                                  then the prefills of the requests admitted since the last one
+                   hand each request its step (on_step) or its error (on_error); drop the finished
 
-    time ->   A0 B0 A1 B1 C0 A2 B2 C1 ...      (C submitted while A and B run: joins after one round)
+    iteration   1     2       3         4 ...
+    running     A     A B     A B C     A B C            (C submitted during iteration 2)
 
-What it is not: the reference engine time-slices. Each step is its own target forward over one
-sequence (its own KV cache, proposer and counters), so greedy output is the same alone or in a
-batch, token for token, but concurrent requests do not share a batched GEMM (no amortised weight
-reads, unlike TensorRT-LLM). Throughput stays that of one sequence; latency is shared fairly.
+Greedy output for a prompt is the same alone or in a batch, token for token, and so are its
+acceptance counters: every request keeps its own KV slot, drafter, draft length and sampler.
+A request that fails (its drafter raised, a callback failed, it was cancelled) leaves the others running.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from dataclasses import dataclass
 
 from .stream import StepOutput, collect
 from .types import GenerationRequest, GenerationResult
+from .worker import InflightRequest, Worker
 
 log = logging.getLogger(__name__)
+
 
 class DropRequest(Exception):  # noqa: N818 - an instruction, not an error
     """Raised by an ``on_step`` callback to drop its request quietly (answered already, cancelled)."""
@@ -39,40 +42,51 @@ OnError = Callable[[BaseException], None]
 
 
 @dataclass
-class _Active:
-    steps: Iterator[StepOutput]
+class _Entry:
+    seq: InflightRequest
     on_step: OnStep
     on_error: OnError
 
 
 class Scheduler:
-    """Runs requests of one engine concurrently on a worker thread, one decoding step at a time each.
+    """Runs requests of one engine concurrently on a worker thread, batched one decoding iteration at a time.
 
     Example::
 
-        with Scheduler(engine, max_batch_size=4) as scheduler:
-            streams = [scheduler.stream(r) for r in requests]       # all four in flight
+        with Scheduler(engine) as scheduler:
+            streams = [scheduler.stream(r) for r in requests]       # all in flight together
             results = [collect(s) for s in streams]                  # == [engine.generate(r) ...]
 
     Args:
-        engine: anything with ``generate_stream(request) -> Iterator[StepOutput]`` (a ReferenceEngine).
-        max_batch_size: requests in flight at once (the build's ``max_batch_size``); more wait in FIFO
-            order and join as running ones finish.
+        engine: a :class:`~specbuild.engine.runtime.ReferenceEngine` (``prepare``, ``model``, ``limits``).
+        max_batch_size: requests in flight at once; None -> the build's ``max_batch_size``. More wait in
+            FIFO order and join as running ones finish.
 
     Raises:
         ValueError: ``max_batch_size < 1``.
     """
 
-    def __init__(self, engine, *, max_batch_size: int) -> None:
+    def __init__(self, engine, *, max_batch_size: int | None = None) -> None:
+        limits = engine.limits
+        max_batch_size = limits.max_batch_size if max_batch_size is None else max_batch_size
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.engine = engine
         self.max_batch_size = max_batch_size
-        self._pending: deque[_Active] = deque()
-        self._active: list[_Active] = []
+        self.worker = Worker(
+            engine.model,
+            max_batch_size=max_batch_size,
+            max_seq_len=limits.max_seq_len,
+            max_block=limits.max_block,
+            max_num_tokens=max(limits.tokens_per_iteration, limits.max_block),
+        )
+        self._pending: deque[_Entry] = deque()
+        self._entries: dict[int, _Entry] = {}  # id(seq) -> entry, running ones
+        self._cancelled: set[int] = set()
         self._wake = threading.Condition()
         self._closed = False
         self.max_active_seen = 0  # how many requests were ever in flight together (observability, tests)
+        self.iterations = 0
         self._thread = threading.Thread(target=self._run, name="specbuild-scheduler", daemon=True)
         self._thread.start()
 
@@ -82,31 +96,41 @@ class Scheduler:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def submit(self, request: GenerationRequest, on_step: OnStep, on_error: OnError) -> None:
+    def submit(self, request: GenerationRequest, on_step: OnStep, on_error: OnError) -> InflightRequest:
         """Validate ``request`` now and queue it; ``on_step`` then gets each step on the worker thread,
-        the last one with ``finish_reason`` set, or ``on_error`` gets the exception a step raised.
+        the last one with ``finish_reason`` set, or ``on_error`` gets the exception that ended it.
 
         Callbacks run on the worker thread and must be quick; :class:`DropRequest` from ``on_step``
         drops the request quietly (e.g. cancelled), any other exception drops it and is logged.
+
+        Returns:
+            the queued sequence (a handle for :meth:`cancel`).
 
         Raises:
             InvalidRequestError: the engine refuses the request (nothing is queued).
             RuntimeError: the scheduler is closed.
         """
-        self.submit_steps(self.engine.generate_stream(request), on_step, on_error)
+        seq = self.engine.prepare(request)
+        self.submit_prepared(seq, on_step, on_error)
+        return seq
 
-    def submit_steps(self, steps: Iterator[StepOutput], on_step: OnStep, on_error: OnError) -> None:
-        """Queue an already validated step iterator (``engine.generate_stream(request)``), e.g. after
-        checking every row of a batch before running any; callbacks as :meth:`submit`.
+    def submit_prepared(self, seq: InflightRequest, on_step: OnStep, on_error: OnError) -> None:
+        """Queue an already validated sequence (``engine.prepare(request)``), e.g. after checking every
+        row of a batch before running any; callbacks as :meth:`submit`.
 
         Raises:
-            RuntimeError: the scheduler is closed (``steps`` is closed).
+            RuntimeError: the scheduler is closed.
         """
         with self._wake:
             if self._closed:
-                steps.close()
                 raise RuntimeError("the scheduler is closed")
-            self._pending.append(_Active(steps, on_step, on_error))
+            self._pending.append(_Entry(seq, on_step, on_error))
+            self._wake.notify()
+
+    def cancel(self, seq: InflightRequest) -> None:
+        """Drop ``seq`` at the next iteration boundary (queued or running); no further callback is made."""
+        with self._wake:
+            self._cancelled.add(id(seq))
             self._wake.notify()
 
     def stream(self, request: GenerationRequest) -> Iterator[StepOutput]:
@@ -124,54 +148,67 @@ class Scheduler:
         return collect(self.stream(request))
 
     def close(self) -> None:
-        """Stop the worker; requests still queued or running are dropped (their generators closed)."""
+        """Stop the worker; requests still queued or running are dropped."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         self._thread.join()
-        for entry in [*self._active, *self._pending]:
-            entry.steps.close()
-        self._active.clear()
+        for entry in list(self._entries.values()):
+            self.worker.remove(entry.seq)
+        self._entries.clear()
         self._pending.clear()
 
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._closed and not self._pending and not self._active:
+                while not self._closed and not self._pending and not self._entries:
                     self._wake.wait()
                 if self._closed:
                     return
-                while self._pending and len(self._active) < self.max_batch_size:
-                    self._active.append(self._pending.popleft())
-                self.max_active_seen = max(self.max_active_seen, len(self._active))
-            for entry in list(self._active):  # one round: one step of each active request
-                if not self._advance(entry):
-                    self._active.remove(entry)
-
-    @staticmethod
-    def _advance(entry: _Active) -> bool:
-        """One step of ``entry``; False when it is finished (last step, error, or a failing callback)."""
-        try:
-            step = next(entry.steps)
-        except Exception as exc:  # noqa: BLE001 - reported to the request, the worker goes on
+                self._drop_cancelled()
+                while self._pending and self.worker.has_room:
+                    entry = self._pending.popleft()
+                    self.worker.add(entry.seq)
+                    self._entries[id(entry.seq)] = entry
+                self.max_active_seen = max(self.max_active_seen, len(self._entries))
+            if not self._entries:
+                continue
             try:
-                entry.on_error(exc if not isinstance(exc, StopIteration) else RuntimeError("no final step"))
-            except Exception:  # noqa: BLE001
-                log.exception("on_error callback failed")
-            return False
+                events = self.worker.step()
+            except Exception as exc:  # noqa: BLE001 - a failure outside any one row: fail the running ones
+                log.exception("decoding iteration failed")
+                events = [(entry.seq, exc) for entry in self._entries.values()]
+            self.iterations += 1
+            for seq, item in events:
+                self._deliver(seq, item)
+
+    def _drop_cancelled(self) -> None:
+        if not self._cancelled:
+            return
+        self._pending = deque(e for e in self._pending if id(e.seq) not in self._cancelled)
+        for key in [k for k in self._entries if k in self._cancelled]:
+            self.worker.remove(self._entries.pop(key).seq)
+        self._cancelled.clear()
+
+    def _deliver(self, seq: InflightRequest, item: StepOutput | BaseException) -> None:
+        """Hand one event to its request's callback; drop the request when it ended or its callback failed."""
+        entry = self._entries.get(id(seq))
+        if entry is None:
+            return
+        ended = isinstance(item, BaseException) or item.is_final
         try:
-            entry.on_step(step)
+            if isinstance(item, BaseException):
+                entry.on_error(item)
+            else:
+                entry.on_step(item)
         except DropRequest:
-            entry.steps.close()
-            return False
+            ended = True
         except Exception:  # noqa: BLE001 - a failing sender drops its request only
-            log.exception("on_step callback failed; dropping the request")
-            entry.steps.close()
-            return False
-        if step.is_final:
-            entry.steps.close()
-            return False
-        return True
+            log.exception("scheduler callback failed; dropping the request")
+            ended = True
+        if ended:
+            self.worker.remove(seq)
+            del self._entries[id(seq)]
 
 
 def _drain(arrivals: queue.Queue) -> Iterator[StepOutput]:

@@ -67,7 +67,7 @@ def test_sampled_requests_give_the_same_tokens_in_a_batch(method_engines):
 
 
 def test_requests_join_between_steps_and_take_turns(method_engines):
-    """A, B running; C submitted: C's first step comes before A and B finish, then one step each in turn."""
+    """A, B running; C submitted: C's prefill comes before A and B finish, then every iteration steps all three."""
     engine = method_engines["plain", "random"]
     events: list[tuple[str, int, bool]] = []
     errors: list[BaseException] = []
@@ -94,8 +94,10 @@ def test_requests_join_between_steps_and_take_turns(method_engines):
     names = [name for name, _, _ in events]
     first_c, last_a = names.index("C"), len(names) - 1 - names[::-1].index("A")
     assert first_c < last_a
-    assert names[first_c : first_c + 6] in (list("CABCAB"), list("CBACBA"))  # round-robin after joining
+    assert names[first_c : first_c + 6] == list("CABCAB")  # joined between iterations, then one step each per pass
     assert names.count("C") == 40 and events[-1][2]  # prefill + 39 one-token steps, then final
+    # one target pass per iteration serves every request in flight (time-slicing would need ~120)
+    assert scheduler.iterations < 60, scheduler.iterations
 
 
 def test_max_batch_size_bounds_the_requests_in_flight(method_engines, plain):
@@ -106,14 +108,47 @@ def test_max_batch_size_bounds_the_requests_in_flight(method_engines, plain):
     assert [r.output_ids for r in results] == [plain[tuple(p)] for p in PROMPTS]
 
 
-def test_a_failing_step_fails_its_request_only(method_engines, plain):
+class _FailingDrafter:
+    """Wraps a request's drafter and raises at its third draft (a broken proposer)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.drafts, self.wants_hidden = inner, 0, inner.wants_hidden
+
+    def start(self, *args):
+        self.inner.start(*args)
+
+    def draft(self, context, **kwargs):
+        self.drafts += 1
+        if self.drafts == 3:
+            raise RuntimeError("proposer broke")
+        return self.inner.draft(context, **kwargs)
+
+    def update(self, *args):
+        self.inner.update(*args)
+
+
+def test_a_failing_request_fails_alone_in_its_batch(method_engines, plain):
     engine = method_engines["ngram", "random"]
-    errors = []
+    errors, steps = [], []
     with Scheduler(engine, max_batch_size=4) as scheduler:
-        good = scheduler.stream(greedy(PROMPTS[0]))
-        scheduler.submit_steps(iter([]), lambda step: None, errors.append)  # ends without a final step
-        assert collect(good).output_ids == plain[tuple(PROMPTS[0])]
-    assert len(errors) == 1 and "no final step" in str(errors[0])
+        goods = [scheduler.stream(greedy(p)) for p in (PROMPTS[0], PROMPTS[2])]
+        bad = engine.prepare(greedy(PROMPTS[1]))
+        bad.drafter = _FailingDrafter(bad.drafter)
+        scheduler.submit_prepared(bad, steps.append, errors.append)
+        assert [collect(g).output_ids for g in goods] == [plain[tuple(PROMPTS[0])], plain[tuple(PROMPTS[2])]]
+    assert len(errors) == 1 and "proposer broke" in str(errors[0])
+    assert len(steps) == 3 and not steps[-1].is_final  # prefill + two steps, then the error ended it
+
+
+def test_a_cancelled_request_leaves_the_others_running(method_engines, plain):
+    engine = method_engines["plain", "random"]
+    seen = []
+    with Scheduler(engine, max_batch_size=4) as scheduler:
+        doomed = scheduler.submit(greedy(PROMPTS[1], max_tokens=140), seen.append, seen.append)
+        scheduler.cancel(doomed)
+        assert collect(scheduler.stream(greedy(PROMPTS[0]))).output_ids == plain[tuple(PROMPTS[0])]
+    assert not any(getattr(s, "is_final", False) for s in seen)  # never finished, never errored
+    assert not scheduler.worker.running
 
 
 def test_a_callback_may_drop_its_request(method_engines, plain):

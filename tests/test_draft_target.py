@@ -16,7 +16,7 @@ from specbuild.engine import (
     GenerationRequest,
     InvalidRequestError,
     ReferenceEngine,
-    runtime,
+    worker,
 )
 from specbuild.engine import target as target_model
 from specbuild.engine.methods import DraftTargetConfig, get_method
@@ -174,7 +174,7 @@ def test_speculative_sampling_through_the_engine_follows_the_target(checkpoints,
 def test_engine_with_a_wrong_rule_is_detected(checkpoints, tmp_path, monkeypatch):
     from test_sampling import accept_without_residual
 
-    monkeypatch.setattr(runtime, "accept_speculative", accept_without_residual)
+    monkeypatch.setattr(worker, "accept_speculative", accept_without_residual)
     assert not _engine_fits_the_target(checkpoints, tmp_path)
 
 

@@ -104,11 +104,18 @@ class _ScriptedProposer:
         pass
 
 
+def _use_proposer(monkeypatch, engine, proposer) -> None:
+    """Make every request of ``engine`` draft with ``proposer`` (the method's proposer stands aside)."""
+    import dataclasses
+
+    monkeypatch.setattr(engine, "_method", dataclasses.replace(engine._method, make_proposer=lambda _: proposer))
+
+
 @pytest.mark.parametrize("kind", ["same", "random"])
 def test_scripted_drafts_equal_plain_greedy(engine, plain_outputs, monkeypatch, kind):
     prompt, plain = PROMPTS[1], plain_outputs[1]
     proposer = _ScriptedProposer(len(prompt), plain, noise_seed=None if kind == "same" else 0)
-    monkeypatch.setattr(engine, "_new_proposer", lambda: proposer)
+    _use_proposer(monkeypatch, engine, proposer)
     result = _run(engine, prompt, NEW_TOKENS)
     assert result.output_ids == plain
     if kind == "same":
@@ -145,7 +152,7 @@ def test_end_token_inside_accepted_chunk_stops_there(engine, plain_outputs, monk
     monkeypatch.setattr(stream, "clip_emitted", recording_clip)
     prompt, plain = PROMPTS[1], plain_outputs[1]
     if drafts == "same":
-        monkeypatch.setattr(engine, "_new_proposer", lambda: _ScriptedProposer(len(prompt), plain))
+        _use_proposer(monkeypatch, engine, _ScriptedProposer(len(prompt), plain))
     for end_id in dict.fromkeys(plain):
         first = plain.index(end_id)
         result = _run(engine, prompt, NEW_TOKENS, end_id=end_id)
@@ -305,7 +312,7 @@ def test_from_engine_dir(tiny_dir, tmp_path, plain_outputs):
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = ReferenceEngine.from_engine_dir(tmp_path)
-    assert loaded.limits == EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=160, max_draft_len=3)
+    assert loaded.limits == EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=160, max_draft_len=3, max_num_tokens=256)
     assert loaded.end_id == 7
     assert loaded.speculative_config == config["speculative_config"]
     assert _run(loaded, PROMPTS[0], NEW_TOKENS).output_ids == plain_outputs[0]

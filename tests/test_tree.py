@@ -1,4 +1,4 @@
-"""Speculation trees: structure, validation, greedy tree acceptance, one-pass tree verification, cache compaction."""
+"""Speculation trees: structure, validation, greedy tree acceptance (verification passes: test_forward.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from specbuild.engine import target as target_model
-from specbuild.engine.kv_cache_tree import compact
 from specbuild.engine.tree import MC_SIM_7B_63, SpecTree, accept_tree_greedy
-from specbuild.engine.tree_verify import tree_attention_mask, tree_forward
 
 EXAMPLE = [[0], [1], [0, 0]]  # the module docstring's worked example
 USER_TREE = [[1], [0], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0]]
@@ -107,99 +105,3 @@ def test_accept_tree_greedy(target, nodes, accepted, bonus):
 def test_accept_tree_greedy_checks_lengths():
     with pytest.raises(ValueError, match="need 4 tree tokens"):
         accept_tree_greedy(SpecTree.from_choices(EXAMPLE), [T, A, B], [A, B, C, X])
-
-
-# --- one-pass tree verification on the target ---------------------------------------------------
-
-
-def test_tree_attention_mask_layout():
-    mask = tree_attention_mask(SpecTree.from_choices(EXAMPLE), 2, torch.float32)
-    assert mask.shape == (1, 1, 4, 6)
-    allowed = (mask[0, 0] == 0).int().tolist()
-    assert allowed == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 0, 1]]
-    assert mask[0, 0, 0, 3] == torch.finfo(torch.float32).min
-
-
-def _random_tree_tokens(tree: SpecTree, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(tree.num_nodes + 1)]
-
-
-def _sequential_logits(model, tokens: list[int]) -> torch.Tensor:
-    """Plain causal forward without a cache; ``[vocab]`` logits after the last token."""
-    return model(input_ids=torch.tensor([tokens])).logits[0, -1]
-
-
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("choices", [USER_TREE, MC_SIM_7B_63], ids=["user", "mc_sim_7b_63"])
-def test_tree_logits_equal_sequential_logits(model, attn, choices):
-    """The core claim: every node's logits in the one tree pass == a causal run over prefix + its path."""
-    tree = SpecTree.from_choices(choices)
-    tokens = _random_tree_tokens(tree, seed=1)
-    model.set_attn_implementation(attn)
-    try:
-        with torch.inference_mode():
-            cache = target_model.new_cache(model)
-            target_model.prefill(model, PREFIX, cache)
-            forward = tree_forward(model, tree, tokens, cache)
-            assert forward.logits.shape == (tree.num_nodes + 1, VOCAB)
-            assert cache.get_seq_length() == len(PREFIX) + tree.num_nodes + 1
-            for node in range(tree.num_nodes + 1):
-                path_tokens = [tokens[i] for i in tree.path_to(node)]
-                expected = _sequential_logits(model, [*PREFIX, *path_tokens])
-                torch.testing.assert_close(forward.logits[node], expected, rtol=1e-4, atol=1e-5)
-    finally:
-        model.set_attn_implementation("sdpa")
-
-
-def test_tree_forward_rejects_wrong_token_count(model):
-    with torch.inference_mode(), pytest.raises(ValueError, match="4 indices"):
-        tree_forward(model, SpecTree.from_choices(EXAMPLE), [1, 2], target_model.new_cache(model))
-
-
-def test_tree_forward_refuses_attention_that_ignores_the_mask(model, monkeypatch):
-    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
-    with torch.inference_mode(), pytest.raises(ValueError, match="'flash_attention_2'"):
-        tree_forward(model, SpecTree.from_choices(EXAMPLE), [1, 2, 3, 4], target_model.new_cache(model))
-
-
-# --- cache compaction ---------------------------------------------------------------------------
-
-
-def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-@pytest.mark.parametrize("choice", [(0, 0, 0, 1), (1, 0, 1), (2, 2), (9,), ()], ids=str)
-def test_compacted_cache_equals_sequential_cache(model, choice):
-    """Keep prefix + root + one path: the cache equals a fresh run over those tokens, and continues the same."""
-    tree = SpecTree.from_choices(MC_SIM_7B_63)
-    node_path = tree.path_to(tree.paths.index(choice) + 1 if choice else 0)
-    assert [tree.paths[i - 1][-1] for i in node_path[1:]] == list(choice)
-    tokens = _random_tree_tokens(tree, seed=2)
-    kept_tokens = [tokens[i] for i in node_path]
-    with torch.inference_mode():
-        cache = target_model.new_cache(model)
-        target_model.prefill(model, PREFIX, cache)
-        tree_forward(model, tree, tokens, cache)
-        compact(cache, prefix_len=len(PREFIX), keep_indices=node_path)
-        fresh = target_model.new_cache(model)
-        target_model.prefill(model, [*PREFIX, *kept_tokens], fresh)
-        assert cache.get_seq_length() == fresh.get_seq_length() == len(PREFIX) + len(node_path)
-        for (k, v), (fresh_k, fresh_v) in zip(_cache_tensors(cache), _cache_tensors(fresh), strict=True):
-            torch.testing.assert_close(k, fresh_k, rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(v, fresh_v, rtol=1e-4, atol=1e-5)
-        next_logits = model(input_ids=torch.tensor([[7]]), cache=cache).logits[0, -1]
-        fresh_logits = model(input_ids=torch.tensor([[7]]), cache=fresh).logits[0, -1]
-        torch.testing.assert_close(next_logits, fresh_logits, rtol=1e-4, atol=1e-5)
-
-
-def test_compact_errors(model):
-    with torch.inference_mode():
-        cache = target_model.new_cache(model)
-        target_model.prefill(model, PREFIX, cache)
-        with pytest.raises(ValueError, match="outside the tree block"):
-            compact(cache, prefix_len=4, keep_indices=[0, 2])
-        with pytest.raises(ValueError, match="ascending"):
-            compact(cache, prefix_len=3, keep_indices=[1, 0])
-        assert cache.get_seq_length() == len(PREFIX)

@@ -70,9 +70,10 @@ class SpeculativeMethod:
             :class:`~specbuild.engine.eagle_decode.FeatureTreeProposer` (EAGLE) fed with the target's
             features of every accepted position, verified like ``"tree"``; ``"feature_chain"``: it is an
             :class:`~specbuild.engine.methods.eagle3.Eagle3Proposer` (EAGLE-3) drafting a chain from features
-            it captures from several target layers, run by its module's
-            :func:`~specbuild.engine.methods.eagle3.feature_chain_steps`; ``"lookahead"``: no proposer,
-            the loaded config drives :func:`~specbuild.engine.lookahead_decode.lookahead_steps`.
+            it captures from several target layers; ``"lookahead"``: no proposer, the loaded config
+            resolves each request's ``(w, n, g)``. :meth:`ReferenceEngine._drafter
+            <specbuild.engine.runtime.ReferenceEngine>` wraps each kind in its
+            :class:`~specbuild.engine.drafters.Drafter`.
         greedy_only: sampled requests (``temperature > 0``) are refused, as TensorRT-LLM refuses them.
     """
 

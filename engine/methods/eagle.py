@@ -709,7 +709,7 @@ def load_eagle(config: EagleDecodingConfig, context: Any) -> LoadedEagle:
         FileNotFoundError / ValueError: as :func:`load_eagle_head`; a head that does not fit the target
             (:class:`EagleProposer`); a target attention that cannot take a tree mask.
     """
-    from ..tree_verify import TREE_MASK_ATTENTION
+    from ..forward import MASK_ATTENTION as TREE_MASK_ATTENTION
 
     target = context.target
     path = resolve_eagle_dir(config.speculative_model_dir, context.base_dir)

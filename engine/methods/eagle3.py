@@ -55,13 +55,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ..acceptance import accept_greedy
-from ..kv_cache import rollback
-from ..stream import DecodeState, Steps, check_prompt_and_length, collect
-from ..target import cache_keyword, new_cache
+from ..stream import check_prompt_and_length, collect
 from ..types import GenerationResult
 from .eagle import MLP, Attention, EagleConfig, LayerKV, RMSNorm
 
@@ -477,58 +474,6 @@ class Eagle3Proposer:
 # --- decoding: chain verification with captured features ----------------------------------------
 
 
-def forward_captured(
-    model: PreTrainedModel, proposer: Eagle3Proposer, tokens: Sequence[int], cache: DynamicCache
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``tokens`` after ``cache`` (causal); the cache grows by ``len(tokens)``.
-
-    Returns:
-        ``([S, vocab]`` logits, ``[S, 3 Ht]`` captured features``)``.
-    """
-    input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=model.device)  # [1, S]
-    outputs = model(input_ids=input_ids, use_cache=True, output_hidden_states=True, **{cache_keyword(model): cache})
-    return outputs.logits[0], proposer.capture(outputs.hidden_states)
-
-
-def feature_chain_steps(
-    model: PreTrainedModel,
-    proposer: Eagle3Proposer,
-    input_ids: Sequence[int],
-    *,
-    max_tokens: int,
-    num_draft_tokens: int,
-    end_id: int = -1,
-) -> Steps:
-    """Greedy EAGLE-3 decoding of one prompt, step by step: the prefill's token, then one
-    :class:`~specbuild.engine.stream.StepOutput` per verification. The caller runs it under
-    ``torch.inference_mode()``.
-
-    One step, context ``c_0 .. c_{N-1}`` (the target cache holds ``N - 1`` positions)::
-
-        draft      = proposer.propose(state, k)                 k = min(num_draft_tokens, remaining - 1)
-        logits, g  = target([c_{N-1}, *draft])                  one pass; g: captured features [k + 1, 3 Ht]
-        accepted   = longest draft prefix == argmax; bonus after it
-        cache      = rollback to N + num_accepted;  head += (g[: 1 + num_accepted], accepted + [bonus])
-    """
-    cache = new_cache(model)
-    state = DecodeState(list(input_ids), max_tokens, end_id)
-    logits, features = forward_captured(model, proposer, input_ids, cache)  # [T, vocab], [T, 3 Ht]
-    first = int(logits[-1].argmax())
-    yield state.first(first)
-    head_state = proposer.new_state()
-    if not state.done:
-        proposer.update(head_state, [*input_ids[1:], first], features)
-    while not state.done:
-        context_len = len(state.context)
-        draft = proposer.propose(head_state, min(num_draft_tokens, state.remaining - 1))
-        logits, features = forward_captured(model, proposer, [state.context[-1], *draft], cache)
-        acceptance = accept_greedy(draft, logits.argmax(dim=-1).tolist())
-        rollback(cache, context_len + acceptance.num_accepted)
-        yield state.step(acceptance.emitted_tokens, drafted=len(draft), accepted=acceptance.num_accepted)
-        if not state.done:
-            proposer.update(head_state, acceptance.emitted_tokens, features[: 1 + acceptance.num_accepted])
-
-
 def generate_feature_chain_greedy(
     model: PreTrainedModel,
     proposer: Eagle3Proposer,
@@ -538,7 +483,7 @@ def generate_feature_chain_greedy(
     num_draft_tokens: int,
     end_id: int = -1,
 ) -> GenerationResult:
-    """Greedy EAGLE-3 decoding of one prompt (:func:`feature_chain_steps`, collected): the target's own
+    """Greedy EAGLE-3 decoding of one prompt (the batched worker with a :class:`~specbuild.engine.drafters.FeatureChainDrafter`, alone): the target's own
     greedy output, in fewer target passes.
 
     Counters: ``total_draft_tokens`` counts drafts verified, ``num_decoding_iterations`` target passes
@@ -547,12 +492,12 @@ def generate_feature_chain_greedy(
     Raises:
         ValueError: empty prompt or ``max_tokens < 1``.
     """
+    from ..drafters import FeatureChainDrafter
+    from ..worker import InflightRequest, run_alone
+
     check_prompt_and_length(input_ids, max_tokens)
-    with torch.inference_mode():
-        steps = feature_chain_steps(
-            model, proposer, input_ids, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, end_id=end_id
-        )
-        return collect(steps)
+    request = InflightRequest(list(input_ids), max_tokens, end_id, FeatureChainDrafter(proposer, num_draft_tokens))
+    return collect(run_alone(model, request, max_block=1 + min(num_draft_tokens, proposer.max_draft_len)))
 
 
 # --- the reference engine's "Eagle3" method: speculative_config -> head loaded once -> proposer -----

@@ -335,7 +335,7 @@ def load_medusa(config: MedusaDecodingConfig, context: MethodContext) -> LoadedM
             wants more candidates than the vocabulary); the target's attention cannot take a tree mask;
             no ``speculative_model_dir`` outside an engine directory; a malformed head directory.
     """
-    from ..tree_verify import TREE_MASK_ATTENTION
+    from ..forward import MASK_ATTENTION as TREE_MASK_ATTENTION
 
     target = context.target
     path = resolve_medusa_dir(config.speculative_model_dir, context.base_dir)

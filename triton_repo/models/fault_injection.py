@@ -3,7 +3,7 @@
 A statistical test proves it has power only if it fails on a broken deployment. Setting the
 environment variable ``SPECBUILD_FAULT_ACCEPTANCE`` for ``tritonserver`` (its Python-backend
 stubs inherit it) makes the ``tensorrt_llm`` model replace the engine's speculative-sampling rule
-(:func:`specbuild.engine.acceptance.accept_speculative`, bound in :mod:`specbuild.engine.runtime`)
+(:func:`specbuild.engine.acceptance.accept_speculative`, bound in :mod:`specbuild.engine.worker`)
 with one of the wrong rules below, and log a warning. Greedy requests are not affected (they use
 token matching). Unset (the default), nothing changes. Never set it on a real deployment.
 
@@ -53,7 +53,7 @@ def install_from_environment(environ: dict[str, str] | None = None) -> str | Non
         return None
     if name not in WRONG_RULES:
         raise ValueError(f"{ENV_VAR}={name!r} is not a known wrong rule; choose one of {sorted(WRONG_RULES)} or unset it")
-    from specbuild.engine import runtime
+    from specbuild.engine import worker as runtime
 
     runtime.accept_speculative = WRONG_RULES[name]
     return name

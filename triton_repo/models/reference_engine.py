@@ -207,26 +207,13 @@ class Margins:
     runner_up_ids: list[int]
 
 
-def logit_margins(model, prompt_ids: list[int], output_ids: list[int]) -> Margins:
-    """Teacher-forced target pass over ``prompt_ids + output_ids[:-1]`` (one forward, fresh KV cache).
-
-    Row ``i`` of the ``[n, vocab]`` logits (n = len(output_ids)) scores generated position ``i``.
-    Example: prompt [5, 6], output [7, 8] -> one pass over [5, 6, 7]; rows after 6 and after 7.
-    It scores the sequence in one pass, so it can differ from the incremental decode's logits by
-    floating-point rounding only (fp32 CPU: ~1e-6). Empty output -> empty Margins.
-    """
-    import torch
-
-    from specbuild.engine import target as target_model
-
+def logit_margins(engine, prompt_ids: list[int], output_ids: list[int]) -> Margins:
+    """The engine's teacher-forced margins (:meth:`~specbuild.engine.runtime.ReferenceEngine.logit_margins`:
+    one causal pass over ``prompt_ids + output_ids[:-1]``, fp32 CPU rounding ~1e-6 from the incremental
+    decode). Empty output -> empty Margins."""
     if not output_ids:
         return Margins([], [])
-    tokens = [*prompt_ids, *output_ids[:-1]]
-    with torch.inference_mode():
-        logits = target_model.forward_logits(model, tokens, target_model.new_cache(model), num_logits=len(output_ids))
-    top = logits.float().topk(2, dim=-1)  # values, indices: [n, 2]
-    margin = (top.values[:, 0] - top.values[:, 1]).tolist()
-    return Margins(margin=margin, runner_up_ids=top.indices[:, 1].tolist())
+    return Margins(*engine.logit_margins(prompt_ids, output_ids))
 
 
 def _pack_margins(margins: list[Margins | None]) -> dict[str, np.ndarray]:
@@ -271,7 +258,7 @@ class TritonPythonModel:
         self.pad_id = int(params.get("pad_id", self.engine.end_id))
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.metrics = _Counters(pb_utils, args["model_name"])
-        self.scheduler = Scheduler(self.engine, max_batch_size=self.engine.limits.max_batch_size)
+        self.scheduler = Scheduler(self.engine)
 
     def execute(self, requests):
         final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -302,17 +289,10 @@ class TritonPythonModel:
             )
         if streaming and len(rows) != 1:
             raise ValueError(f"streaming=true takes one sequence per request, got a batch of {len(rows)}")
-        steps = []
-        try:
-            for row in rows:
-                steps.append(self.engine.generate_stream(row.request))
-        except Exception:
-            for s in steps:
-                s.close()
-            raise
+        prepared = [self.engine.prepare(row.request) for row in rows]  # every row valid before any runs
         reply = _StreamReply(self, request, rows[0], sender) if streaming else _BatchReply(self, request, rows, sender)
-        for b, row_steps in enumerate(steps):
-            self.scheduler.submit_steps(row_steps, functools.partial(reply.on_step, b), reply.on_error)
+        for b, seq in enumerate(prepared):
+            self.scheduler.submit_prepared(seq, functools.partial(reply.on_step, b), reply.on_error)
 
     def send(self, sender, outputs: dict[str, np.ndarray], *, final: bool) -> None:
         pb = self.pb_utils
@@ -361,7 +341,7 @@ class _BatchReply(_Reply):
             results = [collect(s) for s in self.steps]
             self.model.metrics.record(results)
             margins = [
-                logit_margins(self.model.engine._model, row.request.input_ids, r.output_ids) if row.return_logit_margin else None
+                logit_margins(self.model.engine, row.request.input_ids, r.output_ids) if row.return_logit_margin else None
                 for row, r in zip(self.rows, results)
             ]
             self.model.send(self.sender, pack_outputs(self.rows, results, margins), final=True)

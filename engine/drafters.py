@@ -1,0 +1,201 @@
+"""One drafting interface for every method: a per-request :class:`Drafter` turns a method's proposer into blocks.
+
+The worker (:mod:`specbuild.engine.worker`) drives every request the same way, whatever its method::
+
+    prefill      first token (+ target hidden states if drafter.wants_hidden) -> drafter.start(...)
+    each step    block = drafter.draft(context, ...)        root + drafts (+ extra rows), see engine.block
+                 one batched target pass over every row's block
+                 accepted path + bonus token (engine.acceptance), KV cache keeps root + path
+                 drafter.update(context, step)              feed what the target produced
+
+The method-specific proposers stay in their modules (n-gram, draft model, Medusa heads, EAGLE and
+EAGLE-3 heads, lookahead's window and pool); a drafter only adapts one to this interface. A chain is a
+one-path tree; lookahead's window rows are extra rows of its block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from .block import Block
+from .methods.base import Proposer, as_draft
+
+if TYPE_CHECKING:
+    from .methods.lookahead import LookaheadParams
+    from .sampling import Sampler
+    from .tree import SpecTree
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a verification step gives the drafter back.
+
+    Attributes:
+        block: the block that was verified.
+        keep: block indices kept in the KV cache (root + accepted path).
+        emitted: accepted tokens + bonus token (before clipping at ``max_tokens`` / the end token).
+        target_tokens: ``[T]`` the target's greedy token after every block row (None for sampled requests).
+        hidden_states: transformers' hidden states of the block rows (tuple of ``[T, H]``, index 0 the
+            embeddings, the last after the final norm), when the drafter wants them.
+    """
+
+    block: Block
+    keep: list[int]
+    emitted: list[int]
+    target_tokens: list[int] | None
+    hidden_states: tuple[torch.Tensor, ...] | None
+
+
+class Drafter(Protocol):
+    """A request's drafting state.
+
+    Attributes:
+        wants_hidden: the drafter reads the target's hidden states (prefill and every step).
+    """
+
+    wants_hidden: bool
+
+    def start(self, prompt: Sequence[int], first_token: int, hidden_states: tuple[torch.Tensor, ...] | None) -> None:
+        """After the prefill: the prompt, the first token, the prompt's hidden states (``[T, H]`` each) if wanted."""
+        ...
+
+    def draft(self, context: Sequence[int], *, max_accept: int, sampler: Sampler | None) -> Block:
+        """This step's block for ``context`` (prompt + emitted; ``context[-1]`` is the root); at most
+        ``max_accept`` draft tokens can be emitted (deeper nodes would be wasted)."""
+        ...
+
+    def update(self, context: Sequence[int], step: StepResult) -> None:
+        """After a step that did not finish the request; ``context`` already holds the emitted tokens."""
+        ...
+
+
+class PlainDrafter:
+    """No speculation (``num_draft_tokens == 0``): a one-token block every step."""
+
+    wants_hidden = False
+
+    def start(self, prompt, first_token, hidden_states) -> None:
+        del prompt, first_token, hidden_states
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        del max_accept, sampler
+        return Block.chain(context[-1])
+
+    def update(self, context, step) -> None:
+        del context, step
+
+
+class ChainDrafter(PlainDrafter):
+    """A :class:`~specbuild.engine.methods.base.Proposer` (n-gram, draft model): chains of at most ``k`` drafts."""
+
+    def __init__(self, proposer: Proposer, num_draft_tokens: int) -> None:
+        self.proposer, self.k = proposer, num_draft_tokens
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        k = min(self.k, max_accept)
+        if k <= 0:
+            return Block.chain(context[-1])
+        proposal = self.proposer.propose(context, k) if sampler is None else self.proposer.propose(context, k, sampler=sampler)
+        draft = as_draft(proposal)
+        return Block.chain(context[-1], draft.tokens, draft.probs)
+
+    def update(self, context, step) -> None:
+        self.proposer.update(context, len(step.keep) - 1)
+
+
+class TreeDrafter(PlainDrafter):
+    """Medusa: the heads fill ``tree`` from the target's final-norm hidden state at the root's producer."""
+
+    wants_hidden = True
+
+    def __init__(self, proposer: Any, tree: SpecTree) -> None:
+        self.proposer, self.tree = proposer, tree
+        self.hidden: torch.Tensor | None = None  # [H]
+
+    def start(self, prompt, first_token, hidden_states) -> None:
+        self.hidden = hidden_states[-1][-1]
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        tree = self.tree.truncated(max_accept)
+        return Block.of_tree(tree, self.proposer.propose_tree(context, self.hidden, tree))
+
+    def update(self, context, step) -> None:
+        self.hidden = step.hidden_states[-1][step.keep[-1]]
+
+
+class FeatureTreeDrafter(PlainDrafter):
+    """EAGLE-1/2: the head is fed the target's final-norm features of every accepted position."""
+
+    wants_hidden = True
+
+    def __init__(self, proposer: Any) -> None:
+        self.proposer = proposer
+        self.state = proposer.new_state()
+
+    def start(self, prompt, first_token, hidden_states) -> None:
+        self.proposer.update(self.state, [*prompt[1:], first_token], hidden_states[-1])
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        proposal = self.proposer.propose(self.state, context[-1], max_accept)
+        return Block.of_tree(proposal.tree, proposal.tokens)
+
+    def update(self, context, step) -> None:
+        self.proposer.update(self.state, step.emitted, step.hidden_states[-1][step.keep])
+
+
+class FeatureChainDrafter(PlainDrafter):
+    """EAGLE-3: chains from the fusion of captured target layers, fed after every step."""
+
+    wants_hidden = True
+
+    def __init__(self, proposer: Any, num_draft_tokens: int) -> None:
+        self.proposer, self.k = proposer, num_draft_tokens
+        self.state = proposer.new_state()
+
+    def _features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self.proposer.capture([h[None] for h in hidden_states])  # [T, 3 Ht]
+
+    def start(self, prompt, first_token, hidden_states) -> None:
+        self.proposer.update(self.state, [*prompt[1:], first_token], self._features(hidden_states))
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        return Block.chain(context[-1], self.proposer.propose(self.state, min(self.k, max_accept)))
+
+    def update(self, context, step) -> None:
+        self.proposer.update(self.state, step.emitted, self._features(step.hidden_states)[step.keep])
+
+
+class LookaheadDrafter(PlainDrafter):
+    """Lookahead (Fu et al. 2024, §3): candidates from the n-gram pool, the Jacobi window as extra rows."""
+
+    def __init__(self, params: LookaheadParams) -> None:
+        self.params = params
+        self.state = None
+        self.layout = None
+
+    def start(self, prompt, first_token, hidden_states) -> None:
+        from .methods.lookahead import LookaheadState
+
+        self.state = LookaheadState.start(prompt, self.params)
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        from .methods.lookahead import build_step_layout
+        from .tree import SpecTree
+
+        last = context[-1]
+        layout = build_step_layout(last, self.state.levels, self.state.candidates(last, max_accept), self.params)
+        self.layout = layout
+        # candidate c, token i  <->  tree path (c, 0, .., 0) of depth i + 1
+        tree = SpecTree.from_choices([[c] + [0] * i for c, cand in enumerate(layout.candidates) for i in range(len(cand))])
+        tree_index = (0, *(layout.candidate_index[path[0]][len(path) - 1] for path in tree.paths))
+        return Block(layout.tokens, tree, layout.positions, layout.allowed, tree_index, None, layout.num_draft_tokens)
+
+    def update(self, context, step) -> None:
+        top = self.layout.lookahead_index[-1] if self.layout.lookahead_index else []
+        new_level = [step.target_tokens[i] for i in top]
+        emitted = len(step.emitted)
+        self.state.advance(new_level, context[-(emitted + self.params.ngram - 1) :], context[-1])

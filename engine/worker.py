@@ -1,0 +1,234 @@
+"""The batched decoding worker: ONE target forward per iteration over every request in flight.
+
+Each iteration (:meth:`Worker.step`), as TensorRT-LLM's in-flight batching runs it::
+
+    generation rows   every running request drafts its block (engine.block), in turn while the
+                      iteration's token budget (max_num_tokens) lasts; one target pass over all of them
+                      (engine.forward), then per row: acceptance (greedy tree walk or speculative
+                      sampling), KV commit (root + accepted path), emit, drafter update
+    context rows      requests admitted since the last iteration prefill (one pass each) and emit
+                      their first token, while the budget lasts; they generate from the next iteration
+
+    iteration   1        2             3                4
+    A           prefill  [r d d d]     [r d]            [r d d d]
+    B                    prefill       [r]  (k = 0)     [r]
+    C                                  prefill          [r n n n n n]   (a tree)
+    target      A        A | B         A B | C          A B C           ("|": the context pass after)
+
+Every row keeps its own draft length, method state, sampling parameters and seed, so its tokens and
+its acceptance counts are the same alone or in any batch (greedy: token for token, up to the rounding
+of a batched GEMM; sampled: the same draws from the row's own generator).
+
+A row whose drafter or acceptance fails is finished with that error and the others go on; if the
+shared target pass itself fails, every row in it gets the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .acceptance import accept_speculative, accept_tree_greedy
+from .block import Block
+from .drafters import Drafter, StepResult
+from .forward import RowBlock, forward_blocks
+from .kv_pool import KVPool, KVShape
+from .sampling import Sampler
+from .stream import DecodeState, StepOutput
+
+
+@dataclass(eq=False)
+class InflightRequest:
+    """One request in the worker: its validated fields, drafter, sampler, output so far and KV slot.
+
+    Build it with :meth:`specbuild.engine.runtime.ReferenceEngine.prepare` (validated) or directly for a
+    standalone loop.
+    """
+
+    input_ids: list[int]
+    max_tokens: int
+    end_id: int
+    drafter: Drafter
+    sampler: Sampler | None = None
+    state: DecodeState = field(init=False)
+    slot: int | None = None
+    prefilled: bool = False
+
+    def __post_init__(self) -> None:
+        self.state = DecodeState(list(self.input_ids), self.max_tokens, self.end_id)
+
+    @property
+    def done(self) -> bool:
+        return self.state.done
+
+
+Event = tuple[InflightRequest, "StepOutput | BaseException"]
+"""What an iteration produced for one request: its step, or the error that ended it."""
+
+
+class Worker:
+    """Runs decoding iterations over the requests in flight (see the module docstring).
+
+    Args:
+        model: the target (transformers causal LM, ``eager`` or ``sdpa`` attention).
+        max_batch_size: requests in flight at once (KV slots).
+        max_seq_len: prompt + generated tokens of one request, at most.
+        max_block: the widest block a step may bring (``1 + max_draft_len``, lookahead's step size).
+        max_num_tokens: tokens per iteration (TensorRT-LLM ``max_num_tokens``): context and generation
+            rows together; a request waits for the next iteration rather than exceed it, except that
+            every iteration runs at least one row.
+    """
+
+    def __init__(self, model: Any, *, max_batch_size: int, max_seq_len: int, max_block: int, max_num_tokens: int) -> None:
+        self.model = model
+        self.max_num_tokens = max_num_tokens
+        self.pool = KVPool(
+            KVShape.of(model), num_slots=max_batch_size, capacity=max_seq_len + max_block, dtype=model.dtype,
+            device=model.device,
+        )
+        self.running: list[InflightRequest] = []
+        self.max_block = max_block
+
+    @property
+    def has_room(self) -> bool:
+        return len(self.running) < self.pool.num_slots
+
+    def add(self, seq: InflightRequest) -> None:
+        """Admit ``seq``: it takes a KV slot and prefills at the next iteration.
+
+        Raises:
+            KVCacheFullError: every slot is taken (check :attr:`has_room`).
+        """
+        seq.slot = self.pool.allocate()
+        self.running.append(seq)
+
+    def remove(self, seq: InflightRequest) -> None:
+        """Drop ``seq`` (finished, cancelled, failed) and free its slot. Removing twice is a no-op."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.pool.release(seq.slot)
+
+    def step(self) -> list[Event]:
+        """One iteration: a batched generation pass over the running rows, then the new rows' prefills.
+
+        Finished and failed rows are removed (their slots freed) before this returns.
+        """
+        with torch.inference_mode():
+            budget = self.max_num_tokens
+            events, budget = self._generate([s for s in self.running if s.prefilled], budget)
+            for seq in [s for s in self.running if not s.prefilled]:
+                if len(seq.input_ids) > budget and events:
+                    break  # waits for an iteration with room (an oversized prompt runs alone)
+                budget -= len(seq.input_ids)
+                events.append(self._guarded(seq, self._prefill))
+        for seq, item in events:
+            if isinstance(item, BaseException) or item.is_final:
+                self.remove(seq)
+        return events
+
+    def _guarded(self, seq: InflightRequest, work) -> Event:
+        try:
+            return seq, work(seq)
+        except Exception as exc:  # noqa: BLE001 - this row fails, the others go on
+            return seq, exc
+
+    def _prefill(self, seq: InflightRequest) -> StepOutput:
+        wants_hidden = seq.drafter.wants_hidden
+        out = forward_blocks(
+            self.model, self.pool, [RowBlock(seq.slot, seq.input_ids, logits_from=len(seq.input_ids) - 1)],
+            hidden_states=wants_hidden,
+        )
+        self.pool.commit(seq.slot, list(range(len(seq.input_ids))))
+        logits = out.logits[0]  # [1, vocab]
+        first = int(logits[0].argmax()) if seq.sampler is None else seq.sampler.sample(seq.sampler.probs(logits)[0])
+        seq.prefilled = True
+        step = seq.state.first(first)
+        if not seq.done:
+            seq.drafter.start(seq.input_ids, first, out.hidden_states[0] if wants_hidden else None)
+        return step
+
+    def _generate(self, rows: list[InflightRequest], budget: int) -> tuple[list[Event], int]:
+        """Draft every row (while ``budget`` has room for a widest block), one target pass, then accept and
+        emit per row. Rows left out wait at the front of the queue for the next iteration."""
+        if not rows:
+            return [], budget
+        events: list[Event] = []
+        drafted: list[tuple[InflightRequest, Block]] = []
+        waiting: list[InflightRequest] = []
+        for seq in rows:
+            if drafted and budget < self.max_block:
+                waiting.append(seq)  # no room in this iteration: it goes first next time
+                continue
+            seq_block = self._guarded(seq, self._draft)
+            if not isinstance(seq_block[1], BaseException):
+                budget -= len(seq_block[1].tokens)
+                drafted.append(seq_block)
+            else:
+                events.append(seq_block)
+        if waiting:
+            self.running = waiting + [s for s in self.running if s not in waiting]
+        if not drafted:
+            return events, budget
+        wants_hidden = any(seq.drafter.wants_hidden for seq, _ in drafted)
+        try:
+            out = forward_blocks(
+                self.model,
+                self.pool,
+                [RowBlock(seq.slot, block.tokens, block.positions, block.allowed) for seq, block in drafted],
+                hidden_states=wants_hidden,
+            )
+        except Exception as exc:  # noqa: BLE001 - the shared pass failed: every row in it fails
+            return events + [(seq, exc) for seq, _ in drafted], budget
+        for b, (seq, block) in enumerate(drafted):
+            hidden = out.hidden_states[b] if wants_hidden else None
+            events.append(self._guarded(seq, lambda s: self._accept(s, block, out.logits[b], hidden)))
+        return events, budget
+
+    def _draft(self, seq: InflightRequest) -> Block:
+        block = seq.drafter.draft(seq.state.context, max_accept=seq.state.remaining - 1, sampler=seq.sampler)
+        if len(block.tokens) > self.max_block:
+            raise ValueError(f"a block of {len(block.tokens)} tokens exceeds the build's widest step ({self.max_block})")
+        return block
+
+    def _accept(self, seq: InflightRequest, block: Block, logits: torch.Tensor, hidden: tuple | None) -> StepOutput:
+        """Acceptance for one row (``logits [T, vocab]``), KV commit, emit, drafter update."""
+        target_tokens = None
+        if seq.sampler is None:
+            target_tokens = logits.argmax(dim=-1).tolist()  # [T]
+            tree_targets = [target_tokens[block.block_index(i)] for i in range(block.tree.num_nodes + 1)]
+            acceptance = accept_tree_greedy(block.tree, block.tree_tokens(), tree_targets)
+            accepted_nodes, emitted = acceptance.accepted_nodes, acceptance.emitted_tokens
+        else:
+            if not block.is_chain:
+                raise ValueError("sampled requests verify chains only (speculative sampling)")
+            probs = seq.sampler.probs(logits)  # [k + 1, vocab]
+            acceptance = accept_speculative(block.chain_drafts, block.draft_probs, probs, sampler=seq.sampler)
+            accepted_nodes, emitted = list(range(1, acceptance.num_accepted + 1)), acceptance.emitted_tokens
+        keep = block.keep(accepted_nodes)
+        self.pool.commit(seq.slot, keep)
+        step = seq.state.step(emitted, drafted=block.drafted, accepted=len(accepted_nodes))
+        if not seq.done:
+            seq.drafter.update(seq.state.context, StepResult(block, keep, emitted, target_tokens, hidden))
+        return step
+
+
+def run_alone(model: Any, seq: InflightRequest, *, max_block: int) -> Iterator[StepOutput]:
+    """``seq``'s steps in a worker of its own (batch of one): the prefill's token, then one step per pass.
+
+    Each step runs when the iterator is advanced. Raises what the step raised.
+    """
+    worker = Worker(
+        model, max_batch_size=1, max_seq_len=len(seq.input_ids) + seq.max_tokens, max_block=max_block,
+        max_num_tokens=max(len(seq.input_ids), max_block),
+    )
+    worker.add(seq)
+    while True:
+        for _, item in worker.step():
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.is_final:
+                return

@@ -1,0 +1,128 @@
+"""The one target forward call site: ragged rows in one pass, each at its own positions with its own mask
+(chains, trees), slot KV cache commits (rollback and tree compaction) equal to sequential runs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specbuild.engine import target as target_model
+from specbuild.engine.forward import RowBlock, forward_blocks
+from specbuild.engine.kv_pool import KVCacheFullError, KVPool, KVShape
+from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
+
+USER_TREE = [[1], [0], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0]]
+PREFIXES = [[17, 203, 44, 91, 300, 12], [5, 6, 7], [42] * 11]
+VOCAB = 384
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+
+
+def _pool(model, slots: int = 4, *, garbage: bool = True) -> KVPool:
+    pool = KVPool(KVShape.of(model), num_slots=slots, capacity=160, dtype=model.dtype, device="cpu")
+    if garbage:  # never-written memory may hold anything: masked positions must not leak into outputs
+        for cache in (*pool.keys, *pool.values):
+            cache.fill_(float("nan"))
+    return pool
+
+
+def _prefill(model, pool: KVPool, prompt: list[int]) -> int:
+    slot = pool.allocate()
+    forward_blocks(model, pool, [RowBlock(slot, prompt, logits_from=len(prompt) - 1)])
+    pool.commit(slot, list(range(len(prompt))))
+    return slot
+
+
+def _sequential_logits(model, tokens: list[int]) -> torch.Tensor:
+    """Plain causal forward without a cache; ``[vocab]`` logits after the last token."""
+    return model(input_ids=torch.tensor([tokens])).logits[0, -1]
+
+
+def _tree_row(slot: int, tree: SpecTree, tokens: list[int]) -> RowBlock:
+    return RowBlock(slot, tokens, list(tree.depths), tree.ancestor_mask())
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("choices", [USER_TREE, MC_SIM_7B_63], ids=["user", "mc_sim_7b_63"])
+def test_rows_of_a_batch_equal_sequential_runs(model, attn, choices):
+    """The core claim: in ONE pass with a tree row, a chain row and a one-token row (different cached
+    lengths), every scored position equals a causal run over its own prefix + path."""
+    tree = SpecTree.from_choices(choices)
+    rng = random.Random(1)
+    tree_tokens = [rng.randrange(VOCAB) for _ in range(tree.num_nodes + 1)]
+    chain = [9, 8, 7, 6]
+    model.set_attn_implementation(attn)
+    try:
+        with torch.inference_mode():
+            pool = _pool(model)
+            slots = [_prefill(model, pool, p) for p in PREFIXES]
+            out = forward_blocks(
+                model, pool,
+                [_tree_row(slots[0], tree, tree_tokens), RowBlock(slots[1], chain), RowBlock(slots[2], [3])],
+            )
+            assert [tuple(x.shape) for x in out.logits] == [(tree.num_nodes + 1, VOCAB), (4, VOCAB), (1, VOCAB)]
+            for node in range(tree.num_nodes + 1):
+                path = [tree_tokens[i] for i in tree.path_to(node)]
+                expected = _sequential_logits(model, [*PREFIXES[0], *path])
+                torch.testing.assert_close(out.logits[0][node], expected, rtol=1e-4, atol=1e-5)
+            for i in range(len(chain)):
+                torch.testing.assert_close(out.logits[1][i], _sequential_logits(model, [*PREFIXES[1], *chain[: i + 1]]), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out.logits[2][0], _sequential_logits(model, [*PREFIXES[2], 3]), rtol=1e-4, atol=1e-5)
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("choice", [(0, 0, 0, 1), (1, 0, 1), (2, 2), (9,), ()], ids=str)
+def test_committed_tree_path_equals_a_sequential_cache(model, choice):
+    """Keep prefix + root + one path: the next pass equals a fresh run over those tokens."""
+    tree = SpecTree.from_choices(MC_SIM_7B_63)
+    node_path = tree.path_to(tree.paths.index(choice) + 1 if choice else 0)
+    rng = random.Random(2)
+    tokens = [rng.randrange(VOCAB) for _ in range(tree.num_nodes + 1)]
+    kept = [tokens[i] for i in node_path]
+    with torch.inference_mode():
+        pool = _pool(model)
+        slot = _prefill(model, pool, PREFIXES[0])
+        forward_blocks(model, pool, [_tree_row(slot, tree, tokens)])
+        pool.commit(slot, node_path)
+        assert pool.lengths[slot] == len(PREFIXES[0]) + len(node_path)
+        after = forward_blocks(model, pool, [RowBlock(slot, [7])]).logits[0][0]
+    torch.testing.assert_close(after, _sequential_logits(model, [*PREFIXES[0], *kept, 7]), rtol=1e-4, atol=1e-5)
+
+
+def test_rolled_back_chain_continues_like_a_fresh_run(model):
+    with torch.inference_mode():
+        pool = _pool(model)
+        slot = _prefill(model, pool, PREFIXES[1])
+        forward_blocks(model, pool, [RowBlock(slot, [1, 2, 3, 4])])
+        pool.commit(slot, [0, 1])  # root + one accepted draft; 3, 4 rejected
+        after = forward_blocks(model, pool, [RowBlock(slot, [5])]).logits[0][0]
+    torch.testing.assert_close(after, _sequential_logits(model, [*PREFIXES[1], 1, 2, 5]), rtol=1e-4, atol=1e-5)
+
+
+def test_pool_slots_and_errors(model):
+    pool = _pool(model, slots=2, garbage=False)
+    assert pool.nbytes == 2 * 160 * KVShape.of(model).bytes_per_token(torch.float32)
+    a, b = pool.allocate(), pool.allocate()
+    assert (a, b) == (0, 1)
+    with pytest.raises(KVCacheFullError, match="all 2 KV-cache slots"):
+        pool.allocate()
+    pool.release(a)
+    assert pool.allocate() == 0
+    with pytest.raises(ValueError, match="ascending"):
+        pool.commit(0, [1, 0])
+    with pytest.raises(ValueError, match="capacity"), torch.inference_mode():
+        forward_blocks(model, pool, [RowBlock(0, list(range(161)))])
+
+
+def test_forward_refuses_attention_that_ignores_the_mask(model, monkeypatch):
+    from specbuild.engine.forward import check_mask_attention
+
+    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
+    with pytest.raises(ValueError, match="'flash_attention_2'"):
+        check_mask_attention(model)
