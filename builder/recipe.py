@@ -403,8 +403,22 @@ class BuildConfig(_Strict):
     quantization: Literal["none", "fp8", "int8_wo", "int4_wo"] = "none"
     max_beam_width: int = Field(1, ge=1)  # beam search is unsupported with speculation
     # Also build the target without speculation and serve it as the verification baseline, for methods
-    # with no per-request off switch (Medusa, EAGLE on the engine path).
+    # with no per-request off switch (Medusa, EAGLE on the engine path; every method on the PyTorch
+    # path, where the repository model loads a second LLM without speculative_config).
     baseline_engine: bool = False
+    # TensorRT-LLM paths: the version to plan for when TensorRT-LLM is not installed here (an
+    # installed one always wins), e.g. '1.2.1' (quoted: YAML reads 1.3 as a number).
+    trtllm_version: str | None = Field(None, pattern=r"^\d+\.\d+(\.\d+)?(rc\d+)?$")
+    # PyTorch path: TensorRT-LLM's speculative_config.draft_len_schedule {batch-size threshold:
+    # draft length} (e.g. from `specbuild tune`), checked against llm_args.py's rules when planning.
+    draft_len_schedule: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]] | None = None
+
+    @field_validator("trtllm_version", mode="before")
+    @classmethod
+    def _version_is_text(cls, value: Any) -> Any:
+        if isinstance(value, (int, float)):
+            raise ValueError(f"write the version as a quoted string, e.g. '{value}.0' or '1.2.1' (YAML read {value!r} as a number)")
+        return value
 
     @field_validator("max_seq_len")
     @classmethod

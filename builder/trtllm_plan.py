@@ -4,7 +4,7 @@
 the checkpoint conversion (the model family's ``convert_checkpoint.py``, Medusa/EAGLE's own, or
 ModelOpt ``quantize.py`` for fp8) and ``trtllm-build`` with speculation enabled. ``plan_pytorch``
 (LLM API, >= 1.0) writes the ``speculative_config`` as ``extra_llm_api_options.yaml`` (for
-``trtllm-serve``) and ``model.yaml`` (for Triton's ``llmapi`` model). ``TrtllmPlan.write`` writes a
+``trtllm-serve``) and ``model.yaml`` (the LLM arguments of the repository's ensemble). ``TrtllmPlan.write`` writes a
 runnable ``build.sh`` (every step logs to ``logs/<step>.log`` and is skipped when its outputs exist);
 :mod:`specbuild.builder.trtllm_run` runs the same steps from ``specbuild recipe``, resumably.
 
@@ -21,6 +21,7 @@ definitions of TensorRT-LLM (file and commit named there).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -28,11 +29,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from specbuild.builder.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
 from specbuild.builder.recipe import LoadedRecipe, Recipe, RecipeError
 from specbuild.builder.trtllm_version import (
+    LLM_API_LINES,
     BuildPath,
+    PlannedVersion,
     capability_error,
     llm_api_decoding_type,
+    planned_version,
 )
 
 StepKind = Literal["download", "convert", "quantize", "build"]
@@ -121,10 +126,12 @@ class TrtllmPlan:
     tokenizer_dir: Path | None = None  # the target's Hugging Face directory (tokenizer, special ids)
     draft_dir: Path | None = None  # draft-target: the draft's Hugging Face directory
     notes: tuple[str, ...] = field(default=())
+    trtllm_version: str = ""  # which TensorRT-LLM the files are written for (PlannedVersion.describe)
 
     def lines(self) -> list[str]:
         """Human-readable plan: one block per step (command, outputs, log), then the files."""
-        out = [f"# {self.recipe_name}: TensorRT-LLM {self.backend} path, world size {self.parallel.world_size}"]
+        out = [f"# {self.recipe_name}: TensorRT-LLM {self.backend} path, world size {self.parallel.world_size}",
+               f"# planned for {self.trtllm_version}"]
         out += [f"# note: {n}" for n in self.notes]
         for i, step in enumerate(self.steps, 1):
             out += [f"[{i}/{len(self.steps)}] {step.name} ({step.kind})", f"  $ {step.command()}"]
@@ -171,6 +178,12 @@ class TrtllmPlan:
 # Validation shared by both paths
 
 
+def _planned(loaded: LoadedRecipe, path: BuildPath, version: str | None, source: str) -> PlannedVersion:
+    if version is not None:
+        return PlannedVersion(version, source)
+    return planned_version(path, installed=None, requested=_build_field(loaded.recipe, "trtllm_version", None))
+
+
 def _build_field(recipe: Recipe, name: str, default: Any) -> Any:
     return getattr(recipe.build, name, default)
 
@@ -179,8 +192,9 @@ def parallelism(recipe: Recipe) -> Parallelism:
     return Parallelism(tp_size=_build_field(recipe, "tp_size", 1), pp_size=_build_field(recipe, "pp_size", 1))
 
 
-def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None) -> None:
-    """Reject recipes TensorRT-LLM would reject, before any work.
+def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, source: str = "installed") -> None:
+    """Reject recipes TensorRT-LLM would reject, before any work. ``version``: the one planned for
+    (``None``: unknown), ``source``: where it came from (for messages).
 
     Raises:
         RecipeError: method unavailable on ``path`` or ``version``; EAGLE with pipeline parallel or
@@ -189,10 +203,16 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None) -> 
     """
     r = loaded.recipe
     spec = r.speculation
-    problem = capability_error(spec.method, path, version)
+    problem = capability_error(spec.method, path, version, source)
     if problem:
-        loc = ("build", "backend") if "installed" in problem else ("speculation", "method")
+        if capability_error(spec.method, path, None):
+            loc = ("speculation", "method")
+        else:
+            loc = ("build", "trtllm_version") if source == "build.trtllm_version" else ("build", "backend")
         raise loaded.error(loc, problem)
+    if _build_field(r, "draft_len_schedule", None) and (path != "pytorch" or spec.method == "none"):
+        why = "there is no speculation to schedule" if spec.method == "none" else "the engine path has no such option"
+        raise loaded.error(("build", "draft_len_schedule"), f"draft_len_schedule is a PyTorch-path (LLM API) speculative_config option and {why}; remove it")
     if spec.method != "none" and _build_field(r, "max_beam_width", 1) > 1:
         raise loaded.error(("build", "max_beam_width"), "beam search is not supported with speculative decoding; set 1")
     if spec.method == "eagle" and parallelism(r).pp_size != 1:
@@ -380,16 +400,19 @@ def _target_convert(loaded: LoadedRecipe, model_dir: Path, dtype: str, p: Parall
     return _convert_step("target", model_dir, dtype, p, q, paths)
 
 
-def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None, examples_dir: Path = DEFAULT_EXAMPLES) -> TrtllmPlan:
+def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None, source: str = "installed",
+                  examples_dir: Path = DEFAULT_EXAMPLES) -> TrtllmPlan:
     """The engine-path plan (TensorRT-LLM <= 1.2.x) for ``loaded``.
 
-    ``version``: the installed TensorRT-LLM (``installed_version()``), or ``None`` to plan for 1.2.x.
+    ``version``: the TensorRT-LLM planned for (``source``: ``installed`` or ``build.trtllm_version``),
+    or ``None``: the recipe's ``build.trtllm_version``, else the path's default, 1.2.x.
     ``examples_dir``: the TensorRT-LLM source tree's ``examples/`` (convert scripts are not in the wheel).
 
     Raises:
         RecipeError: see :func:`check_recipe`.
     """
-    check_recipe(loaded, "tensorrt", version)
+    planned = _planned(loaded, "tensorrt", version, source)
+    check_recipe(loaded, "tensorrt", planned.version, planned.source)
     output_dir = Path(os.path.abspath(output_dir))  # the paths end up in configs read from other directories
     r = loaded.recipe
     spec = r.speculation
@@ -418,23 +441,30 @@ def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None
             steps.append(_build_step("baseline", _base_options(r, dtype), p, paths, checkpoint_role="target"))
         baseline_engine = paths.engine("baseline")
     return TrtllmPlan(r.name, "tensorrt", output_dir, p, tuple(steps), engines=EngineDirs(paths.engine("target"), draft_engine, baseline_engine),
-                      tokenizer_dir=target_hf, draft_dir=draft_hf)
+                      tokenizer_dir=target_hf, draft_dir=draft_hf, trtllm_version=planned.describe("tensorrt"))
 
 
 # ----------------------------------------------------------------------------------------------
 # PyTorch (LLM API) path
 
 
-def speculative_config(recipe: Recipe, version: str | None) -> dict[str, Any] | None:
-    """The LLM API ``speculative_config`` for ``version`` (``None``: newest), model dirs resolved by the caller."""
+def speculative_config(recipe: Recipe, version: str) -> dict[str, Any] | None:
+    """The LLM API ``speculative_config`` for TensorRT-LLM ``version``, model dirs resolved by the caller."""
     config = recipe.speculation.to_llm_api()
     if config is None:
         return None
     return {**config, "decoding_type": llm_api_decoding_type(config["decoding_type"], version)}
 
 
-def llm_api_options(loaded: LoadedRecipe, version: str | None, draft_dir: Path | None) -> dict[str, Any]:
-    """``extra_llm_api_options.yaml`` contents: LLM(...) keyword arguments beyond the model."""
+def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) -> dict[str, Any]:
+    """``extra_llm_api_options.yaml`` contents: LLM(...) keyword arguments beyond the model;
+    ``build.draft_len_schedule`` goes to ``speculative_config.draft_len_schedule``.
+
+    Raises:
+        RecipeError: the schedule breaks a TensorRT-LLM rule
+            (:func:`~specbuild.builder.draft_len_schedule.check_draft_len_schedule`), or there is no
+            speculation to schedule.
+    """
     r = loaded.recipe
     options: dict[str, Any] = {
         "max_batch_size": r.build.max_batch_size,
@@ -445,29 +475,42 @@ def llm_api_options(loaded: LoadedRecipe, version: str | None, draft_dir: Path |
     if spec is not None:
         if "speculative_model_dir" in spec and draft_dir is not None:
             spec["speculative_model_dir"] = str(draft_dir)
+        schedule = _build_field(r, "draft_len_schedule", None)
+        if schedule:
+            try:
+                spec["draft_len_schedule"] = check_draft_len_schedule(schedule, r.speculation.max_draft_len)
+            except DraftLenScheduleError as exc:
+                raise loaded.error(("build", "draft_len_schedule"), f"{exc} (speculation.max_draft_len: {r.speculation.max_draft_len})") from None
         options["speculative_config"] = spec
     return options
 
 
 def llmapi_model_yaml(loaded: LoadedRecipe, model_dir: Path, options: dict[str, Any], p: Parallelism) -> dict[str, Any]:
-    """Triton ``llmapi`` model's ``model.yaml`` (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml)."""
+    """``model.yaml``: the ``LLM(...)`` arguments the repository's ensemble loads
+    (:mod:`specbuild.triton_repo.models.llmapi_front`), laid out as TensorRT-LLM's own ``llmapi``
+    model's (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml) less its ``triton_config``."""
     return {
         "model": str(model_dir),
         "backend": "pytorch",
         "tensor_parallel_size": p.tp_size,
         "pipeline_parallel_size": p.pp_size,
         **options,
-        "triton_config": {"max_batch_size": 0, "decoupled": False},
     }
 
 
-def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None) -> TrtllmPlan:
+def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None, source: str = "installed") -> TrtllmPlan:
     """The LLM-API plan (TensorRT-LLM >= 1.0): downloads, then the two YAML files, then serving.
 
+    ``version``: the TensorRT-LLM planned for (``source``: ``installed`` or ``build.trtllm_version``),
+    or ``None``: the recipe's ``build.trtllm_version``, else none, allowed only where the files come
+    out the same for every LLM-API line (:data:`LLM_API_LINES`).
+
     Raises:
-        RecipeError: see :func:`check_recipe`.
+        RecipeError: see :func:`check_recipe`; the version is unknown and the files differ by version
+            (e.g. EAGLE-3's ``decoding_type``: ``Eagle`` before 1.3, ``Eagle3`` from 1.3 on).
     """
-    check_recipe(loaded, "pytorch", version)
+    planned = _planned(loaded, "pytorch", version, source)
+    check_recipe(loaded, "pytorch", planned.version, planned.source)
     output_dir = Path(os.path.abspath(output_dir))
     r = loaded.recipe
     spec = r.speculation
@@ -477,7 +520,7 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
     target_hf = _source_dir(loaded, r.target.checkpoint, "target", paths, steps)
     draft_source = getattr(spec, "draft_checkpoint", None) or getattr(spec, "eagle_model", None)
     draft_dir = _source_dir(loaded, draft_source, "draft", paths, steps) if draft_source else None
-    options = llm_api_options(loaded, version, draft_dir)
+    options = _version_independent_options(loaded, draft_dir) if planned.version is None else llm_api_options(loaded, planned.version, draft_dir)
     options_file = output_dir / "extra_llm_api_options.yaml"
     model_yaml = llmapi_model_yaml(loaded, target_hf, options, p)
     files = (
@@ -487,7 +530,26 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
     serve = ("trtllm-serve", str(target_hf), "--backend", "pytorch", "--tp_size", str(p.tp_size), "--pp_size", str(p.pp_size),
              "--extra_llm_api_options", str(options_file), "--host", r.serve.host, "--port", str(r.serve.http_port))
     return TrtllmPlan(r.name, "pytorch", output_dir, p, tuple(steps), files, EngineDirs(None), serve, tokenizer_dir=target_hf,
-                      draft_dir=draft_dir if spec.method == "draft_target" else None)
+                      draft_dir=draft_dir if spec.method == "draft_target" else None, trtllm_version=planned.describe("pytorch"))
+
+
+def _version_independent_options(loaded: LoadedRecipe, draft_dir: Path | None) -> dict[str, Any]:
+    """The LLM-API options when no version is known: allowed only if every line gives the same.
+
+    Raises:
+        RecipeError: at ``build.trtllm_version``, naming what differs and how to choose.
+    """
+    by_line = {v: llm_api_options(loaded, v, draft_dir) for v in LLM_API_LINES}
+    first, *others = by_line.values()
+    if any(o != first for o in others):
+        differs = ", ".join(f"{v}: decoding_type {o.get('speculative_config', {}).get('decoding_type')}" for v, o in by_line.items())
+        raise loaded.error(
+            ("build", "trtllm_version"),
+            f"the LLM-API configuration for method {loaded.recipe.speculation.method!r} differs by TensorRT-LLM version "
+            f"({differs}) and no TensorRT-LLM is installed here: set build.trtllm_version (e.g. '1.2.1') in the recipe "
+            "or pass --trtllm-version to the version you will deploy with",
+        )
+    return first
 
 
 def examples_dir() -> Path:
@@ -499,17 +561,46 @@ def examples_dir() -> Path:
 
 
 def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None) -> TrtllmPlan:
-    """``plan_tensorrt`` or ``plan_pytorch`` by ``build.backend``.
+    """``plan_tensorrt`` or ``plan_pytorch`` by ``build.backend``, for the TensorRT-LLM version
+    :func:`~specbuild.builder.trtllm_version.planned_version` picks: ``version`` (the installed one,
+    ``installed_version()``), else the recipe's ``build.trtllm_version``, else the path's default.
+    A ``build.trtllm_version`` that differs from the installed version is noted and not used.
 
     Raises:
-        RecipeError: ``build.backend`` is ``reference``, or see :func:`check_recipe`.
+        RecipeError: ``build.backend`` is ``reference``, or see :func:`check_recipe`, :func:`plan_pytorch`.
     """
     backend = loaded.recipe.build.backend
+    requested = _build_field(loaded.recipe, "trtllm_version", None)
+    if backend not in ("tensorrt", "pytorch"):
+        raise loaded.error(("build", "backend"), "not a TensorRT-LLM backend; the reference backend has its own plan")
     if backend == "tensorrt":
-        return plan_tensorrt(loaded, output_dir, version=version, examples_dir=examples_dir())
-    if backend == "pytorch":
-        return plan_pytorch(loaded, output_dir, version=version)
-    raise loaded.error(("build", "backend"), "not a TensorRT-LLM backend; the reference backend has its own plan")
+        plan = plan_tensorrt(loaded, output_dir, version=version, examples_dir=examples_dir())
+    else:
+        plan = plan_pytorch(loaded, output_dir, version=version)
+    if version is not None and requested is not None and requested != version:
+        note = f"build.trtllm_version {requested} not used: TensorRT-LLM {version} is installed and is what runs"
+        plan = dataclasses.replace(plan, notes=(*plan.notes, note))
+    return plan
+
+
+def with_trtllm_version(loaded: LoadedRecipe, version: str | None) -> LoadedRecipe:
+    """``loaded`` with ``build.trtllm_version`` set to ``version`` (``--trtllm-version``; ``None``:
+    unchanged), validated like the recipe field.
+
+    Raises:
+        RecipeError: ``version`` is not ``MAJOR.MINOR[.PATCH][rcN]``.
+    """
+    if version is None:
+        return loaded
+    from pydantic import ValidationError
+
+    from specbuild.builder.recipe import BuildConfig
+
+    try:
+        build = BuildConfig.model_validate({**loaded.recipe.build.model_dump(), "trtllm_version": version})
+    except ValidationError:
+        raise RecipeError(f"--trtllm-version {version!r}: expected a TensorRT-LLM version such as 1.2.1 or 1.3.0rc2") from None
+    return dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"build": build}))
 
 
 def require_installed(loaded: LoadedRecipe, version: str | None) -> None:
@@ -530,4 +621,5 @@ def require_installed(loaded: LoadedRecipe, version: str | None) -> None:
 __all__ = [
     "ConfigFile", "EngineDirs", "Parallelism", "RecipeError", "Step", "TrtllmPlan", "check_recipe", "llm_api_options",
     "max_num_tokens", "plan_for", "plan_pytorch", "plan_tensorrt", "require_installed", "speculative_config",
+    "with_trtllm_version",
 ]

@@ -256,7 +256,7 @@ def run_trtllm(
     s = loaded.recipe.serve
     with staging_dir(repo_dir) as tmp:
         if plan.backend == "pytorch":
-            write_llmapi_repository(plan, tmp, final_dir=repo_dir)
+            write_llmapi_repository(loaded, plan, tmp, final_dir=repo_dir)
         else:
             try:
                 end_id, pad_id = special_ids(plan.tokenizer_dir)
@@ -264,6 +264,6 @@ def run_trtllm(
                 raise StageError(f"repository: {exc}; add eos_token_id to the target's generation_config.json") from None
             spec = repo_spec_for(loaded, plan, end_id=end_id, pad_id=pad_id)
             argv = launch_command(spec, repo_dir, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
-            write_trtllm_repository(spec, tmp, launch_argv=argv, final_dir=repo_dir)
+            write_trtllm_repository(spec, tmp, launch_argv=argv)
     log(f"repository: {repo_dir} (launch: {repo_dir / 'launch.sh'})")
     return TrtllmRunResult(plan, record, repo_dir, repo_dir / "launch.sh")

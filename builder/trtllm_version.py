@@ -4,7 +4,8 @@ Nothing here imports ``tensorrt_llm``: importing it needs the CUDA driver librar
 fail validation in well under a second on any machine. Detection uses
 ``importlib.util.find_spec`` + ``importlib.metadata.version``.
 
-Capability table (TensorRT-LLM sources; see ../shared/facts/tensorrt-llm.md)::
+Capability table (TensorRT-LLM sources: tensorrt_llm/llmapi/llm_args.py ``supports_backend``,
+tensorrt_llm/commands/build.py ``--speculative_decoding_mode``)::
 
     method        tensorrt (engines, <= 1.2.x)   pytorch (LLM API, >= 1.0)
     none          yes                            yes
@@ -48,6 +49,7 @@ class TrtllmVersion:
 ENGINE_PATH_LAST = TrtllmVersion(1, 2, 99)  # the engine path ships in <= 1.2.x
 PYTORCH_PATH_FIRST = TrtllmVersion(1, 0, 0)
 EAGLE3_NAME_FIRST = TrtllmVersion(1, 3, 0)  # older LLM APIs spell EAGLE-3 as decoding_type "Eagle"
+RENAMED_IN_1_3 = {"DraftTarget": "Draft_Target"}  # llm_args.py 1.3 line: DraftTargetDecodingConfig's Literal
 
 
 def parse_version(text: str) -> TrtllmVersion:
@@ -97,9 +99,10 @@ def supported_paths(method: str) -> tuple[BuildPath, ...]:
     return tuple(paths)
 
 
-def capability_error(method: str, path: BuildPath, version: str | None) -> str | None:
-    """Why ``method`` cannot be built on ``path`` with TensorRT-LLM ``version`` (``None``: not
-    installed, only the method/path pair is checked); ``None`` when it can.
+def capability_error(method: str, path: BuildPath, version: str | None, source: str = "installed") -> str | None:
+    """Why ``method`` cannot be built on ``path`` with TensorRT-LLM ``version`` (``None``: unknown,
+    only the method/path pair is checked); ``None`` when it can. ``source`` says where ``version``
+    came from (``installed``, ``build.trtllm_version``), for the message.
 
     The message names the path or version to use instead.
     """
@@ -113,20 +116,67 @@ def capability_error(method: str, path: BuildPath, version: str | None) -> str |
     if path == "tensorrt" and v > ENGINE_PATH_LAST:
         return (
             f"build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x (trtllm-build and the engine path were "
-            f"removed in 1.3); installed: {version}. Install tensorrt-llm==1.2.1 (NGC container "
+            f"removed in 1.3); {source}: {version}. Install tensorrt-llm==1.2.1 (NGC container "
             f"tritonserver:<yy.mm>-trtllm-python-py3 with TensorRT-LLM 1.2) or use build.backend: pytorch"
             + ("" if "pytorch" in supported_paths(method) else f" (not available for method {method!r})")
         )
     if path == "pytorch" and v < PYTORCH_PATH_FIRST:
-        return f"build.backend 'pytorch' needs TensorRT-LLM >= 1.0; installed: {version}. Upgrade, or use build.backend: tensorrt"
+        return f"build.backend 'pytorch' needs TensorRT-LLM >= 1.0; {source}: {version}. Upgrade, or use build.backend: tensorrt"
     return None
 
 
-def llm_api_decoding_type(decoding_type: str, version: str | None) -> str:
-    """The ``decoding_type`` string the LLM API of ``version`` accepts (``None``: the newest).
+def llm_api_decoding_type(decoding_type: str, version: str) -> str:
+    """The ``decoding_type`` string the LLM API of ``version`` accepts.
 
-    Example: ``"Eagle3"`` -> ``"Eagle"`` for 1.0-1.2, whose PyTorch backend treats ``Eagle`` as EAGLE-3.
+    Example: ``"Eagle3"`` -> ``"Eagle"`` for 1.0-1.2 (``DecodingBaseConfig.from_dict`` has no
+    ``Eagle3`` key there; its PyTorch backend treats ``Eagle`` as EAGLE-3), ``"Eagle3"`` from 1.3;
+    ``"DraftTarget"`` -> ``"Draft_Target"`` from 1.3 (that line's ``decoding_type`` literal).
     """
-    if decoding_type == "Eagle3" and version is not None and parse_version(version) < EAGLE3_NAME_FIRST:
-        return "Eagle"
-    return decoding_type
+    if parse_version(version) < EAGLE3_NAME_FIRST:
+        return "Eagle" if decoding_type == "Eagle3" else decoding_type
+    return RENAMED_IN_1_3.get(decoding_type, decoding_type)
+
+
+VersionSource = Literal["installed", "build.trtllm_version", "path default", "unknown"]
+ENGINE_PATH_DEFAULT = "1.2"  # the engine path's last line: plan for it when nothing says otherwise
+# One version per LLM-API line whose YAML differs (decoding_type "Eagle" vs "Eagle3"): a PyTorch-path
+# plan whose output is the same for all of them needs no version.
+LLM_API_LINES = ("1.2.1", "1.3.0")
+
+
+@dataclass(frozen=True)
+class PlannedVersion:
+    """The TensorRT-LLM version a plan is written for, and where that came from.
+
+    ``version`` ``None`` (``source`` ``unknown``): no version known, allowed only when the plan's
+    output is the same for every version of its path.
+    """
+
+    version: str | None
+    source: VersionSource
+
+    def describe(self, path: BuildPath) -> str:
+        """For the plan header, e.g. ``TensorRT-LLM 1.2.x (engine path default; not installed here)``."""
+        if self.source == "installed":
+            return f"TensorRT-LLM {self.version} (installed)"
+        if self.source == "build.trtllm_version":
+            return f"TensorRT-LLM {self.version} (build.trtllm_version / --trtllm-version; not installed here)"
+        if self.source == "path default":
+            return f"TensorRT-LLM {self.version}.x (engine path default; not installed here)"
+        return f"TensorRT-LLM >= {PYTORCH_PATH_FIRST.major}.{PYTORCH_PATH_FIRST.minor} (not installed here, no build.trtllm_version; this plan's files are the same for every version)"
+
+
+def planned_version(path: BuildPath, *, installed: str | None, requested: str | None) -> PlannedVersion:
+    """The installed version, else ``requested`` (``build.trtllm_version`` / ``--trtllm-version``),
+    else the path's default: 1.2 for the engine path; none for the PyTorch path, whose plan must
+    then not depend on the version (:data:`LLM_API_LINES`).
+
+    Example: ``("tensorrt", installed=None, requested=None)`` -> ``PlannedVersion("1.2", "path default")``.
+    """
+    if installed is not None:
+        return PlannedVersion(installed, "installed")
+    if requested is not None:
+        return PlannedVersion(requested, "build.trtllm_version")
+    if path == "tensorrt":
+        return PlannedVersion(ENGINE_PATH_DEFAULT, "path default")
+    return PlannedVersion(None, "unknown")

@@ -10,7 +10,8 @@ draft length) this module computes, per prompt set (a workload):
   (:func:`recommend_highest_throughput`);
 - a draft-length schedule by concurrency per deployment (:func:`draft_len_schedule`), in TensorRT-LLM's
   terms: ``draft_len_schedule`` {batch-size threshold: draft length} (a batch of b requests uses the
-  entry of the smallest threshold >= b) and ``max_concurrency`` (speculation off above it);
+  entry of the largest threshold <= b), valid by TensorRT-LLM's own rules
+  (:mod:`specbuild.builder.draft_len_schedule`), and ``max_concurrency`` (speculation off above it);
 - the analytic expectation of Leviathan et al. 2023 (:func:`analytic_comparison`) and how close each
   point comes to it;
 - PNG plots of the frontier and of speed-up vs concurrency per method (:func:`plot_frontier`,
@@ -27,6 +28,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from specbuild.builder.draft_len_schedule import schedule_from_measurements
 
 LATENCY_METRICS = {
     "p50": "latency_ms_p50",
@@ -129,9 +132,13 @@ class Schedule:
     Attributes:
         best: measured concurrency -> the draft length with the lowest latency there.
         draft_len_schedule: TensorRT-LLM's ``{threshold: draft_len}`` for the levels where speculation
-            is on (a batch of b requests uses the smallest threshold >= b).
+            is on (a batch of b requests uses the largest threshold <= b), with ``schedule[1] ==
+            max_draft_len``; ``{}`` when TensorRT-LLM cannot express ``best`` (``note`` says why).
+            Deploy it as the recipe's ``build.draft_len_schedule`` with ``speculation.max_draft_len``.
         max_concurrency: speculation off above it (TensorRT-LLM ``max_concurrency``); ``None`` = on at
             every measured level; 0 = off at every level.
+        max_draft_len: ``draft_len_schedule[1]`` (``None`` without a schedule).
+        note: why there is no schedule ("" when there is one).
     """
 
     deployment: str
@@ -139,6 +146,8 @@ class Schedule:
     best: dict[int, int]
     draft_len_schedule: dict[int, int]
     max_concurrency: int | None
+    max_draft_len: int | None = None
+    note: str = ""
 
 
 def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> list[Schedule]:
@@ -152,7 +161,8 @@ def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> 
 
     ``max_concurrency`` is the largest level below the tail of levels where k = 0 wins; a k = 0 win
     followed by a k > 0 win at a higher level is not a tail, so speculation stays on there.
-    Example: best {1: 4, 4: 2, 8: 0, 16: 0} -> draft_len_schedule {1: 4, 4: 2}, max_concurrency 4.
+    Example: best {1: 4, 4: 2, 8: 0, 16: 0} -> draft_len_schedule {1: 4, 4: 2}, max_concurrency 4;
+    best {1: 0, 4: 3} -> no schedule: TensorRT-LLM requires schedule[1] = max_draft_len >= every entry.
     """
     groups: dict[tuple[str, str], list[Candidate]] = defaultdict(list)
     for c in cands:
@@ -173,7 +183,9 @@ def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> 
         else:
             max_concurrency = max(level for level in levels if level not in off_tail)
         on = {level: k for level, k in best.items() if max_concurrency is None or level <= max_concurrency}
-        schedules.append(Schedule(deployment, prompt_set, best, on, max_concurrency))
+        schedule, note = schedule_from_measurements(on)
+        schedules.append(Schedule(deployment, prompt_set, best, schedule or {}, max_concurrency,
+                                  None if schedule is None else schedule[1], note))
     return schedules
 
 
@@ -561,7 +573,7 @@ def report_tables(report: TuneReport) -> list:
         t.add_column(name)
     for s in report.schedules:
         mc = "always on" if s.max_concurrency is None else ("always off" if s.max_concurrency == 0 else str(s.max_concurrency))
-        t.add_row(s.deployment, s.prompt_set, _fmt_map(s.best), _fmt_map(s.draft_len_schedule) or "-", mc)
+        t.add_row(s.deployment, s.prompt_set, _fmt_map(s.best), _fmt_map(s.draft_len_schedule) or f"- ({s.note})", mc)
     out.append(t)
     t = Table(title="Against Leviathan et al. 2023: E[tokens/step] = (1-a^(k+1))/(1-a), speed-up = E/(kc+1)")
     for name in ("deployment", "prompts", "k", "C", "a", "c", "tok/step", "expected", "speed-up", "expected", "meas/exp"):

@@ -83,7 +83,8 @@ def main() -> None:
 @click.option("--output-dir", "-o", help="Deployment directory: engine, repository, logs, report [./specbuild-out/NAME].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit without doing any work.")
 @click.option("--rebuild", is_flag=True, help="Rebuild the engine even if its inputs are unchanged.")
-def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: bool) -> None:
+@click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
+def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: bool, trtllm_version: str | None) -> None:
     """Build, serve and verify RECIPE (a path or a bundled recipe name).
 
     Converts the target checkpoint, builds the engine with speculation enabled, generates a Triton
@@ -97,7 +98,7 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
       specbuild recipe recipes/smollm2-ngram.yaml --dry-run
       specbuild recipe my-recipe.yaml -o /tmp/out
     """
-    loaded = _load(recipe)
+    loaded = _with_trtllm_version(_load(recipe), trtllm_version)
     paths = _paths(loaded, output_dir)
     if dry_run:
         _plan(loaded, paths)
@@ -118,23 +119,37 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
 @main.command("plan")
 @click.argument("recipe")
 @click.option("--output-dir", "-o", help="Deployment directory the plan refers to [./specbuild-out/NAME].")
+@click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (stages, warnings, speculative_config) on stdout.")
-def plan_command(recipe: str, output_dir: str | None, as_json: bool) -> None:
+def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None, as_json: bool) -> None:
     """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run).
 
     Checks exactly what `recipe`, `build` and `train-draft` check before any work (schema,
     checkpoints, heads, prompts, the backend's methods), in well under a second; a bad recipe exits
     2 naming the file, line, field and fix. Warnings (a server open to the network,
-    trust_remote_code) are printed and written into the plan.
+    trust_remote_code) are printed and written into the plan. TensorRT-LLM recipes are planned for
+    the installed TensorRT-LLM, else build.trtllm_version / --trtllm-version, else the path's
+    default (engine path: 1.2.x); the header says which.
 
     \b
     Examples:
       specbuild plan smollm2-ngram
       specbuild plan llama-eagle -o /work/out/llama-eagle
+      specbuild plan llama-eagle3 --trtllm-version 1.3.0
       specbuild plan my-recipe.yaml --json | jq .warnings
     """
-    loaded = _load(recipe)
+    loaded = _with_trtllm_version(_load(recipe), trtllm_version)
     _plan(loaded, _paths(loaded, output_dir), as_json=as_json)
+
+
+def _with_trtllm_version(loaded, version: str | None):
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.builder.trtllm_plan import with_trtllm_version
+
+    try:
+        return with_trtllm_version(loaded, version)
+    except RecipeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--trtllm-version") from None
 
 
 def _plan(loaded, paths, *, as_json: bool = False) -> None:

@@ -312,11 +312,6 @@ def trtllm_next_steps(loaded: LoadedRecipe, result) -> list[str]:
     """How to serve and verify a TensorRT-LLM repository (inside the TensorRT-LLM Triton container)."""
     v = loaded.recipe.verify
     s = loaded.recipe.serve
-    if result.plan.backend == "pytorch":  # Triton's llmapi model: its own interface (model tensorrt_llm)
-        return [
-            f"serve:  bash {result.launch_script}   (or: {' '.join(result.plan.serve_argv)})",
-            f"query:  curl -s {s.host}:{s.http_port}/v2/models/tensorrt_llm/generate -d '{{\"text_input\": \"def fib(n):\", \"max_tokens\": 64}}'",
-        ]
     return [
         f"serve:  bash {result.launch_script}   (or: specbuild serve {result.repo_dir})",
         f"verify: specbuild verify --url {s.host}:{s.grpc_port if v.protocol == 'grpc' else s.http_port} --protocol {v.protocol} "

@@ -184,8 +184,8 @@ def _sequential_children(model, head, state, chain: list[int], k: int) -> list[i
 
 
 def _ready_state(model, proposer, prompt):
-    cache = target_model.new_cache(model)
-    first, features = eagle_decode.prefill_features(model, prompt, cache)
+    outputs = model(input_ids=torch.tensor([prompt]), output_hidden_states=True)
+    first, features = int(outputs.logits[0, -1].argmax()), outputs.hidden_states[-1][0]  # features [T, H] final norm
     state = proposer.new_state()
     proposer.update(state, [*prompt[1:], first], features)
     return first, state

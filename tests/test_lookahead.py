@@ -7,9 +7,11 @@ import itertools
 import pytest
 import torch
 from specbuild.builder.recipe import lookahead_max_draft_len
-from specbuild.engine import lookahead_decode
+from specbuild.engine import worker
 from specbuild.engine import target as target_model
-from specbuild.engine.lookahead_decode import lookahead_generate_greedy, masked_forward
+from specbuild.engine.forward import RowBlock, forward_blocks
+from specbuild.engine.kv_pool import KVPool, KVShape
+from specbuild.engine.lookahead_decode import lookahead_generate_greedy
 from specbuild.engine.methods import lookahead
 from specbuild.engine.methods.lookahead import (
     LookaheadConfig,
@@ -156,9 +158,11 @@ def test_block_logits_equal_a_causal_pass_over_each_chain(model):
     levels = [[12, 30, 31], [40, 41, 42], [50, 51, 52]]
     layout = build_step_layout(12, levels, [[60, 61, 62], [70, 71]], params)
     with torch.inference_mode():
-        cache = target_model.new_cache(model)
-        target_model.forward_logits(model, prefix, cache, num_logits=1)
-        block = masked_forward(model, layout.tokens, layout.positions, layout.allowed, cache)  # [T, vocab]
+        pool = KVPool(KVShape.of(model), num_slots=1, capacity=64, dtype=model.dtype, device="cpu")
+        slot = pool.allocate()
+        forward_blocks(model, pool, [RowBlock(slot, prefix, logits_from=len(prefix) - 1)])
+        pool.commit(slot, list(range(len(prefix))))
+        block = forward_blocks(model, pool, [RowBlock(slot, layout.tokens, layout.positions, layout.allowed)]).logits[0]  # [T, vocab]
         for row in range(layout.num_tokens):
             chain = [layout.tokens[k] for k in layout.allowed[row].nonzero().flatten().tolist()]
             sequential = model(torch.tensor([prefix + chain])).logits[0, -1]  # [vocab]
@@ -203,11 +207,11 @@ def test_jacobi_branch_alone_yields_accepted_ngrams(model, plain_outputs, monkey
 def test_tokens_per_step_stay_within_the_engine_budget(model, monkeypatch):
     sizes: list[int] = []
 
-    def recording_forward(model, tokens, positions, allowed, cache):
-        sizes.append(len(tokens))
-        return masked_forward(model, tokens, positions, allowed, cache)
+    def recording_forward(model, pool, rows, **kwargs):
+        sizes.extend(len(row.tokens) for row in rows if row.logits_from == 0)  # the steps, not the prefill
+        return forward_blocks(model, pool, rows, **kwargs)
 
-    monkeypatch.setattr(lookahead_decode, "masked_forward", recording_forward)
+    monkeypatch.setattr(worker, "forward_blocks", recording_forward)
     for wng in CONFIGS:
         sizes.clear()
         lookahead_generate_greedy(model, REPETITIVE, max_tokens=NEW_TOKENS, config=LookaheadConfig(*wng))
@@ -226,14 +230,14 @@ def test_max_tokens_is_never_exceeded(model, plain_outputs, max_tokens):
 
 def test_end_token_inside_an_accepted_chunk_stops_there(model, plain_outputs, monkeypatch):
     chunks: list[list[int]] = []
-    step = lookahead_decode.lookahead_step
+    accept = worker.accept_tree_greedy
 
-    def recording_step(*args, **kwargs):
-        outcome = step(*args, **kwargs)
-        chunks.append(outcome.acceptance.emitted_tokens)
+    def recording_accept(*args):
+        outcome = accept(*args)
+        chunks.append(outcome.emitted_tokens)
         return outcome
 
-    monkeypatch.setattr(lookahead_decode, "lookahead_step", recording_step)
+    monkeypatch.setattr(worker, "accept_tree_greedy", recording_accept)
     config = LookaheadConfig(4, 3, 4)
     lookahead_generate_greedy(model, REPETITIVE, max_tokens=NEW_TOKENS, config=config)
     expected, start, end = plain_outputs[1], 1, None

@@ -10,13 +10,10 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from specbuild.engine import medusa_decode
 from specbuild.engine import target as target_model
-from specbuild.engine.medusa_decode import (
-    generate_tree_greedy,
-    medusa_generate_greedy,
-    tree_step,
-)
+from specbuild.engine import worker
+from specbuild.engine.drafters import TreeDrafter
+from specbuild.engine.medusa_decode import generate_tree_greedy, medusa_generate_greedy
 from specbuild.engine.methods.medusa import (
     MedusaConfig,
     MedusaHeads,
@@ -236,7 +233,7 @@ def test_partly_right_draft_equals_plain_greedy(model, plain_outputs, monkeypatc
         accepted_choices.append(tree.paths[acceptance.last_index - 1] if acceptance.accepted_nodes else ())
         return acceptance
 
-    monkeypatch.setattr(medusa_decode, "accept_tree_greedy", recording_accept)
+    monkeypatch.setattr(worker, "accept_tree_greedy", recording_accept)
     for prompt, plain in zip(PROMPTS, plain_outputs):
         proposer = _OracleProposer(prompt, plain, noise_seed=seed)
         result = generate_tree_greedy(model, proposer, prompt, max_tokens=NEW_TOKENS, tree=DEFAULT_TREE)
@@ -246,20 +243,23 @@ def test_partly_right_draft_equals_plain_greedy(model, plain_outputs, monkeypatc
     assert any(any(c != 0 for c in choice) for choice in accepted_choices), "only first children were accepted"
 
 
-def test_step_grows_the_cache_by_the_accepted_path(model, plain_outputs):
+def test_step_keeps_the_accepted_path_and_feeds_its_hidden_state(model, plain_outputs):
     prompt, plain = PROMPTS[1], plain_outputs[1]
+    drafter = TreeDrafter(_OracleProposer(prompt, plain), DEFAULT_TREE)
+    request = worker.InflightRequest(list(prompt), NEW_TOKENS, -1, drafter)
+    running = worker.Worker(model, max_batch_size=1, max_seq_len=64, max_block=64, max_num_tokens=64)
+    running.add(request)
+    (_, first), = running.step()  # prefill
+    prefill_hidden = drafter.hidden
+    (_, step), = running.step()  # one tree verification: the whole depth (4) accepted + bonus
+    # the heads' next input: the final-norm state where a sequential run predicts the bonus token
     with torch.inference_mode():
-        cache = target_model.new_cache(model)
-        first, hidden = medusa_decode.prefill_with_hidden(model, prompt, cache)
-        assert first == plain[0]
-        step = tree_step(model, _OracleProposer(prompt, plain), DEFAULT_TREE, [*prompt, first], hidden, cache)
-        # the heads' next input: the final-norm state where a sequential run predicts the bonus token
         sequential = model(input_ids=torch.tensor([[*prompt, *plain[:5]]]), output_hidden_states=True)
-    assert step.acceptance.emitted_tokens == plain[1:6]
-    assert cache.get_seq_length() == len(prompt) + 1 + 4
-    assert step.next_hidden.shape == (HIDDEN,)
-    torch.testing.assert_close(step.next_hidden, sequential.hidden_states[-1][0, -1], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(hidden, sequential.hidden_states[-1][0, len(prompt) - 1], rtol=1e-4, atol=1e-5)
+    assert first.token_ids == plain[:1] and step.token_ids == plain[1:6]
+    assert running.pool.lengths[request.slot] == len(prompt) + 1 + 4
+    assert drafter.hidden.shape == (HIDDEN,)
+    torch.testing.assert_close(drafter.hidden, sequential.hidden_states[-1][0, -1], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(prefill_hidden, sequential.hidden_states[-1][0, len(prompt) - 1], rtol=1e-4, atol=1e-5)
 
 
 # --- stopping ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 
 from conftest import write_recipe
 from specbuild.client.prompts import Prompt
-from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, medusa_decode
+from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, worker
 from specbuild.engine import target as target_model
 from specbuild.engine.methods import medusa
 from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
@@ -110,13 +110,13 @@ def test_lm_head_heads_get_drafts_accepted(engines):
 def test_num_draft_tokens_keeps_the_first_nodes_in_tree_order(engines, monkeypatch):
     """k = 2 on the user tree verifies [0] and [1] only: 2 nodes per step, depth 1."""
     verified = []
-    real_tree_step = medusa_decode.tree_step
+    real_accept = worker.accept_tree_greedy
 
-    def recording_tree_step(model, proposer, tree, *args):
+    def recording_accept(tree, *args):
         verified.append(tree.paths)
-        return real_tree_step(model, proposer, tree, *args)
+        return real_accept(tree, *args)
 
-    monkeypatch.setattr(medusa_decode, "tree_step", recording_tree_step)
+    monkeypatch.setattr(worker, "accept_tree_greedy", recording_accept)
     result = _run(engines["random", "user"], PROMPTS[0], max_tokens=6, num_draft_tokens=2)
     assert verified and all(paths == ((0,), (1,)) for paths in verified[:-1])
     assert verified[-1] == ()  # one token left: no node could be emitted, a plain step

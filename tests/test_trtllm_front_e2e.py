@@ -8,7 +8,6 @@ swapped: the front, its BLS calls and the tensor declarations are the real ones.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,6 @@ def standin_repository(tokenizer_dir: Path, out: Path, method: str = "draft_targ
     )
     repo = out / "repo"
     write_trtllm_repository(spec, repo, launch_argv=launch_command(spec, repo, http_port=8000, grpc_port=8001, metrics_port=8002))
-    shutil.rmtree(repo / "tensorrt_llm_bls", ignore_errors=True)  # upstream's model.py: in the TensorRT-LLM container only
     for name, role in (("tensorrt_llm", "target"), ("tensorrt_llm_draft", "draft")):
         config = repo / name / "config.pbtxt"
         if config.exists():

@@ -26,13 +26,15 @@ from specbuild.builder.trtllm_version import (
     llm_api_decoding_type,
     parse_version,
 )
+from upstream_trtllm import check_speculative_config
 
 OUT = Path("/out")
 EX = "/app/examples"
 
 # Reference flag sets, copied by hand from the upstream argparse/click definitions (NVIDIA/TensorRT-LLM);
 # each names the file and the commit it was read at (1.x trees, engine path present).
-# tensorrt_llm/commands/build.py parse_arguments() @ 008b2b8d + tensorrt_llm/plugin/plugin.py add_plugin_argument
+# tensorrt_llm/commands/build.py parse_arguments() @ 008b2b8d (the only stored copy of build.py; re-read at the
+# v1.2.1 tag when a full checkout is at hand) + tensorrt_llm/plugin/plugin.py add_plugin_argument
 TRTLLM_BUILD_FLAGS = {
     "--checkpoint_dir", "--model_config", "--build_config", "--output_dir", "--max_batch_size", "--max_input_len",
     "--max_seq_len", "--max_beam_width", "--max_num_tokens", "--opt_num_tokens", "--workers", "--log_level",
@@ -75,17 +77,10 @@ TRTLLM_SERVE_FLAGS = {"--tokenizer", "--custom_tokenizer", "--host", "--port", "
                       "--kv_cache_free_gpu_memory_fraction", "--num_postprocess_workers", "--trust_remote_code", "--revision",
                       "--config", "--extra_llm_api_options", "--reasoning_parser", "--tool_parser", "--chat_template"}
 TRTLLM_SERVE_BACKENDS = {"pytorch", "tensorrt", "_autodeploy"}
-# tensorrt_llm/llmapi/llm_args.py: DecodingBaseConfig.from_dict names and each config's fields (1.0; Eagle3 added later)
-DECODING_TYPES = {"MTP", "Medusa", "Eagle", "Eagle3", "Lookahead", "NGram", "DraftTarget", "UserProvided", "AUTO"}
-SPEC_CONFIG_FIELDS = {"decoding_type", "max_draft_len", "speculative_model_dir", "medusa_choices", "num_medusa_heads",
-                      "eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
-                      "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "max_window_size", "max_ngram_size",
-                      "max_verification_set_size", "max_matching_ngram_size", "is_keep_all", "is_use_oldest",
-                      "is_public_pool", "num_nextn_predict_layers"}
 LLM_ARGS = {"max_batch_size", "max_seq_len", "kv_cache_config", "speculative_config"}
 KV_CACHE_CONFIG_FIELDS = {"free_gpu_memory_fraction", "enable_block_reuse"}
-# triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml
-MODEL_YAML_KEYS = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "triton_config"} | LLM_ARGS
+# triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml (its LLM arguments; triton_config is that model's own)
+MODEL_YAML_KEYS = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size"} | LLM_ARGS
 
 
 def llama(name: str) -> LoadedRecipe:
@@ -172,8 +167,8 @@ def test_every_flag_is_one_tensorrt_llm_defines(name):
             assert flags(argv) <= reference, argv
 
 
-GOLDEN_PYTORCH = {
-    "llama-eagle3": {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model_dir": "/out/hf/draft", "eagle3_one_model": True},
+GOLDEN_PYTORCH = {  # planned for the recipes' build.trtllm_version 1.2.1: EAGLE-3 is decoding_type Eagle there
+    "llama-eagle3": {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model_dir": "/out/hf/draft", "eagle3_one_model": True},
     "llama-ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 3, "is_use_oldest": True},
 }
 
@@ -188,10 +183,11 @@ def test_pytorch_path_golden_configs(name, tmp_path):
     assert options == {"max_batch_size": 8, "max_seq_len": 4096, "kv_cache_config": {"free_gpu_memory_fraction": 0.9},
                        "speculative_config": golden}
     assert model == {"model": f"{tmp_path}/hf/target", "backend": "pytorch", "tensor_parallel_size": 1,
-                     "pipeline_parallel_size": 1, **options, "triton_config": {"max_batch_size": 0, "decoupled": False}}
+                     "pipeline_parallel_size": 1, **options}
     assert set(model) <= MODEL_YAML_KEYS and set(options) <= LLM_ARGS
     assert set(options["kv_cache_config"]) <= KV_CACHE_CONFIG_FIELDS
-    assert set(golden) <= SPEC_CONFIG_FIELDS and golden["decoding_type"] in DECODING_TYPES
+    assert check_speculative_config(options["speculative_config"], "1.2.1") == []
+    assert plan.trtllm_version.startswith("TensorRT-LLM 1.2.1 ")
     assert flags(list(plan.serve_argv)) <= TRTLLM_SERVE_FLAGS
     assert plan.serve_argv[plan.serve_argv.index("--backend") + 1] in TRTLLM_SERVE_BACKENDS
     assert [p.name for p in written] == ["build.sh", "extra_llm_api_options.yaml", "model.yaml"]
@@ -269,7 +265,7 @@ def test_engine_path_with_tensorrt_llm_1_3_is_rejected():
 
 def test_version_parsing_and_eagle3_name():
     assert parse_version("1.3.0rc2") == parse_version("1.3") > parse_version("1.2.1")
-    assert llm_api_decoding_type("Eagle3", "1.2.1") == "Eagle" and llm_api_decoding_type("Eagle3", None) == "Eagle3"
+    assert llm_api_decoding_type("Eagle3", "1.2.1") == "Eagle" and llm_api_decoding_type("Eagle3", "1.3.0rc2") == "Eagle3"
     with pytest.raises(ValueError, match="not a TensorRT-LLM version"):
         parse_version("latest")
 
@@ -311,7 +307,11 @@ def test_cli_plans_without_tensorrt_llm_and_refuses_to_run():
     assert "triton_repo/tensorrt_llm/config.pbtxt (backend tensorrtllm)" in plan.stdout and "decoding_mode = eagle" in plan.stdout
     assert "launch: $ python3 /app/scripts/launch_triton_server.py --world_size 1 " in plan.stdout
     draft = subprocess.run([sys.executable, "-m", "specbuild.cli", "recipe", "llama-draft", "--dry-run"], capture_output=True, text=True, timeout=60)
-    assert draft.returncode == 0 and "tensorrt_llm_bls/config.pbtxt" in draft.stdout and "tensorrt_llm_draft_model_name = tensorrt_llm_draft" in draft.stdout
+    assert draft.returncode == 0 and "tensorrt_llm_draft/config.pbtxt" in draft.stdout and "tensorrt_llm_draft_model_name = tensorrt_llm_draft" in draft.stdout
+    assert "tensorrt_llm_bls" not in draft.stdout and "# planned for TensorRT-LLM 1.2.1 " in draft.stdout
+    eagle3 = subprocess.run([sys.executable, "-m", "specbuild.cli", "plan", "llama-eagle3", "--trtllm-version", "1.3.0"],
+                            capture_output=True, text=True, timeout=60)
+    assert eagle3.returncode == 0 and "decoding_type: Eagle3" in eagle3.stdout and "# planned for TensorRT-LLM 1.3.0 " in eagle3.stdout
     assert "--multi-model" in draft.stdout.replace("\n", " ")
     run = subprocess.run([sys.executable, "-m", "specbuild.cli", "recipe", "llama-eagle"], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0
@@ -368,3 +368,77 @@ def test_eagle_runtime_options_the_triton_backend_lacks_are_rejected():
         plan_tensorrt(recipe("  method: eagle\n  eagle_model: e/h\n  use_dynamic_tree: true\n  dynamic_tree_max_topK: 8\n"), OUT)
     with pytest.raises(RecipeError, match=r"speculation.posterior_threshold: .*remove it"):
         plan_tensorrt(recipe("  method: eagle\n  eagle_model: e/h\n  posterior_threshold: 0.09\n"), OUT)
+
+
+LLAMA_RECIPES = ("llama-draft", "llama-eagle", "llama-eagle3", "llama-lookahead", "llama-medusa", "llama-ngram")
+
+
+@pytest.mark.parametrize("name", LLAMA_RECIPES)
+def test_every_llama_plan_states_the_tensorrt_llm_version_it_assumed(name, tmp_path):
+    """Without TensorRT-LLM installed: the recipe's build.trtllm_version, in the printed plan header;
+    installed, the installed version wins and a different pin is noted."""
+    from specbuild.pipeline import RunPaths, plan_lines
+
+    if installed_version() is None:
+        lines = plan_lines(llama(name), RunPaths(tmp_path))
+        assert lines[1] == "# planned for TensorRT-LLM 1.2.1 (build.trtllm_version / --trtllm-version; not installed here)"
+    plan = plan_for(llama(name), tmp_path, version="1.2.0")
+    assert plan.lines()[1] == "# planned for TensorRT-LLM 1.2.0 (installed)"
+    assert plan.notes == ("build.trtllm_version 1.2.1 not used: TensorRT-LLM 1.2.0 is installed and is what runs",)
+
+
+def test_engine_path_default_is_1_2_without_a_version():
+    text = (Path(__file__).parents[1] / "recipes" / "llama-medusa.yaml").read_text()
+    loaded = parse_recipe(text.replace("  trtllm_version: '1.2.1'", "  # no version"), Path("m.yaml"))
+    assert plan_tensorrt(loaded, OUT).lines()[1] == "# planned for TensorRT-LLM 1.2.x (engine path default; not installed here)"
+
+
+def unpinned(name: str) -> LoadedRecipe:
+    text = (Path(__file__).parents[1] / "recipes" / f"{name}.yaml").read_text()
+    return parse_recipe(text.replace("  trtllm_version: '1.2.1'", "  # no version"), Path(f"{name}.yaml"))
+
+
+def test_pytorch_plan_refuses_when_its_output_depends_on_an_unknown_version(tmp_path):
+    with pytest.raises(RecipeError, match=r"llama-eagle3.yaml:\d+: build.trtllm_version: the LLM-API configuration for method "
+                                          r"'eagle3' differs by TensorRT-LLM version \(1.2.1: decoding_type Eagle, 1.3.0: decoding_type "
+                                          r"Eagle3\).*set build.trtllm_version .*--trtllm-version"):
+        plan_pytorch(unpinned("llama-eagle3"), tmp_path)
+    ngram = plan_pytorch(unpinned("llama-ngram"), tmp_path)  # NGram's YAML is the same on every line
+    assert "this plan's files are the same for every version" in ngram.lines()[1]
+    options = yaml.safe_load(ngram.files[0].text)
+    assert check_speculative_config(options["speculative_config"], "1.2.1") == check_speculative_config(options["speculative_config"], "1.3.0") == []
+
+
+@pytest.mark.parametrize(("version", "decoding_type"), [("1.2.1", "Eagle"), ("1.3.0rc2", "Eagle3"), ("1.3.0", "Eagle3")])
+def test_eagle3_yaml_validates_for_the_version_planned_for(version, decoding_type, tmp_path):
+    """The YAML a plan writes is one that version's LLM API accepts (decoding_type registry and
+    fields, tests/upstream_trtllm.py), and not the other line's where they differ."""
+    from specbuild.builder.trtllm_plan import with_trtllm_version
+
+    plan = plan_for(with_trtllm_version(unpinned("llama-eagle3"), version), tmp_path)
+    for f in plan.files:
+        config = yaml.safe_load(f.text)["speculative_config"]
+        assert config["decoding_type"] == decoding_type
+        assert check_speculative_config(dict(config), version) == []
+    if decoding_type == "Eagle3":  # what a version-blind plan used to write: 1.2.x rejects it
+        assert check_speculative_config(dict(config), "1.2.1") == ["Invalid decoding type: Eagle3"]
+    assert f"TensorRT-LLM {version} " in plan.lines()[1]
+
+
+def test_trtllm_version_must_be_a_version_string():
+    with pytest.raises(RecipeError, match=r"build.trtllm_version: .*quoted string"):
+        recipe("  method: ngram\n", "pytorch", build=", trtllm_version: 1.3")
+    with pytest.raises(RecipeError, match=r"build.trtllm_version"):
+        recipe("  method: ngram\n", "pytorch", build=", trtllm_version: latest")
+    with pytest.raises(RecipeError, match=r"t.yaml:\d+: build.trtllm_version: build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x.*build.trtllm_version: 1.3.0"):
+        plan_tensorrt(recipe("  method: lookahead\n", build=", trtllm_version: '1.3.0'"), OUT)
+
+
+def test_draft_target_decoding_type_follows_the_version(tmp_path):
+    """1.2.x registers DraftTarget; the 1.3 line's class literal is Draft_Target."""
+    loaded = recipe("  method: draft_target\n  draft_checkpoint: meta-llama/Llama-3.2-1B-Instruct\n  max_draft_len: 4\n", "pytorch")
+    for version, expected in (("1.2.1", "DraftTarget"), ("1.3.0", "Draft_Target")):
+        config = yaml.safe_load(plan_pytorch(loaded, tmp_path, version=version).files[0].text)["speculative_config"]
+        assert config["decoding_type"] == expected and check_speculative_config(config, version) == []
+    with pytest.raises(RecipeError, match="differs by TensorRT-LLM version"):
+        plan_pytorch(loaded, tmp_path)

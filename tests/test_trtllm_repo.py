@@ -1,5 +1,6 @@
 """The TensorRT-LLM Triton repository: configs parse with Triton's schema, the ensemble is wired
-consistently and keeps the reference interface, every parameter key is one the backends define."""
+consistently and keeps the reference interface, every parameter key is one the backends define and
+every parameter the backend needs is there (its reading replayed, tests/upstream_trtllm.py)."""
 
 from __future__ import annotations
 
@@ -21,29 +22,14 @@ from specbuild.triton_repo.tensorrtllm import (
 )
 from test_trtllm_plan import llama
 from tritonclient.grpc import model_config_pb2
+from upstream_trtllm import BACKEND_PARAMETERS, KNOWN_PARAMETERS, replay_parameter_reading
 
-# Parameter keys of all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt
-# (triton-inference-server/tensorrtllm_backend c2e65b8, 2025-05; now NVIDIA/TensorRT-LLM triton_backend/)
-TENSORRT_LLM_PARAMETERS = {
-    "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path", "encoder_model_path",
-    "max_tokens_in_paged_kv_cache", "max_attention_window_size", "sink_token_length", "batch_scheduler_policy",
-    "kv_cache_free_gpu_mem_fraction", "cross_kv_cache_fraction", "kv_cache_host_memory_bytes", "kv_cache_onboard_blocks",
-    "exclude_input_in_output", "cancellation_check_period_ms", "stats_check_period_ms", "iter_stats_max_iterations",
-    "request_stats_max_iterations", "enable_kv_cache_reuse", "normalize_log_probs", "enable_chunked_context",
-    "gpu_device_ids", "participant_ids", "num_nodes", "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size",
-    "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes", "lora_prefetch_dir", "decoding_mode",
-    "executor_worker_path", "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
-    "medusa_choices", "eagle_choices", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode",
-    "cuda_graph_mode", "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir",
-    "guided_decoding_backend", "xgrammar_tokenizer_info_path", "logits_datatype",
-}
-DECODING_MODES = {"top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle"}
-# all_models/inflight_batcher_llm/tensorrt_llm_bls/config.pbtxt (same commit)
-BLS_PARAMETERS = {"accumulate_tokens", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name", "multimodal_encoders_name"}
-# scripts/launch_triton_server.py (same commit)
+DECODING_MODES = set(BACKEND_PARAMETERS["decoding_mode"].choices)
+# triton_backend/scripts/launch_triton_server.py parse_arguments() (NVIDIA/TensorRT-LLM 0a2e2c1f)
 LAUNCH_FLAGS = {"--world_size", "--tritonserver", "--grpc_port", "--http_port", "--metrics_port", "--force", "--log",
                 "--log-file", "--no-mpi", "--model_repo", "--tensorrt_llm_model_name", "--multi-model",
-                "--disable-spawn-processes", "--multimodal_gpu0_cuda_mem_pool_bytes", "--oversubscribe"}
+                "--disable-spawn-processes", "--multimodal_gpu0_cuda_mem_pool_bytes", "--oversubscribe",
+                "--trtllm_llmapi_launch", "--exit_timeout"}
 ENGINE_RECIPES = ("llama-draft", "llama-eagle", "llama-lookahead", "llama-medusa")
 
 
@@ -72,11 +58,9 @@ def test_every_config_parses_and_uses_known_parameters(name, tmp_path):
     for model_name, config in configs.items():
         assert config.name == model_name
         if config.backend == "tensorrtllm":
-            assert set(params(config)) <= TENSORRT_LLM_PARAMETERS
+            assert set(params(config)) <= KNOWN_PARAMETERS
             assert params(config)["decoding_mode"] in DECODING_MODES
             assert params(config)["gpt_model_type"] == "inflight_fused_batching"
-        if model_name == "tensorrt_llm_bls":
-            assert set(params(config)) <= BLS_PARAMETERS
     for path in repo.rglob("*"):
         if path.is_file():
             assert "${" not in path.read_text(), path
@@ -113,7 +97,7 @@ def test_ensemble_keeps_the_reference_interface(tmp_path):
 
 
 # tensorrt_llm inputs as upstream declares them: name -> (data type, dims, reshape or None, optional)
-# (tensorrtllm_backend c2e65b8, all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt)
+# (NVIDIA/TensorRT-LLM 0c8de69a, triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt)
 UPSTREAM_ENGINE_INPUTS = {
     "input_ids": ("TYPE_INT32", [-1], None, True), "input_lengths": ("TYPE_INT32", [1], [], False),
     "request_output_len": ("TYPE_INT32", [1], [], False), "draft_input_ids": ("TYPE_INT32", [-1], None, True),
@@ -129,32 +113,6 @@ UPSTREAM_ENGINE_INPUTS = {
     "lookahead_window_size": ("TYPE_INT32", [1], None, True), "lookahead_ngram_size": ("TYPE_INT32", [1], None, True),
     "lookahead_verification_set_size": ("TYPE_INT32", [1], None, True),
 }
-# What upstream's BLS (tensorrt_llm_bls/1/lib/triton_decoder.py, same commit; its model.py is copied
-# into the repository by launch.sh) asks of the models it calls by hard-coded name.
-BLS_PREPROC_REQUESTS = ["INPUT_ID", "DECODER_INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_DECODER_INPUT_LEN", "BAD_WORDS_IDS",
-                        "STOP_WORDS_IDS", "EMBEDDING_BIAS", "OUT_PAD_ID", "OUT_END_ID", "OUT_PROMPT_TABLE_EXTRA_IDS",
-                        "PIXEL_VALUES", "IMAGE_SIZES", "IS_VIDEO_INPUT", "VISION_INPUT_ID", "ATTENTION_MASK", "IMAGE_GRID_THW"]
-BLS_PREPROC_SENDS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
-                     "stop_words": "STOP_WORDS_DICT", "pad_id": "PAD_ID", "end_id": "END_ID"}
-BLS_LLM_REQUESTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
-                    "batch_index", "sequence_index", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
-                    "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
-                    "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"]
-BLS_LLM_SENDS = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "temperature": "temperature", "seed": "seed",
-                 "return_log_probs": "return_log_probs", "stream": "streaming", "exclude_input_in_output": "exclude_input_in_output",
-                 "return_perf_metrics": "return_perf_metrics"}
-BLS_LLM_ALWAYS = {"input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits", "end_id", "pad_id",
-                  "return_context_logits", "return_generation_logits"}
-UPSTREAM_BLS_INPUT_NAMES = {
-    "text_input", "decoder_text_input", "image_input", "image_bytes_input", "image_url_input", "video_bytes_input", "max_tokens",
-    "bad_words", "stop_words", "end_id", "pad_id", "top_k", "top_p", "temperature", "length_penalty", "repetition_penalty",
-    "min_tokens", "presence_penalty", "frequency_penalty", "seed", "return_log_probs", "return_context_logits",
-    "return_generation_logits", "beam_width", "stream", "prompt_embedding_table", "prompt_vocab_size", "prompt_table_extra_id",
-    "embedding_bias_words", "embedding_bias_weights", "num_draft_tokens", "use_draft_logits", "lora_task_id", "lora_weights",
-    "lora_config", "exclude_input_in_output", "return_perf_metrics", "guided_decoding_guide_type", "guided_decoding_guide",
-}
-
-
 def shape(t) -> tuple:
     return (model_config_pb2.DataType.Name(t.data_type), list(t.dims), list(t.reshape.shape) if t.HasField("reshape") else None, t.optional)
 
@@ -169,23 +127,6 @@ def test_engine_model_tensors_and_batching_match_upstream(name, tmp_path):
         assert {"output_ids", "sequence_length"} <= {t.name for t in model.output}
 
 
-def test_upstream_bls_finds_every_tensor_it_asks_for(tmp_path):
-    """Upstream's BLS calls preprocessing / tensorrt_llm(_draft) / postprocessing by fixed tensor
-    names; Triton refuses any request or requested output a config does not declare."""
-    _, configs = write("llama-draft", tmp_path)
-    bls, pre, post = configs["tensorrt_llm_bls"], configs["preprocessing"], configs["postprocessing"]
-    bls_inputs = {t.name for t in bls.input}
-    assert bls_inputs <= UPSTREAM_BLS_INPUT_NAMES
-    assert set(BLS_PREPROC_REQUESTS) <= {t.name for t in pre.output}
-    assert {BLS_PREPROC_SENDS[n] for n in bls_inputs if n in BLS_PREPROC_SENDS} <= {t.name for t in pre.input}
-    assert {"TOKENS_BATCH", "SEQUENCE_LENGTH"} <= {t.name for t in post.input} and "OUTPUT" in {t.name for t in post.output}
-    for engine in ("tensorrt_llm", "tensorrt_llm_draft"):
-        declared_in = {t.name for t in configs[engine].input}
-        assert set(BLS_LLM_REQUESTS) <= {t.name for t in configs[engine].output}, engine
-        assert {BLS_LLM_SENDS[n] for n in bls_inputs if n in BLS_LLM_SENDS} | BLS_LLM_ALWAYS <= declared_in, engine
-    assert {t.name for t in bls.output} >= {"text_output", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"}
-
-
 def test_medusa_eagle_lookahead_parameters(tmp_path):
     assert choices_string([[0], [0, 0], [1], [0, 1]]) == "{0}, {0, 0}, {1}, {0, 1}"
     lookahead = params(write("llama-lookahead", tmp_path / "l")[1]["tensorrt_llm"])
@@ -198,21 +139,21 @@ def test_medusa_eagle_lookahead_parameters(tmp_path):
 
 def test_draft_target_models_refer_to_each_other(tmp_path):
     repo, configs = write("llama-draft", tmp_path)
-    bls, target, draft = params(configs["tensorrt_llm_bls"]), params(configs["tensorrt_llm"]), params(configs["tensorrt_llm_draft"])
-    assert (bls["tensorrt_llm_model_name"], bls["tensorrt_llm_draft_model_name"]) == ("tensorrt_llm", "tensorrt_llm_draft")
+    front, target, draft = params(configs["ensemble"]), params(configs["tensorrt_llm"]), params(configs["tensorrt_llm_draft"])
+    assert (front["tensorrt_llm_model_name"], front["tensorrt_llm_draft_model_name"]) == ("tensorrt_llm", "tensorrt_llm_draft")
     assert target["enable_kv_cache_reuse"] == draft["enable_kv_cache_reuse"] == "true"
-    # upstream's BLS (lib/decode.py) takes each target output as the next input: prompt included
-    assert target["exclude_input_in_output"] == draft["exclude_input_in_output"] == "false"
     assert target["gpt_model_path"] == f"{tmp_path}/engines/target" and draft["gpt_model_path"] == f"{tmp_path}/engines/draft"
     assert "participant_ids" not in target and "participant_ids" not in draft  # spawned ranks (orchestrator mode)
-    assert {"num_draft_tokens", "use_draft_logits"} <= {t.name for t in configs["tensorrt_llm_bls"].input}
+    assert "num_draft_tokens" in {t.name for t in configs["ensemble"].input}
     launch = (repo / "launch.sh").read_text().splitlines()
     argv = launch[-1].split()
     # orchestrator mode: launch_triton_server.py asserts world size 1; the backend spawns 4 ranks per model
     assert argv[argv.index("--world_size") + 1] == "1" and "--multi-model" in argv
     assert argv[argv.index("--tensorrt_llm_model_name") + 1] == "tensorrt_llm,tensorrt_llm_draft"
     assert {a for a in argv if a.startswith("--")} <= LAUNCH_FLAGS
-    assert any(line.startswith("cp -r ") and "tensorrt_llm_bls/1" in line for line in launch)
+    # the ensemble is the one entry point: upstream's tensorrt_llm_bls is neither generated nor copied in
+    assert "tensorrt_llm_bls" not in configs and not (repo / "tensorrt_llm_bls").exists()
+    assert not any(line.startswith("cp ") for line in launch)
 
 
 def test_tensor_parallel_single_model_launches_in_leader_mode_with_world_size_tp_pp(tmp_path):
@@ -236,12 +177,14 @@ def test_single_gpu_launch_is_leader_mode_and_gpu_ids_render(tmp_path):
 
 
 def test_llmapi_repository_for_the_pytorch_path(tmp_path):
-    plan = plan_pytorch(llama("llama-eagle3"), tmp_path)
-    repo = write_llmapi_repository(plan, tmp_path / "repo")
-    model_yaml = (repo / "tensorrt_llm" / "1" / "model.yaml").read_text()
-    assert "decoding_type: Eagle3" in model_yaml and "${" not in model_yaml
-    launch = (repo / "launch.sh").read_text()
-    assert "llmapi/tensorrt_llm/config.pbtxt" in launch and "--no-mpi" in launch
+    loaded = llama("llama-eagle3")
+    plan = plan_pytorch(loaded, tmp_path)
+    repo = write_llmapi_repository(loaded, plan, tmp_path / "repo")
+    model_yaml = (repo / "ensemble" / "1" / "model.yaml").read_text()
+    assert "decoding_type: Eagle\n" in model_yaml and "${" not in model_yaml  # planned for the recipe's 1.2.1
+    assert parse(repo / "ensemble" / "config.pbtxt").backend == "python"
+    assert not (repo / "tensorrt_llm").exists()  # TensorRT-LLM's text-only llmapi model is not used
+    assert (repo / "launch.sh").read_text().splitlines()[-1].startswith("tritonserver --model-repository ")
 
 
 @pytest.mark.parametrize("speculation", [
@@ -259,9 +202,117 @@ def test_other_engine_methods_render_parseable_configs(speculation, tmp_path):
     write_trtllm_repository(spec, repo, launch_argv=launch_command(spec, repo, http_port=8000, grpc_port=8001, metrics_port=8002))
     configs = {p.parent.name: parse(p) for p in repo.glob("*/config.pbtxt")}
     engine = params(configs["tensorrt_llm"])
-    assert set(engine) <= TENSORRT_LLM_PARAMETERS and engine["decoding_mode"] in DECODING_MODES
+    assert set(engine) <= KNOWN_PARAMETERS and engine["decoding_mode"] in DECODING_MODES
     assert params(configs["ensemble"])["tensorrt_llm_baseline_model_name"] == "tensorrt_llm_baseline"
     if "choices" in speculation:
         key = "medusa_choices" if "medusa" in speculation else "eagle_choices"
         assert engine[key] == "{0}, {0, 0}, {1}"
     assert "${" not in "".join(p.read_text() for p in repo.rglob("*") if p.is_file())
+
+
+def engine_configs(tmp_path: Path) -> list[tuple[str, str, model_config_pb2.ModelConfig]]:
+    """Every ``tensorrtllm`` config the bundled engine recipes emit, with and without a baseline engine,
+    and for the other engine-path methods."""
+    out = []
+    for name in ENGINE_RECIPES:
+        for build in ("", "  baseline_engine: true\n"):
+            _, configs = write(name, tmp_path / f"{name}{len(build)}", build=build)
+            out += [(name, model, c) for model, c in configs.items() if c.backend == "tensorrtllm"]
+    for i, speculation in enumerate(("  method: ngram\n  max_draft_len: 5\n", "  method: redrafter\n  drafter_model: org/drafter\n",
+                                     "  method: none\n")):
+        text = f"name: t\ntarget: {{checkpoint: org/target, dtype: float16}}\nspeculation:\n{speculation}build: {{backend: tensorrt}}\n"
+        loaded = parse_recipe(text, Path("t.yaml"))
+        spec = repo_spec_for(loaded, plan_tensorrt(loaded, tmp_path / f"o{i}"), end_id=2, pad_id=0)
+        repo = tmp_path / f"o{i}" / "repo"
+        write_trtllm_repository(spec, repo, launch_argv=launch_command(spec, repo, http_port=8000, grpc_port=8001, metrics_port=8002))
+        out += [(speculation.split()[1], p.parent.name, parse(p)) for p in repo.glob("*/config.pbtxt") if parse(p).backend == "tensorrtllm"]
+    return out
+
+
+def test_backend_parameter_reading_replayed_on_every_emitted_engine_config(tmp_path):
+    """The backend's own reading (upstream_trtllm.BACKEND_PARAMETERS, from model_instance_state.cc
+    and model_state.cc) finds every key it needs and acts on every value: required <= emitted."""
+    configs = engine_configs(tmp_path)
+    assert len(configs) >= 14  # 4 recipes (draft: two engines) x with/without baseline + 3 methods
+    for recipe_name, model, config in configs:
+        emitted = params(config)
+        assert replay_parameter_reading(emitted) == [], (recipe_name, model)
+        assert {n for n, r in BACKEND_PARAMETERS.items() if r.required} <= set(emitted), (recipe_name, model)
+        assert emitted["guided_decoding_backend"] == emitted["xgrammar_tokenizer_info_path"] == ""  # guided decoding off
+        assert "logits_datatype" not in emitted
+        # the backend takes the logits type from these outputs' data_type (ModelState::LoadParameters)
+        logits = {t.name: model_config_pb2.DataType.Name(t.data_type) for t in config.output if t.name.endswith("_logits")}
+        assert logits == {"context_logits": "TYPE_FP32", "generation_logits": "TYPE_FP32"}
+
+
+def test_replay_reports_what_fails_a_model_load(tmp_path):
+    """The replay is not a rubber stamp: the keys missing before this fix fail the load in the backend's words."""
+    _, configs = write("llama-eagle", tmp_path)
+    emitted = params(configs["tensorrt_llm"])
+    broken = {k: v for k, v in emitted.items() if k not in ("guided_decoding_backend", "xgrammar_tokenizer_info_path")}
+    assert replay_parameter_reading(broken) == ["Cannot find parameter with name: xgrammar_tokenizer_info_path",
+                                                "Cannot find parameter with name: guided_decoding_backend"]
+    assert replay_parameter_reading({**emitted, "logits_datatype": "TYPE_FP32"}) == [
+        "logits_datatype: not a parameter the backend reads or its template defines"]
+    assert replay_parameter_reading({**emitted, "decoding_mode": "lookahead"})[0].startswith("Decoding mode is set to lookahead")
+    assert "enable_kv_cache_reuse: 'yes' is not a valid bool" in replay_parameter_reading({**emitted, "enable_kv_cache_reuse": "yes"})
+    # upstream's unfilled template placeholders count as unset, as the backend treats them
+    assert replay_parameter_reading({**emitted, "guided_decoding_backend": "${guided_decoding_backend}"}) == []
+
+
+class _FakeTensor:
+    def __init__(self, name, array):
+        self.name, self.array = name, array
+
+    def as_numpy(self):
+        return self.array
+
+
+class _FakePbUtils:
+    """The calls trtllm_front makes on triton_python_backend_utils; records each engine request."""
+
+    Tensor = _FakeTensor
+
+    def __init__(self):
+        self.requests = []
+        pb = self
+
+        class InferenceRequest:
+            def __init__(self, model_name, inputs, requested_output_names):
+                pb.requests.append((model_name, [t.name for t in inputs], list(requested_output_names)))
+
+            def exec(self, decoupled=False):
+                import numpy as np
+
+                response = type("R", (), {"has_error": lambda s: False, "output_tensors": lambda s: [1]})()
+                response.outputs = {"output_ids": np.array([[[5, 6]]], dtype=np.int32), "sequence_length": np.array([[2]]),
+                                    "total_accepted_draft_tokens": np.array([[1]]), "total_draft_tokens": np.array([[2]])}
+                return [response] if decoupled else response
+
+        self.InferenceRequest = InferenceRequest
+
+    @staticmethod
+    def get_output_tensor_by_name(response, name):
+        return _FakeTensor(name, response.outputs[name]) if name in response.outputs else None
+
+
+@pytest.mark.parametrize("name", ENGINE_RECIPES)
+def test_every_tensor_the_front_sends_or_requests_is_declared(name, tmp_path):
+    """The ensemble (the one entry point) calls the engine models by name: every input it sends and
+    every output it requests must be declared there, or Triton rejects the call."""
+    from specbuild.triton_repo.models import trtllm_front
+
+    _, configs = write(name, tmp_path, build="  baseline_engine: true\n")
+    front = trtllm_front.TritonPythonModel()
+    front.pb_utils = _FakePbUtils()
+    front.config = trtllm_front.FrontConfig.from_parameters(params(configs["ensemble"]))
+    extra = {"end_id": 2, "pad_id": 0, "temperature": 0.5, "runtime_top_k": 4, "runtime_top_p": 0.9, "seed": 7,
+             "lookahead_window_size": 1, "lookahead_ngram_size": 1, "lookahead_verification_set_size": 0}
+    assert set(extra) - {"end_id", "pad_id"} == set(trtllm_front.PASSTHROUGH.values())
+    for model in ("tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_baseline"):
+        if model in configs:
+            front._generate(model, [1, 2, 3], 4, [7, 8], extra)
+    for model, sent, requested in front.pb_utils.requests:
+        assert set(sent) <= {t.name for t in configs[model].input}, model
+        assert set(requested) <= {t.name for t in configs[model].output}, model
+    assert {"draft_input_ids", "input_ids", "request_output_len"} <= set(front.pb_utils.requests[0][1])

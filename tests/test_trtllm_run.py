@@ -200,13 +200,13 @@ def test_pytorch_path_writes_the_llmapi_repository_and_checks_the_draft(gpu_box)
     loaded = load(root, text)
     from specbuild.builder.trtllm_plan import plan_pytorch
 
-    plan = plan_pytorch(loaded, root / "out")
+    plan = plan_pytorch(loaded, root / "out", version="1.2.1")  # the box's TensorRT-LLM
     result = run_trtllm(loaded, plan, root / "out/triton_repo", status=lambda _: None, log=lambda _: None, env=env)
-    assert result.record.ran == {} and (root / "out/triton_repo/tensorrt_llm/1/model.yaml").is_file()
+    assert result.record.ran == {} and (root / "out/triton_repo/ensemble/1/model.yaml").is_file()
     assert "decoding_type: DraftTarget" in (root / "out/extra_llm_api_options.yaml").read_text()
     (root / "recipe/draft/config.json").write_text(json.dumps({"vocab_size": 100, "eos_token_id": 7}))
     with pytest.raises(RecipeError, match="vocab_size=100 but the target has vocab_size=128"):
-        run_trtllm(loaded, plan_pytorch(loaded, root / "out"), root / "out/triton_repo", status=lambda _: None, log=lambda _: None, env=env)
+        run_trtllm(loaded, plan_pytorch(loaded, root / "out", version="1.2.1"), root / "out/triton_repo", status=lambda _: None, log=lambda _: None, env=env)
 
 
 HUB_STUB = '''"""Stand-in huggingface_hub: snapshot_download copies $STUB_HUB/<org>--<name> into local_dir."""

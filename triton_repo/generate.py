@@ -1,7 +1,7 @@
 """Generate the Triton model repository that serves a reference engine.
 
-The layout and tensor names are TensorRT-LLM's ``inflight_batcher_llm`` (see
-../shared/facts/triton.md), so one client works against this repository and a TensorRT-LLM one::
+The layout and tensor names are TensorRT-LLM's ``inflight_batcher_llm`` (NVIDIA/TensorRT-LLM
+triton_backend/all_models/inflight_batcher_llm/), so one client works against this repository and a TensorRT-LLM one::
 
     repo/
       ensemble/        platform "ensemble": preprocessing -> tensorrt_llm -> postprocessing

@@ -4,11 +4,10 @@
 
     repo/
       ensemble/           python: specbuild's front (the reference interface, num_draft_tokens routed)
-      preprocessing/      python (specbuild's, as in the reference repository; upstream's BLS calls it)
+      preprocessing/      python (specbuild's, as in the reference repository)
       postprocessing/     python (specbuild's)
       tensorrt_llm/       backend "tensorrtllm": the target engine
       tensorrt_llm_draft/ backend "tensorrtllm": the draft engine            (draft_target only)
-      tensorrt_llm_bls/   python: upstream's draft -> target BLS (text only)  (draft_target only)
       tensorrt_llm_baseline/   the target without speculation (opt-in build.baseline_engine)
       launch.sh           scripts/launch_triton_server.py: leader mode with world_size = tp * pp for
                           one engine model, orchestrator mode (--multi-model) for several
@@ -21,6 +20,12 @@ it (Triton refuses an ensemble input no step consumes); ``ensemble`` is therefor
 model (:mod:`specbuild.triton_repo.models.trtllm_front`) that routes each request: draft-target
 runs the draft -> target loop (``0``: the target alone), lookahead sends (w, n, g) = (1, 1, 0) for
 ``0``, Medusa / EAGLE send ``0`` to ``tensorrt_llm_baseline`` when the recipe builds one.
+
+``ensemble`` is the one entry point. Upstream's ``tensorrt_llm_bls`` is not shipped: its contract
+with the engine models (TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/
+tensorrt_llm_bls/1/lib/triton_decoder.py ``_llm_outputs`` requests ``num_input_tokens`` /
+``num_output_tokens``; lib/decode.py ``_spec_generate`` sends ``min_tokens`` to the draft; it reads
+``STOP_WORDS_IDS`` from preprocessing) is not one these configs and specbuild's preprocessing keep.
 """
 
 from __future__ import annotations
@@ -46,7 +51,6 @@ if TYPE_CHECKING:
 
 Choices = list[list[int]]
 DEFAULT_LAUNCH_SCRIPT = Path("/app/scripts/launch_triton_server.py")  # tensorrtllm_backend in the NGC container
-DEFAULT_BLS_MODEL = Path("/app/all_models/inflight_batcher_llm/tensorrt_llm_bls/1")
 DECODING_MODES = {"none": "top_k_top_p", "medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead", "draft_target": "top_k_top_p",
                   "ngram": "top_k_top_p", "redrafter": "redrafter"}
 
@@ -91,9 +95,6 @@ class TrtllmRepoSpec:
     batching_strategy: str = "inflight_fused_batching"
     batch_scheduler_policy: str = "guaranteed_no_evict"
     exclude_input_in_output: bool = True
-    bls_instance_count: int = 1
-    accumulate_tokens: bool = False
-    use_draft_logits: bool = False
     max_queue_delay_microseconds: int = 0
     max_draft_len: int = 0  # the target engine's draft budget (tokens per step)
     max_matching_ngram_size: int = 3  # ngram: the front's prompt lookup
@@ -122,7 +123,7 @@ def _ragged(name: str, data_type: str, dims: tuple[int, ...] = (-1,)) -> Tensor:
 
 
 # Names, types, dims, reshapes and optional flags as in upstream's tensorrt_llm/config.pbtxt (the
-# tests compare them with a copy of it); the subset specbuild's ensemble and upstream's BLS send.
+# tests compare them with a copy of it); specbuild's ensemble sends a subset of them.
 ENGINE_INPUTS = (
     Tensor("input_ids", "TYPE_INT32", (-1,), optional=True, allow_ragged_batch=True),
     _scalar("input_lengths", "TYPE_INT32", optional=False),
@@ -150,8 +151,8 @@ ENGINE_INPUTS = (
     _ragged("lookahead_ngram_size", "TYPE_INT32", (1,)),
     _ragged("lookahead_verification_set_size", "TYPE_INT32", (1,)),
 )
-# Requested by upstream's BLS from tensorrt_llm on every call (triton_decoder.py _llm_outputs), so
-# the engine model declares them (Triton refuses requests for undeclared outputs).
+# Declared as in upstream's tensorrt_llm/config.pbtxt; the backend fills them when a request sets
+# return_perf_metrics (model_instance_state.cc fillTritonResponse).
 KV_AND_TIMING_OUTPUTS = (
     Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
     Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
@@ -179,7 +180,15 @@ ENGINE_OUTPUTS = (
 
 
 def engine_parameters(model: EngineModel, spec: TrtllmRepoSpec) -> dict[str, str]:
-    """The ``tensorrtllm`` backend's parameters (keys as in its config.pbtxt template)."""
+    """The ``tensorrtllm`` backend's parameters (keys as in its config.pbtxt template).
+
+    ``tokenizer_dir``, ``xgrammar_tokenizer_info_path`` and ``guided_decoding_backend`` are read
+    without a default (``ModelInstanceState::getGuidedDecodingConfigFromParams``; an absent key
+    fails the model load with "Cannot find parameter with name: ..."), so they are always emitted;
+    the two guided-decoding keys empty, which the backend takes as guided decoding off. The logits
+    type is not a parameter: the backend takes it from the ``data_type`` of the
+    ``generation_logits`` / ``context_logits`` outputs (``ModelState::LoadParameters``).
+    """
     params = {
         "gpt_model_type": spec.batching_strategy,
         "gpt_model_path": str(model.engine_dir),
@@ -190,8 +199,9 @@ def engine_parameters(model: EngineModel, spec: TrtllmRepoSpec) -> dict[str, str
         "exclude_input_in_output": _b(spec.exclude_input_in_output),
         "enable_chunked_context": "false",
         "decoding_mode": model.decoding_mode,
-        "logits_datatype": "TYPE_FP32",
         "tokenizer_dir": str(spec.tokenizer_dir),
+        "guided_decoding_backend": "",
+        "xgrammar_tokenizer_info_path": "",
     }
     if model.gpu_device_ids is not None:
         params["gpu_device_ids"] = ";".join(",".join(str(i) for i in ids) for ids in model.gpu_device_ids)
@@ -220,37 +230,14 @@ def engine_model(model: EngineModel, spec: TrtllmRepoSpec) -> ModelConfig:
     )
 
 
-# Outputs upstream's BLS requests from "preprocessing" on every call (triton_decoder.py
-# _preproc_outputs; its names are hard-coded there). specbuild's preprocessing produces the first
-# five; the others are declared (so the request is valid) and never produced, as upstream's own
-# preprocessing leaves the multimodal ones unset for text requests.
-BLS_PREPROCESSING_OUTPUTS = (
-    Tensor("DECODER_INPUT_ID", "TYPE_INT32", (-1,)),
-    Tensor("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32", (1,)),
-    Tensor("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
-    Tensor("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
-    Tensor("EMBEDDING_BIAS", "TYPE_FP32", (-1,)),
-    Tensor("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", (-1,)),
-    Tensor("PIXEL_VALUES", "TYPE_FP16", (-1, -1, -1, -1)),
-    Tensor("IMAGE_SIZES", "TYPE_INT64", (2,)),
-    Tensor("IS_VIDEO_INPUT", "TYPE_BOOL", (1,)),
-    Tensor("VISION_INPUT_ID", "TYPE_INT32", (-1,)),
-    Tensor("ATTENTION_MASK", "TYPE_INT64", (-1,)),
-    Tensor("IMAGE_GRID_THW", "TYPE_INT64", (3,)),
-)
-
-
 def _reference_interface(spec: TrtllmRepoSpec) -> dict[str, ModelConfig]:
     """specbuild's ensemble/preprocessing/postprocessing, with this repository's tokenizer and
-    upstream's dynamic batching; with a BLS, preprocessing also declares what the BLS requests."""
+    upstream's dynamic batching."""
     ref = ReferenceRepoSpec(engine_dir=spec.tokenizer_dir, end_id=spec.end_id, pad_id=spec.pad_id, max_batch_size=spec.max_batch_size)
     models = {m.name: m for m in reference_models(ref)}
     for name in ("preprocessing", "postprocessing"):
         models[name] = dataclasses.replace(models[name], parameters={**models[name].parameters, "tokenizer_dir": str(spec.tokenizer_dir)},
                                            dynamic_batching=DynamicBatching())
-    if spec.draft is not None:
-        pre = models["preprocessing"]
-        models["preprocessing"] = dataclasses.replace(pre, outputs=pre.outputs + BLS_PREPROCESSING_OUTPUTS)
     return models
 
 
@@ -287,57 +274,12 @@ def front_model(reference: ModelConfig, spec: TrtllmRepoSpec) -> ModelConfig:
                        parameters=params, instance_count=spec.max_batch_size)
 
 
-# Upstream's tensorrt_llm_bls inputs (same types, dims and reshapes) that specbuild's preprocessing
-# handles: no bad_words / stop_words, which it would ignore; a request carrying them is refused
-# by Triton ("unexpected inference input") instead of silently losing its stop words.
-BLS_INPUTS = (
-    Tensor("text_input", "TYPE_STRING", (1,)),
-    _scalar("max_tokens", "TYPE_INT32", optional=False, reshape=False),
-    _scalar("exclude_input_in_output", "TYPE_BOOL", reshape=False),
-    _scalar("end_id", "TYPE_INT32", reshape=False),
-    _scalar("pad_id", "TYPE_INT32", reshape=False),
-    _scalar("top_k", "TYPE_INT32", reshape=False),
-    _scalar("top_p", "TYPE_FP32", reshape=False),
-    _scalar("temperature", "TYPE_FP32", reshape=False),
-    _scalar("seed", "TYPE_UINT64", reshape=False),
-    _scalar("return_log_probs", "TYPE_BOOL"),
-    _scalar("return_generation_logits", "TYPE_BOOL"),
-    _scalar("stream", "TYPE_BOOL", reshape=False),
-    _scalar("num_draft_tokens", "TYPE_INT32", reshape=False),
-    _scalar("use_draft_logits", "TYPE_BOOL"),
-    _scalar("return_perf_metrics", "TYPE_BOOL"),
-)
-BLS_OUTPUTS = (
-    Tensor("text_output", "TYPE_STRING", (-1,)),
-    Tensor("cum_log_probs", "TYPE_FP32", (-1,)),
-    Tensor("output_log_probs", "TYPE_FP32", (-1, -1)),
-    Tensor("context_logits", "TYPE_FP32", (-1, -1)),
-    Tensor("generation_logits", "TYPE_FP32", (-1, -1, -1)),
-    Tensor("batch_index", "TYPE_INT32", (1,)),
-    Tensor("sequence_index", "TYPE_INT32", (1,)),
-) + KV_AND_TIMING_OUTPUTS + PERF_OUTPUTS
-
-
-def bls_model(spec: TrtllmRepoSpec) -> ModelConfig:
-    """``tensorrt_llm_bls``: the draft -> target loop, naming both engine models."""
-    assert spec.draft is not None
-    return ModelConfig(
-        name="tensorrt_llm_bls", backend="python", max_batch_size=spec.max_batch_size,
-        inputs=BLS_INPUTS, outputs=BLS_OUTPUTS, instance_count=spec.bls_instance_count, decoupled=spec.decoupled,
-        parameters={
-            "accumulate_tokens": _b(spec.accumulate_tokens),
-            "tensorrt_llm_model_name": spec.target.name,
-            "tensorrt_llm_draft_model_name": spec.draft.name,
-        },
-    )
-
-
 def trtllm_models(spec: TrtllmRepoSpec) -> list[ModelConfig]:
     """Every model config of the repository, ensemble first."""
     ref = _reference_interface(spec)
     models = [front_model(ref["ensemble"], spec), ref["preprocessing"], ref["postprocessing"], engine_model(spec.target, spec)]
     if spec.draft is not None:
-        models += [engine_model(spec.draft, spec), bls_model(spec)]
+        models.append(engine_model(spec.draft, spec))
     if spec.baseline is not None:
         models.append(engine_model(spec.baseline, spec))
     return models
@@ -354,7 +296,7 @@ def orchestrator_mode(spec: TrtllmRepoSpec) -> bool:
 
 def launch_command(spec: TrtllmRepoSpec, repo_dir: Path, *, http_port: int, grpc_port: int, metrics_port: int,
                    launch_script: Path = DEFAULT_LAUNCH_SCRIPT) -> list[str]:
-    """scripts/launch_triton_server.py for this repository (tensorrtllm_backend c2e65b8).
+    """scripts/launch_triton_server.py for this repository (NVIDIA/TensorRT-LLM triton_backend/scripts, 0a2e2c1f).
 
     One engine model: leader mode, ``--world_size`` = tp * pp (mpirun starts one tritonserver per
     rank). Several (draft-target, baseline engine): orchestrator mode, ``--multi-model`` with
@@ -370,11 +312,9 @@ def launch_command(spec: TrtllmRepoSpec, repo_dir: Path, *, http_port: int, grpc
     return argv
 
 
-def launch_script_text(spec: TrtllmRepoSpec, argv: list[str], repo_dir: Path, bls_source: Path = DEFAULT_BLS_MODEL) -> str:
-    """``launch.sh``: copies the upstream BLS model.py when needed, then launches."""
+def launch_script_text(argv: list[str]) -> str:
+    """``launch.sh``: the launch command."""
     lines = ["#!/usr/bin/env bash", "# Generated by specbuild: run inside the TensorRT-LLM Triton container.", "set -euo pipefail"]
-    if spec.draft is not None:
-        lines.append(f"cp -r {shlex.quote(str(bls_source))}/. {shlex.quote(str(repo_dir / 'tensorrt_llm_bls' / '1'))}/")
     lines.append(shlex.join(argv))
     return "\n".join(lines) + "\n"
 
@@ -388,9 +328,12 @@ def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> 
     s = loaded.recipe.serve
     repo_dir = Path(os.path.abspath(repo_dir))
     if plan.backend == "pytorch":
-        argv = llmapi_launch_command(repo_dir)
-        return [f"repository {repo_dir} (Triton llmapi model, TensorRT-LLM >= 1.0)",
-                f"  file {repo_dir / 'tensorrt_llm/1/model.yaml'} (= model.yaml above; config.pbtxt and model.py copied by launch.sh)",
+        argv = llmapi_launch_command(repo_dir, host=s.host, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
+        model = llmapi_model(loaded, plan)
+        return [f"repository {repo_dir} (specbuild's ensemble over tensorrt_llm.LLM: output_ids and acceptance counts)",
+                f"  file {repo_dir / 'ensemble/config.pbtxt'} (backend python: {LLMAPI_MODULE})",
+                *(f"      {key} = {value}" for key, value in model.parameters.items()),
+                f"  file {repo_dir / 'ensemble/1/model.yaml'} (= model.yaml above)",
                 f"  file {repo_dir / 'launch.sh'}", f"launch: $ {shlex.join(argv)}"]
     spec = repo_spec_for(loaded, plan, end_id=0, pad_id=0)
     argv = launch_command(spec, repo_dir, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
@@ -400,7 +343,7 @@ def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> 
         if model.steps:
             what += ": " + " -> ".join(step.model_name for step in model.steps)
         out.append(f"  file {repo_dir / model.name / 'config.pbtxt'} ({what})")
-        if model.backend == "tensorrtllm" or model.name in ("tensorrt_llm_bls", "ensemble"):
+        if model.backend == "tensorrtllm" or model.name == "ensemble":
             out += [f"      {key} = {value}" for key, value in model.parameters.items() if key not in ("end_id", "pad_id")]
     out += [f"  file {repo_dir / 'launch.sh'}", f"launch: $ {shlex.join(argv)}"]
     return out
@@ -418,12 +361,9 @@ FRONT_AND_SHELL_MODULES = {"ensemble": "specbuild.triton_repo.models.trtllm_fron
                            "postprocessing": SHELL_MODULES["postprocessing"]}
 
 
-def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv: list[str], final_dir: Path | None = None) -> Path:
-    """Write every model's config.pbtxt (+ specbuild shells) and ``launch.sh`` under ``repo_dir``.
-
-    ``final_dir``: where the repository will live when ``repo_dir`` is a staging directory
-    (``launch.sh`` names it); default ``repo_dir``.
-    """
+def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv: list[str]) -> Path:
+    """Write every model's config.pbtxt (+ specbuild shells) and ``launch.sh`` (running
+    ``launch_argv``, which names the repository's final directory) under ``repo_dir``."""
     for model in trtllm_models(spec):
         version_dir = repo_dir / model.name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
@@ -431,7 +371,7 @@ def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv
         if model.name in FRONT_AND_SHELL_MODULES:
             (version_dir / "model.py").write_text(SHELL.format(version="trtllm", module=FRONT_AND_SHELL_MODULES[model.name]))
     launch = repo_dir / "launch.sh"
-    launch.write_text(launch_script_text(spec, launch_argv, final_dir or repo_dir))
+    launch.write_text(launch_script_text(launch_argv))
     launch.chmod(0o755)
     return repo_dir
 
@@ -473,41 +413,57 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     return TrtllmRepoSpec(
         method=spec.method, target=target, tokenizer_dir=plan.tokenizer_dir, end_id=end_id, pad_id=pad_id,
         max_batch_size=r.build.max_batch_size, world_size=world, decoupled=getattr(r.serve, "decoupled", False),
-        # upstream's BLS loop feeds each output back as the next input: it needs the prompt included
-        # (the front sends exclude_input_in_output per request, so it is unaffected)
-        exclude_input_in_output=spec.method != "draft_target",
-        use_draft_logits=getattr(spec, "use_draft_logits", False), max_draft_len=spec.max_draft_len,
+        max_draft_len=spec.max_draft_len,
         max_matching_ngram_size=getattr(spec, "max_matching_ngram_size", 3), is_use_oldest=getattr(spec, "is_use_oldest", True), **extra,
     )
 
 
-DEFAULT_LLMAPI_MODEL = Path("/app/all_models/llmapi/tensorrt_llm")
+# The PyTorch path's ensemble: the reference interface over tensorrt_llm.LLM
+# (:mod:`specbuild.triton_repo.models.llmapi_front`); no lookahead inputs (no such LLM-API path).
+LLMAPI_INPUT_NAMES = ("text_input", "max_tokens", "end_id", "pad_id", "num_draft_tokens", "return_perf_metrics",
+                      "exclude_input_in_output", "temperature", "top_k", "top_p", "seed")
+LLMAPI_MODULE = "specbuild.triton_repo.models.llmapi_front"
+TRITONSERVER = "tritonserver"  # on PATH in the tritonserver:<yy.mm>-trtllm-python-py3 image (/opt/tritonserver/bin)
 
 
-def llmapi_launch_command(repo_dir: Path) -> list[str]:
-    """launch_triton_server.py for the ``llmapi`` repository: one Triton process (``--no-mpi``);
-    the LLM API spawns its own tp * pp workers from model.yaml."""
-    return ["python3", str(DEFAULT_LAUNCH_SCRIPT), "--world_size", "1", "--model_repo", str(repo_dir), "--no-mpi"]
+def llmapi_model(loaded: LoadedRecipe, plan: TrtllmPlan) -> ModelConfig:
+    """``ensemble`` for the PyTorch path: a Python model over ``tensorrt_llm.LLM`` with the reference
+    ensemble's tensors (names, types, dims), one instance; Triton's dynamic batching hands it the
+    queued requests together and it passes them to ``LLM.generate`` as one list."""
+    r = loaded.recipe
+    reference = reference_models(ReferenceRepoSpec(engine_dir=plan.tokenizer_dir, end_id=0, pad_id=0, max_batch_size=r.build.max_batch_size))[0]
+    max_draft_len = r.speculation.max_draft_len if r.speculation.method != "none" else 0
+    return ModelConfig(
+        name="ensemble", backend="python", max_batch_size=r.build.max_batch_size,
+        inputs=tuple(t for t in reference.inputs if t.name in LLMAPI_INPUT_NAMES),
+        outputs=tuple(t for t in reference.outputs if t.name in FRONT_OUTPUT_NAMES),
+        parameters={"max_draft_len": str(max_draft_len),
+                    "baseline": _b(bool(getattr(r.build, "baseline_engine", False)) and r.speculation.method != "none")},
+        dynamic_batching=DynamicBatching(),
+    )
 
 
-def write_llmapi_repository(plan: TrtllmPlan, repo_dir: Path, *, upstream_model: Path = DEFAULT_LLMAPI_MODEL, final_dir: Path | None = None) -> Path:
-    """The PyTorch-path repository: Triton's ``llmapi`` model with the plan's ``model.yaml``.
+def llmapi_launch_command(repo_dir: Path, *, host: str, http_port: int, grpc_port: int, metrics_port: int) -> list[str]:
+    """``tritonserver`` on the PyTorch-path repository: one process; the LLM API spawns its own
+    tp * pp workers from model.yaml."""
+    return [TRITONSERVER, "--model-repository", str(repo_dir), "--http-address", host, "--grpc-address", host,
+            "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
 
-    ``config.pbtxt`` and ``1/model.py`` are TensorRT-LLM's own (copied from ``upstream_model`` in the
-    container by ``launch.sh``); its outputs include acceptance_rate / total_accepted_draft_tokens /
-    total_draft_tokens.
+
+def write_llmapi_repository(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path, *, final_dir: Path | None = None) -> Path:
+    """The PyTorch-path repository: ``ensemble`` (config.pbtxt, a shell model.py importing
+    :mod:`specbuild.triton_repo.models.llmapi_front`, and the plan's ``model.yaml``) and ``launch.sh``.
+
+    ``final_dir``: where the repository will live when ``repo_dir`` is a staging directory.
     """
-    model_yaml = next(f for f in plan.files if f.path.name == "model.yaml")
-    version_dir = repo_dir / "tensorrt_llm" / "1"
+    s = loaded.recipe.serve
+    model = llmapi_model(loaded, plan)
+    version_dir = repo_dir / model.name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
-    (version_dir / "model.yaml").write_text(model_yaml.text)
-    final = final_dir or repo_dir
-    src = shlex.quote(str(upstream_model))
-    dst = shlex.quote(str(final / "tensorrt_llm"))
-    argv = llmapi_launch_command(final)
-    text = ("#!/usr/bin/env bash\n# Generated by specbuild: run inside the TensorRT-LLM Triton container.\nset -euo pipefail\n"
-            f"cp {src}/config.pbtxt {dst}/config.pbtxt\n"
-            f"cp -n {src}/1/*.py {dst}/1/\n" + shlex.join(argv) + "\n")
-    (repo_dir / "launch.sh").write_text(text)
+    (repo_dir / model.name / "config.pbtxt").write_text(render(model))
+    (version_dir / "model.py").write_text(SHELL.format(version="trtllm", module=LLMAPI_MODULE))
+    (version_dir / "model.yaml").write_text(next(f for f in plan.files if f.path.name == "model.yaml").text)
+    argv = llmapi_launch_command(final_dir or repo_dir, host=s.host, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
+    (repo_dir / "launch.sh").write_text(launch_script_text(argv))
     (repo_dir / "launch.sh").chmod(0o755)
     return repo_dir

@@ -1,0 +1,88 @@
+"""TensorRT-LLM's draft_len_schedule rules (tensorrt_llm/llmapi/llm_args.py
+``DecodingBaseConfig.validate_draft_len_schedule_and_sort``), the schedule ``specbuild tune``
+recommends, and that schedule written into the PyTorch path's extra_llm_api_options.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from specbuild.builder.draft_len_schedule import (
+    DraftLenScheduleError,
+    check_draft_len_schedule,
+    draft_len_for,
+    schedule_from_measurements,
+)
+from specbuild.builder.recipe import RecipeError, parse_recipe
+from specbuild.builder.trtllm_plan import plan_pytorch, plan_tensorrt
+from specbuild.client.tune import Candidate, draft_len_schedule
+from upstream_trtllm import check_speculative_config
+
+
+@pytest.mark.parametrize(("schedule", "max_draft_len", "message"), [
+    ({0: 4, 1: 4}, 4, "batch size threshold must be >= 1, got 0"),
+    ({1: 4, 4: -1}, 4, "draft length must be >= 0, got -1"),
+    ({2: 4, 8: 2}, 4, r"must include batch size 1: add \{1: 4\}"),
+    ({1: 3, 4: 2}, 4, r"draft_len_schedule\[1\] must equal max_draft_len: got 3, max_draft_len is 4"),
+    ({1: 4, 4: 6}, 4, r"draft lengths must be <= max_draft_len 4, got \{4: 6\}"),
+])
+def test_each_tensorrt_llm_rule_is_enforced(schedule, max_draft_len, message):
+    with pytest.raises(DraftLenScheduleError, match=message):
+        check_draft_len_schedule(schedule, max_draft_len)
+
+
+def test_valid_schedule_is_sorted_and_looked_up_by_the_largest_threshold_not_above_the_batch():
+    schedule = check_draft_len_schedule({8: 0, 1: 4, 4: 2}, 4)
+    assert list(schedule) == [1, 4, 8]
+    assert [draft_len_for(schedule, b) for b in (1, 3, 4, 7, 8, 100)] == [4, 4, 2, 2, 0, 0]
+
+
+def candidates(best_by_level: dict[int, int]) -> list[Candidate]:
+    """Bench points whose lowest latency at each concurrency is at the given draft length."""
+    return [Candidate("d", "ngram", "s", k, level, 10.0 if k == best else 20.0 + k, 1.0)
+            for level, best in best_by_level.items() for k in (0, 1, 2, 3, 4)]
+
+
+def test_tune_schedule_passes_the_rules_or_says_why_none_exists():
+    (s,) = draft_len_schedule(candidates({1: 4, 4: 2, 8: 0}))
+    assert (s.draft_len_schedule, s.max_draft_len, s.note) == ({1: 4, 4: 2}, 4, "")
+    assert check_draft_len_schedule(s.draft_len_schedule, s.max_draft_len) == s.draft_len_schedule
+    # speculation loses at C=1 but wins at C=4: TensorRT-LLM cannot draft more at 4 than at 1
+    (s,) = draft_len_schedule(candidates({1: 0, 4: 3, 8: 0}))
+    assert (s.draft_len_schedule, s.max_draft_len) == ({}, None) and "schedule[1] = max_draft_len" in s.note
+    (s,) = draft_len_schedule(candidates({1: 2, 4: 3}))
+    assert s.draft_len_schedule == {} and "draft lengths {4: 3} above concurrency 1's 2" in s.note
+    assert schedule_from_measurements({4: 2})[0] is None
+
+
+NGRAM = """name: t
+target: {checkpoint: meta-llama/Llama-3.1-8B-Instruct, dtype: bfloat16}
+speculation: {method: ngram, max_draft_len: MAXK}
+build:
+  backend: pytorch
+  trtllm_version: '1.2.1'
+  draft_len_schedule: SCHEDULE
+"""
+
+
+def test_tune_schedule_written_into_extra_llm_api_options_validates(tmp_path):
+    (s,) = draft_len_schedule(candidates({1: 4, 4: 2, 8: 1}))
+    text = NGRAM.replace("MAXK", str(s.max_draft_len)).replace("SCHEDULE", yaml.safe_dump(s.draft_len_schedule, default_flow_style=True).strip())
+    plan = plan_pytorch(parse_recipe(text, Path("t.yaml")), tmp_path)
+    for f in plan.files:  # extra_llm_api_options.yaml and model.yaml
+        config = yaml.safe_load(f.text)["speculative_config"]
+        assert config["draft_len_schedule"] == {1: 4, 4: 2, 8: 1}
+        assert check_draft_len_schedule(config["draft_len_schedule"], config["max_draft_len"])
+        assert check_speculative_config(config, "1.2.1") == []
+
+
+def test_plan_refuses_a_schedule_tensorrt_llm_would_reject(tmp_path):
+    bad = NGRAM.replace("MAXK", "4").replace("SCHEDULE", "{1: 2, 4: 1}")
+    with pytest.raises(RecipeError, match=r"t.yaml:7: build.draft_len_schedule: draft_len_schedule\[1\] must equal max_draft_len: got 2"):
+        plan_pytorch(parse_recipe(bad, Path("t.yaml")), tmp_path)
+    engine = NGRAM.replace("MAXK", "4").replace("SCHEDULE", "{1: 4}").replace("backend: pytorch", "backend: tensorrt")
+    with pytest.raises(RecipeError, match="build.draft_len_schedule: .*the engine path has no such option"):
+        plan_tensorrt(parse_recipe(engine, Path("t.yaml")), tmp_path)
+    with pytest.raises(RecipeError, match="build.draft_len_schedule"):
+        parse_recipe(NGRAM.replace("MAXK", "4").replace("SCHEDULE", "{0: 4}"), Path("t.yaml"))

@@ -1,0 +1,103 @@
+"""Read an installed TensorRT-LLM's Python sources without importing it (importing needs a GPU's
+driver library): locate the package with ``importlib.util.find_spec`` and parse files with ``ast``.
+
+Used by tests/test_trtllm_source.py (``pytest -m trtllm_source``); the readers are tested on small
+source texts in both layouts the LLM API has had (tests/test_trtllm_source.py too).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+
+def package_dir() -> Path | None:
+    """The installed ``tensorrt_llm`` package directory, or ``None``; nothing is imported."""
+    spec = importlib.util.find_spec("tensorrt_llm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _classes(tree: ast.Module) -> dict[str, ast.ClassDef]:
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _is_classvar(annotation: ast.expr) -> bool:
+    return "ClassVar" in ast.unparse(annotation)
+
+
+def class_fields(source: str, name: str) -> set[str]:
+    """The annotated fields of class ``name`` and of its bases defined in the same module
+    (pydantic / dataclass fields: no ``ClassVar``, no ``_private``), ``decoding_type`` excluded."""
+    classes = _classes(ast.parse(source))
+    fields: set[str] = set()
+    todo = [name]
+    while todo:
+        cls = classes.get(todo.pop())
+        if cls is None:
+            continue
+        for node in cls.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if not node.target.id.startswith("_") and not _is_classvar(node.annotation):
+                    fields.add(node.target.id)
+        todo += [b.id for b in cls.bases if isinstance(b, ast.Name)]
+    return fields - {"decoding_type"}
+
+
+def class_members(source: str, name: str) -> set[str]:
+    """:func:`class_fields` plus the class's methods and properties (e.g. a ``token_ids`` property)."""
+    cls = _classes(ast.parse(source)).get(name)
+    methods = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))} if cls is not None else set()
+    return class_fields(source, name) | methods
+
+
+def decoding_registry(source: str) -> dict[str, str]:
+    """``decoding_type`` value -> config class name, from ``llm_args.py``: the 1.2 line's
+    ``DecodingBaseConfig.from_dict`` ``config_classes`` dict, or the later per-class
+    ``decoding_type: Literal["X"]`` fields."""
+    tree = ast.parse(source)
+    registry: dict[str, str] = {}
+    base = _classes(tree).get("DecodingBaseConfig")
+    for node in ast.walk(base) if base is not None else ():
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "config_classes" for t in node.targets):
+            if isinstance(node.value, ast.Dict):
+                registry.update({k.value: v.id for k, v in zip(node.value.keys, node.value.values)
+                                 if isinstance(k, ast.Constant) and isinstance(v, ast.Name)})
+    for cls in _classes(tree).values():
+        for node in cls.body:
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "decoding_type"
+                    and isinstance(node.annotation, ast.Subscript) and ast.unparse(node.annotation.value).endswith("Literal")):
+                value = node.annotation.slice
+                if isinstance(value, ast.Constant):
+                    registry.setdefault(value.value, cls.name)
+    return registry
+
+
+def draft_len_schedule_validator(source: str) -> Callable[[dict, int | None], dict] | None:
+    """``DecodingBaseConfig.validate_draft_len_schedule_and_sort`` from ``llm_args.py`` as a plain
+    function ``(schedule, max_draft_len) -> sorted schedule`` (raises ValueError as TensorRT-LLM
+    does), or ``None`` when the version has no such validator. Only that function's body runs: its
+    decorators are dropped and ``info.data`` carries ``max_draft_len``."""
+    base = _classes(ast.parse(source)).get("DecodingBaseConfig")
+    for node in base.body if base is not None else ():
+        if isinstance(node, ast.FunctionDef) and node.name == "validate_draft_len_schedule_and_sort":
+            node.decorator_list = []
+            namespace: dict = {}
+            exec(compile(ast.Module(body=[node], type_ignores=[]), "llm_args.py", "exec"), namespace)  # noqa: S102
+            fn = namespace[node.name]
+            return lambda schedule, max_draft_len: fn(None, dict(schedule), SimpleNamespace(data={"max_draft_len": max_draft_len}))
+    return None
+
+
+def read(relative: str) -> str:
+    """The text of ``tensorrt_llm/<relative>`` in the installed package."""
+    root = package_dir()
+    assert root is not None
+    return (root / relative).read_text()
+
+
+__all__ = ["class_fields", "class_members", "decoding_registry", "draft_len_schedule_validator", "package_dir", "read"]
