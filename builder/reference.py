@@ -92,18 +92,28 @@ def locate_draft(loaded: LoadedRecipe) -> CheckpointSource | None:
 
 
 def check_draft_vocabulary(loaded: LoadedRecipe, target_dir: Path, draft_dir: Path) -> None:
-    """Refuse a draft whose vocabulary differs from the target's, from the two config.json files
-    (milliseconds, no weights loaded).
+    """Refuse a draft whose vocabulary differs from the target's: the ``vocab_size`` of the two
+    config.json files, then the tokenizers' id -> token tables
+    (:mod:`specbuild.builder.tokenizer_identity`; no weights or tokenizer library loaded).
 
     Raises:
-        RecipeError: the sizes differ (located at ``speculation.draft_checkpoint``).
+        RecipeError: the sizes or a token differ (located at ``speculation.draft_checkpoint``).
     """
+    from specbuild.builder.tokenizer_identity import read_token_table, token_table_difference
     from specbuild.engine.methods.draft_target import check_draft_vocab, read_vocab_size
 
     try:
         check_draft_vocab(draft_dir, read_vocab_size(target_dir))
     except ValueError as exc:
         raise loaded.error(("speculation", "draft_checkpoint"), str(exc)) from None
+    target, draft = read_token_table(target_dir), read_token_table(draft_dir)
+    difference = token_table_difference(target, draft) if target is not None and draft is not None else None
+    if difference is not None:
+        raise loaded.error(
+            ("speculation", "draft_checkpoint"),
+            f"the draft's tokenizer differs from the target's: {difference}; draft-target speculation needs a draft "
+            "trained with the target's tokenizer (same tokens at the same ids)",
+        )
 
 
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -121,12 +131,16 @@ def locate_medusa(loaded: LoadedRecipe) -> CheckpointSource | None:
     if spec is None:
         return None
     path = loaded.resolve_path(spec)
-    if not path.is_dir():
+    if path.is_file():
+        problem = f"{path} is a file, not a directory"
+    elif not path.is_dir():
         problem = f"no such directory ({path})"
     elif not (path / "config.json").is_file():
         problem = f"{path} has no config.json"
     elif not any((path / name).is_file() for name in MEDUSA_WEIGHTS):
         problem = f"{path} has neither {' nor '.join(MEDUSA_WEIGHTS)}"
+    elif (bad := _config_problem(path)) is not None:
+        problem = bad
     else:
         return CheckpointSource(spec=spec, kind="local", path=path.resolve())
     raise loaded.error(
@@ -162,12 +176,16 @@ def locate_eagle(loaded: LoadedRecipe) -> CheckpointSource | None:
     if spec.method not in ("eagle", "eagle3"):
         return None
     path = loaded.resolve_path(spec.eagle_model)
-    if not path.is_dir():
+    if path.is_file():
+        problem = f"{path} is a file, not a directory"
+    elif not path.is_dir():
         problem = f"no such directory ({path})"
     elif not (path / "config.json").is_file():
         problem = f"{path} has no config.json"
     elif not any((path / name).is_file() for name in EAGLE_WEIGHTS):
         problem = f"{path} has none of {', '.join(EAGLE_WEIGHTS)}"
+    elif (bad := _config_problem(path)) is not None:
+        problem = bad
     else:
         return CheckpointSource(spec=spec.eagle_model, kind="local", path=path.resolve())
     kind = "EAGLE-3" if spec.method == "eagle3" else "EAGLE-1/2"
@@ -176,6 +194,17 @@ def locate_eagle(loaded: LoadedRecipe) -> CheckpointSource | None:
         f"EAGLE head {spec.eagle_model!r}: {problem}; point eagle_model at an {kind} head directory "
         "(config.json with hidden_size, num_hidden_layers, ... + model.safetensors)",
     )
+
+
+def _config_problem(head_dir: Path) -> str | None:
+    """What is wrong with ``head_dir/config.json`` (not JSON, not an object), or None."""
+    from specbuild.builder.checkpoints import CheckpointError, read_config_json
+
+    try:
+        read_config_json(head_dir / "config.json")
+    except CheckpointError as exc:
+        return str(exc)
+    return None
 
 
 def check_eagle_sizes(loaded: LoadedRecipe, target_dir: Path, eagle_dir: Path) -> None:
@@ -233,15 +262,17 @@ def check_reference_speculation(loaded: LoadedRecipe) -> None:
         raise loaded.error(
             ("speculation", "posterior_threshold"),
             "typical acceptance (posterior_threshold) is not in the reference engine yet; it decodes greedily "
-            "with exact token matching: remove posterior_threshold, or build with backend tensorrt_llm",
+            "with exact token matching: remove posterior_threshold, or set build.backend: tensorrt (TensorRT-LLM's engine path, GPU)",
         )
 
 
 def _read_json(path: Path) -> dict:
+    """A JSON object from ``path``; ``{}`` when unreadable or not an object (callers check sizes it has)."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def engine_fingerprint(

@@ -1,54 +1,36 @@
 """Client side of a specbuild deployment: a typed SDK (sync and asyncio), prompt sources, token-exact
-verification with logit margins, a Hugging Face oracle, and the sampling equivalence test."""
+verification with logit margins, a Hugging Face oracle, and the sampling equivalence test.
 
-from .oracle import HFOracle, OracleReport, compare_with_oracle
-from .prompts import Prompt, PromptSourceError, load_prompts
-from .sdk import (
-    AsyncSpecClient,
-    ClientError,
-    GenerateResult,
-    ModelNotReadyError,
-    RequestError,
-    RequestTimeoutError,
-    ResponseError,
-    ServerUnavailableError,
-    SpecClient,
-)
-from .stats import SamplingReport, SamplingSettings, verify_sampling
-from .verify import (
-    Divergence,
-    PromptVerification,
-    VerifyReport,
-    find_divergence,
-    first_divergence,
-    render_report,
-    verify,
-)
+The names below are imported on first use (PEP 562), so ``specbuild.client.prompts`` alone (what
+recipe validation needs) does not pull in the SDK, numpy and tritonclient. The ``verify`` function is
+``specbuild.client.verify.verify``: ``specbuild.client.verify`` is its module.
+"""
 
-__all__ = [
-    "AsyncSpecClient",
-    "ClientError",
-    "ModelNotReadyError",
-    "RequestTimeoutError",
-    "ResponseError",
-    "Divergence",
-    "GenerateResult",
-    "Prompt",
-    "PromptSourceError",
-    "PromptVerification",
-    "RequestError",
-    "ServerUnavailableError",
-    "SpecClient",
-    "VerifyReport",
-    "find_divergence",
-    "first_divergence",
-    "load_prompts",
-    "render_report",
-    "verify",
-    "verify_sampling",
-    "HFOracle",
-    "OracleReport",
-    "SamplingReport",
-    "SamplingSettings",
-    "compare_with_oracle",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "oracle": ("HFOracle", "OracleReport", "compare_with_oracle"),
+    "prompts": ("Prompt", "PromptSourceError", "load_prompts"),
+    "sdk": (
+        "AsyncSpecClient", "ClientError", "GenerateResult", "ModelNotReadyError", "RequestError",
+        "RequestTimeoutError", "ResponseError", "ServerUnavailableError", "SpecClient",
+    ),
+    "stats": ("SamplingReport", "SamplingSettings", "verify_sampling"),
+    "verify": (
+        "Divergence", "PromptVerification", "VerifyReport", "find_divergence", "first_divergence",
+        "render_report",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

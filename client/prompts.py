@@ -104,6 +104,8 @@ def load_prompts(source: str, *, base_dir: str | Path | None = None) -> list[Pro
             raise PromptSourceError(
                 f"prompt source {source!r}: unknown scheme {scheme.group(1)!r}; expected {EXPECTED}"
             )
+        if path.is_dir():
+            raise PromptSourceError(f"prompt source {source!r}: {str(path)!r} is a directory; give a .jsonl or .txt file in it")
         raise PromptSourceError(f"prompt source {source!r}: no such file {str(path)!r}; expected {EXPECTED}")
     if path.suffix == ".jsonl":
         prompts = _load_jsonl(path)

@@ -1,21 +1,29 @@
-"""The ``specbuild`` command line. Commands parse their options and delegate."""
+"""The ``specbuild`` command line. Commands parse their options and delegate.
+
+Exit statuses (:mod:`specbuild.exit_codes`, ``docs/cli.md``): 0 ok, 1 failed, 2 usage or bad input,
+3 server unreachable or not ready, 4 lossless check failed, 5 benchmark cross-check failed.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import click
 
 from specbuild import __version__
+from specbuild.exit_codes import CommandError, ExitCode, bad_input
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
-def _console():
+def _console(*, stderr: bool = False):
     from rich.console import Console
 
-    console = Console()
+    console = Console(stderr=stderr)
     # Piped or logged output: wide enough for the tables instead of rich's 80-column default.
-    return console if console.is_terminal else Console(width=160)
+    return console if console.is_terminal else Console(width=160, stderr=stderr)
 
 
 def _load(recipe: str):
@@ -24,7 +32,28 @@ def _load(recipe: str):
     try:
         return load_recipe(recipe)
     except RecipeError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise bad_input(str(exc)) from None
+
+
+def _warn(loaded) -> list[str]:
+    """Print the recipe's warnings (exposed host, trust_remote_code) to stderr; returns them."""
+    from specbuild.builder.recipe import recipe_warnings
+
+    warnings = recipe_warnings(loaded)
+    for warning in warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    return warnings
+
+
+def _check(loaded) -> None:
+    """The validation plan, build, recipe and train-draft share (:func:`specbuild.pipeline.check_recipe`)."""
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.pipeline import check_recipe
+
+    try:
+        check_recipe(loaded)
+    except RecipeError as exc:
+        raise bad_input(str(exc)) from None
 
 
 def _paths(loaded, output_dir: str | None):
@@ -33,20 +62,25 @@ def _paths(loaded, output_dir: str | None):
     return RunPaths(Path(output_dir) if output_dir else default_output_dir(loaded))
 
 
-@click.group()
+@click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="specbuild")
 def main() -> None:
     """Speculative decoding from one YAML recipe to a verified Triton deployment.
 
+    Exit status: 0 ok, 1 failed, 2 usage or bad input, 3 server unreachable or not ready,
+    4 lossless check failed, 5 benchmark cross-check failed (docs/cli.md).
+
     \b
-    Quick start (CPU, bundled SmolLM2-135M, real Triton server):
-      specbuild recipe smollm2-ngram
+    Examples:
+      specbuild recipe smollm2-ngram        # build, serve, verify (CPU, bundled SmolLM2-135M)
+      specbuild plan llama-eagle --json     # what a recipe would do, for a script
+      specbuild recipes                     # the bundled recipes
     """
 
 
 @main.command("recipe")
 @click.argument("recipe")
-@click.option("--output-dir", "-o", help="Where the engine, repository, logs and report go [./specbuild-out/NAME].")
+@click.option("--output-dir", "-o", help="Deployment directory: engine, repository, logs, report [./specbuild-out/NAME].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit without doing any work.")
 @click.option("--rebuild", is_flag=True, help="Rebuild the engine even if its inputs are unchanged.")
 @click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
@@ -55,7 +89,8 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
 
     Converts the target checkpoint, builds the engine with speculation enabled, generates a Triton
     model repository, starts tritonserver, checks that speculative output equals non-speculative
-    output token for token, measures the speed-up, and shuts the server down. Exits 1 on any mismatch.
+    output token for token, measures the speed-up, and shuts the server down. Exits 4 on any
+    mismatch, 2 on a bad recipe, 3 when the server does not come up.
 
     \b
     Examples:
@@ -63,39 +98,48 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
       specbuild recipe recipes/smollm2-ngram.yaml --dry-run
       specbuild recipe my-recipe.yaml -o /tmp/out
     """
-    from specbuild.cli_display import run_with_progress
-    from specbuild.triton_repo.server import stop_signals_interrupt
-
     loaded = _with_trtllm_version(_load(recipe), trtllm_version)
     paths = _paths(loaded, output_dir)
     if dry_run:
         _plan(loaded, paths)
         return
+    _check(loaded)  # what plan checks, before importing the server and display modules
+    _warn(loaded)
+    from specbuild.cli_display import run_with_progress
+    from specbuild.triton_repo.server import stop_signals_interrupt
+
     with stop_signals_interrupt():
         summary = run_with_progress(_console(), loaded, paths, rebuild=rebuild)
     if summary.next_steps:  # TensorRT-LLM path: built; serving happens in the Triton container
         return
     if summary.report is None or not summary.report.all_match:
-        sys.exit(1)
+        sys.exit(ExitCode.NOT_LOSSLESS)
 
 
 @main.command("plan")
 @click.argument("recipe")
-@click.option("--output-dir", "-o", help="Output directory the plan refers to [./specbuild-out/NAME].")
+@click.option("--output-dir", "-o", help="Deployment directory the plan refers to [./specbuild-out/NAME].")
 @click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
-def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (stages, warnings, speculative_config) on stdout.")
+def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None, as_json: bool) -> None:
     """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run).
 
-    TensorRT-LLM recipes are planned for the installed TensorRT-LLM, else build.trtllm_version /
-    --trtllm-version, else the path's default (engine path: 1.2.x); the header says which.
+    Checks exactly what `recipe`, `build` and `train-draft` check before any work (schema,
+    checkpoints, heads, prompts, the backend's methods), in well under a second; a bad recipe exits
+    2 naming the file, line, field and fix. Warnings (a server open to the network,
+    trust_remote_code) are printed and written into the plan. TensorRT-LLM recipes are planned for
+    the installed TensorRT-LLM, else build.trtllm_version / --trtllm-version, else the path's
+    default (engine path: 1.2.x); the header says which.
 
     \b
     Examples:
-      specbuild plan llama-eagle
+      specbuild plan smollm2-ngram
+      specbuild plan llama-eagle -o /work/out/llama-eagle
       specbuild plan llama-eagle3 --trtllm-version 1.3.0
+      specbuild plan my-recipe.yaml --json | jq .warnings
     """
     loaded = _with_trtllm_version(_load(recipe), trtllm_version)
-    _plan(loaded, _paths(loaded, output_dir))
+    _plan(loaded, _paths(loaded, output_dir), as_json=as_json)
 
 
 def _with_trtllm_version(loaded, version: str | None):
@@ -108,34 +152,59 @@ def _with_trtllm_version(loaded, version: str | None):
         raise click.BadParameter(str(exc), param_hint="--trtllm-version") from None
 
 
-def _plan(loaded, paths) -> None:
+def _plan(loaded, paths, *, as_json: bool = False) -> None:
     from specbuild.builder.recipe import RecipeError
     from specbuild.cli_display import print_plan
-    from specbuild.pipeline import check_inputs
+    from specbuild.pipeline import plan_json, plan_lines
 
+    from specbuild.builder.recipe import recipe_warnings
+
+    _check(loaded)
     try:
-        if loaded.recipe.build.backend == "reference":
-            check_inputs(loaded)
-        print_plan(_console(), loaded, paths)
+        if as_json:  # stdout is the JSON alone; the warnings are in it and on stderr
+            click.echo(json.dumps(plan_json(loaded, paths, plan_lines(loaded, paths), _warn(loaded)), indent=2))
+        else:
+            print_plan(_console(), loaded, paths, recipe_warnings(loaded))
     except RecipeError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise bad_input(str(exc)) from None
 
 
 @main.command("recipes")
-def recipes_command() -> None:
-    """List the bundled recipes."""
-    from specbuild.builder.recipe import bundled_recipes, load_recipe
+@click.option("--json", "as_json", is_flag=True, help="Print the recipes as a JSON list on stdout.")
+def recipes_command(as_json: bool) -> None:
+    """List the bundled recipes: method, backend, where they run, and whether a draft must be trained.
 
-    for name, path in sorted(bundled_recipes().items()):
-        click.echo(f"{name:24s} {load_recipe(str(path)).recipe.description}")
+    Training time comes from the draft's model card once it is trained; before that the column
+    shows the work to do (steps).
+
+    \b
+    Examples:
+      specbuild recipes
+      specbuild recipes --json | jq '.[] | select(.runs_on == "CPU") | .name'
+    """
+    from specbuild.cli_display import print_recipes
+    from specbuild.pipeline import recipe_summaries
+
+    summaries = recipe_summaries()
+    if as_json:
+        click.echo(json.dumps(summaries, indent=2))
+    else:
+        print_recipes(_console(), summaries)
 
 
 @main.command("build")
 @click.argument("recipe")
-@click.option("--output-dir", "-o", help="Output directory [./specbuild-out/NAME].")
+@click.option("--output-dir", "-o", help="Deployment directory [./specbuild-out/NAME].")
 @click.option("--rebuild", is_flag=True, help="Rebuild even if the inputs are unchanged.")
 def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
-    """Build RECIPE's engine and Triton repository (no server, no verification)."""
+    """Build RECIPE's engine and Triton repository (no server, no verification).
+
+    \b
+    Examples:
+      specbuild build smollm2-ngram
+      specbuild build my-recipe.yaml -o /tmp/out --rebuild
+      specbuild build llama-eagle -o /work/out/llama-eagle    # TensorRT-LLM, inside the container
+    """
     from specbuild.builder.recipe import RecipeError
     from specbuild.builder.reference import build_reference_engine
     from specbuild.pipeline import check_runnable
@@ -143,6 +212,8 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
+    _check(loaded)
+    _warn(loaded)
     if loaded.recipe.build.backend != "reference":
         _build_trtllm(loaded, paths, rebuild)
         return
@@ -150,7 +221,7 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
         check_runnable(loaded)
         build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=click.echo)
     except RecipeError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise bad_input(str(exc)) from None
     spec = spec_from_engine_dir(
         paths.engine_dir, instance_count=loaded.recipe.serve.instance_count, decoupled=loaded.recipe.serve.decoupled
     )
@@ -166,8 +237,10 @@ def _build_trtllm(loaded, paths, rebuild: bool) -> None:
 
     try:
         result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=lambda name: click.echo(f"{name} ..."), log=click.echo)
-    except (RecipeError, StageError) as exc:
-        raise click.ClickException(str(exc)) from None
+    except RecipeError as exc:
+        raise bad_input(str(exc)) from None
+    except StageError as exc:
+        raise CommandError(str(exc), ExitCode.FAILED) from None
     for line in trtllm_next_steps(loaded, result):
         click.echo(line)
 
@@ -192,16 +265,22 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
       specbuild train-draft recipes/smollm2-medusa.yaml --force
     """
     from specbuild.builder.recipe import RecipeError
-    from specbuild.train.stage import train_draft
+    from specbuild.train.stage import artefact_path, train_draft
 
     loaded = _load(recipe)
     try:
+        artefact_path(loaded)  # no train: section, or nothing to train: refused before torch is imported
+    except RecipeError as exc:
+        raise bad_input(str(exc)) from None
+    _check(loaded)
+    _warn(loaded)
+    try:
         outcome = train_draft(loaded, force=force, log=click.echo, evaluate=not no_eval)
     except RecipeError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise bad_input(str(exc)) from None
     except KeyboardInterrupt:
         click.echo("interrupted; run the same command again to resume from the last checkpoint", err=True)
-        raise SystemExit(130) from None
+        raise SystemExit(ExitCode.INTERRUPTED) from None
     held_out = outcome.card.get("held_out_acceptance")
     if held_out:
         click.echo(
@@ -211,12 +290,22 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
     click.echo(f"{'reused' if outcome.reused else 'trained'}: {outcome.artefact}")
 
 
+def _model_repository(ctx, param, repo: Path) -> Path:
+    """REPO must be a Triton model repository: a folder with at least one ``<model>/config.pbtxt``."""
+    if any(repo.glob("*/config.pbtxt")):
+        return repo
+    nested = next((p.parent.parent for p in repo.glob("*/*/config.pbtxt")), None)
+    hint = (f"; did you mean {nested}?" if nested is not None else
+            "; give the triton_repo folder that `specbuild build` or `specbuild recipe` wrote (OUT/triton_repo)")
+    raise click.BadParameter(f"{repo} is not a Triton model repository: no <model>/config.pbtxt in it{hint}", ctx=ctx, param=param)
+
+
 @main.command("serve")
-@click.argument("repo", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (HTTP and gRPC).")
-@click.option("--http-port", default=8000, show_default=True, type=int)
-@click.option("--grpc-port", default=8001, show_default=True, type=int)
-@click.option("--metrics-port", default=8002, show_default=True, type=int)
+@click.argument("repo", type=click.Path(exists=True, file_okay=False, path_type=Path), callback=_model_repository)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (HTTP and gRPC); 0.0.0.0 opens it to the network, unauthenticated.")
+@click.option("--http-port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--metrics-port", default=8002, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), help="Server log [REPO/../logs/tritonserver.log].")
 def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None) -> None:
     """Serve the model repository REPO with tritonserver until Ctrl-C.
@@ -225,10 +314,20 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     (pip install 'specbuild[server]'). Binds 127.0.0.1 unless --host says otherwise.
     A TensorRT-LLM repository (one with launch.sh) is not started here: the command prints its
     launch command (scripts/launch_triton_server.py) to run in the TensorRT-LLM Triton container.
+    Exits 3 when the server does not come up.
+
+    \b
+    Examples:
+      specbuild serve specbuild-out/smollm2-ngram/triton_repo
+      specbuild serve OUT/triton_repo --http-port 9000 --grpc-port 9001 --metrics-port 9002
     """
+    from specbuild.builder.recipe import is_loopback
     from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
     from specbuild.triton_repo.tensorrtllm import launch_lines
 
+    ports = [p for p in (http_port, grpc_port, metrics_port) if p]
+    if len(set(ports)) != len(ports):
+        raise click.BadParameter("--http-port, --grpc-port and --metrics-port each need their own port (0 picks a free one)")
     launch = launch_lines(repo)
     if launch is not None:  # tensorrtllm backend models: served by the TensorRT-LLM Triton container
         click.echo(f"{repo} is a TensorRT-LLM repository; serve it inside the TensorRT-LLM Triton container "
@@ -236,6 +335,9 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         for line in launch:
             click.echo(f"  {line}")
         return
+    if not is_loopback(host):
+        click.secho(f"warning: --host {host} serves beyond this machine with no authentication; anyone who reaches the ports can send requests",
+                    fg="yellow", err=True)
     server = TritonServer(
         repo,
         host=host,
@@ -246,8 +348,16 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     )
     try:
         sys.exit(serve_forever(server))
-    except (ServerNotFoundError, ServerStartError) as exc:
-        raise click.ClickException(str(exc)) from None
+    except ServerNotFoundError as exc:
+        raise CommandError(str(exc), ExitCode.FAILED) from None
+    except ServerStartError as exc:
+        raise CommandError(str(exc), ExitCode.SERVER_UNAVAILABLE) from None
+
+
+def _deprecated_decoupled(ctx, param, value: bool) -> bool:
+    if value:
+        click.secho("warning: --decoupled is deprecated; use --streaming (the name trtllm-bench and genai-perf use)", fg="yellow", err=True)
+    return value
 
 
 @main.command("verify")
@@ -261,7 +371,9 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 @click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets; needs --tokenizer).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.json"), show_default=True)
 @click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for the server to be ready (seconds).")
-@click.option("--decoupled", is_flag=True, help="The deployment is decoupled (recipe serve.decoupled: true): send each request over a gRPC stream.")
+@click.option("--streaming", is_flag=True, help="Send each request over a gRPC stream (a decoupled deployment: recipe serve.decoupled: true).")
+@click.option("--decoupled", "decoupled_alias", is_flag=True, hidden=True, callback=_deprecated_decoupled, help="Deprecated name of --streaming.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout (progress and tables go to stderr).")
 @click.option("--near-tie-margin", default=None, type=click.FloatRange(min=0), help="Greedy: let a divergence pass when speculation took the target's runner-up and the top-two logits differ by at most this (logit units) [off: exact].")
 @click.option("--hf-oracle", "hf_oracle", type=click.Path(exists=True, file_okay=False), help="Also compare both runs with Hugging Face generate() on this local checkpoint folder (the target's).")
 @click.option("--sampling", is_flag=True, help="Run the statistical test of speculative vs plain sampling instead of the greedy check.")
@@ -275,19 +387,20 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
 def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, wait_s,
-                   decoupled, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts, temperature, top_k, top_p,
-                   alpha, seed, concurrency) -> None:
+                   streaming, decoupled_alias, as_json, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts,
+                   temperature, top_k, top_p, alpha, seed, concurrency) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
 
     Sends each prompt with num_draft_tokens=0 (the non-speculative baseline) and with speculation,
     compares the token ids, reports the first divergence (with the target's top-two logit margin
     there when the deployment returns it) and the speed-up, writes a JSON report.
-    Exits 1 on any mismatch (or, with --near-tie-margin, on any mismatch that is not a near-tie).
+    Exits 4 on any mismatch (or, with --near-tie-margin, on any mismatch that is not a near-tie),
+    3 when the server is unreachable or not ready within --wait-s, 2 on bad input.
 
     With --sampling: sends --samples seeded requests per arm (plain, speculative; disjoint seeds)
     for each of the first --sampling-prompts prompts and tests with chi-square that the first
     --positions tokens are distributed alike; prints statistic, p-value and the smallest difference
-    (total variation) the sample size detects. Exits 1 when the test rejects equivalence.
+    (total variation) the sample size detects. Exits 4 when the test rejects equivalence.
 
     \b
     Examples:
@@ -295,25 +408,26 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --prompts chat --tokenizer OUT/engine/tokenizer
       specbuild verify --hf-oracle ~/ckpt/SmolLM2 --prompts humaneval:3
       specbuild verify --sampling --samples 500 --temperature 0.8 --top-k 20
+      specbuild verify --streaming --json > verify.json
     """
     from specbuild.cli_display import print_report
     from specbuild.client.prompts import PromptSourceError, apply_chat_template, load_prompts
-    from specbuild.client.sdk import ClientError, SpecClient
+    from specbuild.client.sdk import ClientError, ServerUnavailableError, SpecClient
 
     tokenizer = None
     if tokenizer_dir:
         from specbuild.triton_repo.models.tokenization import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_dir)
-    console = _console()
+    console = _console(stderr=as_json)
     try:
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
-        with SpecClient(url, protocol=protocol, decoupled=decoupled) as client:
+        with SpecClient(url, protocol=protocol, decoupled=streaming or decoupled_alias) as client:
             client.wait_ready(timeout_s=wait_s)
             if sampling:
                 _verify_sampling(console, client, prompt_list[:sampling_prompts], report_path, samples=samples,
                                  positions=positions, temperature=temperature, top_k=top_k, top_p=top_p, alpha=alpha,
-                                 seed=seed, num_draft_tokens=num_draft_tokens, concurrency=concurrency)
+                                 seed=seed, num_draft_tokens=num_draft_tokens, concurrency=concurrency, as_json=as_json)
                 return
             report = _verify_greedy(console, client, prompt_list, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
                                     end_id=end_id, tokenizer=tokenizer, near_tie_margin=near_tie_margin)
@@ -321,15 +435,21 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
             if hf_oracle:
                 oracle_ok = _verify_oracle(console, client, prompt_list, hf_oracle, report_path, max_tokens=max_tokens,
                                            num_draft_tokens=num_draft_tokens, end_id=end_id, tokenizer=tokenizer)
-    except (PromptSourceError, ClientError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    except ServerUnavailableError as exc:
+        raise CommandError(str(exc), ExitCode.SERVER_UNAVAILABLE) from None
+    except (PromptSourceError, ValueError) as exc:
+        raise bad_input(str(exc)) from None
+    except ClientError as exc:
+        raise CommandError(str(exc), ExitCode.FAILED) from None
     report.write(report_path)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
     print_report(console, report)
     console.print(f"report: {report_path}")
     if near_tie_margin is not None:
         console.print(f"tolerance: divergences where speculation took the target's runner-up within {near_tie_margin:g} logits pass ({report.num_near_ties} such)")
     if not report.passed or not oracle_ok:
-        sys.exit(1)
+        sys.exit(ExitCode.NOT_LOSSLESS)
 
 
 def _verify_greedy(console, client, prompt_list, **options):
@@ -341,7 +461,7 @@ def _verify_greedy(console, client, prompt_list, **options):
 
 
 def _verify_sampling(console, client, prompt_list, report_path: Path, *, samples, positions, temperature, top_k, top_p,
-                     alpha, seed, num_draft_tokens, concurrency) -> None:
+                     alpha, seed, num_draft_tokens, concurrency, as_json=False) -> None:
     from specbuild.cli_display import verification_progress
     from specbuild.client.stats import SamplingSettings, describe_sampling_report, render_sampling_report, verify_sampling
 
@@ -350,17 +470,17 @@ def _verify_sampling(console, client, prompt_list, report_path: Path, *, samples
     with verification_progress(console, 2 * samples * len(prompt_list)) as progress:
         report = verify_sampling(client, prompt_list, settings, concurrency=concurrency, progress=progress)
     report.write(report_path)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
     console.print(render_sampling_report(report))
     colour = "green" if report.passed else "red"
     console.print(f"[{colour}]{describe_sampling_report(report)}[/{colour}]", highlight=False)
     console.print(f"report: {report_path}")
     if not report.passed:
-        sys.exit(1)
+        sys.exit(ExitCode.NOT_LOSSLESS)
 
 
 def _verify_oracle(console, client, prompt_list, checkpoint, report_path: Path, *, tokenizer, **options) -> bool:
-    import json
-
     from specbuild.cli_display import verification_progress
     from specbuild.client.oracle import HFOracle, OracleError, compare_with_oracle
 
@@ -369,7 +489,7 @@ def _verify_oracle(console, client, prompt_list, checkpoint, report_path: Path, 
         with verification_progress(console, len(prompt_list)) as progress:
             result = compare_with_oracle(client, prompt_list, oracle, decoder=tokenizer, progress=progress, **options)
     except OracleError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise bad_input(str(exc)) from None
     path = report_path.with_name(report_path.stem + ".oracle.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")

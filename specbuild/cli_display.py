@@ -4,20 +4,45 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from specbuild.builder.recipe import LoadedRecipe
+from specbuild.exit_codes import CommandError, ExitCode
 from specbuild.pipeline import RunPaths, RunSummary, plan_lines, run_recipe
 
 
-def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths) -> None:
-    """The dry-run plan: one line per stage, no work done."""
+def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths, warnings: list[str] = ()) -> None:
+    """The dry-run plan: one line per stage, no work done, then the recipe's warnings."""
     console.print("[bold]plan[/bold] (dry run: nothing is built or started)")
     for line in plan_lines(loaded, paths):
         console.print(f"  {line}", highlight=False, soft_wrap=True)  # commands stay one line: copy-pasteable
+    for warning in warnings:
+        console.print(f"  [yellow]warning[/yellow]   {warning}", highlight=False, soft_wrap=True)
+
+
+def print_recipes(console: Console, rows: list[dict]) -> None:
+    """``specbuild recipes``: one row per bundled recipe (see :func:`specbuild.pipeline.recipe_summaries`)."""
+    table = Table(show_header=True, box=None, pad_edge=False)
+    for column in ("recipe", "method", "backend", "runs on", "training", "description"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        if "error" in row:
+            table.add_row(row["name"], "", "", "", "", f"[red]invalid:[/red] {row['error']}")
+            continue
+        table.add_row(row["name"], row["method"], row["backend"], row["runs_on"], _training_cell(row["training"]), row["description"])
+    console.print(table)
+
+
+def _training_cell(info: dict | None) -> str:
+    """``no``; ``yes, not trained (3000 steps)``; ``trained: 3000 steps, 1501 s (+ 912 s data)``."""
+    if info is None:
+        return "no"
+    if not info["trained"]:
+        return f"yes, not trained yet ({info['steps']} steps)"
+    data = f" + {info['data_seconds']:.0f} s data" if isinstance(info.get("data_seconds"), (int, float)) else ""
+    return f"trained: {info['steps']} steps, {info['seconds']} s{data}"
 
 
 @contextmanager
@@ -34,7 +59,8 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
     """Run the main job with a spinner per stage and a progress bar for verification, then the summary.
 
     Raises:
-        click.ClickException: any stage failed; the message says which and why.
+        CommandError: any stage failed; the message says which and why, the exit code what kind
+            (bad input 2, server unavailable 3, else 1).
     """
     from specbuild.builder.checkpoints import CheckpointError
     from specbuild.builder.recipe import RecipeError
@@ -61,11 +87,14 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
         try:
             summary = run_recipe(loaded, paths, rebuild=rebuild, status=status, progress=progress, log=lambda m: bar.console.print(f"  {m}", highlight=False))
         except failures as exc:
-            raise click.ClickException(str(exc)) from None
+            bad_input = (RecipeError, CheckpointError, PromptSourceError)
+            unavailable = (ServerUnavailableError, ServerStartError)
+            code = ExitCode.BAD_INPUT if isinstance(exc, bad_input) else ExitCode.SERVER_UNAVAILABLE if isinstance(exc, unavailable) else ExitCode.FAILED
+            raise CommandError(str(exc), code) from None
         except KeyboardInterrupt:
             # run_recipe has already stopped the server and removed any half-written directory.
             bar.console.print("[yellow]interrupted[/yellow]")
-            raise SystemExit(130) from None
+            raise SystemExit(ExitCode.INTERRUPTED) from None
     print_summary(console, summary)
     return summary
 

@@ -63,8 +63,8 @@ def check_inputs(loaded: LoadedRecipe) -> list:
     """The recipe's checkpoints, Medusa / EAGLE heads and prompts exist, and a draft shares the target's
     vocabulary, Medusa and EAGLE heads its hidden and vocabulary sizes, an EAGLE-3 head finds the layers it
     fuses (milliseconds; a packaged GGUF's sizes are checked after its conversion); on the reference
-    backend, no setting it lacks
-    (``posterior_threshold``). Returns the prompts.
+    backend, a method and settings it runs (not ``posterior_threshold``, ReDrafter or MTP) and, for
+    ``device: cuda``, a GPU on this machine. Returns the prompts.
 
     Raises:
         RecipeError: naming the recipe line of the field at fault.
@@ -83,7 +83,9 @@ def check_inputs(loaded: LoadedRecipe) -> list:
     from specbuild.client.prompts import PromptSourceError, load_prompts
 
     if loaded.recipe.build.backend == "reference":
+        _check_reference_engine_supports(loaded)
         check_reference_speculation(loaded)
+        _check_device(loaded)
     target = locate_target(loaded)
     untrained = draft_from_train_stage(loaded) and not _trained_artefact_exists(loaded)  # written by the train stage
     draft = None if untrained else locate_draft(loaded)
@@ -100,6 +102,51 @@ def check_inputs(loaded: LoadedRecipe) -> list:
         return load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
     except PromptSourceError as exc:
         raise loaded.error(("verify", "prompts"), str(exc)) from None
+
+
+def check_recipe(loaded: LoadedRecipe) -> None:
+    """Everything ``plan``, ``build``, ``recipe`` and ``train-draft`` check before any work, the same
+    for all four, in well under a second and without importing torch: the reference backend's inputs
+    (:func:`check_inputs`), or the TensorRT-LLM plan for the installed version.
+
+    Raises:
+        RecipeError: naming the recipe line of the field at fault and the fix.
+    """
+    if loaded.recipe.build.backend == "reference":
+        check_inputs(loaded)
+        return
+    from specbuild.builder.trtllm_plan import plan_for
+    from specbuild.builder.trtllm_version import installed_version
+
+    plan_for(loaded, default_output_dir(loaded), version=installed_version())
+
+
+def cuda_device_present() -> bool:
+    """Whether this machine may have an NVIDIA GPU, from the file system only (importing torch to ask
+    takes seconds): a ``/dev/nvidia0``... device, ``/dev/dxg`` (WSL), a GPU under
+    ``/proc/driver/nvidia/gpus``, or ``nvidia-smi`` on PATH. ``CUDA_VISIBLE_DEVICES`` set to empty or
+    ``-1`` hides them. Errs towards True: a false "no GPU" would refuse a recipe that runs."""
+    import os
+    import shutil
+
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return (
+        any(Path("/dev").glob("nvidia[0-9]*"))
+        or Path("/dev/dxg").exists()
+        or (gpus.is_dir() and any(gpus.iterdir()))
+        or shutil.which("nvidia-smi") is not None
+    )
+
+
+def _check_device(loaded: LoadedRecipe) -> None:
+    if loaded.recipe.build.device == "cuda" and not cuda_device_present():
+        raise loaded.error(
+            ("build", "device"),
+            "cuda, but this machine shows no NVIDIA GPU (no /dev/nvidia* device, or CUDA_VISIBLE_DEVICES hides them); "
+            "set build.device: cpu, or run where a GPU is",
+        )
 
 
 def draft_from_train_stage(loaded: LoadedRecipe) -> bool:
@@ -128,7 +175,7 @@ def check_runnable(loaded: LoadedRecipe) -> list:
         plan_for(loaded, default_output_dir(loaded), version=version)  # validates method vs path and version
         require_installed(loaded, version)
         return []  # the TensorRT-LLM path builds and writes the repository; verification runs after launch.sh
-    _check_reference_engine_supports(loaded)
+    prompts = check_inputs(loaded)  # the plan's checks first: a bad recipe is reported before a missing extra
     missing = [
         extra
         for extra, module in (("engine", "torch"), ("engine", "transformers"), ("client", "tritonclient"), ("server", "pytriton"))
@@ -137,7 +184,7 @@ def check_runnable(loaded: LoadedRecipe) -> list:
     if missing:
         extras = ",".join(sorted(set(missing)))
         raise RecipeError(f"missing dependencies for this recipe; install them with: pip install 'specbuild[{extras}]'")
-    return check_inputs(loaded)
+    return prompts
 
 
 def _check_reference_engine_supports(loaded: LoadedRecipe) -> None:
@@ -146,10 +193,12 @@ def _check_reference_engine_supports(loaded: LoadedRecipe) -> None:
     spec = loaded.recipe.speculation
     if spec.decoding_type is not None and spec.decoding_type not in METHODS:
         supported = [name for name, model in speculation_methods().items() if model.decoding_type in (None, *METHODS)]
+        elsewhere = {"redrafter": "tensorrt", "mtp": "pytorch", "eagle3": "pytorch"}.get(spec.method, "tensorrt or pytorch")
         raise loaded.error(
             ("speculation", "method"),
             f"method {loaded.recipe.speculation.method!r} is not in the reference engine yet; "
-            f"it runs: {', '.join(supported)}",
+            f"it runs: {', '.join(supported)}. Pick one of those, or build with TensorRT-LLM on a GPU "
+            f"(build.backend: {elsewhere})",
         )
 
 
@@ -168,9 +217,9 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         return plan.lines() + repository_lines(loaded, plan, paths.repo_dir)
     train = []
     if r.train is not None:
-        from specbuild.train.stage import artefact_path
+        from specbuild.train.stage import training_status
 
-        train = [f"train     {spec.method} draft from {r.train.prompts} ({r.train.steps} steps, cached) -> {artefact_path(loaded)}"]
+        train = [f"train     {spec.method} draft, {training_status(loaded)}"]
     return [
         f"recipe    {loaded.path} ({r.name})",
         f"target    {r.target.checkpoint} ({r.target.dtype})",
@@ -184,6 +233,60 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         "speculative vs num_draft_tokens=0, token ids",
         f"report    {paths.report}",
     ]
+
+
+def runs_on(loaded: LoadedRecipe) -> str:
+    """Where the recipe's engine runs: ``CPU``, or ``GPU`` (CUDA reference engine or TensorRT-LLM)."""
+    b = loaded.recipe.build
+    return "CPU" if b.backend == "reference" and b.device == "cpu" else "GPU"
+
+
+def plan_json(loaded: LoadedRecipe, paths: RunPaths, stages: list[str], warnings: list[str]) -> dict:
+    """``specbuild plan --json``: the recipe, where it runs, the LLM-API ``speculative_config``
+    (None for plain decoding and ReDrafter, which has none), training, the stage lines and warnings."""
+    from specbuild.train.stage import training_info
+
+    r = loaded.recipe
+    try:
+        speculative_config = r.speculation.to_llm_api()
+    except ValueError:
+        speculative_config = None
+    return {
+        "recipe": str(loaded.path),
+        "name": r.name,
+        "description": r.description,
+        "method": r.speculation.method,
+        "max_draft_len": r.speculation.max_draft_len,
+        "backend": r.build.backend,
+        "runs_on": runs_on(loaded),
+        "output_dir": str(paths.output_dir),
+        "speculative_config": speculative_config,
+        "training": training_info(loaded),
+        "stages": stages,
+        "warnings": warnings,
+    }
+
+
+def recipe_summaries() -> list[dict]:
+    """One row per bundled recipe for ``specbuild recipes``: name, method, backend, where it runs,
+    training (None: none needed; else :func:`specbuild.train.stage.training_info`), description; a
+    recipe that does not load has ``error`` instead."""
+    from specbuild.builder.recipe import bundled_recipes, load_recipe
+    from specbuild.train.stage import training_info
+
+    rows = []
+    for name, path in sorted(bundled_recipes().items()):
+        try:
+            loaded = load_recipe(str(path))
+        except RecipeError as exc:
+            rows.append({"name": name, "error": str(exc)})
+            continue
+        r = loaded.recipe
+        rows.append({
+            "name": name, "method": r.speculation.method, "backend": r.build.backend, "runs_on": runs_on(loaded),
+            "training": training_info(loaded), "description": r.description,
+        })
+    return rows
 
 
 def run_trtllm_build(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, status=print, log=print):

@@ -159,5 +159,5 @@ def test_verify_cli_refuses_chat_prompts_without_a_tokenizer_before_connecting()
     from specbuild.cli import main
 
     result = CliRunner().invoke(main, ["verify", "--url", "127.0.0.1:9", "--prompts", "chat:2", "--wait-s", "0"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input (specbuild.exit_codes)
     assert "--chat-template never" in result.output and "unavailable" not in result.output.lower()

@@ -47,7 +47,7 @@ def test_unknown_key_names_file_line_field_and_allowed_keys():
 
 
 def test_wrong_method_lists_valid_methods_at_its_line():
-    with pytest.raises(RecipeError, match=r"demo.yaml:5: speculation.method: unknown method 'eagel'; valid methods: none, ngram, draft_target, lookahead, medusa, eagle, eagle3, mtp, redrafter$"):
+    with pytest.raises(RecipeError, match=r"demo.yaml:5: speculation.method: unknown method 'eagel' \(did you mean 'eagle' or 'eagle3'\?\); valid methods: none, ngram, draft_target, lookahead, medusa, eagle, eagle3, mtp, redrafter$"):
         parse(GOOD.replace("method: ngram", "method: eagel"))
 
 

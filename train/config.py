@@ -18,14 +18,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from specbuild.builder.strict import StrictModel
 
 TRAINABLE_METHODS = ("eagle", "eagle3", "medusa", "draft_target")
 HUMANEVAL_TRAIN = "humaneval-train"
 HUMANEVAL_TRAIN_START = 40  # HumanEval/40 .. HumanEval/163 train; 0 .. 39 stay held out
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(StrictModel):
     """How to train the recipe's draft (self-distillation from the target).
 
     Attributes:

