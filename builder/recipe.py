@@ -397,6 +397,12 @@ class BuildConfig(_Strict):
     max_input_len: int = Field(1024, ge=1)
     max_seq_len: int = Field(2048, ge=2)
     device: Literal["cpu", "cuda"] = "cpu"  # reference backend only
+    # TensorRT-LLM's max_num_tokens: tokens one iteration runs over all requests in flight (context and
+    # generation); unset -> max(max_input_len, max_batch_size * (1 + max_draft_len)).
+    max_num_tokens: int | None = Field(None, ge=1)
+    # Reference backend: the CPU kernels of the target's linear layers. auto -> onednn (prepacked
+    # weights, engine/kernels.py) on a CPU with oneDNN for float32/bfloat16, else eager.
+    kernels: Literal["auto", "eager", "onednn"] = "auto"
     tp_size: int = Field(1, ge=1, le=64)  # tensor-parallel ranks per engine (TensorRT-LLM --tp_size)
     pp_size: int = Field(1, ge=1, le=64)  # pipeline-parallel ranks (--pp_size); world size = tp_size * pp_size
     # none | fp8 (quantize.py --qformat fp8, Hopper/Ada) | int8_wo / int4_wo (weight-only, convert_checkpoint)

@@ -376,6 +376,7 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
             "pad_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id,
             "trust_remote_code": trust,
             "device": r.build.device,
+            "kernels": r.build.kernels,
         },
     }
 
@@ -514,7 +515,7 @@ def _build_config(loaded: LoadedRecipe) -> dict:
         "max_batch_size": b.max_batch_size,
         "max_input_len": b.max_input_len,
         "max_seq_len": b.max_seq_len,
-        "max_num_tokens": max(b.max_input_len, b.max_batch_size * (k + 1)),
+        "max_num_tokens": b.max_num_tokens or max(b.max_input_len, b.max_batch_size * (k + 1)),
         "max_beam_width": 1,
         "max_draft_len": k,
         "speculative_decoding_mode": SPECULATIVE_DECODING_MODE[spec.speculative_decoding_mode],

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-KERNELS = ("eager", "onednn")
+KERNELS = ("eager", "onednn")  # what pack_linears takes; recipes also say "auto" (resolve_kernels)
 
 
 def onednn_available() -> bool:
@@ -31,22 +31,41 @@ def onednn_available() -> bool:
 class PackedLinear(nn.Module):
     """``y = x W^T + b`` with ``W`` prepacked for oneDNN (CPU, float32 or bfloat16).
 
-    Holds the packed copy only (the original weight is released unless something else, e.g. tied
-    embeddings, still references it). Call with ``x [..., in_features]``; returns ``[..., out_features]``.
+    Holds the packed copy; the original weight is released unless ``keep_weight`` (the lm_head, whose
+    ``weight [vocab, hidden]`` draft heads read) or something else (tied embeddings) references it.
+    Call with ``x [..., in_features]``; returns ``[..., out_features]``.
     """
 
-    def __init__(self, linear: nn.Linear, *, batch_hint: int = 8) -> None:
+    def __init__(self, linear: nn.Linear, *, keep_weight: bool = False, batch_hint: int = 8) -> None:
         super().__init__()
-        weight = linear.weight.detach()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_hint)
         self.bias = None if linear.bias is None else linear.bias.detach()
+        if keep_weight:
+            self.weight = linear.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, onednn-packed"
+
+
+def onednn_supports(dtype: torch.dtype) -> bool:
+    """oneDNN packs this dtype here: float32 wherever oneDNN is built in; bfloat16 only on CPUs with
+    AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT (``torch.ops.mkldnn._is_mkldnn_bf16_supported``)."""
+    if not onednn_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+
+
+def resolve_kernels(kernels: str, model: nn.Module) -> str:
+    """``"auto"`` -> ``"onednn"`` for a CPU model whose dtype oneDNN packs here (:func:`onednn_supports`),
+    else ``"eager"``; any other value is returned as it is (checked by :func:`pack_linears`)."""
+    if kernels != "auto":
+        return kernels
+    param = next(model.parameters())
+    return "onednn" if param.device.type == "cpu" and onednn_supports(param.dtype) else "eager"
 
 
 def pack_linears(model: nn.Module, kernels: str) -> int:
@@ -67,14 +86,17 @@ def pack_linears(model: nn.Module, kernels: str) -> int:
     if kernels == "eager":
         return 0
     param = next(model.parameters())
-    if param.device.type != "cpu" or param.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"kernels='onednn' needs a float32 or bfloat16 model on the CPU, got {param.dtype} on {param.device}")
-    if not onednn_available():
-        raise ValueError("kernels='onednn' needs a torch build with oneDNN (torch.backends.mkldnn); use kernels='eager'")
+    if param.device.type != "cpu" or not onednn_supports(param.dtype):
+        raise ValueError(
+            f"kernels='onednn' packs float32 (and bfloat16 on AVX-512 CPUs) models on the CPU with oneDNN; "
+            f"this is {param.dtype} on {param.device} (CPU capability {torch.backends.cpu.get_cpu_capability()}): "
+            "use kernels='eager' or 'auto'"
+        )
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     swapped = 0
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, child_name, PackedLinear(child))
+                setattr(module, child_name, PackedLinear(child, keep_weight=child is head))
                 swapped += 1
     return swapped

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 import torch
 
 
+ZERO_CHUNK = 256  # positions zeroed at a time when a batch first reaches them
+
+
 class KVCacheFullError(RuntimeError):
     """No free slot: more requests in flight than the pool was built for (``max_batch_size``)."""
 
@@ -113,6 +116,7 @@ class KVPool:
         """Make positions ``[0, upto)`` of ``slots`` finite: a forward reads a slot up to ``kv_len``, past
         what the row may see, and masked scores must stay finite (``0 * NaN`` of never-written memory
         would poison the softmax). Each position is zeroed once, the first time a batch reaches it."""
+        upto = min(self.capacity, -(-upto // ZERO_CHUNK) * ZERO_CHUNK)  # whole chunks: few small writes
         for slot in slots:
             start = self._initialized[slot]
             if start < upto:

@@ -55,6 +55,7 @@ from .drafters import (
     TreeDrafter,
 )
 from .forward import check_mask_attention
+from .kernels import pack_linears, resolve_kernels
 from .methods import SpeculativeMethod, get_method
 from .methods.base import MethodContext
 from .sampling import Sampler
@@ -150,6 +151,7 @@ class ReferenceEngine:
         end_id: int | None = None,
         trust_remote_code: bool = False,
         base_dir: str | Path | None = None,
+        kernels: str = "auto",
     ) -> ReferenceEngine:
         """Load a local Hugging Face checkpoint as the target (and a draft checkpoint for DraftTarget).
 
@@ -161,6 +163,8 @@ class ReferenceEngine:
             end_id: default end token; None -> the checkpoint's eos id (the first if several; -1 if none).
             base_dir: where relative paths in ``speculative_config`` resolve (DraftTarget's
                 ``speculative_model_dir``; None -> the working directory).
+            kernels: the target's linear-layer kernels (:mod:`~specbuild.engine.kernels`): ``"eager"``,
+                ``"onednn"`` (prepacked weights, CPU) or ``"auto"`` (onednn where it applies).
 
         Raises:
             FileNotFoundError: no checkpoint at ``checkpoint_dir`` (or at the draft's directory).
@@ -172,6 +176,7 @@ class ReferenceEngine:
         )
         if end_id is None:
             end_id = _default_end_id(model)
+        pack_linears(model, resolve_kernels(kernels, model))
         return cls(
             model,
             limits=limits,
@@ -212,6 +217,7 @@ class ReferenceEngine:
             end_id=extra.get("end_id"),
             trust_remote_code=bool(extra.get("trust_remote_code", False)),
             base_dir=engine_dir,
+            kernels=extra.get("kernels", "auto"),
         )
 
     @property
