@@ -33,7 +33,7 @@ ZERO_CHUNK = 256  # positions zeroed at a time when a batch first reaches them
 
 
 class KVCacheFullError(RuntimeError):
-    """No free slot: more requests in flight than the pool was built for (``max_batch_size``)."""
+    """No free slot (more requests in flight than ``max_batch_size``), or a pool too large for the memory."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,7 @@ class KVPool:
         if num_slots < 1 or capacity < 1:
             raise ValueError(f"a KV pool needs num_slots >= 1 and capacity >= 1, got {num_slots} and {capacity}")
         self.shape, self.num_slots, self.capacity = shape, num_slots, capacity
+        _check_fits(num_slots * capacity * shape.bytes_per_token(dtype), device, num_slots=num_slots, capacity=capacity)
         size = (num_slots, shape.num_kv_heads, capacity, shape.head_dim)
         # keys[layer]: [num_slots, num_kv_heads, capacity, head_dim]; values alike
         self.keys = [torch.empty(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
@@ -150,6 +151,37 @@ class KVPool:
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot roll back slot {slot} of {self.lengths[slot]} positions to {length}")
         self.lengths[slot] = length
+
+
+def available_bytes(device: torch.device | str) -> int | None:
+    """Memory free for a new allocation: CUDA's free device memory, or the kernel's ``MemAvailable``
+    (``/proc/meminfo``) on the CPU; None where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_fits(nbytes: int, device: torch.device | str, *, num_slots: int, capacity: int) -> None:
+    """Refuse a pool that could not be backed when every slot fills (rather than dying of OOM mid-run).
+
+    Raises:
+        KVCacheFullError: ``nbytes`` exceeds the memory available now.
+    """
+    free = available_bytes(device)
+    if free is not None and nbytes > free:
+        raise KVCacheFullError(
+            f"the KV cache needs {nbytes / 2**30:.2f} GiB ({num_slots} slots (max_batch_size) x {capacity} positions "
+            f"(max_seq_len + widest step)), but only {free / 2**30:.2f} GiB is available on {device}; "
+            "lower build.max_batch_size or build.max_seq_len"
+        )
 
 
 class SlotCache:

@@ -126,3 +126,9 @@ def test_forward_refuses_attention_that_ignores_the_mask(model, monkeypatch):
     monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
     with pytest.raises(ValueError, match="'flash_attention_2'"):
         check_mask_attention(model)
+
+
+def test_a_pool_larger_than_memory_is_refused_up_front(model):
+    """Sized from the build: a pool that could not be backed when full fails at load, with the fix."""
+    with pytest.raises(KVCacheFullError, match=r"lower build.max_batch_size or build.max_seq_len"):
+        KVPool(KVShape.of(model), num_slots=4096, capacity=2**24, dtype=model.dtype, device="cpu")
