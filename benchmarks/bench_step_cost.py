@@ -3,7 +3,9 @@
 Leviathan et al. 2023 (Theorem 3.8) price a step as ``k c + 1`` target steps, assuming the target
 verifies ``k + 1`` tokens for the price of one. On a CPU it does not: the GEMMs of a few rows cost more
 than one row. This script measures, in one process and interleaved (so machine noise hits all sizes
-alike), with the engine's own forward functions and KV cache:
+alike), with the engine's own forward call site (:func:`specbuild.engine.forward.forward_blocks`), KV
+slots and kernels (``--kernels``; the engine's default ``auto`` packs the target's linear layers for
+oneDNN on a CPU):
 
     t_target(T)   one target forward of T = 1 .. max_k + 1 tokens after ``--context`` cached positions
     t_draft       one draft-model forward of 1 token (with ``--draft``; the engine's CPU lm_head)
@@ -16,6 +18,7 @@ the floor that no draft model, however cheap, gets under on this machine.
 Without ``--draft`` the draft cost is 0 (n-gram, lookahead's verification side only).
 
     python benchmarks/bench_step_cost.py                                         # target only, k = 1..4
+    python benchmarks/bench_step_cost.py --max-k 7 --kernels eager               # transformers' eager linears
     python benchmarks/bench_step_cost.py --draft ~/.cache/specbuild/trained/smollm2-draft --json cost.json
 
 Absolute milliseconds depend on the machine and its load; the ratios are measured side by side.
@@ -36,11 +39,23 @@ from rich.table import Table
 from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
 from specbuild.client.tune import expected_tokens_per_step, fit_acceptance
 from specbuild.engine import target as target_model
+from specbuild.engine.forward import RowBlock, forward_blocks
+from specbuild.engine.kernels import pack_linears, resolve_kernels
 from specbuild.engine.kv_cache import rollback
+from specbuild.engine.kv_pool import KVPool, KVShape
 
 
-def forward_ms(model, cache, tokens: list[int], context_len: int) -> float:
-    """Milliseconds of one forward of ``tokens`` after ``context_len`` cached positions (cache restored)."""
+def target_forward_ms(model, pool: KVPool, tokens: list[int]) -> float:
+    """Milliseconds of one engine forward of ``tokens`` (one row, causal, all logits) after slot 0's context
+    (the slot's length is not advanced: nothing to roll back)."""
+    start = time.perf_counter()
+    forward_blocks(model, pool, [RowBlock(0, tokens)])
+    return (time.perf_counter() - start) * 1000.0
+
+
+def draft_forward_ms(model, cache, tokens: list[int], context_len: int) -> float:
+    """Milliseconds of one draft-model forward of ``tokens`` (its own DynamicCache, as the draft-target
+    proposer runs it), cache restored."""
     start = time.perf_counter()
     target_model.forward_logits(model, tokens, cache, num_logits=len(tokens))
     elapsed = time.perf_counter() - start
@@ -62,6 +77,7 @@ def main() -> None:
     parser.add_argument("--max-k", type=int, default=4, help="draft lengths 1 .. max-k")
     parser.add_argument("--context", type=int, default=256, help="cached positions before each measured forward")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--kernels", default="auto", choices=["auto", "eager", "onednn"], help="the target's linear kernels")
     parser.add_argument("--speed-ups", type=float, nargs="+", default=[1.0, 1.3], help="goals to price in acceptance")
     parser.add_argument("--json", type=Path, default=Path("bench_step_cost.json"))
     args = parser.parse_args()
@@ -74,21 +90,29 @@ def main() -> None:
         return target_model.load_target(path, dtype="float32", device="cpu", trust_remote_code=False)
 
     target = load(args.checkpoint)
+    kernels = resolve_kernels(args.kernels, target)
+    pack_linears(target, kernels)
     vocab = target.config.get_text_config().vocab_size
     context = torch.randint(0, vocab, (args.context,)).tolist()
-    models = {"target": target}
-    if args.draft:
-        models["draft"] = target_model.use_draft_lm_head(load(args.draft))
-    caches = {}
-    with torch.no_grad():
-        for name, model in models.items():
-            caches[name] = target_model.new_cache(model)
-            target_model.forward_logits(model, context, caches[name], num_logits=1)
+    pool = KVPool(KVShape.of(target), num_slots=1, capacity=args.context + args.max_k + 1, dtype=target.dtype, device="cpu")
+    draft = target_model.use_draft_lm_head(load(args.draft)) if args.draft else None
+    with torch.inference_mode():
+        forward_blocks(target, pool, [RowBlock(pool.allocate(), context, logits_from=len(context) - 1)])
+        pool.commit(0, list(range(len(context))))
+        if draft is not None:
+            draft_cache = target_model.new_cache(draft)
+            target_model.forward_logits(draft, context, draft_cache, num_logits=1)
+
+        def forward_ms(name: str, tokens: list[int]) -> float:
+            if name == "target":
+                return target_forward_ms(target, pool, tokens)
+            return draft_forward_ms(draft, draft_cache, tokens, args.context)
+
         sizes = [("target", t) for t in range(1, args.max_k + 2)] + ([("draft", 1)] if args.draft else [])
         samples: dict[tuple[str, int], list[float]] = {s: [] for s in sizes}
         for r in range(args.repeats + 2):  # two untimed warm-up rounds
             for name, t in sizes[r % len(sizes):] + sizes[: r % len(sizes)]:  # rotate the order per round
-                ms = forward_ms(models[name], caches[name], torch.randint(0, vocab, (t,)).tolist(), args.context)
+                ms = forward_ms(name, torch.randint(0, vocab, (t,)).tolist())
                 if r >= 2:
                     samples[(name, t)].append(ms)
     median = {s: statistics.median(v) for s, v in samples.items()}
@@ -104,7 +128,7 @@ def main() -> None:
                      # the floor: a draft that cost nothing would still need this much (verification alone)
                      "acceptance_needed_free_draft": {str(g): acceptance_needed(g * verify_ms / plain, k) for g in args.speed_ups}})
 
-    table = Table(title=f"one speculative step, {args.context} cached positions, fp32, {torch.get_num_threads()} threads: "
+    table = Table(title=f"one speculative step, {args.context} cached positions, fp32, {kernels} kernels, {torch.get_num_threads()} threads: "
                         f"plain step {plain:.1f} ms, draft token {draft_ms:.1f} ms")
     goal = max(args.speed_ups)
     for col in ("k", "verify k+1 (ms)", "verify / plain", "step cost (plain steps)",
@@ -122,7 +146,7 @@ def main() -> None:
     console.print(table)
     console.print("a: per-token acceptance probability (Leviathan eq. 1); compare with a draft's measured rate at k = 1. "
                   "free draft: the same step with a draft that costs nothing, the floor no draft model gets under")
-    report = {"checkpoint": args.checkpoint, "draft": args.draft, "context": args.context, "threads": torch.get_num_threads(),
+    report = {"checkpoint": args.checkpoint, "draft": args.draft, "context": args.context, "kernels": kernels, "threads": torch.get_num_threads(),
               "plain_step_ms": plain, "draft_token_ms": draft_ms, "rows": rows}
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {args.json}")
