@@ -1,17 +1,16 @@
-"""EAGLE-1/2 as a method of the reference engine (Li et al. 2024): greedy equivalence through
-``ReferenceEngine.generate``, per-request caps, stopping, refusals, the builder and the real server.
+"""EAGLE-1/2 as a method of the reference engine (Li et al. 2024): greedy equivalence on its trees
+(TensorRT-LLM's default, a user tree, EAGLE-2's dynamic tree), per-request caps, refusals, the builder
+and the real server.
 
 Heads: "random" (nearly every node rejected) and "pass_through" (the head returns its input feature, so
-the target's lm_head guesses the root again: accepted where the tiny model repeats itself); an oracle
-proposer swapped in for the head is the "same" draft (the whole depth accepted).
+the target's lm_head guesses the root again: accepted where the tiny model repeats itself). The "same"
+draft, stopping, and the refusals every method shares are in tests/test_method_equivalence.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,11 @@ import torch
 
 from conftest import write_recipe
 from specbuild.client.prompts import Prompt
-from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine
+from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
 from specbuild.engine import target as target_model
 from specbuild.engine.methods import eagle
-from specbuild.engine.methods.eagle import EagleConfig, EagleHead, TreeDraft, save_eagle_head
-from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
+from specbuild.engine.methods.eagle import EagleConfig, EagleHead, save_eagle_head
+from specbuild.engine.tree import MC_SIM_7B_63
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = EagleConfig(
@@ -91,9 +90,12 @@ def _run(engine, prompt, max_tokens=NEW_TOKENS, **kwargs):
 # --- greedy equivalence --------------------------------------------------------------------------
 
 
+# random heads on the user tree: tests/test_method_equivalence.py
+EQUIVALENCE = [("random", "mc_sim_7b_63"), ("random", "dynamic")] + [("pass_through", tree) for tree in TREES]
+
+
 @pytest.mark.parametrize("num_draft_tokens", ["max", 1])
-@pytest.mark.parametrize("tree", list(TREES))
-@pytest.mark.parametrize("kind", ["random", "pass_through"])
+@pytest.mark.parametrize("kind, tree", EQUIVALENCE)
 def test_eagle_engine_equals_plain_greedy(engines, plain_outputs, kind, tree, num_draft_tokens):
     engine = engines[kind, tree]
     k = None if num_draft_tokens == "max" else 1
@@ -132,77 +134,14 @@ def test_num_draft_tokens_caps_the_tree(engines, monkeypatch, tree, k, expected)
     assert engines["random", tree]._method_state.proposer.tree_config.max_draft_len == TREES[tree]["max_draft_len"]
 
 
-# --- a "same" draft: the oracle's path is always right ---------------------------------------------
-
-
-class _OracleProposer:
-    """The target's true continuation on the all-zeros path, wrong tokens elsewhere (a FeatureTreeProposer)."""
-
-    def __init__(self, tree: SpecTree, prompt: list[int], plain: list[int]) -> None:
-        self.tree, self.prompt_len, self.plain = tree, len(prompt), plain
-
-    def new_state(self) -> list[int]:
-        return []
-
-    def capped(self, num_draft_tokens: int) -> _OracleProposer:
-        return _OracleProposer(self.tree.first(num_draft_tokens), [0] * self.prompt_len, self.plain)
-
-    def update(self, state, next_tokens, features):
-        assert features.shape == (len(next_tokens), HIDDEN)
-        state += next_tokens
-
-    def propose(self, state, root, max_depth):
-        tree = self.tree.truncated(max_depth)
-        emitted = len(state) - self.prompt_len + 1
-        truth = [self.plain[min(emitted + d, len(self.plain) - 1)] for d in range(tree.max_depth)]
-        return TreeDraft(tree, [root] + [(truth[len(p) - 1] + p[-1]) % VOCAB for p in tree.paths])
-
-
-@pytest.fixture
-def oracle_engine(engines, plain_outputs, monkeypatch):
-    tree = SpecTree.from_choices(USER_CHOICES)
-    monkeypatch.setattr(eagle, "make_eagle_proposer", lambda loaded: _OracleProposer(tree, PROMPTS[0], plain_outputs[0]))
-    return engines["random", "user"]
-
-
-def test_same_draft_accepts_the_full_depth(oracle_engine, plain_outputs):
-    result = _run(oracle_engine, PROMPTS[0])
-    assert result.output_ids == plain_outputs[0]
-    assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // 4)  # 3 accepted + bonus per step
-    assert result.total_accepted_draft_tokens == NEW_TOKENS - 1 - result.num_decoding_iterations
-
-
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 4, 5, 9])
-def test_max_tokens_never_exceeded(oracle_engine, engines, plain_outputs, max_tokens):
-    for engine in (oracle_engine, engines["random", "dynamic"]):
-        result = _run(engine, PROMPTS[0], max_tokens=max_tokens)
-        assert result.output_ids == plain_outputs[0][:max_tokens]
-        assert result.finish_reason == "length"
-
-
-def test_end_token_inside_an_accepted_chunk_stops_there(oracle_engine, plain_outputs):
-    plain, mid_chunk = plain_outputs[0], 0
-    for end_id in dict.fromkeys(plain):
-        first = plain.index(end_id)
-        result = _run(oracle_engine, PROMPTS[0], end_id=end_id)
-        assert result.output_ids == plain[: first + 1], f"end_id {end_id}"
-        assert result.finish_reason == "stop"
-        mid_chunk += first % 4 != 0
-    assert mid_chunk > 0, "no end token fell inside a multi-token accepted chunk"
+def test_max_tokens_never_exceeded_on_the_dynamic_tree(engines, plain_outputs, max_tokens):
+    result = _run(engines["random", "dynamic"], PROMPTS[0], max_tokens=max_tokens)
+    assert result.output_ids == plain_outputs[0][:max_tokens]
+    assert result.finish_reason == "length"
 
 
 # --- refusals ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("num_draft_tokens", [None, 0])
-def test_sampling_is_refused(engines, num_draft_tokens):
-    with pytest.raises(InvalidRequestError, match="Eagle is greedy-only, as in TensorRT-LLM"):
-        _run(engines["random", "user"], PROMPTS[0], temperature=0.7, num_draft_tokens=num_draft_tokens)
-
-
-def test_lookahead_config_is_refused(engines):
-    with pytest.raises(InvalidRequestError, match="this engine runs Eagle, not Lookahead"):
-        _run(engines["random", "user"], PROMPTS[0], lookahead_config=(2, 2, 1))
 
 
 @pytest.mark.parametrize(
@@ -229,11 +168,6 @@ def test_head_of_another_size_is_refused(model, tmp_path):
 def test_head_directory_is_needed_outside_an_engine_directory(model):
     with pytest.raises(ValueError, match="needs speculative_model_dir"):
         ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=eagle_config(None))
-
-
-def test_method_registry_imports_without_torch():
-    code = "import sys, specbuild.engine.methods as m; assert 'Eagle' in m.METHODS and 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # --- builder and the real server -----------------------------------------------------------------

@@ -1,10 +1,9 @@
-"""Lookahead decoding as a method of the reference engine (Fu et al. 2024): greedy equivalence through
-``ReferenceEngine.generate``, per-request (w, n, g), stopping, refusals, Triton parsing and the real server."""
+"""Lookahead decoding as a method of the reference engine (Fu et al. 2024): greedy equivalence for
+per-request (w, n, g), refusals, Triton parsing and the real server. Stopping, and the refusals every
+method shares, are in tests/test_method_equivalence.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,29 +71,7 @@ def test_num_draft_tokens_zero_is_plain_decoding(engine, plain_outputs):
     assert result.total_draft_tokens == 0 and result.num_decoding_iterations == NEW_TOKENS - 1
 
 
-@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 9])
-def test_max_tokens_never_exceeded(engine, plain_outputs, max_tokens):
-    for prompt, plain in zip(PROMPTS, plain_outputs):
-        result = _run(engine, prompt, max_tokens=max_tokens)
-        assert result.output_ids == plain[:max_tokens]
-        assert result.finish_reason == "length"
-
-
-def test_end_token_stops_there(engine, plain_outputs):
-    for prompt, plain in zip(PROMPTS, plain_outputs):
-        for end_id in dict.fromkeys(plain):
-            result = _run(engine, prompt, end_id=end_id)
-            assert result.output_ids == plain[: plain.index(end_id) + 1], f"end_id {end_id}"
-            assert result.finish_reason == "stop"
-
-
 # --- refusals ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("num_draft_tokens", [None, 0])
-def test_sampling_is_refused(engine, num_draft_tokens):
-    with pytest.raises(InvalidRequestError, match="Lookahead is greedy-only, as in TensorRT-LLM"):
-        _run(engine, PROMPTS[0], temperature=0.7, num_draft_tokens=num_draft_tokens)
 
 
 @pytest.mark.parametrize(
@@ -112,12 +89,6 @@ def test_lookahead_config_outside_the_build_is_refused(engine, window, message):
         _run(engine, PROMPTS[0], lookahead_config=window)
 
 
-def test_lookahead_config_on_another_engine_is_refused(model):
-    plain = ReferenceEngine(model, limits=LIMITS, end_id=-1)
-    with pytest.raises(InvalidRequestError, match="this engine runs no speculation, not Lookahead"):
-        _run(plain, PROMPTS[0], lookahead_config=(1, 1, 0))
-
-
 @pytest.mark.parametrize(
     "config, limits, message",
     [
@@ -129,11 +100,6 @@ def test_lookahead_config_on_another_engine_is_refused(model):
 def test_bad_speculative_config_is_refused(model, config, limits, message):
     with pytest.raises(ValueError, match=message):
         ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=config)
-
-
-def test_method_registry_imports_without_torch():
-    code = "import sys, specbuild.engine.methods as m; assert 'Lookahead' in m.METHODS and 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # --- Triton tensors ------------------------------------------------------------------------------
