@@ -14,6 +14,25 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "ckpt", seed=0)
 
 
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    """The tiny target (transformers Llama, fp32, CPU), loaded once per test module (a module may change
+    it: each gets its own). A module that needs another target defines its own ``model``."""
+    from specbuild.engine import target as target_model
+
+    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+
+
+def hf_greedy(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Transformers' own greedy ``generate()`` of ``new_tokens`` per prompt (no end token): the oracle."""
+    import torch
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
+    with torch.inference_mode():
+        return [model.generate(torch.tensor([p]), generation_config=config)[0, len(p) :].tolist() for p in prompts]
+
+
 def write_recipe(path: Path, checkpoint: Path, *, method: str = "ngram", extra: str = "") -> Path:
     """A recipe for the tiny checkpoint with free ports and small limits."""
     speculation = "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n" if method == "ngram" else "  method: none\n"

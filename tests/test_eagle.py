@@ -8,8 +8,9 @@ import pickle
 
 import pytest
 import torch
+
+from conftest import hf_greedy
 from specbuild.engine import eagle_decode
-from specbuild.engine import target as target_model
 from specbuild.engine.eagle_decode import (
     eagle_generate_greedy,
     generate_feature_tree_greedy,
@@ -29,7 +30,6 @@ from specbuild.engine.methods.eagle import (
     save_eagle_head,
 )
 from specbuild.engine.tree import SpecTree
-from transformers import GenerationConfig
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = EagleConfig(
@@ -42,15 +42,8 @@ NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
-
-
-@pytest.fixture(scope="module")
 def plain_outputs(model) -> list[list[int]]:
-    config = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
-    with torch.inference_mode():
-        return [model.generate(torch.tensor([p]), generation_config=config)[0, len(p) :].tolist() for p in PROMPTS]
+    return hf_greedy(model, PROMPTS, NEW_TOKENS)
 
 
 def _random_head(config: EagleConfig = CONFIG, seed: int = 0, fc_bias: bool = True) -> EagleHead:

@@ -19,7 +19,6 @@ import torch
 from conftest import write_recipe
 from specbuild.client.prompts import Prompt
 from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
-from specbuild.engine import target as target_model
 from specbuild.engine.methods import eagle
 from specbuild.engine.methods.eagle import EagleConfig, EagleHead, save_eagle_head
 from specbuild.engine.tree import MC_SIM_7B_63
@@ -43,11 +42,6 @@ NEW_TOKENS = 16
 def eagle_config(head_dir: Path | None, tree: str = "user", **extra) -> dict:
     config = {"decoding_type": "Eagle", **TREES[tree], **extra}
     return config if head_dir is None else {**config, "speculative_model_dir": str(head_dir)}
-
-
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
 
 
 def _head(kind: str, config: EagleConfig = CONFIG) -> EagleHead:

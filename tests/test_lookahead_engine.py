@@ -13,7 +13,6 @@ from conftest import write_recipe
 from specbuild.builder.recipe import lookahead_max_draft_len
 from specbuild.client.prompts import Prompt
 from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine
-from specbuild.engine import target as target_model
 
 MAXIMA = (4, 3, 4)  # (W, N, G) -> max_draft_len 15
 SPEC = {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4}
@@ -21,11 +20,6 @@ LIMITS = EngineLimits(max_batch_size=1, max_input_len=64, max_seq_len=160, max_d
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 PROMPTS = [[17, 203, 44, 91, 300, 12], REPETITIVE, [42]]
 NEW_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,8 @@ import random
 
 import pytest
 import torch
-from transformers import GenerationConfig
 
-from specbuild.engine import target as target_model
+from conftest import hf_greedy
 from specbuild.engine import worker
 from specbuild.engine.drafters import TreeDrafter
 from specbuild.engine.medusa_decode import generate_tree_greedy, medusa_generate_greedy
@@ -32,15 +31,8 @@ NEW_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
-
-
-@pytest.fixture(scope="module")
 def plain_outputs(model) -> list[list[int]]:
-    config = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
-    with torch.inference_mode():
-        return [model.generate(torch.tensor([p]), generation_config=config)[0, len(p) :].tolist() for p in PROMPTS]
+    return hf_greedy(model, PROMPTS, NEW_TOKENS)
 
 
 def _random_heads(config: MedusaConfig = CONFIG, seed: int = 0) -> MedusaHeads:

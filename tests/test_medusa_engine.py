@@ -19,7 +19,6 @@ import torch
 from conftest import write_recipe
 from specbuild.client.prompts import Prompt
 from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, worker
-from specbuild.engine import target as target_model
 from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
 from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
 
@@ -37,11 +36,6 @@ def medusa_config(heads_dir: Path | None, choices=None, **extra) -> dict:
     if heads_dir is not None:
         config["speculative_model_dir"] = str(heads_dir)
     return config if choices is None else {**config, "medusa_choices": choices}
-
-
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
 
 
 def _heads_state(model, kind: str) -> dict[str, torch.Tensor]:

@@ -68,7 +68,7 @@ from transformers.models.llama.modeling_llama import (
 
 from ..tree import MC_SIM_7B_63, SpecTree
 from .base import DraftProjection, check_config_keys
-from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention
+from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, known_keys, read_config_json
 
 EAGLE_SUBDIR = "eagle"  # where the builder puts the head inside an engine directory
 SAFETENSORS_NAME = "model.safetensors"
@@ -131,10 +131,7 @@ class EagleConfig:
         Raises:
             ValueError: a required key missing (the message lists them) or a value invalid.
         """
-        missing = [k for k in cls.REQUIRED if k not in raw]
-        if missing:
-            raise ValueError(f"{where}: missing key(s) {missing}")
-        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw and raw[k] is not None})
+        return cls(**known_keys(cls, raw, where))
 
     @property
     def attention_head_dim(self) -> int:
@@ -179,10 +176,8 @@ def load_eagle_head(head_dir: str | Path, *, dtype: torch.dtype = torch.float32)
         pickle.UnpicklingError: a .pt/.bin holding anything but tensors (``weights_only=True`` refuses it).
     """
     head_dir = Path(head_dir)
-    config_path = head_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: not an EAGLE head directory")
-    config = EagleConfig.from_dict(json.loads(config_path.read_text()), str(config_path))
+    raw = read_config_json(head_dir, not_a="an EAGLE head directory")
+    config = EagleConfig.from_dict(raw, str(head_dir / "config.json"))
     state = {k: v for k, v in EAGLE_FILES.read(head_dir).items() if k not in IGNORED_TENSORS}
     fc_bias = "fc.bias" in state
     _check_state(state, config, head_dir, fc_bias=fc_bias)

@@ -60,7 +60,7 @@ from ..stream import check_prompt_and_length, collect
 from ..types import GenerationResult
 from .base import check_config_keys
 from .eagle import MLP, PT_NAMES, SAFETENSORS_NAME, Attention, EagleConfig, LayerKV, RMSNorm
-from .heads import HeadFiles, LoadedHead, check_state
+from .heads import HeadFiles, LoadedHead, check_state, known_keys, read_config_json
 
 EAGLE3_SUBDIR = "eagle3"  # where the builder puts the head inside an engine directory
 EAGLE3_FILES = HeadFiles(EAGLE3_SUBDIR, "the EAGLE-3 head directory", SAFETENSORS_NAME, PT_NAMES)
@@ -124,10 +124,7 @@ class Eagle3Config:
         Raises:
             ValueError: a required key missing (the message lists them) or a value invalid.
         """
-        missing = [k for k in cls.REQUIRED if k not in raw]
-        if missing:
-            raise ValueError(f"{where}: missing key(s) {missing}")
-        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw and raw[k] is not None}
+        known = known_keys(cls, raw, where)
         layer_ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if layer_ids is not None:
             known["aux_layer_ids"] = tuple(layer_ids)
@@ -185,10 +182,8 @@ def load_eagle3_head(head_dir: str | Path, *, dtype: torch.dtype = torch.float32
         pickle.UnpicklingError: a .pt/.bin holding anything but tensors (``weights_only=True`` refuses it).
     """
     head_dir = Path(head_dir)
-    config_path = head_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: not an EAGLE-3 head directory")
-    config = Eagle3Config.from_dict(json.loads(config_path.read_text()), str(config_path))
+    raw = read_config_json(head_dir, not_a="an EAGLE-3 head directory")
+    config = Eagle3Config.from_dict(raw, str(head_dir / "config.json"))
     state = {k: v for k, v in EAGLE3_FILES.read(head_dir).items() if k not in IGNORED_TENSORS}
     config = _with_draft_vocab(config, state)
     _check_state(state, config, head_dir)

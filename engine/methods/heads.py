@@ -13,8 +13,9 @@ and describes its directory with one :class:`HeadFiles`::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -69,6 +70,30 @@ class HeadFiles:
         if len(self.pickles) == 1:
             raise FileNotFoundError(f"{head_dir}: neither {self.safetensors} nor {self.pickles[0]} found")
         raise FileNotFoundError(f"{head_dir}: none of {[self.safetensors, *self.pickles]} found")
+
+
+def read_config_json(head_dir: Path, *, not_a: str) -> dict[str, Any]:
+    """``head_dir/config.json`` as a dict.
+
+    Raises:
+        FileNotFoundError: ``"{head_dir}/config.json not found: not {not_a}"``, e.g. not_a = "an EAGLE head directory".
+    """
+    path = head_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: not {not_a}")
+    return json.loads(path.read_text())
+
+
+def known_keys(cls: type, raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The keys of config.json ``raw`` that dataclass ``cls`` has, None values left out (-> defaults).
+
+    Raises:
+        ValueError: ``"{where}: missing key(s) [...]"`` for keys in ``cls.REQUIRED`` that ``raw`` lacks.
+    """
+    missing = [k for k in cls.REQUIRED if k not in raw]
+    if missing:
+        raise ValueError(f"{where}: missing key(s) {missing}")
+    return {f.name: raw[f.name] for f in fields(cls) if raw.get(f.name) is not None}
 
 
 def check_state(

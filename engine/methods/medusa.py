@@ -35,7 +35,7 @@ from torch import nn
 
 from ..tree import MC_SIM_7B_63, SpecTree
 from .base import DraftProjection, MethodContext, check_config_keys
-from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention
+from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, read_config_json
 
 MEDUSA_SUBDIR = "medusa"  # where the builder puts the heads inside an engine directory
 SAFETENSORS_NAME = "medusa_lm_head.safetensors"
@@ -134,10 +134,7 @@ def read_medusa_config(head_dir: Path, *, num_heads: int | None = None) -> dict:
     Raises:
         FileNotFoundError: no config.json.
     """
-    path = head_dir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: not a Medusa head directory")
-    raw = json.loads(path.read_text())
+    raw = read_config_json(head_dir, not_a="a Medusa head directory")
     if num_heads is not None:
         raw["medusa_num_heads"] = num_heads
     return raw
