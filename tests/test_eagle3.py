@@ -101,15 +101,13 @@ def test_format_round_trip(head_dirs, kind):
     assert tuple(original.state_dict()["midlayer.self_attn.q_proj.weight"].shape) == (HIDDEN, 2 * HIDDEN)
 
 
-def test_pt_is_read_weights_only_and_extras_are_ignored(tmp_path):
+def test_pt_is_read_and_extras_are_ignored(tmp_path):
+    """(Pickles are read weights_only: tests/test_heads.py, every format.)"""
     state = {**_head("draft_vocab").state_dict(), "t2d": torch.zeros(VOCAB, dtype=torch.bool), "embed_tokens.weight": torch.zeros(VOCAB, HIDDEN)}
     head_dir = save_eagle3_head(tmp_path / "h", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
     (head_dir / "model.safetensors").unlink()
     torch.save(state, head_dir / "model.pt")
     assert torch.equal(load_eagle3_head(head_dir).d2t, _head("draft_vocab").d2t)
-    torch.save({"fc.weight": torch.zeros(1), "evil": object()}, head_dir / "model.pt")
-    with pytest.raises(Exception, match="[Ww]eights only load failed|Unsupported global"):
-        load_eagle3_head(head_dir)
 
 
 def _save_broken(tmp_path: Path, state: dict, config: Eagle3Config = DRAFT_CONFIG) -> Path:

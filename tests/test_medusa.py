@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 import random
 
 import pytest
@@ -89,17 +88,6 @@ def test_load_pt_with_weights_only(tmp_path):
     torch.save(heads.heads.state_dict(), tmp_path / "medusa_lm_head.pt")
     x = torch.randn(HIDDEN)
     torch.testing.assert_close(load_medusa_heads(tmp_path)(x), heads(x))
-
-
-class _NotAWeight:
-    pass
-
-
-def test_pt_with_arbitrary_objects_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(CONFIG.__dict__))
-    torch.save({"0.1.weight": _NotAWeight()}, tmp_path / "medusa_lm_head.pt")
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
-        load_medusa_heads(tmp_path)
 
 
 def test_head_count_mismatch_names_the_override(tmp_path):
