@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from conftest import hf_greedy
-from specbuild.engine import eagle_decode
 from specbuild.engine.eagle_decode import (
     eagle_generate_greedy,
     generate_feature_tree_greedy,
@@ -238,7 +237,8 @@ def test_eagle_equals_plain_greedy(model, plain_outputs, tree, kind):
 
 
 class _OracleProposer:
-    """A :class:`FeatureTreeProposer` putting the true continuation on the all-zeros path ("same" draft)."""
+    """A :class:`FeatureTreeProposer` putting the true continuation on the all-zeros path ("same" draft);
+    here under the real head's state (:class:`_OracleOverEagle`)."""
 
     def __init__(self, prompt: list[int], plain: list[int], tree: SpecTree) -> None:
         self.prompt_len, self.plain, self.tree = len(prompt), plain, tree
@@ -256,13 +256,6 @@ class _OracleProposer:
         emitted = len(state) - self.prompt_len + 1
         true = [self.plain[min(emitted + d, len(self.plain) - 1)] for d in range(tree.max_depth)]
         return TreeDraft(tree, [root] + [true[len(p) - 1] + (p[-1] != 0) * (1 + p[-1]) for p in tree.paths])
-
-
-def test_same_draft_accepts_the_full_depth(model, plain_outputs):
-    prompt, plain, tree = PROMPTS[0], plain_outputs[0], SpecTree.from_choices(USER_CHOICES)
-    result = generate_feature_tree_greedy(model, _OracleProposer(prompt, plain, tree), prompt, max_tokens=NEW_TOKENS)
-    assert result.output_ids == plain
-    assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // (tree.max_depth + 1))
 
 
 class _OracleOverEagle(_OracleProposer):
@@ -304,31 +297,9 @@ def test_head_state_after_steps_equals_a_fresh_pass(model, plain_outputs):
     torch.testing.assert_close(state.last_output, out[-1], rtol=1e-4, atol=1e-5)
 
 
-# --- stopping and arguments --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 7])
-def test_max_tokens_never_exceeded(model, plain_outputs, max_tokens):
-    prompt, plain = PROMPTS[0], plain_outputs[0]
-    oracle = _OracleProposer(prompt, plain, SpecTree.from_choices(USER_CHOICES))
-    for result in (
-        generate_feature_tree_greedy(model, oracle, prompt, max_tokens=max_tokens),
-        eagle_generate_greedy(model, _random_head(), prompt, max_tokens=max_tokens, dynamic_top_k=2, num_eagle_layers=3),
-    ):
-        assert result.output_ids == plain[:max_tokens]
-        assert result.finish_reason == "length"
-
-
-def test_end_token_inside_accepted_chunk_stops_there(model, plain_outputs):
-    prompt, plain, tree = PROMPTS[0], plain_outputs[0], SpecTree.from_choices(USER_CHOICES)
-    mid_chunk = 0
-    for end_id in dict.fromkeys(plain):
-        first = plain.index(end_id)
-        result = generate_feature_tree_greedy(model, _OracleProposer(prompt, plain, tree), prompt, max_tokens=NEW_TOKENS, end_id=end_id)
-        assert result.output_ids == plain[: first + 1], f"end_id {end_id}"
-        assert result.finish_reason == "stop"
-        mid_chunk += first % (tree.max_depth + 1) != 0  # chunks are plain[1:5], plain[5:9], ...
-    assert mid_chunk > 0, "no end token fell inside a multi-token accepted chunk"
+# --- arguments ---------------------------------------------------------------------------------
+# (stopping at max_tokens and at an end token inside an accepted chunk, the "same" draft's depth:
+# tests/test_method_equivalence.py, every method)
 
 
 def test_choices_depth_must_equal_num_eagle_layers(model):

@@ -214,13 +214,6 @@ def test_tokens_per_step_stay_within_the_engine_budget(model, monkeypatch):
             assert max(sizes) > 1 + wng[0]  # the window fills up past level 0 (warm-up is over)
 
 
-@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 8, 13])
-def test_max_tokens_is_never_exceeded(model, plain_outputs, max_tokens):
-    result = lookahead_generate_greedy(model, PROMPTS[2], max_tokens=max_tokens, config=LookaheadConfig(5, 4, 3))
-    assert result.output_ids == plain_outputs[2][:max_tokens]
-    assert result.finish_reason == "length"
-
-
 def test_end_token_inside_an_accepted_chunk_stops_there(model, plain_outputs, monkeypatch):
     chunks: list[list[int]] = []
     accept = worker.accept_tree_greedy

@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from method_engines import CASES, DEPTH, METHODS, NEW_TOKENS, PROMPTS, check_greedy, greedy  # noqa: E402
+from method_engines import CASES, DEPTH, METHODS, PROMPTS, check_greedy, greedy  # noqa: E402
 
 from specbuild.engine import InvalidRequestError, stream  # noqa: E402
 from specbuild.engine.acceptance import clip_emitted  # noqa: E402
