@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import hf_greedy
+from tiny_models import make_pass_through
 from specbuild.engine.eagle_decode import (
     eagle_generate_greedy,
     generate_feature_tree_greedy,
@@ -50,16 +51,8 @@ def _random_head(config: EagleConfig = CONFIG, seed: int = 0, fc_bias: bool = Tr
 
 
 def _pass_through_head() -> EagleHead:
-    """fc = [0 | I] and the layer's outputs zeroed: the head's output is its input feature, so lm_head of it
-    guesses the root again ("repeat" drafts, accepted where the tiny model repeats itself)."""
-    head = _random_head()
-    with torch.no_grad():
-        head.fc.weight.zero_()
-        head.fc.bias.zero_()
-        head.fc.weight[:, HIDDEN:] = torch.eye(HIDDEN)
-        head.layers[0].self_attn.o_proj.weight.zero_()
-        head.layers[0].mlp.down_proj.weight.zero_()
-    return head
+    """The head's output is its input feature (:func:`tiny_models.make_pass_through`)."""
+    return make_pass_through(_random_head())
 
 
 def _causal(n: int, past: int = 0) -> torch.Tensor:

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import write_recipe
-from specbuild.client.prompts import Prompt
+from conftest import served, verify_lossless, write_recipe
 from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
 from specbuild.engine import target as target_model
 from specbuild.engine.methods.eagle3 import (
@@ -228,19 +227,10 @@ def test_heads_that_do_not_fit_the_target_are_refused(model, head_dirs, tiny_che
 
 # --- builder and the real server -----------------------------------------------------------------
 
-TEXT_PROMPTS = [
-    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
-    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
-]
 
 
 def eagle3_recipe(tmp_path: Path, checkpoint: Path, head: str) -> Path:
-    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
-    recipe.write_text(recipe.read_text().replace(
-        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
-        f"  method: eagle3\n  eagle_model: {head}\n  max_draft_len: 3\n",
-    ))
-    return recipe
+    return write_recipe(tmp_path / "r.yaml", checkpoint, speculation=f"  method: eagle3\n  eagle_model: {head}\n  max_draft_len: 3\n")
 
 
 def test_missing_or_unfit_heads_are_refused_before_any_work(checkpoint, tiny_checkpoint, tmp_path):
@@ -264,10 +254,6 @@ def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
     """recipe (head as a .pt, relative path, draft vocabulary) -> engine dir with eagle3/ -> tritonserver -> verify."""
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_eagle, locate_target
-    from specbuild.client.sdk import SpecClient
-    from specbuild.client.verify import verify
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
 
     head_dir = save_eagle3_head(tmp_path / "head", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
     torch.save(_head("draft_vocab").state_dict(), head_dir / "model.pt")  # read weights_only
@@ -282,10 +268,5 @@ def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
     weights = head_dir / "model.pt"
     os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
     assert engine_fingerprint(loaded, locate_target(loaded), None, None, locate_eagle(loaded)) != build.fingerprint
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
-    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
-    with server, SpecClient(server.grpc_url) as client:
-        client.wait_ready()
-        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
-    assert report.all_match, [r.divergence for r in report.results if not r.match]
-    assert report.total_draft_tokens > 0
+    with served(engine_dir, tmp_path) as client:
+        verify_lossless(client)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import write_recipe
-from specbuild.client.prompts import Prompt
+from conftest import served, verify_lossless, write_recipe
+from tiny_models import make_pass_through
 from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
 from specbuild.engine.methods import eagle
 from specbuild.engine.methods.eagle import EagleConfig, EagleHead, save_eagle_head
@@ -47,14 +47,7 @@ def eagle_config(head_dir: Path | None, tree: str = "user", **extra) -> dict:
 def _head(kind: str, config: EagleConfig = CONFIG) -> EagleHead:
     torch.manual_seed(3)
     head = EagleHead(config)
-    if kind == "pass_through":  # fc = [0 | I], the layer's outputs zeroed: output = input feature
-        with torch.no_grad():
-            head.fc.weight.zero_()
-            head.fc.bias.zero_()
-            head.fc.weight[:, HIDDEN:] = torch.eye(HIDDEN)
-            head.layers[0].self_attn.o_proj.weight.zero_()
-            head.layers[0].mlp.down_proj.weight.zero_()
-    return head
+    return make_pass_through(head) if kind == "pass_through" else head  # pass_through: output = input feature
 
 
 @pytest.fixture(scope="module")
@@ -167,20 +160,14 @@ def test_head_directory_is_needed_outside_an_engine_directory(model):
 # --- builder and the real server -----------------------------------------------------------------
 
 E2E_CHOICES = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes, depth 3
-TEXT_PROMPTS = [
-    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
-    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
-]
 
 
 def eagle_recipe(tmp_path: Path, checkpoint: Path, head: str, extra: str = "") -> Path:
-    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
-    recipe.write_text(recipe.read_text().replace(
-        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
+    speculation = (
         f"  method: eagle\n  eagle_model: {head}\n  max_draft_len: 6\n  num_eagle_layers: 3\n"
-        f"  eagle_choices: {E2E_CHOICES}\n{extra}",
-    ))
-    return recipe
+        f"  eagle_choices: {E2E_CHOICES}\n{extra}"
+    )
+    return write_recipe(tmp_path / "r.yaml", checkpoint, speculation=speculation)
 
 
 def test_missing_mismatched_or_unsupported_heads_are_refused_before_any_work(tiny_checkpoint, tmp_path):
@@ -219,10 +206,6 @@ def test_eagle_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
     """recipe (head as a .pt, relative path) -> engine dir with eagle/ -> tritonserver -> verify."""
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_eagle, locate_target
-    from specbuild.client.sdk import SpecClient
-    from specbuild.client.verify import verify
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
 
     head_dir = save_eagle_head(tmp_path / "head", _head("pass_through").state_dict(), CONFIG)
     torch.save(_head("pass_through").state_dict(), head_dir / "model.pt")  # EAGLE's .pt, read weights_only
@@ -240,10 +223,5 @@ def test_eagle_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
     weights = head_dir / "model.pt"
     os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
     assert engine_fingerprint(loaded, locate_target(loaded), None, None, locate_eagle(loaded)) != build.fingerprint
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
-    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
-    with server, SpecClient(server.grpc_url) as client:
-        client.wait_ready()
-        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
-    assert report.all_match, [r.divergence for r in report.results if not r.match]
-    assert report.total_draft_tokens > 0
+    with served(engine_dir, tmp_path) as client:
+        verify_lossless(client)

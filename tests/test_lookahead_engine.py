@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_recipe
+from conftest import served, text_prompts, verify_lossless, write_recipe
 from specbuild.builder.recipe import lookahead_max_draft_len
-from specbuild.client.prompts import Prompt
 from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine
 
 MAXIMA = (4, 3, 4)  # (W, N, G) -> max_draft_len 15
@@ -128,19 +127,12 @@ def test_repository_declares_lookahead_inputs(tmp_path):
 
 # --- recipe and the real server ------------------------------------------------------------------
 
-TEXT_PROMPTS = [
-    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
-    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
-]
 
 
 def lookahead_recipe(tmp_path: Path, checkpoint: Path) -> Path:
-    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
-    recipe.write_text(recipe.read_text().replace(
-        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
-        "  method: lookahead\n  max_window_size: 4\n  max_ngram_size: 3\n  max_verification_set_size: 4\n",
-    ).replace("max_seq_len: 500", "max_seq_len: 480"))  # + max_draft_len 15 within the tiny model's 512 positions
-    return recipe
+    speculation = "  method: lookahead\n  max_window_size: 4\n  max_ngram_size: 3\n  max_verification_set_size: 4\n"
+    # max_seq_len + max_draft_len 15 within the tiny model's 512 positions
+    return write_recipe(tmp_path / "r.yaml", checkpoint, speculation=speculation, max_seq_len=480)
 
 
 def test_lookahead_recipe_passes_check_runnable(tiny_checkpoint, tmp_path):
@@ -157,28 +149,20 @@ def test_lookahead_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
 
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.client.sdk import RequestError, SpecClient
-    from specbuild.client.verify import verify
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.client.sdk import RequestError
 
     loaded = load_recipe(str(lookahead_recipe(tmp_path, tiny_checkpoint)))
     engine_dir = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).engine_dir
     config = json.loads((engine_dir / "config.json").read_text())
     assert config["speculative_config"] == SPEC
     assert config["build_config"]["max_draft_len"] == 15 and config["build_config"]["speculative_decoding_mode"] == 8
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
-    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
-    with server, SpecClient(server.grpc_url) as client:
-        client.wait_ready()
-        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
-        prompt = TEXT_PROMPTS[0].text
+    with served(engine_dir, tmp_path) as client:
+        verify_lossless(client)
+        prompt = text_prompts()[0].text
         baseline = client.generate(prompt, max_tokens=20, end_id=-1, num_draft_tokens=0)
         plain = client.generate(prompt, max_tokens=20, end_id=-1, lookahead_config=(1, 1, 0))
         small = client.generate(prompt, max_tokens=20, end_id=-1, lookahead_config=(2, 2, 1))
         with pytest.raises(RequestError, match=r"lookahead_config=\(5, 3, 4\) is out of range"):
             client.generate(prompt, max_tokens=20, end_id=-1, lookahead_config=(5, 3, 4))
-    assert report.all_match, [r.divergence for r in report.results if not r.match]
-    assert report.total_draft_tokens > 0
     assert plain.output_ids == baseline.output_ids and plain.total_draft_tokens == 0
     assert small.output_ids == baseline.output_ids

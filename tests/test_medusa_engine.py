@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import write_recipe
-from specbuild.client.prompts import Prompt
+from conftest import served, verify_lossless, write_recipe
 from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, worker
 from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
 from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
@@ -170,19 +169,11 @@ def test_heads_directory_is_needed_outside_an_engine_directory(model):
 # --- builder and the real server -----------------------------------------------------------------
 
 E2E_CHOICES = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes, depth 3
-TEXT_PROMPTS = [
-    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
-    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
-]
 
 
 def medusa_recipe(tmp_path: Path, checkpoint: Path, heads: str) -> Path:
-    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
-    recipe.write_text(recipe.read_text().replace(
-        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
-        f"  method: medusa\n  medusa_model: {heads}\n  num_medusa_heads: 3\n  medusa_choices: {E2E_CHOICES}\n",
-    ))
-    return recipe
+    speculation = f"  method: medusa\n  medusa_model: {heads}\n  num_medusa_heads: 3\n  medusa_choices: {E2E_CHOICES}\n"
+    return write_recipe(tmp_path / "r.yaml", checkpoint, speculation=speculation)
 
 
 def _three_heads(model, tmp: Path, *, pt: bool = False) -> Path:
@@ -215,10 +206,6 @@ def test_medusa_recipe_is_lossless_through_triton(model, tiny_checkpoint, tmp_pa
     """recipe (heads as a .pt, relative path) -> engine dir with medusa/ -> tritonserver -> verify."""
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_medusa, locate_target
-    from specbuild.client.sdk import SpecClient
-    from specbuild.client.verify import verify
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
 
     _three_heads(model, tmp_path / "heads", pt=True)
     loaded = load_recipe(str(medusa_recipe(tmp_path, tiny_checkpoint, "heads")))
@@ -231,10 +218,5 @@ def test_medusa_recipe_is_lossless_through_triton(model, tiny_checkpoint, tmp_pa
     weights = tmp_path / "heads" / "medusa_lm_head.pt"
     os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # other heads -> another engine
     assert engine_fingerprint(loaded, locate_target(loaded), None, locate_medusa(loaded)) != build.fingerprint
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
-    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
-    with server, SpecClient(server.grpc_url) as client:
-        client.wait_ready()
-        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
-    assert report.all_match, [r.divergence for r in report.results if not r.match]
-    assert report.total_draft_tokens > 0
+    with served(engine_dir, tmp_path) as client:
+        verify_lossless(client)
