@@ -1,4 +1,6 @@
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,18 +16,81 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "ckpt", seed=0)
 
 
-def write_recipe(path: Path, checkpoint: Path, *, method: str = "ngram", extra: str = "") -> Path:
-    """A recipe for the tiny checkpoint with free ports and small limits."""
-    speculation = "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n" if method == "ngram" else "  method: none\n"
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    """The tiny target (transformers Llama, fp32, CPU), loaded once per test module (a module may change
+    it: each gets its own). A module that needs another target defines its own ``model``."""
+    from specbuild.engine import target as target_model
+
+    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+
+
+def hf_greedy(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Transformers' own greedy ``generate()`` of ``new_tokens`` per prompt (no end token): the oracle."""
+    import torch
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
+    with torch.inference_mode():
+        return [model.generate(torch.tensor([p]), generation_config=config)[0, len(p) :].tolist() for p in prompts]
+
+
+def write_recipe(
+    path: Path, checkpoint: Path, *, method: str = "ngram", extra: str = "", speculation: str | None = None,
+    max_seq_len: int = 500,
+) -> Path:
+    """A recipe for the tiny checkpoint with free ports and small limits.
+
+    ``speculation``: the lines under ``speculation:`` (two-space indented, e.g. ``"  method: medusa\\n
+    medusa_model: heads\\n"``); None -> n-gram (``method="ngram"``) or none.
+    """
+    if speculation is None:
+        speculation = "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n" if method == "ngram" else "  method: none\n"
     path.write_text(
         f"name: tiny-{method}\n"
         f"target:\n  checkpoint: {checkpoint}\n"
         f"speculation:\n{speculation}"
-        "build:\n  max_batch_size: 4\n  max_input_len: 400\n  max_seq_len: 500\n"
+        f"build:\n  max_batch_size: 4\n  max_input_len: 400\n  max_seq_len: {max_seq_len}\n"
         "serve:\n  http_port: 0\n  grpc_port: 0\n  metrics_port: 0\n"
         + extra
     )
     return path
+
+
+def text_prompts() -> list:
+    """Two short texts for the end-to-end checks: one that repeats itself (drafts get accepted), one prose."""
+    from specbuild.client.prompts import Prompt
+
+    return [
+        Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
+        Prompt("prose", "The quick brown fox jumps over the lazy dog."),
+    ]
+
+
+@contextmanager
+def served(engine_dir: Path, tmp_path: Path) -> Iterator:
+    """``engine_dir``'s reference repository (``tmp_path/repo``) served by a real tritonserver on free
+    ports (log ``tmp_path/server.log``); yields a ready gRPC SpecClient, stops the server after."""
+    from specbuild.client.sdk import SpecClient
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.server import TritonServer
+
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
+    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
+    with server, SpecClient(server.grpc_url) as client:
+        client.wait_ready()
+        yield client
+
+
+def verify_lossless(client, *, max_tokens: int = 20):
+    """``specbuild verify`` of :func:`text_prompts` (EOS off): every speculative output equals the
+    baseline and drafts were verified. Returns the report."""
+    from specbuild.client.verify import verify
+
+    report = verify(client, text_prompts(), max_tokens=max_tokens, end_id=-1)
+    assert report.all_match, [r.divergence for r in report.results if not r.match]
+    assert report.total_draft_tokens > 0
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,13 @@ CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 7 nodes, depth 3
 # Four prompts with distinct first tokens (an oracle tells them apart by their prefix).
 PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42, 42, 7], [101, 102, 103, 104]]
 NEW_TOKENS = 16
+# Every method of the reference engine; a new method is covered by the equivalence, streaming and
+# batching suites once it is added here (and to _configs and build_engines' oracles below).
 METHODS = ("plain", "ngram", "draft_target", "lookahead", "medusa", "eagle", "eagle3")
+# (method, kind) pairs that exist: plain never speculates and lookahead has no draft to swap for an oracle.
+CASES = [(m, k) for m in METHODS for k in ("same", "random") if not (k == "same" and m in ("plain", "lookahead"))]
+# Drafts a "same" engine gets accepted per step at most (chain length, or the tree's depth).
+DEPTH = {"ngram": 4, "draft_target": 4, "eagle3": 4, "medusa": 3, "eagle": 3}
 
 
 def greedy(prompt: list[int], max_tokens: int = NEW_TOKENS, **kwargs) -> GenerationRequest:
@@ -115,7 +121,7 @@ class FeatureTreeOracle:
         return FeatureTreeOracle(self.truth, self.tree, num_draft_tokens)
 
     def update(self, state, next_tokens, features):
-        del features
+        assert features.shape == (len(next_tokens), HIDDEN)  # the target's final-norm features
         state += next_tokens
 
     def propose(self, state, root, max_depth):
@@ -138,7 +144,7 @@ class FeatureChainOracle:
         return self.real.capture(hidden_states)
 
     def update(self, state, next_tokens, features):
-        del features
+        assert features.shape == (len(next_tokens), 3 * HIDDEN)  # three captured target layers
         state += next_tokens
 
     def propose(self, state, k):
@@ -193,3 +199,19 @@ def build_engines(model, root: Path) -> dict[tuple[str, str], ReferenceEngine]:
         engine._method = dataclasses.replace(engine._method, make_proposer=make)
         engines[method, "same"] = engine
     return engines
+
+
+def check_greedy(method: str, kind: str, results, plain: dict[tuple[int, ...], list[int]], depth: int | None = None) -> None:
+    """``results`` (one per prompt of PROMPTS, NEW_TOKENS each) equal plain greedy decoding, after at least
+    two verify steps; a "same" draft gets ``depth`` (default DEPTH[method]) drafts accepted at every
+    step, a "random" one has most of its drafts rejected."""
+    for prompt, result in zip(PROMPTS, results):
+        assert result.output_ids == plain[tuple(prompt)], (method, kind, prompt)
+        assert result.finish_reason == "length" and result.num_decoding_iterations >= 2
+        assert result.num_decoding_iterations == NEW_TOKENS - 1 - result.total_accepted_draft_tokens
+        assert result.total_accepted_draft_tokens <= result.total_draft_tokens
+    if kind == "same":  # the whole depth accepted at every step
+        per_step = (DEPTH[method] if depth is None else depth) + 1
+        assert all(r.num_decoding_iterations == -(-(NEW_TOKENS - 1) // per_step) for r in results)
+    elif method != "plain":  # drafts were verified, and most were rejected
+        assert sum(r.total_draft_tokens for r in results) > 2 * sum(r.total_accepted_draft_tokens for r in results)

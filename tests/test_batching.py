@@ -1,10 +1,10 @@
 """In-flight batching: greedy output for a prompt is the same alone or with three other requests in
 flight, for every method, with a "same" draft (everything accepted) and a "random" one (rejections),
-EOS disabled, at least two verify steps; in the engine's scheduler and through a real tritonserver."""
+EOS disabled, at least two verify steps; in the engine's scheduler and through a real tritonserver.
+(One request alone: tests/test_method_equivalence.py.)"""
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -14,36 +14,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from method_engines import DRAFT_LEN, METHODS, NEW_TOKENS, PROMPTS, greedy  # noqa: E402
+from method_engines import CASES, DRAFT_LEN, METHODS, NEW_TOKENS, PROMPTS, check_greedy, greedy  # noqa: E402
 
 from specbuild.engine.scheduler import Scheduler  # noqa: E402
 from specbuild.engine.stream import collect  # noqa: E402
-
-CASES = [(m, k) for m in METHODS for k in ("same", "random") if not (k == "same" and m in ("plain", "lookahead"))]
-DEPTH = {"ngram": 4, "draft_target": 4, "eagle3": 4, "medusa": 3, "eagle": 3}  # drafts accepted per step, at most
 
 
 @pytest.fixture(scope="module")
 def plain(method_engines) -> dict[tuple[int, ...], list[int]]:
     engine = method_engines["plain", "random"]
     return {tuple(p): engine.generate(greedy(p, num_draft_tokens=0)).output_ids for p in PROMPTS}
-
-
-def _check(method, kind, results, plain):
-    for prompt, result in zip(PROMPTS, results):
-        assert result.output_ids == plain[tuple(prompt)], (method, kind, prompt)
-        assert result.finish_reason == "length" and result.num_decoding_iterations >= 2
-        assert result.num_decoding_iterations == NEW_TOKENS - 1 - result.total_accepted_draft_tokens
-    if kind == "same":  # the whole depth accepted at every step
-        assert all(r.num_decoding_iterations == math.ceil((NEW_TOKENS - 1) / (DEPTH[method] + 1)) for r in results)
-    elif method != "plain":  # drafts were verified, and most were rejected
-        assert sum(r.total_draft_tokens for r in results) > 2 * sum(r.total_accepted_draft_tokens for r in results)
-
-
-@pytest.mark.parametrize("method, kind", CASES)
-def test_batch_of_one_equals_plain_greedy(method_engines, plain, method, kind):
-    engine = method_engines[method, kind]
-    _check(method, kind, [engine.generate(greedy(p)) for p in PROMPTS], plain)
 
 
 @pytest.mark.parametrize("method, kind", CASES)
@@ -53,7 +33,7 @@ def test_four_requests_in_flight_equal_plain_greedy(method_engines, plain, metho
         streams = [scheduler.stream(greedy(p)) for p in PROMPTS]  # all four submitted before any result is read
         results = [collect(s) for s in streams]
     assert scheduler.max_active_seen == 4
-    _check(method, kind, results, plain)
+    check_greedy(method, kind, results, plain)
 
 
 def _mixed_requests(method: str) -> list:

@@ -4,12 +4,12 @@ and greedy equivalence of EAGLE decoding with plain decoding."""
 from __future__ import annotations
 
 import json
-import pickle
 
 import pytest
 import torch
-from specbuild.engine import eagle_decode
-from specbuild.engine import target as target_model
+
+from conftest import hf_greedy
+from tiny_models import make_pass_through
 from specbuild.engine.eagle_decode import (
     eagle_generate_greedy,
     generate_feature_tree_greedy,
@@ -29,7 +29,6 @@ from specbuild.engine.methods.eagle import (
     save_eagle_head,
 )
 from specbuild.engine.tree import SpecTree
-from transformers import GenerationConfig
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = EagleConfig(
@@ -42,15 +41,8 @@ NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
-
-
-@pytest.fixture(scope="module")
 def plain_outputs(model) -> list[list[int]]:
-    config = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
-    with torch.inference_mode():
-        return [model.generate(torch.tensor([p]), generation_config=config)[0, len(p) :].tolist() for p in PROMPTS]
+    return hf_greedy(model, PROMPTS, NEW_TOKENS)
 
 
 def _random_head(config: EagleConfig = CONFIG, seed: int = 0, fc_bias: bool = True) -> EagleHead:
@@ -59,16 +51,8 @@ def _random_head(config: EagleConfig = CONFIG, seed: int = 0, fc_bias: bool = Tr
 
 
 def _pass_through_head() -> EagleHead:
-    """fc = [0 | I] and the layer's outputs zeroed: the head's output is its input feature, so lm_head of it
-    guesses the root again ("repeat" drafts, accepted where the tiny model repeats itself)."""
-    head = _random_head()
-    with torch.no_grad():
-        head.fc.weight.zero_()
-        head.fc.bias.zero_()
-        head.fc.weight[:, HIDDEN:] = torch.eye(HIDDEN)
-        head.layers[0].self_attn.o_proj.weight.zero_()
-        head.layers[0].mlp.down_proj.weight.zero_()
-    return head
+    """The head's output is its input feature (:func:`tiny_models.make_pass_through`)."""
+    return make_pass_through(_random_head())
 
 
 def _causal(n: int, past: int = 0) -> torch.Tensor:
@@ -108,17 +92,6 @@ def test_load_eagle_release_layout(tmp_path):
     loaded = load_eagle_head(tmp_path)
     assert loaded.config.vocab_size == VOCAB
     torch.testing.assert_close(loaded.fc.weight, head.fc.weight)
-
-
-class _NotAWeight:
-    pass
-
-
-def test_pt_with_arbitrary_objects_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(CONFIG.__dict__))
-    torch.save({"fc.weight": _NotAWeight()}, tmp_path / "model.pt")
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
-        load_eagle_head(tmp_path)
 
 
 def test_format_errors(tmp_path):
@@ -257,7 +230,8 @@ def test_eagle_equals_plain_greedy(model, plain_outputs, tree, kind):
 
 
 class _OracleProposer:
-    """A :class:`FeatureTreeProposer` putting the true continuation on the all-zeros path ("same" draft)."""
+    """A :class:`FeatureTreeProposer` putting the true continuation on the all-zeros path ("same" draft);
+    here under the real head's state (:class:`_OracleOverEagle`)."""
 
     def __init__(self, prompt: list[int], plain: list[int], tree: SpecTree) -> None:
         self.prompt_len, self.plain, self.tree = len(prompt), plain, tree
@@ -275,13 +249,6 @@ class _OracleProposer:
         emitted = len(state) - self.prompt_len + 1
         true = [self.plain[min(emitted + d, len(self.plain) - 1)] for d in range(tree.max_depth)]
         return TreeDraft(tree, [root] + [true[len(p) - 1] + (p[-1] != 0) * (1 + p[-1]) for p in tree.paths])
-
-
-def test_same_draft_accepts_the_full_depth(model, plain_outputs):
-    prompt, plain, tree = PROMPTS[0], plain_outputs[0], SpecTree.from_choices(USER_CHOICES)
-    result = generate_feature_tree_greedy(model, _OracleProposer(prompt, plain, tree), prompt, max_tokens=NEW_TOKENS)
-    assert result.output_ids == plain
-    assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // (tree.max_depth + 1))
 
 
 class _OracleOverEagle(_OracleProposer):
@@ -323,31 +290,9 @@ def test_head_state_after_steps_equals_a_fresh_pass(model, plain_outputs):
     torch.testing.assert_close(state.last_output, out[-1], rtol=1e-4, atol=1e-5)
 
 
-# --- stopping and arguments --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 7])
-def test_max_tokens_never_exceeded(model, plain_outputs, max_tokens):
-    prompt, plain = PROMPTS[0], plain_outputs[0]
-    oracle = _OracleProposer(prompt, plain, SpecTree.from_choices(USER_CHOICES))
-    for result in (
-        generate_feature_tree_greedy(model, oracle, prompt, max_tokens=max_tokens),
-        eagle_generate_greedy(model, _random_head(), prompt, max_tokens=max_tokens, dynamic_top_k=2, num_eagle_layers=3),
-    ):
-        assert result.output_ids == plain[:max_tokens]
-        assert result.finish_reason == "length"
-
-
-def test_end_token_inside_accepted_chunk_stops_there(model, plain_outputs):
-    prompt, plain, tree = PROMPTS[0], plain_outputs[0], SpecTree.from_choices(USER_CHOICES)
-    mid_chunk = 0
-    for end_id in dict.fromkeys(plain):
-        first = plain.index(end_id)
-        result = generate_feature_tree_greedy(model, _OracleProposer(prompt, plain, tree), prompt, max_tokens=NEW_TOKENS, end_id=end_id)
-        assert result.output_ids == plain[: first + 1], f"end_id {end_id}"
-        assert result.finish_reason == "stop"
-        mid_chunk += first % (tree.max_depth + 1) != 0  # chunks are plain[1:5], plain[5:9], ...
-    assert mid_chunk > 0, "no end token fell inside a multi-token accepted chunk"
+# --- arguments ---------------------------------------------------------------------------------
+# (stopping at max_tokens and at an end token inside an accepted chunk, the "same" draft's depth:
+# tests/test_method_equivalence.py, every method)
 
 
 def test_choices_depth_must_equal_num_eagle_layers(model):

@@ -1,29 +1,27 @@
-"""EAGLE-1/2 as a method of the reference engine (Li et al. 2024): greedy equivalence through
-``ReferenceEngine.generate``, per-request caps, stopping, refusals, the builder and the real server.
+"""EAGLE-1/2 as a method of the reference engine (Li et al. 2024): greedy equivalence on its trees
+(TensorRT-LLM's default, a user tree, EAGLE-2's dynamic tree), per-request caps, refusals, the builder
+and the real server.
 
 Heads: "random" (nearly every node rejected) and "pass_through" (the head returns its input feature, so
-the target's lm_head guesses the root again: accepted where the tiny model repeats itself); an oracle
-proposer swapped in for the head is the "same" draft (the whole depth accepted).
+the target's lm_head guesses the root again: accepted where the tiny model repeats itself). The "same"
+draft, stopping, and the refusals every method shares are in tests/test_method_equivalence.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import write_recipe
-from specbuild.client.prompts import Prompt
-from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine
-from specbuild.engine import target as target_model
+from conftest import served, verify_lossless, write_recipe
+from tiny_models import make_pass_through
+from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
 from specbuild.engine.methods import eagle
-from specbuild.engine.methods.eagle import EagleConfig, EagleHead, TreeDraft, save_eagle_head
-from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
+from specbuild.engine.methods.eagle import EagleConfig, EagleHead, save_eagle_head
+from specbuild.engine.tree import MC_SIM_7B_63
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = EagleConfig(
@@ -46,22 +44,10 @@ def eagle_config(head_dir: Path | None, tree: str = "user", **extra) -> dict:
     return config if head_dir is None else {**config, "speculative_model_dir": str(head_dir)}
 
 
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
-
-
 def _head(kind: str, config: EagleConfig = CONFIG) -> EagleHead:
     torch.manual_seed(3)
     head = EagleHead(config)
-    if kind == "pass_through":  # fc = [0 | I], the layer's outputs zeroed: output = input feature
-        with torch.no_grad():
-            head.fc.weight.zero_()
-            head.fc.bias.zero_()
-            head.fc.weight[:, HIDDEN:] = torch.eye(HIDDEN)
-            head.layers[0].self_attn.o_proj.weight.zero_()
-            head.layers[0].mlp.down_proj.weight.zero_()
-    return head
+    return make_pass_through(head) if kind == "pass_through" else head  # pass_through: output = input feature
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +77,12 @@ def _run(engine, prompt, max_tokens=NEW_TOKENS, **kwargs):
 # --- greedy equivalence --------------------------------------------------------------------------
 
 
+# random heads on the user tree: tests/test_method_equivalence.py
+EQUIVALENCE = [("random", "mc_sim_7b_63"), ("random", "dynamic")] + [("pass_through", tree) for tree in TREES]
+
+
 @pytest.mark.parametrize("num_draft_tokens", ["max", 1])
-@pytest.mark.parametrize("tree", list(TREES))
-@pytest.mark.parametrize("kind", ["random", "pass_through"])
+@pytest.mark.parametrize("kind, tree", EQUIVALENCE)
 def test_eagle_engine_equals_plain_greedy(engines, plain_outputs, kind, tree, num_draft_tokens):
     engine = engines[kind, tree]
     k = None if num_draft_tokens == "max" else 1
@@ -132,77 +121,14 @@ def test_num_draft_tokens_caps_the_tree(engines, monkeypatch, tree, k, expected)
     assert engines["random", tree]._method_state.proposer.tree_config.max_draft_len == TREES[tree]["max_draft_len"]
 
 
-# --- a "same" draft: the oracle's path is always right ---------------------------------------------
-
-
-class _OracleProposer:
-    """The target's true continuation on the all-zeros path, wrong tokens elsewhere (a FeatureTreeProposer)."""
-
-    def __init__(self, tree: SpecTree, prompt: list[int], plain: list[int]) -> None:
-        self.tree, self.prompt_len, self.plain = tree, len(prompt), plain
-
-    def new_state(self) -> list[int]:
-        return []
-
-    def capped(self, num_draft_tokens: int) -> _OracleProposer:
-        return _OracleProposer(self.tree.first(num_draft_tokens), [0] * self.prompt_len, self.plain)
-
-    def update(self, state, next_tokens, features):
-        assert features.shape == (len(next_tokens), HIDDEN)
-        state += next_tokens
-
-    def propose(self, state, root, max_depth):
-        tree = self.tree.truncated(max_depth)
-        emitted = len(state) - self.prompt_len + 1
-        truth = [self.plain[min(emitted + d, len(self.plain) - 1)] for d in range(tree.max_depth)]
-        return TreeDraft(tree, [root] + [(truth[len(p) - 1] + p[-1]) % VOCAB for p in tree.paths])
-
-
-@pytest.fixture
-def oracle_engine(engines, plain_outputs, monkeypatch):
-    tree = SpecTree.from_choices(USER_CHOICES)
-    monkeypatch.setattr(eagle, "make_eagle_proposer", lambda loaded: _OracleProposer(tree, PROMPTS[0], plain_outputs[0]))
-    return engines["random", "user"]
-
-
-def test_same_draft_accepts_the_full_depth(oracle_engine, plain_outputs):
-    result = _run(oracle_engine, PROMPTS[0])
-    assert result.output_ids == plain_outputs[0]
-    assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // 4)  # 3 accepted + bonus per step
-    assert result.total_accepted_draft_tokens == NEW_TOKENS - 1 - result.num_decoding_iterations
-
-
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 4, 5, 9])
-def test_max_tokens_never_exceeded(oracle_engine, engines, plain_outputs, max_tokens):
-    for engine in (oracle_engine, engines["random", "dynamic"]):
-        result = _run(engine, PROMPTS[0], max_tokens=max_tokens)
-        assert result.output_ids == plain_outputs[0][:max_tokens]
-        assert result.finish_reason == "length"
-
-
-def test_end_token_inside_an_accepted_chunk_stops_there(oracle_engine, plain_outputs):
-    plain, mid_chunk = plain_outputs[0], 0
-    for end_id in dict.fromkeys(plain):
-        first = plain.index(end_id)
-        result = _run(oracle_engine, PROMPTS[0], end_id=end_id)
-        assert result.output_ids == plain[: first + 1], f"end_id {end_id}"
-        assert result.finish_reason == "stop"
-        mid_chunk += first % 4 != 0
-    assert mid_chunk > 0, "no end token fell inside a multi-token accepted chunk"
+def test_max_tokens_never_exceeded_on_the_dynamic_tree(engines, plain_outputs, max_tokens):
+    result = _run(engines["random", "dynamic"], PROMPTS[0], max_tokens=max_tokens)
+    assert result.output_ids == plain_outputs[0][:max_tokens]
+    assert result.finish_reason == "length"
 
 
 # --- refusals ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("num_draft_tokens", [None, 0])
-def test_sampling_is_refused(engines, num_draft_tokens):
-    with pytest.raises(InvalidRequestError, match="Eagle is greedy-only, as in TensorRT-LLM"):
-        _run(engines["random", "user"], PROMPTS[0], temperature=0.7, num_draft_tokens=num_draft_tokens)
-
-
-def test_lookahead_config_is_refused(engines):
-    with pytest.raises(InvalidRequestError, match="this engine runs Eagle, not Lookahead"):
-        _run(engines["random", "user"], PROMPTS[0], lookahead_config=(2, 2, 1))
 
 
 @pytest.mark.parametrize(
@@ -231,28 +157,17 @@ def test_head_directory_is_needed_outside_an_engine_directory(model):
         ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=eagle_config(None))
 
 
-def test_method_registry_imports_without_torch():
-    code = "import sys, specbuild.engine.methods as m; assert 'Eagle' in m.METHODS and 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
 # --- builder and the real server -----------------------------------------------------------------
 
 E2E_CHOICES = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes, depth 3
-TEXT_PROMPTS = [
-    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
-    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
-]
 
 
 def eagle_recipe(tmp_path: Path, checkpoint: Path, head: str, extra: str = "") -> Path:
-    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
-    recipe.write_text(recipe.read_text().replace(
-        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
+    speculation = (
         f"  method: eagle\n  eagle_model: {head}\n  max_draft_len: 6\n  num_eagle_layers: 3\n"
-        f"  eagle_choices: {E2E_CHOICES}\n{extra}",
-    ))
-    return recipe
+        f"  eagle_choices: {E2E_CHOICES}\n{extra}"
+    )
+    return write_recipe(tmp_path / "r.yaml", checkpoint, speculation=speculation)
 
 
 def test_missing_mismatched_or_unsupported_heads_are_refused_before_any_work(tiny_checkpoint, tmp_path):
@@ -291,10 +206,6 @@ def test_eagle_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
     """recipe (head as a .pt, relative path) -> engine dir with eagle/ -> tritonserver -> verify."""
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_eagle, locate_target
-    from specbuild.client.sdk import SpecClient
-    from specbuild.client.verify import verify
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
 
     head_dir = save_eagle_head(tmp_path / "head", _head("pass_through").state_dict(), CONFIG)
     torch.save(_head("pass_through").state_dict(), head_dir / "model.pt")  # EAGLE's .pt, read weights_only
@@ -312,10 +223,5 @@ def test_eagle_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
     weights = head_dir / "model.pt"
     os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
     assert engine_fingerprint(loaded, locate_target(loaded), None, None, locate_eagle(loaded)) != build.fingerprint
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
-    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
-    with server, SpecClient(server.grpc_url) as client:
-        client.wait_ready()
-        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
-    assert report.all_match, [r.divergence for r in report.results if not r.match]
-    assert report.total_draft_tokens > 0
+    with served(engine_dir, tmp_path) as client:
+        verify_lossless(client)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from specbuild.engine import (  # noqa: E402
     InvalidRequestError,
     ReferenceEngine,
 )
-from specbuild.engine import stream  # noqa: E402
 from specbuild.engine import target as target_model  # noqa: E402
 from specbuild.engine.acceptance import accept_greedy, clip_emitted  # noqa: E402
 from specbuild.engine.kv_cache import rollback  # noqa: E402
@@ -86,47 +84,6 @@ def test_ngram_speculation_equals_plain_greedy(engine, plain_outputs, num_draft_
     assert results[0].acceptance_length > 1.0
 
 
-class _ScriptedProposer:
-    """Proposes from a fixed continuation: the target's own output ("same") or noise ("random")."""
-
-    def __init__(self, prompt_len: int, continuation: list[int], noise_seed: int | None = None) -> None:
-        self.prompt_len = prompt_len
-        self.continuation = continuation
-        self.rng = None if noise_seed is None else random.Random(noise_seed)
-
-    def propose(self, context, num_draft_tokens):
-        emitted = len(context) - self.prompt_len
-        if self.rng is not None:
-            return [self.rng.randrange(384) for _ in range(num_draft_tokens)]
-        return self.continuation[emitted : emitted + num_draft_tokens]
-
-    def update(self, context, num_accepted):
-        pass
-
-
-def _use_proposer(monkeypatch, engine, proposer) -> None:
-    """Make every request of ``engine`` draft with ``proposer`` (the method's proposer stands aside)."""
-    import dataclasses
-
-    monkeypatch.setattr(engine, "_method", dataclasses.replace(engine._method, make_proposer=lambda _: proposer))
-
-
-@pytest.mark.parametrize("kind", ["same", "random"])
-def test_scripted_drafts_equal_plain_greedy(engine, plain_outputs, monkeypatch, kind):
-    prompt, plain = PROMPTS[1], plain_outputs[1]
-    proposer = _ScriptedProposer(len(prompt), plain, noise_seed=None if kind == "same" else 0)
-    _use_proposer(monkeypatch, engine, proposer)
-    result = _run(engine, prompt, NEW_TOKENS)
-    assert result.output_ids == plain
-    if kind == "same":
-        assert result.total_accepted_draft_tokens == result.total_draft_tokens == len(plain) - 1 - result.num_decoding_iterations
-        assert result.acceptance_length == pytest.approx((len(plain) - 1) / result.num_decoding_iterations)
-        assert result.num_decoding_iterations == -(-(len(plain) - 1) // (MAX_DRAFT_LEN + 1))
-    else:
-        assert result.total_accepted_draft_tokens < result.total_draft_tokens
-        assert result.num_decoding_iterations >= 2
-
-
 # --- stopping ------------------------------------------------------------------------------------
 
 
@@ -138,21 +95,10 @@ def test_max_tokens_never_exceeded(engine, plain_outputs, max_tokens):
     assert result.total_accepted_draft_tokens <= max_tokens - 1
 
 
-@pytest.mark.parametrize("drafts", ["ngram", "same"])
-def test_end_token_inside_accepted_chunk_stops_there(engine, plain_outputs, monkeypatch, drafts):
-    """end_id = a token of the plain output: the result is the plain output cut after its first occurrence."""
-    clipped_chunks = []
-
-    def recording_clip(tokens, *, remaining, end_id):
-        kept, stopped = clip_emitted(tokens, remaining=remaining, end_id=end_id)
-        if stopped and len(kept) < len(tokens):
-            clipped_chunks.append((list(tokens), kept))
-        return kept, stopped
-
-    monkeypatch.setattr(stream, "clip_emitted", recording_clip)
+def test_end_token_with_ngram_drafts_stops_there(engine, plain_outputs):
+    """end_id = a token of the plain output: the result is the plain output cut after its first occurrence
+    (real n-gram drafts; a "same" draft inside an accepted chunk, for every method: tests/test_method_equivalence.py)."""
     prompt, plain = PROMPTS[1], plain_outputs[1]
-    if drafts == "same":
-        _use_proposer(monkeypatch, engine, _ScriptedProposer(len(prompt), plain))
     for end_id in dict.fromkeys(plain):
         first = plain.index(end_id)
         result = _run(engine, prompt, NEW_TOKENS, end_id=end_id)
@@ -161,8 +107,6 @@ def test_end_token_inside_accepted_chunk_stops_there(engine, plain_outputs, monk
         # every step emits its accepted drafts plus the bonus, except that the last one may end before the bonus
         bonus_tokens = first - result.total_accepted_draft_tokens
         assert bonus_tokens <= result.num_decoding_iterations <= bonus_tokens + 1
-    if drafts == "same":
-        assert clipped_chunks, "no end token fell inside a multi-token accepted chunk"
 
 
 def test_default_end_id_is_checkpoint_eos(engine):

@@ -6,9 +6,10 @@ import itertools
 
 import pytest
 import torch
+
+from conftest import hf_greedy
 from specbuild.builder.recipe import lookahead_max_draft_len
 from specbuild.engine import worker
-from specbuild.engine import target as target_model
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kv_pool import KVPool, KVShape
 from specbuild.engine.lookahead_decode import lookahead_generate_greedy
@@ -20,7 +21,6 @@ from specbuild.engine.methods.lookahead import (
     NGramPool,
     build_step_layout,
 )
-from transformers import GenerationConfig
 
 CONFIGS = [(4, 3, 4), (3, 3, 2), (1, 1, 0), (5, 4, 3)]
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
@@ -42,15 +42,8 @@ WORKED_EXAMPLE = """\
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
-
-
-@pytest.fixture(scope="module")
 def plain_outputs(model) -> list[list[int]]:
-    config = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
-    with torch.inference_mode():
-        return [model.generate(torch.tensor([p]), generation_config=config)[0, len(p) :].tolist() for p in PROMPTS]
+    return hf_greedy(model, PROMPTS, NEW_TOKENS)
 
 
 # --- config ------------------------------------------------------------------------------------
@@ -219,13 +212,6 @@ def test_tokens_per_step_stay_within_the_engine_budget(model, monkeypatch):
         assert sizes and max(sizes) <= budget, (wng, sizes)
         if wng[1] > 1:
             assert max(sizes) > 1 + wng[0]  # the window fills up past level 0 (warm-up is over)
-
-
-@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 8, 13])
-def test_max_tokens_is_never_exceeded(model, plain_outputs, max_tokens):
-    result = lookahead_generate_greedy(model, PROMPTS[2], max_tokens=max_tokens, config=LookaheadConfig(5, 4, 3))
-    assert result.output_ids == plain_outputs[2][:max_tokens]
-    assert result.finish_reason == "length"
 
 
 def test_end_token_inside_an_accepted_chunk_stops_there(model, plain_outputs, monkeypatch):

@@ -1,20 +1,17 @@
-"""Lookahead decoding as a method of the reference engine (Fu et al. 2024): greedy equivalence through
-``ReferenceEngine.generate``, per-request (w, n, g), stopping, refusals, Triton parsing and the real server."""
+"""Lookahead decoding as a method of the reference engine (Fu et al. 2024): greedy equivalence for
+per-request (w, n, g), refusals, Triton parsing and the real server. Stopping, and the refusals every
+method shares, are in tests/test_method_equivalence.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import write_recipe
+from conftest import served, text_prompts, verify_lossless, write_recipe
 from specbuild.builder.recipe import lookahead_max_draft_len
-from specbuild.client.prompts import Prompt
 from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine
-from specbuild.engine import target as target_model
 
 MAXIMA = (4, 3, 4)  # (W, N, G) -> max_draft_len 15
 SPEC = {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4}
@@ -22,11 +19,6 @@ LIMITS = EngineLimits(max_batch_size=1, max_input_len=64, max_seq_len=160, max_d
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 PROMPTS = [[17, 203, 44, 91, 300, 12], REPETITIVE, [42]]
 NEW_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
 
 
 @pytest.fixture(scope="module")
@@ -72,29 +64,7 @@ def test_num_draft_tokens_zero_is_plain_decoding(engine, plain_outputs):
     assert result.total_draft_tokens == 0 and result.num_decoding_iterations == NEW_TOKENS - 1
 
 
-@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 9])
-def test_max_tokens_never_exceeded(engine, plain_outputs, max_tokens):
-    for prompt, plain in zip(PROMPTS, plain_outputs):
-        result = _run(engine, prompt, max_tokens=max_tokens)
-        assert result.output_ids == plain[:max_tokens]
-        assert result.finish_reason == "length"
-
-
-def test_end_token_stops_there(engine, plain_outputs):
-    for prompt, plain in zip(PROMPTS, plain_outputs):
-        for end_id in dict.fromkeys(plain):
-            result = _run(engine, prompt, end_id=end_id)
-            assert result.output_ids == plain[: plain.index(end_id) + 1], f"end_id {end_id}"
-            assert result.finish_reason == "stop"
-
-
 # --- refusals ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("num_draft_tokens", [None, 0])
-def test_sampling_is_refused(engine, num_draft_tokens):
-    with pytest.raises(InvalidRequestError, match="Lookahead is greedy-only, as in TensorRT-LLM"):
-        _run(engine, PROMPTS[0], temperature=0.7, num_draft_tokens=num_draft_tokens)
 
 
 @pytest.mark.parametrize(
@@ -112,12 +82,6 @@ def test_lookahead_config_outside_the_build_is_refused(engine, window, message):
         _run(engine, PROMPTS[0], lookahead_config=window)
 
 
-def test_lookahead_config_on_another_engine_is_refused(model):
-    plain = ReferenceEngine(model, limits=LIMITS, end_id=-1)
-    with pytest.raises(InvalidRequestError, match="this engine runs no speculation, not Lookahead"):
-        _run(plain, PROMPTS[0], lookahead_config=(1, 1, 0))
-
-
 @pytest.mark.parametrize(
     "config, limits, message",
     [
@@ -129,11 +93,6 @@ def test_lookahead_config_on_another_engine_is_refused(model):
 def test_bad_speculative_config_is_refused(model, config, limits, message):
     with pytest.raises(ValueError, match=message):
         ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=config)
-
-
-def test_method_registry_imports_without_torch():
-    code = "import sys, specbuild.engine.methods as m; assert 'Lookahead' in m.METHODS and 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # --- Triton tensors ------------------------------------------------------------------------------
@@ -168,19 +127,12 @@ def test_repository_declares_lookahead_inputs(tmp_path):
 
 # --- recipe and the real server ------------------------------------------------------------------
 
-TEXT_PROMPTS = [
-    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
-    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
-]
 
 
 def lookahead_recipe(tmp_path: Path, checkpoint: Path) -> Path:
-    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
-    recipe.write_text(recipe.read_text().replace(
-        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
-        "  method: lookahead\n  max_window_size: 4\n  max_ngram_size: 3\n  max_verification_set_size: 4\n",
-    ).replace("max_seq_len: 500", "max_seq_len: 480"))  # + max_draft_len 15 within the tiny model's 512 positions
-    return recipe
+    speculation = "  method: lookahead\n  max_window_size: 4\n  max_ngram_size: 3\n  max_verification_set_size: 4\n"
+    # max_seq_len + max_draft_len 15 within the tiny model's 512 positions
+    return write_recipe(tmp_path / "r.yaml", checkpoint, speculation=speculation, max_seq_len=480)
 
 
 def test_lookahead_recipe_passes_check_runnable(tiny_checkpoint, tmp_path):
@@ -197,28 +149,20 @@ def test_lookahead_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
 
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.client.sdk import RequestError, SpecClient
-    from specbuild.client.verify import verify
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.client.sdk import RequestError
 
     loaded = load_recipe(str(lookahead_recipe(tmp_path, tiny_checkpoint)))
     engine_dir = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).engine_dir
     config = json.loads((engine_dir / "config.json").read_text())
     assert config["speculative_config"] == SPEC
     assert config["build_config"]["max_draft_len"] == 15 and config["build_config"]["speculative_decoding_mode"] == 8
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
-    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
-    with server, SpecClient(server.grpc_url) as client:
-        client.wait_ready()
-        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
-        prompt = TEXT_PROMPTS[0].text
+    with served(engine_dir, tmp_path) as client:
+        verify_lossless(client)
+        prompt = text_prompts()[0].text
         baseline = client.generate(prompt, max_tokens=20, end_id=-1, num_draft_tokens=0)
         plain = client.generate(prompt, max_tokens=20, end_id=-1, lookahead_config=(1, 1, 0))
         small = client.generate(prompt, max_tokens=20, end_id=-1, lookahead_config=(2, 2, 1))
         with pytest.raises(RequestError, match=r"lookahead_config=\(5, 3, 4\) is out of range"):
             client.generate(prompt, max_tokens=20, end_id=-1, lookahead_config=(5, 3, 4))
-    assert report.all_match, [r.divergence for r in report.results if not r.match]
-    assert report.total_draft_tokens > 0
     assert plain.output_ids == baseline.output_ids and plain.total_draft_tokens == 0
     assert small.output_ids == baseline.output_ids

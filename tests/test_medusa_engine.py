@@ -1,27 +1,23 @@
-"""Medusa as a method of the reference engine (Cai et al. 2024): greedy equivalence through
-``ReferenceEngine.generate``, per-request tree caps, stopping, refusals, the builder and the real server.
+"""Medusa as a method of the reference engine (Cai et al. 2024): greedy equivalence on its trees
+(TensorRT-LLM's default mc_sim_7b_63 and a user tree), per-request tree caps, refusals, the builder and
+the real server.
 
-Heads: "random" (nearly every node rejected), "lm_head" (every head is the target's own LM head, accepted
-where the tiny model's top candidates repeat), and an oracle proposer swapped in for the heads (the
-target's true continuation at child 0: the whole depth is accepted, the "same" draft).
+Heads: "random" (nearly every node rejected) and "lm_head" (every head is the target's own LM head,
+accepted where the tiny model's top candidates repeat). The "same" draft, stopping, and the refusals
+every method shares are in tests/test_method_equivalence.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import write_recipe
-from specbuild.client.prompts import Prompt
+from conftest import served, verify_lossless, write_recipe
 from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, worker
-from specbuild.engine import target as target_model
-from specbuild.engine.methods import medusa
 from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
 from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
 
@@ -39,11 +35,6 @@ def medusa_config(heads_dir: Path | None, choices=None, **extra) -> dict:
     if heads_dir is not None:
         config["speculative_model_dir"] = str(heads_dir)
     return config if choices is None else {**config, "medusa_choices": choices}
-
-
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
 
 
 def _heads_state(model, kind: str) -> dict[str, torch.Tensor]:
@@ -85,9 +76,12 @@ def _run(engine, prompt, max_tokens=NEW_TOKENS, **kwargs):
 # --- greedy equivalence --------------------------------------------------------------------------
 
 
+# random heads on the user tree: tests/test_method_equivalence.py
+EQUIVALENCE = [("random", "mc_sim_7b_63")] + [("lm_head", tree) for tree in TREES]
+
+
 @pytest.mark.parametrize("num_draft_tokens", ["max", 1])
-@pytest.mark.parametrize("tree", list(TREES))
-@pytest.mark.parametrize("kind", ["random", "lm_head"])
+@pytest.mark.parametrize("kind, tree", EQUIVALENCE)
 def test_medusa_engine_equals_plain_greedy(engines, plain_outputs, kind, tree, num_draft_tokens):
     engine = engines[kind, tree]
     nodes = SpecTree.from_choices(TREES[tree] or MC_SIM_7B_63).num_nodes
@@ -123,63 +117,14 @@ def test_num_draft_tokens_keeps_the_first_nodes_in_tree_order(engines, monkeypat
     assert result.total_draft_tokens == 2 * (len(verified) - 1)
 
 
-# --- a "same" draft: the oracle's path is always right ---------------------------------------------
-
-
-class _OracleProposer:
-    """The target's true continuation at child 0 of every depth, a wrong token at every other child."""
-
-    def __init__(self, tree: SpecTree, prompt: list[int], plain: list[int]) -> None:
-        self.tree, self.prompt_len, self.plain = tree, len(prompt), plain
-
-    def propose_tree(self, context, hidden, tree):
-        del hidden
-        emitted = len(context) - self.prompt_len
-        truth = [self.plain[min(emitted + d, len(self.plain) - 1)] for d in range(tree.max_depth)]
-        return [context[-1], *((truth[len(p) - 1] + p[-1]) % VOCAB for p in tree.paths)]
-
-
-@pytest.fixture
-def oracle_engine(engines, plain_outputs, monkeypatch):
-    """The user-tree engine with the oracle in place of its heads, for PROMPTS[0]."""
-    tree = SpecTree.from_choices(USER_CHOICES)
-    monkeypatch.setattr(medusa, "make_medusa_proposer", lambda loaded: _OracleProposer(tree, PROMPTS[0], plain_outputs[0]))
-    return engines["random", "user"]
-
-
-def test_same_draft_accepts_the_full_depth(oracle_engine, plain_outputs):
-    result = _run(oracle_engine, PROMPTS[0])
-    assert result.output_ids == plain_outputs[0]
-    assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // 4)  # 3 accepted + bonus per step
-    assert result.total_accepted_draft_tokens == NEW_TOKENS - 1 - result.num_decoding_iterations
-
-
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 4, 5, 6, 9])
-def test_max_tokens_never_exceeded(oracle_engine, engines, plain_outputs, max_tokens):
-    for engine in (oracle_engine, engines["random", "mc_sim_7b_63"]):
-        result = _run(engine, PROMPTS[0], max_tokens=max_tokens)
-        assert result.output_ids == plain_outputs[0][:max_tokens]
-        assert result.finish_reason == "length"
-
-
-def test_end_token_inside_an_accepted_chunk_stops_there(oracle_engine, plain_outputs):
-    plain, mid_chunk = plain_outputs[0], 0
-    for end_id in dict.fromkeys(plain):
-        first = plain.index(end_id)
-        result = _run(oracle_engine, PROMPTS[0], end_id=end_id)
-        assert result.output_ids == plain[: first + 1], f"end_id {end_id}"
-        assert result.finish_reason == "stop"
-        mid_chunk += first % 4 != 0  # chunks are plain[1:5], plain[5:9], ...
-    assert mid_chunk > 0, "no end token fell inside a multi-token accepted chunk"
+def test_max_tokens_never_exceeded_on_the_default_tree(engines, plain_outputs, max_tokens):
+    result = _run(engines["random", "mc_sim_7b_63"], PROMPTS[0], max_tokens=max_tokens)
+    assert result.output_ids == plain_outputs[0][:max_tokens]
+    assert result.finish_reason == "length"
 
 
 # --- refusals ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("num_draft_tokens", [None, 0])
-def test_sampling_is_refused(engines, num_draft_tokens):
-    with pytest.raises(InvalidRequestError, match="Medusa is greedy-only, as in TensorRT-LLM"):
-        _run(engines["random", "user"], PROMPTS[0], temperature=0.7, num_draft_tokens=num_draft_tokens)
 
 
 def test_num_draft_tokens_past_the_tree_is_refused(engines):
@@ -221,27 +166,14 @@ def test_heads_directory_is_needed_outside_an_engine_directory(model):
         ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=medusa_config(None))
 
 
-def test_method_registry_imports_without_torch():
-    code = "import sys, specbuild.engine.methods as m; assert 'Medusa' in m.METHODS and 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
 # --- builder and the real server -----------------------------------------------------------------
 
 E2E_CHOICES = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes, depth 3
-TEXT_PROMPTS = [
-    Prompt("repeat", "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i"),
-    Prompt("prose", "The quick brown fox jumps over the lazy dog."),
-]
 
 
 def medusa_recipe(tmp_path: Path, checkpoint: Path, heads: str) -> Path:
-    recipe = write_recipe(tmp_path / "r.yaml", checkpoint)
-    recipe.write_text(recipe.read_text().replace(
-        "  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n",
-        f"  method: medusa\n  medusa_model: {heads}\n  num_medusa_heads: 3\n  medusa_choices: {E2E_CHOICES}\n",
-    ))
-    return recipe
+    speculation = f"  method: medusa\n  medusa_model: {heads}\n  num_medusa_heads: 3\n  medusa_choices: {E2E_CHOICES}\n"
+    return write_recipe(tmp_path / "r.yaml", checkpoint, speculation=speculation)
 
 
 def _three_heads(model, tmp: Path, *, pt: bool = False) -> Path:
@@ -274,10 +206,6 @@ def test_medusa_recipe_is_lossless_through_triton(model, tiny_checkpoint, tmp_pa
     """recipe (heads as a .pt, relative path) -> engine dir with medusa/ -> tritonserver -> verify."""
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_medusa, locate_target
-    from specbuild.client.sdk import SpecClient
-    from specbuild.client.verify import verify
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
 
     _three_heads(model, tmp_path / "heads", pt=True)
     loaded = load_recipe(str(medusa_recipe(tmp_path, tiny_checkpoint, "heads")))
@@ -290,10 +218,5 @@ def test_medusa_recipe_is_lossless_through_triton(model, tiny_checkpoint, tmp_pa
     weights = tmp_path / "heads" / "medusa_lm_head.pt"
     os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # other heads -> another engine
     assert engine_fingerprint(loaded, locate_target(loaded), None, locate_medusa(loaded)) != build.fingerprint
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
-    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")
-    with server, SpecClient(server.grpc_url) as client:
-        client.wait_ready()
-        report = verify(client, TEXT_PROMPTS, max_tokens=20, end_id=-1)
-    assert report.all_match, [r.divergence for r in report.results if not r.match]
-    assert report.total_draft_tokens > 0
+    with served(engine_dir, tmp_path) as client:
+        verify_lossless(client)

@@ -13,15 +13,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from method_engines import METHODS, PROMPTS, greedy  # noqa: E402
+from method_engines import CASES, PROMPTS, greedy  # noqa: E402
 
 from specbuild.engine import InvalidRequestError  # noqa: E402
 from specbuild.engine.stream import collect  # noqa: E402
 from specbuild.engine.types import GenerationRequest, GenerationResult  # noqa: E402
 from specbuild.triton_repo.models.reference_engine import Row, pack_outputs, pack_step  # noqa: E402
 from specbuild.triton_repo.models.tokenization import detokenize_step, load_tokenizer  # noqa: E402
-
-CASES = [(m, k) for m in METHODS for k in ("same", "random") if not (k == "same" and m in ("plain", "lookahead"))]
 
 
 @pytest.mark.parametrize("method, kind", CASES)

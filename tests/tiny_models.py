@@ -82,3 +82,19 @@ def make_tiny_llama(
     model = LlamaForCausalLM(config).to(torch.float32)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
+
+
+def make_pass_through(head):
+    """Make a one-layer EAGLE-1 head (``EagleHead``, with ``fc.bias``) pass its feature input through, in
+    place: fc = [0 | I] and the layer's outputs zeroed. Then lm_head of its output guesses the root again
+    ("repeat" drafts, accepted where the tiny model repeats itself). Returns ``head``."""
+    import torch
+
+    hidden = head.fc.weight.shape[0]
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.bias.zero_()
+        head.fc.weight[:, hidden:] = torch.eye(hidden)
+        head.layers[0].self_attn.o_proj.weight.zero_()
+        head.layers[0].mlp.down_proj.weight.zero_()
+    return head

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -89,6 +89,23 @@ def resolve_weights_dir(speculative_model_dir: str | None, base_dir: Path | None
     return path if path.is_absolute() or base_dir is None else base_dir / path
 
 
+def check_config_keys(
+    config: Mapping[str, Any], allowed: Collection[str], *, decoding_type: str, also: Collection[str] = (), hint: str = ""
+) -> None:
+    """Refuse speculative_config keys outside ``allowed``; ``decoding_type`` and ``also`` pass unlisted.
+
+    Example: ``check_config_keys({"decoding_type": "Medusa", "tree": 1}, ("decoding_type", "medusa_choices"),
+    decoding_type="Medusa")`` raises "unknown Medusa speculative_config keys ['tree']; allowed:
+    ['decoding_type', 'medusa_choices']".
+
+    Raises:
+        ValueError: naming the unknown keys, the allowed ones (sorted), then ``hint``.
+    """
+    unknown = set(config) - set(allowed) - {"decoding_type", *also}
+    if unknown:
+        raise ValueError(f"unknown {decoding_type} speculative_config keys {sorted(unknown)}; allowed: {sorted(allowed)}{hint}")
+
+
 def config_from_dict(cls, config, *, decoding_type: str):
     """A method's frozen-dataclass config from a speculative_config dict; ``decoding_type`` itself is
     ignored, ``max_draft_len`` is required.
@@ -102,9 +119,7 @@ def config_from_dict(cls, config, *, decoding_type: str):
     from dataclasses import fields
 
     allowed = {f.name for f in fields(cls)}
-    unknown = set(config) - allowed - {"decoding_type"}
-    if unknown:
-        raise ValueError(f"unknown {decoding_type} speculative_config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    check_config_keys(config, allowed, decoding_type=decoding_type)
     if "max_draft_len" not in config:
         raise ValueError(f"{decoding_type} speculative_config needs max_draft_len")
     return cls(**{k: v for k, v in config.items() if k in allowed})

@@ -50,8 +50,6 @@ On disk (a directory; TensorRT-LLM ``examples/eagle/convert_checkpoint.py --eagl
 
 from __future__ import annotations
 
-from specbuild.engine.methods.base import DraftProjection, resolve_weights_dir
-
 import copy
 import json
 from collections.abc import Mapping, Sequence
@@ -60,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import (
@@ -69,9 +67,13 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from ..tree import MC_SIM_7B_63, SpecTree
+from .base import DraftProjection, check_config_keys
+from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, known_keys, read_config_json
 
+EAGLE_SUBDIR = "eagle"  # where the builder puts the head inside an engine directory
 SAFETENSORS_NAME = "model.safetensors"
 PT_NAMES = ("pytorch_model.bin", "model.pt")
+EAGLE_FILES = HeadFiles(EAGLE_SUBDIR, "the EAGLE head directory", SAFETENSORS_NAME, PT_NAMES)
 IGNORED_TENSORS = ("embed_tokens.weight",)
 
 
@@ -129,10 +131,7 @@ class EagleConfig:
         Raises:
             ValueError: a required key missing (the message lists them) or a value invalid.
         """
-        missing = [k for k in cls.REQUIRED if k not in raw]
-        if missing:
-            raise ValueError(f"{where}: missing key(s) {missing}")
-        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw and raw[k] is not None})
+        return cls(**known_keys(cls, raw, where))
 
     @property
     def attention_head_dim(self) -> int:
@@ -177,11 +176,9 @@ def load_eagle_head(head_dir: str | Path, *, dtype: torch.dtype = torch.float32)
         pickle.UnpicklingError: a .pt/.bin holding anything but tensors (``weights_only=True`` refuses it).
     """
     head_dir = Path(head_dir)
-    config_path = head_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: not an EAGLE head directory")
-    config = EagleConfig.from_dict(json.loads(config_path.read_text()), str(config_path))
-    state = {k: v for k, v in _read_weights(head_dir).items() if k not in IGNORED_TENSORS}
+    raw = read_config_json(head_dir, not_a="an EAGLE head directory")
+    config = EagleConfig.from_dict(raw, str(head_dir / "config.json"))
+    state = {k: v for k, v in EAGLE_FILES.read(head_dir).items() if k not in IGNORED_TENSORS}
     fc_bias = "fc.bias" in state
     _check_state(state, config, head_dir, fc_bias=fc_bias)
     head = EagleHead(config, fc_bias=fc_bias)
@@ -208,27 +205,12 @@ def save_eagle_head(head_dir: str | Path, state: Mapping[str, torch.Tensor], con
     return head_dir
 
 
-def _read_weights(head_dir: Path) -> dict[str, torch.Tensor]:
-    if (head_dir / SAFETENSORS_NAME).is_file():
-        return load_file(str(head_dir / SAFETENSORS_NAME))
-    for name in PT_NAMES:
-        if (head_dir / name).is_file():
-            return torch.load(head_dir / name, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{head_dir}: none of {[SAFETENSORS_NAME, *PT_NAMES]} found")
-
-
 def _check_state(state: Mapping[str, torch.Tensor], config: EagleConfig, where: Path, *, fc_bias: bool) -> None:
-    expected = config.expected_shapes(fc_bias=fc_bias)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{where}: EAGLE weights do not match num_hidden_layers={config.num_hidden_layers} "
-            f"(layer 0 has no input_layernorm, there is no final norm): missing {missing[:4]}, unexpected {unexpected[:4]}"
-        )
-    for name, shape in expected.items():
-        if tuple(state[name].shape) != shape:
-            raise ValueError(f"{where}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}")
+    mismatch = (
+        f"EAGLE weights do not match num_hidden_layers={config.num_hidden_layers} "
+        "(layer 0 has no input_layernorm, there is no final norm)"
+    )
+    check_state(state, config.expected_shapes(fc_bias=fc_bias), where, mismatch=mismatch)
 
 
 # --- the head ------------------------------------------------------------------------------------
@@ -631,7 +613,6 @@ def _rerank(nodes: list[_Node], root: int, max_draft_len: int) -> TreeDraft:
 
 # --- the reference engine's "Eagle" method: speculative_config -> head loaded once -> proposer ---------
 
-EAGLE_SUBDIR = "eagle"  # where the builder puts the head inside an engine directory
 _CONFIG_KEYS = (
     "decoding_type", "max_draft_len", "num_eagle_layers", "max_non_leaves_per_layer", "eagle_choices",
     "use_dynamic_tree", "dynamic_tree_max_topK", "posterior_threshold", "greedy_sampling", "eagle3_one_model",
@@ -665,9 +646,7 @@ class EagleDecodingConfig:
                 ``use_dynamic_tree`` without ``dynamic_tree_max_topK``; any :class:`EagleTreeConfig` error
                 (e.g. eagle_choices depth != num_eagle_layers, TensorRT-LLM#2588).
         """
-        unknown = sorted(set(config) - set(_CONFIG_KEYS))
-        if unknown:
-            raise ValueError(f"unknown Eagle speculative_config keys {unknown}; allowed: {sorted(_CONFIG_KEYS)}")
+        check_config_keys(config, _CONFIG_KEYS, decoding_type="Eagle")
         if config.get("posterior_threshold") is not None:
             raise ValueError("speculative_config.posterior_threshold (typical acceptance) is not supported; decoding is greedy")
         dynamic = bool(config.get("use_dynamic_tree", False))
@@ -688,18 +667,7 @@ class EagleDecodingConfig:
         return self.tree.max_draft_len
 
 
-@dataclass(frozen=True)
-class LoadedEagle:
-    """The head of one engine, loaded once (target dtype and device) and shared by its requests."""
-
-    config: EagleDecodingConfig
-    proposer: EagleProposer
-    path: Path
-
-
-def resolve_eagle_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
-    """The weights directory; default ``base_dir / EAGLE_SUBDIR`` (see :func:`~specbuild.engine.methods.base.resolve_weights_dir`)."""
-    return resolve_weights_dir(speculative_model_dir, base_dir, subdir=EAGLE_SUBDIR, what="the EAGLE head directory")
+LoadedEagle = LoadedHead[EagleDecodingConfig, EagleProposer]  # the engine state of "Eagle"
 
 
 def load_eagle(config: EagleDecodingConfig, context: Any) -> LoadedEagle:
@@ -709,15 +677,11 @@ def load_eagle(config: EagleDecodingConfig, context: Any) -> LoadedEagle:
         FileNotFoundError / ValueError: as :func:`load_eagle_head`; a head that does not fit the target
             (:class:`EagleProposer`); a target attention that cannot take a tree mask.
     """
-    from ..forward import MASK_ATTENTION as TREE_MASK_ATTENTION
-
     target = context.target
-    path = resolve_eagle_dir(config.speculative_model_dir, context.base_dir)
+    path = EAGLE_FILES.resolve(config.speculative_model_dir, context.base_dir)
     head = load_eagle_head(path, dtype=target.dtype).to(target.device)
-    attention = getattr(target.config, "_attn_implementation", None)
-    if attention not in TREE_MASK_ATTENTION:
-        raise ValueError(f"EAGLE tree verification needs the target's attn_implementation in {TREE_MASK_ATTENTION}, it uses {attention!r}")
-    return LoadedEagle(config, EagleProposer(target, head, config.tree), path)
+    check_tree_attention(target, "EAGLE")
+    return LoadedHead(config, EagleProposer(target, head, config.tree), path)
 
 
 def make_eagle_proposer(loaded: LoadedEagle) -> EagleProposer:

@@ -44,8 +44,6 @@ On disk (a directory; ``speculative_model_dir``, architecture ``LlamaForCausalLM
 
 from __future__ import annotations
 
-from specbuild.engine.methods.base import resolve_weights_dir
-
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -53,19 +51,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..stream import check_prompt_and_length, collect
 from ..types import GenerationResult
-from .eagle import MLP, Attention, EagleConfig, LayerKV, RMSNorm
+from .base import check_config_keys
+from .eagle import MLP, PT_NAMES, SAFETENSORS_NAME, Attention, EagleConfig, LayerKV, RMSNorm
+from .heads import HeadFiles, LoadedHead, check_state, known_keys, read_config_json
 
-SAFETENSORS_NAME = "model.safetensors"
-PT_NAMES = ("pytorch_model.bin", "model.pt")
-IGNORED_TENSORS = ("embed_tokens.weight", "t2d")
 EAGLE3_SUBDIR = "eagle3"  # where the builder puts the head inside an engine directory
+EAGLE3_FILES = HeadFiles(EAGLE3_SUBDIR, "the EAGLE-3 head directory", SAFETENSORS_NAME, PT_NAMES)
+IGNORED_TENSORS = ("embed_tokens.weight", "t2d")
 
 
 # --- format --------------------------------------------------------------------------------------
@@ -125,10 +124,7 @@ class Eagle3Config:
         Raises:
             ValueError: a required key missing (the message lists them) or a value invalid.
         """
-        missing = [k for k in cls.REQUIRED if k not in raw]
-        if missing:
-            raise ValueError(f"{where}: missing key(s) {missing}")
-        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw and raw[k] is not None}
+        known = known_keys(cls, raw, where)
         layer_ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if layer_ids is not None:
             known["aux_layer_ids"] = tuple(layer_ids)
@@ -186,11 +182,9 @@ def load_eagle3_head(head_dir: str | Path, *, dtype: torch.dtype = torch.float32
         pickle.UnpicklingError: a .pt/.bin holding anything but tensors (``weights_only=True`` refuses it).
     """
     head_dir = Path(head_dir)
-    config_path = head_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: not an EAGLE-3 head directory")
-    config = Eagle3Config.from_dict(json.loads(config_path.read_text()), str(config_path))
-    state = {k: v for k, v in _read_weights(head_dir).items() if k not in IGNORED_TENSORS}
+    raw = read_config_json(head_dir, not_a="an EAGLE-3 head directory")
+    config = Eagle3Config.from_dict(raw, str(head_dir / "config.json"))
+    state = {k: v for k, v in EAGLE3_FILES.read(head_dir).items() if k not in IGNORED_TENSORS}
     config = _with_draft_vocab(config, state)
     _check_state(state, config, head_dir)
     head = Eagle3Head(config, lm_head="lm_head.weight" in state, d2t="d2t" in state)
@@ -214,15 +208,6 @@ def save_eagle3_head(head_dir: str | Path, state: Mapping[str, torch.Tensor], co
     return head_dir
 
 
-def _read_weights(head_dir: Path) -> dict[str, torch.Tensor]:
-    if (head_dir / SAFETENSORS_NAME).is_file():
-        return load_file(str(head_dir / SAFETENSORS_NAME))
-    for name in PT_NAMES:
-        if (head_dir / name).is_file():
-            return torch.load(head_dir / name, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{head_dir}: none of {[SAFETENSORS_NAME, *PT_NAMES]} found")
-
-
 def _with_draft_vocab(config: Eagle3Config, state: Mapping[str, torch.Tensor]) -> Eagle3Config:
     """``config`` with ``draft_vocab_size`` taken from ``lm_head.weight`` when the config lacks it."""
     if config.draft_vocab_size is None and "lm_head.weight" in state:
@@ -232,17 +217,8 @@ def _with_draft_vocab(config: Eagle3Config, state: Mapping[str, torch.Tensor]) -
 
 def _check_state(state: Mapping[str, torch.Tensor], config: Eagle3Config, where: Path) -> None:
     lm_head = "lm_head.weight" in state
-    expected = config.expected_shapes(lm_head=lm_head)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected) - {"d2t"})
-    if missing or unexpected:
-        raise ValueError(
-            f"{where}: EAGLE-3 weights (fc, midlayer.*, norm, lm_head, d2t) do not match: "
-            f"missing {missing[:4]}, unexpected {unexpected[:4]}"
-        )
-    for name, shape in expected.items():
-        if tuple(state[name].shape) != shape:
-            raise ValueError(f"{where}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}")
+    mismatch = "EAGLE-3 weights (fc, midlayer.*, norm, lm_head, d2t) do not match"
+    check_state(state, config.expected_shapes(lm_head=lm_head), where, mismatch=mismatch, extra=("d2t",))
     draft_vocab = config.draft_vocab_size
     if "d2t" in state:
         d2t = state["d2t"]
@@ -528,30 +504,16 @@ class Eagle3DecodingConfig:
         Raises:
             ValueError: unknown keys (e.g. ``eagle_choices``: drafting is a chain), ``max_draft_len < 1``.
         """
-        unknown = sorted(set(config) - set(_CONFIG_KEYS))
-        if unknown:
-            raise ValueError(
-                f"unknown Eagle3 speculative_config keys {unknown}; allowed: {sorted(_CONFIG_KEYS)} "
-                "(the reference engine drafts EAGLE-3 as a chain)"
-            )
+        check_config_keys(
+            config, _CONFIG_KEYS, decoding_type="Eagle3", hint=" (the reference engine drafts EAGLE-3 as a chain)"
+        )
         max_draft_len = config.get("max_draft_len", 3)
         if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
             raise ValueError(f"Eagle3 max_draft_len must be an integer >= 1, got {max_draft_len!r}")
         return cls(max_draft_len, config.get("speculative_model_dir"))
 
 
-@dataclass(frozen=True)
-class LoadedEagle3:
-    """The head of one engine, loaded once (target dtype and device) and shared by its requests."""
-
-    config: Eagle3DecodingConfig
-    proposer: Eagle3Proposer
-    path: Path
-
-
-def resolve_eagle3_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
-    """The weights directory; default ``base_dir / EAGLE3_SUBDIR`` (see :func:`~specbuild.engine.methods.base.resolve_weights_dir`)."""
-    return resolve_weights_dir(speculative_model_dir, base_dir, subdir=EAGLE3_SUBDIR, what="the EAGLE-3 head directory")
+LoadedEagle3 = LoadedHead[Eagle3DecodingConfig, Eagle3Proposer]  # the engine state of "Eagle3"
 
 
 def load_eagle3(config: Eagle3DecodingConfig, context: Any) -> LoadedEagle3:
@@ -561,9 +523,9 @@ def load_eagle3(config: Eagle3DecodingConfig, context: Any) -> LoadedEagle3:
         FileNotFoundError / ValueError: as :func:`load_eagle3_head`; a head that does not fit the target.
     """
     target = context.target
-    path = resolve_eagle3_dir(config.speculative_model_dir, context.base_dir)
+    path = EAGLE3_FILES.resolve(config.speculative_model_dir, context.base_dir)
     head = load_eagle3_head(path, dtype=target.dtype).to(target.device)
-    return LoadedEagle3(config, Eagle3Proposer(target, head, max_draft_len=config.max_draft_len), path)
+    return LoadedHead(config, Eagle3Proposer(target, head, max_draft_len=config.max_draft_len), path)
 
 
 def make_eagle3_proposer(loaded: LoadedEagle3) -> Eagle3Proposer:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ...builder.recipe import lookahead_max_draft_len
+from .base import check_config_keys
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,7 @@ class LookaheadConfig:
                 ``max_draft_len`` that does not match ``(W, N, G)``.
         """
         allowed = {f.name for f in fields(cls)}
-        unknown = set(config) - allowed - {"decoding_type", "max_draft_len"}
-        if unknown:
-            raise ValueError(f"unknown Lookahead speculative_config keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        check_config_keys(config, allowed, decoding_type="Lookahead", also=("max_draft_len",))
         if config.get("decoding_type", "Lookahead") != "Lookahead":
             raise ValueError(f"decoding_type must be 'Lookahead', got {config['decoding_type']!r}")
         parsed = cls(**{k: v for k, v in config.items() if k in allowed})

@@ -18,8 +18,8 @@ gets the ``c``-th most likely token of head ``d - 1``. Example: tree ``[[0], [1]
 
 As a method of the reference engine (``decoding_type: "Medusa"``, registered lazily in
 :data:`specbuild.engine.methods.METHODS`): :meth:`MedusaDecodingConfig.from_dict` parses the
-speculative_config, :func:`load_medusa` loads the heads once per engine, :func:`make_medusa_proposer`
-makes each request's proposer. Greedy only, as in TensorRT-LLM.
+speculative_config, :func:`load_medusa` loads the heads (and their stateless proposer) once per
+engine, :func:`make_medusa_proposer` hands that proposer to each request. Greedy only, as in TensorRT-LLM.
 """
 
 from __future__ import annotations
@@ -30,14 +30,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from ..tree import MC_SIM_7B_63, SpecTree
-from .base import DraftProjection, MethodContext, resolve_weights_dir
+from .base import DraftProjection, MethodContext, check_config_keys
+from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, read_config_json
 
+MEDUSA_SUBDIR = "medusa"  # where the builder puts the heads inside an engine directory
 SAFETENSORS_NAME = "medusa_lm_head.safetensors"
 PT_NAME = "medusa_lm_head.pt"
+MEDUSA_FILES = HeadFiles(MEDUSA_SUBDIR, "the Medusa head directory", SAFETENSORS_NAME, (PT_NAME,))
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def load_medusa_heads(
     """
     head_dir = Path(head_dir)
     raw = read_medusa_config(head_dir, num_heads=num_heads)
-    state = _read_weights(head_dir)
+    state = MEDUSA_FILES.read(head_dir)
     config = _complete_config(raw, state, head_dir / "config.json")
     _check_state(state, config, head_dir)
     heads = MedusaHeads(config)
@@ -131,10 +134,7 @@ def read_medusa_config(head_dir: Path, *, num_heads: int | None = None) -> dict:
     Raises:
         FileNotFoundError: no config.json.
     """
-    path = head_dir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: not a Medusa head directory")
-    raw = json.loads(path.read_text())
+    raw = read_config_json(head_dir, not_a="a Medusa head directory")
     if num_heads is not None:
         raw["medusa_num_heads"] = num_heads
     return raw
@@ -172,28 +172,13 @@ def save_medusa_heads(head_dir: str | Path, heads_state: Mapping[str, torch.Tens
     return head_dir
 
 
-def _read_weights(head_dir: Path) -> dict[str, torch.Tensor]:
-    if (head_dir / SAFETENSORS_NAME).is_file():
-        return load_file(str(head_dir / SAFETENSORS_NAME))
-    if (head_dir / PT_NAME).is_file():
-        return torch.load(head_dir / PT_NAME, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{head_dir}: neither {SAFETENSORS_NAME} nor {PT_NAME} found")
-
-
 def _check_state(state: Mapping[str, torch.Tensor], config: MedusaConfig, where: Path) -> None:
-    expected = config.expected_shapes()
     held = 1 + max((int(k.split(".")[0]) for k in state if k.split(".")[0].isdigit()), default=-1)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{where}: Medusa weights do not match medusa_num_heads={config.medusa_num_heads}, "
-            f"medusa_num_layers={config.medusa_num_layers} (the weights hold {held} heads): "
-            f"missing {missing[:4]}, unexpected {unexpected[:4]}"
-        )
-    for name, shape in expected.items():
-        if tuple(state[name].shape) != shape:
-            raise ValueError(f"{where}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}")
+    mismatch = (
+        f"Medusa weights do not match medusa_num_heads={config.medusa_num_heads}, "
+        f"medusa_num_layers={config.medusa_num_layers} (the weights hold {held} heads)"
+    )
+    check_state(state, config.expected_shapes(), where, mismatch=mismatch)
 
 
 class MedusaProposer:
@@ -240,7 +225,6 @@ class MedusaProposer:
 
 # --- the reference engine's "Medusa" method: speculative_config -> heads loaded once -> proposer --------
 
-MEDUSA_SUBDIR = "medusa"  # where the builder puts the heads inside an engine directory
 _CONFIG_KEYS = ("decoding_type", "max_draft_len", "num_medusa_heads", "medusa_choices", "speculative_model_dir")
 
 
@@ -272,9 +256,7 @@ class MedusaDecodingConfig:
                 :meth:`SpecTree.from_choices`), an empty one, or one deeper than ``num_medusa_heads``;
                 ``max_draft_len`` below the tree's node count.
         """
-        unknown = sorted(set(config) - set(_CONFIG_KEYS))
-        if unknown:
-            raise ValueError(f"unknown Medusa speculative_config keys {unknown}; allowed: {sorted(_CONFIG_KEYS)}")
+        check_config_keys(config, _CONFIG_KEYS, decoding_type="Medusa")
         choices = config.get("medusa_choices")
         tree = SpecTree.from_choices(MC_SIM_7B_63 if choices is None else choices)
         if tree.num_nodes == 0:
@@ -293,24 +275,7 @@ class MedusaDecodingConfig:
         return cls(max_draft_len, tree, heads, config.get("speculative_model_dir"))
 
 
-@dataclass(frozen=True)
-class LoadedMedusa:
-    """The heads of one engine, loaded once and shared by its requests.
-
-    Attributes:
-        config: the parsed speculative_config.
-        heads: the heads, in the target's dtype and on its device.
-        path: the head directory they came from (for messages).
-    """
-
-    config: MedusaDecodingConfig
-    heads: MedusaHeads
-    path: Path
-
-
-def resolve_medusa_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
-    """The weights directory; default ``base_dir / MEDUSA_SUBDIR`` (see :func:`~specbuild.engine.methods.base.resolve_weights_dir`)."""
-    return resolve_weights_dir(speculative_model_dir, base_dir, subdir=MEDUSA_SUBDIR, what="the Medusa head directory")
+LoadedMedusa = LoadedHead[MedusaDecodingConfig, MedusaProposer]  # the engine state of "Medusa"
 
 
 def check_heads_fit(heads: MedusaConfig, *, hidden_size: int, vocab_size: int, where: Path) -> None:
@@ -335,22 +300,16 @@ def load_medusa(config: MedusaDecodingConfig, context: MethodContext) -> LoadedM
             wants more candidates than the vocabulary); the target's attention cannot take a tree mask;
             no ``speculative_model_dir`` outside an engine directory; a malformed head directory.
     """
-    from ..forward import MASK_ATTENTION as TREE_MASK_ATTENTION
-
     target = context.target
-    path = resolve_medusa_dir(config.speculative_model_dir, context.base_dir)
+    path = MEDUSA_FILES.resolve(config.speculative_model_dir, context.base_dir)
     heads = load_medusa_heads(path, num_heads=config.num_medusa_heads, dtype=target.dtype).to(target.device)
     text_config = target.config.get_text_config()
     check_heads_fit(heads.config, hidden_size=int(text_config.hidden_size), vocab_size=int(text_config.vocab_size), where=path)
-    MedusaProposer(heads, config.tree)  # raises on a tree the heads cannot fill
-    attention = getattr(target.config, "_attn_implementation", None)
-    if attention not in TREE_MASK_ATTENTION:
-        raise ValueError(
-            f"Medusa tree verification needs the target's attn_implementation in {TREE_MASK_ATTENTION}, it uses {attention!r}"
-        )
-    return LoadedMedusa(config, heads, path)
+    proposer = MedusaProposer(heads, config.tree)  # raises on a tree the heads cannot fill
+    check_tree_attention(target, "Medusa")
+    return LoadedHead(config, proposer, path)
 
 
 def make_medusa_proposer(loaded: LoadedMedusa) -> MedusaProposer:
-    """A request's proposer over the engine's heads and full tree."""
-    return MedusaProposer(loaded.heads, loaded.config.tree)
+    """A request's proposer over the engine's heads and full tree (stateless: one per engine, shared)."""
+    return loaded.proposer
