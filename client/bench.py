@@ -93,6 +93,13 @@ class Deployment:
         metrics_url: Triton's metrics ``host:port`` for the counter cross-check; ``None`` = skip it.
         tokenizer_dir: the deployment's tokenizer, for chat templates; ``None`` = none applied.
         stream: stream every request (gRPC; required by a decoupled deployment).
+        protocol: ``grpc`` / ``http`` (Triton) or ``openai`` (``url`` is then an OpenAI base URL).
+        per_request_draft: the deployment takes a draft length per request (Triton deployments and
+            specbuild's OpenAI front); ``False`` for other OpenAI servers, whose draft length is their
+            own configuration: the sweep then runs one draft length, the label ``openai_draft_len``.
+        openai_chat: OpenAI targets: send prompts to ``/chat/completions`` as one user message.
+        openai_draft_len: the draft length a foreign OpenAI server was started with (a label; 0 = its
+            speculation is off).
     """
 
     name: str
@@ -104,6 +111,9 @@ class Deployment:
     metrics_url: str | None = None
     tokenizer_dir: str | None = None
     stream: bool = False  # send requests with SpecClient.generate_stream (TTFT, per-step tokens)
+    per_request_draft: bool = True
+    openai_chat: bool = False
+    openai_draft_len: int | None = None
 
     def request_fields(self, draft_len: int) -> dict:
         """``SpecClient.generate`` keyword arguments for draft length ``draft_len`` (0 = plain decoding).
@@ -112,6 +122,13 @@ class Deployment:
         """
         if draft_len < 0:
             raise BenchError(f"draft length must be >= 0, got {draft_len}")
+        if not self.per_request_draft:
+            if draft_len != (self.openai_draft_len or 0):
+                raise BenchError(
+                    f"{self.name}: this OpenAI server takes no per-request draft length; it runs its own "
+                    f"(--openai-draft-len {self.openai_draft_len or 0}); start one server per draft length"
+                )
+            return {}
         if draft_len == 0:
             return {"num_draft_tokens": 0}
         if self.lookahead is not None:
@@ -172,7 +189,10 @@ class SweepPlan:
             raise BenchError(f"--chat-template must be one of {CHAT_TEMPLATE_MODES}, got {self.chat_template!r}")
 
     def draft_lengths_for(self, deployment: Deployment) -> list[int]:
-        """The draft lengths swept on ``deployment``: only 0 on a deployment without speculation."""
+        """The draft lengths swept on ``deployment``: only 0 on a deployment without speculation, only
+        the server's own on an OpenAI server without a per-request draft length."""
+        if not deployment.per_request_draft:
+            return [deployment.openai_draft_len or 0]
         return [0] if deployment.method == "none" else self.ordered_draft_lengths()
 
     def num_requests(self, num_prompts: int, concurrency: int) -> int:
@@ -197,6 +217,7 @@ class RequestRecord:
     step_tokens: tuple[int, ...] | None = None  # tokens per streamed step (prefill first), when streamed
     output_ids: tuple[int, ...] = ()
     finish_reason: str | None = None  # "stop" / "length" as the client reads it; None = unknown
+    perf_reported: bool = True  # the server reported draft/accepted counts (OpenAI servers other than specbuild's: no)
 
     @property
     def decode_steps(self) -> int:
@@ -370,13 +391,15 @@ def check_request(r: RequestRecord, *, draft_len: int, max_tokens: int) -> list[
         problems.append(f"{where}: {r.num_tokens} tokens, expected 1..{max_tokens}")
     if r.finish_reason == "length" and r.num_tokens != max_tokens:
         problems.append(f"{where}: finish reason 'length' with {r.num_tokens} of {max_tokens} tokens")
+    if not r.perf_reported:
+        return problems
     if draft_len == 0 and r.drafts:
         problems.append(f"{where}: {r.drafts} draft tokens with speculation off")
     if r.acceptance_rate is not None and r.drafts and abs(r.acceptance_rate - r.accepted / r.drafts) > RATE_TOLERANCE:
         problems.append(f"{where}: acceptance_rate {r.acceptance_rate:.6f} != accepted/drafts {r.accepted / r.drafts:.6f}")
     if r.step_tokens is not None and sum(r.step_tokens) != r.num_tokens:
         problems.append(f"{where}: streamed steps carry {sum(r.step_tokens)} tokens, the result {r.num_tokens}")
-    if r.step_tokens and len(r.step_tokens) - 1 != r.decode_steps:
+    if r.step_tokens and r.perf_reported and len(r.step_tokens) - 1 != r.decode_steps:
         problems.append(
             f"{where}: {len(r.step_tokens) - 1} streamed steps after the prefill, but tokens - 1 - accepted "
             f"= {r.decode_steps}"
@@ -428,10 +451,7 @@ class _Clients:
     def get(self):
         client = getattr(self._local, "client", None)
         if client is None:
-            from .sdk import SpecClient
-
-            # retries=0: a silently retried request would count its back-off as latency.
-            client = SpecClient(self.deployment.url, protocol=self.deployment.protocol, timeout_s=self.timeout_s, retries=0)
+            client = make_client(self.deployment, self.timeout_s)
             self._local.client = client
             with self._lock:
                 self._all.append(client)
@@ -440,6 +460,20 @@ class _Clients:
     def close(self) -> None:
         for client in self._all:
             client.close()
+
+
+def make_client(deployment: Deployment, timeout_s: float):
+    """A client for ``deployment``: SpecClient (Triton) or OpenAIClient (``protocol="openai"``)."""
+    if deployment.protocol == "openai":
+        from .openai_client import OpenAIClient
+
+        tokenizer = None
+        return OpenAIClient(deployment.url, chat=deployment.openai_chat, draft_field=deployment.per_request_draft,
+                            tokenizer=tokenizer, timeout_s=timeout_s)
+    from .sdk import SpecClient
+
+    # retries=0: a silently retried request would count its back-off as latency.
+    return SpecClient(deployment.url, protocol=deployment.protocol, timeout_s=timeout_s, retries=0)
 
 
 def timed_request(
@@ -458,6 +492,7 @@ def timed_request(
         acceptance_rate=result.acceptance_rate,
         output_ids=tuple(result.output_ids),
         finish_reason=getattr(result, "finish_reason", None),
+        perf_reported=result.total_draft_tokens is not None,
     )
 
 
@@ -480,6 +515,7 @@ def _streamed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end
         ttft_s=chunks[0].latency_s,
         step_tokens=tuple(len(chunk.output_ids) for chunk in chunks),
         output_ids=output_ids,
+        perf_reported=last.total_draft_tokens is not None,
     )
 
 
@@ -796,6 +832,30 @@ def url_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), metrics_
         )
         for i, url in enumerate(urls)
     ]
+
+
+def openai_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), chat: bool = False, stream: bool = True,
+                       draft_len: int | None = None, tokenizer_dir: str | None = None, timeout_s: float = 30.0) -> list[Deployment]:
+    """Deployments for OpenAI-compatible base URLs; each is asked (``/v1/models``) whether it is
+    specbuild's front (then the sweep sets the draft length per request) or another server (then it
+    runs at its own draft length ``draft_len``, a label). Raises ``BenchError`` when one does not answer."""
+    from .openai_client import OpenAIClient
+    from .sdk import ClientError
+
+    out = []
+    for i, url in enumerate(urls):
+        with OpenAIClient(url, timeout_s=timeout_s) as probe:
+            try:
+                ours = probe.is_specbuild()
+            except ClientError as exc:
+                raise BenchError(f"--openai {url}: {exc}") from None
+            base = probe.base_url
+        out.append(Deployment(
+            name=labels[i] if i < len(labels) else base, url=base, protocol="openai", method="specbuild" if ours else "unknown",
+            tokenizer_dir=tokenizer_dir, stream=stream, per_request_draft=ours, openai_chat=chat,
+            openai_draft_len=None if ours else (draft_len or 0),
+        ))
+    return out
 
 
 def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: Path | None = None,

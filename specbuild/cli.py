@@ -197,11 +197,25 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
 @click.option("--grpc-port", default=8001, show_default=True, type=int)
 @click.option("--metrics-port", default=8002, show_default=True, type=int)
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), help="Server log [REPO/../logs/tritonserver.log].")
-def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None) -> None:
+@click.option("--openai-port", type=click.IntRange(min=0, max=65535), default=None, help="Also answer OpenAI's /v1/completions and /v1/chat/completions on this port (0 = a free one) [off].")
+@click.option("--openai-model", default=None, help="Model name the OpenAI front serves [the recipe's name].")
+@click.option("--openai-num-draft-tokens", type=click.IntRange(min=0), default=None, help="Draft length of OpenAI requests that send none; 0 = a speculation-off door (a verify baseline) [engine's max_draft_len].")
+def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None,
+                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None) -> None:
     """Serve the model repository REPO with tritonserver until Ctrl-C.
 
     Uses `tritonserver` from PATH, else the one bundled in nvidia-pytriton
     (pip install 'specbuild[server]'). Binds 127.0.0.1 unless --host says otherwise.
+
+    With --openai-port: an OpenAI-compatible front (FastAPI/uvicorn, as Triton's own OpenAI
+    frontend) on that port, in front of the deployment: /v1/models, /v1/completions,
+    /v1/chat/completions (streaming: serve a decoupled repository), token ids with
+    return_token_ids, speculation figures in the spec_decode extension field (docs/openai.md).
+
+    \b
+    Examples:
+      specbuild serve specbuild-out/smollm2-ngram/triton_repo
+      specbuild serve specbuild-out/smollm2-ngram/triton_repo --openai-port 9000
     A TensorRT-LLM repository (one with launch.sh) is not started here: the command prints its
     launch command (scripts/launch_triton_server.py) to run in the TensorRT-LLM Triton container.
     """
@@ -223,10 +237,48 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         metrics_port=metrics_port,
         log_file=log_file or repo.resolve().parent / "logs" / "tritonserver.log",
     )
+    companion = None
+    if openai_port is not None:
+        companion = _openai_companion(repo, host, openai_port, openai_model, openai_num_draft_tokens)
     try:
-        sys.exit(serve_forever(server))
+        sys.exit(serve_forever(server, companion=companion))
     except (ServerNotFoundError, ServerStartError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_draft_tokens: int | None):
+    """serve_forever's companion: the OpenAI front on ``host:port`` once tritonserver is ready."""
+    import json
+
+    def start(server):
+        from specbuild.triton_repo.openai_frontend import FrontendError, OpenAIServer, config_from_deployment
+
+        name = model
+        metadata = repo / "specbuild-repo.json"
+        if name is None and metadata.is_file():
+            name = json.loads(metadata.read_text()).get("recipe") or None
+        try:
+            config = config_from_deployment(server.grpc_url, model=name, num_draft_tokens=num_draft_tokens)
+        except FrontendError as exc:
+            raise RuntimeError(f"OpenAI front: {exc}") from None
+        front = OpenAIServer(config, host=host, port=port)
+        return front, lambda: f"  OpenAI {front.url} (model {config.model!r})"
+
+    return start
+
+
+def _openai_options(f):
+    """--openai / --openai-baseline and their settings (verify; bench has its own target options)."""
+    options = [
+        click.option("--openai", "openai_url", metavar="URL", help="Verify through an OpenAI-compatible base URL (e.g. http://127.0.0.1:9000/v1) instead of Triton."),
+        click.option("--openai-baseline", "openai_baseline", metavar="URL", help="The same target served without speculation: the baseline for --openai servers that take no per-request draft length."),
+        click.option("--openai-model", default=None, help="The model field of OpenAI requests [the first one /v1/models lists]."),
+        click.option("--openai-chat", is_flag=True, help="Send prompts as one user message to /chat/completions instead of /completions."),
+        click.option("--openai-token-ids", type=click.Choice(["server", "tokenizer"]), default="server", show_default=True, help="Output ids: the server's (request field return_token_ids) or the returned text re-tokenized with --tokenizer."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
 
 
 @main.command("verify")
@@ -253,15 +305,20 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
 @click.option("--alpha", default=0.01, show_default=True, type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), help="Sampling: significance level of the whole family of tests.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
+@_openai_options
 def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, wait_s,
                    decoupled, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts, temperature, top_k, top_p,
-                   alpha, seed, concurrency) -> None:
+                   alpha, seed, concurrency, **openai) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
 
     Sends each prompt with num_draft_tokens=0 (the non-speculative baseline) and with speculation,
     compares the token ids, reports the first divergence (with the target's top-two logit margin
     there when the deployment returns it) and the speed-up, writes a JSON report.
     Exits 1 on any mismatch (or, with --near-tie-margin, on any mismatch that is not a near-tie).
+
+    With --openai URL: the same check through an OpenAI-compatible server (specbuild's own front,
+    trtllm-serve, vLLM, SGLang). specbuild's front takes the draft length per request; for any other
+    server give --openai-baseline URL, the same target served without speculation (docs/openai.md).
 
     With --sampling: sends --samples seeded requests per arm (plain, speculative; disjoint seeds)
     for each of the first --sampling-prompts prompts and tests with chi-square that the first
@@ -274,6 +331,8 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --prompts chat --tokenizer OUT/engine/tokenizer
       specbuild verify --hf-oracle ~/ckpt/SmolLM2 --prompts humaneval:3
       specbuild verify --sampling --samples 500 --temperature 0.8 --top-k 20
+      specbuild verify --openai http://127.0.0.1:9000/v1 --prompts humaneval:20 --max-tokens 128
+      specbuild verify --openai http://gpu:8000/v1 --openai-baseline http://gpu:8001/v1 --tokenizer DIR
     """
     from specbuild.cli_display import print_report
     from specbuild.client.prompts import PromptSourceError, apply_chat_template, load_prompts
@@ -287,7 +346,11 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     console = _console()
     try:
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
-        with SpecClient(url, protocol=protocol, decoupled=decoupled) as client:
+        if openai["openai_url"] and sampling:
+            raise click.UsageError("--sampling runs through the Triton client; not with --openai")
+        client_cm = (_openai_client(tokenizer=tokenizer, **openai) if openai["openai_url"]
+                     else SpecClient(url, protocol=protocol, decoupled=decoupled))
+        with client_cm as client:
             client.wait_ready(timeout_s=wait_s)
             if sampling:
                 _verify_sampling(console, client, prompt_list[:sampling_prompts], report_path, samples=samples,
@@ -309,6 +372,33 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         console.print(f"tolerance: divergences where speculation took the target's runner-up within {near_tie_margin:g} logits pass ({report.num_near_ties} such)")
     if not report.passed or not oracle_ok:
         sys.exit(1)
+
+
+def _openai_client(*, openai_url, openai_baseline, openai_model, openai_chat, openai_token_ids, tokenizer, timeout_s=600.0):
+    """The client for verify --openai: one specbuild front (draft length per request) or a pair of
+    servers (speculative, baseline). Raises ClickException for a foreign server without a baseline."""
+    from specbuild.client.openai_client import OpenAIClient, PairedClient
+    from specbuild.client.sdk import ClientError
+
+    def make(base, draft_field):
+        return OpenAIClient(base, model=openai_model, chat=openai_chat, token_ids=openai_token_ids, tokenizer=tokenizer,
+                            draft_field=draft_field, timeout_s=timeout_s)
+
+    if openai_baseline:
+        return PairedClient(make(openai_url, False), make(openai_baseline, False))
+    client = make(openai_url, True)
+    try:
+        ours = client.is_specbuild()
+    except ClientError as exc:
+        client.close()
+        raise click.ClickException(str(exc)) from None
+    if not ours:
+        client.close()
+        raise click.ClickException(
+            f"{openai_url} is not specbuild's OpenAI front, so a request cannot turn speculation off; "
+            "give --openai-baseline URL: the same target served without speculation"
+        )
+    return client
 
 
 def _verify_greedy(console, client, prompt_list, **options):

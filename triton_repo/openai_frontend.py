@@ -37,13 +37,14 @@ step; on a deployment that is not decoupled a streamed request gets its whole an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -74,6 +75,9 @@ class FrontendConfig:
         tokenizer_dir: the deployment's tokenizer (chat template, prompt token ids).
         decoupled: the deployment streams (one response per decoding step).
         timeout_s: per-request timeout towards Triton (seconds).
+        num_draft_tokens: draft length of requests that do not send ``num_draft_tokens``; ``None`` =
+            the engine's max_draft_len, 0 = a door with speculation off (a baseline URL for
+            ``specbuild verify --openai-baseline``).
     """
 
     triton_url: str
@@ -81,6 +85,7 @@ class FrontendConfig:
     tokenizer_dir: str
     decoupled: bool = False
     timeout_s: float = 600.0
+    num_draft_tokens: int | None = None
 
 
 class _Request(BaseModel):
@@ -103,7 +108,7 @@ class _Request(BaseModel):
     logprobs: Any = None
     stop: Any = None
 
-    UNSUPPORTED = ("echo", "best_of", "tools", "tool_choice", "functions", "suffix", "logit_bias", "top_logprobs")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("echo", "best_of", "tools", "tool_choice", "functions", "suffix", "logit_bias", "top_logprobs")
 
     def check(self) -> None:
         """Raise :class:`FrontendError` for what this front does not do (rather than ignore it)."""
@@ -117,9 +122,10 @@ class _Request(BaseModel):
             if (self.model_extra or {}).get(name) not in (None, False, [], {}):
                 raise FrontendError(f"{name!r} is not supported by specbuild's OpenAI front", param=name)
 
-    def sampling(self) -> dict[str, Any]:
+    def sampling(self, default_num_draft_tokens: int | None = None) -> dict[str, Any]:
         """SpecClient.generate keyword arguments: greedy at temperature 0."""
-        options: dict[str, Any] = {"end_id": -1 if self.ignore_eos else None, "num_draft_tokens": self.num_draft_tokens}
+        k = self.num_draft_tokens if self.num_draft_tokens is not None else default_num_draft_tokens
+        options: dict[str, Any] = {"end_id": -1 if self.ignore_eos else None, "num_draft_tokens": k}
         if self.temperature > 0:
             options.update(temperature=self.temperature, seed=self.seed)
             options.update(top_p=self.top_p, top_k=None if self.top_k in (None, -1) else self.top_k)
@@ -211,7 +217,7 @@ class Frontend:
 
     def generate(self, text: str, request: _Request, max_tokens: int):
         """One non-streamed generation (blocking; FastAPI runs it in its thread pool)."""
-        result = self._guard(lambda: self.client.generate(text, max_tokens=max_tokens, **request.sampling()))
+        result = self._guard(lambda: self.client.generate(text, max_tokens=max_tokens, **request.sampling(self.config.num_draft_tokens)))
         self._count(result.num_tokens, result.total_accepted_draft_tokens, result.total_draft_tokens)
         return result
 
@@ -220,7 +226,7 @@ class Frontend:
         if not self.config.decoupled:
             yield self.generate(text, request, max_tokens)
             return
-        chunks = self._guard(lambda: self.client.generate_stream(text, max_tokens=max_tokens, **request.sampling()))
+        chunks = self._guard(lambda: self.client.generate_stream(text, max_tokens=max_tokens, **request.sampling(self.config.num_draft_tokens)))
         num_tokens, last = 0, None
         for chunk in self._guard_iter(chunks):
             num_tokens += chunk.num_tokens
@@ -298,12 +304,14 @@ def create_app(config: FrontendConfig):
     from starlette.concurrency import run_in_threadpool
 
     front = Frontend(config)
-    app = FastAPI(title="specbuild OpenAI-compatible front", version="1")
-    app.state.front = front
 
-    @app.on_event("shutdown")
-    def _close() -> None:  # pragma: no cover - exercised by the server's stop
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
         front.close()
+
+    app = FastAPI(title="specbuild OpenAI-compatible front", version="1", lifespan=lifespan)
+    app.state.front = front
 
     @app.exception_handler(FrontendError)
     async def _frontend_error(request: Request, exc: FrontendError):
@@ -427,7 +435,8 @@ def _sse(payload: dict) -> str:
 # --- running it ------------------------------------------------------------------------------------
 
 
-def config_from_deployment(triton_url: str, *, model: str | None = None, timeout_s: float = 600.0) -> FrontendConfig:
+def config_from_deployment(triton_url: str, *, model: str | None = None, timeout_s: float = 600.0,
+                           num_draft_tokens: int | None = None) -> FrontendConfig:
     """A :class:`FrontendConfig` read from a running reference deployment: the tokenizer directory from
     its ``preprocessing`` model's ``tokenizer_dir`` parameter, streaming from whether ``tensorrt_llm``
     is decoupled, the served name from ``model`` (else ``ensemble``'s repository recipe name, else
@@ -449,7 +458,8 @@ def config_from_deployment(triton_url: str, *, model: str | None = None, timeout
     if not tokenizer_dir:
         raise FrontendError(f"the deployment at {triton_url} names no tokenizer_dir in its preprocessing model", status=503)
     decoupled = bool(engine.get("model_transaction_policy", {}).get("decoupled", False))
-    return FrontendConfig(triton_url, model or "ensemble", tokenizer_dir, decoupled=decoupled, timeout_s=timeout_s)
+    return FrontendConfig(triton_url, model or "ensemble", tokenizer_dir, decoupled=decoupled, timeout_s=timeout_s,
+                          num_draft_tokens=num_draft_tokens)
 
 
 class OpenAIServer:
