@@ -49,8 +49,8 @@ Example::
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
-import platform
 import re
 import threading
 import time
@@ -64,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .bench_stats import MIN_REQUESTS, bootstrap_ci, meets_slo, parse_slo, percentile_statistic
 from .prompts import CHAT_TEMPLATE_MODES, Prompt, apply_chat_template, load_prompts
 
 URL = re.compile(r"^[\w.-]+:\d+$")  # host:port
@@ -163,6 +164,21 @@ class SweepPlan:
         warmup: untimed requests per deployment and prompt set before its points.
         chat_template: ``auto`` = wrap the bundled chat/summarize prompts in the deployment's chat
             template when its tokenizer has one; ``always`` = every set; ``never``.
+        request_rates: open loop instead of closed: requests arrive at these mean rates (requests/s),
+            each level a point; inter-arrival times are gamma-distributed with shape ``burstiness``
+            (1 = Poisson arrivals; < 1 burstier, > 1 more regular; vLLM's ``--burstiness``) and mean
+            1 / rate. Empty = closed loop at ``concurrencies``.
+        max_concurrency: open loop: at most this many requests in flight (later arrivals wait for a
+            slot, as vLLM's ``--max-concurrency``); ``None`` = no cap.
+        repeats: measure every point this many times, draft lengths interleaved within each repeat
+            (k=0, 2, 4, k=0, 2, 4, ...) so slow drift of the machine lands on every k alike; the
+            figures pool the repeats and carry bootstrap confidence intervals
+            (:mod:`specbuild.client.bench_stats`).
+        slo: goodput's service-level objectives, ``"ttft=500,tpot=50,e2el=5000"`` (ms; vLLM's
+            ``--goodput`` keys); empty = goodput not computed.
+        stability_percentage: repeats whose total tokens/s differ from their mean by more than this
+            (percent) mark the point ``unstable`` (perf_analyzer's ``--stability-percentage``).
+        seed: arrival-time seed of the open loop.
     """
 
     draft_lengths: tuple[int, ...] = (0, 2, 4)
@@ -173,6 +189,13 @@ class SweepPlan:
     end_id: int | None = None
     warmup: int = 1
     chat_template: str = "auto"
+    request_rates: tuple[float, ...] = ()
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    repeats: int = 1
+    slo: str = ""
+    stability_percentage: float = 10.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if not self.draft_lengths or any(k < 0 for k in self.draft_lengths):
@@ -187,6 +210,28 @@ class SweepPlan:
             raise BenchError(f"--requests must be >= 1, got {self.requests}")
         if self.chat_template not in CHAT_TEMPLATE_MODES:
             raise BenchError(f"--chat-template must be one of {CHAT_TEMPLATE_MODES}, got {self.chat_template!r}")
+        if any(not r > 0 for r in self.request_rates):
+            raise BenchError(f"--request-rate values must be > 0 requests/s, got {self.request_rates}")
+        if not self.burstiness > 0:
+            raise BenchError(f"--burstiness must be > 0 (1 = Poisson), got {self.burstiness}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise BenchError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if self.repeats < 1:
+            raise BenchError(f"--repeats must be >= 1, got {self.repeats}")
+        try:
+            parse_slo(self.slo)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
+
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.request_rates)
+
+    def loads(self) -> list[Load]:
+        """The load levels of the sweep, in order: request rates (open loop) or concurrencies."""
+        if self.open_loop:
+            return [Load(concurrency=self.max_concurrency or 0, request_rate=r) for r in sorted(set(self.request_rates))]
+        return [Load(concurrency=c) for c in sorted(set(self.concurrencies))]
 
     def draft_lengths_for(self, deployment: Deployment) -> list[int]:
         """The draft lengths swept on ``deployment``: only 0 on a deployment without speculation, only
@@ -196,11 +241,28 @@ class SweepPlan:
         return [0] if deployment.method == "none" else self.ordered_draft_lengths()
 
     def num_requests(self, num_prompts: int, concurrency: int) -> int:
+        """Requests per point and repeat: ``requests``, else every prompt once and every worker busy
+        (open loop: ``concurrency`` is the cap, 0 = none)."""
         return self.requests if self.requests is not None else max(num_prompts, concurrency)
 
     def ordered_draft_lengths(self) -> list[int]:
         """Sorted, without repeats: k = 0 first, so every later point can compare its ids to it."""
         return sorted(set(self.draft_lengths))
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load level: closed loop at ``concurrency`` requests in flight, or (``request_rate`` set)
+    open loop at that mean rate with at most ``concurrency`` in flight (0 = no cap)."""
+
+    concurrency: int
+    request_rate: float | None = None
+
+    @property
+    def label(self) -> str:
+        if self.request_rate is None:
+            return f"C={self.concurrency}"
+        return f"rate={self.request_rate:g}/s" + (f" cap={self.concurrency}" if self.concurrency else "")
 
 
 @dataclass(frozen=True)
@@ -218,6 +280,24 @@ class RequestRecord:
     output_ids: tuple[int, ...] = ()
     finish_reason: str | None = None  # "stop" / "length" as the client reads it; None = unknown
     perf_reported: bool = True  # the server reported draft/accepted counts (OpenAI servers other than specbuild's: no)
+    chunk_times_s: tuple[float, ...] | None = None  # streamed: arrival of each chunk, seconds after sending
+    start_s: float = 0.0  # sent, seconds after the point (repeat) started
+    repeat: int = 0
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Gaps between consecutive streamed chunks (vLLM's inter-token latency: one gap per chunk,
+        a chunk of a speculative step carries several tokens); [] when not streamed."""
+        times = self.chunk_times_s or ()
+        return [b - a for a, b in zip(times, times[1:])]
+
+    @property
+    def tpot_s(self) -> float:
+        """Time per output token after the first (streamed; genai-perf's inter-token latency), else
+        latency / tokens (prefill included)."""
+        if self.ttft_s is not None and self.num_tokens > 1:
+            return (self.latency_s - self.ttft_s) / (self.num_tokens - 1)
+        return self.latency_s / max(1, self.num_tokens)
 
     @property
     def decode_steps(self) -> int:
@@ -253,48 +333,102 @@ class PointResult:
     ids_match_baseline: float | None = None  # fraction of requests whose ids equal the k = 0 ids
     counters_checked: bool = False
     problems: list[str] = field(default_factory=list)
+    # open loop (None: closed loop at `concurrency`; with a rate, `concurrency` is the cap, 0 = none)
+    request_rate: float | None = None
+    burstiness: float | None = None
+    repeats: int = 1
+    ttft_ms_p90: float | None = None
+    ttft_ms_p99: float | None = None
+    itl_ms_p50: float | None = None  # gaps between streamed chunks (vLLM's ITL), pooled over requests
+    itl_ms_p90: float | None = None
+    itl_ms_p99: float | None = None
+    tpot_ms_p50: float | None = None  # per-request time per output token after the first (genai-perf's ITL)
+    tpot_ms_p90: float | None = None
+    tpot_ms_p99: float | None = None
+    request_throughput: float | None = None  # completed requests/s (mean over repeats)
+    goodput: float | None = None  # requests/s meeting every --slo (mean over repeats); None without --slo
+    acceptance_length_histogram: list[int] | None = None  # [i] = streamed steps that emitted i + 1 tokens
+    ci: dict[str, list[float] | None] = field(default_factory=dict)  # figure -> 95 % bootstrap [low, high]
+    small_sample: bool = False  # fewer than bench_stats.MIN_REQUESTS requests
+    unstable: bool = False  # repeats' tokens/s spread past plan.stability_percentage
+    notes: list[str] = field(default_factory=list)  # estimates marked unreliable, with the reason
+    tpot_samples_ms: list[float] = field(default_factory=list)  # per request: the speed-up intervals resample these
+    repeat_total_tok_s: list[float] = field(default_factory=list)
+
+
+SCHEMA_VERSION = "specbuild.bench/2"  # 2: repeats, intervals, open loop, environment, requests.jsonl
+# bench.csv: one row per point, these columns (docs/bench.md maps them to genai-perf's and vLLM's names).
+CSV_COLUMNS = (
+    "deployment", "method", "prompt_set", "draft_len", "concurrency", "request_rate", "burstiness", "repeats", "requests",
+    "wall_s", "output_tokens", "total_tok_s", "request_throughput", "goodput", "user_tok_s",
+    "latency_ms_p50", "latency_ms_p90", "latency_ms_p99", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99",
+    "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "tpot_ms", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99",
+    "tokens_per_step", "acceptance_rate", "accepted_per_step", "drafts_per_step", "step_ms",
+    "per_position_acceptance", "acceptance_length_histogram", "ids_match_baseline", "small_sample", "unstable",
+)
+CSV_INTERVALS = ("total_tok_s", "request_throughput", "latency_ms_p50", "latency_ms_p99", "ttft_ms_p50", "tpot_ms",
+                 "tokens_per_step", "acceptance_rate")
 
 
 @dataclass
 class SweepResult:
-    """Every point of a sweep plus the plan and the deployments it ran on."""
+    """Every point of a sweep plus the plan, the deployments it ran on and every request
+    (``requests``: :func:`request_row` dicts, written as ``requests.jsonl``)."""
 
     plan: SweepPlan
     deployments: list[Deployment]
     points: list[PointResult]
     started_at: str = ""
     wall_s: float = 0.0
+    requests: list[dict] = field(default_factory=list)
+    environment: dict | None = None
 
     def to_json(self) -> dict:
+        from .environment import environment
+
+        if self.environment is None:
+            self.environment = environment()
         return {
+            "schema_version": SCHEMA_VERSION,
             "plan": asdict(self.plan),
             "deployments": [asdict(d) for d in self.deployments],
             "points": [asdict(p) for p in self.points],
             "started_at": self.started_at,
             "wall_s": self.wall_s,
-            "machine": {"platform": platform.platform(), "python": platform.python_version()},
+            "environment": self.environment,
             "ttft_measured": any(p.ttft_ms_p50 is not None for p in self.points),
+            "requests_file": "requests.jsonl",
         }
 
     def write(self, out_dir: str | Path) -> tuple[Path, Path]:
-        """Write ``bench.json`` (everything) and ``bench.csv`` (one row per point); return their paths."""
+        """Write ``bench.json`` (everything but the requests), ``bench.csv`` (one row per point) and
+        ``requests.jsonl`` (one line per request); return the paths of the first two. Strict JSON:
+        a non-finite number raises ``ValueError`` rather than being written as NaN."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         json_path, csv_path = out / "bench.json", out / "bench.csv"
-        json_path.write_text(json.dumps(self.to_json(), indent=1))
+        json_path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
+        with (out / "requests.jsonl").open("w") as f:
+            for row in self.requests:
+                f.write(json.dumps(row, allow_nan=False) + "\n")
+        columns = list(CSV_COLUMNS) + [f"{name}_ci_{end}" for name in CSV_INTERVALS for end in ("low", "high")]
         with csv_path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=[f.name for f in fields(PointResult)])
+            writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             for point in self.points:
-                row = asdict(point)
+                row = {name: getattr(point, name) for name in CSV_COLUMNS}
                 row["per_position_acceptance"] = _join(row["per_position_acceptance"])
-                row["problems"] = "; ".join(row["problems"])
+                row["acceptance_length_histogram"] = " ".join(map(str, row["acceptance_length_histogram"] or []))
+                for name in CSV_INTERVALS:
+                    interval = point.ci.get(name)
+                    row[f"{name}_ci_low"], row[f"{name}_ci_high"] = interval if interval else ("", "")
                 writer.writerow(row)
         return json_path, csv_path
 
 
 def load_result(path: str | Path) -> SweepResult:
-    """Read back a ``bench.json``. Raises ``BenchError`` naming the file when it is not one."""
+    """Read back a ``bench.json`` (this schema or the first one, which had no version). Raises
+    ``BenchError`` naming the file when it is not one."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -303,7 +437,8 @@ def load_result(path: str | Path) -> SweepResult:
         points = [PointResult(**p) for p in data["points"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BenchError(f"{path}: not a bench.json written by `specbuild bench` ({exc})") from None
-    return SweepResult(plan, deployments, points, data.get("started_at", ""), data.get("wall_s", 0.0))
+    return SweepResult(plan, deployments, points, data.get("started_at", ""), data.get("wall_s", 0.0),
+                       environment=data.get("environment"))
 
 
 # --- measurement ---------------------------------------------------------------------------------
@@ -315,13 +450,18 @@ def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
 
 
 def summarize_point(
-    records: Sequence[RequestRecord], *, wall_s: float, draft_len: int, max_tokens: int
+    records: Sequence[RequestRecord], *, wall_s: float | Sequence[float], draft_len: int, max_tokens: int, slo: str = "",
+    stability_percentage: float = 10.0,
 ) -> dict:
     """The aggregate fields of :class:`PointResult` from a point's requests (pure; see module docstring).
 
-    Raises ``ValueError`` when ``records`` is empty or ``wall_s <= 0``.
+    ``wall_s``: wall seconds of the point, or one per repeat (``records[i].repeat`` indexes it); the
+    run-level figures (tokens/s, request throughput, goodput) are means over repeats, the request
+    figures pool every repeat's requests. Intervals: :mod:`specbuild.client.bench_stats`.
+    Raises ``ValueError`` when ``records`` is empty or a wall time is not positive.
     """
-    if not records or wall_s <= 0:
+    walls = [wall_s] if isinstance(wall_s, (int, float)) else list(wall_s)
+    if not records or not walls or any(w <= 0 for w in walls):
         raise ValueError("a point needs at least one request and a positive wall time")
     latencies = [r.latency_s for r in records]
     tokens = sum(r.num_tokens for r in records)
@@ -329,25 +469,131 @@ def summarize_point(
     drafts = sum(r.drafts for r in records)
     steps = sum(r.decode_steps for r in records)
     streamed = all(r.ttft_s is not None for r in records)
-    return {
+    ttfts = [r.ttft_s for r in records] if streamed else []
+    itls = [gap for r in records for gap in r.itl_s]
+    tpots = [r.tpot_s for r in records]
+    slo_ms = parse_slo(slo)
+    per_repeat = _per_repeat(records, walls, slo_ms)
+    ms = lambda values, q: percentile_ms(values, q) if values else None  # noqa: E731
+    summary = {
         "requests": len(records),
-        "wall_s": wall_s,
+        "wall_s": sum(walls),
         "output_tokens": tokens,
         "latency_ms_p50": percentile_ms(latencies, 50),
         "latency_ms_p90": percentile_ms(latencies, 90),
         "latency_ms_p99": percentile_ms(latencies, 99),
-        "ttft_ms_p50": percentile_ms([r.ttft_s for r in records], 50) if streamed else None,
-        "tpot_ms": 1000.0 * float(np.mean([_time_per_token(r, streamed) for r in records])),
+        "ttft_ms_p50": ms(ttfts, 50),
+        "ttft_ms_p90": ms(ttfts, 90),
+        "ttft_ms_p99": ms(ttfts, 99),
+        "itl_ms_p50": ms(itls, 50),
+        "itl_ms_p90": ms(itls, 90),
+        "itl_ms_p99": ms(itls, 99),
+        "tpot_ms": 1000.0 * float(np.mean(tpots)),
+        "tpot_ms_p50": percentile_ms(tpots, 50),
+        "tpot_ms_p90": percentile_ms(tpots, 90),
+        "tpot_ms_p99": percentile_ms(tpots, 99),
         "user_tok_s": float(np.mean([r.num_tokens / r.latency_s if r.latency_s > 0 else 0.0 for r in records])),
-        "total_tok_s": tokens / wall_s,
+        "total_tok_s": float(np.mean([t for t, _, _ in per_repeat])),
+        "request_throughput": float(np.mean([q for _, q, _ in per_repeat])),
+        "goodput": float(np.mean([g for _, _, g in per_repeat])) if slo_ms else None,
         "tokens_per_step": (tokens - len(records)) / steps if steps else 1.0,
         "acceptance_rate": accepted / drafts if drafts else None,
         "accepted_per_step": accepted / steps if steps else 0.0,
         "drafts_per_step": drafts / steps if steps else 0.0,
         "step_ms": _step_ms(records, streamed),
         "per_position_acceptance": per_position_from_steps(records, draft_len) if streamed and draft_len else None,
+        "acceptance_length_histogram": acceptance_length_histogram(records, draft_len) if streamed else None,
         "problems": [p for r in records for p in check_request(r, draft_len=draft_len, max_tokens=max_tokens)],
+        "repeats": len(walls),
+        "small_sample": len(records) < MIN_REQUESTS,
+        "tpot_samples_ms": [1000.0 * t for t in tpots],
+        "repeat_total_tok_s": [t for t, _, _ in per_repeat],
     }
+    summary["ci"] = _intervals(records, per_repeat, ttfts, tpots, bool(slo_ms))
+    summary["unstable"], summary["notes"] = _stability(per_repeat, stability_percentage)
+    if summary["small_sample"]:
+        summary["notes"].append(f"{len(records)} requests (< {MIN_REQUESTS}): percentiles and intervals are rough")
+    return summary
+
+
+def _per_repeat(records: Sequence[RequestRecord], walls: Sequence[float], slo_ms: dict) -> list[tuple[float, float, float]]:
+    """(output tokens/s, requests/s, good requests/s) of each repeat."""
+    out = []
+    for i, wall in enumerate(walls):
+        mine = [r for r in records if r.repeat == i] if len(walls) > 1 else list(records)
+        good = sum(meets_slo(ttft_ms=None if r.ttft_s is None else 1000 * r.ttft_s, tpot_ms=1000 * r.tpot_s,
+                             e2el_ms=1000 * r.latency_s, slo=slo_ms) for r in mine) if slo_ms else 0
+        out.append((sum(r.num_tokens for r in mine) / wall, len(mine) / wall, good / wall))
+    return out
+
+
+def _intervals(records, per_repeat, ttfts, tpots, with_goodput: bool) -> dict[str, list[float] | None]:
+    """95 % bootstrap intervals of the point's figures (bench_stats' module docstring says how)."""
+    ci = {
+        f"latency_ms_p{q}": _scaled(bootstrap_ci([r.latency_s for r in records], percentile_statistic(q))) for q in (50, 90, 99)
+    }
+    if ttfts:
+        ci |= {f"ttft_ms_p{q}": _scaled(bootstrap_ci(ttfts, percentile_statistic(q))) for q in (50, 90, 99)}
+    ci["tpot_ms"] = _scaled(bootstrap_ci(tpots))
+    ci["total_tok_s"] = bootstrap_ci([t for t, _, _ in per_repeat])
+    ci["request_throughput"] = bootstrap_ci([q for _, q, _ in per_repeat])
+    if with_goodput:
+        ci["goodput"] = bootstrap_ci([g for _, _, g in per_repeat])
+    steps = np.array([r.decode_steps for r in records], dtype=float)
+    if steps.sum() > 0:
+        ci["tokens_per_step"] = ratio_of_sums_ci([r.num_tokens - 1 for r in records], steps)
+    drafts = np.array([r.drafts for r in records], dtype=float)
+    if drafts.sum() > 0:
+        ci["acceptance_rate"] = ratio_of_sums_ci([r.accepted for r in records], drafts)
+    return ci
+
+
+def ratio_of_sums_ci(numerators: Sequence[float], denominators: Sequence[float]) -> list[float] | None:
+    """Bootstrap interval of sum(numerators) / sum(denominators), resampling requests (pairs)."""
+    from scipy.stats import bootstrap
+
+    a, b = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
+    if a.size < 2:
+        return None
+    if np.all(a == a[0]) and np.all(b == b[0]):
+        return [float(a.sum() / b.sum())] * 2
+
+    def ratio(x, y, axis):
+        total = np.sum(y, axis=axis)
+        return np.sum(x, axis=axis) / np.where(total == 0, np.nan, total)
+
+    result = bootstrap((a, b), ratio, paired=True, vectorized=True, method="percentile", n_resamples=2000,
+                       random_state=np.random.default_rng(0))
+    low, high = result.confidence_interval
+    return [float(low), float(high)] if np.isfinite(low) and np.isfinite(high) else None
+
+
+def _scaled(interval: list[float] | None, factor: float = 1000.0) -> list[float] | None:
+    return None if interval is None else [factor * v for v in interval]
+
+
+def _stability(per_repeat, stability_percentage: float) -> tuple[bool, list[str]]:
+    values = [t for t, _, _ in per_repeat]
+    if len(values) < 2:
+        return False, []
+    mean = float(np.mean(values))
+    spread = max(abs(v - mean) for v in values) / mean * 100 if mean else 0.0
+    if spread > stability_percentage:
+        return True, [f"unstable: a repeat's tokens/s is {spread:.0f}% from the mean (> {stability_percentage:g}%)"]
+    return False, []
+
+
+def acceptance_length_histogram(records: Sequence[RequestRecord], draft_len: int) -> list[int] | None:
+    """Streamed steps by tokens emitted: ``[i]`` = steps (after the prefill) that emitted ``i + 1``
+    tokens, i = 0..draft_len. Example at k = 2: steps [1 (prefill), 3, 1, 2] -> [1, 1, 1]. A last
+    step clipped at max_tokens counts at its clipped size."""
+    sizes = [n for r in records if r.step_tokens for n in r.step_tokens[1:]]
+    if not sizes:
+        return None
+    counts = [0] * (max(draft_len, max(sizes) - 1) + 1)
+    for n in sizes:
+        counts[n - 1] += 1
+    return counts
 
 
 def _step_ms(records: Sequence[RequestRecord], streamed: bool) -> float:
@@ -358,12 +604,6 @@ def _step_ms(records: Sequence[RequestRecord], streamed: bool) -> float:
         if steps:
             return 1000.0 * sum(r.latency_s - r.ttft_s for r in records) / steps
     return 1000.0 * sum(r.latency_s for r in records) / max(1, sum(r.decode_steps + 1 for r in records))
-
-
-def _time_per_token(r: RequestRecord, streamed: bool) -> float:
-    if streamed and r.num_tokens > 1:
-        return (r.latency_s - r.ttft_s) / (r.num_tokens - 1)
-    return r.latency_s / max(1, r.num_tokens)
 
 
 def per_position_from_steps(records: Sequence[RequestRecord], draft_len: int) -> list[float] | None:
@@ -516,7 +756,18 @@ def _streamed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end
         step_tokens=tuple(len(chunk.output_ids) for chunk in chunks),
         output_ids=output_ids,
         perf_reported=last.total_draft_tokens is not None,
+        chunk_times_s=tuple(chunk.latency_s for chunk in chunks),
     )
+
+
+def arrival_times(num_requests: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Send times (seconds after the start) of an open-loop point: the first at 0, then gaps drawn from
+    a gamma distribution with shape ``burstiness`` and mean ``1 / rate`` (scale ``1 / (rate *
+    burstiness)``), as vLLM's ``bench serve`` draws them; burstiness 1 = Poisson arrivals.
+    Example: rate 2/s -> gaps average 0.5 s. Returns shape [num_requests]."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=max(0, num_requests - 1))
+    return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
 def run_point(
@@ -529,21 +780,40 @@ def run_point(
     end_id: int | None,
     fields: dict,
     on_done: Callable[[], None] = lambda: None,
+    request_rate: float | None = None,
+    burstiness: float = 1.0,
+    seed: int = 0,
 ) -> tuple[list[RequestRecord], float]:
-    """``num_requests`` requests (prompts cycled) from ``concurrency`` threads; returns them and the wall s."""
+    """``num_requests`` requests (prompts cycled); returns them and the wall seconds of the point.
+
+    Closed loop (``request_rate`` None): ``concurrency`` threads, each sending its next request when
+    the previous one returns. Open loop: requests are sent at :func:`arrival_times`, at most
+    ``concurrency`` in flight (0 = no cap; a request arriving at a full cap waits for a slot and its
+    latency counts from when it is sent, as in vLLM). Each record's ``start_s`` is its send time.
+    """
     jobs = [prompts[i % len(prompts)] for i in range(num_requests)]
+    start = time.perf_counter()
 
     def one(job: tuple[Prompt, str]) -> RequestRecord:
+        sent = time.perf_counter() - start
         record = timed_request(
             clients.get(), job[0], job[1], max_tokens=max_tokens, end_id=end_id, fields=fields, stream=clients.deployment.stream
         )
         on_done()
-        return record
+        return dataclasses.replace(record, start_s=sent)
 
-    start = time.perf_counter()
-    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench")
+    workers = concurrency if request_rate is None or concurrency else num_requests
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="bench")
     try:
-        futures = [pool.submit(one, job) for job in jobs]
+        if request_rate is None:
+            futures = [pool.submit(one, job) for job in jobs]
+        else:
+            futures = []
+            for job, at in zip(jobs, arrival_times(num_requests, request_rate, burstiness, seed)):
+                delay = start + at - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                futures.append(pool.submit(one, job))
         records = [f.result() for f in futures]
     finally:  # on Ctrl-C or a failed request: requests not yet sent are dropped, not run
         pool.shutdown(wait=True, cancel_futures=True)
@@ -567,8 +837,8 @@ def prepare_prompts(source: str, deployment: Deployment, mode: str, tokenizer) -
 
 def sweep_size(plan: SweepPlan, deployments: Sequence[Deployment], set_sizes: dict[str, int]) -> int:
     """Timed requests the whole sweep sends (for the progress bar); ``set_sizes``: prompts per set."""
-    per_k = sum(plan.num_requests(n, c) for n in set_sizes.values() for c in set(plan.concurrencies))
-    return sum(per_k * len(plan.draft_lengths_for(d)) for d in deployments)
+    per_k = sum(plan.num_requests(n, load.concurrency) for n in set_sizes.values() for load in plan.loads())
+    return sum(per_k * len(plan.draft_lengths_for(d)) * plan.repeats for d in deployments)
 
 
 def run_sweep(
@@ -582,8 +852,8 @@ def run_sweep(
     """Run ``plan`` on each deployment in turn (deployments must already answer; see :func:`serve_recipes`).
 
     ``progress(description, advance)`` is called as each request finishes. Order per deployment:
-    prompt set -> concurrency -> draft length, so the draft lengths compared at one concurrency are
-    measured next to each other in time.
+    prompt set -> load level -> repeat -> draft length, so the draft lengths compared at one load are
+    measured next to each other in time, and repeats interleave them.
 
     Raises:
         BenchError: a draft length past a deployment's limits (before any request is sent), or a bad
@@ -596,12 +866,13 @@ def run_sweep(
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     start = time.perf_counter()
     points: list[PointResult] = []
+    rows: list[dict] = []
     for deployment in deployments:
-        points += _sweep_deployment(deployment, plan, timeout_s=timeout_s, progress=progress, log=log)
-    return SweepResult(plan, list(deployments), points, started_at, time.perf_counter() - start)
+        points += _sweep_deployment(deployment, plan, rows, timeout_s=timeout_s, progress=progress, log=log)
+    return SweepResult(plan, list(deployments), points, started_at, time.perf_counter() - start, requests=rows)
 
 
-def _sweep_deployment(deployment: Deployment, plan: SweepPlan, *, timeout_s, progress, log) -> list[PointResult]:
+def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict], *, timeout_s, progress, log) -> list[PointResult]:
     tokenizer = _tokenizer(deployment) if plan.chat_template != "never" else None
     clients = _Clients(deployment, timeout_s)
     points = []
@@ -614,9 +885,8 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, *, timeout_s, pro
                     clients.get(), prompt, text, max_tokens=plan.max_tokens, end_id=plan.end_id, fields={}, stream=deployment.stream
                 )
             baseline: dict[str, tuple[int, ...]] = {}
-            for concurrency in sorted(set(plan.concurrencies)):
-                for k in plan.draft_lengths_for(deployment):
-                    point = _one_point(deployment, plan, clients, prompts, source, concurrency, k, baseline, progress)
+            for load in plan.loads():
+                for point in _measure_load(deployment, plan, clients, prompts, source, load, baseline, rows, progress):
                     points.append(point)
                     log(_point_line(point))
     finally:
@@ -624,41 +894,74 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, *, timeout_s, pro
     return points
 
 
-def _one_point(deployment, plan, clients, prompts, source, concurrency, k, baseline, progress) -> PointResult:
-    label = f"{deployment.name} {source} C={concurrency} k={k}"
-    metrics = deployment.metrics_url
-    before = _try_counters(metrics)
-    records, wall_s = run_point(
-        clients,
-        prompts,
-        concurrency=concurrency,
-        num_requests=plan.num_requests(len(prompts), concurrency),
-        max_tokens=plan.max_tokens,
-        end_id=plan.end_id,
-        fields=deployment.request_fields(k),
-        on_done=lambda: progress(label, 1),
-    )
-    after = _try_counters(metrics) if before is not None else None
-    summary = summarize_point(records, wall_s=wall_s, draft_len=k, max_tokens=plan.max_tokens)
-    if after is not None:
-        summary["problems"] += counter_problems(before, after, records)
+def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseline, rows, progress) -> list[PointResult]:
+    """Every draft length at one load level, ``plan.repeats`` times interleaved; one point per k."""
+    ks = plan.draft_lengths_for(deployment)
+    runs: dict[int, list[tuple[list[RequestRecord], float]]] = {k: [] for k in ks}
+    checks: dict[int, list[str]] = {k: [] for k in ks}
+    checked: dict[int, bool] = {k: True for k in ks}
+    for repeat in range(plan.repeats):
+        for k in ks:
+            label = f"{deployment.name} {source} {load.label} k={k}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
+            before = _try_counters(deployment.metrics_url)
+            records, wall_s = run_point(
+                clients, prompts, concurrency=load.concurrency,
+                num_requests=plan.num_requests(len(prompts), load.concurrency), max_tokens=plan.max_tokens,
+                end_id=plan.end_id, fields=deployment.request_fields(k), on_done=lambda label=label: progress(label, 1),
+                request_rate=load.request_rate, burstiness=plan.burstiness, seed=plan.seed + repeat,
+            )
+            after = _try_counters(deployment.metrics_url) if before is not None else None
+            if after is None:
+                checked[k] = False
+            else:
+                checks[k] += counter_problems(before, after, records)
+            runs[k].append(([dataclasses.replace(r, repeat=repeat) for r in records], wall_s))
+    return [_make_point(deployment, plan, source, load, k, runs[k], checks[k], checked[k], baseline, rows) for k in ks]
+
+
+def _make_point(deployment, plan, source, load: Load, k, runs, counter_checks, counters_checked, baseline, rows) -> PointResult:
+    records = [r for recs, _ in runs for r in recs]
+    summary = summarize_point(records, wall_s=[w for _, w in runs], draft_len=k, max_tokens=plan.max_tokens, slo=plan.slo,
+                              stability_percentage=plan.stability_percentage)
+    summary["problems"] += counter_checks
     if k == 0:
         baseline.update({r.prompt_id: r.output_ids for r in records})
     compared = [r for r in records if r.prompt_id in baseline]
     matches = [r.output_ids == baseline[r.prompt_id] for r in compared]
     summary["problems"] += [
-        f"{r.prompt_id} (k={k}, C={concurrency}): output ids differ from k=0" for r, m in zip(compared, matches) if not m
+        f"{r.prompt_id} (k={k}, {load.label}): output ids differ from k=0" for r, m in zip(compared, matches) if not m
     ]
-    return PointResult(
+    point = PointResult(
         deployment=deployment.name,
         method=deployment.method,
         prompt_set=source,
         draft_len=k,
-        concurrency=concurrency,
+        concurrency=load.concurrency,
+        request_rate=load.request_rate,
+        burstiness=plan.burstiness if load.request_rate is not None else None,
         ids_match_baseline=sum(matches) / len(matches) if matches else None,
-        counters_checked=after is not None,
+        counters_checked=counters_checked,
         **summary,
     )
+    rows += [request_row(point, r) for r in records]
+    return point
+
+
+def request_row(point: PointResult, r: RequestRecord) -> dict:
+    """One line of ``requests.jsonl``: the point's coordinates and the request's timings and counts.
+
+    Times in milliseconds: ``start_ms`` (sent, after its repeat began), ``ttft_ms``, ``e2e_ms``,
+    ``itl_ms`` (gaps between streamed chunks), ``tpot_ms``.
+    """
+    return {
+        "deployment": point.deployment, "method": point.method, "prompt_set": point.prompt_set, "draft_len": point.draft_len,
+        "concurrency": point.concurrency, "request_rate": point.request_rate, "repeat": r.repeat, "prompt_id": r.prompt_id,
+        "start_ms": 1000 * r.start_s, "ttft_ms": None if r.ttft_s is None else 1000 * r.ttft_s, "e2e_ms": 1000 * r.latency_s,
+        "itl_ms": [1000 * g for g in r.itl_s], "tpot_ms": 1000 * r.tpot_s, "output_tokens": r.num_tokens,
+        "accepted_draft_tokens": r.accepted if r.perf_reported else None, "draft_tokens": r.drafts if r.perf_reported else None,
+        "decode_steps": r.decode_steps if r.perf_reported else None,
+        "step_tokens": list(r.step_tokens) if r.step_tokens else None, "finish_reason": r.finish_reason,
+    }
 
 
 def _try_counters(metrics_url: str | None) -> dict[str, float] | None:
@@ -678,10 +981,15 @@ def _tokenizer(deployment: Deployment):
     return load_tokenizer(deployment.tokenizer_dir)
 
 
+def load_label(p: PointResult) -> str:
+    """``C=4`` (closed loop) or ``rate=2/s`` (``cap=4`` when capped)."""
+    return Load(p.concurrency, p.request_rate).label
+
+
 def _point_line(p: PointResult) -> str:
     rate = "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}"
     return (
-        f"{p.deployment:>16s} {p.prompt_set:>12s} C={p.concurrency:<3d} k={p.draft_len:<2d} "
+        f"{p.deployment:>16s} {p.prompt_set:>12s} {load_label(p):<10s} k={p.draft_len:<2d} "
         f"p50 {p.latency_ms_p50:8.0f} ms  {p.total_tok_s:7.1f} tok/s  tokens/step {p.tokens_per_step:.2f}  "
         f"acc {rate}" + (f"  PROBLEMS {len(p.problems)}" if p.problems else "")
     )
@@ -859,25 +1167,31 @@ def openai_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), chat:
 
 
 def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: Path | None = None,
-              timeout_s: float = 600.0, stream: bool | None = None, **url_options) -> SweepResult:
+              timeout_s: float = 600.0, stream: bool | None = None, openai_urls: Sequence[str] = (),
+              openai_chat: bool = False, openai_draft_len: int | None = None, labels: Sequence[str] = (),
+              **url_options) -> SweepResult:
     """``specbuild bench``: serve the recipe targets, sweep every target with a progress bar, print
-    the table and the notes. ``url_options`` go to :func:`url_deployments`.
+    the table and the notes. ``url_options`` go to :func:`url_deployments`; ``labels`` name the
+    host:port targets, then the ``openai_urls`` (:func:`openai_deployments`), in order.
 
-    ``stream``: ``None`` = stream the recipes (served decoupled) and not the host:port targets (a
-    deployment that is not decoupled refuses streamed requests, a decoupled one plain ones).
+    ``stream``: ``None`` = stream the recipes (served decoupled) and the OpenAI targets, not the
+    host:port targets (a deployment that is not decoupled refuses streamed requests, a decoupled one
+    plain ones).
 
     Raises ``BenchError``, ``specbuild.builder.recipe.RecipeError``, ``specbuild.client.sdk.ClientError``.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    if not targets:
-        raise BenchError("give at least one target: a recipe name or path, or a running server's host:port")
+    if not targets and not openai_urls:
+        raise BenchError("give at least one target: a recipe name or path, a running server's host:port, or --openai URL")
     set_sizes = {s: len(load_prompts(s)) for s in plan.prompt_sets}  # fails fast on a bad set
     urls = [t for t in targets if is_url(t)]
     recipes = [t for t in targets if not is_url(t)]
+    openai = openai_deployments(openai_urls, labels=list(labels)[len(urls):], chat=openai_chat, stream=stream is not False,
+                                draft_len=openai_draft_len, tokenizer_dir=url_options.get("tokenizer_dir"))
     log = lambda message: console.print(f"[dim]{message}[/dim]")  # noqa: E731
     with serve_recipes(recipes, output_root=output_root, stream=stream is not False, log=log) as served:
-        deployments = served + url_deployments(urls, stream=bool(stream), **url_options)
+        deployments = served + url_deployments(urls, stream=bool(stream), labels=list(labels)[: len(urls)], **url_options) + openai
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
         with Progress(*columns, console=console, transient=False) as bar:
             task = bar.add_task("bench", total=sweep_size(plan, deployments, set_sizes))
