@@ -1075,31 +1075,32 @@ def serve_recipes(
 
 
 def points_table(points: Sequence[PointResult]):
-    """A rich Table, one row per point."""
+    """A rich Table, one row per point (intervals: bench.json's ``ci``)."""
     from rich.table import Table
 
     table = Table(title="specbuild bench", show_lines=False)
-    for name in ("deployment", "prompts", "C", "k", "p50 ms", "p90 ms", "p99 ms", "TTFT ms", "TPOT ms",
-                 "tok/s/user", "tok/s total", "tok/step", "acc rate", "lossless", "checks"):
-        table.add_column(name, justify="left" if name in ("deployment", "prompts") else "right")
+    goodput = any(p.goodput is not None for p in points)
+    names = ["deployment", "prompts", "load", "k", "p50 ms", "p99 ms", "TTFT p50", "TTFT p99", "ITL p50", "TPOT ms",
+             "tok/s total", "req/s"] + (["goodput"] if goodput else []) + ["tok/step", "acc rate", "lossless", "checks"]
+    for name in names:
+        table.add_column(name, justify="left" if name in ("deployment", "prompts", "load") else "right")
+    ms = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     for p in points:
-        table.add_row(
-            p.deployment,
-            p.prompt_set,
-            str(p.concurrency),
-            str(p.draft_len),
-            f"{p.latency_ms_p50:.0f}",
-            f"{p.latency_ms_p90:.0f}",
-            f"{p.latency_ms_p99:.0f}",
-            "-" if p.ttft_ms_p50 is None else f"{p.ttft_ms_p50:.0f}",
-            f"{p.tpot_ms:.1f}",
-            f"{p.user_tok_s:.1f}",
-            f"{p.total_tok_s:.1f}",
+        interval = p.ci.get("total_tok_s") if p.ci else None
+        throughput = f"{p.total_tok_s:.1f}" + (f" ±{(interval[1] - interval[0]) / 2:.1f}" if interval else "")
+        flags = (" few" if p.small_sample else "") + (" unstable" if p.unstable else "")
+        row = [p.deployment, p.prompt_set, load_label(p), str(p.draft_len), f"{p.latency_ms_p50:.0f}", f"{p.latency_ms_p99:.0f}",
+               ms(p.ttft_ms_p50), ms(p.ttft_ms_p99), "-" if p.itl_ms_p50 is None else f"{p.itl_ms_p50:.1f}", f"{p.tpot_ms:.1f}",
+               throughput + flags, "-" if p.request_throughput is None else f"{p.request_throughput:.2f}"]
+        if goodput:
+            row.append("-" if p.goodput is None else f"{p.goodput:.2f}")
+        row += [
             f"{p.tokens_per_step:.2f}",
             "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}",
             "-" if p.ids_match_baseline is None else f"{100 * p.ids_match_baseline:.0f}%",
             ("ok" if not p.problems else f"[red]{len(p.problems)} problems[/red]") + ("" if p.counters_checked else " (no counters)"),
-        )
+        ]
+        table.add_row(*row)
     return table
 
 
