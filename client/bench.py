@@ -283,6 +283,7 @@ class RequestRecord:
     chunk_times_s: tuple[float, ...] | None = None  # streamed: arrival of each chunk, seconds after sending
     start_s: float = 0.0  # sent, seconds after the point (repeat) started
     repeat: int = 0
+    max_tokens: int | None = None  # what the request asked for (None: the plan's)
 
     @property
     def itl_s(self) -> list[float]:
@@ -622,6 +623,7 @@ def per_position_from_steps(records: Sequence[RequestRecord], draft_len: int) ->
 def check_request(r: RequestRecord, *, draft_len: int, max_tokens: int) -> list[str]:
     """Inconsistencies between the server's acceptance outputs and the client's token count ([] if none)."""
     where = f"{r.prompt_id} (k={draft_len})"
+    max_tokens = r.max_tokens or max_tokens
     problems = []
     if not 0 <= r.accepted <= r.drafts:
         problems.append(f"{where}: accepted {r.accepted} outside [0, drafts {r.drafts}]")
@@ -719,7 +721,9 @@ def make_client(deployment: Deployment, timeout_s: float):
 def timed_request(
     client, prompt: Prompt, text: str, *, max_tokens: int, end_id: int | None, fields: dict, stream: bool = False
 ) -> RequestRecord:
-    """Send one greedy request (streamed or not); the SDK's result becomes a :class:`RequestRecord`."""
+    """Send one greedy request (streamed or not); the SDK's result becomes a :class:`RequestRecord`.
+    A prompt with its own ``max_tokens`` (synthetic sets) asks for that many tokens."""
+    max_tokens = prompt.max_tokens or max_tokens
     if stream:
         return _streamed_request(client, prompt, text, max_tokens=max_tokens, end_id=end_id, fields=fields)
     result = client.generate(text, max_tokens=max_tokens, end_id=end_id, **fields)
@@ -733,6 +737,7 @@ def timed_request(
         output_ids=tuple(result.output_ids),
         finish_reason=getattr(result, "finish_reason", None),
         perf_reported=result.total_draft_tokens is not None,
+        max_tokens=max_tokens,
     )
 
 
@@ -757,6 +762,7 @@ def _streamed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end
         output_ids=output_ids,
         perf_reported=last.total_draft_tokens is not None,
         chunk_times_s=tuple(chunk.latency_s for chunk in chunks),
+        max_tokens=max_tokens,
     )
 
 
@@ -827,7 +833,12 @@ def prepare_prompts(source: str, deployment: Deployment, mode: str, tokenizer) -
     Raises:
         BenchError: the set wants the chat template and the deployment has no tokenizer (pass --tokenizer).
     """
-    prompts = load_prompts(source)
+    if source.startswith("synthetic") and tokenizer is not None:
+        from .prompts import synthetic_prompts
+
+        prompts = synthetic_prompts(source, tokenizer)  # exact input token counts with the deployment's tokenizer
+    else:
+        prompts = load_prompts(source)
     try:
         sent = apply_chat_template(prompts, source, mode, tokenizer)
     except ValueError as exc:
@@ -873,7 +884,8 @@ def run_sweep(
 
 
 def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict], *, timeout_s, progress, log) -> list[PointResult]:
-    tokenizer = _tokenizer(deployment) if plan.chat_template != "never" else None
+    synthetic = any(s.startswith("synthetic") for s in plan.prompt_sets)
+    tokenizer = _tokenizer(deployment) if plan.chat_template != "never" or synthetic else None
     clients = _Clients(deployment, timeout_s)
     points = []
     try:

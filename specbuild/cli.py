@@ -540,6 +540,9 @@ def _resolve_sweep_options(options: dict) -> dict:
         raise click.UsageError("closed loop (--concurrency*) or open loop (--request-rate*): one at a time; cap open-loop requests in flight with --max-concurrency")
     options["levels"] = levels
     options["request_rates"] = (rate,) if rate is not None else tuple(rates or ())
+    from specbuild.client.prompts import expand_prompt_sets
+
+    options["prompt_sets"] = expand_prompt_sets(options["prompt_sets"])
     return options
 
 
