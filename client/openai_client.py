@@ -6,11 +6,18 @@ Requests go to ``{base_url}/completions`` (or ``/chat/completions`` with ``chat=
 (``temperature: 0``) unless sampling is asked, with ``max_tokens``; ``end_id=-1`` becomes
 ``ignore_eos: true`` (vLLM's and SGLang's sampling extension, also accepted by trtllm-serve).
 
-Token ids: with ``token_ids="server"`` (default) the request carries ``return_token_ids: true``
-(vLLM >= 0.10.2's field; specbuild's front has it too) and the ids come from the choices'
-``token_ids``; a server that returns none is an error naming the fallback. With
-``token_ids="tokenizer"`` the returned text is re-tokenized with the target's tokenizer (servers that
-cannot return ids: the comparison is then of text, up to tokenization).
+Token ids (``token_ids``), as each server documents them:
+
+- ``"return-token-ids"`` (default): the request carries ``return_token_ids: true`` and the ids come
+  from each choice's ``token_ids`` (vLLM >= 0.10.2, ``vllm/entrypoints/openai/protocol.py``;
+  specbuild's front);
+- ``"response"``: nothing extra is sent (trtllm-serve's request models forbid unknown fields) and the
+  ids are read from the choices' ``token_ids``, which trtllm-serve's ``CompletionResponseChoice``
+  carries (``tensorrt_llm/serve/openai_protocol.py``);
+- ``"tokenizer"``: the returned text is re-tokenized with the target's tokenizer (SGLang's OpenAI
+  routes, any other server): a comparison of text, up to tokenization.
+
+A server that returns no ids in the first two modes is an error naming the third.
 
 Speculation per request: only specbuild's front takes a draft length per request (the
 ``num_draft_tokens`` extension; 0 = off), sent when ``draft_field=True``. For any other server, give
@@ -31,7 +38,8 @@ from typing import Any, Literal
 
 from .sdk import GenerateResult, RequestError, RequestTimeoutError, ResponseError, ServerUnavailableError
 
-TokenIds = Literal["server", "tokenizer"]
+TokenIds = Literal["return-token-ids", "response", "tokenizer"]
+TOKEN_ID_MODES = ("return-token-ids", "response", "tokenizer")
 UNSUPPORTED = ("lookahead_config", "return_logit_margin", "return_generation_logits", "exclude_input_in_output")
 
 
@@ -50,10 +58,12 @@ class OpenAIClient:
     Raises ``ValueError`` for ``token_ids="tokenizer"`` without a tokenizer.
     """
 
-    def __init__(self, base_url: str, *, model: str | None = None, chat: bool = False, token_ids: TokenIds = "server",
+    def __init__(self, base_url: str, *, model: str | None = None, chat: bool = False, token_ids: TokenIds = "return-token-ids",
                  tokenizer=None, draft_field: bool = False, timeout_s: float = 600.0, api_key: str | None = None) -> None:
         import httpx
 
+        if token_ids not in TOKEN_ID_MODES:
+            raise ValueError(f"token_ids must be one of {TOKEN_ID_MODES}, got {token_ids!r}")
         if token_ids == "tokenizer" and tokenizer is None:
             raise ValueError("token_ids='tokenizer' needs the target's tokenizer (--tokenizer DIR)")
         self.base_url = normalize_base_url(base_url)
@@ -134,7 +144,7 @@ class OpenAIClient:
             body.update({k: v for k, v in (("top_k", top_k), ("top_p", top_p), ("seed", seed)) if v is not None})
         if end_id == -1:
             body["ignore_eos"] = True
-        if self.token_ids == "server":
+        if self.token_ids == "return-token-ids":
             body["return_token_ids"] = True
         if self.draft_field and num_draft_tokens is not None:
             body["num_draft_tokens"] = num_draft_tokens
@@ -156,7 +166,8 @@ class OpenAIClient:
         choice = choices[0]
         text = choice["message"]["content"] if self.chat else choice.get("text", "")
         ids = self._ids(choice.get("token_ids"), text or "")
-        return _result(ids, text or "", latency_s, data.get("spec_decode"), choice.get("finish_reason"))
+        spec = data.get("spec_decode") or _from_decoded_per_iter(len(ids), choice.get("avg_decoded_tokens_per_iter"))
+        return _result(ids, text or "", latency_s, spec, choice.get("finish_reason"))
 
     def generate_stream(self, prompt: str, *, max_tokens: int, **options: Any) -> Iterator[GenerateResult]:
         """Stream one generation: a :class:`GenerateResult` per server-sent event that adds tokens;
@@ -204,7 +215,7 @@ class OpenAIClient:
             if not text:
                 return []  # an event that adds nothing (role header, finish reason)
             raise ResponseError(
-                f"{self.base_url} returned no token_ids (it does not take return_token_ids); "
+                f"{self.base_url} returned no token_ids (mode {self.token_ids!r}); "
                 "compare re-tokenized text instead: --openai-token-ids tokenizer --tokenizer DIR"
             )
         return [int(t) for t in token_ids]
@@ -287,6 +298,15 @@ def _result(ids: list[int], text: str, latency_s: float, spec: dict | None, fini
         total_draft_tokens=spec.get("draft_tokens"),
         finish_reason=finish,
     )
+
+
+def _from_decoded_per_iter(num_tokens: int, per_iter: float | None) -> dict | None:
+    """trtllm-serve's per-choice ``avg_decoded_tokens_per_iter`` (tokens per decoding iteration) as
+    ``spec_decode`` figures: steps = tokens / per_iter, accepted = tokens - steps; drafts unknown."""
+    if not per_iter or per_iter <= 0 or not num_tokens:
+        return None
+    steps = max(1, round(num_tokens / per_iter))
+    return {"accepted_draft_tokens": num_tokens - steps, "draft_tokens": None, "acceptance_rate": None}
 
 
 def _chunk(event: dict, chat: bool) -> tuple[str, list[int] | None, str | None] | None:

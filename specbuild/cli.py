@@ -274,7 +274,7 @@ def _openai_options(f):
         click.option("--openai-baseline", "openai_baseline", metavar="URL", help="The same target served without speculation: the baseline for --openai servers that take no per-request draft length."),
         click.option("--openai-model", default=None, help="The model field of OpenAI requests [the first one /v1/models lists]."),
         click.option("--openai-chat", is_flag=True, help="Send prompts as one user message to /chat/completions instead of /completions."),
-        click.option("--openai-token-ids", type=click.Choice(["server", "tokenizer"]), default="server", show_default=True, help="Output ids: the server's (request field return_token_ids) or the returned text re-tokenized with --tokenizer."),
+        click.option("--openai-token-ids", type=click.Choice(["return-token-ids", "response", "tokenizer"]), default="return-token-ids", show_default=True, help="Output ids: ask with return_token_ids (vLLM, specbuild), read the response's token_ids (trtllm-serve), or re-tokenize the text with --tokenizer (SGLang, others)."),
     ]
     for option in reversed(options):
         f = option(f)
