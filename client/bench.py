@@ -260,9 +260,10 @@ class Load:
 
     @property
     def label(self) -> str:
+        """``C=4`` (closed loop) or ``2/s`` / ``2/s<=4`` (open loop, capped at 4 in flight)."""
         if self.request_rate is None:
             return f"C={self.concurrency}"
-        return f"rate={self.request_rate:g}/s" + (f" cap={self.concurrency}" if self.concurrency else "")
+        return f"{self.request_rate:g}/s" + (f"<={self.concurrency}" if self.concurrency else "")
 
 
 @dataclass(frozen=True)
@@ -1087,23 +1088,22 @@ def serve_recipes(
 
 
 def points_table(points: Sequence[PointResult]):
-    """A rich Table, one row per point (intervals: bench.json's ``ci``)."""
+    """A rich Table, one row per point; intervals and every other figure are in bench.json."""
     from rich.table import Table
 
-    table = Table(title="specbuild bench", show_lines=False)
+    table = Table(title="specbuild bench (flags: F = fewer than 20 requests, U = repeats disagree)", show_lines=False)
     goodput = any(p.goodput is not None for p in points)
-    names = ["deployment", "prompts", "load", "k", "p50 ms", "p99 ms", "TTFT p50", "TTFT p99", "ITL p50", "TPOT ms",
-             "tok/s total", "req/s"] + (["goodput"] if goodput else []) + ["tok/step", "acc rate", "lossless", "checks"]
+    names = ["deployment", "prompts", "load", "k", "p50 ms", "p99 ms", "TTFT p50", "ITL p50", "TPOT ms", "tok/s", "req/s"]
+    names += (["goodput"] if goodput else []) + ["tok/step", "acc", "lossless", "checks", "flags"]
     for name in names:
-        table.add_column(name, justify="left" if name in ("deployment", "prompts", "load") else "right")
+        left = name in ("deployment", "prompts", "load")
+        table.add_column(name, justify="left" if left else "right", no_wrap=True,
+                         max_width=22 if name in ("deployment", "prompts") else None, overflow="ellipsis")
     ms = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     for p in points:
-        interval = p.ci.get("total_tok_s") if p.ci else None
-        throughput = f"{p.total_tok_s:.1f}" + (f" ±{(interval[1] - interval[0]) / 2:.1f}" if interval else "")
-        flags = (" few" if p.small_sample else "") + (" unstable" if p.unstable else "")
         row = [p.deployment, p.prompt_set, load_label(p), str(p.draft_len), f"{p.latency_ms_p50:.0f}", f"{p.latency_ms_p99:.0f}",
-               ms(p.ttft_ms_p50), ms(p.ttft_ms_p99), "-" if p.itl_ms_p50 is None else f"{p.itl_ms_p50:.1f}", f"{p.tpot_ms:.1f}",
-               throughput + flags, "-" if p.request_throughput is None else f"{p.request_throughput:.2f}"]
+               ms(p.ttft_ms_p50), "-" if p.itl_ms_p50 is None else f"{p.itl_ms_p50:.1f}", f"{p.tpot_ms:.1f}",
+               f"{p.total_tok_s:.1f}", "-" if p.request_throughput is None else f"{p.request_throughput:.2f}"]
         if goodput:
             row.append("-" if p.goodput is None else f"{p.goodput:.2f}")
         row += [
@@ -1111,6 +1111,7 @@ def points_table(points: Sequence[PointResult]):
             "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}",
             "-" if p.ids_match_baseline is None else f"{100 * p.ids_match_baseline:.0f}%",
             ("ok" if not p.problems else f"[red]{len(p.problems)} problems[/red]") + ("" if p.counters_checked else " (no counters)"),
+            ("F" if p.small_sample else "") + ("U" if p.unstable else ""),
         ]
         table.add_row(*row)
     return table

@@ -582,8 +582,8 @@ def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Pat
             xerr = _err(c.latency_ms, c.latency_ci)
             yerr = _err(c.throughput, c.throughput_ci)
             ax.errorbar(c.latency_ms, c.throughput, xerr=xerr, yerr=yerr, color=colors[c.deployment],
-                        marker=markers[c.draft_len], ms=7, capsize=2, lw=0.8, alpha=0.45 if c.small_sample else 0.9,
-                        mfc="none" if c.small_sample else colors[c.deployment])
+                        marker=markers[c.draft_len], ms=8, capsize=2, lw=0.8, elinewidth=0.8, mew=1.6,
+                        mfc="white" if c.small_sample else colors[c.deployment], zorder=3)
             ax.annotate(c.load, (c.latency_ms, c.throughput), textcoords="offset points", xytext=(4, 4), fontsize=7,
                         color=colors[c.deployment])
         front = report.frontiers.get(prompt_set, [])
@@ -620,41 +620,47 @@ def plot_speedup(points: Sequence, report: TuneReport, path: str | Path) -> Path
     expectation for the fitted (a, c) is drawn as hollow markers of the same colour; 1.0 (no gain)
     is the black line and the y axis starts at zero."""
     plt = _pyplot()
-    rows_all = report.analytic
+    rows_all = report.analytic + report.open_loop  # open-loop rows: x is the arrival rate, no model markers
     sets = sorted({r.prompt_set for r in rows_all}) or ["(no speculative points)"]
-    deployments = sorted({r.deployment for r in rows_all}) or ["-"]
+    deployments = sorted({(r.deployment, r.request_rate is not None) for r in rows_all}) or [("-", False)]
     fig, axes = plt.subplots(len(sets), len(deployments), figsize=(max(8.0, 6.5 * len(deployments)), 4.8 * len(sets)),
                              squeeze=False)
     for i, prompt_set in enumerate(sets):
-        for j, deployment in enumerate(deployments):
+        for j, (deployment, open_loop) in enumerate(deployments):
             ax = axes[i][j]
-            rows = [r for r in rows_all if r.prompt_set == prompt_set and r.deployment == deployment]
+            rows = [r for r in rows_all if r.prompt_set == prompt_set and r.deployment == deployment
+                    and (r.request_rate is not None) == open_loop]
+            level = (lambda r: r.request_rate) if open_loop else (lambda r: r.concurrency)
             ks = sorted({r.draft_len for r in rows})
             for n, k in enumerate(ks):
-                line = sorted((r for r in rows if r.draft_len == k), key=lambda r: r.concurrency)
+                line = sorted((r for r in rows if r.draft_len == k), key=level)
                 dodge = 1.0 + 0.05 * (n - (len(ks) - 1) / 2)  # side by side at each level (log axis)
-                xs = [r.concurrency * dodge for r in line]
+                xs = [level(r) * dodge for r in line]
                 ys = [r.speedup for r in line]
                 errors = [_err(r.speedup, r.speedup_ci) for r in line]
                 yerr = None if any(e is None for e in errors) else [[e[0][0] for e in errors], [e[1][0] for e in errors]]
                 ax.errorbar(xs, ys, yerr=yerr, marker="o", color=f"C{n}", capsize=3, label=f"k={k} measured")
-                ax.plot(xs, [r.expected_speedup for r in line], ls="", marker="D", mfc="none", mec=f"C{n}", ms=8,
-                        label=f"k={k} expected (Leviathan et al.)")
+                if not open_loop:
+                    ax.plot(xs, [r.expected_speedup for r in line], ls="", marker="D", mfc="none", mec=f"C{n}", ms=8,
+                            label=f"k={k} expected (Leviathan et al.)")
             ax.axhline(1.0, color="k", lw=0.8)
-            levels = sorted({r.concurrency for r in rows})
+            levels = sorted({level(r) for r in rows})
             if levels:
                 ax.set_xscale("log", base=2)
-                ax.set_xticks(levels, [str(level) for level in levels])
+                ax.set_xticks(levels, [f"{x:g}" for x in levels])
+                ax.minorticks_off()
             top = max([1.2] + [r.speedup for r in rows] + [r.expected_speedup for r in rows]
                       + [r.speedup_ci[1] for r in rows if r.speedup_ci])
             ax.set_ylim(0, top * 1.1)
-            ax.set_title(f"{deployment} -- {prompt_set}", fontsize=10)
-            ax.set_xlabel("concurrency (requests in flight)")
+            ax.set_title(f"{deployment} -- {prompt_set}" + (" (open loop)" if open_loop else ""), fontsize=10)
+            ax.set_xlabel("arrival rate (requests/s)" if open_loop else "concurrency (requests in flight)")
             ax.set_ylabel("speed-up vs k=0 (time per output token)")
             ax.grid(alpha=0.3)
             if rows:
                 ax.legend(fontsize=7)
-    fig.suptitle("Speed-up over speculation off\nmeasured (95% intervals) vs the analytic expectation (hollow diamonds)")
+    model = any(r.request_rate is None for r in rows_all)
+    fig.suptitle("Speed-up over speculation off\nmeasured (95% intervals)"
+                 + (" vs the analytic expectation (hollow diamonds)" if model else ""))
     fig.tight_layout()
     return _save(fig, plt, path)
 
