@@ -56,6 +56,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import urlparse
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -1176,6 +1177,8 @@ def openai_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), chat:
             name=labels[i] if i < len(labels) else base, url=base, protocol="openai", method="specbuild" if ours else "unknown",
             tokenizer_dir=tokenizer_dir, stream=stream, per_request_draft=ours, openai_chat=chat,
             openai_draft_len=None if ours else (draft_len or 0),
+            # specbuild's front publishes the specbuild_* counters on its own /metrics: cross-check them too
+            metrics_url=urlparse(base).netloc if ours else None,
         ))
     return out
 

@@ -188,6 +188,7 @@ def test_bench_sweeps_an_openai_target(deployment, tmp_path):
     assert [p.draft_len for p in result.points] == [0, 2]
     assert all(not p.problems for p in result.points), [p.problems for p in result.points]
     assert result.points[1].ids_match_baseline == 1.0 and result.points[1].ttft_ms_p50 is not None
+    assert all(p.counters_checked for p in result.points)  # the front's /metrics rose by the client's sums
 
 
 def test_base_url_normalization():

@@ -254,7 +254,14 @@ class Frontend:
         return generate_latest(registry).decode()
 
     def ready(self) -> bool:
-        return self.client._readiness_problem(poll_timeout_s=2.0) is None
+        """The deployment is live and its ensemble ready (one poll)."""
+        from specbuild.client.sdk import ClientError
+
+        try:
+            self.client.wait_ready(timeout_s=0.0)
+        except ClientError:
+            return False
+        return True
 
     @staticmethod
     def _guard(fn):
