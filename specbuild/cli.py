@@ -485,7 +485,7 @@ def _sweep_options(f):
         click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1), help="Measure every point this many times (draft lengths interleaved); adds 95% bootstrap intervals."),
         click.option("--slo", default="", help="Goodput objectives in ms, e.g. ttft=500,tpot=50,e2el=5000 (vLLM's --goodput keys)."),
         click.option("--stability-percentage", default=10.0, show_default=True, type=click.FloatRange(min=0), help="Repeats whose tokens/s differ from their mean by more than this % mark the point unstable."),
-        click.option("--prompts", "prompt_sets", multiple=True, default=("humaneval:8",), show_default=True, help="Prompt set, repeatable: humaneval:N, chat:N, summarize:N, specbench[:CATEGORY][:N], synthetic:..., or a .jsonl/.txt file."),
+        click.option("--prompts", "prompt_sets", multiple=True, default=("humaneval:8",), show_default=True, help="Prompt set, repeatable: humaneval:N, chat:N, summarize:N, specbench[:TASK][:N] (specbench[:N]: one set per task), synthetic:N[:in=I,out=O,...], or a .jsonl/.txt file (docs/bench.md)."),
         click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1)),
         click.option("--request-count", "requests", default=None, type=click.IntRange(min=1), help="Requests per point and repeat [max(prompts, concurrency)]."),
         click.option("--requests", "requests_old", default=None, type=click.IntRange(min=1), hidden=True),
@@ -512,9 +512,11 @@ def _sweep_options(f):
 
 def _resolve_sweep_options(options: dict) -> dict:
     """Merge the deprecated spellings into the current ones (with a warning) and check the load flags."""
-    if options.pop("stream_old") is not None:
+    stream_old = options.pop("stream_old")
+    if stream_old is not None:
         _deprecated("--stream/--no-stream", "--streaming/--no-streaming")
-        options["stream"] = options["stream"] if options["stream"] is not None else None
+        if options["stream"] is None:
+            options["stream"] = stream_old
     for old, new, key in (("--requests", "--request-count", "requests"), ("--warmup", "--warmup-request-count", "warmup")):
         value = options.pop(f"{key}_old")
         if value is not None:

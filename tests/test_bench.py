@@ -371,3 +371,21 @@ def test_bench_against_a_dead_url_fails_with_a_clear_error():
     result = CliRunner().invoke(main, ["bench", "127.0.0.1:9", "--prompts", "chat:1", "--concurrency", "1",
                                        "--draft-lengths", "0", "--timeout-s", "2"])
     assert result.exit_code == 1 and "127.0.0.1:9" in result.output and "Traceback" not in result.output
+
+
+def test_deprecated_spellings_still_work_and_warn():
+    from specbuild.cli import _resolve_sweep_options
+
+    base = {"stream": None, "stream_old": False, "requests": None, "requests_old": 5, "warmup": 1, "warmup_old": None,
+            "levels": None, "concurrency_sweep": None, "concurrency": "1,4", "request_rate": None, "request_rate_sweep": None,
+            "prompt_sets": ("chat:2",)}
+    options = _resolve_sweep_options(dict(base))
+    assert options["stream"] is False and options["requests"] == 5 and options["levels"] == (1, 4)
+    one = _resolve_sweep_options({**base, "stream_old": None, "requests_old": None, "concurrency": "8"})
+    assert one["levels"] == (8,) and one["request_rates"] == ()
+    rates = _resolve_sweep_options({**base, "concurrency": None, "request_rate_sweep": (0.5, 1.0)})
+    assert rates["request_rates"] == (0.5, 1.0)
+    import click
+
+    with pytest.raises(click.UsageError, match="one at a time"):
+        _resolve_sweep_options({**base, "concurrency": "2", "request_rate": 1.0})
