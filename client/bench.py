@@ -357,6 +357,8 @@ class PointResult:
     notes: list[str] = field(default_factory=list)  # estimates marked unreliable, with the reason
     tpot_samples_ms: list[float] = field(default_factory=list)  # per request: the speed-up intervals resample these
     repeat_total_tok_s: list[float] = field(default_factory=list)
+    # OpenAI targets: the server's own speculation figures over the point (openai_client.acceptance_over)
+    server_acceptance: dict | None = None
 
 
 SCHEMA_VERSION = "specbuild.bench/2"  # 2: repeats, intervals, open loop, environment, requests.jsonl
@@ -911,6 +913,7 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict],
 def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseline, rows, progress) -> list[PointResult]:
     """Every draft length at one load level, ``plan.repeats`` times interleaved; one point per k."""
     ks = plan.draft_lengths_for(deployment)
+    server = {k: [] for k in ks}  # OpenAI targets: (before, after) /metrics readings per repeat
     runs: dict[int, list[tuple[list[RequestRecord], float]]] = {k: [] for k in ks}
     checks: dict[int, list[str]] = {k: [] for k in ks}
     checked: dict[int, bool] = {k: True for k in ks}
@@ -918,6 +921,7 @@ def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseli
         for k in ks:
             label = f"{deployment.name} {source} {load.label} k={k}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
             before = _try_counters(deployment.metrics_url)
+            server_before = _server_acceptance(deployment)
             records, wall_s = run_point(
                 clients, prompts, concurrency=load.concurrency,
                 num_requests=plan.num_requests(len(prompts), load.concurrency), max_tokens=plan.max_tokens,
@@ -925,12 +929,51 @@ def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseli
                 request_rate=load.request_rate, burstiness=plan.burstiness, seed=plan.seed + repeat,
             )
             after = _try_counters(deployment.metrics_url) if before is not None else None
+            if deployment.protocol == "openai":
+                server[k].append((server_before, _server_acceptance(deployment)))
             if after is None:
                 checked[k] = False
             else:
                 checks[k] += counter_problems(before, after, records)
             runs[k].append(([dataclasses.replace(r, repeat=repeat) for r in records], wall_s))
-    return [_make_point(deployment, plan, source, load, k, runs[k], checks[k], checked[k], baseline, rows) for k in ks]
+    points = [_make_point(deployment, plan, source, load, k, runs[k], checks[k], checked[k], baseline, rows) for k in ks]
+    for point in points:
+        point.server_acceptance = _sum_over_repeats(server[point.draft_len])
+    return points
+
+
+def _server_acceptance(deployment: Deployment):
+    """The speculation figures an OpenAI target's ``/metrics`` shows now; None when it has none."""
+    if deployment.protocol != "openai":
+        return None
+    from .openai_client import metrics_url_of, read_server_acceptance
+    from .sdk import ClientError
+
+    try:
+        return read_server_acceptance(metrics_url_of(deployment.url))
+    except ClientError:
+        return None
+
+
+def _sum_over_repeats(readings) -> dict | None:
+    """acceptance_over each repeat, counters summed over repeats (gauges: the last repeat's)."""
+    from .openai_client import acceptance_over
+
+    per_repeat = [acceptance_over(before, after) for before, after in readings]
+    per_repeat = [r for r in per_repeat if r]
+    if not per_repeat:
+        return None
+    if per_repeat[-1]["source"] == "sglang":
+        return per_repeat[-1]
+    total = {"source": per_repeat[-1]["source"]}
+    for key in ("drafts", "draft_tokens", "accepted_tokens", "generated_tokens"):
+        if any(key in r for r in per_repeat):
+            total[key] = sum(r.get(key, 0.0) for r in per_repeat)
+    if total.get("draft_tokens"):
+        total["acceptance_rate"] = total.get("accepted_tokens", 0.0) / total["draft_tokens"]
+    if total.get("drafts"):
+        total["acceptance_length"] = 1.0 + total.get("accepted_tokens", 0.0) / total["drafts"]
+    return total
 
 
 def _make_point(deployment, plan, source, load: Load, k, runs, counter_checks, counters_checked, baseline, rows) -> PointResult:
@@ -1128,6 +1171,10 @@ def notes(result: SweepResult) -> list[str]:
             "Per-position acceptance: the server reports per-request totals only; `specbuild tune` derives "
             "P(step accepts >= i drafts) from points at consecutive draft lengths."
         )
+    for p in result.points:
+        if p.server_acceptance and p.draft_len and p.server_acceptance.get("acceptance_rate") is not None:
+            lines.append(f"{p.deployment} {p.prompt_set} {load_label(p)} k={p.draft_len}: the server's {p.server_acceptance['source']} "
+                         f"metrics say acceptance rate {p.server_acceptance['acceptance_rate']:.2f}")
     problems = [q for p in result.points for q in p.problems]
     if problems:
         lines.append(f"{len(problems)} cross-check problems, first: {problems[0]}")

@@ -423,3 +423,29 @@ def read_server_acceptance(metrics_url: str, timeout_s: float = 5.0) -> ServerAc
     except httpx.HTTPError as exc:
         raise ServerUnavailableError(f"no metrics at {metrics_url}: {exc}") from None
     return parse_acceptance_metrics(response.text)
+
+
+def acceptance_over(before: ServerAcceptance | None, after: ServerAcceptance | None) -> dict | None:
+    """The server's speculation figures over an interval: counter differences (vLLM, specbuild), or the
+    ``after`` reading itself for gauges (SGLang: its recent window) and for trtllm-serve (each
+    ``/metrics`` read drains the iteration stats since the previous one). Adds ``acceptance_rate``
+    (accepted / draft tokens) and, for vLLM, ``acceptance_length`` = 1 + accepted / drafts.
+    ``None`` without an ``after`` reading. Example: vLLM drafts 10 -> 30, draft tokens 40 -> 120,
+    accepted 20 -> 80 -> rate 0.75, length 4.0."""
+    if after is None:
+        return None
+    if after.source in ("vllm", "specbuild") and before is not None and before.source == after.source:
+        values = {k: v - before.values.get(k, 0.0) for k, v in after.values.items()}
+    else:
+        values = dict(after.values)
+    if values.get("draft_tokens"):
+        values["acceptance_rate"] = values.get("accepted_tokens", 0.0) / values["draft_tokens"]
+    if after.source == "vllm" and values.get("drafts"):
+        values["acceptance_length"] = 1.0 + values.get("accepted_tokens", 0.0) / values["drafts"]
+    return {"source": after.source, **values}
+
+
+def metrics_url_of(base_url: str) -> str:
+    """``http://host:port/metrics`` for an OpenAI base URL (vLLM, SGLang, trtllm-serve and specbuild's
+    front serve their metrics on the API port)."""
+    return normalize_base_url(base_url).removesuffix("/v1") + "/metrics"

@@ -189,6 +189,9 @@ def test_bench_sweeps_an_openai_target(deployment, tmp_path):
     assert all(not p.problems for p in result.points), [p.problems for p in result.points]
     assert result.points[1].ids_match_baseline == 1.0 and result.points[1].ttft_ms_p50 is not None
     assert all(p.counters_checked for p in result.points)  # the front's /metrics rose by the client's sums
+    for p in result.points:  # the server-side figures read the way a foreign server's are
+        assert p.server_acceptance["source"] == "specbuild"
+        assert p.server_acceptance["draft_tokens"] == sum(r["draft_tokens"] for r in result.requests if r["draft_len"] == p.draft_len)
 
 
 def test_base_url_normalization():
@@ -207,6 +210,18 @@ def test_acceptance_metrics_of_other_servers():
                          {"iter": 2, "specDecodingStats": {"numDraftTokens": 3, "numAcceptedTokens": 1}}])
     assert parse_acceptance_metrics(trtllm).values == {"draft_tokens": 6.0, "accepted_tokens": 3.0}
     assert parse_acceptance_metrics("up 1\n") is None
+
+
+def test_acceptance_over_an_interval():
+    from specbuild.client.openai_client import ServerAcceptance, acceptance_over
+
+    before = ServerAcceptance("vllm", {"drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 20.0})
+    after = ServerAcceptance("vllm", {"drafts": 30.0, "draft_tokens": 120.0, "accepted_tokens": 80.0})
+    over = acceptance_over(before, after)
+    assert over["acceptance_rate"] == 0.75 and over["acceptance_length"] == 4.0 and over["drafts"] == 20.0
+    gauge = acceptance_over(None, ServerAcceptance("sglang", {"acceptance_length": 2.5}))
+    assert gauge == {"source": "sglang", "acceptance_length": 2.5}
+    assert acceptance_over(before, None) is None
 
 
 def test_specbuild_serve_starts_the_openai_front(deployment, tmp_path):
