@@ -9,6 +9,15 @@ Sources (``load_prompts(source)``):
                      Python Enhancement Proposals (~460-940 tokens each)
     path.jsonl       one JSON object per line: {"prompt": ...} or {"text": ...}, optional "id"
     path.txt         one prompt per line, taken literally (use .jsonl for multi-line prompts)
+    specbench:TASK[:N]  Spec-Bench (Xia et al. 2024) from a local copy of its question.jsonl
+                     ($SPECBUILD_SPECBENCH, else ~/.cache/specbuild/spec_bench/question.jsonl): the
+                     first turn of each question of TASK (mt_bench, translation, summarization, qa,
+                     math_reasoning, rag; 80 each); not bundled (see client/data/SOURCES.md)
+    synthetic:N[:in=I,out=O,in_std=S,out_std=S,seed=K]
+                     N synthetic prompts of about I input tokens (mean; normal with stddev S,
+                     at least 1) asking for O output tokens each (``Prompt.max_tokens``); inputs
+                     are English words, exact in tokens when a tokenizer is given
+                     (:func:`synthetic_prompts`); defaults in=128, out=64, stddevs 0, seed 0
 
 The bundled sets live in ``client/data/`` (sources and licences: ``client/data/SOURCES.md``); they
 hold the raw user message, which an instruct model should see inside its chat template
@@ -18,9 +27,11 @@ hold the raw user message, which an instruct model should see inside its chat te
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +42,17 @@ BUNDLED_DIR = Path(__file__).resolve().parent / "data"
 BUNDLED_SETS = {"chat": "chat.jsonl", "summarize": "summarize.jsonl"}  # name -> file in BUNDLED_DIR
 SCHEME = re.compile(r"^([A-Za-z][\w-]*):")
 CHAT_TEMPLATE_MODES = ("auto", "always", "never")
-EXPECTED = "'humaneval', 'humaneval:N' (N in 1..164), 'chat[:N]', 'summarize[:N]', a .jsonl file or a .txt file"
+EXPECTED = ("'humaneval', 'humaneval:N' (N in 1..164), 'chat[:N]', 'summarize[:N]', 'specbench:TASK[:N]', "
+            "'synthetic:N[:in=I,out=O,...]', a .jsonl file or a .txt file")
+SPECBENCH_TASKS = {  # Spec-Bench task -> its question.jsonl "category" values
+    "mt_bench": ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"),
+    "translation": ("translation",),
+    "summarization": ("summarization",),
+    "qa": ("qa",),
+    "math_reasoning": ("math_reasoning",),
+    "rag": ("rag",),
+}
+SPECBENCH_ENV = "SPECBUILD_SPECBENCH"
 
 
 class PromptSourceError(ValueError):
@@ -40,14 +61,18 @@ class PromptSourceError(ValueError):
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt; ``max_tokens``: the output length this prompt asks for (synthetic sets), else None
+    (the run's --max-tokens)."""
+
     id: str
     text: str
+    max_tokens: int | None = None
 
 
 def wants_chat_template(source: str, mode: str) -> bool:
     """Whether prompts of ``source`` go inside the chat template under ``mode``.
 
-    ``auto``: the bundled chat-style sets (``chat``, ``summarize``), whose prompts are user messages;
+    ``auto``: the bundled chat-style sets (``chat``, ``summarize``) and Spec-Bench, whose prompts are user messages;
     HumanEval and files are sent as written. ``always`` / ``never``: every source / none.
 
     Raises:
@@ -55,7 +80,7 @@ def wants_chat_template(source: str, mode: str) -> bool:
     """
     if mode not in CHAT_TEMPLATE_MODES:
         raise ValueError(f"chat template mode must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {mode!r}")
-    return mode == "always" or (mode == "auto" and source.partition(":")[0] in BUNDLED_SETS)
+    return mode == "always" or (mode == "auto" and source.partition(":")[0] in (*BUNDLED_SETS, "specbench"))
 
 
 def apply_chat_template(prompts: list[Prompt], source: str, mode: str, tokenizer) -> list[Prompt]:
@@ -80,7 +105,9 @@ def apply_chat_template(prompts: list[Prompt], source: str, mode: str, tokenizer
             "pass the deployment's tokenizer (--tokenizer OUT/engine/tokenizer) or send them raw with --chat-template never"
         )
     return [
-        Prompt(p.id, tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True))
+        dataclasses.replace(
+            p, text=tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True)
+        )
         for p in prompts
     ]
 
@@ -93,6 +120,10 @@ def load_prompts(source: str, *, base_dir: str | Path | None = None) -> list[Pro
     """
     if source == "humaneval" or source.startswith("humaneval:"):
         return _load_humaneval(source)
+    if source.startswith("synthetic:") or source == "synthetic":
+        return synthetic_prompts(source)
+    if source.startswith("specbench:") or source == "specbench":
+        return load_specbench(source)
     if source.partition(":")[0] in BUNDLED_SETS:
         return _load_bundled(source)
     path = Path(source)
@@ -208,3 +239,121 @@ def _numbered_lines(path: Path) -> list[tuple[int, str]]:
     """Non-blank lines with their 1-based line numbers, trailing newline removed."""
     with path.open(encoding="utf-8") as f:
         return [(n, line.rstrip("\r\n")) for n, line in enumerate(f, start=1) if line.strip()]
+
+
+# --- Spec-Bench ------------------------------------------------------------------------------------
+
+
+def specbench_path() -> Path:
+    """Where the Spec-Bench question file is looked for: ``$SPECBUILD_SPECBENCH``, else
+    ``$SPECBUILD_CACHE`` (default ``~/.cache/specbuild``) ``/spec_bench/question.jsonl``."""
+    if os.environ.get(SPECBENCH_ENV):
+        return Path(os.environ[SPECBENCH_ENV])
+    from specbuild.cache import cache_dir
+
+    return cache_dir() / "spec_bench" / "question.jsonl"
+
+
+def expand_prompt_sets(sources) -> tuple[str, ...]:
+    """``specbench`` / ``specbench:N`` stand for one set per Spec-Bench task (``specbench:TASK[:N]``),
+    so every task gets its own points and acceptance figures; other sources pass unchanged."""
+    out: list[str] = []
+    for source in sources:
+        name, _, rest = source.partition(":")
+        if name == "specbench" and (not rest or rest.isdigit()):
+            out += [f"specbench:{task}" + (f":{rest}" if rest else "") for task in SPECBENCH_TASKS]
+        else:
+            out.append(source)
+    return tuple(out)
+
+
+def load_specbench(source: str, path: Path | None = None) -> list[Prompt]:
+    """``specbench:TASK[:N]``: the first turn of the first N questions of a Spec-Bench task.
+
+    Spec-Bench's ``question.jsonl`` holds one ``{"question_id", "category", "turns": [...]}`` per line;
+    a task is one or more categories (:data:`SPECBENCH_TASKS`). Ids: ``specbench/<category>/<question_id>``.
+    Only the first turn is used: later turns need the model's own earlier answers.
+
+    Raises ``PromptSourceError`` for an unknown task, a bad N, or a missing file (naming where to put it).
+    """
+    parts = source.split(":")
+    task = parts[1] if len(parts) > 1 else ""
+    if task not in SPECBENCH_TASKS:
+        raise PromptSourceError(f"prompt source {source!r}: expected specbench:TASK[:N] with TASK one of {', '.join(SPECBENCH_TASKS)}")
+    path = path or specbench_path()
+    if not path.is_file():
+        raise PromptSourceError(
+            f"prompt source {source!r}: Spec-Bench is not bundled (no package registry carries it); put its "
+            f"data/spec_bench/question.jsonl (github.com/hemingkx/Spec-Bench, Apache-2.0) at {path} or set "
+            f"${SPECBENCH_ENV}. Its mt_bench task is MT-Bench, which --prompts chat holds (first turns)."
+        )
+    prompts = []
+    for number, line in _numbered_lines(path):
+        try:
+            record = json.loads(line)
+            category, turns = record["category"], record["turns"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise PromptSourceError(f"{path}:{number}: not a Spec-Bench question ({exc}); expected category and turns") from None
+        if category in SPECBENCH_TASKS[task]:
+            prompts.append(Prompt(f"specbench/{category}/{record.get('question_id', number)}", turns[0]))
+    count = parts[2] if len(parts) > 2 else ""
+    if count and (not count.isdigit() or not 1 <= int(count) <= len(prompts)):
+        raise PromptSourceError(f"prompt source {source!r}: expected specbench:{task}:N with N in 1..{len(prompts)}")
+    if not prompts:
+        raise PromptSourceError(f"prompt source {source!r}: no question of task {task!r} in {path}")
+    return prompts[: int(count)] if count else prompts
+
+
+# --- synthetic -------------------------------------------------------------------------------------
+
+# Common English words for synthetic inputs: most are one token in BPE vocabularies.
+WORDS = ("the of and to in is was for on that with as by at from his her an which this be are or had not but "
+         "one all were they have their she there been has more when who will no if out so said what up its about "
+         "into than them can only other time new some could these two may first then do any like my now over such "
+         "our man me even most made after also did many off before must well back through years much where your way").split()
+SYNTHETIC_DEFAULTS = {"in": 128.0, "out": 64.0, "in_std": 0.0, "out_std": 0.0, "seed": 0.0}
+
+
+def synthetic_prompts(source: str, tokenizer=None) -> list[Prompt]:
+    """``synthetic:N[:in=I,out=O,in_std=S,out_std=S,seed=K]``: N prompts with input and output lengths
+    drawn from normal distributions (means I, O tokens; stddevs; rounded, at least 1; seeded).
+
+    Inputs are English words; with ``tokenizer`` (the deployment's) each input is cut or extended to
+    exactly its drawn token count (``len(tokenizer(text, add_special_tokens=False).input_ids)``,
+    up to what re-tokenizing the cut text changes), else one word per token is assumed. Outputs:
+    ``Prompt.max_tokens`` (exact with ``--end-id -1``). Raises ``PromptSourceError`` for a bad spec.
+    """
+    import numpy as np
+
+    parts = source.split(":", 2)
+    count = parts[1] if len(parts) > 1 else ""
+    if not count.isdigit() or int(count) < 1:
+        raise PromptSourceError(f"prompt source {source!r}: expected synthetic:N[:in=I,out=O,in_std=S,out_std=S,seed=K], N >= 1")
+    settings = dict(SYNTHETIC_DEFAULTS)
+    for item in (parts[2].split(",") if len(parts) > 2 and parts[2] else []):
+        key, _, value = item.partition("=")
+        if key not in settings:
+            raise PromptSourceError(f"prompt source {source!r}: unknown setting {key!r}; expected {', '.join(settings)}")
+        try:
+            settings[key] = float(value)
+        except ValueError:
+            raise PromptSourceError(f"prompt source {source!r}: {key}={value!r} is not a number") from None
+    rng = np.random.default_rng(int(settings["seed"]))
+    n = int(count)
+    inputs = np.maximum(1, np.rint(rng.normal(settings["in"], settings["in_std"], n))).astype(int)
+    outputs = np.maximum(1, np.rint(rng.normal(settings["out"], settings["out_std"], n))).astype(int)
+    prompts = []
+    for i, (length, out) in enumerate(zip(inputs, outputs)):
+        words = [WORDS[j] for j in rng.integers(0, len(WORDS), size=int(length))]
+        text = " ".join(words)
+        if tokenizer is not None:
+            text = _fit_tokens(tokenizer, text, int(length))
+        prompts.append(Prompt(f"synthetic/{i}", text, max_tokens=int(out)))
+    return prompts
+
+
+def _fit_tokens(tokenizer, text: str, length: int) -> str:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    while len(ids) < length:
+        ids = ids + ids
+    return tokenizer.decode(ids[:length])

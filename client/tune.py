@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specbuild.builder.draft_len_schedule import schedule_from_measurements
+from .bench_stats import clamp_probability, overlaps, ratio_ci
 
 LATENCY_METRICS = {
     "p50": "latency_ms_p50",
@@ -50,6 +51,11 @@ class Candidate:
     Attributes:
         latency_ms: the chosen latency figure (request latency p50/p90/p99 or time per output token), ms.
         throughput: total output tokens/s over all requests in flight.
+        request_rate: open-loop points: the arrival rate (requests/s; ``concurrency`` is then the
+            cap, 0 = none); ``None`` for closed loop.
+        latency_ci, throughput_ci: 95 % bootstrap intervals ``[low, high]`` from the bench point;
+            ``None`` when not measured (one repeat for throughput, too few requests).
+        small_sample: the point had too few requests for its percentiles to mean much.
     """
 
     deployment: str
@@ -59,10 +65,19 @@ class Candidate:
     concurrency: int
     latency_ms: float
     throughput: float
+    request_rate: float | None = None
+    latency_ci: list[float] | None = None
+    throughput_ci: list[float] | None = None
+    small_sample: bool = False
+
+    @property
+    def load(self) -> str:
+        """``C=4`` or ``2/s`` (open loop)."""
+        return f"C={self.concurrency}" if self.request_rate is None else f"{self.request_rate:g}/s"
 
     @property
     def label(self) -> str:
-        return f"{self.deployment} k={self.draft_len} C={self.concurrency}"
+        return f"{self.deployment} k={self.draft_len} {self.load}"
 
 
 def candidates(points: Iterable, latency: str = "p50") -> list[Candidate]:
@@ -76,8 +91,11 @@ def candidates(points: Iterable, latency: str = "p50") -> list[Candidate]:
     out = []
     for p in points:
         d = p if isinstance(p, dict) else asdict(p)
+        ci = d.get("ci") or {}
         out.append(
-            Candidate(d["deployment"], d["method"], d["prompt_set"], d["draft_len"], d["concurrency"], d[key], d["total_tok_s"])
+            Candidate(d["deployment"], d["method"], d["prompt_set"], d["draft_len"], d["concurrency"], d[key], d["total_tok_s"],
+                      request_rate=d.get("request_rate"), latency_ci=ci.get(key), throughput_ci=ci.get("total_tok_s"),
+                      small_sample=bool(d.get("small_sample")))
         )
     return out
 
@@ -98,8 +116,22 @@ def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
     return sorted(front, key=lambda c: (c.latency_ms, -c.throughput))
 
 
+def indistinguishable(best: Candidate, cands: Sequence[Candidate], goal: str) -> list[Candidate]:
+    """The other candidates the measurements cannot tell from ``best`` on the goal's axis: their 95 %
+    interval (latency for ``latency``, throughput for ``throughput``) overlaps ``best``'s. Only
+    candidates at the same load level for the latency goal. Empty when ``best`` has no interval.
+    Example: best 100 ms [90, 110], other 105 ms [95, 120] -> [other]; other 130 ms [120, 140] -> []."""
+    axis = "latency_ci" if goal == "latency" else "throughput_ci"
+    same_level = lambda c: (c.concurrency, c.request_rate) == (best.concurrency, best.request_rate)  # noqa: E731
+    return [
+        c for c in cands
+        if c is not best and (goal != "latency" or same_level(c)) and overlaps(getattr(best, axis), getattr(c, axis))
+    ]
+
+
 def recommend_lowest_latency(cands: Sequence[Candidate], concurrency: int) -> Candidate:
-    """The lowest-latency candidate at ``concurrency`` (ties: higher throughput).
+    """The lowest-latency candidate at ``concurrency`` (ties: higher throughput); closed-loop points,
+    or open-loop points capped at ``concurrency`` when the sweep was open loop.
 
     Raises ``TuneError`` listing the measured concurrency levels when none is at ``concurrency``.
     """
@@ -166,7 +198,8 @@ def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> 
     """
     groups: dict[tuple[str, str], list[Candidate]] = defaultdict(list)
     for c in cands:
-        groups[(c.deployment, c.prompt_set)].append(c)
+        if c.request_rate is None:  # a schedule by batch size comes from closed-loop points
+            groups[(c.deployment, c.prompt_set)].append(c)
     schedules = []
     for (deployment, prompt_set), group in sorted(groups.items()):
         levels = sorted({c.concurrency for c in group})
@@ -190,9 +223,13 @@ def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> 
 
 
 def _best_draft_len(group: Sequence[Candidate], level: int, min_gain: float) -> int:
+    """The best k at ``level``; 0 unless k beats k = 0 by ``min_gain`` and, where both have
+    intervals, k's latency interval lies wholly below k = 0's (a significant gain)."""
     best = recommend_lowest_latency(group, level)
     base = [c for c in group if c.concurrency == level and c.draft_len == 0]
     if best.draft_len and base and best.latency_ms > (1.0 - min_gain) * base[0].latency_ms:
+        return 0
+    if best.draft_len and base and overlaps(best.latency_ci, base[0].latency_ci):
         return 0
     return best.draft_len
 
@@ -269,6 +306,8 @@ class AnalyticRow:
     expected_tokens_per_step: float
     speedup: float
     expected_speedup: float
+    speedup_ci: list[float] | None = None  # 95 % bootstrap, per-request TPOT of both points resampled
+    request_rate: float | None = None  # open-loop points: the rate (concurrency is then the cap)
 
     @property
     def closeness(self) -> float:
@@ -304,7 +343,7 @@ def analytic_comparison(points: Iterable) -> list[AnalyticRow]:
         d = p if isinstance(p, dict) else asdict(p)
         by_group[(d["deployment"], d["prompt_set"])].append(d)
     for (deployment, prompt_set), group in sorted(by_group.items()):
-        base = {d["concurrency"]: d for d in group if d["draft_len"] == 0}
+        base = {d["concurrency"]: d for d in group if d["draft_len"] == 0 and d.get("request_rate") is None}
         if not base:
             continue
         fit_level = 1 if 1 in base else min(base)
@@ -315,16 +354,38 @@ def analytic_comparison(points: Iterable) -> list[AnalyticRow]:
         t0 = base[fit_level]["step_ms"]
         c = max(0.0, fit_cost_ratio([(d["draft_len"], d["step_ms"] / t0) for d in fit_points]))
         for d in sorted(group, key=lambda d: (d["concurrency"], d["draft_len"])):
-            if d["draft_len"] == 0 or d["concurrency"] not in base:
+            if d["draft_len"] == 0 or d["concurrency"] not in base or d.get("request_rate") is not None:
                 continue
             k = d["draft_len"]
+            b = base[d["concurrency"]]
             rows.append(
                 AnalyticRow(
                     deployment, prompt_set, k, d["concurrency"], a, c, d["tokens_per_step"],
-                    expected_tokens_per_step(a, k), base[d["concurrency"]]["tpot_ms"] / d["tpot_ms"],
+                    expected_tokens_per_step(a, k), b["tpot_ms"] / d["tpot_ms"],
                     expected_speedup(a, k, c),
+                    speedup_ci=ratio_ci(b.get("tpot_samples_ms") or [], d.get("tpot_samples_ms") or []),
                 )
             )
+    return rows
+
+
+def open_loop_speedups(points: Iterable) -> list[AnalyticRow]:
+    """Speed-up (time per output token at k = 0 / at k) of open-loop points at the same rate; the
+    analytic columns are not filled (a, c = nan-free zeros: the model is fitted on closed-loop points)."""
+    rows = []
+    dicts = [p if isinstance(p, dict) else asdict(p) for p in points]
+    for d in dicts:
+        if d.get("request_rate") is None or d["draft_len"] == 0:
+            continue
+        base = [b for b in dicts if b["draft_len"] == 0 and b.get("request_rate") == d["request_rate"]
+                and (b["deployment"], b["prompt_set"], b["concurrency"]) == (d["deployment"], d["prompt_set"], d["concurrency"])]
+        if not base:
+            continue
+        b = base[0]
+        rows.append(AnalyticRow(d["deployment"], d["prompt_set"], d["draft_len"], d["concurrency"], 0.0, 0.0,
+                                d["tokens_per_step"], d["tokens_per_step"], b["tpot_ms"] / d["tpot_ms"], 0.0,
+                                speedup_ci=ratio_ci(b.get("tpot_samples_ms") or [], d.get("tpot_samples_ms") or []),
+                                request_rate=d["request_rate"]))
     return rows
 
 
@@ -336,6 +397,8 @@ def per_position_from_sweep(points: Iterable) -> dict[tuple[str, str], list[tupl
     (exact per position when k = k' + 1). Uses the concurrency-1 (else lowest) points and assumes
     the step mix does not depend on k. Returns, per (deployment, prompt set), (first position, last
     position, P) triples. Example: accepted/step 0 (k=0), 0.6 (k=1), 0.9 (k=2) -> [(1, 1, 0.6), (2, 2, 0.3)].
+    A difference of two noisy means can leave [0, 1] (e.g. -0.08): such a P is clamped to [0, 1]
+    and its reason recorded (:func:`per_position_warnings`).
     """
     by_group: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for p in points:
@@ -349,8 +412,27 @@ def per_position_from_sweep(points: Iterable) -> dict[tuple[str, str], list[tupl
         ks = sorted(per_k)
         if len(ks) < 2:
             continue
-        out[key] = [(lo + 1, hi, (per_k[hi] - per_k[lo]) / (hi - lo)) for lo, hi in zip(ks, ks[1:])]
+        out[key] = [(lo + 1, hi, clamp_probability((per_k[hi] - per_k[lo]) / (hi - lo), "")[0]) for lo, hi in zip(ks, ks[1:])]
     return out
+
+
+def per_position_warnings(points: Iterable) -> list[str]:
+    """Why derived per-position acceptances were clamped (one line per clamped span)."""
+    lines = []
+    dicts = [p if isinstance(p, dict) else asdict(p) for p in points]
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for d in dicts:
+        groups[(d["deployment"], d["prompt_set"])].append(d)
+    for (deployment, prompt_set), group in sorted(groups.items()):
+        level = min(d["concurrency"] for d in group)
+        per_k = {d["draft_len"]: d["accepted_per_step"] for d in group if d["concurrency"] == level}
+        per_k.setdefault(0, 0.0)
+        ks = sorted(per_k)
+        for lo, hi in zip(ks, ks[1:]):
+            _, reason = clamp_probability((per_k[hi] - per_k[lo]) / (hi - lo), f"{deployment} {prompt_set} positions {lo + 1}-{hi}")
+            if reason:
+                lines.append(reason)
+    return lines
 
 
 # --- report, plots -----------------------------------------------------------------------------------
@@ -372,11 +454,18 @@ class TuneReport:
     # (deployment, prompt set, k) -> P(>= i accepted), i = 1..k, from streamed steps at the lowest concurrency
     measured_per_position: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)
     min_gain: float = 0.0
+    # prompt set -> candidates the recommendation cannot be told from (overlapping 95 % intervals)
+    ties: dict[str, list[Candidate]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # unreliable estimates, small samples, unstable points
+    open_loop: list[AnalyticRow] = field(default_factory=list)  # speed-ups of open-loop points by rate
 
     def to_json(self) -> dict:
         return {
             "latency_metric": self.latency_metric,
             "goal": self.goal,
+            "not_significantly_different": {s: [asdict(c) for c in t] for s, t in self.ties.items()},
+            "warnings": self.warnings,
+            "open_loop_speedups": [asdict(r) for r in self.open_loop],
             "schedule_min_gain": self.min_gain,
             "frontiers": {s: [asdict(c) for c in f] for s, f in self.frontiers.items()},
             "recommendations": {s: asdict(c) for s, c in self.recommendations.items()},
@@ -434,6 +523,7 @@ def tune(
             )
         except TuneError as exc:
             errors[prompt_set] = str(exc)
+    ties = {s: indistinguishable(c, by_set[s], goal) for s, c in recommendations.items()}
     goal_text = (
         f"lowest {latency} latency at concurrency {concurrency}"
         if goal == "latency"
@@ -450,7 +540,22 @@ def tune(
         errors=errors,
         measured_per_position=measured_per_position(points),
         min_gain=min_gain,
+        ties={s: t for s, t in ties.items() if t},
+        warnings=per_position_warnings(points) + point_warnings(points),
+        open_loop=open_loop_speedups(points),
     )
+
+
+def point_warnings(points: Iterable) -> list[str]:
+    """One line per point flagged by bench: too few requests, or repeats that disagree."""
+    lines = []
+    for p in points:
+        d = p if isinstance(p, dict) else asdict(p)
+        where = f"{d['deployment']} {d['prompt_set']} k={d['draft_len']} " + (
+            f"C={d['concurrency']}" if d.get("request_rate") is None else f"{d['request_rate']:g}/s")
+        for note in d.get("notes") or []:
+            lines.append(f"{where}: {note}")
+    return lines
 
 
 def measured_per_position(points: Iterable) -> dict[tuple[str, str, int], list[float]]:
@@ -468,64 +573,114 @@ def measured_per_position(points: Iterable) -> dict[tuple[str, str, int], list[f
 
 
 def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Path:
-    """PNG: throughput vs latency, one panel per prompt set; every point coloured by deployment,
-    marked by draft length, the frontier as a line with its points labelled."""
+    """PNG: total output tokens/s vs latency, one panel per prompt set.
+
+    Every measured point is drawn (colour: deployment, marker: draft length) with its 95 % intervals as
+    error bars and its load (``C=4`` or ``2/s``) written next to it; the frontier is the staircase
+    through the points no other point beats on both axes (only points that exist; a step, not a
+    straight line, between them). Both axes start at zero.
+    """
     plt = _pyplot()
     cands = candidates(points, report.latency_metric)
     sets = sorted({c.prompt_set for c in cands})
     deployments = sorted({c.deployment for c in cands})
     colors = {d: f"C{i}" for i, d in enumerate(deployments)}
     markers = dict(zip(sorted({c.draft_len for c in cands}), "os^Dv<>ph*"))
-    fig, axes = plt.subplots(1, len(sets), figsize=(6.5 * len(sets), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(sets), figsize=(7 * len(sets), 5.5), squeeze=False)
     for ax, prompt_set in zip(axes[0], sets):
         group = [c for c in cands if c.prompt_set == prompt_set]
         for c in group:
-            ax.scatter(c.latency_ms, c.throughput, color=colors[c.deployment], marker=markers[c.draft_len], s=40, alpha=0.8)
+            xerr = _err(c.latency_ms, c.latency_ci)
+            yerr = _err(c.throughput, c.throughput_ci)
+            ax.errorbar(c.latency_ms, c.throughput, xerr=xerr, yerr=yerr, color=colors[c.deployment],
+                        marker=markers[c.draft_len], ms=8, capsize=2, lw=0.8, elinewidth=0.8, mew=1.6,
+                        mfc="white" if c.small_sample else colors[c.deployment], zorder=3)
+            ax.annotate(c.load, (c.latency_ms, c.throughput), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=colors[c.deployment])
         front = report.frontiers.get(prompt_set, [])
-        ax.plot([c.latency_ms for c in front], [c.throughput for c in front], "k--", lw=1, label="Pareto frontier")
-        for c in front:
-            ax.annotate(f"{c.deployment}\nk={c.draft_len} C={c.concurrency}", (c.latency_ms, c.throughput),
-                        textcoords="offset points", xytext=(5, 5), fontsize=7)
+        if front:
+            xs = [c.latency_ms for c in front]
+            ys = [c.throughput for c in front]
+            ax.step(xs, ys, where="post", color="k", lw=1.2, ls="--", label="frontier (measured points only)")
+            ax.scatter(xs, ys, s=160, facecolors="none", edgecolors="k", lw=1.2, zorder=3)
+        recommended = report.recommendations.get(prompt_set)
+        if recommended is not None:
+            ax.scatter([recommended.latency_ms], [recommended.throughput], marker="*", s=260, color="gold",
+                       edgecolors="k", zorder=4, label=f"recommended: {recommended.label}")
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
         ax.set_title(f"{prompt_set}")
-        ax.set_xlabel(f"latency {report.latency_metric} (ms)")
-        ax.set_ylabel("total output tokens/s")
+        ax.set_xlabel(f"request latency {report.latency_metric} (ms)  (lower is better)")
+        ax.set_ylabel("total output tokens/s  (higher is better)")
         ax.grid(alpha=0.3)
         for d in deployments:
-            ax.scatter([], [], color=colors[d], label=d)
+            ax.plot([], [], color=colors[d], marker="o", ls="", label=d)
         for k, m in markers.items():
-            ax.scatter([], [], color="grey", marker=m, label=f"k={k}" + (" (off)" if k == 0 else ""))
-        ax.legend(fontsize=7, loc="best")
-    fig.suptitle("Throughput vs latency (specbuild tune)")
+            ax.plot([], [], color="grey", marker=m, ls="", label=f"k={k}" + (" (speculation off)" if k == 0 else ""))
+        if any(c.small_sample for c in group):
+            ax.plot([], [], color="grey", marker="o", mfc="none", ls="", label="hollow: few requests")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Throughput vs latency per load level\n(error bars: 95% bootstrap intervals; dashed: the frontier)")
     fig.tight_layout()
     return _save(fig, plt, path)
 
 
 def plot_speedup(points: Sequence, report: TuneReport, path: str | Path) -> Path:
-    """PNG: measured speed-up (time per output token at k = 0 / at k) vs concurrency, one line per
-    deployment and draft length, with Leviathan et al.'s expectation for the same (a, c) dashed."""
+    """PNG: speed-up vs k = 0 (time per output token) against concurrency, one panel per deployment
+    (rows: prompt sets). Measured speed-ups are lines with their 95 % intervals; Leviathan et al.'s
+    expectation for the fitted (a, c) is drawn as hollow markers of the same colour; 1.0 (no gain)
+    is the black line and the y axis starts at zero."""
     plt = _pyplot()
-    sets = sorted({r.prompt_set for r in report.analytic}) or ["(no speculative points)"]
-    fig, axes = plt.subplots(1, len(sets), figsize=(6.5 * len(sets), 5), squeeze=False)
-    for ax, prompt_set in zip(axes[0], sets):
-        rows = [r for r in report.analytic if r.prompt_set == prompt_set]
-        lines = sorted({(r.deployment, r.draft_len) for r in rows})
-        for i, (deployment, k) in enumerate(lines):
-            line = sorted((r for r in rows if (r.deployment, r.draft_len) == (deployment, k)), key=lambda r: r.concurrency)
-            xs = [r.concurrency for r in line]
-            ax.plot(xs, [r.speedup for r in line], marker="o", color=f"C{i}", label=f"{deployment} k={k}")
-            ax.plot(xs, [r.expected_speedup for r in line], ls="--", color=f"C{i}", alpha=0.6)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xscale("log", base=2)
-        levels = sorted({r.concurrency for r in rows})
-        ax.set_xticks(levels, [str(level) for level in levels])
-        ax.set_title(f"{prompt_set}: measured (solid) vs Leviathan et al. (dashed)")
-        ax.set_xlabel("concurrency (requests in flight)")
-        ax.set_ylabel("speed-up vs k=0 (time per output token)")
-        ax.grid(alpha=0.3)
-        if lines:
-            ax.legend(fontsize=7)
+    rows_all = report.analytic + report.open_loop  # open-loop rows: x is the arrival rate, no model markers
+    sets = sorted({r.prompt_set for r in rows_all}) or ["(no speculative points)"]
+    deployments = sorted({(r.deployment, r.request_rate is not None) for r in rows_all}) or [("-", False)]
+    fig, axes = plt.subplots(len(sets), len(deployments), figsize=(max(8.0, 6.5 * len(deployments)), 4.8 * len(sets)),
+                             squeeze=False)
+    for i, prompt_set in enumerate(sets):
+        for j, (deployment, open_loop) in enumerate(deployments):
+            ax = axes[i][j]
+            rows = [r for r in rows_all if r.prompt_set == prompt_set and r.deployment == deployment
+                    and (r.request_rate is not None) == open_loop]
+            level = (lambda r: r.request_rate) if open_loop else (lambda r: r.concurrency)
+            ks = sorted({r.draft_len for r in rows})
+            for n, k in enumerate(ks):
+                line = sorted((r for r in rows if r.draft_len == k), key=level)
+                dodge = 1.0 + 0.05 * (n - (len(ks) - 1) / 2)  # side by side at each level (log axis)
+                xs = [level(r) * dodge for r in line]
+                ys = [r.speedup for r in line]
+                errors = [_err(r.speedup, r.speedup_ci) for r in line]
+                yerr = None if any(e is None for e in errors) else [[e[0][0] for e in errors], [e[1][0] for e in errors]]
+                ax.errorbar(xs, ys, yerr=yerr, marker="o", color=f"C{n}", capsize=3, label=f"k={k} measured")
+                if not open_loop:
+                    ax.plot(xs, [r.expected_speedup for r in line], ls="", marker="D", mfc="none", mec=f"C{n}", ms=8,
+                            label=f"k={k} expected (Leviathan et al.)")
+            ax.axhline(1.0, color="k", lw=0.8)
+            levels = sorted({level(r) for r in rows})
+            if levels:
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(levels, [f"{x:g}" for x in levels])
+                ax.minorticks_off()
+            top = max([1.2] + [r.speedup for r in rows] + [r.expected_speedup for r in rows]
+                      + [r.speedup_ci[1] for r in rows if r.speedup_ci])
+            ax.set_ylim(0, top * 1.1)
+            ax.set_title(f"{deployment} -- {prompt_set}" + (" (open loop)" if open_loop else ""), fontsize=10)
+            ax.set_xlabel("arrival rate (requests/s)" if open_loop else "concurrency (requests in flight)")
+            ax.set_ylabel("speed-up vs k=0 (time per output token)")
+            ax.grid(alpha=0.3)
+            if rows:
+                ax.legend(fontsize=7)
+    model = any(r.request_rate is None for r in rows_all)
+    fig.suptitle("Speed-up over speculation off\nmeasured (95% intervals)"
+                 + (" vs the analytic expectation (hollow diamonds)" if model else ""))
     fig.tight_layout()
     return _save(fig, plt, path)
+
+
+def _err(value: float, interval: list[float] | None):
+    """matplotlib's asymmetric error ``[[below], [above]]`` from an interval; None without one."""
+    if interval is None:
+        return None
+    return [[max(0.0, value - interval[0])], [max(0.0, interval[1] - value)]]
 
 
 def _pyplot():
@@ -548,43 +703,67 @@ def _save(fig, plt, path) -> Path:
 
 
 def report_tables(report: TuneReport) -> list:
-    """Rich renderables: frontier, recommendation, schedule, analytic comparison."""
+    """Rich renderables: frontier, recommendation, schedule, speed-ups, analytic comparison, per position."""
     from rich.table import Table
 
     out = []
     for prompt_set, front in sorted(report.frontiers.items()):
-        t = Table(title=f"Pareto frontier: {prompt_set} (latency {report.latency_metric})")
-        for name in ("deployment", "k", "C", "latency ms", "tok/s total"):
+        t = Table(title=f"Frontier: {prompt_set} (latency {report.latency_metric}; [95% interval])")
+        for name in ("deployment", "k", "load", "latency ms", "tok/s total"):
             t.add_column(name, justify="left" if name == "deployment" else "right")
         for c in front:
-            t.add_row(c.deployment, str(c.draft_len), str(c.concurrency), f"{c.latency_ms:.0f}", f"{c.throughput:.1f}")
+            t.add_row(c.deployment, str(c.draft_len), c.load, _with_ci(c.latency_ms, c.latency_ci, "{:.0f}"),
+                      _with_ci(c.throughput, c.throughput_ci, "{:.1f}") + (" (few requests)" if c.small_sample else ""))
         out.append(t)
     t = Table(title=f"Recommendation: {report.goal}")
-    for name in ("prompts", "deployment", "method", "k", "C", "latency ms", "tok/s total"):
+    for name in ("prompts", "deployment", "method", "k", "load", "latency ms", "tok/s total", "cannot be told apart from"):
         t.add_column(name)
     for prompt_set, c in sorted(report.recommendations.items()):
-        t.add_row(prompt_set, c.deployment, c.method, str(c.draft_len), str(c.concurrency), f"{c.latency_ms:.0f}", f"{c.throughput:.1f}")
+        ties = report.ties.get(prompt_set, [])
+        tie_text = ", ".join(f"{o.deployment} k={o.draft_len} {o.load}" for o in ties) or "-"
+        t.add_row(prompt_set, c.deployment, c.method, str(c.draft_len), c.load, _with_ci(c.latency_ms, c.latency_ci, "{:.0f}"),
+                  _with_ci(c.throughput, c.throughput_ci, "{:.1f}"), tie_text)
     for prompt_set, error in sorted(report.errors.items()):
-        t.add_row(prompt_set, f"[red]{error}[/red]", "", "", "", "", "")
+        t.add_row(prompt_set, f"[red]{error}[/red]", "", "", "", "", "", "")
     out.append(t)
     t = Table(title=f"Draft-length schedule by concurrency (TensorRT-LLM draft_len_schedule / max_concurrency; "
-                    f"k > 0 only when >= {100 * report.min_gain:.0f}% faster than k=0)")
+                    f"k > 0 only when >= {100 * report.min_gain:.0f}% faster than k=0 and, with intervals, significantly)")
     for name in ("deployment", "prompts", "best k per C", "draft_len_schedule", "max_concurrency"):
         t.add_column(name)
     for s in report.schedules:
         mc = "always on" if s.max_concurrency is None else ("always off" if s.max_concurrency == 0 else str(s.max_concurrency))
         t.add_row(s.deployment, s.prompt_set, _fmt_map(s.best), _fmt_map(s.draft_len_schedule) or f"- ({s.note})", mc)
     out.append(t)
-    t = Table(title="Against Leviathan et al. 2023: E[tokens/step] = (1-a^(k+1))/(1-a), speed-up = E/(kc+1)")
+    t = Table(title="Against Leviathan et al. 2023: E[tokens/step] = (1-a^(k+1))/(1-a), speed-up = E/(kc+1); speed-up [95% interval]")
     for name in ("deployment", "prompts", "k", "C", "a", "c", "tok/step", "expected", "speed-up", "expected", "meas/exp"):
         t.add_column(name, justify="left" if name in ("deployment", "prompts") else "right")
     for r in report.analytic:
         t.add_row(r.deployment, r.prompt_set, str(r.draft_len), str(r.concurrency), f"{r.a:.3f}", f"{r.c:.3f}",
-                  f"{r.tokens_per_step:.2f}", f"{r.expected_tokens_per_step:.2f}", f"{r.speedup:.2f}",
+                  f"{r.tokens_per_step:.2f}", f"{r.expected_tokens_per_step:.2f}", _speedup_text(r),
                   f"{r.expected_speedup:.2f}", f"{r.closeness:.2f}")
     out.append(t)
+    if report.open_loop:
+        t = Table(title="Open loop: speed-up vs k=0 at the same arrival rate (time per output token) [95% interval]")
+        for name in ("deployment", "prompts", "k", "rate /s", "cap", "tok/step", "speed-up"):
+            t.add_column(name)
+        for r in report.open_loop:
+            t.add_row(r.deployment, r.prompt_set, str(r.draft_len), f"{r.request_rate:g}", str(r.concurrency or "-"),
+                      f"{r.tokens_per_step:.2f}", _speedup_text(r))
+        out.append(t)
     out.append(per_position_table(report))
     return out
+
+
+def _with_ci(value: float, interval: list[float] | None, fmt: str) -> str:
+    text = fmt.format(value)
+    return text if interval is None else f"{text} [{fmt.format(interval[0])}, {fmt.format(interval[1])}]"
+
+
+def _speedup_text(r: AnalyticRow) -> str:
+    text = _with_ci(r.speedup, r.speedup_ci, "{:.2f}")
+    if r.speedup_ci is not None and r.speedup_ci[0] <= 1.0 <= r.speedup_ci[1]:
+        text += " (n.s.)"  # the interval contains 1: not significantly different from speculation off
+    return text
 
 
 def per_position_table(report: TuneReport):
@@ -620,6 +799,14 @@ def run_tune(points: Sequence, out_dir: str | Path, *, console, **goal) -> TuneR
     report.plots = [str(plot_frontier(points, report, out / "frontier.png")), str(plot_speedup(points, report, out / "speedup.png"))]
     for table in report_tables(report):
         console.print(table)
+    if any(r.speedup_ci for r in report.analytic + report.open_loop):
+        console.print("(n.s.): the speed-up's 95% interval contains 1.0 -- not significantly different from speculation off")
+    for prompt_set, ties in sorted(report.ties.items()):
+        best = report.recommendations[prompt_set]
+        console.print(f"note: {prompt_set}: the recommendation {best.label} is not significantly different from "
+                      + ", ".join(o.label for o in ties) + " (95% intervals overlap); prefer the simpler or cheaper one")
+    for line in report.warnings:
+        console.print(f"warning: {line}", highlight=False)
     json_path = report.write(out / "tune.json")
     console.print(f"wrote {json_path}, {', '.join(report.plots)}")
     return report

@@ -307,11 +307,25 @@ def _model_repository(ctx, param, repo: Path) -> Path:
 @click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--metrics-port", default=8002, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), help="Server log [REPO/../logs/tritonserver.log].")
-def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None) -> None:
+@click.option("--openai-port", type=click.IntRange(min=0, max=65535), default=None, help="Also answer OpenAI's /v1/completions and /v1/chat/completions on this port (0 = a free one) [off].")
+@click.option("--openai-model", default=None, help="Model name the OpenAI front serves [the recipe's name].")
+@click.option("--openai-num-draft-tokens", type=click.IntRange(min=0), default=None, help="Draft length of OpenAI requests that send none; 0 = a speculation-off door (a verify baseline) [engine's max_draft_len].")
+def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None,
+                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None) -> None:
     """Serve the model repository REPO with tritonserver until Ctrl-C.
 
     Uses `tritonserver` from PATH, else the one bundled in nvidia-pytriton
     (pip install 'specbuild[server]'). Binds 127.0.0.1 unless --host says otherwise.
+
+    With --openai-port: an OpenAI-compatible front (FastAPI/uvicorn, as Triton's own OpenAI
+    frontend) on that port, in front of the deployment: /v1/models, /v1/completions,
+    /v1/chat/completions (streaming: serve a decoupled repository), token ids with
+    return_token_ids, speculation figures in the spec_decode extension field (docs/openai.md).
+
+    \b
+    Examples:
+      specbuild serve specbuild-out/smollm2-ngram/triton_repo
+      specbuild serve specbuild-out/smollm2-ngram/triton_repo --openai-port 9000
     A TensorRT-LLM repository (one with launch.sh) is not started here: the command prints its
     launch command (scripts/launch_triton_server.py) to run in the TensorRT-LLM Triton container.
     Exits 3 when the server does not come up.
@@ -346,8 +360,11 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         metrics_port=metrics_port,
         log_file=log_file or repo.resolve().parent / "logs" / "tritonserver.log",
     )
+    companion = None
+    if openai_port is not None:
+        companion = _openai_companion(repo, host, openai_port, openai_model, openai_num_draft_tokens)
     try:
-        sys.exit(serve_forever(server))
+        sys.exit(serve_forever(server, companion=companion))
     except ServerNotFoundError as exc:
         raise CommandError(str(exc), ExitCode.FAILED) from None
     except ServerStartError as exc:
@@ -358,6 +375,41 @@ def _deprecated_decoupled(ctx, param, value: bool) -> bool:
     if value:
         click.secho("warning: --decoupled is deprecated; use --streaming (the name trtllm-bench and genai-perf use)", fg="yellow", err=True)
     return value
+
+
+def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_draft_tokens: int | None):
+    """serve_forever's companion: the OpenAI front on ``host:port`` once tritonserver is ready."""
+    import json
+
+    def start(server):
+        from specbuild.triton_repo.openai_frontend import FrontendError, OpenAIServer, config_from_deployment
+
+        name = model
+        metadata = repo / "specbuild-repo.json"
+        if name is None and metadata.is_file():
+            name = json.loads(metadata.read_text()).get("recipe") or None
+        try:
+            config = config_from_deployment(server.grpc_url, model=name, num_draft_tokens=num_draft_tokens)
+        except FrontendError as exc:
+            raise RuntimeError(f"OpenAI front: {exc}") from None
+        front = OpenAIServer(config, host=host, port=port)
+        return front, lambda: f"  OpenAI {front.url} (model {config.model!r})"
+
+    return start
+
+
+def _openai_options(f):
+    """--openai / --openai-baseline and their settings (verify; bench has its own target options)."""
+    options = [
+        click.option("--openai", "openai_url", metavar="URL", help="Verify through an OpenAI-compatible base URL (e.g. http://127.0.0.1:9000/v1) instead of Triton."),
+        click.option("--openai-baseline", "openai_baseline", metavar="URL", help="The same target served without speculation: the baseline for --openai servers that take no per-request draft length."),
+        click.option("--openai-model", default=None, help="The model field of OpenAI requests [the first one /v1/models lists]."),
+        click.option("--openai-chat", is_flag=True, help="Send prompts as one user message to /chat/completions instead of /completions."),
+        click.option("--openai-token-ids", type=click.Choice(["return-token-ids", "response", "tokenizer"]), default="return-token-ids", show_default=True, help="Output ids: ask with return_token_ids (vLLM, specbuild), read the response's token_ids (trtllm-serve), or re-tokenize the text with --tokenizer (SGLang, others)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
 
 
 @main.command("verify")
@@ -386,9 +438,10 @@ def _deprecated_decoupled(ctx, param, value: bool) -> bool:
 @click.option("--alpha", default=0.01, show_default=True, type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), help="Sampling: significance level of the whole family of tests.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
+@_openai_options
 def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, wait_s,
                    streaming, decoupled_alias, as_json, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts,
-                   temperature, top_k, top_p, alpha, seed, concurrency) -> None:
+                   temperature, top_k, top_p, alpha, seed, concurrency, **openai) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
 
     Sends each prompt with num_draft_tokens=0 (the non-speculative baseline) and with speculation,
@@ -396,6 +449,10 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     there when the deployment returns it) and the speed-up, writes a JSON report.
     Exits 4 on any mismatch (or, with --near-tie-margin, on any mismatch that is not a near-tie),
     3 when the server is unreachable or not ready within --wait-s, 2 on bad input.
+
+    With --openai URL: the same check through an OpenAI-compatible server (specbuild's own front,
+    trtllm-serve, vLLM, SGLang). specbuild's front takes the draft length per request; for any other
+    server give --openai-baseline URL, the same target served without speculation (docs/openai.md).
 
     With --sampling: sends --samples seeded requests per arm (plain, speculative; disjoint seeds)
     for each of the first --sampling-prompts prompts and tests with chi-square that the first
@@ -409,6 +466,8 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --hf-oracle ~/ckpt/SmolLM2 --prompts humaneval:3
       specbuild verify --sampling --samples 500 --temperature 0.8 --top-k 20
       specbuild verify --streaming --json > verify.json
+      specbuild verify --openai http://127.0.0.1:9000/v1 --prompts humaneval:20 --max-tokens 128
+      specbuild verify --openai http://gpu:8000/v1 --openai-baseline http://gpu:8001/v1 --tokenizer DIR
     """
     from specbuild.cli_display import print_report
     from specbuild.client.prompts import PromptSourceError, apply_chat_template, load_prompts
@@ -422,7 +481,11 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     console = _console(stderr=as_json)
     try:
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
-        with SpecClient(url, protocol=protocol, decoupled=streaming or decoupled_alias) as client:
+        if openai["openai_url"] and sampling:
+            raise click.UsageError("--sampling runs through the Triton client; not with --openai")
+        client_cm = (_openai_client(tokenizer=tokenizer, **openai) if openai["openai_url"]
+                     else SpecClient(url, protocol=protocol, decoupled=streaming or decoupled_alias))
+        with client_cm as client:
             client.wait_ready(timeout_s=wait_s)
             if sampling:
                 _verify_sampling(console, client, prompt_list[:sampling_prompts], report_path, samples=samples,
@@ -450,6 +513,33 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         console.print(f"tolerance: divergences where speculation took the target's runner-up within {near_tie_margin:g} logits pass ({report.num_near_ties} such)")
     if not report.passed or not oracle_ok:
         sys.exit(ExitCode.NOT_LOSSLESS)
+
+
+def _openai_client(*, openai_url, openai_baseline, openai_model, openai_chat, openai_token_ids, tokenizer, timeout_s=600.0):
+    """The client for verify --openai: one specbuild front (draft length per request) or a pair of
+    servers (speculative, baseline). Raises ClickException for a foreign server without a baseline."""
+    from specbuild.client.openai_client import OpenAIClient, PairedClient
+    from specbuild.client.sdk import ClientError
+
+    def make(base, draft_field):
+        return OpenAIClient(base, model=openai_model, chat=openai_chat, token_ids=openai_token_ids, tokenizer=tokenizer,
+                            draft_field=draft_field, timeout_s=timeout_s)
+
+    if openai_baseline:
+        return PairedClient(make(openai_url, False), make(openai_baseline, False))
+    client = make(openai_url, True)
+    try:
+        ours = client.is_specbuild()
+    except ClientError as exc:
+        client.close()
+        raise click.ClickException(str(exc)) from None
+    if not ours:
+        client.close()
+        raise click.ClickException(
+            f"{openai_url} is not specbuild's OpenAI front, so a request cannot turn speculation off; "
+            "give --openai-baseline URL: the same target served without speculation"
+        )
+    return client
 
 
 def _verify_greedy(console, client, prompt_list, **options):
@@ -498,44 +588,110 @@ def _verify_oracle(console, client, prompt_list, checkpoint, report_path: Path, 
     return result.all_match
 
 
-def _int_list(ctx, param, value: str) -> tuple[int, ...]:
+def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
     try:
         return tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers like 0,2,4, got {value!r}") from None
 
 
-def _sweep_options(levels_names: tuple[str, ...]):
-    """The sweep options `bench` and `tune` share."""
-
-    def wrap(f):
-        options = [
-            click.argument("targets", nargs=-1),
-            click.option("--draft-lengths", default="0,2,4", show_default=True, callback=_int_list, help="Draft tokens per step to sweep (comma list; 0 = speculation off, the baseline)."),
-            click.option(*levels_names, "levels", default="1,2,4,8,16", show_default=True, callback=_int_list, help="Concurrency levels: requests in flight (comma list)."),
-            click.option("--prompts", "prompt_sets", multiple=True, default=("humaneval:8",), show_default=True, help="Prompt set, repeatable: humaneval:N, chat:N, summarize:N, or a .jsonl/.txt file."),
-            click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1)),
-            click.option("--requests", default=None, type=click.IntRange(min=1), help="Requests per point [max(prompts, concurrency)]."),
-            click.option("--end-id", default=None, type=int, help="End token id; -1 always generates --max-tokens [the deployment's]."),
-            click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Untimed requests per deployment and prompt set."),
-            click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets)."),
-            click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True, help="For host:port targets."),
-            click.option("--label", "labels", multiple=True, help="Name of each host:port target, in order."),
-            click.option("--metrics-url", "metrics_urls", multiple=True, help="Metrics host:port of each host:port target, for the counter cross-check."),
-            click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir of host:port targets (chat template)."),
-            click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Where recipe engines and repositories go [./specbuild-out/NAME]."),
-            click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
-            click.option("--stream/--no-stream", default=None, help="Stream every request (gRPC): measures time to first token and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served]"),
-        ]
-        for option in reversed(options):
-            f = option(f)
-        return f
-
-    return wrap
+def _float_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers like 0.5,1,2, got {value!r}") from None
 
 
-def _run_bench(console, targets, *, draft_lengths, levels, prompt_sets, max_tokens, requests, end_id, warmup,
-               chat_template, protocol, labels, metrics_urls, tokenizer_dir, deploy_dir, timeout_s, stream):
+def _deprecated(old: str, new: str) -> None:
+    click.echo(f"warning: {old} is deprecated; use {new}", err=True)
+
+
+def _sweep_options(f):
+    """The sweep options `bench` and `tune` share (names as genai-perf / perf_analyzer / vLLM bench use
+    them; docs/bench.md has the mapping). Deprecated spellings stay as hidden aliases."""
+    options = [
+        click.argument("targets", nargs=-1),
+        click.option("--draft-lengths", default="0,2,4", show_default=True, callback=_int_list, help="Draft tokens per step to sweep (comma list; 0 = speculation off, the baseline)."),
+        click.option("--concurrency", "concurrency", default=None, metavar="N", help="Closed loop at N requests in flight (one level) [1,2,4,8,16 as a sweep]."),
+        click.option("--concurrency-sweep", "concurrency_sweep", default=None, callback=_int_list, metavar="N,N,...", help="Closed loop at each of these concurrency levels."),
+        click.option("--levels", "levels", default=None, callback=_int_list, hidden=True),
+        click.option("--request-rate", "request_rate", type=click.FloatRange(min=0, min_open=True), default=None, help="Open loop: requests arrive at this mean rate (requests/s; gamma gaps, see --burstiness)."),
+        click.option("--request-rate-sweep", "request_rate_sweep", default=None, callback=_float_list, metavar="R,R,...", help="Open loop at each of these rates (requests/s)."),
+        click.option("--burstiness", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape of the arrival gaps (1 = Poisson; < 1 burstier)."),
+        click.option("--max-concurrency", type=click.IntRange(min=1), default=None, help="Open loop: at most this many requests in flight [no cap]."),
+        click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1), help="Measure every point this many times (draft lengths interleaved); adds 95% bootstrap intervals."),
+        click.option("--slo", default="", help="Goodput objectives in ms, e.g. ttft=500,tpot=50,e2el=5000 (vLLM's --goodput keys)."),
+        click.option("--stability-percentage", default=10.0, show_default=True, type=click.FloatRange(min=0), help="Repeats whose tokens/s differ from their mean by more than this % mark the point unstable."),
+        click.option("--prompts", "prompt_sets", multiple=True, default=("humaneval:8",), show_default=True, help="Prompt set, repeatable: humaneval:N, chat:N, summarize:N, specbench[:TASK][:N] (specbench[:N]: one set per task), synthetic:N[:in=I,out=O,...], or a .jsonl/.txt file (docs/bench.md)."),
+        click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1)),
+        click.option("--request-count", "requests", default=None, type=click.IntRange(min=1), help="Requests per point and repeat [max(prompts, concurrency)]."),
+        click.option("--requests", "requests_old", default=None, type=click.IntRange(min=1), hidden=True),
+        click.option("--end-id", default=None, type=int, help="End token id; -1 always generates --max-tokens [the deployment's]."),
+        click.option("--warmup-request-count", "warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Untimed requests per deployment and prompt set."),
+        click.option("--warmup", "warmup_old", default=None, type=click.IntRange(min=0), hidden=True),
+        click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets)."),
+        click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True, help="For host:port targets."),
+        click.option("--label", "labels", multiple=True, help="Name of each host:port (then --openai) target, in order."),
+        click.option("--metrics-url", "metrics_urls", multiple=True, help="Metrics host:port of each host:port target, for the counter cross-check."),
+        click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir of host:port targets (chat template)."),
+        click.option("--openai", "openai_urls", multiple=True, metavar="URL", help="An OpenAI-compatible base URL to bench (repeatable): specbuild serve --openai-port, trtllm-serve, vLLM, SGLang."),
+        click.option("--openai-chat", is_flag=True, help="OpenAI targets: send prompts to /chat/completions."),
+        click.option("--openai-draft-len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the draft length the server runs with (a label) [0]."),
+        click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Where recipe engines and repositories go [./specbuild-out/NAME]."),
+        click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
+        click.option("--streaming/--no-streaming", "stream", default=None, help="Stream every request: measures TTFT, inter-token latency and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served; OpenAI: on]"),
+        click.option("--stream/--no-stream", "stream_old", default=None, hidden=True),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _resolve_sweep_options(options: dict) -> dict:
+    """Merge the deprecated spellings into the current ones (with a warning) and check the load flags."""
+    stream_old = options.pop("stream_old")
+    if stream_old is not None:
+        _deprecated("--stream/--no-stream", "--streaming/--no-streaming")
+        if options["stream"] is None:
+            options["stream"] = stream_old
+    for old, new, key in (("--requests", "--request-count", "requests"), ("--warmup", "--warmup-request-count", "warmup")):
+        value = options.pop(f"{key}_old")
+        if value is not None:
+            _deprecated(old, new)
+            options[key] = value
+    levels, sweep, one = options.pop("levels"), options.pop("concurrency_sweep"), options.pop("concurrency")
+    if levels is not None:
+        _deprecated("--levels", "--concurrency-sweep")
+        sweep = levels
+    if one is not None and "," in one:  # the old list form of --concurrency
+        _deprecated("--concurrency A,B,...", "--concurrency-sweep A,B,...")
+        sweep, one = _int_list(None, None, one), None
+    if one is not None and sweep is not None:
+        raise click.UsageError("give --concurrency N (one level) or --concurrency-sweep A,B,... (several), not both")
+    try:
+        levels = (int(one),) if one is not None else sweep or (1, 2, 4, 8, 16)
+    except ValueError:
+        raise click.BadParameter(f"--concurrency takes one integer, got {one!r}") from None
+    rate, rates = options.pop("request_rate"), options.pop("request_rate_sweep")
+    if rate is not None and rates is not None:
+        raise click.UsageError("give --request-rate R or --request-rate-sweep A,B,..., not both")
+    if (rate is not None or rates) and (one is not None or sweep is not None):
+        raise click.UsageError("closed loop (--concurrency*) or open loop (--request-rate*): one at a time; cap open-loop requests in flight with --max-concurrency")
+    options["levels"] = levels
+    options["request_rates"] = (rate,) if rate is not None else tuple(rates or ())
+    from specbuild.client.prompts import expand_prompt_sets
+
+    options["prompt_sets"] = expand_prompt_sets(options["prompt_sets"])
+    return options
+
+
+def _run_bench(console, targets, *, draft_lengths, levels, request_rates, burstiness, max_concurrency, repeats, slo,
+               stability_percentage, prompt_sets, max_tokens, requests, end_id, warmup, chat_template, protocol, labels,
+               metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream):
     from specbuild.builder.recipe import RecipeError
     from specbuild.client.bench import BenchError, SweepPlan, run_bench
     from specbuild.client.prompts import PromptSourceError
@@ -545,71 +701,92 @@ def _run_bench(console, targets, *, draft_lengths, levels, prompt_sets, max_toke
     try:
         plan = SweepPlan(
             draft_lengths=draft_lengths, concurrencies=levels, prompt_sets=tuple(prompt_sets), max_tokens=max_tokens,
-            requests=requests, end_id=end_id, warmup=warmup, chat_template=chat_template,
+            requests=requests, end_id=end_id, warmup=warmup, chat_template=chat_template, request_rates=request_rates,
+            burstiness=burstiness, max_concurrency=max_concurrency, repeats=repeats, slo=slo,
+            stability_percentage=stability_percentage,
         )
         with stop_signals_interrupt():  # SIGTERM/SIGHUP stop the servers like Ctrl-C
             return run_bench(
                 targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, stream=stream,
                 labels=labels, metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
+                openai_urls=openai_urls, openai_chat=openai_chat, openai_draft_len=openai_draft_len,
             )
     except (BenchError, RecipeError, PromptSourceError, ClientError, ServerNotFoundError, ServerStartError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
+def _results_dir(results_dir: Path | None, output_dir_old: Path | None, default: str) -> Path:
+    if output_dir_old is not None:
+        _deprecated("--output-dir/-o (results)", "--results-dir")
+        return output_dir_old
+    return results_dir or Path(default)
+
+
 @main.command("bench")
-@_sweep_options(("--concurrency", "--levels"))
-@click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-out/bench"), show_default=True, help="Where bench.json and bench.csv go.")
-def bench_command(output_dir: Path, **options) -> None:
-    """Sweep TARGETS x draft lengths x concurrency x prompt sets; print a table, write JSON and CSV.
+@_sweep_options
+@click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where bench.json, bench.csv and requests.jsonl go [specbuild-out/bench].")
+@click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
+def bench_command(results_dir: Path | None, output_dir_old: Path | None, **options) -> None:
+    """Sweep TARGETS x draft lengths x load x prompt sets; print a table, write JSON, CSV and JSONL.
 
     A TARGET is a recipe (name or path: built, served on free ports, stopped after) or a running
-    server's host:port. Per point: request latency p50/p90/p99, time per output token, tokens/s per
-    user and in total, tokens per step (acceptance length), acceptance rate, and cross-checks of the
-    server's acceptance counters against the client's token counts and of every output against k=0.
+    server's host:port; --openai URL adds an OpenAI-compatible server. Load is closed loop
+    (--concurrency N, --concurrency-sweep) or open loop (--request-rate R, --request-rate-sweep;
+    Poisson or gamma arrivals, optional --max-concurrency cap). Per point: request latency, TTFT and
+    inter-token latency p50/p90/p99, time per output token, tokens/s per user and in total, request
+    throughput, goodput (--slo), tokens per step (acceptance length) and its histogram, acceptance
+    rate; with --repeats N, 95% bootstrap intervals. Cross-checks the server's acceptance counters
+    against the client's token counts and every output against k=0.
 
     \b
     Examples:
-      specbuild bench smollm2-ngram --draft-lengths 0,1,2,4 --concurrency 1,4,8 --prompts chat:8
+      specbuild bench smollm2-ngram --draft-lengths 0,1,2,4 --concurrency-sweep 1,4,8 --prompts chat:8
+      specbuild bench smollm2-ngram --request-rate-sweep 0.2,0.5,1 --repeats 3 --slo ttft=2000,tpot=200
       specbuild bench smollm2-ngram smollm2-lookahead --prompts humaneval:4 --prompts summarize:4
       specbuild bench 127.0.0.1:8001 --label ngram --metrics-url 127.0.0.1:8002
+      specbuild bench --openai http://127.0.0.1:9000/v1 --concurrency 4
     """
     console = _console()
-    result = _run_bench(console, **options)
-    json_path, csv_path = result.write(output_dir)
-    console.print(f"wrote {json_path} and {csv_path} ({result.wall_s:.0f} s)")
+    result = _run_bench(console, **_resolve_sweep_options(options))
+    json_path, csv_path = result.write(_results_dir(results_dir, output_dir_old, "specbuild-out/bench"))
+    console.print(f"wrote {json_path}, {csv_path} and {json_path.with_name('requests.jsonl')} ({result.wall_s:.0f} s)")
     if any(p.problems for p in result.points):
         sys.exit(1)
 
 
 @main.command("tune")
-@_sweep_options(("--levels",))
+@_sweep_options
 @click.option("--from", "from_json", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Tune on a bench.json instead of running a sweep.")
 @click.option("--goal", type=click.Choice(["latency", "throughput"]), default="latency", show_default=True)
-@click.option("--concurrency", "goal_concurrency", type=click.IntRange(min=1), help="--goal latency: the concurrency to be fastest at [lowest measured].")
+@click.option("--goal-concurrency", "goal_concurrency", type=click.IntRange(min=1), help="--goal latency: the concurrency to be fastest at [lowest measured].")
 @click.option("--max-latency-ms", type=click.FloatRange(min=0), help="--goal throughput: the latency bound (ms).")
 @click.option("--latency-metric", type=click.Choice(["p50", "p90", "p99", "tpot"]), default="p50", show_default=True, help="Latency axis: request latency percentile or time per output token.")
 @click.option("--min-gain", default=0.05, show_default=True, type=click.FloatRange(0, 1), help="Schedule: speculate at a concurrency only when at least this much faster than k=0 (0.05 = 5%).")
-@click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-out/tune"), show_default=True, help="Where tune.json, the PNG plots (and bench.json/csv of a sweep) go.")
-def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, output_dir, **options) -> None:
-    """Pick a method and draft length: Pareto frontier, recommendation, schedule, analytic model.
+@click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where tune.json, the PNG plots (and bench.json/csv/jsonl of a sweep) go [specbuild-out/tune].")
+@click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
+def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, results_dir, output_dir_old, **options) -> None:
+    """Pick a method and draft length: frontier, recommendation, schedule, analytic model, plots.
 
-    Runs the sweep of `specbuild bench` on TARGETS (same options; concurrency levels are --levels),
-    or reads --from bench.json, then prints the throughput-latency Pareto frontier per prompt set, the
-    configuration that meets --goal, a draft-length schedule by concurrency (TensorRT-LLM's
-    draft_len_schedule / max_concurrency), and each point against Leviathan et al. 2023; writes
+    Runs the sweep of `specbuild bench` on TARGETS (same options), or reads --from bench.json, then
+    prints per prompt set the throughput-latency frontier (with 95% intervals when the sweep had
+    --repeats), the configuration that meets --goal (saying which others it cannot be told apart
+    from), a draft-length schedule by concurrency (TensorRT-LLM's draft_len_schedule /
+    max_concurrency), speed-ups with intervals and each point against Leviathan et al. 2023; writes
     tune.json, frontier.png and speedup.png.
 
     \b
     Examples:
-      specbuild tune smollm2-ngram smollm2-lookahead --draft-lengths 0,1,2,3 --levels 1,4,8 --prompts chat:4
+      specbuild tune smollm2-ngram smollm2-lookahead --draft-lengths 0,1,2,3 --concurrency-sweep 1,4,8 --repeats 3
       specbuild tune --from specbuild-out/bench/bench.json --goal throughput --max-latency-ms 5000
     """
     from specbuild.client.bench import BenchError, load_result
     from specbuild.client.tune import TuneError, run_tune
 
     console = _console()
+    output_dir = _results_dir(results_dir, output_dir_old, "specbuild-out/tune")
+    options = _resolve_sweep_options(options)
     if from_json is not None:
-        if options["targets"]:
+        if options["targets"] or options["openai_urls"]:
             raise click.UsageError("give TARGETS to run a sweep, or --from bench.json, not both")
         try:
             result = load_result(from_json)

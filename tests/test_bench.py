@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
+
 import pytest
 from click.testing import CliRunner
 
@@ -227,8 +229,9 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
     bench_dir = tmp_path / "bench"
     runner = CliRunner()
     result = runner.invoke(main, [
-        "bench", str(recipe), "--draft-lengths", "0,1,3", "--concurrency", "1,2", "--prompts", str(prompts),
-        "--max-tokens", "12", "--end-id", "-1", "--deploy-dir", str(tmp_path / "deploy"), "-o", str(bench_dir),
+        "bench", str(recipe), "--draft-lengths", "0,1,3", "--concurrency-sweep", "1,2", "--prompts", str(prompts),
+        "--max-tokens", "12", "--end-id", "-1", "--deploy-dir", str(tmp_path / "deploy"), "--results-dir", str(bench_dir),
+        "--repeats", "2",
     ])
     assert result.exit_code == 0, result.output
     data = json.loads((bench_dir / "bench.json").read_text())
@@ -238,7 +241,20 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
         assert p["problems"] == [], p["problems"]
         assert p["counters_checked"]  # the server's Prometheus counters matched the client's sums
         assert p["ids_match_baseline"] == 1.0  # every speculative output equals plain decoding
-        assert p["requests"] == 3 and p["output_tokens"] == 3 * 12
+        assert p["requests"] == 2 * 3 and p["output_tokens"] == 2 * 3 * 12 and p["repeats"] == 2
+        assert len(p["repeat_total_tok_s"]) == 2 and p["small_sample"]  # 6 requests: flagged
+        low, high = p["ci"]["latency_ms_p50"]
+        assert low <= p["latency_ms_p50"] <= high
+        assert p["ci"]["total_tok_s"][0] <= p["total_tok_s"] <= p["ci"]["total_tok_s"][1]
+        assert p["itl_ms_p50"] > 0 and p["ttft_ms_p99"] >= p["ttft_ms_p50"] and p["request_throughput"] > 0
+        steps = sum(p["acceptance_length_histogram"])  # streamed steps after the prefill, by tokens emitted
+        assert steps == round(6 * 11 / p["tokens_per_step"])
+    assert data["schema_version"] == "specbuild.bench/2"
+    assert {"python", "cpu", "packages", "git"} <= set(data["environment"])
+    assert data["environment"]["packages"]["specbuild"]
+    rows = [json.loads(line) for line in (bench_dir / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 * 6 and {r["repeat"] for r in rows} == {0, 1}
+    assert all(r["output_tokens"] == 12 and r["ttft_ms"] <= r["e2e_ms"] and len(r["itl_ms"]) == len(r["step_tokens"]) - 1 for r in rows)
     speculative = [p for p in points if p["draft_len"] > 0]
     assert all(p["accepted_per_step"] > 0 for p in speculative)
     assert any(p["acceptance_rate"] < 1 for p in speculative)  # rejections happened too
@@ -255,7 +271,7 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
 
     tune_dir = tmp_path / "tune"
     result = runner.invoke(main, ["tune", "--from", str(bench_dir / "bench.json"), "--goal", "latency",
-                                  "--concurrency", "2", "-o", str(tune_dir)])
+                                  "--goal-concurrency", "2", "--results-dir", str(tune_dir)])
     assert result.exit_code == 0, result.output
     report = json.loads((tune_dir / "tune.json").read_text())
     (recommended,) = report["recommendations"].values()
@@ -263,7 +279,7 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
     assert report["frontiers"] and report["schedules"] and report["analytic"]
     for png in ("frontier.png", "speedup.png"):
         assert (tune_dir / png).read_bytes()[:4] == b"\x89PNG"
-    assert "Pareto frontier" in result.output and "Recommendation" in result.output
+    assert "Frontier" in result.output and "Recommendation" in result.output and "cannot be told apart" in result.output
 
 
 @pytest.mark.e2e
@@ -293,6 +309,50 @@ def test_bench_a_running_server_by_url_without_streaming(tiny_checkpoint, tmp_pa
         assert p["ids_match_baseline"] == 1.0
         assert p["ttft_ms_p50"] is None and p["per_position_acceptance"] is None  # not streamed: not measured
     assert "TTFT not measured" in result.output
+    assert "--concurrency A,B,... is deprecated" in result.output  # the old list form still works
+
+
+@pytest.mark.e2e
+def test_open_loop_at_two_rates_with_goodput(tiny_checkpoint, tmp_path):
+    """Open loop (Poisson arrivals, capped) against a real server: rates, latency percentiles, goodput."""
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.server import TritonServer
+
+    loaded = load_recipe(str(write_recipe(tmp_path / "r.yaml", tiny_checkpoint)))
+    engine = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).engine_dir
+    repo = write_reference_repository(spec_from_engine_dir(engine, decoupled=True), tmp_path / "repo")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in E2E_PROMPTS))
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
+        result = CliRunner().invoke(main, [
+            "bench", server.grpc_url, "--streaming", "--draft-lengths", "0,2", "--request-rate-sweep", "2,50",
+            "--max-concurrency", "3", "--request-count", "6", "--prompts", str(prompts), "--max-tokens", "8",
+            "--end-id", "-1", "--slo", "e2el=600000,ttft=600000", "--results-dir", str(tmp_path / "out"),
+        ])
+    assert result.exit_code == 0, result.output
+    points = json.loads((tmp_path / "out" / "bench.json").read_text())["points"]
+    assert sorted((p["request_rate"], p["draft_len"]) for p in points) == [(2.0, 0), (2.0, 2), (50.0, 0), (50.0, 2)]
+    for p in points:
+        assert p["concurrency"] == 3 and p["burstiness"] == 1.0 and p["requests"] == 6 and not p["problems"]
+        assert p["goodput"] == pytest.approx(p["request_throughput"])  # every request within the generous SLO
+        assert p["ttft_ms_p50"] <= p["ttft_ms_p99"] and p["itl_ms_p99"] >= p["itl_ms_p50"] > 0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
+    slow = sorted(r["start_ms"] for r in rows if r["request_rate"] == 2.0 and r["draft_len"] == 0)
+    assert slow[-1] > 1000  # 6 arrivals at 2/s span about 2.5 s, not sent at once
+    assert "2/s<=3" in result.output
+
+
+def test_arrival_times_have_the_asked_mean_rate_and_burstiness():
+    from specbuild.client.bench import arrival_times
+
+    poisson = arrival_times(20001, rate=4.0, burstiness=1.0, seed=1)
+    gaps = np.diff(poisson)
+    assert poisson[0] == 0 and gaps.mean() == pytest.approx(0.25, rel=0.03)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential gaps: CV 1
+    bursty = np.diff(arrival_times(20001, rate=4.0, burstiness=0.25, seed=1))
+    assert bursty.mean() == pytest.approx(0.25, rel=0.05) and bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.08)
 
 
 def test_tune_cli_errors_are_one_line(tmp_path):
@@ -311,3 +371,21 @@ def test_bench_against_a_dead_url_fails_with_a_clear_error():
     result = CliRunner().invoke(main, ["bench", "127.0.0.1:9", "--prompts", "chat:1", "--concurrency", "1",
                                        "--draft-lengths", "0", "--timeout-s", "2"])
     assert result.exit_code == 1 and "127.0.0.1:9" in result.output and "Traceback" not in result.output
+
+
+def test_deprecated_spellings_still_work_and_warn():
+    from specbuild.cli import _resolve_sweep_options
+
+    base = {"stream": None, "stream_old": False, "requests": None, "requests_old": 5, "warmup": 1, "warmup_old": None,
+            "levels": None, "concurrency_sweep": None, "concurrency": "1,4", "request_rate": None, "request_rate_sweep": None,
+            "prompt_sets": ("chat:2",)}
+    options = _resolve_sweep_options(dict(base))
+    assert options["stream"] is False and options["requests"] == 5 and options["levels"] == (1, 4)
+    one = _resolve_sweep_options({**base, "stream_old": None, "requests_old": None, "concurrency": "8"})
+    assert one["levels"] == (8,) and one["request_rates"] == ()
+    rates = _resolve_sweep_options({**base, "concurrency": None, "request_rate_sweep": (0.5, 1.0)})
+    assert rates["request_rates"] == (0.5, 1.0)
+    import click
+
+    with pytest.raises(click.UsageError, match="one at a time"):
+        _resolve_sweep_options({**base, "concurrency": "2", "request_rate": 1.0})

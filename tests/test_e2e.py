@@ -78,10 +78,18 @@ def test_server_output_matches_the_engine_run_in_process(deployment):
 
 @pytest.mark.parametrize("output", ["text_output", "output_ids", "sequence_length", "acceptance_rate"])
 def test_a_request_may_ask_for_a_single_output(deployment, output):
-    """TensorRT-LLM clients usually request only text_output; every output must work on its own."""
+    """TensorRT-LLM clients usually request only text_output; every output must work on its own
+    (the perf metrics with return_perf_metrics, as TensorRT-LLM fills them only then)."""
     server, _ = deployment
-    result = raw_infer(server.http_url, "def f():", 4, end_id=-1, requested=[output])
+    asks = {"return_perf_metrics": True} if output == "acceptance_rate" else {}
+    result = raw_infer(server.http_url, "def f():", 4, end_id=-1, requested=[output], bools=asks)
     assert result.as_numpy(output) is not None
+
+
+def test_perf_metrics_not_asked_for_are_absent(deployment):
+    server, _ = deployment
+    result = raw_infer(server.http_url, "def f():", 4, end_id=-1)
+    assert result.as_numpy("text_output") is not None and result.as_numpy("acceptance_rate") is None
 
 
 def test_max_tokens_and_end_token_are_honoured(deployment):
@@ -95,16 +103,19 @@ def test_max_tokens_and_end_token_are_honoured(deployment):
         assert client.generate(PROMPTS[0].text, max_tokens=MAX_TOKENS, end_id=stop).output_ids == cut
 
 
-def raw_infer(url: str, text: str, max_tokens: int, requested: list[str] | None = None, **optional_int32):
+def raw_infer(url: str, text: str, max_tokens: int, requested: list[str] | None = None, bools: dict | None = None,
+              **optional_int32):
     """A request straight through tritonclient, bypassing the SDK's own argument checks."""
     import numpy as np
     import tritonclient.http as http
 
     tensors = {"text_input": np.array([[text.encode("utf-8", "surrogateescape")]], dtype=object), "max_tokens": np.array([[max_tokens]], dtype=np.int32)}
     tensors |= {k: np.array([[v]], dtype=np.int32) for k, v in optional_int32.items()}
+    tensors |= {k: np.array([[v]], dtype=np.bool_) for k, v in (bools or {}).items()}
+    kinds = {np.dtype(object): "BYTES", np.dtype(np.int32): "INT32", np.dtype(np.bool_): "BOOL"}
     inputs = []
     for name, value in tensors.items():
-        inputs.append(http.InferInput(name, list(value.shape), "BYTES" if value.dtype == object else "INT32"))
+        inputs.append(http.InferInput(name, list(value.shape), kinds[value.dtype]))
         inputs[-1].set_data_from_numpy(value)
     outputs = [http.InferRequestedOutput(name) for name in requested] if requested else None
     with http.InferenceServerClient(url) as client:

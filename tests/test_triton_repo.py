@@ -139,7 +139,18 @@ def test_engine_model_tensors_round_trip_real_results(engine_dir):
     assert out["sequence_length"].tolist() == [[6], [5]]
     assert out["output_ids"][0, 0].tolist() == results[0].output_ids
     assert out["output_ids"][1, 0, :5].tolist() == [9, 10] + results[1].output_ids
-    assert out["total_draft_tokens"].tolist() == [[0], [0]]  # row 0 plain decoding; row 1 did not ask
+    # One response per request: a row asked, so every row carries its own real figures (row 0 plain decoding).
+    assert out["total_draft_tokens"].tolist() == [[0], [results[1].total_draft_tokens]]
+    assert "logit_margin" not in out and "runner_up_ids" not in out  # nobody asked: absent, no placeholders
+
+
+def test_outputs_nobody_asked_for_are_absent_not_placeholders(engine_dir):
+    engine = ReferenceEngine.from_engine_dir(engine_dir)
+    inputs = {"input_ids": np.array([[5, 6, 7]], dtype=np.int32), "request_output_len": np.array([[4]], dtype=np.int32)}
+    rows = parse_batch(inputs, default_pad_id=0, default_exclude_input=True)
+    out = pack_outputs(rows, [engine.generate(r.request) for r in rows])
+    assert set(out) == {"output_ids", "sequence_length", "stream_prefix_ids", "stream_final"}
+    assert all(np.isfinite(v).all() for v in out.values() if v.dtype.kind == "f")
 
 
 def test_parse_batch_rejects_inconsistent_shapes():

@@ -47,7 +47,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -474,36 +474,45 @@ def _answers_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def serve_forever(server: TritonServer) -> int:
+def serve_forever(server: TritonServer, *, companion=None) -> int:
     """Start ``server``, print its URLs, and block until Ctrl-C, SIGINT, SIGTERM or SIGHUP; then stop it.
 
-    Call from the main thread: it handles those signals itself for the duration (SIGINT too, since a
-    shell starts background jobs with it ignored). Returns an exit code for the CLI: 0 after a signal,
-    1 if the server failed to start, else the server's own status if it ended by itself (128 + N if
-    signal N killed it).
+    ``companion(server)``: called once the server is ready; returns a context manager (e.g. the
+    OpenAI front, :class:`specbuild.triton_repo.openai_frontend.OpenAIServer`) entered for as long
+    as the server runs, and a function that returns what to add to the ready line. Call from the main thread: it handles those signals
+    itself for the duration (SIGINT too, since a shell starts background jobs with it ignored).
+    Returns an exit code for the CLI: 0 after a signal, 1 if the server (or the companion) failed to
+    start, else the server's own status if it ended by itself (128 + N if signal N killed it).
     """
     with stop_signals_interrupt():
-        return _serve_until_interrupted(server)
+        return _serve_until_interrupted(server, companion)
 
 
-def _serve_until_interrupted(server: TritonServer) -> int:
+def _serve_until_interrupted(server: TritonServer, companion=None) -> int:
+    stack = ExitStack()
     try:
         server.start()
+        extra = ""
+        if companion is not None:
+            context, describe = companion(server)
+            stack.enter_context(context)
+            extra = describe()
         print(
             f"tritonserver ready (pid {server.pid}): HTTP {server.http_url}  gRPC {server.grpc_url}  "
-            f"metrics {server.metrics_url}\nlog: {server.log_file}\nCtrl-C to stop",
+            f"metrics {server.metrics_url}{extra}\nlog: {server.log_file}\nCtrl-C to stop",
             flush=True,
         )
         code = server.wait()
         print(f"tritonserver exited by itself with status {code}; see {server.log_file}", file=sys.stderr)
         return code if code >= 0 else 128 - code
-    except ServerStartError as error:
+    except (ServerStartError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("stopping tritonserver ...", file=sys.stderr, flush=True)
         return 0
     finally:
+        stack.close()
         server.stop()
 
 

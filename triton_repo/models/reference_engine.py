@@ -132,12 +132,14 @@ def pack_outputs(
     rows: list[Row], results: list[GenerationResult], margins: list[Margins | None] | None = None
 ) -> dict[str, np.ndarray]:
     """Output tensors for a batch: ``output_ids`` [batch, 1, max_len] int32 padded with each row's
-    pad_id, ``sequence_length`` [batch, 1] int32, the three perf-metric tensors [batch, 1]
-    (zeros for rows that did not ask for ``return_perf_metrics``), and ``logit_margin`` [batch, n]
-    fp32 / ``runner_up_ids`` [batch, n] int32 (``margins[b]`` of the rows that asked for
-    ``return_logit_margin``, NaN / -1 elsewhere; n = the longest generated output, at least 1), and
-    the streaming tensors of a whole (final) answer: ``stream_prefix_ids`` [batch, 0],
-    ``stream_final`` [batch, 1] true."""
+    pad_id, ``sequence_length`` [batch, 1] int32, the streaming tensors of a whole (final) answer
+    (``stream_prefix_ids`` [batch, 0], ``stream_final`` [batch, 1] true), and only when a row of the
+    request asked for them (see :func:`_perf`, :func:`_pack_margins`): the three perf-metric tensors
+    [batch, 1] and ``logit_margin`` [batch, n] fp32 / ``runner_up_ids`` [batch, n] int32.
+
+    Outputs nobody asked for are left out rather than filled with placeholders, so every value a
+    client receives is a real figure (and the HTTP JSON never carries NaN, which strict JSON parsers
+    reject)."""
     sequences = [
         (r.output_ids if row.exclude_input_in_output else row.request.input_ids + r.output_ids)
         for row, r in zip(rows, results)
@@ -151,7 +153,7 @@ def pack_outputs(
         "output_ids": output_ids,
         "sequence_length": np.array([[len(s)] for s in sequences], dtype=np.int32),
         **_perf(rows, results),
-        **_pack_margins(margins or [None] * len(rows)),
+        **_pack_margins(margins or [None] * len(rows), [row.pad_id for row in rows]),
         "stream_prefix_ids": np.zeros((len(rows), 0), dtype=np.int32),
         "stream_final": np.ones((len(rows), 1), dtype=np.bool_),
     }
@@ -163,8 +165,8 @@ def pack_step(row: Row, step: StepOutput, *, sent: list[int]) -> dict[str, np.nd
     ``output_ids`` [1, 1, n] holds the tokens the step emitted (TensorRT-LLM streaming: only the new
     tokens), preceded on the first response by the prompt when ``exclude_input_in_output`` is false,
     so the concatenated stream equals the non-streamed ``output_ids``; ``sequence_length`` [1, 1] = n;
-    the perf metrics are the totals so far (``logit_margin`` / ``runner_up_ids`` are not streamed:
-    placeholders). ``stream_prefix_ids`` [1, len(sent)] repeats what earlier
+    the perf metrics are the totals so far, when asked for (``logit_margin`` / ``runner_up_ids`` are
+    not streamed: absent). ``stream_prefix_ids`` [1, len(sent)] repeats what earlier
     responses carried and ``stream_final`` [1, 1] marks the last step: postprocessing needs both to
     turn each step into exactly the text it adds (a token may complete a character that an earlier
     token began), so the streamed texts concatenate to the non-streamed ``text_output``.
@@ -176,16 +178,17 @@ def pack_step(row: Row, step: StepOutput, *, sent: list[int]) -> dict[str, np.nd
         "output_ids": np.array([[new]], dtype=np.int32).reshape(1, 1, len(new)),
         "sequence_length": np.array([[len(new)]], dtype=np.int32),
         **_perf([row], [result]),
-        **_pack_margins([None]),
         "stream_prefix_ids": np.array([sent], dtype=np.int32).reshape(1, len(sent)),
         "stream_final": np.array([[step.is_final]], dtype=np.bool_),
     }
 
 
 def _perf(rows: list[Row], results: list[GenerationResult]) -> dict[str, np.ndarray]:
-    """The three perf-metric tensors [batch, 1] (zeros for rows without ``return_perf_metrics``)."""
-    perf = [row.return_perf_metrics for row in rows]
-    metric = lambda values, dtype: np.array([[v if p else 0] for v, p in zip(values, perf)], dtype=dtype)  # noqa: E731
+    """The three perf-metric tensors [batch, 1] when any row asked for ``return_perf_metrics``
+    (every row's own figures: a batch shares one response), else none (``{}``)."""
+    if not any(row.return_perf_metrics for row in rows):
+        return {}
+    metric = lambda values, dtype: np.array([[v] for v in values], dtype=dtype)  # noqa: E731
     return {
         "acceptance_rate": metric([r.acceptance_rate for r in results], np.float32),
         "total_accepted_draft_tokens": metric([r.total_accepted_draft_tokens for r in results], np.int32),
@@ -216,10 +219,21 @@ def logit_margins(engine, prompt_ids: list[int], output_ids: list[int]) -> Margi
     return Margins(*engine.logit_margins(prompt_ids, output_ids))
 
 
-def _pack_margins(margins: list[Margins | None]) -> dict[str, np.ndarray]:
-    width = max([1] + [len(m.margin) for m in margins if m is not None])
-    margin = np.full((len(margins), width), np.nan, dtype=np.float32)
-    runner_up = np.full((len(margins), width), -1, dtype=np.int32)
+def _pack_margins(margins: list[Margins | None], pad_ids: list[int] | None = None) -> dict[str, np.ndarray]:
+    """``logit_margin`` [batch, n] fp32 and ``runner_up_ids`` [batch, n] int32, n = the longest row;
+    ``{}`` when no row has margins (the request did not ask for them).
+
+    Rows shorter than n are padded like ``output_ids``: margin 0.0, runner-up = the row's pad id
+    (``pad_ids``, default 0); only the row's generated-token count of entries is data.
+    :class:`_BatchReply` computes margins for every row of a request that asked, so no row is None
+    when another is not.
+    """
+    if all(m is None for m in margins):
+        return {}
+    pads = pad_ids or [0] * len(margins)
+    width = max(len(m.margin) for m in margins if m is not None)
+    margin = np.zeros((len(margins), width), dtype=np.float32)
+    runner_up = np.array([[pad] * width for pad in pads], dtype=np.int32).reshape(len(margins), width)
     for b, m in enumerate(margins):
         if m is not None:
             margin[b, : len(m.margin)] = m.margin
@@ -340,8 +354,9 @@ class _BatchReply(_Reply):
         if all(s and s[-1].is_final for s in self.steps):
             results = [collect(s) for s in self.steps]
             self.model.metrics.record(results)
+            wanted = any(row.return_logit_margin for row in self.rows)  # one response: every row or none
             margins = [
-                logit_margins(self.model.engine, row.request.input_ids, r.output_ids) if row.return_logit_margin else None
+                logit_margins(self.model.engine, row.request.input_ids, r.output_ids) if wanted else None
                 for row, r in zip(self.rows, results)
             ]
             self.model.send(self.sender, pack_outputs(self.rows, results, margins), final=True)

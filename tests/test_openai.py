@@ -1,0 +1,252 @@
+"""The OpenAI door both ways, end to end with real servers (no mocks).
+
+(b) specbuild's FastAPI/uvicorn front in front of a real (decoupled) tritonserver on the tiny model:
+/v1/models, /v1/completions and /v1/chat/completions, streamed and not, token ids and the
+``spec_decode`` extension, errors in OpenAI's shape, strict JSON everywhere.
+(a) specbuild's OpenAI client (verify, bench) against (b): the ids through the OpenAI door equal
+the ids through Triton's own gRPC; ``specbuild verify --openai URL`` and ``--openai-baseline URL``
+pass. About 60 s on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+from conftest import write_recipe
+from specbuild.client.openai_client import OpenAIClient, PairedClient, normalize_base_url, parse_acceptance_metrics
+from specbuild.client.prompts import Prompt
+from test_strict_json import strict_loads
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = [
+    "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i",
+    "def fib(n):\n    if n < 2:\n        return n\n",
+    "The quick brown fox jumps over the lazy dog.",
+]
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_checkpoint, tmp_path_factory):
+    """A decoupled tritonserver, a speculative OpenAI front and a speculation-off one on it."""
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.openai_frontend import OpenAIServer, config_from_deployment
+    from specbuild.triton_repo.server import TritonServer
+
+    out = tmp_path_factory.mktemp("openai")
+    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
+    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir, decoupled=True), out / "repo")
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "server.log") as triton:
+        config = config_from_deployment(triton.grpc_url, model="tiny-ngram")
+        assert config.decoupled and config.tokenizer_dir == str((engine_dir / "tokenizer").resolve())
+        # The tiny tokenizer has no chat template: give the front a copy that has one.
+        tokenizer_dir = out / "chat-tokenizer"
+        shutil.copytree(config.tokenizer_dir, tokenizer_dir)
+        settings = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+        (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": CHAT_TEMPLATE}))
+        config = type(config)(**{**config.__dict__, "tokenizer_dir": str(tokenizer_dir)})
+        baseline_config = type(config)(**{**config.__dict__, "num_draft_tokens": 0, "model": "tiny-plain"})
+        with OpenAIServer(config, port=0) as front, OpenAIServer(baseline_config, port=0) as baseline:
+            yield triton, front, baseline
+
+
+def _post(url: str, body: dict) -> httpx.Response:
+    return httpx.post(url, json=body, timeout=120)
+
+
+def test_models_and_health(deployment):
+    _, front, _ = deployment
+    models = strict_loads(httpx.get(front.url + "/models").text)
+    assert [m["id"] for m in models["data"]] == ["tiny-ngram"] and models["data"][0]["owned_by"] == "specbuild"
+    root = front.url.removesuffix("/v1")
+    assert httpx.get(root + "/health").status_code == 200
+
+
+def test_completion_ids_equal_the_triton_ids_and_carry_acceptance(deployment):
+    from specbuild.client.sdk import SpecClient
+
+    triton, front, _ = deployment
+    with SpecClient(triton.grpc_url, decoupled=True) as client:
+        expected = client.generate(PROMPTS[0], max_tokens=12, end_id=-1)
+    body = {"model": "tiny-ngram", "prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    data = strict_loads(_post(front.url + "/completions", body).text)
+    choice = data["choices"][0]
+    assert choice["token_ids"] == expected.output_ids and choice["text"] == expected.text
+    assert choice["finish_reason"] == "length" and data["usage"]["completion_tokens"] == 12
+    assert data["usage"]["prompt_tokens"] == len(choice["prompt_token_ids"]) > 0
+    spec = data["spec_decode"]
+    assert spec["draft_tokens"] == expected.total_draft_tokens and spec["accepted_draft_tokens"] == expected.total_accepted_draft_tokens
+    assert spec["decode_steps"] == 12 - spec["accepted_draft_tokens"]
+    off = strict_loads(_post(front.url + "/completions", {**body, "num_draft_tokens": 0}).text)
+    assert off["choices"][0]["token_ids"] == expected.output_ids and off["spec_decode"]["draft_tokens"] == 0
+    assert off["spec_decode"]["acceptance_rate"] is None  # nothing drafted: null, never NaN
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streamed_events_concatenate_to_the_whole_answer(deployment, chat):
+    _, front, _ = deployment
+    client = OpenAIClient(front.url, chat=chat, draft_field=True)
+    whole = client.generate(PROMPTS[1], max_tokens=10, end_id=-1)
+    chunks = list(client.generate_stream(PROMPTS[1], max_tokens=10, end_id=-1))
+    assert len(chunks) >= 2  # one event per decoding step
+    assert [t for c in chunks for t in c.output_ids] == whole.output_ids and len(whole.output_ids) == 10
+    assert "".join(c.text for c in chunks) == whole.text
+    assert chunks[-1].total_draft_tokens == whole.total_draft_tokens
+    assert all(b.latency_s >= a.latency_s for a, b in zip(chunks, chunks[1:]))
+    client.close()
+
+
+def test_raw_stream_is_openai_shaped_strict_json(deployment):
+    _, front, _ = deployment
+    body = {"prompt": PROMPTS[2], "max_tokens": 6, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True}
+    lines = [line for line in _post(front.url + "/completions", body).text.splitlines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"
+    events = [strict_loads(line[5:]) for line in lines[:-1]]
+    assert all(e["object"] == "text_completion" for e in events)
+    assert "prompt_token_ids" in events[0]["choices"][0]
+    assert events[-1]["usage"]["completion_tokens"] == sum(len(e["choices"][0].get("token_ids", [])) for e in events if e["choices"])
+    assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_errors_are_openai_shaped(deployment):
+    _, front, _ = deployment
+    cases = [
+        ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ({"prompt": "hi", "n": 2}, 400, "n"),
+        ({"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+        ({"prompt": "hi", "model": "other"}, 404, "model"),
+    ]
+    for body, status, param in cases:
+        response = _post(front.url + "/completions", body)
+        assert response.status_code == status, response.text
+        error = strict_loads(response.text)["error"]
+        assert error["param"] == param and error["message"]
+
+
+def test_metrics_count_what_the_responses_said(deployment):
+    _, front, _ = deployment
+    before = parse_acceptance_metrics(httpx.get(front.url.removesuffix("/v1") + "/metrics").text)
+    result = OpenAIClient(front.url, draft_field=True).generate(PROMPTS[0], max_tokens=8, end_id=-1)
+    after = parse_acceptance_metrics(httpx.get(front.url.removesuffix("/v1") + "/metrics").text)
+    assert after.source == "specbuild"
+    assert after.values["generated_tokens"] - (before.values["generated_tokens"] if before else 0) == 8
+    assert after.values["draft_tokens"] - (before.values["draft_tokens"] if before else 0) == result.total_draft_tokens
+
+
+def test_verify_through_the_openai_door(deployment):
+    from specbuild.client.verify import verify
+
+    _, front, baseline = deployment
+    prompts = [Prompt(f"p{i}", text) for i, text in enumerate(PROMPTS)]
+    with OpenAIClient(front.url, draft_field=True) as client:
+        report = verify(client, prompts, max_tokens=12, end_id=-1, margins=False)
+    assert report.all_match and all(r.speculative.total_draft_tokens for r in report.results)
+    paired = PairedClient(OpenAIClient(front.url), OpenAIClient(baseline.url))
+    report = verify(paired, prompts, max_tokens=12, end_id=-1, margins=False)
+    assert report.all_match
+    assert all(r.baseline.total_draft_tokens == 0 and r.speculative.total_draft_tokens > 0 for r in report.results)
+    paired.close()
+
+
+def test_verify_cli_with_openai_urls(deployment, tmp_path):
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    _, front, baseline = deployment
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(PROMPTS)))
+    for extra in ([], ["--openai-baseline", baseline.url]):
+        report = tmp_path / f"report{len(extra)}.json"
+        result = CliRunner().invoke(main, ["verify", "--openai", front.url, *extra, "--prompts", str(prompts),
+                                           "--max-tokens", "10", "--end-id", "-1", "--report", str(report)])
+        assert result.exit_code == 0, result.output
+        data = json.loads(report.read_text())
+        assert data["summary"]["num_prompts"] == 3 and data["summary"]["num_match"] == 3
+
+
+def test_bench_sweeps_an_openai_target(deployment, tmp_path):
+    from specbuild.client.bench import SweepPlan, openai_deployments, run_sweep
+
+    _, front, _ = deployment
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(PROMPTS)))
+    targets = openai_deployments([front.url], labels=["front"], stream=True)
+    plan = SweepPlan(draft_lengths=(0, 2), concurrencies=(2,), prompt_sets=(str(prompts),), max_tokens=8, end_id=-1,
+                     chat_template="never")
+    result = run_sweep(targets, plan)
+    assert [p.draft_len for p in result.points] == [0, 2]
+    assert all(not p.problems for p in result.points), [p.problems for p in result.points]
+    assert result.points[1].ids_match_baseline == 1.0 and result.points[1].ttft_ms_p50 is not None
+    assert all(p.counters_checked for p in result.points)  # the front's /metrics rose by the client's sums
+    for p in result.points:  # the server-side figures read the way a foreign server's are
+        assert p.server_acceptance["source"] == "specbuild"
+        assert p.server_acceptance["draft_tokens"] == sum(r["draft_tokens"] for r in result.requests if r["draft_len"] == p.draft_len)
+
+
+def test_base_url_normalization():
+    assert normalize_base_url("127.0.0.1:9000") == "http://127.0.0.1:9000/v1"
+    assert normalize_base_url("http://h:1/v1/") == "http://h:1/v1"
+
+
+def test_acceptance_metrics_of_other_servers():
+    vllm = ('# TYPE vllm:spec_decode_num_draft_tokens_total counter\n'
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0\n'
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 30.0\n')
+    assert parse_acceptance_metrics(vllm).values == {"draft_tokens": 40.0, "accepted_tokens": 30.0}
+    sglang = 'sglang:spec_accept_length{model_name="m",tp_rank="0"} 2.5\n'
+    assert parse_acceptance_metrics(sglang).source == "sglang"
+    trtllm = json.dumps([{"iter": 1, "specDecodingStats": {"numDraftTokens": 3, "numAcceptedTokens": 2}},
+                         {"iter": 2, "specDecodingStats": {"numDraftTokens": 3, "numAcceptedTokens": 1}}])
+    assert parse_acceptance_metrics(trtllm).values == {"draft_tokens": 6.0, "accepted_tokens": 3.0}
+    assert parse_acceptance_metrics("up 1\n") is None
+
+
+def test_acceptance_over_an_interval():
+    from specbuild.client.openai_client import ServerAcceptance, acceptance_over
+
+    before = ServerAcceptance("vllm", {"drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 20.0})
+    after = ServerAcceptance("vllm", {"drafts": 30.0, "draft_tokens": 120.0, "accepted_tokens": 80.0})
+    over = acceptance_over(before, after)
+    assert over["acceptance_rate"] == 0.75 and over["acceptance_length"] == 4.0 and over["drafts"] == 20.0
+    gauge = acceptance_over(None, ServerAcceptance("sglang", {"acceptance_length": 2.5}))
+    assert gauge == {"source": "sglang", "acceptance_length": 2.5}
+    assert acceptance_over(before, None) is None
+
+
+def test_specbuild_serve_starts_the_openai_front(deployment, tmp_path):
+    """`specbuild serve REPO --openai-port N`: tritonserver and the front come up together, and go on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from specbuild.triton_repo.server import free_port
+
+    triton, _, _ = deployment
+    port = free_port()
+    command = [sys.executable, "-m", "specbuild.cli", "serve", str(triton.model_repository), "--http-port", "0",
+               "--grpc-port", "0", "--metrics-port", "0", "--openai-port", str(port), "--openai-model", "tiny",
+               "--log-file", str(tmp_path / "serve.log")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = process.stdout.readline()
+        deadline = time.monotonic() + 120
+        while "ready" not in line and time.monotonic() < deadline and process.poll() is None:
+            line = process.stdout.readline()
+        assert f"OpenAI http://127.0.0.1:{port}/v1 (model 'tiny')" in line, line
+        result = OpenAIClient(f"127.0.0.1:{port}").generate(PROMPTS[1], max_tokens=4, end_id=-1)
+        assert len(result.output_ids) == 4
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0

@@ -1,0 +1,519 @@
+"""An OpenAI-compatible HTTP front for a specbuild Triton deployment (FastAPI + uvicorn).
+
+It answers the routes OpenAI clients and benchmark tools (vLLM's ``bench serve``, AIPerf, genai-perf's
+``openai`` endpoint type) speak, and forwards each request to the deployment's ``ensemble`` model
+over gRPC, the way Triton's own OpenAI frontend (triton-inference-server/server ``python/openai``)
+sits in front of an in-process server::
+
+    GET  /v1/models              the one served model
+    POST /v1/completions         prompt -> text (``stream: true``: server-sent events)
+    POST /v1/chat/completions    messages -> the tokenizer's chat template -> text (streaming too)
+    GET  /health                 200 when the Triton model is ready, else 503
+    GET  /metrics                Prometheus text: ``specbuild_*`` counters summed over the responses
+
+Request fields (OpenAI's): ``model``, ``prompt`` (a string, or a list of one string) or ``messages``,
+``max_tokens`` (chat also ``max_completion_tokens``; default 16), ``temperature`` (default 1.0, OpenAI's;
+0 = greedy), ``top_p``, ``seed``, ``stream``, ``stream_options.include_usage``, ``n`` (1 only). Not
+supported, answered with 400 rather than ignored: ``n > 1``, ``logprobs``, ``echo``, ``best_of``,
+``stop``, tools. Extension fields, named as vLLM names them where vLLM has one:
+
+- ``top_k`` (int, 0 or -1 = off), ``ignore_eos`` (bool: generate ``max_tokens`` tokens; Triton's
+  ``end_id = -1``) -- vLLM's sampling extensions;
+- ``return_token_ids`` (bool; vLLM >= 0.10.2's name and layout): the response carries ``token_ids``
+  (generated ids) on each choice and ``prompt_token_ids`` (the prompt as the deployment's tokenizer
+  splits it); streamed, each chunk carries the ids it adds, ``prompt_token_ids`` on the first;
+- ``num_draft_tokens`` (int >= 0; specbuild): draft length of this request, 0 = speculation off on
+  the same deployment (the non-speculative baseline ``specbuild verify`` compares against).
+
+Every response (streamed: the last chunk with content) carries the speculation figures as the
+extension object ``spec_decode``: ``draft_tokens``, ``accepted_draft_tokens``, ``acceptance_rate``
+(accepted / drafted; ``null`` when nothing was drafted), ``decode_steps`` (target passes:
+tokens - accepted) and ``acceptance_length`` (tokens per target pass, bonus token included).
+Every body is strict JSON: no NaN or Infinity.
+
+Streaming needs a decoupled deployment (recipe ``serve.decoupled: true``) for one event per decoding
+step; on a deployment that is not decoupled a streamed request gets its whole answer as one event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Counters on /metrics, the same names the Triton model publishes (reference_engine._Counters), so a
+# bench's counter cross-check reads either.
+COUNTERS = (
+    ("specbuild_draft_tokens_total", "Draft tokens sent to verification"),
+    ("specbuild_accepted_draft_tokens_total", "Draft tokens accepted"),
+    ("specbuild_generated_tokens_total", "Tokens generated"),
+)
+
+
+class FrontendError(Exception):
+    """A request the front refuses; ``status`` is the HTTP status, ``param`` the field at fault."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.kind = status, param, kind
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    """Where the deployment answers and what the front calls it.
+
+    Attributes:
+        triton_url: the deployment's gRPC ``host:port``.
+        model: the name ``/v1/models`` lists and requests may name.
+        tokenizer_dir: the deployment's tokenizer (chat template, prompt token ids).
+        decoupled: the deployment streams (one response per decoding step).
+        timeout_s: per-request timeout towards Triton (seconds).
+        num_draft_tokens: draft length of requests that do not send ``num_draft_tokens``; ``None`` =
+            the engine's max_draft_len, 0 = a door with speculation off (a baseline URL for
+            ``specbuild verify --openai-baseline``).
+    """
+
+    triton_url: str
+    model: str
+    tokenizer_dir: str
+    decoupled: bool = False
+    timeout_s: float = 600.0
+    num_draft_tokens: int | None = None
+
+
+class _Request(BaseModel):
+    """Fields shared by both routes (see the module docstring)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    seed: int | None = Field(default=None, ge=0)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int = 1
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    num_draft_tokens: int | None = Field(default=None, ge=0)
+    logprobs: Any = None
+    stop: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("echo", "best_of", "tools", "tool_choice", "functions", "suffix", "logit_bias", "top_logprobs")
+
+    def check(self) -> None:
+        """Raise :class:`FrontendError` for what this front does not do (rather than ignore it)."""
+        if self.n != 1:
+            raise FrontendError("n > 1 is not supported: send one request per choice", param="n")
+        if self.logprobs not in (None, False):
+            raise FrontendError("logprobs are not supported by specbuild deployments", param="logprobs")
+        if self.stop not in (None, [], ""):
+            raise FrontendError("stop sequences are not supported; use max_tokens (and the model's end token)", param="stop")
+        for name in self.UNSUPPORTED:
+            if (self.model_extra or {}).get(name) not in (None, False, [], {}):
+                raise FrontendError(f"{name!r} is not supported by specbuild's OpenAI front", param=name)
+
+    def sampling(self, default_num_draft_tokens: int | None = None) -> dict[str, Any]:
+        """SpecClient.generate keyword arguments: greedy at temperature 0."""
+        k = self.num_draft_tokens if self.num_draft_tokens is not None else default_num_draft_tokens
+        options: dict[str, Any] = {"end_id": -1 if self.ignore_eos else None, "num_draft_tokens": k}
+        if self.temperature > 0:
+            options.update(temperature=self.temperature, seed=self.seed)
+            options.update(top_p=self.top_p, top_k=None if self.top_k in (None, -1) else self.top_k)
+        return options
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[dict[str, Any]]
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+def spec_decode_fields(num_tokens: int, accepted: int | None, drafted: int | None) -> dict[str, Any]:
+    """The ``spec_decode`` extension object; ``None`` figures become JSON null, never NaN.
+
+    Example: 10 tokens, 6 of 8 drafts accepted -> rate 0.75, 4 target passes, length 2.5.
+    """
+    accepted, drafted = accepted or 0, drafted or 0
+    steps = max(0, num_tokens - accepted)
+    return {
+        "draft_tokens": drafted,
+        "accepted_draft_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "decode_steps": steps,
+        "acceptance_length": num_tokens / steps if steps else None,
+    }
+
+
+class Frontend:
+    """The request logic, apart from FastAPI: one :class:`~specbuild.client.sdk.SpecClient` (thread-safe
+    gRPC) towards the deployment, the tokenizer, and the counters behind ``/metrics``."""
+
+    def __init__(self, config: FrontendConfig) -> None:
+        from specbuild.client.sdk import SpecClient
+        from specbuild.triton_repo.models.tokenization import load_tokenizer
+
+        self.config = config
+        self.client = SpecClient(config.triton_url, protocol="grpc", timeout_s=config.timeout_s, retries=0,
+                                 decoupled=config.decoupled)
+        self.tokenizer = load_tokenizer(config.tokenizer_dir)
+        self._lock = threading.Lock()
+        self.totals = dict.fromkeys((name for name, _ in COUNTERS), 0)
+        self.created = int(time.time())
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --- prompt ---------------------------------------------------------------------------------
+
+    def completion_prompt(self, request: CompletionRequest) -> str:
+        prompt = request.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise FrontendError("prompt must be one string (a batch of prompts is not supported)", param="prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise FrontendError("prompt is empty", param="prompt")
+        return prompt
+
+    def chat_prompt(self, request: ChatCompletionRequest) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise FrontendError("this deployment's tokenizer has no chat template: use /v1/completions", param="messages")
+        messages = [{"role": m.role, "content": _text_content(m.content)} for m in request.messages]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def prompt_token_ids(self, text: str) -> list[int]:
+        """The prompt as the deployment's preprocessing model tokenizes it (special tokens added)."""
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    # --- generation -----------------------------------------------------------------------------
+
+    def check_model(self, request: _Request) -> None:
+        if request.model not in (None, "", self.config.model):
+            raise FrontendError(f"model {request.model!r} does not exist; this server serves {self.config.model!r}",
+                                status=404, param="model", kind="not_found_error")
+
+    def generate(self, text: str, request: _Request, max_tokens: int):
+        """One non-streamed generation (blocking; FastAPI runs it in its thread pool)."""
+        result = self._guard(lambda: self.client.generate(text, max_tokens=max_tokens, **request.sampling(self.config.num_draft_tokens)))
+        self._count(result.num_tokens, result.total_accepted_draft_tokens, result.total_draft_tokens)
+        return result
+
+    def generate_stream(self, text: str, request: _Request, max_tokens: int) -> Iterator:
+        """Chunks of one generation: one per decoding step on a decoupled deployment, else one."""
+        if not self.config.decoupled:
+            yield self.generate(text, request, max_tokens)
+            return
+        chunks = self._guard(lambda: self.client.generate_stream(text, max_tokens=max_tokens, **request.sampling(self.config.num_draft_tokens)))
+        num_tokens, last = 0, None
+        for chunk in self._guard_iter(chunks):
+            num_tokens += chunk.num_tokens
+            last = chunk
+            yield chunk
+        if last is not None:
+            self._count(num_tokens, last.total_accepted_draft_tokens, last.total_draft_tokens)
+
+    def _count(self, tokens: int, accepted: int | None, drafted: int | None) -> None:
+        with self._lock:
+            self.totals["specbuild_generated_tokens_total"] += tokens
+            self.totals["specbuild_accepted_draft_tokens_total"] += accepted or 0
+            self.totals["specbuild_draft_tokens_total"] += drafted or 0
+
+    def metrics_text(self) -> str:
+        """Prometheus exposition text of the counters (prometheus_client's format)."""
+        from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+        registry = CollectorRegistry()
+        with self._lock:
+            totals = dict(self.totals)
+        for name, text in COUNTERS:
+            counter = Counter(name.removesuffix("_total"), text, ["model"], registry=registry)
+            counter.labels(model=self.config.model).inc(totals[name])
+        return generate_latest(registry).decode()
+
+    def ready(self) -> bool:
+        """The deployment is live and its ensemble ready (one poll)."""
+        from specbuild.client.sdk import ClientError
+
+        try:
+            self.client.wait_ready(timeout_s=0.0)
+        except ClientError:
+            return False
+        return True
+
+    @staticmethod
+    def _guard(fn):
+        from specbuild.client.sdk import ClientError, RequestError
+
+        try:
+            return fn()
+        except RequestError as exc:
+            raise FrontendError(str(exc), status=400 if exc.invalid_argument else 500,
+                                kind="invalid_request_error" if exc.invalid_argument else "server_error") from None
+        except (ClientError, ValueError) as exc:
+            status = 400 if isinstance(exc, ValueError) else 503
+            raise FrontendError(str(exc), status=status, kind="invalid_request_error" if status == 400 else "server_error") from None
+
+    @classmethod
+    def _guard_iter(cls, chunks):
+        iterator = iter(chunks)
+        while True:
+            chunk = cls._guard(lambda: next(iterator, None))
+            if chunk is None:
+                return
+            yield chunk
+
+
+def _text_content(content) -> str:
+    if isinstance(content, str):
+        return content
+    parts = [part.get("text", "") for part in content if part.get("type") == "text"]
+    if len(parts) != len(content):
+        raise FrontendError("only text content parts are supported", param="messages")
+    return "".join(parts)
+
+
+def _max_tokens(request: _Request) -> int:
+    return getattr(request, "max_completion_tokens", None) or request.max_tokens or 16
+
+
+def _finish_reason(result, max_tokens: int, ignore_eos: bool) -> str:
+    return "length" if ignore_eos or result.num_tokens >= max_tokens else "stop"
+
+
+def create_app(config: FrontendConfig):
+    """The FastAPI application for ``config`` (the deployment need not be up yet: /health says when)."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.concurrency import run_in_threadpool
+
+    front = Frontend(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        front.close()
+
+    app = FastAPI(title="specbuild OpenAI-compatible front", version="1", lifespan=lifespan)
+    app.state.front = front
+
+    @app.exception_handler(FrontendError)
+    async def _frontend_error(request: Request, exc: FrontendError):
+        return _error(JSONResponse, str(exc), exc.status, exc.kind, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _error(JSONResponse, f"{param}: {first.get('msg', 'invalid request')}", 400, "invalid_request_error", param)
+
+    @app.get("/health")
+    async def health():
+        ok = await run_in_threadpool(front.ready)
+        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(front.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": config.model, "object": "model", "created": front.created, "owned_by": "specbuild"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest):
+        request.check()
+        front.check_model(request)
+        text = front.completion_prompt(request)
+        return await _answer(request, text, kind="text_completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest):
+        request.check()
+        front.check_model(request)
+        text = await run_in_threadpool(front.chat_prompt, request)
+        return await _answer(request, text, kind="chat.completion")
+
+    async def _answer(request: _Request, text: str, *, kind: str):
+        max_tokens = _max_tokens(request)
+        prompt_ids = await run_in_threadpool(front.prompt_token_ids, text)
+        response_id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}"
+        if request.stream:
+            events = _stream_events(front, request, text, max_tokens, prompt_ids, response_id, kind)
+            return StreamingResponse(events, media_type="text/event-stream")
+        result = await run_in_threadpool(front.generate, text, request, max_tokens)
+        return JSONResponse(_whole_body(request, result, max_tokens, prompt_ids, response_id, kind, config.model, front.created))
+
+    return app
+
+
+def _error(response_class, message: str, status: int, kind: str, param: str | None):
+    return response_class({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
+
+
+def _usage(prompt_ids: list[int], completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens}
+
+
+def _whole_body(request, result, max_tokens, prompt_ids, response_id, kind, model, created) -> dict:
+    finish = _finish_reason(result, max_tokens, request.ignore_eos)
+    if kind == "chat.completion":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": finish, "logprobs": None}
+    else:
+        choice = {"index": 0, "text": result.text, "finish_reason": finish, "logprobs": None}
+    body: dict[str, Any] = {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice],
+                            "usage": _usage(prompt_ids, result.num_tokens),
+                            "spec_decode": spec_decode_fields(result.num_tokens, result.total_accepted_draft_tokens, result.total_draft_tokens)}
+    if request.return_token_ids:
+        choice["token_ids"] = list(result.output_ids)
+        if kind == "chat.completion":
+            body["prompt_token_ids"] = prompt_ids
+        else:
+            choice["prompt_token_ids"] = prompt_ids
+    return body
+
+
+def _stream_events(front: Frontend, request, text, max_tokens, prompt_ids, response_id, kind) -> Iterator[str]:
+    """Server-sent events of one streamed answer (a sync generator: Starlette iterates it in a thread).
+
+    Errors after the first byte cannot change the HTTP status, so they go out as an ``error`` event.
+    """
+    chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
+    base = {"id": response_id, "object": chunk_kind, "created": front.created, "model": front.config.model}
+    tokens, first = 0, True
+    try:
+        if kind == "chat.completion":
+            yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+        for chunk in front.generate_stream(text, request, max_tokens):
+            tokens += chunk.num_tokens
+            choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": None}
+            if kind == "chat.completion":
+                choice["delta"] = {"content": chunk.text}
+            else:
+                choice["text"] = chunk.text
+            if request.return_token_ids:
+                choice["token_ids"] = list(chunk.output_ids)
+                if first:
+                    (base if kind == "chat.completion" else choice)["prompt_token_ids"] = prompt_ids
+            event = {**base, "choices": [choice],
+                     "spec_decode": spec_decode_fields(tokens, chunk.total_accepted_draft_tokens, chunk.total_draft_tokens)}
+            base.pop("prompt_token_ids", None)
+            first = False
+            yield _sse(event)
+        finish = "length" if request.ignore_eos or tokens >= max_tokens else "stop"
+        end_choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        end_choice["delta" if kind == "chat.completion" else "text"] = {} if kind == "chat.completion" else ""
+        yield _sse({**base, "choices": [end_choice]})
+        if request.include_usage:
+            yield _sse({**base, "choices": [], "usage": _usage(prompt_ids, tokens)})
+    except FrontendError as exc:
+        yield _sse({"error": {"message": str(exc), "type": exc.kind, "param": exc.param, "code": exc.status}})
+    yield "data: [DONE]\n\n"
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, allow_nan=False)}\n\n"
+
+
+# --- running it ------------------------------------------------------------------------------------
+
+
+def config_from_deployment(triton_url: str, *, model: str | None = None, timeout_s: float = 600.0,
+                           num_draft_tokens: int | None = None) -> FrontendConfig:
+    """A :class:`FrontendConfig` read from a running reference deployment: the tokenizer directory from
+    its ``preprocessing`` model's ``tokenizer_dir`` parameter, streaming from whether ``tensorrt_llm``
+    is decoupled, the served name from ``model`` (else ``ensemble``'s repository recipe name, else
+    ``"ensemble"``).
+
+    Raises ``FrontendError`` (status 503) when the deployment cannot be asked.
+    """
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(triton_url)
+    try:
+        pre = client.get_model_config("preprocessing", as_json=True)["config"]
+        engine = client.get_model_config("tensorrt_llm", as_json=True)["config"]
+    except Exception as exc:  # noqa: BLE001 - any failure: the deployment is not a reference one or not up
+        raise FrontendError(f"cannot read the deployment's model configs at {triton_url}: {exc}", status=503) from None
+    finally:
+        client.close()
+    tokenizer_dir = pre.get("parameters", {}).get("tokenizer_dir", {}).get("string_value")
+    if not tokenizer_dir:
+        raise FrontendError(f"the deployment at {triton_url} names no tokenizer_dir in its preprocessing model", status=503)
+    decoupled = bool(engine.get("model_transaction_policy", {}).get("decoupled", False))
+    return FrontendConfig(triton_url, model or "ensemble", tokenizer_dir, decoupled=decoupled, timeout_s=timeout_s,
+                          num_draft_tokens=num_draft_tokens)
+
+
+class OpenAIServer:
+    """uvicorn serving :func:`create_app` on ``host:port`` in a background thread.
+
+    ``port=0`` picks a free port (read :attr:`url` after :meth:`start`). Use as a context manager, or
+    :meth:`start` / :meth:`stop`. Raises ``RuntimeError`` when uvicorn does not come up within
+    ``startup_timeout_s``.
+    """
+
+    def __init__(self, config: FrontendConfig, *, host: str = "127.0.0.1", port: int = 9000, startup_timeout_s: float = 60.0):
+        self.config, self.host, self.port, self.startup_timeout_s = config, host, port, startup_timeout_s
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port/v1``: the base URL OpenAI clients take."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> OpenAIServer:
+        import uvicorn
+
+        from specbuild.triton_repo.server import free_port
+
+        if self.port == 0:
+            self.port = free_port(self.host)
+        app = create_app(self.config)
+        self._server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False))
+        self._thread = threading.Thread(target=self._server.run, name="openai-front", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the OpenAI front did not start on {self.host}:{self.port} (port taken?)")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> OpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
