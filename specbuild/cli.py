@@ -711,8 +711,12 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
                 labels=labels, metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
                 openai_urls=openai_urls, openai_chat=openai_chat, openai_draft_len=openai_draft_len,
             )
-    except (BenchError, RecipeError, PromptSourceError, ClientError, ServerNotFoundError, ServerStartError) as exc:
-        raise click.ClickException(str(exc)) from None
+    except (BenchError, RecipeError, PromptSourceError) as exc:
+        raise bad_input(str(exc)) from None
+    except (ClientError, ServerStartError) as exc:
+        raise CommandError(str(exc), ExitCode.SERVER_UNAVAILABLE) from None
+    except ServerNotFoundError as exc:
+        raise CommandError(str(exc), ExitCode.FAILED) from None
 
 
 def _results_dir(results_dir: Path | None, output_dir_old: Path | None, default: str) -> Path:
@@ -751,7 +755,7 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, **optio
     json_path, csv_path = result.write(_results_dir(results_dir, output_dir_old, "specbuild-out/bench"))
     console.print(f"wrote {json_path}, {csv_path} and {json_path.with_name('requests.jsonl')} ({result.wall_s:.0f} s)")
     if any(p.problems for p in result.points):
-        sys.exit(1)
+        sys.exit(int(ExitCode.CROSS_CHECK_FAILED))
 
 
 @main.command("tune")
@@ -791,7 +795,7 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
         try:
             result = load_result(from_json)
         except BenchError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise bad_input(str(exc)) from None
     else:
         result = _run_bench(console, **options)
         json_path, _ = result.write(output_dir)
@@ -800,7 +804,7 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
         run_tune(result.points, output_dir, console=console, goal=goal, concurrency=goal_concurrency,
                  max_latency_ms=max_latency_ms, latency=latency_metric, min_gain=min_gain)
     except TuneError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise bad_input(str(exc)) from None
 
 
 if __name__ == "__main__":

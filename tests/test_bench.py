@@ -360,17 +360,17 @@ def test_tune_cli_errors_are_one_line(tmp_path):
     bad = tmp_path / "bench.json"
     bad.write_text("{}")
     result = runner.invoke(main, ["tune", "--from", str(bad)])
-    assert result.exit_code == 1 and "not a bench.json" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "not a bench.json" in result.output and "Traceback" not in result.output  # bad input
     result = runner.invoke(main, ["bench", "--draft-lengths", "0,x", "127.0.0.1:1"])
     assert result.exit_code == 2 and "comma-separated integers" in result.output
     result = runner.invoke(main, ["bench"])
-    assert result.exit_code == 1 and "at least one target" in result.output
+    assert result.exit_code == 2 and "at least one target" in result.output
 
 
 def test_bench_against_a_dead_url_fails_with_a_clear_error():
     result = CliRunner().invoke(main, ["bench", "127.0.0.1:9", "--prompts", "chat:1", "--concurrency", "1",
                                        "--draft-lengths", "0", "--timeout-s", "2"])
-    assert result.exit_code == 1 and "127.0.0.1:9" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 3 and "127.0.0.1:9" in result.output and "Traceback" not in result.output  # unreachable
 
 
 def test_deprecated_spellings_still_work_and_warn():
