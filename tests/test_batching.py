@@ -227,7 +227,7 @@ def all_methods_server(method_engines, tiny_checkpoint, tmp_path_factory):
         for part in ("target", "tokenizer"):
             (engine_dir / part).symlink_to(built / part)
         config = {**base, "speculative_config": method_engines[method, "random"].speculative_config}
-        config["build_config"] = {**base["build_config"], "max_draft_len": DRAFT_LEN[method]}
+        config["build_config"] = {**base["build_config"], "max_draft_len": DRAFT_LEN[method], "max_batch_size": 8}
         (engine_dir / "config.json").write_text(json.dumps(config))
         models = {m.name: m for m in reference_models(spec_from_engine_dir(engine_dir))}
         ensemble = models["ensemble"]
@@ -256,17 +256,34 @@ TEXT_PROMPTS = [
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("method", METHODS)
-def test_four_concurrent_requests_through_triton_equal_plain_greedy(all_methods_server, method):
+def test_eight_concurrent_requests_through_triton_equal_plain_greedy(all_methods_server, method):
+    """Eight requests in flight on one deployment (max_batch_size 8), half speculative at the default
+    draft length and half plain (num_draft_tokens=0), mixed: every output equals plain greedy, and a
+    speculative request's acceptance counters equal those it gets alone."""
     from specbuild.client.sdk import SpecClient
 
     with SpecClient(all_methods_server.grpc_url, model_name=f"ensemble_{method}") as client:
         client.wait_ready()
         baseline = [client.generate(p, max_tokens=NEW_TOKENS, end_id=-1, num_draft_tokens=0) for p in TEXT_PROMPTS]
-        with ThreadPoolExecutor(4) as pool:
-            together = list(pool.map(lambda p: client.generate(p, max_tokens=NEW_TOKENS, end_id=-1), TEXT_PROMPTS))
-    assert [r.output_ids for r in together] == [r.output_ids for r in baseline]
-    assert [r.text for r in together] == [r.text for r in baseline]
-    assert all(len(r.output_ids) == NEW_TOKENS for r in together)
+        alone = [client.generate(p, max_tokens=NEW_TOKENS, end_id=-1, return_perf_metrics=True) for p in TEXT_PROMPTS]
+        jobs = [(p, None) for p in TEXT_PROMPTS] + [(p, 0) for p in TEXT_PROMPTS]
+        jobs = jobs[::2] + jobs[1::2]  # speculative and plain rows interleaved
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(
+                lambda job: client.generate(job[0], max_tokens=NEW_TOKENS, end_id=-1, num_draft_tokens=job[1],
+                                            return_perf_metrics=True),
+                jobs,
+            ))
+    expected = {p: r for p, r in zip(TEXT_PROMPTS, baseline)}
+    solo = {p: r for p, r in zip(TEXT_PROMPTS, alone)}
+    for (prompt, k), result in zip(jobs, together):
+        assert result.output_ids == expected[prompt].output_ids and result.text == expected[prompt].text
+        assert len(result.output_ids) == NEW_TOKENS
+        if k is None:
+            assert (result.total_draft_tokens, result.total_accepted_draft_tokens) == (
+                solo[prompt].total_draft_tokens, solo[prompt].total_accepted_draft_tokens)
+        else:
+            assert result.total_draft_tokens == 0
     if method != "plain":
         assert sum(r.total_draft_tokens for r in together) > 0
 
