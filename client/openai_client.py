@@ -221,23 +221,18 @@ class OpenAIClient:
         return [int(t) for t in token_ids]
 
     def _get_json(self, route: str) -> dict:
-        import httpx
-
-        try:
-            response = self._http.get(self.base_url + route)
-        except httpx.TimeoutException:
-            raise RequestTimeoutError(f"no answer from {self.base_url} within {self.timeout_s:g} s") from None
-        except httpx.TransportError as exc:
-            raise ServerUnavailableError(f"no answer from {self.base_url}: {exc}") from None
-        if response.status_code >= 400:
-            raise _status_error(response, self.base_url)
-        return _strict_json(response.text, self.base_url)
+        return self._request_json("GET", route)
 
     def _post_json(self, route: str, body: dict) -> dict:
+        return self._request_json("POST", route, json=body)
+
+    def _request_json(self, method: str, route: str, **kwargs) -> dict:
+        """One request; the response as strict JSON. Raises the SDK's typed errors (timeout, no server,
+        a 4xx/5xx status)."""
         import httpx
 
         try:
-            response = self._http.post(self.base_url + route, json=body)
+            response = self._http.request(method, self.base_url + route, **kwargs)
         except httpx.TimeoutException:
             raise RequestTimeoutError(f"no answer from {self.base_url} within {self.timeout_s:g} s") from None
         except httpx.TransportError as exc:
