@@ -57,7 +57,7 @@ class FeatureTreeProposer(Protocol):
 def generate_feature_tree_greedy(
     model: PreTrainedModel, proposer: FeatureTreeProposer, input_ids: Sequence[int], *, max_tokens: int, end_id: int = -1
 ) -> GenerationResult:
-    """Greedy generation for one prompt with any :class:`FeatureTreeProposer`: :func:`feature_tree_steps`, collected.
+    """Greedy generation for one prompt with any :class:`FeatureTreeProposer`, run through the batched worker alone.
 
     Returns:
         ``GenerationResult``: ``total_draft_tokens`` counts tree nodes verified, ``num_decoding_iterations``

@@ -39,7 +39,7 @@ def lookahead_generate_greedy(
     end_id: int = -1,
     window: tuple[int, int, int] | None = None,
 ) -> GenerationResult:
-    """Greedy lookahead decoding of one prompt (:func:`lookahead_steps`, collected); token-identical to
+    """Greedy lookahead decoding of one prompt (the batched worker with a :class:`~specbuild.engine.drafters.LookaheadDrafter`, alone); token-identical to
     plain greedy decoding.
 
     Example: ``lookahead_generate_greedy(model, prompt, max_tokens=64, config=LookaheadConfig(4, 3, 4))``

@@ -61,7 +61,7 @@ def generate_tree_greedy(
     tree: SpecTree,
     end_id: int = -1,
 ) -> GenerationResult:
-    """Greedy generation with tree speculation for one prompt: :func:`tree_steps`, collected.
+    """Greedy generation with tree speculation for one prompt, run through the batched worker alone (a :class:`~specbuild.engine.drafters.TreeDrafter`).
 
     Args:
         input_ids: prompt token ids (non-empty).
