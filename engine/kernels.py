@@ -25,7 +25,10 @@ KERNELS = ("eager", "onednn")  # what pack_linears takes; recipes also say "auto
 
 def onednn_available() -> bool:
     """oneDNN (mkldnn) linear kernels are compiled into this torch build and usable on this CPU."""
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    ops = torch.ops.mkldnn
+    return bool(torch.backends.mkldnn.is_available()) and all(
+        hasattr(ops, name) for name in ("_linear_pointwise", "_reorder_linear_weight")
+    )
 
 
 class PackedLinear(nn.Module):
@@ -56,7 +59,8 @@ def onednn_supports(dtype: torch.dtype) -> bool:
     AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT (``torch.ops.mkldnn._is_mkldnn_bf16_supported``)."""
     if not onednn_available():
         return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+    bf16_supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # absent in older torch
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and bf16_supported is not None and bool(bf16_supported()))
 
 
 def resolve_kernels(kernels: str, model: nn.Module) -> str:

@@ -78,7 +78,7 @@ class Scheduler:
             max_batch_size=max_batch_size,
             max_seq_len=limits.max_seq_len,
             max_block=limits.max_block,
-            max_num_tokens=max(limits.tokens_per_iteration, limits.max_block),
+            max_num_tokens=limits.tokens_per_iteration,  # >= max_block (EngineLimits checks it)
         )
         self._pending: deque[_Entry] = deque()
         self._entries: dict[int, _Entry] = {}  # id(seq) -> entry, running ones
