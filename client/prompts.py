@@ -9,10 +9,9 @@ Sources (``load_prompts(source)``):
                      Python Enhancement Proposals (~460-940 tokens each)
     path.jsonl       one JSON object per line: {"prompt": ...} or {"text": ...}, optional "id"
     path.txt         one prompt per line, taken literally (use .jsonl for multi-line prompts)
-    specbench:TASK[:N]  Spec-Bench (Xia et al. 2024) from a local copy of its question.jsonl
-                     ($SPECBUILD_SPECBENCH, else ~/.cache/specbuild/spec_bench/question.jsonl): the
-                     first turn of each question of TASK (mt_bench, translation, summarization, qa,
-                     math_reasoning, rag; 80 each); not bundled (see client/data/SOURCES.md)
+    specbench:TASK[:N]  Spec-Bench (Xia et al. 2024), bundled: the first turn of each question of
+                     TASK (mt_bench, translation, summarization, qa, math_reasoning, rag; 80 each);
+                     $SPECBUILD_SPECBENCH points at another copy of its question.jsonl
     synthetic:N[:in=I,out=O,in_std=S,out_std=S,seed=K]
                      N synthetic prompts of about I input tokens (mean; normal with stddev S,
                      at least 1) asking for O output tokens each (``Prompt.max_tokens``); inputs
@@ -53,6 +52,7 @@ SPECBENCH_TASKS = {  # Spec-Bench task -> its question.jsonl "category" values
     "rag": ("rag",),
 }
 SPECBENCH_ENV = "SPECBUILD_SPECBENCH"
+SPECBENCH_FILE = "spec_bench_question.jsonl.gz"  # in BUNDLED_DIR: data/spec_bench/question.jsonl, gzipped
 
 
 class PromptSourceError(ValueError):
@@ -236,8 +236,9 @@ def _load_txt(path: Path) -> list[Prompt]:
 
 
 def _numbered_lines(path: Path) -> list[tuple[int, str]]:
-    """Non-blank lines with their 1-based line numbers, trailing newline removed."""
-    with path.open(encoding="utf-8") as f:
+    """Non-blank lines with their 1-based line numbers, trailing newline removed (``.gz``: gunzipped)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return [(n, line.rstrip("\r\n")) for n, line in enumerate(f, start=1) if line.strip()]
 
 
@@ -245,13 +246,12 @@ def _numbered_lines(path: Path) -> list[tuple[int, str]]:
 
 
 def specbench_path() -> Path:
-    """Where the Spec-Bench question file is looked for: ``$SPECBUILD_SPECBENCH``, else
-    ``$SPECBUILD_CACHE`` (default ``~/.cache/specbuild``) ``/spec_bench/question.jsonl``."""
+    """Where the Spec-Bench question file is read from: ``$SPECBUILD_SPECBENCH`` (plain or gzipped
+    JSON Lines), else the bundled copy ``client/data/spec_bench_question.jsonl.gz`` (source, commit and
+    licence in ``client/data/SOURCES.md``)."""
     if os.environ.get(SPECBENCH_ENV):
         return Path(os.environ[SPECBENCH_ENV])
-    from specbuild.cache import cache_dir
-
-    return cache_dir() / "spec_bench" / "question.jsonl"
+    return BUNDLED_DIR / SPECBENCH_FILE
 
 
 def expand_prompt_sets(sources) -> tuple[str, ...]:
@@ -283,9 +283,8 @@ def load_specbench(source: str, path: Path | None = None) -> list[Prompt]:
     path = path or specbench_path()
     if not path.is_file():
         raise PromptSourceError(
-            f"prompt source {source!r}: Spec-Bench is not bundled (no package registry carries it); put its "
-            f"data/spec_bench/question.jsonl (github.com/hemingkx/Spec-Bench, Apache-2.0) at {path} or set "
-            f"${SPECBENCH_ENV}. Its mt_bench task is MT-Bench, which --prompts chat holds (first turns)."
+            f"prompt source {source!r}: no Spec-Bench question file at {path}; point ${SPECBENCH_ENV} at a copy of "
+            f"data/spec_bench/question.jsonl (github.com/hemingkx/Spec-Bench), or unset it to use the bundled one"
         )
     prompts = []
     for number, line in _numbered_lines(path):

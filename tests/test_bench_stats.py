@@ -129,8 +129,17 @@ def test_specbench_loader_reads_tasks_from_a_local_question_file(tmp_path, monke
                                                                 ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")) + ("chat:3",)
     with pytest.raises(PromptSourceError, match="TASK one of"):
         load_prompts("specbench:poetry")
-    with pytest.raises(PromptSourceError, match="not bundled"):
+    with pytest.raises(PromptSourceError, match="no Spec-Bench question file"):
         load_specbench("specbench:qa", tmp_path / "missing.jsonl")
+
+
+def test_bundled_specbench_has_every_task_with_80_first_turns(monkeypatch):
+    monkeypatch.delenv("SPECBUILD_SPECBENCH", raising=False)
+    for task in ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"):
+        prompts = load_prompts(f"specbench:{task}")
+        assert len(prompts) == 80 and all(p.text.strip() for p in prompts), task
+        assert len({p.id for p in prompts}) == 80
+    assert load_prompts("specbench:translation:2")[0].text.startswith("Translate German to English:")
 
 
 def test_tune_reports_ties_and_flags():
