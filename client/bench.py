@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from .bench_stats import MIN_REQUESTS, bootstrap_ci, meets_slo, parse_slo, percentile_statistic
-from .prompts import CHAT_TEMPLATE_MODES, Prompt, apply_chat_template, load_prompts
+from specbuild.prompts import CHAT_TEMPLATE_MODES, Prompt, apply_chat_template, load_prompts
 
 URL = re.compile(r"^[\w.-]+:\d+$")  # host:port
 COUNTERS = {
@@ -832,13 +832,13 @@ def run_point(
 
 def prepare_prompts(source: str, deployment: Deployment, mode: str, tokenizer) -> list[tuple[Prompt, str]]:
     """The prompts of ``source`` with the text to send (chat-templated when ``mode`` says so; see
-    :func:`~specbuild.client.prompts.apply_chat_template`).
+    :func:`~specbuild.prompts.apply_chat_template`).
 
     Raises:
         BenchError: the set wants the chat template and the deployment has no tokenizer (pass --tokenizer).
     """
     if source.startswith("synthetic") and tokenizer is not None:
-        from .prompts import synthetic_prompts
+        from specbuild.prompts import synthetic_prompts
 
         prompts = synthetic_prompts(source, tokenizer)  # exact input token counts with the deployment's tokenizer
     else:
@@ -1033,7 +1033,7 @@ def _try_counters(metrics_url: str | None) -> dict[str, float] | None:
 def _tokenizer(deployment: Deployment):
     if deployment.tokenizer_dir is None:
         return None
-    from specbuild.triton_repo.models.tokenization import load_tokenizer
+    from specbuild.tokenizer import load_tokenizer
 
     return load_tokenizer(deployment.tokenizer_dir)
 

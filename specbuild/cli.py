@@ -470,12 +470,12 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --openai http://gpu:8000/v1 --openai-baseline http://gpu:8001/v1 --tokenizer DIR
     """
     from specbuild.cli_display import print_report
-    from specbuild.client.prompts import PromptSourceError, apply_chat_template, load_prompts
+    from specbuild.prompts import PromptSourceError, apply_chat_template, load_prompts
     from specbuild.client.sdk import ClientError, ServerUnavailableError, SpecClient
 
     tokenizer = None
     if tokenizer_dir:
-        from specbuild.triton_repo.models.tokenization import load_tokenizer
+        from specbuild.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_dir)
     console = _console(stderr=as_json)
@@ -683,7 +683,7 @@ def _resolve_sweep_options(options: dict) -> dict:
         raise click.UsageError("closed loop (--concurrency*) or open loop (--request-rate*): one at a time; cap open-loop requests in flight with --max-concurrency")
     options["levels"] = levels
     options["request_rates"] = (rate,) if rate is not None else tuple(rates or ())
-    from specbuild.client.prompts import expand_prompt_sets
+    from specbuild.prompts import expand_prompt_sets
 
     options["prompt_sets"] = expand_prompt_sets(options["prompt_sets"])
     return options
@@ -694,7 +694,7 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
                metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream):
     from specbuild.builder.recipe import RecipeError
     from specbuild.client.bench import BenchError, SweepPlan, run_bench
-    from specbuild.client.prompts import PromptSourceError
+    from specbuild.prompts import PromptSourceError
     from specbuild.client.sdk import ClientError
     from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, stop_signals_interrupt
 

@@ -80,7 +80,7 @@ def check_inputs(loaded: LoadedRecipe) -> list:
         locate_medusa,
         locate_target,
     )
-    from specbuild.client.prompts import PromptSourceError, load_prompts
+    from specbuild.prompts import PromptSourceError, load_prompts
 
     if loaded.recipe.build.backend == "reference":
         _check_reference_engine_supports(loaded)
@@ -372,10 +372,10 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
 
 
 def _serve_and_verify(loaded, paths, prompts, summary, *, status, progress):
-    from specbuild.client.prompts import apply_chat_template
+    from specbuild.prompts import apply_chat_template
     from specbuild.client.sdk import SpecClient
     from specbuild.client.verify import verify
-    from specbuild.triton_repo.models.tokenization import load_tokenizer
+    from specbuild.tokenizer import load_tokenizer
     from specbuild.triton_repo.server import TritonServer
 
     s, v = loaded.recipe.serve, loaded.recipe.verify
