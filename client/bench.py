@@ -59,7 +59,7 @@ import urllib.request
 from urllib.parse import urlparse
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -1064,21 +1064,21 @@ def is_url(target: str) -> bool:
     return bool(URL.match(target)) and not Path(target).exists()
 
 
-def deployment_for_recipe(loaded, paths, server, *, stream: bool = False) -> Deployment:
-    """The :class:`Deployment` of a recipe served by ``server`` (a started TritonServer)."""
-    spec = loaded.recipe.speculation
+def deployment_for_recipe(served, *, stream: bool = False) -> Deployment:
+    """The :class:`Deployment` of a recipe being served (a :class:`specbuild.deploy.ServedRecipe`)."""
+    spec = served.loaded.recipe.speculation
     lookahead = None
     if spec.method == "lookahead":
         lookahead = (spec.max_window_size, spec.max_ngram_size, spec.max_verification_set_size)
     return Deployment(
-        name=loaded.recipe.name,
+        name=served.name,
         method=spec.method,
-        url=server.grpc_url,
+        url=served.grpc_url,
         protocol="grpc",
         max_draft_len=getattr(spec, "max_draft_len", None) or 0,
         lookahead=lookahead,
-        metrics_url=server.metrics_url,
-        tokenizer_dir=str(paths.engine_dir / "tokenizer"),
+        metrics_url=served.metrics_url,
+        tokenizer_dir=str(served.tokenizer_dir),
         stream=stream,
     )
 
@@ -1087,8 +1087,9 @@ def deployment_for_recipe(loaded, paths, server, *, stream: bool = False) -> Dep
 def serve_recipes(
     recipes: Sequence[str], *, output_root: Path | None = None, stream: bool = True, log=print
 ) -> Iterator[list[Deployment]]:
-    """Build (or reuse) each recipe's engine and repository, start one tritonserver per recipe on free
-    ports, and yield their :class:`Deployment` s; every server is stopped on exit.
+    """Deploy each recipe (:func:`specbuild.deploy.deploy`: build or reuse its engine and repository,
+    one tritonserver per recipe on free ports) and yield their :class:`Deployment` s; every server is
+    stopped on exit.
 
     ``stream``: serve decoupled (one response per decoding step, whatever the recipe's
     ``serve.decoupled``) and stream every request, so TTFT and per-step acceptance are measured.
@@ -1096,36 +1097,28 @@ def serve_recipes(
     Servers start one after another and all run during the sweep (a sweep measures one at a time).
     Raises ``specbuild.builder.recipe.RecipeError`` for a recipe that cannot run here.
     """
-    from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.pipeline import RunPaths, check_runnable, default_output_dir
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.deploy import deploy
 
     with ExitStack() as stack:
         deployments = []
         for recipe in recipes:
-            loaded = load_recipe(recipe)
-            paths = RunPaths(output_root / loaded.recipe.name if output_root else default_output_dir(loaded))
-            check_runnable(loaded)
-            build_reference_engine(loaded, paths.engine_dir, log=log)
-            spec = spec_from_engine_dir(
-                paths.engine_dir, instance_count=loaded.recipe.serve.instance_count, decoupled=stream
-            )
-            write_reference_repository(spec, paths.repo_dir)
-            server = TritonServer(
-                paths.repo_dir,
-                host=loaded.recipe.serve.host,
-                http_port=0,
-                grpc_port=0,
-                metrics_port=0,
-                log_file=paths.output_dir / "logs" / "tritonserver-bench.log",
-                startup_timeout_s=loaded.recipe.serve.startup_timeout_s,
-            )
-            log(f"starting tritonserver for {loaded.recipe.name} ({paths.repo_dir})")
-            stack.enter_context(server)
-            deployments.append(deployment_for_recipe(loaded, paths, server, stream=stream))
+            served = stack.enter_context(deploy(
+                recipe, output_root=output_root, decoupled=stream, free_ports=True, log_name="tritonserver-bench.log",
+                stage=_announce_server(recipe, log), log=log,
+            ))
+            deployments.append(deployment_for_recipe(served, stream=stream))
         yield deployments
+
+
+def _announce_server(recipe: str, log):
+    """deploy's stage hook for bench: one line as the server starts."""
+
+    def stage(name: str):
+        if name == "serve":
+            log(f"starting tritonserver for {recipe}")
+        return nullcontext()
+
+    return stage
 
 
 # --- display -----------------------------------------------------------------------------------------

@@ -206,9 +206,7 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
       specbuild build llama-eagle -o /work/out/llama-eagle    # TensorRT-LLM, inside the container
     """
     from specbuild.builder.recipe import RecipeError
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.pipeline import check_runnable
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.deploy import build_recipe
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
@@ -218,14 +216,9 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
         _build_trtllm(loaded, paths, rebuild)
         return
     try:
-        check_runnable(loaded)
-        build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=click.echo)
+        build_recipe(loaded, paths, rebuild=rebuild, train=False, log=click.echo)
     except RecipeError as exc:
         raise bad_input(str(exc)) from None
-    spec = spec_from_engine_dir(
-        paths.engine_dir, instance_count=loaded.recipe.serve.instance_count, decoupled=loaded.recipe.serve.decoupled
-    )
-    write_reference_repository(spec, paths.repo_dir)
     click.echo(f"repository: {paths.repo_dir}\nserve it with: specbuild serve {paths.repo_dir}")
 
 
