@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specbuild.client.bench import RequestRecord, summarize_point
-from specbuild.client.bench_stats import bootstrap_ci, clamp_probability, meets_slo, overlaps, parse_slo, ratio_ci
+from specbuild.client.bench.stats import bootstrap_ci, clamp_probability, meets_slo, overlaps, parse_slo, ratio_ci
 from specbuild.prompts import PromptSourceError, expand_prompt_sets, load_prompts, load_specbench, synthetic_prompts
 from specbuild.client.tune import Candidate, indistinguishable, per_position_from_sweep, per_position_warnings, tune
 
