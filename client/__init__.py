@@ -19,7 +19,7 @@ _EXPORTS = {
         "AsyncSpecClient", "ClientError", "GenerateResult", "ModelNotReadyError", "RequestError",
         "RequestTimeoutError", "ResponseError", "ServerUnavailableError", "SpecClient",
     ),
-    "stats": ("SamplingReport", "SamplingSettings", "verify_sampling"),
+    "sampling": ("SamplingReport", "SamplingSettings", "verify_sampling"),
     "verify": (
         "Divergence", "PromptVerification", "VerifyReport", "find_divergence", "first_divergence",
         "render_report",

@@ -546,7 +546,7 @@ def _verify_greedy(console, client, prompt_list, **options):
 def _verify_sampling(console, client, prompt_list, report_path: Path, *, samples, positions, temperature, top_k, top_p,
                      alpha, seed, num_draft_tokens, concurrency, as_json=False) -> None:
     from specbuild.cli_display import verification_progress
-    from specbuild.client.stats import SamplingSettings, describe_sampling_report, render_sampling_report, verify_sampling
+    from specbuild.client.sampling import SamplingSettings, describe_sampling_report, render_sampling_report, verify_sampling
 
     settings = SamplingSettings(num_samples=samples, positions=positions, temperature=temperature, top_k=top_k, top_p=top_p,
                                 num_draft_tokens=num_draft_tokens, seed=seed, alpha=alpha)
