@@ -206,9 +206,7 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
       specbuild build llama-eagle -o /work/out/llama-eagle    # TensorRT-LLM, inside the container
     """
     from specbuild.builder.recipe import RecipeError
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.pipeline import check_runnable
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.deploy import build_recipe
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
@@ -218,14 +216,9 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
         _build_trtllm(loaded, paths, rebuild)
         return
     try:
-        check_runnable(loaded)
-        build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=click.echo)
+        build_recipe(loaded, paths, rebuild=rebuild, train=False, log=click.echo)
     except RecipeError as exc:
         raise bad_input(str(exc)) from None
-    spec = spec_from_engine_dir(
-        paths.engine_dir, instance_count=loaded.recipe.serve.instance_count, decoupled=loaded.recipe.serve.decoupled
-    )
-    write_reference_repository(spec, paths.repo_dir)
     click.echo(f"repository: {paths.repo_dir}\nserve it with: specbuild serve {paths.repo_dir}")
 
 
@@ -470,12 +463,12 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --openai http://gpu:8000/v1 --openai-baseline http://gpu:8001/v1 --tokenizer DIR
     """
     from specbuild.cli_display import print_report
-    from specbuild.client.prompts import PromptSourceError, apply_chat_template, load_prompts
+    from specbuild.prompts import PromptSourceError, apply_chat_template, load_prompts
     from specbuild.client.sdk import ClientError, ServerUnavailableError, SpecClient
 
     tokenizer = None
     if tokenizer_dir:
-        from specbuild.triton_repo.models.tokenization import load_tokenizer
+        from specbuild.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_dir)
     console = _console(stderr=as_json)
@@ -553,7 +546,7 @@ def _verify_greedy(console, client, prompt_list, **options):
 def _verify_sampling(console, client, prompt_list, report_path: Path, *, samples, positions, temperature, top_k, top_p,
                      alpha, seed, num_draft_tokens, concurrency, as_json=False) -> None:
     from specbuild.cli_display import verification_progress
-    from specbuild.client.stats import SamplingSettings, describe_sampling_report, render_sampling_report, verify_sampling
+    from specbuild.client.sampling import SamplingSettings, describe_sampling_report, render_sampling_report, verify_sampling
 
     settings = SamplingSettings(num_samples=samples, positions=positions, temperature=temperature, top_k=top_k, top_p=top_p,
                                 num_draft_tokens=num_draft_tokens, seed=seed, alpha=alpha)
@@ -683,7 +676,7 @@ def _resolve_sweep_options(options: dict) -> dict:
         raise click.UsageError("closed loop (--concurrency*) or open loop (--request-rate*): one at a time; cap open-loop requests in flight with --max-concurrency")
     options["levels"] = levels
     options["request_rates"] = (rate,) if rate is not None else tuple(rates or ())
-    from specbuild.client.prompts import expand_prompt_sets
+    from specbuild.prompts import expand_prompt_sets
 
     options["prompt_sets"] = expand_prompt_sets(options["prompt_sets"])
     return options
@@ -694,7 +687,7 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
                metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream):
     from specbuild.builder.recipe import RecipeError
     from specbuild.client.bench import BenchError, SweepPlan, run_bench
-    from specbuild.client.prompts import PromptSourceError
+    from specbuild.prompts import PromptSourceError
     from specbuild.client.sdk import ClientError
     from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, stop_signals_interrupt
 

@@ -65,7 +65,7 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
     from specbuild.builder.checkpoints import CheckpointError
     from specbuild.builder.recipe import RecipeError
     from specbuild.builder.trtllm_run import StageError
-    from specbuild.client.prompts import PromptSourceError
+    from specbuild.prompts import PromptSourceError
     from specbuild.client.sdk import RequestError, ServerUnavailableError
     from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError
 

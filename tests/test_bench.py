@@ -28,7 +28,7 @@ from specbuild.client.bench import (
     summarize_point,
     sweep_size,
 )
-from specbuild.client.prompts import PromptSourceError, load_prompts
+from specbuild.prompts import PromptSourceError, load_prompts
 
 
 def rec(latency_s=1.0, n=10, accepted=0, drafts=0, rate=None, prompt_id="p", **kw):
@@ -202,7 +202,7 @@ def test_summarisation_prompts_are_long_documents_with_an_instruction():
 
 
 def test_every_bundled_file_has_its_source_and_licence_documented():
-    from specbuild.client import prompts as module
+    from specbuild import prompts as module
 
     sources = (module.BUNDLED_DIR / "SOURCES.md").read_text()
     for file in module.BUNDLED_SETS.values():

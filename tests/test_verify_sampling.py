@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from specbuild.client.prompts import Prompt
-from specbuild.client.stats import (
+from specbuild.client.sampling import (
     SamplingSettings,
     describe_sampling_report,
     homogeneity_test,
