@@ -5,6 +5,7 @@ and ``specbuild bench`` itself (:func:`run_bench`)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +18,7 @@ import numpy as np
 
 from specbuild.prompts import Prompt, apply_chat_template, load_prompts
 
+from ..environment import environment
 from .checks import counter_problems, read_counters_or_none
 from .plan import BenchError, Deployment, Load, SweepPlan, is_url, openai_deployments, sweep_size, url_deployments
 from .points import PointResult, summarize_point
@@ -260,12 +262,15 @@ def run_sweep(
         for k in plan.draft_lengths_for(d):
             d.request_fields(k)
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    env = environment()  # at the start: the commit and packages that ran, not those present when it ended
     start = time.perf_counter()
     points: list[PointResult] = []
     rows: list[dict] = []
     for deployment in deployments:
         points += _sweep_deployment(deployment, plan, rows, timeout_s=timeout_s, progress=progress, log=log)
-    return SweepResult(plan, list(deployments), points, started_at, time.perf_counter() - start, requests=rows)
+    env["cpu"]["load_average_1_5_15_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    return SweepResult(plan, list(deployments), points, started_at, time.perf_counter() - start, requests=rows,
+                       environment=env)
 
 
 def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict], *, timeout_s, progress, log) -> list[PointResult]:
