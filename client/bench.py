@@ -1099,7 +1099,7 @@ def serve_recipes(
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
     from specbuild.pipeline import RunPaths, check_runnable, default_output_dir
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
     from specbuild.triton_repo.server import TritonServer
 
     with ExitStack() as stack:

@@ -208,7 +208,7 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
     from specbuild.builder.recipe import RecipeError
     from specbuild.builder.reference import build_reference_engine
     from specbuild.pipeline import check_runnable
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)

@@ -341,7 +341,7 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
             the server failed; its log file is named in the message.
     """
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 
     summary = RunSummary(paths=paths)
     with _timed(summary, "validate", status):

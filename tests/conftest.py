@@ -72,7 +72,7 @@ def served(engine_dir: Path, tmp_path: Path) -> Iterator:
     """``engine_dir``'s reference repository (``tmp_path/repo``) served by a real tritonserver on free
     ports (log ``tmp_path/server.log``); yields a ready gRPC SpecClient, stops the server after."""
     from specbuild.client.sdk import SpecClient
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
     from specbuild.triton_repo.server import TritonServer
 
     repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")

@@ -213,7 +213,7 @@ def all_methods_server(method_engines, tiny_checkpoint, tmp_path_factory):
 
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import SHELL, SHELL_MODULES, reference_models, spec_from_engine_dir
+    from specbuild.triton_repo.reference_repository import SHELL, SHELL_MODULES, reference_models, spec_from_engine_dir
     from specbuild.triton_repo.pbtxt import render
     from specbuild.triton_repo.server import TritonServer
 

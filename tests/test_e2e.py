@@ -23,7 +23,7 @@ from specbuild.client.sdk import RequestError, SpecClient
 from specbuild.client.verify import verify
 from specbuild.engine.runtime import ReferenceEngine
 from specbuild.engine.types import GenerationRequest
-from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 from specbuild.triton_repo.models.tokenization import load_tokenizer
 from specbuild.triton_repo.server import TritonServer
 

@@ -103,7 +103,7 @@ def draft_target_repo(tiny_checkpoint, tmp_path_factory):
 
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 
     out = tmp_path_factory.mktemp("sampling")
     draft = out / "draft"

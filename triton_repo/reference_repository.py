@@ -1,4 +1,4 @@
-"""Generate the Triton model repository that serves a reference engine.
+"""The Triton model repository that serves a reference engine.
 
 The layout and tensor names are TensorRT-LLM's ``inflight_batcher_llm`` (NVIDIA/TensorRT-LLM
 triton_backend/all_models/inflight_batcher_llm/), so one client works against this repository and a TensorRT-LLM one::
@@ -10,28 +10,21 @@ triton_backend/all_models/inflight_batcher_llm/), so one client works against th
       postprocessing/  python: output_ids -> text_output
       specbuild-repo.json   what generated it (kind, recipe, engine fingerprint)
 
-Ensemble interface. Inputs: ``text_input`` STRING [1], ``max_tokens`` INT32 [1]; optional
-``end_id``, ``pad_id``, ``num_draft_tokens`` INT32 [1] (0 = the non-speculative baseline),
-``lookahead_window_size``, ``lookahead_ngram_size``, ``lookahead_verification_set_size`` INT32 [1]
-(a Lookahead engine's per-request (w, n, g), passed through under TensorRT-LLM's names),
-``return_perf_metrics``, ``exclude_input_in_output`` BOOL [1], and sampling: ``temperature``,
-``top_p`` FP32 [1], ``top_k`` INT32 [1], ``seed`` UINT64 [1] (no temperature: greedy), ``stream`` BOOL [1]
-(TensorRT-LLM's: one response per decoding step, on a decoupled deployment). Outputs: ``text_output`` STRING [-1],
-``output_ids`` INT32 [-1, -1] (beam, tokens), ``sequence_length`` INT32 [-1], ``acceptance_rate``
-FP32 [1], ``total_accepted_draft_tokens`` and ``total_draft_tokens`` INT32 [1]. specbuild's
-``return_logit_margin`` BOOL [1] input asks for ``logit_margin`` FP32 [-1] and ``runner_up_ids``
-INT32 [-1]: the target's top-two logit margin and second choice at each generated position.
+Every tensor comes from :mod:`specbuild.interface` (the ``reference`` deployment's share of it); the
+ensemble's wiring follows each tensor's ``engine_name`` there. ``docs/interface.md`` has the table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild import __version__
 from specbuild.builder.atomic import staging_dir
-from specbuild.triton_repo.pbtxt import EnsembleStep, ModelConfig, Tensor, render
+from specbuild.interface import ENGINE, ENSEMBLE, POSTPROCESSING, PREPROCESSING, REFERENCE
+from specbuild.triton_repo.pbtxt import EnsembleStep, ModelConfig, render
 
 REPO_METADATA = "specbuild-repo.json"
 # The stub's interpreter takes its environment from the python3 first on PATH, which TritonServer
@@ -58,90 +51,22 @@ class ReferenceRepoSpec:
     decoupled: bool = False  # tensorrt_llm streams (model_transaction_policy { decoupled: true })
 
 
-def _t(name: str, data_type: str, dims: tuple[int, ...], optional: bool = False) -> Tensor:
-    return Tensor(name=name, data_type=data_type, dims=dims, optional=optional)
-
-
-PERF_OUTPUTS = (
-    _t("acceptance_rate", "TYPE_FP32", (1,)),
-    _t("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
-    _t("total_draft_tokens", "TYPE_INT32", (1,)),
-)
-# Top-two target logits per generated token, asked for with return_logit_margin (verification only).
-MARGIN_OUTPUTS = (
-    _t("logit_margin", "TYPE_FP32", (-1,)),
-    _t("runner_up_ids", "TYPE_INT32", (-1,)),
-)
-
-
-# Ensemble sampling input -> (tensorrt_llm input, data type), TensorRT-LLM's names on both sides.
-SAMPLING_ENGINE_INPUTS = {
-    "temperature": ("temperature", "TYPE_FP32"),
-    "top_k": ("runtime_top_k", "TYPE_INT32"),
-    "top_p": ("runtime_top_p", "TYPE_FP32"),
-    "seed": ("seed", "TYPE_UINT64"),
-}
-
-
-# Streaming (decoupled) responses carry only the step's tokens; postprocessing also needs the tokens
-# sent before (a step's token may complete a character begun earlier) and whether this is the last
-# response, to emit exactly the text each step adds (see reference_engine.pack_step).
-STREAM_ENGINE_OUTPUTS = (
-    _t("stream_prefix_ids", "TYPE_INT32", (-1,)),
-    _t("stream_final", "TYPE_BOOL", (1,)),
-)
-
-
-# A Lookahead request's (w, n, g): the same names on the ensemble and on tensorrt_llm (TensorRT-LLM's).
-LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
-
-
 def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
     """The four model configs (ensemble, preprocessing, tensorrt_llm, postprocessing)."""
     tokenizer_dir = str((spec.engine_dir / "tokenizer").resolve())
     ids = dict(end_id=str(spec.end_id), pad_id=str(spec.pad_id))
     b = spec.max_batch_size
     preprocessing = ModelConfig(
-        name="preprocessing",
-        backend="python",
-        max_batch_size=b,
-        inputs=(
-            _t("QUERY", "TYPE_STRING", (1,)),
-            _t("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
-            _t("END_ID", "TYPE_INT32", (1,), optional=True),
-            _t("PAD_ID", "TYPE_INT32", (1,), optional=True),
-        ),
-        outputs=(
-            _t("INPUT_ID", "TYPE_INT32", (-1,)),
-            _t("REQUEST_INPUT_LEN", "TYPE_INT32", (1,)),
-            _t("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
-            _t("OUT_END_ID", "TYPE_INT32", (1,)),
-            _t("OUT_PAD_ID", "TYPE_INT32", (1,)),
-        ),
+        name=PREPROCESSING.name, backend="python", max_batch_size=b,
+        inputs=PREPROCESSING.inputs, outputs=PREPROCESSING.outputs,
         parameters={"tokenizer_dir": tokenizer_dir, "add_special_tokens": "true", **ids},
     )
+    engine_interface = ENGINE.served_by(REFERENCE)
     engine = ModelConfig(
-        name="tensorrt_llm",
-        backend="python",
-        max_batch_size=b,
-        inputs=(
-            Tensor("input_ids", "TYPE_INT32", (-1,), allow_ragged_batch=True),
-            _t("input_lengths", "TYPE_INT32", (1,)),
-            _t("request_output_len", "TYPE_INT32", (1,)),
-            _t("end_id", "TYPE_INT32", (1,), optional=True),
-            _t("pad_id", "TYPE_INT32", (1,), optional=True),
-            _t("num_draft_tokens", "TYPE_INT32", (1,), optional=True),
-            *(_t(name, "TYPE_INT32", (1,), optional=True) for name in LOOKAHEAD_INPUTS),
-            _t("return_perf_metrics", "TYPE_BOOL", (1,), optional=True),
-            _t("exclude_input_in_output", "TYPE_BOOL", (1,), optional=True),
-            _t("return_logit_margin", "TYPE_BOOL", (1,), optional=True),
-            _t("streaming", "TYPE_BOOL", (1,), optional=True),
-        )
-        + tuple(_t(name, dtype, (1,), optional=True) for name, dtype in SAMPLING_ENGINE_INPUTS.values()),
-        outputs=(_t("output_ids", "TYPE_INT32", (-1, -1)), _t("sequence_length", "TYPE_INT32", (-1,)))
-        + PERF_OUTPUTS
-        + MARGIN_OUTPUTS
-        + STREAM_ENGINE_OUTPUTS,
+        name=ENGINE.name, backend="python", max_batch_size=b,
+        # The Python model reads every per-request scalar as [batch, 1]: upstream's reshapes dropped.
+        inputs=tuple(dataclasses.replace(t, reshape=None) for t in engine_interface.inputs),
+        outputs=engine_interface.outputs,
         parameters={
             "engine_dir": str(spec.engine_dir.resolve()),
             "device": spec.device,
@@ -152,31 +77,18 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
         decoupled=spec.decoupled,
     )
     postprocessing = ModelConfig(
-        name="postprocessing",
-        backend="python",
-        max_batch_size=b,
-        inputs=(
-            _t("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
-            _t("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
-            _t("STREAM_PREFIX_IDS", "TYPE_INT32", (-1,), optional=True),
-            _t("STREAM_FINAL", "TYPE_BOOL", (1,), optional=True),
-        ),
-        outputs=(
-            _t("OUTPUT", "TYPE_STRING", (-1,)),
-            _t("OUT_OUTPUT_IDS", "TYPE_INT32", (-1, -1)),
-            _t("OUT_SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
-        ),
+        name=POSTPROCESSING.name, backend="python", max_batch_size=b,
+        inputs=POSTPROCESSING.inputs, outputs=POSTPROCESSING.outputs,
         parameters={"tokenizer_dir": tokenizer_dir},
     )
     return [_ensemble(b), preprocessing, engine, postprocessing]
 
 
 def _ensemble(max_batch_size: int) -> ModelConfig:
-    optional_int = ("end_id", "pad_id", "num_draft_tokens", *LOOKAHEAD_INPUTS)
-    optional_bool = ("return_perf_metrics", "exclude_input_in_output", "return_logit_margin")
+    interface = ENSEMBLE.served_by(REFERENCE)
     steps = (
         EnsembleStep(
-            "preprocessing",
+            PREPROCESSING.name,
             input_map={"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "END_ID": "end_id", "PAD_ID": "pad_id"},
             output_map={
                 "INPUT_ID": "_INPUT_ID",
@@ -187,18 +99,16 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
             },
         ),
         EnsembleStep(
-            "tensorrt_llm",
+            ENGINE.name,
             input_map={
                 "input_ids": "_INPUT_ID",
                 "input_lengths": "_REQUEST_INPUT_LEN",
                 "request_output_len": "_REQUEST_OUTPUT_LEN",
                 "end_id": "_PREPROCESSOR_END_ID",
                 "pad_id": "_PREPROCESSOR_PAD_ID",
-                **{name: name for name in ("num_draft_tokens", *LOOKAHEAD_INPUTS) + optional_bool},
-                "streaming": "stream",
-                **{engine_name: name for name, (engine_name, _) in SAMPLING_ENGINE_INPUTS.items()},
-            },
-            output_map={t.name: t.name for t in PERF_OUTPUTS + MARGIN_OUTPUTS}
+            }
+            | {t.engine_name: t.name for t in interface.inputs if t.engine_name},
+            output_map={t.engine_name: t.name for t in interface.outputs if t.engine_name}
             | {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"}
             | {"stream_prefix_ids": "_STREAM_PREFIX_IDS", "stream_final": "_STREAM_FINAL"},
         ),
@@ -206,7 +116,7 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
         # and a later step's input breaks Triton's pruning for requests that ask for a subset of
         # the outputs (2.51: "unexpected deadlock, at least one output is not set").
         EnsembleStep(
-            "postprocessing",
+            POSTPROCESSING.name,
             input_map={
                 "TOKENS_BATCH": "_TOKENS_BATCH",
                 "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH",
@@ -217,21 +127,8 @@ def _ensemble(max_batch_size: int) -> ModelConfig:
         ),
     )
     return ModelConfig(
-        name="ensemble",
-        platform="ensemble",
-        max_batch_size=max_batch_size,
-        inputs=(_t("text_input", "TYPE_STRING", (1,)), _t("max_tokens", "TYPE_INT32", (1,)))
-        + tuple(_t(n, "TYPE_INT32", (1,), optional=True) for n in optional_int)
-        + tuple(_t(n, "TYPE_BOOL", (1,), optional=True) for n in (*optional_bool, "stream"))
-        + tuple(_t(name, dtype, (1,), optional=True) for name, (_, dtype) in SAMPLING_ENGINE_INPUTS.items()),
-        outputs=(
-            _t("text_output", "TYPE_STRING", (-1,)),
-            _t("output_ids", "TYPE_INT32", (-1, -1)),
-            _t("sequence_length", "TYPE_INT32", (-1,)),
-        )
-        + PERF_OUTPUTS
-        + MARGIN_OUTPUTS,
-        steps=steps,
+        name=ENSEMBLE.name, platform="ensemble", max_batch_size=max_batch_size,
+        inputs=interface.inputs, outputs=interface.outputs, steps=steps,
     )
 
 
