@@ -1100,7 +1100,7 @@ def serve_recipes(
     from specbuild.builder.reference import build_reference_engine
     from specbuild.pipeline import RunPaths, check_runnable, default_output_dir
     from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     with ExitStack() as stack:
         deployments = []

@@ -337,7 +337,7 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
 
     Raises:
         RecipeError: the recipe cannot run here (raised before any long work).
-        specbuild.triton_repo.server.ServerStartError, specbuild.client.sdk.ServerUnavailableError:
+        specbuild.triton_repo.tritonserver.ServerStartError, specbuild.client.sdk.ServerUnavailableError:
             the server failed; its log file is named in the message.
     """
     from specbuild.builder.reference import build_reference_engine
@@ -376,7 +376,7 @@ def _serve_and_verify(loaded, paths, prompts, summary, *, status, progress):
     from specbuild.client.sdk import SpecClient
     from specbuild.client.verify import verify
     from specbuild.triton_repo.models.tokenization import load_tokenizer
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     s, v = loaded.recipe.serve, loaded.recipe.verify
     tokenizer = load_tokenizer(str(paths.engine_dir / "tokenizer"))

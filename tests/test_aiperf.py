@@ -36,7 +36,7 @@ def served(tiny_checkpoint, tmp_path_factory):
     from specbuild.builder.reference import build_reference_engine
     from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
     from specbuild.triton_repo.openai_frontend import OpenAIServer, config_from_deployment
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     out = tmp_path_factory.mktemp("aiperf")
     loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))

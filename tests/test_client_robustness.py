@@ -31,7 +31,7 @@ from specbuild.client.sdk import (
     SpecClient,
 )
 from specbuild.triton_repo.pbtxt import ModelConfig, Tensor, render
-from specbuild.triton_repo.server import TritonServer
+from specbuild.triton_repo.tritonserver import TritonServer
 
 pytestmark = pytest.mark.e2e
 PROTOCOLS = ["grpc", "http"]

@@ -3,8 +3,8 @@ real tritonserver, which must pass on a correct deployment and FAIL on one servi
 
 The end-to-end part serves a draft-target deployment whose draft is the tiny target with noise on
 its weights (q close to p but not equal: drafts are accepted and rejected, so both the acceptance
-test and the residual distribution matter), once correct and once per wrong rule injected with
-``SPECBUILD_FAULT_ACCEPTANCE`` (triton_repo/models/fault_injection.py).
+test and the residual distribution matter), once correct and once per wrong rule, served by the
+test-only model of tests/fault_injection.py.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fault_injection import WARNING
 from specbuild.client.prompts import Prompt
 from specbuild.client.stats import (
     SamplingSettings,
@@ -123,16 +124,13 @@ def draft_target_repo(tiny_checkpoint, tmp_path_factory):
 
 
 def sampling_report(repo: Path, log: Path, fault: str | None):
+    from fault_injection import faulty_repository
     from specbuild.client.sdk import SpecClient
-    from specbuild.triton_repo.models.fault_injection import ENV_VAR
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
-    with pytest.MonkeyPatch.context() as env:  # the server's Python stubs inherit the environment
-        if fault is None:
-            env.delenv(ENV_VAR, raising=False)
-        else:
-            env.setenv(ENV_VAR, fault)
-        server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=log).start()
+    if fault is not None:
+        repo = faulty_repository(repo, fault, log.parent / f"repo-{fault}")
+    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=log).start()
     try:
         with SpecClient(server.grpc_url) as client:
             return verify_sampling(client, PROMPTS, SETTINGS, concurrency=8), server.log_tail(400)
@@ -150,10 +148,10 @@ def test_sampling_check_passes_a_correct_deployment_and_fails_a_wrong_rule(draft
     if fault is None:
         assert report.total_accepted_draft_tokens < report.total_draft_tokens  # and rejections, so residuals
         assert report.passed, describe_sampling_report(report)
-        assert "WRONG acceptance rule" not in log
+        assert WARNING not in log
         # What the sample size could see is reported: a shift of this much TV would not pass unnoticed.
         assert 0 < report.min_detectable_tv < 0.5
     else:
-        assert "WRONG acceptance rule" in log  # the fault really was active on the server
+        assert WARNING in log  # the fault really was active on the server
         assert not report.passed, f"{fault} passed: {describe_sampling_report(report)}"
         assert report.p_value < SETTINGS.alpha
