@@ -175,24 +175,9 @@ class GenerateResult:
         return n / max(1, n - self.total_accepted_draft_tokens)
 
 
-class SpecClient:
-    """Typed wrapper over ``tritonclient.grpc`` / ``tritonclient.http`` for the ``ensemble`` model.
-
-    ``url`` is ``host:port`` without a scheme; it defaults to 127.0.0.1:8001 for gRPC and
-    127.0.0.1:8000 for HTTP. ``timeout_s`` (seconds) bounds each request (gRPC ``client_timeout``;
-    HTTP ``connection_timeout`` / ``network_timeout``). A call that finds no server (refused, reset,
-    model not ready) is tried ``1 + retries`` times, ``retry_backoff_s * 2**i`` seconds apart plus
-    jitter (:class:`RetryPolicy`, the attribute ``retry``); a rejected request (``RequestError``), a
-    malformed response and a timeout are never retried.
-    ``decoupled=True`` is for a decoupled deployment (recipe ``serve.decoupled: true``), which
-    refuses plain ``infer``: :meth:`generate` then sends each request over a gRPC stream with
-    ``stream=False`` and returns its one response (same result; gRPC only).
-
-    Thread-safe: one client may serve many threads at once (gRPC shares one channel, which
-    tritonclient documents as thread-safe for ``infer``; HTTP, whose tritonclient object is
-    single-threaded, gets one connection per thread). For asyncio use :class:`AsyncSpecClient`.
-    Raises ``ValueError`` for an unknown protocol, a url with a scheme, or negative retry settings.
-    """
+class _Client:
+    """What :class:`SpecClient` and :class:`AsyncSpecClient` share: where the ``ensemble`` model is, the
+    request timeout and the retry policy (see :class:`SpecClient` for the arguments)."""
 
     def __init__(
         self,
@@ -214,14 +199,48 @@ class SpecClient:
         self.timeout_s = timeout_s
         self.decoupled = decoupled
         self._tc = _triton_module(protocol)
-        self._client = _make_client(self._tc, protocol, self.url, timeout_s)
+        self._connect()
+
+    def _connect(self) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r}, protocol={self.protocol!r}, model_name={self.model_name!r})"
+
+    @property
+    def _where(self) -> str:
+        return f"model {self.model_name!r} on the {self.protocol} server at {self.url}"
+
+    def _translate(self, what: str) -> Callable[[Exception], ClientError]:
+        """``exception -> ClientError`` for a failed call ``what`` (see :func:`translate_error`)."""
+        return lambda exc: translate_error(exc, what=what, where=self._where, timeout_s=self.timeout_s)
+
+
+class SpecClient(_Client):
+    """Typed wrapper over ``tritonclient.grpc`` / ``tritonclient.http`` for the ``ensemble`` model.
+
+    ``url`` is ``host:port`` without a scheme; it defaults to 127.0.0.1:8001 for gRPC and
+    127.0.0.1:8000 for HTTP. ``timeout_s`` (seconds) bounds each request (gRPC ``client_timeout``;
+    HTTP ``connection_timeout`` / ``network_timeout``). A call that finds no server (refused, reset,
+    model not ready) is tried ``1 + retries`` times, ``retry_backoff_s * 2**i`` seconds apart plus
+    jitter (:class:`RetryPolicy`, the attribute ``retry``); a rejected request (``RequestError``), a
+    malformed response and a timeout are never retried.
+    ``decoupled=True`` is for a decoupled deployment (recipe ``serve.decoupled: true``), which
+    refuses plain ``infer``: :meth:`generate` then sends each request over a gRPC stream with
+    ``stream=False`` and returns its one response (same result; gRPC only).
+
+    Thread-safe: one client may serve many threads at once (gRPC shares one channel, which
+    tritonclient documents as thread-safe for ``infer``; HTTP, whose tritonclient object is
+    single-threaded, gets one connection per thread). For asyncio use :class:`AsyncSpecClient`.
+    Raises ``ValueError`` for an unknown protocol, a url with a scheme, or negative retry settings.
+    """
+
+    def _connect(self) -> None:
+        self._client = _make_client(self._tc, self.protocol, self.url, self.timeout_s)
         self._lock = threading.Lock()
         self._thread_clients: list[Any] = [self._client]
         self._local = threading.local()
         self._local.client = self._client
-
-    def __repr__(self) -> str:
-        return f"SpecClient(url={self.url!r}, protocol={self.protocol!r}, model_name={self.model_name!r})"
 
     def __enter__(self) -> SpecClient:
         return self
@@ -295,21 +314,14 @@ class SpecClient:
             )
         return lambda: self._local_client().infer(self.model_name, inputs, outputs=outputs)
 
-    @property
-    def _where(self) -> str:
-        return f"model {self.model_name!r} on the {self.protocol} server at {self.url}"
-
     def _call(self, what: str, fn, *, retry: bool = True):
         """Run one tritonclient call under :attr:`retry` (or once); failures become this module's errors."""
         try:
-            return (self.retry if retry else NO_RETRY).call(fn, self._translator(what))
+            return (self.retry if retry else NO_RETRY).call(fn, self._translate(what))
         except ModelNotReadyError as error:
             if retry:
                 error.args = (error.args[0] + self._repository_states(),)
             raise
-
-    def _translator(self, what: str) -> Callable[[Exception], ClientError]:
-        return lambda exc: translate_error(exc, what=what, where=self._where, timeout_s=self.timeout_s)
 
     def _readiness_problem(self, *, poll_timeout_s: float) -> tuple[type[ClientError], str] | None:
         """``None`` when the server is live and the model ready, else (error class, sentence saying what is not)."""
@@ -400,12 +412,12 @@ class SpecClient:
             client.close()
 
 
-class AsyncSpecClient:
+class AsyncSpecClient(_Client):
     """The asyncio twin of :class:`SpecClient` over ``tritonclient.grpc.aio`` / ``tritonclient.http.aio``.
 
-    Same arguments, results, errors, retries and timeouts; ``generate`` and ``wait_ready`` are
-    coroutines. Many ``generate`` calls may run at once on one client (``asyncio.gather``); use it
-    from one event loop. HTTP needs ``aiohttp`` (``pip install 'tritonclient[http]'``).
+    Same arguments (``decoupled`` excepted), results, errors, retries and timeouts; ``generate`` and
+    ``wait_ready`` are coroutines. Many ``generate`` calls may run at once on one client
+    (``asyncio.gather``); use it from one event loop. HTTP needs ``aiohttp`` (``pip install 'tritonclient[http]'``).
 
     Example::
 
@@ -413,26 +425,10 @@ class AsyncSpecClient:
             results = await asyncio.gather(*(client.generate(p, max_tokens=32) for p in prompts))
     """
 
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        protocol: Protocol = "grpc",
-        model_name: str = "ensemble",
-        timeout_s: float = 300.0,
-        retries: int = 2,
-        retry_backoff_s: float = 0.25,
-    ) -> None:
-        self.url, self.protocol = _check_url(url, protocol)
-        self.retry = RetryPolicy(retries, retry_backoff_s)
-        _check_timeout(timeout_s)
-        self.model_name = model_name
-        self.timeout_s = timeout_s
-        self._tc = _triton_module(protocol)
+    def _connect(self) -> None:
+        if self.decoupled:
+            raise ValueError("AsyncSpecClient does not stream: for a decoupled deployment use SpecClient(decoupled=True)")
         self._client = None  # made on first use, inside the event loop
-
-    def __repr__(self) -> str:
-        return f"AsyncSpecClient(url={self.url!r}, protocol={self.protocol!r}, model_name={self.model_name!r})"
 
     async def __aenter__(self) -> AsyncSpecClient:
         return self
@@ -456,10 +452,6 @@ class AsyncSpecClient:
 
                 self._client = aio.InferenceServerClient(self.url, conn_timeout=self.timeout_s)
         return self._client
-
-    @property
-    def _where(self) -> str:
-        return f"model {self.model_name!r} on the {self.protocol} server at {self.url}"
 
     async def wait_ready(self, timeout_s: float = 60.0, *, poll_s: float = 0.5) -> None:
         """Poll until the server is live and ``model_name`` is ready (see :meth:`SpecClient.wait_ready`)."""
@@ -494,8 +486,7 @@ class AsyncSpecClient:
 
     async def _call(self, what: str, make_coroutine: Callable[[], Awaitable[Any]], *, retry: bool = True):
         """``await make_coroutine()`` under :attr:`retry` (or once); failures become this module's errors."""
-        translate = lambda exc: translate_error(exc, what=what, where=self._where, timeout_s=self.timeout_s)  # noqa: E731
-        return await (self.retry if retry else NO_RETRY).call_async(make_coroutine, translate)
+        return await (self.retry if retry else NO_RETRY).call_async(make_coroutine, self._translate(what))
 
 
 def input_tensors(tc, values: dict[str, Any]) -> list[Any]:
