@@ -92,6 +92,24 @@ def test_empty_arm_is_an_error():
 
 # --- through a real server, with and without a wrong acceptance rule -----------------------------
 
+
+def test_wrong_rules_live_in_a_test_only_model(tmp_path):
+    """The faulty repository differs from the shipped one only in its tensorrt_llm model.py, which
+    wraps the shipped model; the installed package has no fault switch."""
+    import importlib.util
+
+    from fault_injection import faulty_repository
+
+    shipped = tmp_path / "repo"
+    (shipped / "tensorrt_llm" / "1").mkdir(parents=True)
+    (shipped / "tensorrt_llm" / "1" / "model.py").write_text("from specbuild.triton_repo.models.reference_engine import TritonPythonModel\n")
+    model = (faulty_repository(shipped, "no_residual", tmp_path / "faulty") / "tensorrt_llm" / "1" / "model.py").read_text()
+    compile(model, "model.py", "exec")
+    assert "reference_engine import TritonPythonModel as CorrectModel" in model and "install('no_residual')" in model
+    with pytest.raises(ValueError, match="choose one of"):
+        faulty_repository(shipped, "accept_sometimes", tmp_path / "other")
+    assert importlib.util.find_spec("specbuild.triton_repo.models.fault_injection") is None
+
 SETTINGS = SamplingSettings(num_samples=300, positions=4, temperature=1.0, top_k=3, seed=0, alpha=0.01)
 PROMPTS = [Prompt("code", "def fib(n):\n    if n < 2:\n        return n\n")]
 
