@@ -16,8 +16,8 @@ _EXPORTS = {
     "oracle": ("HFOracle", "OracleReport", "compare_with_oracle"),
     "prompts": ("Prompt", "PromptSourceError", "load_prompts"),
     "sdk": (
-        "AsyncSpecClient", "ClientError", "GenerateResult", "ModelNotReadyError", "RequestError",
-        "RequestTimeoutError", "ResponseError", "ServerUnavailableError", "SpecClient",
+        "AsyncSpecClient", "ClientError", "GenerateOptions", "GenerateResult", "ModelNotReadyError", "RequestError",
+        "RequestTimeoutError", "ResponseError", "RetryPolicy", "ServerUnavailableError", "SpecClient",
     ),
     "sampling": ("SamplingReport", "SamplingSettings", "verify_sampling"),
     "verify": (

@@ -106,7 +106,7 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
     _check(loaded)  # what plan checks, before importing the server and display modules
     _warn(loaded)
     from specbuild.cli_display import run_with_progress
-    from specbuild.triton_repo.server import stop_signals_interrupt
+    from specbuild.triton_repo.tritonserver import stop_signals_interrupt
 
     with stop_signals_interrupt():
         summary = run_with_progress(_console(), loaded, paths, rebuild=rebuild)
@@ -329,7 +329,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
       specbuild serve OUT/triton_repo --http-port 9000 --grpc-port 9001 --metrics-port 9002
     """
     from specbuild.builder.recipe import is_loopback
-    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
+    from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
     from specbuild.triton_repo.tensorrtllm import launch_lines
 
     ports = [p for p in (http_port, grpc_port, metrics_port) if p]
@@ -689,7 +689,7 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
     from specbuild.client.bench import BenchError, SweepPlan, run_bench
     from specbuild.prompts import PromptSourceError
     from specbuild.client.sdk import ClientError
-    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, stop_signals_interrupt
+    from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, stop_signals_interrupt
 
     try:
         plan = SweepPlan(

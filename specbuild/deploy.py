@@ -36,7 +36,7 @@ from specbuild.pipeline import RunPaths, check_runnable, default_output_dir, dra
 
 if TYPE_CHECKING:
     from specbuild.prompts import Prompt
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
 Stage = Callable[[str], AbstractContextManager]
 
@@ -155,7 +155,7 @@ def build_recipe(
             result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=status, log=log)
         return Build(loaded, paths, prompts, bool(result.record.ran), decoupled, trtllm=result)
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 
     with stage("build"):
         engine = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log)
@@ -177,11 +177,11 @@ def serve_build(
         log_name: the server's log, a file in the output directory's ``logs/``.
 
     Raises:
-        specbuild.triton_repo.server.ServerNotFoundError: no tritonserver is installed.
-        specbuild.triton_repo.server.ServerStartError: the server exited or was not ready in
+        specbuild.triton_repo.tritonserver.ServerNotFoundError: no tritonserver is installed.
+        specbuild.triton_repo.tritonserver.ServerStartError: the server exited or was not ready in
             ``serve.startup_timeout_s``; its log's errors are in the message.
     """
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     s = build.loaded.recipe.serve
     ports = (0, 0, 0) if free_ports else (s.http_port, s.grpc_port, s.metrics_port)
@@ -232,7 +232,7 @@ def deploy(
         RecipeError: the recipe does not load or cannot run here, or it is a TensorRT-LLM recipe
             (served in the TensorRT-LLM container; see :func:`build_recipe`); raised before long work.
         specbuild.builder.checkpoints.CheckpointError: a checkpoint cannot be fetched or converted.
-        specbuild.triton_repo.server.ServerNotFoundError, specbuild.triton_repo.server.ServerStartError:
+        specbuild.triton_repo.tritonserver.ServerNotFoundError, specbuild.triton_repo.tritonserver.ServerStartError:
             as :func:`serve_build`.
     """
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(str(recipe))

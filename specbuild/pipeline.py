@@ -340,7 +340,7 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
 
     Raises:
         RecipeError: the recipe cannot run here (raised before any long work).
-        specbuild.triton_repo.server.ServerStartError, specbuild.client.sdk.ServerUnavailableError:
+        specbuild.triton_repo.tritonserver.ServerStartError, specbuild.client.sdk.ServerUnavailableError:
             the server failed; its log file is named in the message.
     """
     from specbuild.deploy import build_recipe, deploy

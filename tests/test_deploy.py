@@ -37,7 +37,7 @@ class StandInServer:
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    import specbuild.triton_repo.server as server
+    import specbuild.triton_repo.tritonserver as server
 
     StandInServer.instances = []
     monkeypatch.setattr(server, "TritonServer", StandInServer)
