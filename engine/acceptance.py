@@ -14,7 +14,7 @@ accepted tokens are the longest root-to-node path the target agrees with, same v
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -161,8 +161,8 @@ def clip_emitted(tokens: Sequence[int], *, remaining: int, end_id: int) -> tuple
 
 
 @dataclass(frozen=True)
-class TreeAcceptance:
-    """Outcome of greedy tree verification (same vocabulary as ``acceptance.Acceptance``).
+class TreeAcceptance(Acceptance):
+    """Outcome of greedy tree verification: an :class:`Acceptance` that also names the tree nodes.
 
     Attributes:
         accepted_nodes: tree indices of the accepted path below the root (``num_accepted`` of them).
@@ -170,22 +170,12 @@ class TreeAcceptance:
         bonus_token: the target's argmax at the last accepted index (the root when nothing was accepted).
     """
 
-    accepted_nodes: list[int]
-    accepted_tokens: list[int]
-    bonus_token: int
-
-    @property
-    def num_accepted(self) -> int:
-        return len(self.accepted_tokens)
+    accepted_nodes: list[int] = field(default_factory=list)
 
     @property
     def last_index(self) -> int:
         """Tree index whose target output gave the bonus token (0 = root)."""
         return self.accepted_nodes[-1] if self.accepted_nodes else 0
-
-    @property
-    def emitted_tokens(self) -> list[int]:
-        return [*self.accepted_tokens, self.bonus_token]
 
 
 def accept_tree_greedy(tree: SpecTree, tree_tokens: Sequence[int], target_tokens: Sequence[int]) -> TreeAcceptance:
@@ -221,4 +211,4 @@ def accept_tree_greedy(tree: SpecTree, tree_tokens: Sequence[int], target_tokens
         matches = [c for c in tree.children[parent] if tree_tokens[c] == target_tokens[parent]]
         stack.extend([*path, c] for c in reversed(matches))
     last = best[-1] if best else 0
-    return TreeAcceptance(best, [int(tree_tokens[n]) for n in best], int(target_tokens[last]))
+    return TreeAcceptance([int(tree_tokens[n]) for n in best], int(target_tokens[last]), accepted_nodes=best)

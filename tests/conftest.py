@@ -82,6 +82,30 @@ def served(engine_dir: Path, tmp_path: Path) -> Iterator:
         yield client
 
 
+def tiny_reference_server(tiny_checkpoint: Path, out: Path, *, decoupled: bool):
+    """The tiny n-gram recipe built (``out/engine``) and its reference repository written
+    (``out/repo``, ``decoupled``: streaming); returns ``(TritonServer on free ports, not started, engine_dir)``."""
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.tritonserver import TritonServer
+
+    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
+    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir, decoupled=decoupled), out / "repo")
+    return TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "server.log"), engine_dir
+
+
+@pytest.fixture(scope="session")
+def decoupled_server(tiny_checkpoint, tmp_path_factory):
+    """One decoupled (streaming) tritonserver over the tiny n-gram engine, shared by the streaming, strict
+    JSON, OpenAI and AIPerf tests (a server start costs tens of seconds on a 2-core machine): yields
+    ``(server, engine_dir)``. Tests must not stop it or rely on its counters starting at zero."""
+    server, engine_dir = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("decoupled"), decoupled=True)
+    with server:
+        yield server, engine_dir
+
+
 def verify_lossless(client, *, max_tokens: int = 20):
     """``specbuild verify`` of :func:`text_prompts` (EOS off): every speculative output equals the
     baseline and drafts were verified. Returns the report."""

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_recipe
 
 AIPERF = os.environ.get("SPECBUILD_AIPERF") or shutil.which("aiperf")
 TEMPLATE = Path(__file__).resolve().parents[1] / "benchmarks" / "aiperf" / "triton_generate.json"
@@ -31,20 +30,12 @@ LOAD = ["--synthetic-input-tokens-mean", "32", "--synthetic-input-tokens-stddev"
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoint, tmp_path_factory):
-    from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+def served(decoupled_server):
     from specbuild.triton_repo.openai_frontend import OpenAIServer, config_from_deployment
-    from specbuild.triton_repo.tritonserver import TritonServer
 
-    out = tmp_path_factory.mktemp("aiperf")
-    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
-    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir, decoupled=True), out / "repo")
-    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "server.log") as triton:
-        with OpenAIServer(config_from_deployment(triton.grpc_url, model="tiny"), port=0) as front:
-            yield triton, front, str(engine_dir / "tokenizer")
+    triton, engine_dir = decoupled_server
+    with OpenAIServer(config_from_deployment(triton.grpc_url, model="tiny"), port=0) as front:
+        yield triton, front, str(engine_dir / "tokenizer")
 
 
 def _profile(args: list[str], artifacts: Path) -> dict:

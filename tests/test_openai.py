@@ -16,7 +16,6 @@ import shutil
 import httpx
 import pytest
 
-from conftest import write_recipe
 from specbuild.client.openai_client import OpenAIClient, PairedClient, normalize_base_url, parse_acceptance_metrics
 from specbuild.client.prompts import Prompt
 from test_strict_json import strict_loads
@@ -32,30 +31,23 @@ CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% 
 
 
 @pytest.fixture(scope="module")
-def deployment(tiny_checkpoint, tmp_path_factory):
-    """A decoupled tritonserver, a speculative OpenAI front and a speculation-off one on it."""
-    from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+def deployment(decoupled_server, tmp_path_factory):
+    """The shared decoupled tritonserver, a speculative OpenAI front and a speculation-off one on it."""
     from specbuild.triton_repo.openai_frontend import OpenAIServer, config_from_deployment
-    from specbuild.triton_repo.tritonserver import TritonServer
 
+    triton, engine_dir = decoupled_server
     out = tmp_path_factory.mktemp("openai")
-    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
-    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir, decoupled=True), out / "repo")
-    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "server.log") as triton:
-        config = config_from_deployment(triton.grpc_url, model="tiny-ngram")
-        assert config.decoupled and config.tokenizer_dir == str((engine_dir / "tokenizer").resolve())
-        # The tiny tokenizer has no chat template: give the front a copy that has one.
-        tokenizer_dir = out / "chat-tokenizer"
-        shutil.copytree(config.tokenizer_dir, tokenizer_dir)
-        settings = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-        (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": CHAT_TEMPLATE}))
-        config = type(config)(**{**config.__dict__, "tokenizer_dir": str(tokenizer_dir)})
-        baseline_config = type(config)(**{**config.__dict__, "num_draft_tokens": 0, "model": "tiny-plain"})
-        with OpenAIServer(config, port=0) as front, OpenAIServer(baseline_config, port=0) as baseline:
-            yield triton, front, baseline
+    config = config_from_deployment(triton.grpc_url, model="tiny-ngram")
+    assert config.decoupled and config.tokenizer_dir == str((engine_dir / "tokenizer").resolve())
+    # The tiny tokenizer has no chat template: give the front a copy that has one.
+    tokenizer_dir = out / "chat-tokenizer"
+    shutil.copytree(config.tokenizer_dir, tokenizer_dir)
+    settings = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": CHAT_TEMPLATE}))
+    config = type(config)(**{**config.__dict__, "tokenizer_dir": str(tokenizer_dir)})
+    baseline_config = type(config)(**{**config.__dict__, "num_draft_tokens": 0, "model": "tiny-plain"})
+    with OpenAIServer(config, port=0) as front, OpenAIServer(baseline_config, port=0) as baseline:
+        yield triton, front, baseline
 
 
 def _post(url: str, body: dict) -> httpx.Response:

@@ -100,24 +100,7 @@ def test_decoupled_repository_streams_only_the_engine_model(tmp_path):
         assert steps["postprocessing"].input_map["STREAM_FINAL"] == steps["tensorrt_llm"].output_map["stream_final"]
 
 
-# --- through a real decoupled tritonserver ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def decoupled_server(tiny_checkpoint, tmp_path_factory):
-    from conftest import write_recipe
-
-    from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.tritonserver import TritonServer
-
-    out = tmp_path_factory.mktemp("decoupled")
-    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
-    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir, decoupled=True), out / "repo")
-    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "server.log") as server:
-        yield server, engine_dir
+# --- through a real decoupled tritonserver (conftest.decoupled_server) ----------------------------
 
 
 TEXT_PROMPTS = [

@@ -18,7 +18,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import write_recipe
+from conftest import tiny_reference_server
 
 pytestmark = pytest.mark.e2e
 
@@ -34,28 +34,13 @@ def strict_loads(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def _serve(tiny_checkpoint, out, *, decoupled: bool):
-    from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.tritonserver import TritonServer
-
-    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
-    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir, decoupled=decoupled), out / "repo")
-    return TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "server.log")
-
-
 @pytest.fixture(scope="module")
 def plain_server(tiny_checkpoint, tmp_path_factory):
-    with _serve(tiny_checkpoint, tmp_path_factory.mktemp("strict"), decoupled=False) as server:
+    server, _ = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("strict"), decoupled=False)
+    with server:
         yield server
 
 
-@pytest.fixture(scope="module")
-def decoupled_server(tiny_checkpoint, tmp_path_factory):
-    with _serve(tiny_checkpoint, tmp_path_factory.mktemp("strict-decoupled"), decoupled=True) as server:
-        yield server
 
 
 def _post(url: str, body: dict) -> str:
@@ -123,6 +108,7 @@ def test_http_infer_and_grpc_carry_no_placeholder(plain_server):
 
 
 def test_streamed_http_events_are_strict_json(decoupled_server):
+    decoupled_server, _ = decoupled_server
     body = {"text_input": PROMPT, "max_tokens": 6, "end_id": -1, "stream": True, "return_perf_metrics": True}
     text = _post(f"http://{decoupled_server.http_url}/v2/models/ensemble/generate_stream", body)
     events = [strict_loads(line[len("data:"):]) for line in text.splitlines() if line.startswith("data:")]
