@@ -212,14 +212,18 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
-    _check(loaded)
-    _warn(loaded)
     if loaded.recipe.build.backend != "reference":
+        _check(loaded)
+        _warn(loaded)
         _build_trtllm(loaded, paths, rebuild)
         return
     try:
-        check_runnable(loaded)
-        build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=click.echo)
+        checked = check_runnable(loaded)  # check_recipe's checks, then the extras
+    except RecipeError as exc:
+        raise bad_input(str(exc)) from None
+    _warn(loaded)
+    try:
+        build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=click.echo, inputs=checked.reference)
     except RecipeError as exc:
         raise bad_input(str(exc)) from None
     spec = spec_from_engine_dir(
