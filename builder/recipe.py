@@ -243,7 +243,7 @@ class Recipe(_Strict):
         no_pipeline = self.speculation.definition.trtllm.no_pipeline_parallel
         if no_pipeline is not None and b.pp_size != 1:
             raise ValueError(f"build.pp_size: {no_pipeline}; use build.tp_size")
-        if b.max_beam_width > 1 and self.speculation.method != "none":
+        if b.max_beam_width > 1 and self.speculation.definition.speculates:
             raise ValueError("build.max_beam_width: beam search is unsupported with speculation; set it to 1")
         for ids in self.serve.gpu_device_ids or []:
             if len(ids) != world:

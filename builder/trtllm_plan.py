@@ -212,10 +212,10 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
         else:
             loc = ("build", "trtllm_version") if source == "build.trtllm_version" else ("build", "backend")
         raise loaded.error(loc, problem)
-    if _build_field(r, "draft_len_schedule", None) and (path != "pytorch" or method.decoding_type is None):
-        why = "there is no speculation to schedule" if method.decoding_type is None else "the engine path has no such option"
+    if _build_field(r, "draft_len_schedule", None) and (path != "pytorch" or not method.speculates):
+        why = "there is no speculation to schedule" if not method.speculates else "the engine path has no such option"
         raise loaded.error(("build", "draft_len_schedule"), f"draft_len_schedule is a PyTorch-path (LLM API) speculative_config option and {why}; remove it")
-    if method.decoding_type is not None and _build_field(r, "max_beam_width", 1) > 1:
+    if method.speculates and _build_field(r, "max_beam_width", 1) > 1:
         raise loaded.error(("build", "max_beam_width"), "beam search is not supported with speculative decoding; set 1")
     _check_quantization(loaded, method.trtllm.conversion)
     if method.trtllm.check is not None:
@@ -356,7 +356,7 @@ def _base_options(r: Recipe, dtype: str) -> _EngineOptions:
 def _target_engine_options(r: Recipe, dtype: str) -> _EngineOptions:
     spec = r.speculation
     base = _base_options(r, dtype)
-    if spec.decoding_type is None:
+    if not spec.definition.speculates:
         return base
     return _EngineOptions(**{**base.__dict__, "speculative_decoding_mode": spec.speculative_decoding_mode,
                              "max_draft_len": spec.max_draft_len, "paged_context_fmha": spec.definition.trtllm.paged_context_fmha})
@@ -409,7 +409,7 @@ def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None
         draft_engine = paths.engine("draft")
     steps.append(_build_step("target", _target_engine_options(r, dtype), p, paths))
     baseline_engine = None
-    if _build_field(r, "baseline_engine", False) and method.decoding_type is not None:
+    if _build_field(r, "baseline_engine", False) and method.speculates:
         if method.trtllm.conversion is not None:  # the target's checkpoint carries the method's weights; convert plainly
             steps.append(_convert_step("baseline", target_hf, dtype, p, _build_field(r, "quantization", "none"), paths))
             steps.append(_build_step("baseline", _base_options(r, dtype), p, paths))

@@ -298,15 +298,23 @@ class SpeculationMethod:
         annotation = self.params.model_fields["method"].annotation
         if getattr(annotation, "__args__", None) != (self.name,):
             raise ValueError(f"method {self.name!r}: {self.params.__name__}.method must be Literal[{self.name!r}]")
+        if self.engine is not None and not self.speculates:
+            raise ValueError(f"method {self.name!r}: the engine's speculative_config names it by decoding_type; give one")
 
     @property
     def decoding_type(self) -> str | None:
+        """TensorRT-LLM's name, which the engine's speculative_config uses too; None only for plain decoding."""
         return self.trtllm.decoding_type
+
+    @property
+    def speculates(self) -> bool:
+        """False for plain decoding (``method: none``)."""
+        return self.decoding_type is not None
 
     @property
     def runs_on_reference(self) -> bool:
         """The reference engine runs it (plain decoding needs no engine side)."""
-        return self.engine is not None or self.decoding_type is None
+        return self.engine is not None or not self.speculates
 
     def parse_speculative_config(self, config: Mapping[str, Any], *, base_dir: Path | None = None) -> MethodParams:
         """The reference engine's ``speculative_config`` (TensorRT-LLM LLM-API keys) validated by

@@ -102,14 +102,13 @@ class EagleSpeculation(MethodParams):
 # --- weights: the head directory (EAGLE-1/2 and EAGLE-3 alike) --------------------------------------
 
 
-def locate_head(loaded: LoadedRecipe) -> CheckpointSource:
-    """The head directory (``config.json`` + ``model.safetensors``, ``pytorch_model.bin`` or ``model.pt``),
-    not loaded; relative paths are relative to the recipe.
+def locate_head(loaded: LoadedRecipe, kind: str = "EAGLE-1/2") -> CheckpointSource:
+    """The ``kind`` head directory (``config.json`` + ``model.safetensors``, ``pytorch_model.bin`` or
+    ``model.pt``), not loaded; relative paths are relative to the recipe.
 
     Raises:
         RecipeError: at ``speculation.eagle_model``.
     """
-    kind = "EAGLE-3" if loaded.recipe.speculation.method == "eagle3" else "EAGLE-1/2"
     return locate_head_dir(
         loaded, field="eagle_model", weight_files=WEIGHT_FILES, label="EAGLE head",
         hint=f"point eagle_model at an {kind} head directory (config.json with hidden_size, num_hidden_layers, ... + model.safetensors)",

@@ -17,6 +17,7 @@ from .eagle import check_sizes, locate_head
 from .heads import read_json, refuse_unreadable, target_config, torch_dtype
 
 if TYPE_CHECKING:
+    from specbuild.builder.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
     from specbuild.engine.methods.base import EngineMethod
 
@@ -40,6 +41,10 @@ class Eagle3Speculation(MethodParams):
 
 
 # --- weights: the head directory -------------------------------------------------------------------
+
+
+def _locate(loaded: LoadedRecipe) -> CheckpointSource:
+    return locate_head(loaded, kind="EAGLE-3")
 
 
 def check_fit(loaded: LoadedRecipe, target_dir: Path, head_dir: Path) -> None:
@@ -124,7 +129,7 @@ METHOD = SpeculationMethod(
     ),
     weights=Weights(
         field="eagle_model", what="the EAGLE-3 head directory", role="eagle3", check_fit=check_fit,
-        reference=ReferenceWeights(subdir="eagle3", locate=locate_head, load=_load, write=_write, fingerprint_key="eagle"),
+        reference=ReferenceWeights(subdir="eagle3", locate=_locate, load=_load, write=_write, fingerprint_key="eagle"),
     ),
     engine=engine,
     training=Training(train=_train, held_out_config=_held_out_config),

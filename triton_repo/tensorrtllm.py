@@ -432,7 +432,7 @@ def llmapi_model(loaded: LoadedRecipe, plan: TrtllmPlan) -> ModelConfig:
         inputs=tuple(t for t in reference.inputs if t.name in LLMAPI_INPUT_NAMES),
         outputs=tuple(t for t in reference.outputs if t.name in FRONT_OUTPUT_NAMES),
         parameters={"max_draft_len": str(max_draft_len),
-                    "baseline": _b(bool(getattr(r.build, "baseline_engine", False)) and r.speculation.decoding_type is not None)},
+                    "baseline": _b(bool(getattr(r.build, "baseline_engine", False)) and r.speculation.definition.speculates)},
         dynamic_batching=DynamicBatching(),
     )
 
