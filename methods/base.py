@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo
 
 from specbuild.builder.strict import FieldProblem, StrictModel
 
@@ -86,11 +86,10 @@ class MethodParams(StrictModel):
         return None
 
 
-def check_choices(choices: Choices | None, name: str) -> Choices | None:
+def check_choices(choices: Choices, info: ValidationInfo) -> Choices:
     """A speculation tree as TensorRT-LLM lists it: every node is the path of child indices from the
     root (root excluded), e.g. ``[[0], [0, 0], [1]]``; every node's parent must be listed too."""
-    if choices is None:
-        return None
+    name = info.field_name
     if not choices:
         raise ValueError(f"{name} is empty; list at least one node, e.g. [[0], [0, 0], [1]]")
     seen = {tuple(c) for c in choices}
@@ -102,6 +101,10 @@ def check_choices(choices: Choices | None, name: str) -> Choices | None:
     if len(seen) != len(choices):
         raise ValueError(f"{name}: a node is listed twice")
     return choices
+
+
+# A settings field holding a speculation tree (``medusa_choices``, ``eagle_choices``), checked by :func:`check_choices`.
+Tree = Annotated[Choices, AfterValidator(check_choices)]
 
 
 def tree_depth(choices: Choices | tuple[tuple[int, ...], ...]) -> int:
@@ -259,6 +262,12 @@ class Training:
 def chain(draft_len: int) -> list[list[int]]:
     """The linear tree ``[[0], [0, 0], ...]`` of ``draft_len`` nodes."""
     return [[0] * d for d in range(1, draft_len + 1)]
+
+
+def chain_of(spec: MethodParams, artefact: Path, draft_len: int) -> dict[str, Any]:
+    """A :attr:`Training.held_out_config` for a method that drafts chains: its ``decoding_type``,
+    ``max_draft_len = draft_len`` and the artefact as ``speculative_model_dir``."""
+    return {"decoding_type": spec.decoding_type, "max_draft_len": draft_len, "speculative_model_dir": str(artefact)}
 
 
 # --- the method ------------------------------------------------------------------------------------

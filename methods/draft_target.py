@@ -22,6 +22,7 @@ from .base import (
     Training,
     TrtllmMapping,
     Weights,
+    chain_of,
 )
 from .heads import torch_dtype
 
@@ -130,10 +131,6 @@ def _train(spec: DraftTargetSpeculation, target, tokenizer, data, config, out, c
     return train_draft(target, tokenizer, data, config, out, ckpt_dir, **common)
 
 
-def _held_out_config(spec: DraftTargetSpeculation, artefact: Path, draft_len: int) -> dict[str, Any]:
-    return {"decoding_type": spec.decoding_type, "max_draft_len": draft_len, "speculative_model_dir": str(artefact)}
-
-
 METHOD = SpeculationMethod(
     name="draft_target",
     title="draft-target",
@@ -150,5 +147,5 @@ METHOD = SpeculationMethod(
         reference=ReferenceWeights(subdir="draft", locate=locate_draft, load=_load, write=_write, fingerprint_key="draft"),
     ),
     engine=engine,
-    training=Training(train=_train, held_out_config=_held_out_config),
+    training=Training(train=_train, held_out_config=chain_of),
 )

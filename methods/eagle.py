@@ -11,21 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from specbuild.builder.strict import FieldProblem
 
 from .base import (
-    Choices,
     Conversion,
     MethodParams,
     ReferenceWeights,
     SpeculationMethod,
     Training,
+    Tree,
     TrtllmMapping,
     Weights,
     chain,
-    check_choices,
     tree_depth,
 )
 from .heads import check_head_sizes, locate_head_dir, refuse_unreadable, torch_dtype
@@ -49,15 +48,10 @@ class EagleSpeculation(MethodParams):
     max_draft_len: int = Field(63, ge=1, le=256)  # examples/eagle: at most 256
     num_eagle_layers: int = Field(4, ge=1, le=16)
     max_non_leaves_per_layer: int = Field(10, ge=1)
-    eagle_choices: Choices | None = None
+    eagle_choices: Tree | None = None
     use_dynamic_tree: bool = False
     dynamic_tree_max_topK: int | None = Field(None, ge=1)
     posterior_threshold: float | None = Field(None, gt=0, lt=1)
-
-    @field_validator("eagle_choices")
-    @classmethod
-    def _tree(cls, choices: Choices | None) -> Choices | None:
-        return check_choices(choices, "eagle_choices")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EagleSpeculation":

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from .base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights
+from .base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
 from .eagle import check_sizes, locate_head
 from .heads import read_json, refuse_unreadable, target_config, torch_dtype
 
@@ -112,10 +112,6 @@ def _train(spec: Eagle3Speculation, target, tokenizer, data, config, out, ckpt_d
     return train_eagle3(target, data, config, out, ckpt_dir, **common)
 
 
-def _held_out_config(spec: Eagle3Speculation, artefact: Path, draft_len: int) -> dict[str, Any]:
-    return {"decoding_type": spec.decoding_type, "max_draft_len": draft_len, "speculative_model_dir": str(artefact)}
-
-
 METHOD = SpeculationMethod(
     name="eagle3",
     title="EAGLE-3",
@@ -132,7 +128,7 @@ METHOD = SpeculationMethod(
         reference=ReferenceWeights(subdir="eagle3", locate=_locate, load=_load, write=_write, fingerprint_key="eagle"),
     ),
     engine=engine,
-    training=Training(train=_train, held_out_config=_held_out_config),
+    training=Training(train=_train, held_out_config=chain_of),
     ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here
     unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain)",
 )

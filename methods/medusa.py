@@ -11,22 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from specbuild.builder.strict import FieldProblem
 
 from .base import (
     MC_SIM_7B_63,
-    Choices,
     Conversion,
     MethodParams,
     ReferenceWeights,
     SpeculationMethod,
     Training,
+    Tree,
     TrtllmMapping,
     Weights,
     chain,
-    check_choices,
     tree_depth,
 )
 from .heads import check_head_sizes, locate_head_dir, refuse_unreadable, target_config, torch_dtype
@@ -52,13 +51,8 @@ class MedusaSpeculation(MethodParams):
     method: Literal["medusa"]
     medusa_model: str = Field(min_length=1)
     num_medusa_heads: int = Field(4, ge=1, le=16)  # TensorRT-LLM's convert_checkpoint default is 4
-    medusa_choices: Choices | None = None
+    medusa_choices: Tree | None = None
     max_draft_len: int | None = Field(None, ge=1)
-
-    @field_validator("medusa_choices")
-    @classmethod
-    def _tree(cls, choices: Choices | None) -> Choices | None:
-        return check_choices(choices, "medusa_choices")
 
     @model_validator(mode="after")
     def _depth_and_budget(self) -> "MedusaSpeculation":
