@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
-from specbuild.client.prompts import load_prompts
+from specbuild.prompts import load_prompts
 from specbuild.engine.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect

@@ -55,7 +55,7 @@ from rich.table import Table
 from transformers import AutoTokenizer
 
 from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
-from specbuild.client.prompts import load_prompts
+from specbuild.prompts import load_prompts
 from specbuild.engine import target as target_model
 from specbuild.engine.methods import method_for
 from specbuild.engine.runtime import EngineLimits, ReferenceEngine

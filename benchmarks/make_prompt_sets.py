@@ -1,4 +1,4 @@
-"""Rebuild the bundled chat and summarisation prompt sets (``client/data/*.jsonl``) from their sources.
+"""Rebuild the bundled chat and summarisation prompt sets (``specbuild/data/*.jsonl``) from their sources.
 
 Not needed at run time: the JSONL files are committed and shipped as package data. This script records
 exactly how they were made, so anyone can check or regenerate them:
@@ -16,8 +16,8 @@ Usage (each argument is a git directory, bare or not, holding a checkout of that
 
     python benchmarks/make_prompt_sets.py --fastchat /path/to/FastChat --peps /path/to/peps
 
-Writes client/data/chat.jsonl and client/data/summarize.jsonl, and prints the commits used (record
-them in client/data/SOURCES.md).
+Writes specbuild/data/chat.jsonl and specbuild/data/summarize.jsonl, and prints the commits used (record
+them in specbuild/data/SOURCES.md).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import re
 import subprocess
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "client" / "data"
+DATA_DIR = Path(__file__).resolve().parent.parent / "specbuild" / "data"
 MT_BENCH_PATH = "fastchat/llm_judge/data/mt_bench/question.jsonl"
 # Well-known PEPs with prose Abstract/Motivation sections, in this order.
 PEP_NUMBERS = [

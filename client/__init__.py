@@ -1,8 +1,9 @@
-"""Client side of a specbuild deployment: a typed SDK (sync and asyncio), prompt sources, token-exact
-verification with logit margins, a Hugging Face oracle, and the sampling equivalence test.
+"""Client side of a specbuild deployment: a typed SDK (sync and asyncio), token-exact verification
+with logit margins, a Hugging Face oracle, the sampling equivalence test, and ``bench`` / ``tune``.
 
-The names below are imported on first use (PEP 562), so ``specbuild.client.prompts`` alone (what
-recipe validation needs) does not pull in the SDK, numpy and tritonclient. The ``verify`` function is
+Prompt sources are :mod:`specbuild.prompts` (shared with training; ``specbuild.client.prompts`` is
+the same module). The names below are imported on first use (PEP 562), so importing the package does
+not pull in the SDK, numpy and tritonclient. The ``verify`` function is
 ``specbuild.client.verify.verify``: ``specbuild.client.verify`` is its module.
 """
 
@@ -15,10 +16,10 @@ _EXPORTS = {
     "oracle": ("HFOracle", "OracleReport", "compare_with_oracle"),
     "prompts": ("Prompt", "PromptSourceError", "load_prompts"),
     "sdk": (
-        "AsyncSpecClient", "ClientError", "GenerateResult", "ModelNotReadyError", "RequestError",
-        "RequestTimeoutError", "ResponseError", "ServerUnavailableError", "SpecClient",
+        "AsyncSpecClient", "ClientError", "GenerateOptions", "GenerateResult", "ModelNotReadyError", "RequestError",
+        "RequestTimeoutError", "ResponseError", "RetryPolicy", "ServerUnavailableError", "SpecClient",
     ),
-    "stats": ("SamplingReport", "SamplingSettings", "verify_sampling"),
+    "sampling": ("SamplingReport", "SamplingSettings", "verify_sampling"),
     "verify": (
         "Divergence", "PromptVerification", "VerifyReport", "find_divergence", "first_divergence",
         "render_report",

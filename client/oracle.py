@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .prompts import Prompt
+from specbuild.prompts import Prompt
+from specbuild.tokenizer import load_tokenizer
 from .sdk import SpecClient
 from .verify import Divergence, TokenDecoder, find_divergence
 
@@ -104,12 +105,12 @@ class HFOracle:
             raise OracleError(f"{path}: not a Hugging Face checkpoint folder (no config.json); give the target's folder")
         try:
             import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM
         except ImportError as e:
             raise ImportError("the Hugging Face oracle needs transformers and torch: pip install 'specbuild[engine]'") from e
         self.checkpoint = str(path)
         self._torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(self.checkpoint)
+        self.tokenizer = load_tokenizer(self.checkpoint)
         self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32).eval()
 
     def default_end_id(self) -> int | None:

@@ -1,25 +1,20 @@
 """A small typed client for a specbuild deployment's ``ensemble`` model, over gRPC or HTTP.
 
-The deployment's interface (see ``/work/shared/facts/triton.md``): the ``ensemble`` model has
-``max_batch_size > 0``, so every tensor carries a leading batch dimension and this client always
-sends batch 1.
-
-    inputs   text_input BYTES [1, 1]   max_tokens INT32 [1, 1]        (required)
-             end_id, num_draft_tokens INT32 [1, 1]
-             lookahead_window_size, lookahead_ngram_size, lookahead_verification_set_size INT32 [1, 1]
-             return_perf_metrics, exclude_input_in_output BOOL [1, 1] (optional)
-             temperature, top_p FP32, top_k INT32, seed UINT64 [1, 1] (optional, sampling)
-             return_logit_margin BOOL [1, 1] (optional; specbuild reference deployments only)
-    outputs  text_output BYTES [1, 1]  output_ids INT32 [1, beam, n]  sequence_length INT32 [1, beam]
-             acceptance_rate FP32 [1, 1], total_accepted_draft_tokens / total_draft_tokens INT32 [1, 1]
-             (the last three only when return_perf_metrics is true)
-             logit_margin FP32 [1, n], runner_up_ids INT32 [1, n] (only with return_logit_margin)
-             generation_logits FP32 [1, beam, n, vocab] (TensorRT-LLM, with return_generation_logits;
-             reduced here to the same per-token margin, the logits themselves are not kept)
+The deployment's interface is :mod:`specbuild.interface` (tabled in docs/interface.md): the
+``ensemble`` model has ``max_batch_size > 0``, so every tensor carries a leading batch dimension and
+this client always sends batch 1 (``text_input`` BYTES [1, 1], ``max_tokens`` INT32 [1, 1], ...).
+A request's options are one :class:`~specbuild.interface.GenerateOptions`, whose fields
+:meth:`SpecClient.generate` also takes as keywords; each set option is sent as the contract's tensor
+of that name and type. Outputs: ``text_output`` [1, 1], ``output_ids`` [1, beam, n],
+``sequence_length`` [1, beam]; the perf counters with ``return_perf_metrics``, ``logit_margin`` /
+``runner_up_ids`` [1, n] with ``return_logit_margin`` (specbuild reference deployments), TensorRT-LLM's
+``generation_logits`` [1, beam, n, vocab] with ``return_generation_logits`` (reduced here to the same
+per-token margin; the logits themselves are not kept).
 
 Errors are typed (:class:`ClientError` and its subclasses): server down, model not ready, request
 rejected (with the server's message), timeout, malformed response. Calls that found no server are
-retried ``retries`` times with exponential back-off; rejections and timeouts are not.
+retried by one :class:`RetryPolicy` (sync and async): exponential back-off with jitter; rejections
+and timeouts are not retried.
 
 Example::
 
@@ -29,7 +24,8 @@ Example::
         print(result.text, result.finish_reason, result.acceptance_length, result.num_iterations)
 
     async with AsyncSpecClient() as client:           # asyncio, many requests in flight
-        results = await asyncio.gather(*(client.generate(p, max_tokens=64) for p in prompts))
+        options = GenerateOptions(max_tokens=64, temperature=0.8, seed=7)
+        results = await asyncio.gather(*(client.generate(p, options) for p in prompts))
 """
 
 from __future__ import annotations
@@ -40,18 +36,18 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import tenacity
 from tritonclient.utils import InferenceServerException
+
+from specbuild.interface import ENSEMBLE, GenerateOptions
 
 Protocol = Literal["grpc", "http"]
 DEFAULT_URLS: dict[str, str] = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
-PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
-MARGIN_OUTPUTS = ("logit_margin", "runner_up_ids")  # specbuild reference deployments, return_logit_margin
-LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")  # (w, n, g)
 
 
 class ClientError(Exception):
@@ -179,23 +175,9 @@ class GenerateResult:
         return n / max(1, n - self.total_accepted_draft_tokens)
 
 
-class SpecClient:
-    """Typed wrapper over ``tritonclient.grpc`` / ``tritonclient.http`` for the ``ensemble`` model.
-
-    ``url`` is ``host:port`` without a scheme; it defaults to 127.0.0.1:8001 for gRPC and
-    127.0.0.1:8000 for HTTP. ``timeout_s`` (seconds) bounds each request (gRPC ``client_timeout``;
-    HTTP ``connection_timeout`` / ``network_timeout``). A call that finds no server (refused, reset,
-    model not ready) is tried ``1 + retries`` times, ``retry_backoff_s * 2**i`` seconds apart;
-    a rejected request (``RequestError``), a malformed response and a timeout are never retried.
-    ``decoupled=True`` is for a decoupled deployment (recipe ``serve.decoupled: true``), which
-    refuses plain ``infer``: :meth:`generate` then sends each request over a gRPC stream with
-    ``stream=False`` and returns its one response (same result; gRPC only).
-
-    Thread-safe: one client may serve many threads at once (gRPC shares one channel, which
-    tritonclient documents as thread-safe for ``infer``; HTTP, whose tritonclient object is
-    single-threaded, gets one connection per thread). For asyncio use :class:`AsyncSpecClient`.
-    Raises ``ValueError`` for an unknown protocol, a url with a scheme, or negative retry settings.
-    """
+class _Client:
+    """What :class:`SpecClient` and :class:`AsyncSpecClient` share: where the ``ensemble`` model is, the
+    request timeout and the retry policy (see :class:`SpecClient` for the arguments)."""
 
     def __init__(
         self,
@@ -209,23 +191,56 @@ class SpecClient:
         decoupled: bool = False,
     ) -> None:
         self.url, self.protocol = _check_url(url, protocol)
-        _check_retries(retries, retry_backoff_s, timeout_s)
+        self.retry = RetryPolicy(retries, retry_backoff_s)
+        _check_timeout(timeout_s)
         if decoupled and self.protocol != "grpc":
             raise ValueError("decoupled=True needs protocol='grpc': Triton streams responses over gRPC only")
         self.model_name = model_name
         self.timeout_s = timeout_s
-        self.retries = retries
-        self.retry_backoff_s = retry_backoff_s
         self.decoupled = decoupled
         self._tc = _triton_module(protocol)
-        self._client = _make_client(self._tc, protocol, self.url, timeout_s)
+        self._connect()
+
+    def _connect(self) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r}, protocol={self.protocol!r}, model_name={self.model_name!r})"
+
+    @property
+    def _where(self) -> str:
+        return f"model {self.model_name!r} on the {self.protocol} server at {self.url}"
+
+    def _translate(self, what: str) -> Callable[[Exception], ClientError]:
+        """``exception -> ClientError`` for a failed call ``what`` (see :func:`translate_error`)."""
+        return lambda exc: translate_error(exc, what=what, where=self._where, timeout_s=self.timeout_s)
+
+
+class SpecClient(_Client):
+    """Typed wrapper over ``tritonclient.grpc`` / ``tritonclient.http`` for the ``ensemble`` model.
+
+    ``url`` is ``host:port`` without a scheme; it defaults to 127.0.0.1:8001 for gRPC and
+    127.0.0.1:8000 for HTTP. ``timeout_s`` (seconds) bounds each request (gRPC ``client_timeout``;
+    HTTP ``connection_timeout`` / ``network_timeout``). A call that finds no server (refused, reset,
+    model not ready) is tried ``1 + retries`` times, ``retry_backoff_s * 2**i`` seconds apart plus
+    jitter (:class:`RetryPolicy`, the attribute ``retry``); a rejected request (``RequestError``), a
+    malformed response and a timeout are never retried.
+    ``decoupled=True`` is for a decoupled deployment (recipe ``serve.decoupled: true``), which
+    refuses plain ``infer``: :meth:`generate` then sends each request over a gRPC stream with
+    ``stream=False`` and returns its one response (same result; gRPC only).
+
+    Thread-safe: one client may serve many threads at once (gRPC shares one channel, which
+    tritonclient documents as thread-safe for ``infer``; HTTP, whose tritonclient object is
+    single-threaded, gets one connection per thread). For asyncio use :class:`AsyncSpecClient`.
+    Raises ``ValueError`` for an unknown protocol, a url with a scheme, or negative retry settings.
+    """
+
+    def _connect(self) -> None:
+        self._client = _make_client(self._tc, self.protocol, self.url, self.timeout_s)
         self._lock = threading.Lock()
         self._thread_clients: list[Any] = [self._client]
         self._local = threading.local()
         self._local.client = self._client
-
-    def __repr__(self) -> str:
-        return f"SpecClient(url={self.url!r}, protocol={self.protocol!r}, model_name={self.model_name!r})"
 
     def __enter__(self) -> SpecClient:
         return self
@@ -266,76 +281,31 @@ class SpecClient:
                 raise problem[0](f"{problem[1]} (waited {timeout_s:g} s)")
             time.sleep(poll_s)
 
-    def generate(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int,
-        num_draft_tokens: int | None = None,
-        end_id: int | None = None,
-        return_perf_metrics: bool = True,
-        exclude_input_in_output: bool = True,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        lookahead_config: tuple[int, int, int] | None = None,
-        return_logit_margin: bool = False,
-        return_generation_logits: bool = False,
-    ) -> GenerateResult:
-        """Generate up to ``max_tokens`` tokens for ``prompt``: greedy unless ``temperature > 0``.
+    def generate(self, prompt: str, options: GenerateOptions | None = None, **fields: Any) -> GenerateResult:
+        """Generate for ``prompt`` as ``options`` say, changed by the keyword ``fields`` (the fields of
+        :class:`~specbuild.interface.GenerateOptions`: ``max_tokens``, ``num_draft_tokens``,
+        ``end_id``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``lookahead_config``,
+        ``return_logit_margin``, ...). Greedy unless ``temperature > 0``. Examples::
 
-        ``num_draft_tokens``: 0 = plain decoding on the same deployment, ``None`` = the engine's
-        built max_draft_len. ``end_id``: ``None`` = engine default, -1 = never stop on a token.
-        Sampling (TensorRT-LLM semantics): ``temperature``, ``top_k`` (0 = off), ``top_p`` in
-        (0, 1], ``seed`` (uint64; the same seed on the same deployment gives the same tokens).
-        ``lookahead_config``: a Lookahead deployment's per-request ``(w, n, g)`` within its built
-        ``(W, N, G)`` (``(1, 1, 0)`` = plain decoding), sent as ``lookahead_window_size``,
-        ``lookahead_ngram_size``, ``lookahead_verification_set_size``; ``None`` = the built values.
-        ``return_logit_margin``: also fetch the target's top-two logit margin per generated token
-        (specbuild reference deployments; one extra target pass on the server).
-        ``return_generation_logits``: TensorRT-LLM's way to the same margin (its ensemble's
-        ``generation_logits``; the engine must be built with ``--gather_generation_logits``).
+            client.generate("def fib(n):", max_tokens=64, num_draft_tokens=0)
+            client.generate("def fib(n):", GenerateOptions(max_tokens=64, temperature=0.8, seed=7))
 
-        Raises ``ValueError`` for out-of-range arguments; ``RequestError`` (with the server's
-        message, not retried) when the server rejects the request; ``ModelNotReadyError`` when the
-        model is not loaded; ``RequestTimeoutError`` when no answer comes within ``timeout_s``;
-        ``ServerUnavailableError`` when no server answers (after the retries);
-        ``ResponseError`` when the response lacks ``output_ids`` or is mis-shaped.
+        Raises ``TypeError`` for an unknown field; ``ValueError`` for out-of-range values;
+        ``RequestError`` (with the server's message, not retried) when the server rejects the request;
+        ``ModelNotReadyError`` when the model is not loaded; ``RequestTimeoutError`` when no answer
+        comes within ``timeout_s``; ``ServerUnavailableError`` when no server answers (after the
+        retries); ``ResponseError`` when the response lacks ``output_ids`` or is mis-shaped.
         """
-        values = request_values(
-            prompt,
-            max_tokens=max_tokens,
-            num_draft_tokens=num_draft_tokens,
-            end_id=end_id,
-            return_perf_metrics=return_perf_metrics,
-            exclude_input_in_output=exclude_input_in_output,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            lookahead_config=lookahead_config,
-            return_logit_margin=return_logit_margin,
-            return_generation_logits=return_generation_logits,
-        )
+        options = GenerateOptions.of(options, **fields)
         if self.decoupled:
-            (result,) = self._stream_values(prompt, values, stream=False)
-            return dataclasses.replace(result, finish_reason=_finish_reason(result.token_ids, max_tokens, end_id))
-        inputs = input_tensors(self._tc, prompt, values)
-        outputs = [self._tc.InferRequestedOutput(name) for name in output_names(values)]
+            (result,) = self._stream(prompt, options, stream=False)
+            return dataclasses.replace(result, finish_reason=_finish_reason(result.token_ids, options.max_tokens, options.end_id))
+        inputs = input_tensors(self._tc, options.tensor_values(prompt))
+        outputs = [self._tc.InferRequestedOutput(name) for name in options.output_names()]
         start = time.perf_counter()
         response = self._call("inference", self._infer_fn(inputs, outputs))
         latency_s = time.perf_counter() - start
-        return parse_response(response, latency_s, max_tokens=max_tokens, end_id=end_id, source=self._where)
-
-    def _inputs(self, prompt: str, **values: Any) -> list[Any]:
-        """Input tensors for ``prompt`` and the request ``values`` (see :func:`input_tensors`)."""
-        return input_tensors(self._tc, prompt, values)
-
-    def _tensor(self, name: str, array: np.ndarray, dtype: str) -> Any:
-        tensor = self._tc.InferInput(name, list(array.shape), dtype)
-        tensor.set_data_from_numpy(array)
-        return tensor
+        return parse_response(response, latency_s, max_tokens=options.max_tokens, end_id=options.end_id, source=self._where)
 
     def _infer_fn(self, inputs: list[Any], outputs: list[Any]):
         if self.protocol == "grpc":
@@ -344,24 +314,14 @@ class SpecClient:
             )
         return lambda: self._local_client().infer(self.model_name, inputs, outputs=outputs)
 
-    @property
-    def _where(self) -> str:
-        return f"model {self.model_name!r} on the {self.protocol} server at {self.url}"
-
     def _call(self, what: str, fn, *, retry: bool = True):
-        """Run one tritonclient call, retrying what ``retries`` allows; failures become this module's errors."""
-        for attempt in range(1, (self.retries if retry else 0) + 2):
-            try:
-                return fn()
-            except Exception as exc:  # noqa: BLE001 - translate_error re-raises what is not a call failure
-                error = translate_error(exc, what=what, where=self._where, timeout_s=self.timeout_s)
-                error.attempts = attempt
-                if not _retryable(error) or attempt > (self.retries if retry else 0):
-                    if isinstance(error, ModelNotReadyError) and retry:
-                        error.args = (error.args[0] + self._repository_states(),)
-                    raise _with_attempts(error) from exc
-            time.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")
+        """Run one tritonclient call under :attr:`retry` (or once); failures become this module's errors."""
+        try:
+            return (self.retry if retry else NO_RETRY).call(fn, self._translate(what))
+        except ModelNotReadyError as error:
+            if retry:
+                error.args = (error.args[0] + self._repository_states(),)
+            raise
 
     def _readiness_problem(self, *, poll_timeout_s: float) -> tuple[type[ClientError], str] | None:
         """``None`` when the server is live and the model ready, else (error class, sentence saying what is not)."""
@@ -393,7 +353,8 @@ class SpecClient:
             return self._client.get_model_repository_index(as_json=True).get("models", [])
         return list(self._local_client().get_model_repository_index())
 
-    def generate_stream(self, prompt: str, *, max_tokens: int, stream: bool = True, **options: Any) -> Iterator[GenerateResult]:
+    def generate_stream(self, prompt: str, options: GenerateOptions | None = None, *, stream: bool = True,
+                        **fields: Any) -> Iterator[GenerateResult]:
         """Stream a generation from a decoupled deployment (recipe ``serve.decoupled: true``) over gRPC
         ``start_stream`` / ``async_stream_infer`` with TensorRT-LLM's ``stream`` input.
 
@@ -402,7 +363,7 @@ class SpecClient:
         ``latency_s`` counts from sending the request. Concatenating the chunks' ``output_ids`` and
         ``text`` gives what :meth:`generate` returns. ``stream=False`` gets one response: the way to send
         a non-streamed request to a decoupled deployment (which refuses plain ``infer``).
-        ``options``: the keyword arguments of :meth:`generate`. Each call opens its own gRPC stream,
+        ``options`` / ``fields``: as for :meth:`generate`. Each call opens its own gRPC stream,
         so several may run at once (from threads). Example::
 
             text = "".join(chunk.text for chunk in client.generate_stream("def fib(n):", max_tokens=64))
@@ -411,17 +372,21 @@ class SpecClient:
         server's message) when the server answers with an error; ``RequestTimeoutError`` when no
         response arrives within ``timeout_s``; ``ServerUnavailableError`` when no server answers.
         """
-        return self._stream_values(prompt, request_values(prompt, max_tokens=max_tokens, **options), stream=stream)
+        return self._stream(prompt, GenerateOptions.of(options, **fields), stream=stream)
 
-    def _stream_values(self, prompt: str, values: dict[str, Any], *, stream: bool) -> Iterator[GenerateResult]:
-        """:meth:`generate_stream` for already-checked request ``values`` (see :func:`request_values`)."""
-        import queue
-
+    def _stream(self, prompt: str, options: GenerateOptions, *, stream: bool) -> Iterator[GenerateResult]:
+        """:meth:`generate_stream` for checked ``options`` (the arguments are checked before the first
+        chunk is asked for)."""
         if self.protocol != "grpc":
             raise ValueError("generate_stream needs protocol='grpc' (Triton streams over gRPC)")
-        inputs = input_tensors(self._tc, prompt, values)
-        inputs.append(self._tensor("stream", np.array([[stream]], dtype=np.bool_), "BOOL"))
-        outputs = [self._tc.InferRequestedOutput(name) for name in output_names(values)]
+        inputs = input_tensors(self._tc, {**options.tensor_values(prompt), "stream": stream})
+        outputs = [self._tc.InferRequestedOutput(name) for name in options.output_names()]
+        return self._stream_responses(inputs, outputs)
+
+    def _stream_responses(self, inputs: list[Any], outputs: list[Any]) -> Iterator[GenerateResult]:
+        """Send one request over a new gRPC stream; yield a result per response until the final one."""
+        import queue
+
         arrivals: queue.Queue = queue.Queue()
         client = _make_client(self._tc, "grpc", self.url, self.timeout_s)  # one stream per connection
         start, finished = time.perf_counter(), False
@@ -447,12 +412,12 @@ class SpecClient:
             client.close()
 
 
-class AsyncSpecClient:
+class AsyncSpecClient(_Client):
     """The asyncio twin of :class:`SpecClient` over ``tritonclient.grpc.aio`` / ``tritonclient.http.aio``.
 
-    Same arguments, results, errors, retries and timeouts; ``generate`` and ``wait_ready`` are
-    coroutines. Many ``generate`` calls may run at once on one client (``asyncio.gather``); use it
-    from one event loop. HTTP needs ``aiohttp`` (``pip install 'tritonclient[http]'``).
+    Same arguments (``decoupled`` excepted), results, errors, retries and timeouts; ``generate`` and
+    ``wait_ready`` are coroutines. Many ``generate`` calls may run at once on one client
+    (``asyncio.gather``); use it from one event loop. HTTP needs ``aiohttp`` (``pip install 'tritonclient[http]'``).
 
     Example::
 
@@ -460,27 +425,10 @@ class AsyncSpecClient:
             results = await asyncio.gather(*(client.generate(p, max_tokens=32) for p in prompts))
     """
 
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        protocol: Protocol = "grpc",
-        model_name: str = "ensemble",
-        timeout_s: float = 300.0,
-        retries: int = 2,
-        retry_backoff_s: float = 0.25,
-    ) -> None:
-        self.url, self.protocol = _check_url(url, protocol)
-        _check_retries(retries, retry_backoff_s, timeout_s)
-        self.model_name = model_name
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.retry_backoff_s = retry_backoff_s
-        self._tc = _triton_module(protocol)
+    def _connect(self) -> None:
+        if self.decoupled:
+            raise ValueError("AsyncSpecClient does not stream: for a decoupled deployment use SpecClient(decoupled=True)")
         self._client = None  # made on first use, inside the event loop
-
-    def __repr__(self) -> str:
-        return f"AsyncSpecClient(url={self.url!r}, protocol={self.protocol!r}, model_name={self.model_name!r})"
 
     async def __aenter__(self) -> AsyncSpecClient:
         return self
@@ -505,10 +453,6 @@ class AsyncSpecClient:
                 self._client = aio.InferenceServerClient(self.url, conn_timeout=self.timeout_s)
         return self._client
 
-    @property
-    def _where(self) -> str:
-        return f"model {self.model_name!r} on the {self.protocol} server at {self.url}"
-
     async def wait_ready(self, timeout_s: float = 60.0, *, poll_s: float = 0.5) -> None:
         """Poll until the server is live and ``model_name`` is ready (see :meth:`SpecClient.wait_ready`)."""
         deadline = time.monotonic() + timeout_s
@@ -524,15 +468,15 @@ class AsyncSpecClient:
                 raise problem[0](f"{problem[1]} (waited {timeout_s:g} s)")
             await asyncio.sleep(poll_s)
 
-    async def generate(self, prompt: str, *, max_tokens: int, **options: Any) -> GenerateResult:
-        """Generate for ``prompt``; the keyword options and errors are :meth:`SpecClient.generate`'s."""
-        values = request_values(prompt, max_tokens=max_tokens, **options)
-        inputs = input_tensors(self._tc, prompt, values)
-        outputs = [self._tc.InferRequestedOutput(name) for name in output_names(values)]
+    async def generate(self, prompt: str, options: GenerateOptions | None = None, **fields: Any) -> GenerateResult:
+        """Generate for ``prompt``; the options, keyword fields and errors are :meth:`SpecClient.generate`'s."""
+        options = GenerateOptions.of(options, **fields)
+        inputs = input_tensors(self._tc, options.tensor_values(prompt))
+        outputs = [self._tc.InferRequestedOutput(name) for name in options.output_names()]
         start = time.perf_counter()
         response = await self._call("inference", lambda: self._infer(inputs, outputs))
         latency_s = time.perf_counter() - start
-        return parse_response(response, latency_s, max_tokens=max_tokens, end_id=values["end_id"], source=self._where)
+        return parse_response(response, latency_s, max_tokens=options.max_tokens, end_id=options.end_id, source=self._where)
 
     async def _infer(self, inputs: list[Any], outputs: list[Any]):
         client = self._aio()
@@ -540,98 +484,20 @@ class AsyncSpecClient:
             return await client.infer(self.model_name, inputs, outputs=outputs, client_timeout=self.timeout_s)
         return await asyncio.wait_for(client.infer(self.model_name, inputs, outputs=outputs), self.timeout_s)
 
-    async def _call(self, what: str, make_coroutine, *, retry: bool = True):
-        """``await make_coroutine()`` with :meth:`SpecClient._call`'s retries and error translation."""
-        for attempt in range(1, (self.retries if retry else 0) + 2):
-            try:
-                return await make_coroutine()
-            except Exception as exc:  # noqa: BLE001 - translate_error re-raises what is not a call failure
-                error = translate_error(exc, what=what, where=self._where, timeout_s=self.timeout_s)
-                error.attempts = attempt
-                if not _retryable(error) or attempt > (self.retries if retry else 0):
-                    raise _with_attempts(error) from exc
-            await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")
+    async def _call(self, what: str, make_coroutine: Callable[[], Awaitable[Any]], *, retry: bool = True):
+        """``await make_coroutine()`` under :attr:`retry` (or once); failures become this module's errors."""
+        return await (self.retry if retry else NO_RETRY).call_async(make_coroutine, self._translate(what))
 
 
-def request_values(
-    prompt: str,
-    *,
-    max_tokens: int,
-    num_draft_tokens: int | None = None,
-    end_id: int | None = None,
-    return_perf_metrics: bool = True,
-    exclude_input_in_output: bool = True,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    lookahead_config: tuple[int, int, int] | None = None,
-    return_logit_margin: bool = False,
-    return_generation_logits: bool = False,
-) -> dict[str, Any]:
-    """The checked request fields by tensor name (``None`` = not sent). Raises ``ValueError``
-    (naming the argument) for ``max_tokens < 1``, ``num_draft_tokens < 0``, a ``lookahead_config``
-    that is not three numbers, or a ``prompt`` that is not a ``str``."""
-    if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be a str, got {type(prompt).__name__}")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if num_draft_tokens is not None and num_draft_tokens < 0:
-        raise ValueError(f"num_draft_tokens must be >= 0 or None, got {num_draft_tokens}")
-    window = (None, None, None) if lookahead_config is None else tuple(lookahead_config)
-    if len(window) != 3:
-        raise ValueError(f"lookahead_config must be (w, n, g) or None, got {lookahead_config!r}")
-    return {
-        "max_tokens": max_tokens,
-        "num_draft_tokens": num_draft_tokens,
-        "end_id": end_id,
-        "return_perf_metrics": return_perf_metrics,
-        "exclude_input_in_output": exclude_input_in_output,
-        "temperature": temperature,
-        "top_k": top_k,
-        "top_p": top_p,
-        "seed": seed,
-        "return_logit_margin": return_logit_margin or None,  # not sent unless asked: other deployments lack it
-        "return_generation_logits": return_generation_logits or None,
-        **dict(zip(LOOKAHEAD_INPUTS, window)),
-    }
-
-
-def output_names(values: dict[str, Any]) -> tuple[str, ...]:
-    """The outputs a request with ``values`` asks for."""
-    names = ("text_output", "output_ids", "sequence_length")
-    names += PERF_OUTPUTS if values["return_perf_metrics"] else ()
-    names += MARGIN_OUTPUTS if values.get("return_logit_margin") else ()
-    names += ("generation_logits",) if values.get("return_generation_logits") else ()
-    return names
-
-
-def input_tensors(tc, prompt: str, values: dict[str, Any]) -> list[Any]:
-    """``tc.InferInput`` tensors (``tc``: a tritonclient module) of batch 1 for ``prompt`` and ``values``."""
-    tensors = {
-        "text_input": (np.array([[prompt.encode("utf-8")]], dtype=np.object_), "BYTES"),
-        "max_tokens": (np.array([[values["max_tokens"]]], dtype=np.int32), "INT32"),
-        "return_perf_metrics": (np.array([[values["return_perf_metrics"]]], dtype=np.bool_), "BOOL"),
-        "exclude_input_in_output": (np.array([[values["exclude_input_in_output"]]], dtype=np.bool_), "BOOL"),
-    }
-    optional = {
-        "num_draft_tokens": (np.int32, "INT32"),
-        "end_id": (np.int32, "INT32"),
-        "temperature": (np.float32, "FP32"),
-        "top_k": (np.int32, "INT32"),
-        "top_p": (np.float32, "FP32"),
-        "seed": (np.uint64, "UINT64"),
-        "return_logit_margin": (np.bool_, "BOOL"),
-        "return_generation_logits": (np.bool_, "BOOL"),
-        **{name: (np.int32, "INT32") for name in LOOKAHEAD_INPUTS},
-    }
-    for name, (np_dtype, triton_dtype) in optional.items():
-        if values.get(name) is not None:
-            tensors[name] = (np.array([[values[name]]], dtype=np_dtype), triton_dtype)
+def input_tensors(tc, values: dict[str, Any]) -> list[Any]:
+    """``tc.InferInput`` tensors (``tc``: a tritonclient module) of batch 1: each ``ensemble`` input
+    in ``values`` (by name, e.g. :meth:`GenerateOptions.tensor_values`) as a ``[1, 1]`` array of the
+    contract's type. Raises ``KeyError`` for a name the contract does not have."""
     result = []
-    for name, (array, dtype) in tensors.items():
-        tensor = tc.InferInput(name, list(array.shape), dtype)
+    for name, value in values.items():
+        spec = ENSEMBLE.input(name)
+        array = np.array([[value]], dtype=spec.numpy_dtype)  # [batch 1, 1]
+        tensor = tc.InferInput(name, list(array.shape), spec.wire_type)
         tensor.set_data_from_numpy(array)
         result.append(tensor)
     return result
@@ -699,7 +565,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _retryable(error: ClientError) -> bool:
+def _retryable(error: BaseException) -> bool:
     """Retry only when no server answered or the model was not ready; never a rejection or a timeout."""
     return isinstance(error, ServerUnavailableError) and not isinstance(error, RequestTimeoutError)
 
@@ -707,6 +573,80 @@ def _retryable(error: ClientError) -> bool:
 def _with_attempts(error: ClientError) -> ClientError:
     if error.attempts > 1 and error.args:
         error.args = (f"{error.args[0]} (after {error.attempts} attempts)",)
+    return error
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How :class:`SpecClient` and :class:`AsyncSpecClient` retry a call that found no server (tenacity).
+
+    A call is tried at most ``1 + retries`` times. Before try ``i + 1`` the client waits
+    ``backoff_s * 2**(i - 1)`` seconds plus a random jitter of up to ``backoff_s`` (tenacity's
+    ``wait_exponential + wait_random``), so clients that lost the same server do not all come back at once.
+    Only "no server answered" and "model not ready" (:class:`ServerUnavailableError`, not a
+    :class:`RequestTimeoutError`) are retried; a rejected request, a malformed response and a timeout
+    never are. The error raised says how many times the call was tried (``attempts``).
+    ``sleep``: what waits (``None``: ``time.sleep``, ``asyncio.sleep`` for async calls; tests record).
+
+    Example: ``RetryPolicy(retries=2, backoff_s=0.25)`` tries three times, waiting 0.25-0.5 s and then
+    0.5-0.75 s. Raises ``ValueError`` for a negative ``retries`` or ``backoff_s``.
+    """
+
+    retries: int = 2
+    backoff_s: float = 0.25
+    sleep: Callable[[float], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.backoff_s < 0:
+            raise ValueError(f"retries and retry_backoff_s must be >= 0, got {self.retries} and {self.backoff_s}")
+
+    def _arguments(self) -> dict[str, Any]:
+        return dict(
+            stop=tenacity.stop_after_attempt(self.retries + 1),
+            wait=tenacity.wait_exponential(multiplier=self.backoff_s) + tenacity.wait_random(0, self.backoff_s),
+            retry=tenacity.retry_if_exception(_retryable),
+            reraise=True,
+            **({} if self.sleep is None else {"sleep": self.sleep}),
+        )
+
+    def call(self, fn: Callable[[], Any], translate: Callable[[Exception], ClientError]) -> Any:
+        """``fn()``, retried; a failure is raised as ``translate(exception)`` (which re-raises what is
+        not a call failure, e.g. a programming error)."""
+        try:
+            for attempt in tenacity.Retrying(**self._arguments()):
+                with attempt:
+                    return _attempt(fn, translate, attempt.retry_state.attempt_number)
+        except ClientError as error:
+            raise _with_attempts(error)
+        raise AssertionError("unreachable")
+
+    async def call_async(self, make_coroutine: Callable[[], Awaitable[Any]], translate: Callable[[Exception], ClientError]) -> Any:
+        """``await make_coroutine()``, retried as :meth:`call` does."""
+        try:
+            async for attempt in tenacity.AsyncRetrying(**self._arguments()):
+                with attempt:
+                    try:
+                        return await make_coroutine()
+                    except Exception as exc:  # noqa: BLE001 - translate re-raises what is not a call failure
+                        raise _translated(exc, translate, attempt.retry_state.attempt_number) from exc
+        except ClientError as error:
+            raise _with_attempts(error)
+        raise AssertionError("unreachable")
+
+
+NO_RETRY = RetryPolicy(retries=0, backoff_s=0.0)
+
+
+def _attempt(fn: Callable[[], Any], translate: Callable[[Exception], ClientError], attempt_number: int) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - translate re-raises what is not a call failure
+        raise _translated(exc, translate, attempt_number) from exc
+
+
+def _translated(exc: Exception, translate: Callable[[Exception], ClientError], attempt_number: int) -> ClientError:
+    error = translate(exc)
+    error.attempts = attempt_number
     return error
 
 
@@ -728,9 +668,7 @@ def _check_url(url: str | None, protocol: str) -> tuple[str, Protocol]:
     return url, protocol  # type: ignore[return-value]
 
 
-def _check_retries(retries: int, retry_backoff_s: float, timeout_s: float) -> None:
-    if retries < 0 or retry_backoff_s < 0:
-        raise ValueError(f"retries and retry_backoff_s must be >= 0, got {retries} and {retry_backoff_s}")
+def _check_timeout(timeout_s: float) -> None:
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
 

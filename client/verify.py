@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from rich.table import Table
 
-from .prompts import Prompt
+from specbuild.prompts import Prompt
 from .sdk import GenerateResult, RequestError, SpecClient
 
 CONTINUATION_TOKENS = 20  # tokens shown after the divergence, on each side
@@ -370,13 +370,9 @@ def as_decoder(tokenizer: str | os.PathLike[str] | TokenDecoder | None) -> Token
     """
     if tokenizer is None or hasattr(tokenizer, "decode"):
         return tokenizer
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as e:
-        raise ImportError(
-            "decoding divergences from a tokenizer folder needs transformers: pip install 'specbuild[engine]'"
-        ) from e
-    return AutoTokenizer.from_pretrained(os.fspath(tokenizer))
+    from specbuild.tokenizer import load_tokenizer
+
+    return load_tokenizer(tokenizer)
 
 
 def result_to_json(result: GenerateResult) -> dict[str, Any]:

@@ -9,10 +9,13 @@ blocked layout its kernels stream best, which is what ``torch.compile`` with
 :func:`pack_linears` applies the same two ops to the model in place, without compiling, so shapes may
 change freely from one iteration to the next (batch size, block width, context length).
 
-Every pass of the engine, plain or speculative, alone or batched, goes through the same packed layers,
-so fp32 greedy equality between speculative and plain decoding holds as before; the packed kernels
-round differently from eager ``F.linear`` (~1e-6 relative), which is why this is a choice made per
-engine (``kernels`` in the engine directory's config), never mixed within one.
+Every pass of the engine, plain or speculative, alone or batched, goes through the same packed layers.
+A packed layer gives a row the same bits whatever the number of rows in the pass (eager ``F.linear``
+does not: MKL picks another GEMM for another row count); attention still rounds by query and key
+length (PyTorch's CPU flash attention), so a token's logits alone, in a ``k + 1`` block or in a batch
+agree to ~1e-7, and greedy outputs can differ only at a logit near-tie (verify reports its margin).
+The packed kernels round differently from eager ``F.linear`` (~1e-6 relative), which is why this is a
+choice made per engine (``kernels`` in the engine directory's config), never mixed within one.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
     _check(loaded)  # what plan checks, before importing the server and display modules
     _warn(loaded)
     from specbuild.cli_display import run_with_progress
-    from specbuild.triton_repo.server import stop_signals_interrupt
+    from specbuild.triton_repo.tritonserver import stop_signals_interrupt
 
     with stop_signals_interrupt():
         summary = run_with_progress(_console(), loaded, paths, rebuild=rebuild)
@@ -206,9 +206,7 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
       specbuild build llama-eagle -o /work/out/llama-eagle    # TensorRT-LLM, inside the container
     """
     from specbuild.builder.recipe import RecipeError
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.pipeline import check_runnable
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.deploy import build_recipe
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
@@ -218,18 +216,9 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
         _build_trtllm(loaded, paths, rebuild)
         return
     try:
-        checked = check_runnable(loaded)  # check_recipe's checks, then the extras
+        build_recipe(loaded, paths, rebuild=rebuild, train=False, log=click.echo)
     except RecipeError as exc:
         raise bad_input(str(exc)) from None
-    _warn(loaded)
-    try:
-        build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=click.echo, inputs=checked.reference)
-    except RecipeError as exc:
-        raise bad_input(str(exc)) from None
-    spec = spec_from_engine_dir(
-        paths.engine_dir, instance_count=loaded.recipe.serve.instance_count, decoupled=loaded.recipe.serve.decoupled
-    )
-    write_reference_repository(spec, paths.repo_dir)
     click.echo(f"repository: {paths.repo_dir}\nserve it with: specbuild serve {paths.repo_dir}")
 
 
@@ -340,7 +329,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
       specbuild serve OUT/triton_repo --http-port 9000 --grpc-port 9001 --metrics-port 9002
     """
     from specbuild.builder.recipe import is_loopback
-    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
+    from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
     from specbuild.triton_repo.tensorrtllm import launch_lines
 
     ports = [p for p in (http_port, grpc_port, metrics_port) if p]
@@ -474,12 +463,12 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --openai http://gpu:8000/v1 --openai-baseline http://gpu:8001/v1 --tokenizer DIR
     """
     from specbuild.cli_display import print_report
-    from specbuild.client.prompts import PromptSourceError, apply_chat_template, load_prompts
+    from specbuild.prompts import PromptSourceError, apply_chat_template, load_prompts
     from specbuild.client.sdk import ClientError, ServerUnavailableError, SpecClient
 
     tokenizer = None
     if tokenizer_dir:
-        from specbuild.triton_repo.models.tokenization import load_tokenizer
+        from specbuild.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_dir)
     console = _console(stderr=as_json)
@@ -557,7 +546,7 @@ def _verify_greedy(console, client, prompt_list, **options):
 def _verify_sampling(console, client, prompt_list, report_path: Path, *, samples, positions, temperature, top_k, top_p,
                      alpha, seed, num_draft_tokens, concurrency, as_json=False) -> None:
     from specbuild.cli_display import verification_progress
-    from specbuild.client.stats import SamplingSettings, describe_sampling_report, render_sampling_report, verify_sampling
+    from specbuild.client.sampling import SamplingSettings, describe_sampling_report, render_sampling_report, verify_sampling
 
     settings = SamplingSettings(num_samples=samples, positions=positions, temperature=temperature, top_k=top_k, top_p=top_p,
                                 num_draft_tokens=num_draft_tokens, seed=seed, alpha=alpha)
@@ -687,7 +676,7 @@ def _resolve_sweep_options(options: dict) -> dict:
         raise click.UsageError("closed loop (--concurrency*) or open loop (--request-rate*): one at a time; cap open-loop requests in flight with --max-concurrency")
     options["levels"] = levels
     options["request_rates"] = (rate,) if rate is not None else tuple(rates or ())
-    from specbuild.client.prompts import expand_prompt_sets
+    from specbuild.prompts import expand_prompt_sets
 
     options["prompt_sets"] = expand_prompt_sets(options["prompt_sets"])
     return options
@@ -698,9 +687,9 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
                metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream):
     from specbuild.builder.recipe import RecipeError
     from specbuild.client.bench import BenchError, SweepPlan, run_bench
-    from specbuild.client.prompts import PromptSourceError
+    from specbuild.prompts import PromptSourceError
     from specbuild.client.sdk import ClientError
-    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError, stop_signals_interrupt
+    from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, stop_signals_interrupt
 
     try:
         plan = SweepPlan(

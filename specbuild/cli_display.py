@@ -65,9 +65,9 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
     from specbuild.builder.checkpoints import CheckpointError
     from specbuild.builder.recipe import RecipeError
     from specbuild.builder.trtllm_run import StageError
-    from specbuild.client.prompts import PromptSourceError
+    from specbuild.prompts import PromptSourceError
     from specbuild.client.sdk import RequestError, ServerUnavailableError
-    from specbuild.triton_repo.server import ServerNotFoundError, ServerStartError
+    from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError
 
     failures = (StageError, RecipeError, CheckpointError, PromptSourceError, RequestError, ServerUnavailableError, ServerNotFoundError, ServerStartError)
     # transient: the live bar disappears when the run ends; the summary tables follow.

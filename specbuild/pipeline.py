@@ -1,7 +1,9 @@
 """The main job: recipe -> engine -> Triton repository -> server -> verification -> shutdown.
 
-Each stage is a small function; :func:`run_recipe` times them, shows progress and returns a typed
-:class:`RunSummary`. Everything a run leaves behind lives under one output directory::
+The recipe checks every command shares live here (:func:`check_recipe`, :func:`check_runnable`);
+building and serving are :func:`specbuild.deploy.deploy`, and :func:`run_recipe` times its stages,
+verifies the running deployment and returns a typed :class:`RunSummary`. Everything a run leaves
+behind lives under one output directory::
 
     <output_dir>/engine/           engine directory (config.json + target/ + tokenizer/)
     <output_dir>/triton_repo/      Triton model repository
@@ -16,7 +18,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from specbuild.builder.recipe import LoadedRecipe, RecipeError
@@ -84,7 +85,7 @@ def check_inputs(loaded: LoadedRecipe) -> CheckedInputs:
         RecipeError: naming the recipe line of the field at fault.
     """
     from specbuild.builder.reference import check_reference_inputs, check_reference_speculation
-    from specbuild.client.prompts import PromptSourceError, load_prompts
+    from specbuild.prompts import PromptSourceError, load_prompts
 
     check_reference_speculation(loaded)
     _check_device(loaded)
@@ -306,7 +307,8 @@ def _timed(summary: RunSummary, stage: str, status):
 
 
 def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, status=print, progress=None, log=print) -> RunSummary:
-    """Run every stage for ``loaded``; the server is stopped whatever happens.
+    """Run every stage for ``loaded`` (:func:`specbuild.deploy.deploy`, then verification); the
+    server is stopped whatever happens.
 
     Args:
         status: called with each stage name as it starts.
@@ -315,74 +317,44 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
 
     Raises:
         RecipeError: the recipe cannot run here (raised before any long work).
-        specbuild.triton_repo.server.ServerStartError, specbuild.client.sdk.ServerUnavailableError:
+        specbuild.triton_repo.tritonserver.ServerStartError, specbuild.client.sdk.ServerUnavailableError:
             the server failed; its log file is named in the message.
     """
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.deploy import build_recipe, deploy
 
     summary = RunSummary(paths=paths)
-    with _timed(summary, "validate", status):
-        checked = check_runnable(loaded)
-        paths.report.unlink(missing_ok=True)  # a report always belongs to the run that wrote it
-    if draft_from_train_stage(loaded):
-        from specbuild.train.stage import train_draft
-
-        with _timed(summary, "train", status):  # cached: skipped while data and settings are unchanged
-            train_draft(loaded, log=log, show_progress=False)
+    timed = lambda stage: _timed(summary, stage, status)  # noqa: E731
+    paths.report.unlink(missing_ok=True)  # a report always belongs to the run that wrote it
     if loaded.recipe.build.backend != "reference":
-        with _timed(summary, "build", status):
-            result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=status, log=log)
-        summary.engine_rebuilt = bool(result.record.ran)
-        summary.next_steps = trtllm_next_steps(loaded, result)
+        build = build_recipe(loaded, paths, rebuild=rebuild, stage=timed, log=log, status=status)
+        summary.engine_rebuilt = build.engine_rebuilt
+        summary.next_steps = trtllm_next_steps(loaded, build.trtllm)
         return summary
-    with _timed(summary, "build", status):
-        build = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log, inputs=checked.reference)
-        summary.engine_rebuilt = build.rebuilt
-    with _timed(summary, "repository", status):
-        repo_spec = spec_from_engine_dir(
-            paths.engine_dir, instance_count=loaded.recipe.serve.instance_count, decoupled=loaded.recipe.serve.decoupled
-        )
-        write_reference_repository(repo_spec, paths.repo_dir)
-    summary.report = _serve_and_verify(loaded, paths, checked.prompts, summary, status=status, progress=progress)
+    with deploy(loaded, output_dir=paths.output_dir, rebuild=rebuild, stage=timed, log=log) as served:
+        summary.engine_rebuilt = served.engine_rebuilt
+        with timed("verify"):
+            summary.report = _verify(served, progress=progress)
     summary.report.write(paths.report)
     return summary
 
 
-def _serve_and_verify(loaded, paths, prompts, summary, *, status, progress):
-    from specbuild.client.prompts import apply_chat_template
+def _verify(served, *, progress):
     from specbuild.client.sdk import SpecClient
     from specbuild.client.verify import verify
-    from specbuild.triton_repo.models.tokenization import load_tokenizer
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.prompts import apply_chat_template
+    from specbuild.tokenizer import load_tokenizer
 
-    s, v = loaded.recipe.serve, loaded.recipe.verify
-    tokenizer = load_tokenizer(str(paths.engine_dir / "tokenizer"))
-    prompts = apply_chat_template(prompts, v.prompts, v.chat_template, tokenizer)
-    server = TritonServer(
-        paths.repo_dir,
-        host=s.host,
-        http_port=s.http_port,
-        grpc_port=s.grpc_port,
-        metrics_port=s.metrics_port,
-        log_file=paths.log_file,
-        startup_timeout_s=s.startup_timeout_s,
-    )
-    try:
-        with _timed(summary, "serve", status):
-            server.start()
-        url = server.grpc_url if v.protocol == "grpc" else server.http_url
-        with _timed(summary, "verify", status), SpecClient(url, protocol=v.protocol, decoupled=s.decoupled) as client:
-            client.wait_ready()
-            return verify(
-                client,
-                prompts,
-                max_tokens=v.max_tokens,
-                num_draft_tokens=v.num_draft_tokens,
-                end_id=v.end_id,
-                tokenizer=tokenizer,
-                progress=progress,
-            )
-    finally:
-        with _timed(summary, "shutdown", status):
-            server.stop()
+    v = served.loaded.recipe.verify
+    tokenizer = load_tokenizer(served.tokenizer_dir)
+    prompts = apply_chat_template(served.prompts, v.prompts, v.chat_template, tokenizer)
+    with SpecClient(served.url(v.protocol), protocol=v.protocol, decoupled=served.decoupled) as client:
+        client.wait_ready()
+        return verify(
+            client,
+            prompts,
+            max_tokens=v.max_tokens,
+            num_draft_tokens=v.num_draft_tokens,
+            end_id=v.end_id,
+            tokenizer=tokenizer,
+            progress=progress,
+        )

@@ -72,8 +72,8 @@ def served(engine_dir: Path, tmp_path: Path) -> Iterator:
     """``engine_dir``'s reference repository (``tmp_path/repo``) served by a real tritonserver on free
     ports (log ``tmp_path/server.log``); yields a ready gRPC SpecClient, stops the server after."""
     from specbuild.client.sdk import SpecClient
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     repo = write_reference_repository(spec_from_engine_dir(engine_dir), tmp_path / "repo")
     server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log")

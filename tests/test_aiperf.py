@@ -34,9 +34,9 @@ LOAD = ["--synthetic-input-tokens-mean", "32", "--synthetic-input-tokens-stddev"
 def served(tiny_checkpoint, tmp_path_factory):
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
     from specbuild.triton_repo.openai_frontend import OpenAIServer, config_from_deployment
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     out = tmp_path_factory.mktemp("aiperf")
     loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))

@@ -213,9 +213,9 @@ def all_methods_server(method_engines, tiny_checkpoint, tmp_path_factory):
 
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import SHELL, SHELL_MODULES, reference_models, spec_from_engine_dir
+    from specbuild.triton_repo.reference_repository import SHELL, SHELL_MODULES, reference_models, spec_from_engine_dir
     from specbuild.triton_repo.pbtxt import render
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     out = tmp_path_factory.mktemp("all_methods")
     built = build_reference_engine(load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint))), out / "built", log=lambda m: None).engine_dir

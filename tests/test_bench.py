@@ -28,7 +28,7 @@ from specbuild.client.bench import (
     summarize_point,
     sweep_size,
 )
-from specbuild.client.prompts import PromptSourceError, load_prompts
+from specbuild.prompts import PromptSourceError, load_prompts
 
 
 def rec(latency_s=1.0, n=10, accepted=0, drafts=0, rate=None, prompt_id="p", **kw):
@@ -202,7 +202,7 @@ def test_summarisation_prompts_are_long_documents_with_an_instruction():
 
 
 def test_every_bundled_file_has_its_source_and_licence_documented():
-    from specbuild.client import prompts as module
+    from specbuild import prompts as module
 
     sources = (module.BUNDLED_DIR / "SOURCES.md").read_text()
     for file in module.BUNDLED_SETS.values():
@@ -287,8 +287,8 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
 def test_bench_a_running_server_by_url_without_streaming(tiny_checkpoint, tmp_path):
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     loaded = load_recipe(str(write_recipe(tmp_path / "r.yaml", tiny_checkpoint)))
     engine = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).engine_dir
@@ -317,8 +317,8 @@ def test_open_loop_at_two_rates_with_goodput(tiny_checkpoint, tmp_path):
     """Open loop (Poisson arrivals, capped) against a real server: rates, latency percentiles, goodput."""
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     loaded = load_recipe(str(write_recipe(tmp_path / "r.yaml", tiny_checkpoint)))
     engine = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).engine_dir

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from specbuild.client.bench import RequestRecord, summarize_point
-from specbuild.client.bench_stats import bootstrap_ci, clamp_probability, meets_slo, overlaps, parse_slo, ratio_ci
-from specbuild.client.prompts import PromptSourceError, expand_prompt_sets, load_prompts, load_specbench, synthetic_prompts
+from specbuild.client.bench.stats import bootstrap_ci, clamp_probability, meets_slo, overlaps, parse_slo, ratio_ci
+from specbuild.prompts import PromptSourceError, expand_prompt_sets, load_prompts, load_specbench, synthetic_prompts
 from specbuild.client.tune import Candidate, indistinguishable, per_position_from_sweep, per_position_warnings, tune
 
 
@@ -109,7 +109,7 @@ def test_synthetic_prompts_have_the_asked_lengths():
 
 
 def test_synthetic_prompts_are_exact_in_tokens_with_a_tokenizer(tiny_checkpoint):
-    from specbuild.triton_repo.models.tokenization import load_tokenizer
+    from specbuild.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny_checkpoint))
     lengths = [len(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in synthetic_prompts("synthetic:5:in=40", tokenizer)]

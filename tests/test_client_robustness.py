@@ -31,7 +31,7 @@ from specbuild.client.sdk import (
     SpecClient,
 )
 from specbuild.triton_repo.pbtxt import ModelConfig, Tensor, render
-from specbuild.triton_repo.server import TritonServer
+from specbuild.triton_repo.tritonserver import TritonServer
 
 pytestmark = pytest.mark.e2e
 PROTOCOLS = ["grpc", "http"]
@@ -41,7 +41,7 @@ PROTOCOLS = ["grpc", "http"]
 def tiny_repo(tiny_checkpoint, tmp_path_factory) -> Path:
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 
     out = tmp_path_factory.mktemp("robust")
     loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))

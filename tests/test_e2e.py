@@ -23,9 +23,9 @@ from specbuild.client.sdk import RequestError, SpecClient
 from specbuild.client.verify import verify
 from specbuild.engine.runtime import ReferenceEngine
 from specbuild.engine.types import GenerationRequest
-from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 from specbuild.triton_repo.models.tokenization import load_tokenizer
-from specbuild.triton_repo.server import TritonServer
+from specbuild.triton_repo.tritonserver import TritonServer
 
 pytestmark = pytest.mark.e2e
 
@@ -196,7 +196,7 @@ def test_serve_command_stops_cleanly_on_ctrl_c(deployment, tmp_path):
     """`specbuild serve REPO`: ready line with the URLs, then SIGINT -> exit 0, no process left."""
     import signal
 
-    from specbuild.triton_repo.server import free_port
+    from specbuild.triton_repo.tritonserver import free_port
 
     server, _ = deployment
     ports = [str(free_port()) for _ in range(3)]

@@ -117,7 +117,7 @@ def test_verify_compares_token_ids_on_a_pytorch_path_repository(tiny_checkpoint,
     from specbuild.client.prompts import load_prompts
     from specbuild.client.sdk import RequestError, SpecClient
     from specbuild.client.verify import verify
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     loaded = parse_recipe(recipe_text(tiny_checkpoint), Path("t.yaml"))
     repo = write_llmapi_repository(loaded, plan_pytorch(loaded, tmp_path), tmp_path / "repo")

@@ -115,7 +115,8 @@ def test_parse_batch_reads_lookahead_tensors():
 
 
 def test_repository_declares_lookahead_inputs(tmp_path):
-    from specbuild.triton_repo.generate import LOOKAHEAD_INPUTS, ReferenceRepoSpec, reference_models
+    from specbuild.interface import LOOKAHEAD_INPUTS
+    from specbuild.triton_repo.reference_repository import ReferenceRepoSpec, reference_models
 
     models = {m.name: m for m in reference_models(ReferenceRepoSpec(tmp_path, end_id=0, pad_id=0, max_batch_size=4))}
     for name in ("ensemble", "tensorrt_llm"):

@@ -36,9 +36,9 @@ def deployment(tiny_checkpoint, tmp_path_factory):
     """A decoupled tritonserver, a speculative OpenAI front and a speculation-off one on it."""
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
     from specbuild.triton_repo.openai_frontend import OpenAIServer, config_from_deployment
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     out = tmp_path_factory.mktemp("openai")
     loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
@@ -231,7 +231,7 @@ def test_specbuild_serve_starts_the_openai_front(deployment, tmp_path):
     import sys
     import time
 
-    from specbuild.triton_repo.server import free_port
+    from specbuild.triton_repo.tritonserver import free_port
 
     triton, _, _ = deployment
     port = free_port()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specbuild.client.prompts import HUMANEVAL_SIZE, Prompt, PromptSourceError, load_prompts
+from specbuild.prompts import HUMANEVAL_SIZE, Prompt, PromptSourceError, load_prompts
 
 
 def test_humaneval_n_reads_the_package_file():
@@ -112,7 +112,7 @@ def chat_tokenizer(tmp_path_factory):
 
 
 def test_auto_wraps_the_bundled_chat_sets_and_keeps_ids(chat_tokenizer):
-    from specbuild.client.prompts import apply_chat_template
+    from specbuild.prompts import apply_chat_template
 
     for source in ("chat:3", "summarize:2"):
         raw = load_prompts(source)
@@ -122,7 +122,7 @@ def test_auto_wraps_the_bundled_chat_sets_and_keeps_ids(chat_tokenizer):
 
 
 def test_auto_leaves_humaneval_and_files_as_written(chat_tokenizer, tmp_path):
-    from specbuild.client.prompts import apply_chat_template
+    from specbuild.prompts import apply_chat_template
 
     raw = load_prompts("humaneval:2")
     assert apply_chat_template(raw, "humaneval:2", "auto", chat_tokenizer) == raw
@@ -132,7 +132,7 @@ def test_auto_leaves_humaneval_and_files_as_written(chat_tokenizer, tmp_path):
 
 
 def test_chat_set_without_a_tokenizer_says_how_to_fix_it(chat_tokenizer):
-    from specbuild.client.prompts import apply_chat_template
+    from specbuild.prompts import apply_chat_template
 
     with pytest.raises(ValueError, match=r"--tokenizer OUT/engine/tokenizer.*--chat-template never"):
         apply_chat_template(load_prompts("chat:1"), "chat:1", "auto", None)
@@ -143,7 +143,7 @@ def test_chat_set_without_a_tokenizer_says_how_to_fix_it(chat_tokenizer):
 def test_a_base_model_without_a_template_gets_raw_text_under_auto_but_always_is_refused(tmp_path):
     from tiny_models import make_tokenizer
 
-    from specbuild.client.prompts import apply_chat_template
+    from specbuild.prompts import apply_chat_template
 
     base = make_tokenizer(tmp_path)
     base.chat_template = None

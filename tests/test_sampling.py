@@ -21,7 +21,8 @@ from specbuild.engine import (
     InvalidRequestError,
     ReferenceEngine,
 )
-from specbuild.engine.acceptance import Acceptance, accept_speculative
+from fault_injection import accept_always, no_residual
+from specbuild.engine.acceptance import accept_speculative
 from specbuild.engine.sampling import Sampler, sampling_probs
 from specbuild.engine.types import SamplingParams
 from tiny_models import make_tiny_llama
@@ -73,21 +74,6 @@ def emitted_by_position(rule, *, deterministic: bool, num_draws: int = NUM_DRAWS
     return by_position
 
 
-def accept_always(draft_tokens, draft_probs, target_probs, *, sampler) -> Acceptance:
-    """Wrong rule: every draft token is accepted."""
-    return Acceptance(list(draft_tokens), sampler.sample(target_probs[len(draft_tokens)]))
-
-
-def accept_without_residual(draft_tokens, draft_probs, target_probs, *, sampler) -> Acceptance:
-    """Wrong rule: min(1, p/q) acceptance, but a rejection resamples from p instead of norm(max(0, p - q))."""
-    k = len(draft_tokens)
-    q = draft_probs if draft_probs is not None else torch.nn.functional.one_hot(torch.tensor(draft_tokens, dtype=torch.long), target_probs.shape[1]).float()
-    for i, token in enumerate(draft_tokens):
-        if sampler.uniform() * q[i, token] >= target_probs[i, token]:
-            return Acceptance(list(draft_tokens[:i]), sampler.sample(target_probs[i]))
-    return Acceptance(list(draft_tokens), sampler.sample(target_probs[k]))
-
-
 # --- the rejection-sampling rule -----------------------------------------------------------------
 
 
@@ -100,7 +86,7 @@ def test_speculative_sampling_reproduces_the_target_distribution(deterministic):
         assert fits(tokens, P[position]), f"position {position} does not follow p"
 
 
-@pytest.mark.parametrize("rule", [accept_always, accept_without_residual])
+@pytest.mark.parametrize("rule", [accept_always, no_residual])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["draft-q", "one-hot-q"])
 def test_wrong_acceptance_rules_are_detected(rule, deterministic):
     first_tokens = emitted_by_position(rule, deterministic=deterministic)[0]

@@ -1,4 +1,5 @@
-"""End-to-end tests of ``specbuild.triton_repo.server`` against a real tritonserver (CPU, Python backend).
+"""End-to-end tests of ``specbuild.triton_repo.tritonserver`` (the process) and ``triton_install`` (the binary
+and its environment) against a real tritonserver (CPU, Python backend).
 
 One server (an echo model whose model.py imports the editable-installed ``specbuild``) is shared by the
 request tests; the lifecycle tests (stop, broken repository, start-up timeout, serve_forever) start their
@@ -20,15 +21,9 @@ import numpy as np
 import pytest
 
 import specbuild
-from specbuild.triton_repo import server as server_module
-from specbuild.triton_repo.server import (
-    ServerNotFoundError,
-    ServerStartError,
-    TritonServer,
-    find_tritonserver,
-    serve_forever,
-    server_environment,
-)
+from specbuild.triton_repo import triton_install
+from specbuild.triton_repo.triton_install import ServerNotFoundError, find_tritonserver, server_environment
+from specbuild.triton_repo.tritonserver import ServerStartError, TritonServer, serve_forever
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -162,8 +157,8 @@ def test_backend_directory_is_made_once(tmp_path):
 
 
 def test_missing_server_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(server_module.shutil, "which", lambda name: None)
-    monkeypatch.setattr(server_module.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(triton_install.shutil, "which", lambda name: None)
+    monkeypatch.setattr(triton_install.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ServerNotFoundError, match=re.escape("pip install 'specbuild[server]'")):
         find_tritonserver()
 

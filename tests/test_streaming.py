@@ -86,8 +86,8 @@ def test_decoupled_repository_streams_only_the_engine_model(tmp_path):
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from specbuild.triton_repo.generate import ReferenceRepoSpec, reference_models
     from specbuild.triton_repo.pbtxt import render
+    from specbuild.triton_repo.reference_repository import ReferenceRepoSpec, reference_models
 
     for decoupled in (False, True):
         models = reference_models(ReferenceRepoSpec(tmp_path, end_id=0, pad_id=0, max_batch_size=4, decoupled=decoupled))
@@ -109,8 +109,8 @@ def decoupled_server(tiny_checkpoint, tmp_path_factory):
 
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     out = tmp_path_factory.mktemp("decoupled")
     loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))

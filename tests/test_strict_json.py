@@ -37,8 +37,8 @@ def strict_loads(text: str):
 def _serve(tiny_checkpoint, out, *, decoupled: bool):
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
     engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir

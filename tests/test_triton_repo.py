@@ -13,7 +13,7 @@ from specbuild.builder.recipe import load_recipe
 from specbuild.builder.reference import build_reference_engine, read_fingerprint
 from specbuild.engine.runtime import ReferenceEngine
 from specbuild.engine.types import GenerationRequest
-from specbuild.triton_repo.generate import (
+from specbuild.triton_repo.reference_repository import (
     REPO_METADATA,
     spec_from_engine_dir,
     write_reference_repository,

@@ -15,7 +15,7 @@ import trtllm_standin
 from specbuild.client.prompts import load_prompts
 from specbuild.client.sdk import RequestError, SpecClient
 from specbuild.client.verify import verify
-from specbuild.triton_repo.server import TritonServer
+from specbuild.triton_repo.tritonserver import TritonServer
 from specbuild.triton_repo.tensorrtllm import EngineModel, TrtllmRepoSpec, launch_command, write_trtllm_repository
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # ~60 s: five Python-backend models load

@@ -12,7 +12,7 @@ from google.protobuf import text_format
 
 from specbuild.builder.recipe import parse_recipe
 from specbuild.builder.trtllm_plan import plan_pytorch, plan_tensorrt
-from specbuild.triton_repo.generate import ReferenceRepoSpec, reference_models
+from specbuild.triton_repo.reference_repository import ReferenceRepoSpec, reference_models
 from specbuild.triton_repo.tensorrtllm import (
     choices_string,
     launch_command,

@@ -29,8 +29,8 @@ MAX_TOKENS = 12
 def server(tiny_checkpoint, tmp_path_factory):
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.tritonserver import TritonServer
 
     out = tmp_path_factory.mktemp("margin")
     loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))

@@ -3,8 +3,8 @@ real tritonserver, which must pass on a correct deployment and FAIL on one servi
 
 The end-to-end part serves a draft-target deployment whose draft is the tiny target with noise on
 its weights (q close to p but not equal: drafts are accepted and rejected, so both the acceptance
-test and the residual distribution matter), once correct and once per wrong rule injected with
-``SPECBUILD_FAULT_ACCEPTANCE`` (triton_repo/models/fault_injection.py).
+test and the residual distribution matter), once correct and once per wrong rule, served by the
+test-only model of tests/fault_injection.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fault_injection import WARNING
 from specbuild.client.prompts import Prompt
-from specbuild.client.stats import (
+from specbuild.client.sampling import (
     SamplingSettings,
     describe_sampling_report,
     homogeneity_test,
@@ -91,6 +92,24 @@ def test_empty_arm_is_an_error():
 
 # --- through a real server, with and without a wrong acceptance rule -----------------------------
 
+
+def test_wrong_rules_live_in_a_test_only_model(tmp_path):
+    """The faulty repository differs from the shipped one only in its tensorrt_llm model.py, which
+    wraps the shipped model; the installed package has no fault switch."""
+    import importlib.util
+
+    from fault_injection import faulty_repository
+
+    shipped = tmp_path / "repo"
+    (shipped / "tensorrt_llm" / "1").mkdir(parents=True)
+    (shipped / "tensorrt_llm" / "1" / "model.py").write_text("from specbuild.triton_repo.models.reference_engine import TritonPythonModel\n")
+    model = (faulty_repository(shipped, "no_residual", tmp_path / "faulty") / "tensorrt_llm" / "1" / "model.py").read_text()
+    compile(model, "model.py", "exec")
+    assert "reference_engine import TritonPythonModel as CorrectModel" in model and "install('no_residual')" in model
+    with pytest.raises(ValueError, match="choose one of"):
+        faulty_repository(shipped, "accept_sometimes", tmp_path / "other")
+    assert importlib.util.find_spec("specbuild.triton_repo.models.fault_injection") is None
+
 SETTINGS = SamplingSettings(num_samples=300, positions=4, temperature=1.0, top_k=3, seed=0, alpha=0.01)
 PROMPTS = [Prompt("code", "def fib(n):\n    if n < 2:\n        return n\n")]
 
@@ -103,7 +122,7 @@ def draft_target_repo(tiny_checkpoint, tmp_path_factory):
 
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.generate import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 
     out = tmp_path_factory.mktemp("sampling")
     draft = out / "draft"
@@ -123,16 +142,13 @@ def draft_target_repo(tiny_checkpoint, tmp_path_factory):
 
 
 def sampling_report(repo: Path, log: Path, fault: str | None):
+    from fault_injection import faulty_repository
     from specbuild.client.sdk import SpecClient
-    from specbuild.triton_repo.models.fault_injection import ENV_VAR
-    from specbuild.triton_repo.server import TritonServer
+    from specbuild.triton_repo.tritonserver import TritonServer
 
-    with pytest.MonkeyPatch.context() as env:  # the server's Python stubs inherit the environment
-        if fault is None:
-            env.delenv(ENV_VAR, raising=False)
-        else:
-            env.setenv(ENV_VAR, fault)
-        server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=log).start()
+    if fault is not None:
+        repo = faulty_repository(repo, fault, log.parent / f"repo-{fault}")
+    server = TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=log).start()
     try:
         with SpecClient(server.grpc_url) as client:
             return verify_sampling(client, PROMPTS, SETTINGS, concurrency=8), server.log_tail(400)
@@ -150,10 +166,10 @@ def test_sampling_check_passes_a_correct_deployment_and_fails_a_wrong_rule(draft
     if fault is None:
         assert report.total_accepted_draft_tokens < report.total_draft_tokens  # and rejections, so residuals
         assert report.passed, describe_sampling_report(report)
-        assert "WRONG acceptance rule" not in log
+        assert WARNING not in log
         # What the sample size could see is reported: a shift of this much TV would not pass unnoticed.
         assert 0 < report.min_detectable_tv < 0.5
     else:
-        assert "WRONG acceptance rule" in log  # the fault really was active on the server
+        assert WARNING in log  # the fault really was active on the server
         assert not report.passed, f"{fault} passed: {describe_sampling_report(report)}"
         assert report.p_value < SETTINGS.alpha

@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from specbuild.builder.atomic import staging_dir
 from specbuild.cache import cache_dir
-from specbuild.client.prompts import Prompt, load_prompts
+from specbuild.prompts import Prompt, load_prompts
 
 from .config import HUMANEVAL_TRAIN, HUMANEVAL_TRAIN_START, TrainConfig
 
@@ -93,7 +93,7 @@ def training_prompts(config: TrainConfig, *, base_dir: Path | None = None) -> tu
     Raises:
         TrainDataError: a source cannot be read, or a held-out prompt's text is also a training prompt.
     """
-    from specbuild.client.prompts import PromptSourceError
+    from specbuild.prompts import PromptSourceError
 
     try:
         if config.prompts == HUMANEVAL_TRAIN:
@@ -122,7 +122,7 @@ _STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", 
 def load_texts(source: str | None, *, base_dir: Path | None = None) -> list[tuple[str, str]]:
     """``(name, text)`` pairs of ``train.texts``: ``python-stdlib`` (every ``.py`` of the running
     Python's standard library outside test suites, sorted by path), a ``.jsonl`` file (objects with
-    ``text``, read as :func:`~specbuild.client.prompts.load_prompts` reads prompt files) or a ``.txt``
+    ``text``, read as :func:`~specbuild.prompts.load_prompts` reads prompt files) or a ``.txt``
     file (one text). None gives ``[]``.
 
     Raises:
@@ -141,7 +141,7 @@ def load_texts(source: str | None, *, base_dir: Path | None = None) -> list[tupl
         if not path.is_file():
             raise TrainDataError(f"train.texts: no such file {path} (use {STDLIB_TEXTS!r}, a .jsonl or a .txt file)")
         if path.suffix == ".jsonl":  # the prompt files' format: objects with "text" (or "prompt")
-            from specbuild.client.prompts import PromptSourceError
+            from specbuild.prompts import PromptSourceError
 
             try:
                 texts = [(p.id, p.text) for p in load_prompts(str(path))]

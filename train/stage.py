@@ -134,12 +134,12 @@ def train_draft(
             prompts that overlap the training prompts.
     """
     import torch
-    from transformers import AutoTokenizer
 
     from specbuild.builder.atomic import staging_dir
     from specbuild.builder.checkpoints import materialize_checkpoint
     from specbuild.builder.reference import locate_target
     from specbuild.engine.target import load_target
+    from specbuild.tokenizer import load_tokenizer
 
     from .data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_fingerprint, training_prompts
 
@@ -163,7 +163,7 @@ def train_draft(
     device = torch.device("cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
     checkpoint = materialize_checkpoint(source, log=log)
     target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    tokenizer = load_tokenizer(checkpoint)
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log, texts=texts,
                               responses_key=responses_fingerprint(target_fp, train_prompts, config))

@@ -490,7 +490,7 @@ class OpenAIServer:
     def start(self) -> OpenAIServer:
         import uvicorn
 
-        from specbuild.triton_repo.server import free_port
+        from specbuild.triton_repo.tritonserver import free_port
 
         if self.port == 0:
             self.port = free_port(self.host)

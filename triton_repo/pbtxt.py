@@ -2,7 +2,8 @@
 
 The specs mirror ``inference.ModelConfig`` (model_config.proto) fields one to one, so the rendered
 text parses with Triton's own protobuf schema (``tritonclient.grpc.model_config_pb2``); the tests
-do exactly that. No template placeholders exist that could survive unfilled.
+do exactly that. No template placeholders exist that could survive unfilled. The tensors are
+:class:`specbuild.interface.Tensor` specs, the deployment's contract.
 """
 
 from __future__ import annotations
@@ -10,21 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-DataType = Literal["TYPE_BOOL", "TYPE_INT32", "TYPE_INT64", "TYPE_UINT64", "TYPE_FP32", "TYPE_STRING"]
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One model input or output: ``dims`` exclude the batch dimension; -1 is variable.
-    ``reshape``: the shape the model sees instead of ``dims`` (``()``: a scalar, as TensorRT-LLM's
-    backend declares its per-request scalars); ``None``: no reshape."""
-
-    name: str
-    data_type: DataType
-    dims: tuple[int, ...]
-    optional: bool = False
-    allow_ragged_batch: bool = False
-    reshape: tuple[int, ...] | None = None
+from specbuild.interface import DataType, Tensor  # noqa: F401 - the tensor specs rendered here
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@
 
 Every parameter comes from :class:`TrtllmRepoSpec`; nothing is a template placeholder.
 
-Client interface: ``ensemble`` has the reference repository's tensors, ``num_draft_tokens``
-included. The C++ ``tensorrtllm`` backend has no such input, so a static ensemble could not honour
+Client interface: ``ensemble`` has the contract's tensors (:mod:`specbuild.interface`, the
+``trtllm`` deployment's share), ``num_draft_tokens`` included. The C++ ``tensorrtllm`` backend has no such input, so a static ensemble could not honour
 it (Triton refuses an ensemble input no step consumes); ``ensemble`` is therefore a Python BLS
 model (:mod:`specbuild.triton_repo.models.trtllm_front`) that routes each request: draft-target
 runs the draft -> target loop (``0``: the target alone), lookahead sends (w, n, g) = (1, 1, 0) for
@@ -38,13 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specbuild.triton_repo.generate import (
+from specbuild.interface import ENGINE, ENSEMBLE, LLMAPI, TRTLLM
+from specbuild.triton_repo.pbtxt import DynamicBatching, ModelConfig, render
+from specbuild.triton_repo.reference_repository import (
     SHELL,
     SHELL_MODULES,
     ReferenceRepoSpec,
     reference_models,
 )
-from specbuild.triton_repo.pbtxt import DynamicBatching, ModelConfig, Tensor, render
 
 if TYPE_CHECKING:
     from specbuild.builder.recipe import LoadedRecipe
@@ -111,70 +112,12 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
-def _scalar(name: str, data_type: str, optional: bool = True, reshape: bool = True) -> Tensor:
-    """A per-request scalar: dims [1], reshaped to [] where upstream's config does."""
-    return Tensor(name, data_type, (1,), optional=optional, reshape=() if reshape else None)
-
-
-def _ragged(name: str, data_type: str, dims: tuple[int, ...] = (-1,)) -> Tensor:
-    return Tensor(name, data_type, dims, optional=True, allow_ragged_batch=True)
-
-
-# Names, types, dims, reshapes and optional flags as in upstream's tensorrt_llm/config.pbtxt (the
-# tests compare them with a copy of it); specbuild's ensemble sends a subset of them.
-ENGINE_INPUTS = (
-    Tensor("input_ids", "TYPE_INT32", (-1,), optional=True, allow_ragged_batch=True),
-    _scalar("input_lengths", "TYPE_INT32", optional=False),
-    _scalar("request_output_len", "TYPE_INT32", optional=False),
-    _ragged("draft_input_ids", "TYPE_INT32"),
-    _ragged("draft_logits", "TYPE_FP32", (-1, -1)),
-    _scalar("draft_acceptance_threshold", "TYPE_FP32"),
-    _scalar("end_id", "TYPE_INT32"),
-    _scalar("pad_id", "TYPE_INT32"),
-    _ragged("stop_words_list", "TYPE_INT32", (2, -1)),
-    _ragged("bad_words_list", "TYPE_INT32", (2, -1)),
-    _scalar("beam_width", "TYPE_INT32"),
-    _scalar("temperature", "TYPE_FP32"),
-    _scalar("runtime_top_k", "TYPE_INT32"),
-    _scalar("runtime_top_p", "TYPE_FP32"),
-    _scalar("seed", "TYPE_UINT64"),
-    _scalar("return_log_probs", "TYPE_BOOL"),
-    _scalar("return_context_logits", "TYPE_BOOL"),
-    _scalar("return_generation_logits", "TYPE_BOOL"),
-    _scalar("return_perf_metrics", "TYPE_BOOL"),
-    _scalar("exclude_input_in_output", "TYPE_BOOL"),
-    _scalar("stop", "TYPE_BOOL"),
-    _scalar("streaming", "TYPE_BOOL"),
-    _ragged("lookahead_window_size", "TYPE_INT32", (1,)),
-    _ragged("lookahead_ngram_size", "TYPE_INT32", (1,)),
-    _ragged("lookahead_verification_set_size", "TYPE_INT32", (1,)),
-)
-# Declared as in upstream's tensorrt_llm/config.pbtxt; the backend fills them when a request sets
-# return_perf_metrics (model_instance_state.cc fillTritonResponse).
-KV_AND_TIMING_OUTPUTS = (
-    Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
-    Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
-    Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
-    Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
-    Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
-    Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
-    Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
-)
-PERF_OUTPUTS = (
-    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
-    Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
-    Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
-)
-ENGINE_OUTPUTS = (
-    Tensor("output_ids", "TYPE_INT32", (-1, -1)),
-    Tensor("sequence_length", "TYPE_INT32", (-1,)),
-    Tensor("cum_log_probs", "TYPE_FP32", (-1,)),
-    Tensor("output_log_probs", "TYPE_FP32", (-1, -1)),
-    Tensor("context_logits", "TYPE_FP32", (-1, -1)),
-    Tensor("generation_logits", "TYPE_FP32", (-1, -1, -1)),
-    Tensor("batch_index", "TYPE_INT32", (1,)),
-    Tensor("sequence_index", "TYPE_INT32", (1,)),
-) + KV_AND_TIMING_OUTPUTS + PERF_OUTPUTS
+# The tensors of the ``tensorrtllm`` models and of the fronts: the ``trtllm`` and ``llmapi``
+# deployments' share of the contract (specbuild.interface; upstream's tensorrt_llm/config.pbtxt for
+# the engine models, which the tests compare with a copy of it).
+ENGINE_INTERFACE = ENGINE.served_by(TRTLLM)
+FRONT_INTERFACE = ENSEMBLE.served_by(TRTLLM)
+LLMAPI_INTERFACE = ENSEMBLE.served_by(LLMAPI)
 
 
 def engine_parameters(model: EngineModel, spec: TrtllmRepoSpec) -> dict[str, str]:
@@ -222,37 +165,24 @@ def engine_model(model: EngineModel, spec: TrtllmRepoSpec) -> ModelConfig:
     (the backend places ranks on GPUs itself), dynamic batching up to max_batch_size as upstream."""
     return ModelConfig(
         name=model.name, backend="tensorrtllm", max_batch_size=spec.max_batch_size,
-        inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS, parameters=engine_parameters(model, spec),
+        inputs=ENGINE_INTERFACE.inputs, outputs=ENGINE_INTERFACE.outputs, parameters=engine_parameters(model, spec),
         decoupled=spec.decoupled,
         dynamic_batching=DynamicBatching((spec.max_batch_size,), spec.max_queue_delay_microseconds),
     )
 
 
-def _reference_interface(spec: TrtllmRepoSpec) -> dict[str, ModelConfig]:
-    """specbuild's ensemble/preprocessing/postprocessing, with this repository's tokenizer and
-    upstream's dynamic batching."""
+def _step_models(spec: TrtllmRepoSpec) -> list[ModelConfig]:
+    """specbuild's preprocessing and postprocessing (as in the reference repository), with this
+    repository's tokenizer and upstream's dynamic batching."""
     ref = ReferenceRepoSpec(engine_dir=spec.tokenizer_dir, end_id=spec.end_id, pad_id=spec.pad_id, max_batch_size=spec.max_batch_size)
-    models = {m.name: m for m in reference_models(ref)}
-    for name in ("preprocessing", "postprocessing"):
-        models[name] = dataclasses.replace(models[name], parameters={**models[name].parameters, "tokenizer_dir": str(spec.tokenizer_dir)},
-                                           dynamic_batching=DynamicBatching())
-    return models
+    return [dataclasses.replace(m, parameters={**m.parameters, "tokenizer_dir": str(spec.tokenizer_dir)}, dynamic_batching=DynamicBatching())
+            for m in reference_models(ref) if m.name in ("preprocessing", "postprocessing")]
 
 
-# The reference ensemble's inputs the front model handles (trtllm_front.TritonPythonModel).
-FRONT_INPUT_NAMES = ("text_input", "max_tokens", "end_id", "pad_id", "num_draft_tokens", "lookahead_window_size",
-                     "lookahead_ngram_size", "lookahead_verification_set_size", "return_perf_metrics",
-                     "exclude_input_in_output", "temperature", "top_k", "top_p", "seed")
-FRONT_OUTPUT_NAMES = ("text_output", "output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens",
-                      "total_draft_tokens")
-
-
-def front_model(reference: ModelConfig, spec: TrtllmRepoSpec) -> ModelConfig:
+def front_model(spec: TrtllmRepoSpec) -> ModelConfig:
     """``ensemble``: specbuild's BLS front (:mod:`specbuild.triton_repo.models.trtllm_front`) with the
-    reference ensemble's tensors (same names, types, dims), routing ``num_draft_tokens`` per request.
+    contract's ensemble tensors (the ``trtllm`` deployment's), routing ``num_draft_tokens`` per request.
     One instance per batch slot: each instance serves one request at a time."""
-    inputs = tuple(t for t in reference.inputs if t.name in FRONT_INPUT_NAMES)
-    outputs = tuple(t for t in reference.outputs if t.name in FRONT_OUTPUT_NAMES)
     params = {
         "method": spec.method, "max_draft_len": str(spec.max_draft_len), "tokenizer_dir": str(spec.tokenizer_dir),
         "end_id": str(spec.end_id), "pad_id": str(spec.pad_id), "tensorrt_llm_model_name": spec.target.name,
@@ -266,14 +196,14 @@ def front_model(reference: ModelConfig, spec: TrtllmRepoSpec) -> ModelConfig:
     if spec.decoupled:
         params["decoupled"] = "true"
     params.update(spec.front_parameters)
-    return ModelConfig(name="ensemble", backend="python", max_batch_size=spec.max_batch_size, inputs=inputs, outputs=outputs,
-                       parameters=params, instance_count=spec.max_batch_size)
+    return ModelConfig(name=FRONT_INTERFACE.name, backend="python", max_batch_size=spec.max_batch_size,
+                       inputs=FRONT_INTERFACE.inputs, outputs=FRONT_INTERFACE.outputs, parameters=params,
+                       instance_count=spec.max_batch_size)
 
 
 def trtllm_models(spec: TrtllmRepoSpec) -> list[ModelConfig]:
     """Every model config of the repository, ensemble first."""
-    ref = _reference_interface(spec)
-    models = [front_model(ref["ensemble"], spec), ref["preprocessing"], ref["postprocessing"], engine_model(spec.target, spec)]
+    models = [front_model(spec), *_step_models(spec), engine_model(spec.target, spec)]
     if spec.draft is not None:
         models.append(engine_model(spec.draft, spec))
     if spec.baseline is not None:
@@ -412,25 +342,20 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     )
 
 
-# The PyTorch path's ensemble: the reference interface over tensorrt_llm.LLM
-# (:mod:`specbuild.triton_repo.models.llmapi_front`); no lookahead inputs (no such LLM-API path).
-LLMAPI_INPUT_NAMES = ("text_input", "max_tokens", "end_id", "pad_id", "num_draft_tokens", "return_perf_metrics",
-                      "exclude_input_in_output", "temperature", "top_k", "top_p", "seed")
 LLMAPI_MODULE = "specbuild.triton_repo.models.llmapi_front"
 TRITONSERVER = "tritonserver"  # on PATH in the tritonserver:<yy.mm>-trtllm-python-py3 image (/opt/tritonserver/bin)
 
 
 def llmapi_model(loaded: LoadedRecipe, plan: TrtllmPlan) -> ModelConfig:
-    """``ensemble`` for the PyTorch path: a Python model over ``tensorrt_llm.LLM`` with the reference
-    ensemble's tensors (names, types, dims), one instance; Triton's dynamic batching hands it the
-    queued requests together and it passes them to ``LLM.generate`` as one list."""
+    """``ensemble`` for the PyTorch path: a Python model over ``tensorrt_llm.LLM`` with the contract's
+    ensemble tensors (the ``llmapi`` deployment's: no lookahead inputs, no such LLM-API path), one
+    instance; Triton's dynamic batching hands it the queued requests together and it passes them to
+    ``LLM.generate`` as one list."""
     r = loaded.recipe
-    reference = reference_models(ReferenceRepoSpec(engine_dir=plan.tokenizer_dir, end_id=0, pad_id=0, max_batch_size=r.build.max_batch_size))[0]
     max_draft_len = r.speculation.max_draft_len
     return ModelConfig(
-        name="ensemble", backend="python", max_batch_size=r.build.max_batch_size,
-        inputs=tuple(t for t in reference.inputs if t.name in LLMAPI_INPUT_NAMES),
-        outputs=tuple(t for t in reference.outputs if t.name in FRONT_OUTPUT_NAMES),
+        name=LLMAPI_INTERFACE.name, backend="python", max_batch_size=r.build.max_batch_size,
+        inputs=LLMAPI_INTERFACE.inputs, outputs=LLMAPI_INTERFACE.outputs,
         parameters={"max_draft_len": str(max_draft_len),
                     "baseline": _b(bool(getattr(r.build, "baseline_engine", False)) and r.speculation.definition.speculates)},
         dynamic_batching=DynamicBatching(),

@@ -30,6 +30,7 @@ import numpy as np
 from specbuild.engine.scheduler import DropRequest
 from specbuild.engine.stream import StepOutput, collect
 from specbuild.engine.types import GenerationRequest, GenerationResult
+from specbuild.interface import ENGINE, LOOKAHEAD_INPUTS, REFERENCE
 from specbuild.triton_repo.models.common import (
     as_bool,
     error_response,
@@ -39,24 +40,8 @@ from specbuild.triton_repo.models.common import (
     required_input,
 )
 
-LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")  # (w, n, g)
-INPUTS = (
-    "input_ids",
-    "input_lengths",
-    "request_output_len",
-    "end_id",
-    "pad_id",
-    "num_draft_tokens",
-    "return_perf_metrics",
-    "exclude_input_in_output",
-    "temperature",
-    "runtime_top_k",
-    "runtime_top_p",
-    "seed",
-    *LOOKAHEAD_INPUTS,
-    "return_logit_margin",
-    "streaming",
-)
+# The tensorrt_llm inputs this model serves (the contract's, specbuild.interface), read per request.
+INPUTS = ENGINE.served_by(REFERENCE).input_names
 
 
 @dataclass(frozen=True)
@@ -95,7 +80,7 @@ def parse_batch(inputs: dict[str, np.ndarray | None], *, default_pad_id: int, de
     ids = ids.reshape(ids.shape[0], -1) if ids.ndim != 2 else ids
     batch = ids.shape[0]
     lengths = per_row(inputs.get("input_lengths"), batch, "input_lengths") or [ids.shape[1]] * batch
-    column = {name: per_row(inputs.get(name), batch, name) for name in INPUTS[2:]}
+    column = {name: per_row(inputs.get(name), batch, name) for name in INPUTS if name not in ("input_ids", "input_lengths")}
     lookahead = [column[name] for name in LOOKAHEAD_INPUTS]
     if any(c is None for c in lookahead) and any(c is not None for c in lookahead):
         raise ValueError(f"{', '.join(LOOKAHEAD_INPUTS)} go together: send all three or none")
@@ -263,11 +248,6 @@ class TritonPythonModel:
         params = model_parameters(args)
         device = params.get("device") or "cpu"
         self.engine = ReferenceEngine.from_engine_dir(params["engine_dir"], device=device)
-        from specbuild.triton_repo.models import fault_injection
-
-        fault = fault_injection.install_from_environment()
-        if fault is not None:  # test-only: a deliberately wrong sampling rule (fault_injection.py)
-            pb_utils.Logger.log_warn(f"{fault_injection.ENV_VAR}={fault}: serving a WRONG acceptance rule (tests only)")
         self.exclude_input = as_bool(params.get("exclude_input_in_output", "true"))
         self.pad_id = int(params.get("pad_id", self.engine.end_id))
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specbuild.tokenizer import load_tokenizer  # noqa: F401  (the Triton models load theirs through this module)
+
 
 @dataclass(frozen=True)
 class Tokenized:
@@ -17,13 +19,6 @@ class Tokenized:
 
     input_ids: np.ndarray
     lengths: np.ndarray
-
-
-def load_tokenizer(tokenizer_dir: str):
-    """A transformers tokenizer from a local directory (never the hub)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
 
 
 def decode_queries(query: np.ndarray) -> list[str]:

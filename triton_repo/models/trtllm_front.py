@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specbuild.interface import ENGINE, ENSEMBLE, TRTLLM
 from specbuild.triton_repo.models.common import model_parameters, optional_input, per_row, required_input, run_each
 
 # (new tokens) = generate(model, ids, max_new_tokens, draft_ids, extra inputs)
@@ -187,11 +188,11 @@ def generate_request(generate: Generate, config: FrontConfig, prompt: Sequence[i
     return Generation(result.tokens, result.accepted_draft_tokens, result.draft_tokens)
 
 
-# Front inputs passed to the engines under TensorRT-LLM's names (front name -> engine name).
-PASSTHROUGH = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
-               "lookahead_window_size": "lookahead_window_size", "lookahead_ngram_size": "lookahead_ngram_size",
-               "lookahead_verification_set_size": "lookahead_verification_set_size"}
-_DTYPES = {"temperature": np.float32, "runtime_top_p": np.float32, "seed": np.uint64}
+# Front inputs passed to the engines under TensorRT-LLM's names (front name -> engine name, the
+# contract's engine_name): all but those the front decides itself (it routes num_draft_tokens, and
+# always asks the engines for perf metrics and for the output without the input).
+FRONT_DECIDES = ("num_draft_tokens", "return_perf_metrics", "exclude_input_in_output")
+PASSTHROUGH = {t.name: t.engine_name for t in ENSEMBLE.served_by(TRTLLM).inputs if t.engine_name and t.name not in FRONT_DECIDES}
 
 
 class TritonPythonModel:
@@ -269,7 +270,7 @@ class TritonPythonModel:
         ]
         if draft:
             tensors.append(pb.Tensor("draft_input_ids", np.array([list(draft)], dtype=np.int32)))
-        tensors += [pb.Tensor(name, column(value, _DTYPES.get(name, np.int32))) for name, value in extra.items()]
+        tensors += [pb.Tensor(name, column(value, ENGINE.input(name).numpy_dtype)) for name, value in extra.items()]
         request = pb.InferenceRequest(
             model_name=model, inputs=tensors,
             requested_output_names=["output_ids", "sequence_length", "total_accepted_draft_tokens", "total_draft_tokens"],

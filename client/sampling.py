@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .prompts import Prompt
+from specbuild.prompts import Prompt
 from .sdk import SpecClient
 
 MIN_EXPECTED = 5.0  # expected count per cell below which categories are pooled

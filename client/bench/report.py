@@ -1,0 +1,187 @@
+"""A sweep's results: ``bench.json``, ``bench.csv``, ``requests.jsonl`` (:class:`SweepResult`), read
+back by :func:`load_result`, and the terminal table and notes."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .plan import BenchError, Deployment, Load, SweepPlan
+from .points import PointResult
+
+if TYPE_CHECKING:
+    from .run import RequestRecord
+
+
+SCHEMA_VERSION = "specbuild.bench/2"  # 2: repeats, intervals, open loop, environment, requests.jsonl
+# bench.csv: one row per point, these columns (docs/bench.md maps them to genai-perf's and vLLM's names).
+CSV_COLUMNS = (
+    "deployment", "method", "prompt_set", "draft_len", "concurrency", "request_rate", "burstiness", "repeats", "requests",
+    "wall_s", "output_tokens", "total_tok_s", "request_throughput", "goodput", "user_tok_s",
+    "latency_ms_p50", "latency_ms_p90", "latency_ms_p99", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99",
+    "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "tpot_ms", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99",
+    "tokens_per_step", "acceptance_rate", "accepted_per_step", "drafts_per_step", "step_ms",
+    "per_position_acceptance", "acceptance_length_histogram", "ids_match_baseline", "small_sample", "unstable",
+)
+CSV_INTERVALS = ("total_tok_s", "request_throughput", "latency_ms_p50", "latency_ms_p99", "ttft_ms_p50", "tpot_ms",
+                 "tokens_per_step", "acceptance_rate")
+
+
+@dataclass
+class SweepResult:
+    """Every point of a sweep plus the plan, the deployments it ran on and every request
+    (``requests``: :func:`request_row` dicts, written as ``requests.jsonl``)."""
+
+    plan: SweepPlan
+    deployments: list[Deployment]
+    points: list[PointResult]
+    started_at: str = ""
+    wall_s: float = 0.0
+    requests: list[dict] = field(default_factory=list)
+    environment: dict | None = None
+
+    def to_json(self) -> dict:
+        from ..environment import environment
+
+        if self.environment is None:
+            self.environment = environment()
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "plan": asdict(self.plan),
+            "deployments": [asdict(d) for d in self.deployments],
+            "points": [asdict(p) for p in self.points],
+            "started_at": self.started_at,
+            "wall_s": self.wall_s,
+            "environment": self.environment,
+            "ttft_measured": any(p.ttft_ms_p50 is not None for p in self.points),
+            "requests_file": "requests.jsonl",
+        }
+
+    def write(self, out_dir: str | Path) -> tuple[Path, Path]:
+        """Write ``bench.json`` (everything but the requests), ``bench.csv`` (one row per point) and
+        ``requests.jsonl`` (one line per request); return the paths of the first two. Strict JSON:
+        a non-finite number raises ``ValueError`` rather than being written as NaN."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        json_path, csv_path = out / "bench.json", out / "bench.csv"
+        json_path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
+        with (out / "requests.jsonl").open("w") as f:
+            for row in self.requests:
+                f.write(json.dumps(row, allow_nan=False) + "\n")
+        columns = list(CSV_COLUMNS) + [f"{name}_ci_{end}" for name in CSV_INTERVALS for end in ("low", "high")]
+        with csv_path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            for point in self.points:
+                row = {name: getattr(point, name) for name in CSV_COLUMNS}
+                row["per_position_acceptance"] = _join(row["per_position_acceptance"])
+                row["acceptance_length_histogram"] = " ".join(map(str, row["acceptance_length_histogram"] or []))
+                for name in CSV_INTERVALS:
+                    interval = point.ci.get(name)
+                    row[f"{name}_ci_low"], row[f"{name}_ci_high"] = interval if interval else ("", "")
+                writer.writerow(row)
+        return json_path, csv_path
+
+
+def load_result(path: str | Path) -> SweepResult:
+    """Read back a ``bench.json`` (this schema or the first one, which had no version). Raises
+    ``BenchError`` naming the file when it is not one."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        plan = SweepPlan(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["plan"].items()})
+        deployments = [Deployment(**{k: tuple(v) if k == "lookahead" and v else v for k, v in d.items()}) for d in data["deployments"]]
+        points = [PointResult(**p) for p in data["points"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"{path}: not a bench.json written by `specbuild bench` ({exc})") from None
+    return SweepResult(plan, deployments, points, data.get("started_at", ""), data.get("wall_s", 0.0),
+                       environment=data.get("environment"))
+
+
+def request_row(point: PointResult, r: RequestRecord) -> dict:
+    """One line of ``requests.jsonl``: the point's coordinates and the request's timings and counts.
+
+    Times in milliseconds: ``start_ms`` (sent, after its repeat began), ``ttft_ms``, ``e2e_ms``,
+    ``itl_ms`` (gaps between streamed chunks), ``tpot_ms``.
+    """
+    return {
+        "deployment": point.deployment, "method": point.method, "prompt_set": point.prompt_set, "draft_len": point.draft_len,
+        "concurrency": point.concurrency, "request_rate": point.request_rate, "repeat": r.repeat, "prompt_id": r.prompt_id,
+        "start_ms": 1000 * r.start_s, "ttft_ms": None if r.ttft_s is None else 1000 * r.ttft_s, "e2e_ms": 1000 * r.latency_s,
+        "itl_ms": [1000 * g for g in r.itl_s], "tpot_ms": 1000 * r.tpot_s, "output_tokens": r.num_tokens,
+        "accepted_draft_tokens": r.accepted if r.perf_reported else None, "draft_tokens": r.drafts if r.perf_reported else None,
+        "decode_steps": r.decode_steps if r.perf_reported else None,
+        "step_tokens": list(r.step_tokens) if r.step_tokens else None, "finish_reason": r.finish_reason,
+    }
+
+
+def load_label(p: PointResult) -> str:
+    """``C=4`` (closed loop) or ``rate=2/s`` (``cap=4`` when capped)."""
+    return Load(p.concurrency, p.request_rate).label
+
+
+def point_line(p: PointResult) -> str:
+    rate = "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}"
+    return (
+        f"{p.deployment:>16s} {p.prompt_set:>12s} {load_label(p):<10s} k={p.draft_len:<2d} "
+        f"p50 {p.latency_ms_p50:8.0f} ms  {p.total_tok_s:7.1f} tok/s  tokens/step {p.tokens_per_step:.2f}  "
+        f"acc {rate}" + (f"  PROBLEMS {len(p.problems)}" if p.problems else "")
+    )
+
+
+def _join(values: list[float] | None) -> str:
+    return "" if values is None else " ".join(f"{v:.4f}" for v in values)
+
+
+def points_table(points: Sequence[PointResult]):
+    """A rich Table, one row per point; intervals and every other figure are in bench.json."""
+    from rich.table import Table
+
+    table = Table(title="specbuild bench (flags: F = fewer than 20 requests, U = repeats disagree)", show_lines=False)
+    goodput = any(p.goodput is not None for p in points)
+    names = ["deployment", "prompts", "load", "k", "p50 ms", "p99 ms", "TTFT p50", "ITL p50", "TPOT ms", "tok/s", "req/s"]
+    names += (["goodput"] if goodput else []) + ["tok/step", "acc", "lossless", "checks", "flags"]
+    for name in names:
+        left = name in ("deployment", "prompts", "load")
+        table.add_column(name, justify="left" if left else "right", no_wrap=True,
+                         max_width=22 if name in ("deployment", "prompts") else None, overflow="ellipsis")
+    ms = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    for p in points:
+        row = [p.deployment, p.prompt_set, load_label(p), str(p.draft_len), f"{p.latency_ms_p50:.0f}", f"{p.latency_ms_p99:.0f}",
+               ms(p.ttft_ms_p50), "-" if p.itl_ms_p50 is None else f"{p.itl_ms_p50:.1f}", f"{p.tpot_ms:.1f}",
+               f"{p.total_tok_s:.1f}", "-" if p.request_throughput is None else f"{p.request_throughput:.2f}"]
+        if goodput:
+            row.append("-" if p.goodput is None else f"{p.goodput:.2f}")
+        row += [
+            f"{p.tokens_per_step:.2f}",
+            "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}",
+            "-" if p.ids_match_baseline is None else f"{100 * p.ids_match_baseline:.0f}%",
+            ("ok" if not p.problems else f"[red]{len(p.problems)} problems[/red]") + ("" if p.counters_checked else " (no counters)"),
+            ("F" if p.small_sample else "") + ("U" if p.unstable else ""),
+        ]
+        table.add_row(*row)
+    return table
+
+
+def notes(result: SweepResult) -> list[str]:
+    """What the table cannot say by itself: what was not measured, and any cross-check problem."""
+    lines = []
+    if not any(p.ttft_ms_p50 is not None for p in result.points):
+        lines.append("TTFT not measured: requests were not streamed (--no-stream); TPOT = latency / tokens includes the prefill.")
+    if not any(p.per_position_acceptance for p in result.points) and any(p.draft_len for p in result.points):
+        lines.append(
+            "Per-position acceptance: the server reports per-request totals only; `specbuild tune` derives "
+            "P(step accepts >= i drafts) from points at consecutive draft lengths."
+        )
+    for p in result.points:
+        if p.server_acceptance and p.draft_len and p.server_acceptance.get("acceptance_rate") is not None:
+            lines.append(f"{p.deployment} {p.prompt_set} {load_label(p)} k={p.draft_len}: the server's {p.server_acceptance['source']} "
+                         f"metrics say acceptance rate {p.server_acceptance['acceptance_rate']:.2f}")
+    problems = [q for p in result.points for q in p.problems]
+    if problems:
+        lines.append(f"{len(problems)} cross-check problems, first: {problems[0]}")
+    return lines

@@ -1,0 +1,345 @@
+"""Choosing from a sweep: candidates, the throughput-latency Pareto frontier, recommendations for a
+goal, the draft-length schedule by concurrency, and :func:`tune`, which gathers them (with the
+analytic comparison of :mod:`specbuild.client.tune.analytic`) into a :class:`TuneReport`."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specbuild.builder.draft_len_schedule import schedule_from_measurements
+
+from ..bench.stats import overlaps
+from .analytic import (
+    AnalyticRow,
+    analytic_comparison,
+    measured_per_position,
+    open_loop_speedups,
+    per_position_from_sweep,
+    per_position_warnings,
+)
+
+
+LATENCY_METRICS = {
+    "p50": "latency_ms_p50",
+    "p90": "latency_ms_p90",
+    "p99": "latency_ms_p99",
+    "tpot": "tpot_ms",
+}
+
+
+class TuneError(ValueError):
+    """A goal no measured point can meet, or data that cannot answer the question; says what was measured."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration as the tuner sees it.
+
+    Attributes:
+        latency_ms: the chosen latency figure (request latency p50/p90/p99 or time per output token), ms.
+        throughput: total output tokens/s over all requests in flight.
+        request_rate: open-loop points: the arrival rate (requests/s; ``concurrency`` is then the
+            cap, 0 = none); ``None`` for closed loop.
+        latency_ci, throughput_ci: 95 % bootstrap intervals ``[low, high]`` from the bench point;
+            ``None`` when not measured (one repeat for throughput, too few requests).
+        small_sample: the point had too few requests for its percentiles to mean much.
+    """
+
+    deployment: str
+    method: str
+    prompt_set: str
+    draft_len: int
+    concurrency: int
+    latency_ms: float
+    throughput: float
+    request_rate: float | None = None
+    latency_ci: list[float] | None = None
+    throughput_ci: list[float] | None = None
+    small_sample: bool = False
+
+    @property
+    def load(self) -> str:
+        """``C=4`` or ``2/s`` (open loop)."""
+        return f"C={self.concurrency}" if self.request_rate is None else f"{self.request_rate:g}/s"
+
+    @property
+    def label(self) -> str:
+        return f"{self.deployment} k={self.draft_len} {self.load}"
+
+
+def candidates(points: Iterable, latency: str = "p50") -> list[Candidate]:
+    """Candidates from bench points (``PointResult`` or dicts with the same keys).
+
+    Raises ``TuneError`` for an unknown latency metric.
+    """
+    if latency not in LATENCY_METRICS:
+        raise TuneError(f"latency metric must be one of {sorted(LATENCY_METRICS)}, got {latency!r}")
+    key = LATENCY_METRICS[latency]
+    out = []
+    for p in points:
+        d = p if isinstance(p, dict) else asdict(p)
+        ci = d.get("ci") or {}
+        out.append(
+            Candidate(d["deployment"], d["method"], d["prompt_set"], d["draft_len"], d["concurrency"], d[key], d["total_tok_s"],
+                      request_rate=d.get("request_rate"), latency_ci=ci.get(key), throughput_ci=ci.get("total_tok_s"),
+                      small_sample=bool(d.get("small_sample")))
+        )
+    return out
+
+
+def dominates(a: Candidate, b: Candidate) -> bool:
+    """``a`` is no worse than ``b`` on latency and throughput, and better on at least one."""
+    no_worse = a.latency_ms <= b.latency_ms and a.throughput >= b.throughput
+    return no_worse and (a.latency_ms < b.latency_ms or a.throughput > b.throughput)
+
+
+def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates no other candidate dominates, by increasing latency.
+
+    Example: (latency, throughput) = (10, 5), (20, 9), (15, 4), (30, 9) -> (10, 5), (20, 9):
+    (15, 4) is beaten by (10, 5) on both, (30, 9) by (20, 9) on latency.
+    """
+    front = [c for c in cands if not any(dominates(o, c) for o in cands)]
+    return sorted(front, key=lambda c: (c.latency_ms, -c.throughput))
+
+
+def indistinguishable(best: Candidate, cands: Sequence[Candidate], goal: str) -> list[Candidate]:
+    """The other candidates the measurements cannot tell from ``best`` on the goal's axis: their 95 %
+    interval (latency for ``latency``, throughput for ``throughput``) overlaps ``best``'s. Only
+    candidates at the same load level for the latency goal. Empty when ``best`` has no interval.
+    Example: best 100 ms [90, 110], other 105 ms [95, 120] -> [other]; other 130 ms [120, 140] -> []."""
+    axis = "latency_ci" if goal == "latency" else "throughput_ci"
+    same_level = lambda c: (c.concurrency, c.request_rate) == (best.concurrency, best.request_rate)  # noqa: E731
+    return [
+        c for c in cands
+        if c is not best and (goal != "latency" or same_level(c)) and overlaps(getattr(best, axis), getattr(c, axis))
+    ]
+
+
+def recommend_lowest_latency(cands: Sequence[Candidate], concurrency: int) -> Candidate:
+    """The lowest-latency candidate at ``concurrency`` (ties: higher throughput); closed-loop points,
+    or open-loop points capped at ``concurrency`` when the sweep was open loop.
+
+    Raises ``TuneError`` listing the measured concurrency levels when none is at ``concurrency``.
+    """
+    at = [c for c in cands if c.concurrency == concurrency]
+    if not at:
+        levels = sorted({c.concurrency for c in cands})
+        raise TuneError(f"no point measured at concurrency {concurrency}; measured: {levels}")
+    return min(at, key=lambda c: (c.latency_ms, -c.throughput))
+
+
+def recommend_highest_throughput(cands: Sequence[Candidate], max_latency_ms: float) -> Candidate:
+    """The highest-throughput candidate with latency <= ``max_latency_ms`` (ties: lower latency).
+
+    Raises ``TuneError`` naming the lowest latency measured when no candidate meets the bound.
+    """
+    within = [c for c in cands if c.latency_ms <= max_latency_ms]
+    if not within:
+        best = min(cands, key=lambda c: c.latency_ms)
+        raise TuneError(
+            f"no configuration meets latency <= {max_latency_ms:g} ms; the lowest measured is "
+            f"{best.latency_ms:.0f} ms ({best.label}): raise --max-latency-ms or lower the concurrency"
+        )
+    return max(within, key=lambda c: (c.throughput, -c.latency_ms))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Draft length by concurrency for one deployment and prompt set.
+
+    Attributes:
+        best: measured concurrency -> the draft length with the lowest latency there.
+        draft_len_schedule: TensorRT-LLM's ``{threshold: draft_len}`` for the levels where speculation
+            is on (a batch of b requests uses the largest threshold <= b), with ``schedule[1] ==
+            max_draft_len``; ``{}`` when TensorRT-LLM cannot express ``best`` (``note`` says why).
+            Deploy it as the recipe's ``build.draft_len_schedule`` with ``speculation.max_draft_len``.
+        max_concurrency: speculation off above it (TensorRT-LLM ``max_concurrency``); ``None`` = on at
+            every measured level; 0 = off at every level.
+        max_draft_len: ``draft_len_schedule[1]`` (``None`` without a schedule).
+        note: why there is no schedule ("" when there is one).
+    """
+
+    deployment: str
+    prompt_set: str
+    best: dict[int, int]
+    draft_len_schedule: dict[int, int]
+    max_concurrency: int | None
+    max_draft_len: int | None = None
+    note: str = ""
+
+
+def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> list[Schedule]:
+    """Per (deployment, prompt set): the best draft length at each measured concurrency, and the
+    threshold above which speculation stays off.
+
+    ``min_gain``: a draft length k > 0 is chosen at a level only when its latency is below
+    ``(1 - min_gain)`` x the k = 0 latency there (e.g. 0.05: at least 5 % faster), so that noise on a
+    busy machine does not switch speculation on. Example: k=0 1000 ms, k=2 980 ms -> k = 2 with
+    min_gain 0, k = 0 with min_gain 0.05.
+
+    ``max_concurrency`` is the largest level below the tail of levels where k = 0 wins; a k = 0 win
+    followed by a k > 0 win at a higher level is not a tail, so speculation stays on there.
+    Example: best {1: 4, 4: 2, 8: 0, 16: 0} -> draft_len_schedule {1: 4, 4: 2}, max_concurrency 4;
+    best {1: 0, 4: 3} -> no schedule: TensorRT-LLM requires schedule[1] = max_draft_len >= every entry.
+    """
+    groups: dict[tuple[str, str], list[Candidate]] = defaultdict(list)
+    for c in cands:
+        if c.request_rate is None:  # a schedule by batch size comes from closed-loop points
+            groups[(c.deployment, c.prompt_set)].append(c)
+    schedules = []
+    for (deployment, prompt_set), group in sorted(groups.items()):
+        levels = sorted({c.concurrency for c in group})
+        best = {level: _best_draft_len(group, level, min_gain) for level in levels}
+        off_tail = []
+        for level in reversed(levels):
+            if best[level] != 0:
+                break
+            off_tail.append(level)
+        if not off_tail:
+            max_concurrency = None
+        elif len(off_tail) == len(levels):
+            max_concurrency = 0
+        else:
+            max_concurrency = max(level for level in levels if level not in off_tail)
+        on = {level: k for level, k in best.items() if max_concurrency is None or level <= max_concurrency}
+        schedule, note = schedule_from_measurements(on)
+        schedules.append(Schedule(deployment, prompt_set, best, schedule or {}, max_concurrency,
+                                  None if schedule is None else schedule[1], note))
+    return schedules
+
+
+def _best_draft_len(group: Sequence[Candidate], level: int, min_gain: float) -> int:
+    """The best k at ``level``; 0 unless k beats k = 0 by ``min_gain`` and, where both have
+    intervals, k's latency interval lies wholly below k = 0's (a significant gain)."""
+    best = recommend_lowest_latency(group, level)
+    base = [c for c in group if c.concurrency == level and c.draft_len == 0]
+    if best.draft_len and base and best.latency_ms > (1.0 - min_gain) * base[0].latency_ms:
+        return 0
+    if best.draft_len and base and overlaps(best.latency_ci, base[0].latency_ci):
+        return 0
+    return best.draft_len
+
+
+@dataclass
+class TuneReport:
+    """Everything ``specbuild tune`` prints and writes."""
+
+    latency_metric: str
+    frontiers: dict[str, list[Candidate]]
+    recommendations: dict[str, Candidate]
+    goal: str
+    schedules: list[Schedule]
+    analytic: list[AnalyticRow]
+    per_position: dict[tuple[str, str], list[tuple[int, int, float]]]
+    plots: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    # (deployment, prompt set, k) -> P(>= i accepted), i = 1..k, from streamed steps at the lowest concurrency
+    measured_per_position: dict[tuple[str, str, int], list[float]] = field(default_factory=dict)
+    min_gain: float = 0.0
+    # prompt set -> candidates the recommendation cannot be told from (overlapping 95 % intervals)
+    ties: dict[str, list[Candidate]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # unreliable estimates, small samples, unstable points
+    open_loop: list[AnalyticRow] = field(default_factory=list)  # speed-ups of open-loop points by rate
+
+    def to_json(self) -> dict:
+        return {
+            "latency_metric": self.latency_metric,
+            "goal": self.goal,
+            "not_significantly_different": {s: [asdict(c) for c in t] for s, t in self.ties.items()},
+            "warnings": self.warnings,
+            "open_loop_speedups": [asdict(r) for r in self.open_loop],
+            "schedule_min_gain": self.min_gain,
+            "frontiers": {s: [asdict(c) for c in f] for s, f in self.frontiers.items()},
+            "recommendations": {s: asdict(c) for s, c in self.recommendations.items()},
+            "recommendation_errors": self.errors,
+            "schedules": [asdict(s) for s in self.schedules],
+            "analytic": [asdict(r) | {"closeness": r.closeness} for r in self.analytic],
+            "per_position_acceptance_derived": [
+                {"deployment": d, "prompt_set": s, "positions": [{"from": a, "to": b, "p": p} for a, b, p in v]}
+                for (d, s), v in self.per_position.items()
+            ],
+            "per_position_acceptance_measured": [
+                {"deployment": d, "prompt_set": s, "draft_len": k, "p": v} for (d, s, k), v in self.measured_per_position.items()
+            ],
+            "plots": self.plots,
+        }
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1))
+        return path
+
+
+def tune(
+    points: Sequence, *, goal: str = "latency", concurrency: int | None = None, max_latency_ms: float | None = None,
+    latency: str = "p50", min_gain: float = 0.05,
+) -> TuneReport:
+    """Frontier, recommendation, schedule and analytic comparison for bench ``points``.
+
+    ``goal``: ``latency`` (lowest latency at ``concurrency``; default: the lowest measured level) or
+    ``throughput`` (highest throughput with latency <= ``max_latency_ms``; required).
+    ``min_gain``: the schedule's noise margin (:func:`draft_len_schedule`).
+    Raises ``TuneError`` for a bad goal or a missing bound; an unmeetable goal for one prompt set is
+    recorded in ``errors`` and the others still get theirs.
+    """
+    if goal not in ("latency", "throughput"):
+        raise TuneError(f"--goal must be 'latency' or 'throughput', got {goal!r}")
+    if goal == "throughput" and max_latency_ms is None:
+        raise TuneError("--goal throughput needs --max-latency-ms X (the latency bound in milliseconds)")
+    cands = candidates(points, latency)
+    if not cands:
+        raise TuneError("no bench points to tune on")
+    if goal == "latency" and concurrency is None:
+        concurrency = min(c.concurrency for c in cands)
+    by_set: dict[str, list[Candidate]] = defaultdict(list)
+    for c in cands:
+        by_set[c.prompt_set].append(c)
+    recommendations, errors = {}, {}
+    for prompt_set, group in by_set.items():
+        try:
+            recommendations[prompt_set] = (
+                recommend_lowest_latency(group, concurrency)
+                if goal == "latency"
+                else recommend_highest_throughput(group, max_latency_ms)
+            )
+        except TuneError as exc:
+            errors[prompt_set] = str(exc)
+    ties = {s: indistinguishable(c, by_set[s], goal) for s, c in recommendations.items()}
+    goal_text = (
+        f"lowest {latency} latency at concurrency {concurrency}"
+        if goal == "latency"
+        else f"highest throughput with {latency} latency <= {max_latency_ms:g} ms"
+    )
+    return TuneReport(
+        latency_metric=latency,
+        frontiers={s: pareto_front(g) for s, g in by_set.items()},
+        recommendations=recommendations,
+        goal=goal_text,
+        schedules=draft_len_schedule(cands, min_gain=min_gain),
+        analytic=analytic_comparison(points),
+        per_position=per_position_from_sweep(points),
+        errors=errors,
+        measured_per_position=measured_per_position(points),
+        min_gain=min_gain,
+        ties={s: t for s, t in ties.items() if t},
+        warnings=per_position_warnings(points) + point_warnings(points),
+        open_loop=open_loop_speedups(points),
+    )
+
+
+def point_warnings(points: Iterable) -> list[str]:
+    """One line per point flagged by bench: too few requests, or repeats that disagree."""
+    lines = []
+    for p in points:
+        d = p if isinstance(p, dict) else asdict(p)
+        where = f"{d['deployment']} {d['prompt_set']} k={d['draft_len']} " + (
+            f"C={d['concurrency']}" if d.get("request_rate") is None else f"{d['request_rate']:g}/s")
+        for note in d.get("notes") or []:
+            lines.append(f"{where}: {note}")
+    return lines

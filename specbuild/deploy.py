@@ -1,0 +1,248 @@
+"""Build and serve a recipe: the one place a recipe becomes a running deployment.
+
+``specbuild recipe`` (:mod:`specbuild.pipeline`), ``specbuild bench`` and ``specbuild tune`` all
+serve recipes through :func:`deploy`::
+
+    with deploy("smollm2-ngram") as served:
+        client = SpecClient(served.grpc_url)
+        ...
+    # the server is stopped here, also after an error or Ctrl-C
+
+Its stages, each passed to the ``stage`` hook by name (the pipeline times them)::
+
+    validate    check_runnable: backend and extras installed, checkpoints, heads, prompts present
+    train       the recipe's ``train:`` section, when it has one (skipped while data and settings
+                are unchanged)
+    build       the reference engine directory (skipped while its inputs are unchanged)
+    repository  the Triton model repository, rendered from the engine directory
+    serve       tritonserver on the recipe's ports (or free ones), waited on until every model is ready
+    shutdown    on leaving the ``with`` block, whatever happened
+
+Everything lands under one output directory (:class:`specbuild.pipeline.RunPaths`). A TensorRT-LLM
+recipe is built by :func:`build_recipe` but served inside the TensorRT-LLM Triton container (its
+``launch.sh``), so :func:`deploy` refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specbuild.builder.recipe import LoadedRecipe, RecipeError, load_recipe
+from specbuild.pipeline import RunPaths, check_runnable, default_output_dir, draft_from_train_stage
+
+if TYPE_CHECKING:
+    from specbuild.prompts import Prompt
+    from specbuild.triton_repo.tritonserver import TritonServer
+
+Stage = Callable[[str], AbstractContextManager]
+
+
+def untimed(name: str) -> AbstractContextManager:
+    """The default ``stage`` hook: runs the stage, records nothing."""
+    return nullcontext()
+
+
+@dataclass(frozen=True)
+class Build:
+    """What :func:`build_recipe` made.
+
+    Attributes:
+        loaded: the recipe. paths: where everything went.
+        prompts: the recipe's ``verify.prompts``, read while validating ([] on TensorRT-LLM).
+        engine_rebuilt: False when the cached engine was reused.
+        decoupled: the repository streams (one response per decoding step).
+        trtllm: TensorRT-LLM recipes: the :class:`specbuild.builder.trtllm_run.TrtllmRunResult`
+            (engines, repository, ``launch.sh``); None on the reference backend.
+    """
+
+    loaded: LoadedRecipe
+    paths: RunPaths
+    prompts: list[Prompt]
+    engine_rebuilt: bool
+    decoupled: bool
+    trtllm: object | None = None
+
+
+@dataclass(frozen=True)
+class ServedRecipe:
+    """A recipe's deployment while :func:`deploy` holds it up: its build and the running server."""
+
+    build: Build
+    server: TritonServer
+
+    @property
+    def loaded(self) -> LoadedRecipe:
+        return self.build.loaded
+
+    @property
+    def name(self) -> str:
+        return self.build.loaded.recipe.name
+
+    @property
+    def paths(self) -> RunPaths:
+        return self.build.paths
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return self.build.prompts
+
+    @property
+    def engine_rebuilt(self) -> bool:
+        return self.build.engine_rebuilt
+
+    @property
+    def decoupled(self) -> bool:
+        return self.build.decoupled
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` of the gRPC endpoint."""
+        return self.server.grpc_url
+
+    @property
+    def http_url(self) -> str:
+        return self.server.http_url
+
+    @property
+    def metrics_url(self) -> str:
+        """``host:port`` of Triton's Prometheus ``/metrics``."""
+        return self.server.metrics_url
+
+    def url(self, protocol: str) -> str:
+        """The endpoint for ``protocol`` (``grpc`` or ``http``)."""
+        return self.grpc_url if protocol == "grpc" else self.http_url
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """The tokenizer the deployment serves (the engine directory's ``tokenizer/``)."""
+        return self.build.paths.engine_dir / "tokenizer"
+
+
+def build_recipe(
+    loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, decoupled: bool | None = None, train: bool = True,
+    stage: Stage = untimed, log: Callable[[str], None] = print, status: Callable[[str], None] = lambda name: None,
+) -> Build:
+    """The validate, train, build and repository stages (module docstring); nothing is started.
+
+    Args:
+        rebuild: rebuild the engine even if its inputs are unchanged.
+        decoupled: write a streaming repository; None = the recipe's ``serve.decoupled``.
+        train: run the recipe's ``train:`` section first (``specbuild build`` does not).
+        stage: ``stage(name)`` returns the context each stage runs in; log: build messages;
+            status: TensorRT-LLM's step names as they start.
+
+    Raises:
+        RecipeError: the recipe cannot run here (before any long work).
+        specbuild.builder.trtllm_run.StageError: a TensorRT-LLM step failed; its log file is named.
+    """
+    serve = loaded.recipe.serve
+    decoupled = serve.decoupled if decoupled is None else decoupled
+    with stage("validate"):
+        checked = check_runnable(loaded)  # the build reuses what it located and checked
+    if train and draft_from_train_stage(loaded):
+        from specbuild.train.stage import train_draft
+
+        with stage("train"):
+            train_draft(loaded, log=log, show_progress=False)
+    if loaded.recipe.build.backend != "reference":
+        from specbuild.pipeline import run_trtllm_build
+
+        with stage("build"):
+            result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=status, log=log)
+        return Build(loaded, paths, checked.prompts, bool(result.record.ran), decoupled, trtllm=result)
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+
+    with stage("build"):
+        engine = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log, inputs=checked.reference)
+    with stage("repository"):
+        spec = spec_from_engine_dir(paths.engine_dir, instance_count=serve.instance_count, decoupled=decoupled)
+        write_reference_repository(spec, paths.repo_dir)
+    return Build(loaded, paths, checked.prompts, engine.rebuilt, decoupled)
+
+
+@contextmanager
+def serve_build(
+    build: Build, *, free_ports: bool = False, log_name: str = "tritonserver.log", stage: Stage = untimed
+) -> Iterator[ServedRecipe]:
+    """Start tritonserver on ``build``'s repository, wait until it is ready, yield the
+    :class:`ServedRecipe`, and stop the server on exit (error and Ctrl-C included).
+
+    Args:
+        free_ports: pick free ports instead of the recipe's ``serve`` ports (several at once).
+        log_name: the server's log, a file in the output directory's ``logs/``.
+
+    Raises:
+        specbuild.triton_repo.tritonserver.ServerNotFoundError: no tritonserver is installed.
+        specbuild.triton_repo.tritonserver.ServerStartError: the server exited or was not ready in
+            ``serve.startup_timeout_s``; its log's errors are in the message.
+    """
+    from specbuild.triton_repo.tritonserver import TritonServer
+
+    s = build.loaded.recipe.serve
+    ports = (0, 0, 0) if free_ports else (s.http_port, s.grpc_port, s.metrics_port)
+    server = TritonServer(
+        build.paths.repo_dir,
+        host=s.host,
+        http_port=ports[0],
+        grpc_port=ports[1],
+        metrics_port=ports[2],
+        log_file=build.paths.output_dir / "logs" / log_name,
+        startup_timeout_s=s.startup_timeout_s,
+    )
+    try:
+        with stage("serve"):
+            server.start()
+        yield ServedRecipe(build, server)
+    finally:
+        with stage("shutdown"):
+            server.stop()
+
+
+@contextmanager
+def deploy(
+    recipe: str | Path | LoadedRecipe, *, output_dir: Path | None = None, output_root: Path | None = None,
+    rebuild: bool = False, decoupled: bool | None = None, free_ports: bool = False, log_name: str = "tritonserver.log",
+    stage: Stage = untimed, log: Callable[[str], None] = print,
+) -> Iterator[ServedRecipe]:
+    """Build ``recipe`` if needed, serve it, and yield the running deployment; the server is stopped
+    when the block ends, however it ends (an exception, ``KeyboardInterrupt``).
+
+    Args:
+        recipe: a bundled recipe's name, a recipe file, or a loaded recipe.
+        output_dir: engine, repository, logs [``<output_root>/<recipe name>``].
+        output_root: where recipes' output directories go [``./specbuild-out``].
+        rebuild: rebuild the engine even if its inputs are unchanged.
+        decoupled: serve streaming (one response per decoding step); None = the recipe's
+            ``serve.decoupled``.
+        free_ports: free ports instead of the recipe's (several deployments at once).
+        log_name: the server's log, a file in ``<output_dir>/logs/``.
+        stage: ``stage(name)`` returns the context manager each stage runs in (module docstring);
+            log: one-line messages from the build.
+
+    Yields:
+        :class:`ServedRecipe`: the recipe, its paths, its verify prompts, the server and its
+        ``grpc_url`` / ``http_url`` / ``metrics_url``, the tokenizer directory.
+
+    Raises:
+        RecipeError: the recipe does not load or cannot run here, or it is a TensorRT-LLM recipe
+            (served in the TensorRT-LLM container; see :func:`build_recipe`); raised before long work.
+        specbuild.builder.checkpoints.CheckpointError: a checkpoint cannot be fetched or converted.
+        specbuild.triton_repo.tritonserver.ServerNotFoundError, specbuild.triton_repo.tritonserver.ServerStartError:
+            as :func:`serve_build`.
+    """
+    loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(str(recipe))
+    if loaded.recipe.build.backend != "reference":
+        raise RecipeError(
+            f"{loaded.path}: build.backend {loaded.recipe.build.backend!r} is served inside the TensorRT-LLM Triton "
+            "container; build it with `specbuild build` and run its launch.sh there"
+        )
+    if output_dir is None:
+        output_dir = Path(output_root) / loaded.recipe.name if output_root is not None else default_output_dir(loaded)
+    build = build_recipe(loaded, RunPaths(Path(output_dir)), rebuild=rebuild, decoupled=decoupled, stage=stage, log=log)
+    with serve_build(build, free_ports=free_ports, log_name=log_name, stage=stage) as served:
+        yield served
