@@ -2,8 +2,9 @@
 build, serve and verify it.
 
 Recipes are data; this module is the schema. Every model forbids unknown keys, the speculation
-method is a discriminated union on ``method``, and every error names the file, the line and the
-field, and lists the valid choices. Loading a recipe imports neither torch nor TensorRT-LLM, so a
+section is a discriminated union on ``method`` of the registered methods' settings models
+(:mod:`specbuild.methods`), and every error names the file, the line and the field, and lists the
+valid choices. Loading a recipe imports neither torch nor TensorRT-LLM, so a
 bad recipe fails in well under a second, before any long work.
 
 Example (``recipes/smollm2-ngram.yaml``)::
@@ -22,9 +23,9 @@ import difflib
 import importlib.resources
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
