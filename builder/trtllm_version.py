@@ -4,21 +4,11 @@ Nothing here imports ``tensorrt_llm``: importing it needs the CUDA driver librar
 fail validation in well under a second on any machine. Detection uses
 ``importlib.util.find_spec`` + ``importlib.metadata.version``.
 
-Capability table (TensorRT-LLM sources: tensorrt_llm/llmapi/llm_args.py ``supports_backend``,
-tensorrt_llm/commands/build.py ``--speculative_decoding_mode``)::
-
-    method        tensorrt (engines, <= 1.2.x)   pytorch (LLM API, >= 1.0)
-    none          yes                            yes
-    draft_target  yes (draft_tokens_external)    yes (DraftTarget)
-    lookahead     yes (lookahead_decoding)       no  (LookaheadDecodingConfig.supports_backend)
-    medusa        yes (medusa)                   no  (MedusaDecodingConfig.supports_backend)
-    eagle         yes (eagle, EAGLE-1/2)         no  (the PyTorch backend runs EAGLE-3 only)
-    redrafter     yes (explicit_draft_tokens)    no
-    eagle3        no                             yes
-    mtp           no                             yes (MTPDecodingConfig)
-    ngram         yes (draft_tokens_external;    yes (NGram)
-                  drafts proposed by specbuild's
-                  Triton front, prompt lookup)
+Which build path runs which method is the method's own mapping (:mod:`specbuild.methods`,
+``TrtllmMapping.unavailable``, from TensorRT-LLM's tensorrt_llm/llmapi/llm_args.py ``supports_backend``
+and tensorrt_llm/commands/build.py ``--speculative_decoding_mode``): the engine path (<= 1.2.x) runs
+none, draft_target, ngram, lookahead, medusa, eagle and redrafter; the PyTorch path (>= 1.0) none,
+draft_target, ngram, eagle3 and mtp.
 """
 
 from __future__ import annotations
@@ -48,8 +38,6 @@ class TrtllmVersion:
 
 ENGINE_PATH_LAST = TrtllmVersion(1, 2, 99)  # the engine path ships in <= 1.2.x
 PYTORCH_PATH_FIRST = TrtllmVersion(1, 0, 0)
-EAGLE3_NAME_FIRST = TrtllmVersion(1, 3, 0)  # older LLM APIs spell EAGLE-3 as decoding_type "Eagle"
-RENAMED_IN_1_3 = {"DraftTarget": "Draft_Target"}  # llm_args.py 1.3 line: DraftTargetDecodingConfig's Literal
 
 
 def parse_version(text: str) -> TrtllmVersion:
@@ -77,26 +65,16 @@ def installed_version() -> str | None:
         return None
 
 
-_ENGINE_METHODS = frozenset({"none", "draft_target", "ngram", "lookahead", "medusa", "eagle", "redrafter"})
-_PYTORCH_METHODS = frozenset({"none", "draft_target", "ngram", "eagle3", "mtp"})
-_WHY_NOT = {
-    ("pytorch", "medusa"): "TensorRT-LLM's PyTorch backend has no Medusa",
-    ("pytorch", "lookahead"): "TensorRT-LLM's PyTorch backend has no lookahead decoding",
-    ("pytorch", "eagle"): "TensorRT-LLM's PyTorch backend runs EAGLE-3 only (method: eagle3)",
-    ("pytorch", "redrafter"): "TensorRT-LLM's PyTorch backend has no ReDrafter",
-    ("tensorrt", "eagle3"): "EAGLE-3 exists only on TensorRT-LLM's PyTorch backend",
-    ("tensorrt", "mtp"): "MTP exists only on TensorRT-LLM's PyTorch backend",
-}
+BUILD_PATHS: tuple[BuildPath, ...] = ("tensorrt", "pytorch")
 
 
 def supported_paths(method: str) -> tuple[BuildPath, ...]:
-    """The build paths that run ``method``, e.g. ``("tensorrt",)`` for ``"medusa"``."""
-    paths: list[BuildPath] = []
-    if method in _ENGINE_METHODS:
-        paths.append("tensorrt")
-    if method in _PYTORCH_METHODS:
-        paths.append("pytorch")
-    return tuple(paths)
+    """The build paths that run ``method`` (its :attr:`~specbuild.methods.TrtllmMapping.unavailable`),
+    e.g. ``("tensorrt",)`` for ``"medusa"``."""
+    from specbuild.methods import method_named
+
+    unavailable = method_named(method).trtllm.unavailable
+    return tuple(path for path in BUILD_PATHS if path not in unavailable)
 
 
 def capability_error(method: str, path: BuildPath, version: str | None, source: str = "installed") -> str | None:
@@ -109,7 +87,10 @@ def capability_error(method: str, path: BuildPath, version: str | None, source: 
     if path not in supported_paths(method):
         other = [p for p in supported_paths(method) if p != path]
         hint = f"; use build.backend: {other[0]}" if other else ""
-        return f"method {method!r} is not available on build.backend {path!r}: {_WHY_NOT.get((path, method), 'unsupported')}{hint}"
+        from specbuild.methods import method_named
+
+        why = method_named(method).trtllm.unavailable.get(path, "unsupported")
+        return f"method {method!r} is not available on build.backend {path!r}: {why}{hint}"
     if version is None:
         return None
     v = parse_version(version)
@@ -126,15 +107,19 @@ def capability_error(method: str, path: BuildPath, version: str | None, source: 
 
 
 def llm_api_decoding_type(decoding_type: str, version: str) -> str:
-    """The ``decoding_type`` string the LLM API of ``version`` accepts.
+    """The ``decoding_type`` string the LLM API of ``version`` accepts (the method's
+    :attr:`~specbuild.methods.TrtllmMapping.renamed`).
 
     Example: ``"Eagle3"`` -> ``"Eagle"`` for 1.0-1.2 (``DecodingBaseConfig.from_dict`` has no
     ``Eagle3`` key there; its PyTorch backend treats ``Eagle`` as EAGLE-3), ``"Eagle3"`` from 1.3;
     ``"DraftTarget"`` -> ``"Draft_Target"`` from 1.3 (that line's ``decoding_type`` literal).
     """
-    if parse_version(version) < EAGLE3_NAME_FIRST:
-        return "Eagle" if decoding_type == "Eagle3" else decoding_type
-    return RENAMED_IN_1_3.get(decoding_type, decoding_type)
+    from specbuild.methods import method_for_decoding_type
+
+    method = method_for_decoding_type(decoding_type)
+    v = parse_version(version)
+    names = [name for first, name in (method.trtllm.renamed if method else ()) if parse_version(first) <= v]
+    return names[-1] if names else decoding_type
 
 
 VersionSource = Literal["installed", "build.trtllm_version", "path default", "unknown"]

@@ -56,8 +56,8 @@ from .drafters import (
 )
 from .forward import check_mask_attention
 from .kernels import pack_linears, resolve_kernels
-from .methods import SpeculativeMethod, get_method
-from .methods.base import MethodContext
+from .methods import method_for
+from .methods.base import EngineMethod, MethodContext
 from .sampling import Sampler
 from .stream import Steps, collect
 from .types import GenerationRequest, GenerationResult, InvalidRequestError
@@ -117,10 +117,13 @@ class ReferenceEngine:
         """Set up the engine around a loaded target; loads the method's extra models (a draft) if any.
 
         Args:
+            speculative_config: TensorRT-LLM LLM-API keys, validated by the method's recipe settings model
+                (:meth:`specbuild.methods.SpeculationMethod.parse_speculative_config`); None for none.
             base_dir: where relative paths of ``speculative_config`` resolve (the engine directory).
 
         Raises:
-            ValueError: bad speculative_config, ``max_draft_len`` past the build (for Medusa: more tree
+            ValueError: bad speculative_config, settings the reference engine does not implement
+                (``posterior_threshold``), ``max_draft_len`` past the build (for Medusa: more tree
                 nodes than the build's max_draft_len), or a draft / Medusa heads that do not fit the
                 target (e.g. a different vocab_size or hidden_size).
         """
@@ -128,14 +131,19 @@ class ReferenceEngine:
         self._limits = limits
         self._end_id = end_id
         self._speculative_config = dict(speculative_config) if speculative_config else None
-        self._method: SpeculativeMethod | None = None
+        self._decoding_type: str | None = None
+        self._method: EngineMethod | None = None
         self._method_state: Any = None
         if self._speculative_config is not None:
-            self._method = get_method(self._speculative_config)
-            config = self._method.parse_config(self._speculative_config)
-            _check_draft_len(config.max_draft_len, limits.max_draft_len)
-            context = MethodContext(model, None if base_dir is None else Path(base_dir), trust_remote_code)
-            self._method_state = self._method.load(config, context)
+            method = method_for(self._speculative_config)
+            params = method.parse_speculative_config(self._speculative_config, base_dir=None if base_dir is None else Path(base_dir))
+            refusal = method.reference_check(params) if method.reference_check is not None else None
+            if refusal is not None:
+                raise ValueError(f"speculative_config.{refusal[0]}: {refusal[1]}")
+            _check_draft_len(params.max_draft_len, limits.max_draft_len)
+            self._decoding_type = method.decoding_type
+            self._method = method.engine()
+            self._method_state = self._method.load(params, MethodContext(model, trust_remote_code))
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         check_mask_attention(model)
 
@@ -301,7 +309,7 @@ class ReferenceEngine:
         )
         if resolved.sampling is not None and self._method is not None and self._method.greedy_only:
             raise InvalidRequestError(
-                f"temperature={request.temperature!r}: {self._method.decoding_type} is greedy-only, as in "
+                f"temperature={request.temperature!r}: {self._decoding_type} is greedy-only, as in "
                 "TensorRT-LLM; send temperature 0 (or None) to this engine"
             )
         self._check_lookahead_config(resolved.lookahead_config)
@@ -344,7 +352,7 @@ class ReferenceEngine:
         if window is None:
             return
         if self._method is None or self._method.verification != "lookahead":
-            running = "no speculation" if self._method is None else self._method.decoding_type
+            running = "no speculation" if self._method is None else self._decoding_type
             raise InvalidRequestError(
                 f"lookahead_config={window!r}: this engine runs {running}, not Lookahead; send lookahead_config=None"
             )

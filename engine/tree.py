@@ -31,18 +31,10 @@ from functools import cached_property
 
 import torch
 
-from .acceptance import TreeAcceptance, accept_tree_greedy
+# TensorRT-LLM's default Medusa tree, defined with the methods (torch-free: the recipe reads it too).
+from specbuild.methods.base import MC_SIM_7B_63
 
-# TensorRT-LLM's default Medusa tree (examples/medusa/README.md ``--medusa_choices``), identical to
-# FasterDecoding/Medusa ``medusa/model/medusa_choices.py`` ``mc_sim_7b_63``: 63 nodes, depth 4, top-10.
-MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
-    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5),
-    (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,),
-    (9,), (1, 0, 0), (0, 2, 0), (1, 2), (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0),
-    (0, 1, 1), (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0),
-    (1, 4), (7, 0), (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1), (0, 2, 1),
-    (9, 0), (0, 6, 0), (0, 0, 0, 1), (1, 6), (0, 7, 0),
-)
+from .acceptance import TreeAcceptance, accept_tree_greedy
 
 
 @dataclass(frozen=True)

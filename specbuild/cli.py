@@ -210,9 +210,9 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
-    _check(loaded)
-    _warn(loaded)
     if loaded.recipe.build.backend != "reference":
+        _check(loaded)
+        _warn(loaded)
         _build_trtllm(loaded, paths, rebuild)
         return
     try:

@@ -142,7 +142,7 @@ def build_recipe(
     serve = loaded.recipe.serve
     decoupled = serve.decoupled if decoupled is None else decoupled
     with stage("validate"):
-        prompts = check_runnable(loaded)
+        checked = check_runnable(loaded)  # the build reuses what it located and checked
     if train and draft_from_train_stage(loaded):
         from specbuild.train.stage import train_draft
 
@@ -153,16 +153,16 @@ def build_recipe(
 
         with stage("build"):
             result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=status, log=log)
-        return Build(loaded, paths, prompts, bool(result.record.ran), decoupled, trtllm=result)
+        return Build(loaded, paths, checked.prompts, bool(result.record.ran), decoupled, trtllm=result)
     from specbuild.builder.reference import build_reference_engine
     from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 
     with stage("build"):
-        engine = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log)
+        engine = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log, inputs=checked.reference)
     with stage("repository"):
         spec = spec_from_engine_dir(paths.engine_dir, instance_count=serve.instance_count, decoupled=decoupled)
         write_reference_repository(spec, paths.repo_dir)
-    return Build(loaded, paths, prompts, engine.rebuilt, decoupled)
+    return Build(loaded, paths, checked.prompts, engine.rebuilt, decoupled)
 
 
 @contextmanager

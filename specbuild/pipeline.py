@@ -18,8 +18,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from specbuild.builder.recipe import LoadedRecipe, RecipeError, speculation_methods
+from specbuild.builder.recipe import LoadedRecipe, RecipeError
+
+if TYPE_CHECKING:
+    from specbuild.builder.reference import ReferenceInputs
 
 
 @dataclass(frozen=True)
@@ -61,49 +65,37 @@ class RunSummary:
     next_steps: list[str] = field(default_factory=list)  # TensorRT-LLM path: what to run on the GPU box next
 
 
-def check_inputs(loaded: LoadedRecipe) -> list:
-    """The recipe's checkpoints, Medusa / EAGLE heads and prompts exist, and a draft shares the target's
-    vocabulary, Medusa and EAGLE heads its hidden and vocabulary sizes, an EAGLE-3 head finds the layers it
-    fuses (milliseconds; a packaged GGUF's sizes are checked after its conversion); on the reference
-    backend, a method and settings it runs (not ``posterior_threshold``, ReDrafter or MTP) and, for
-    ``device: cuda``, a GPU on this machine. Returns the prompts.
+@dataclass(frozen=True)
+class CheckedInputs:
+    """What :func:`check_inputs` found: the verification prompts and, for the reference backend, the
+    build's inputs located and checked (:func:`~specbuild.builder.reference.build_reference_engine` takes them)."""
+
+    prompts: list
+    reference: ReferenceInputs | None = None
+
+
+def check_inputs(loaded: LoadedRecipe) -> CheckedInputs:
+    """A reference-backend recipe's inputs, in milliseconds: a method and settings the reference engine
+    runs (not ``posterior_threshold``, ReDrafter or MTP), for ``device: cuda`` a GPU on this machine,
+    the checkpoint and the method's weights (a draft sharing the target's vocabulary, Medusa and EAGLE
+    heads its hidden and vocabulary sizes, an EAGLE-3 head finding the layers it fuses; a packaged GGUF's
+    sizes are checked after its conversion; weights the train stage writes, after it), and the prompts.
 
     Raises:
         RecipeError: naming the recipe line of the field at fault.
     """
-    from specbuild.builder.reference import (
-        check_draft_vocabulary,
-        check_eagle3_layers,
-        check_eagle_sizes,
-        check_medusa_sizes,
-        check_reference_speculation,
-        locate_draft,
-        locate_eagle,
-        locate_medusa,
-        locate_target,
-    )
+    from specbuild.builder.reference import check_reference_inputs, check_reference_speculation
     from specbuild.prompts import PromptSourceError, load_prompts
 
-    if loaded.recipe.build.backend == "reference":
-        _check_reference_engine_supports(loaded)
-        check_reference_speculation(loaded)
-        _check_device(loaded)
-    target = locate_target(loaded)
+    check_reference_speculation(loaded)
+    _check_device(loaded)
     untrained = draft_from_train_stage(loaded) and not _trained_artefact_exists(loaded)  # written by the train stage
-    draft = None if untrained else locate_draft(loaded)
-    if draft is not None and target.kind != "packaged" and draft.kind != "packaged":
-        check_draft_vocabulary(loaded, target.path, draft.path)
-    medusa = None if untrained else locate_medusa(loaded)
-    if medusa is not None and target.kind != "packaged":
-        check_medusa_sizes(loaded, target.path, medusa.path)
-    eagle = None if untrained else locate_eagle(loaded)
-    if eagle is not None and target.kind != "packaged":
-        check_eagle_sizes(loaded, target.path, eagle.path)
-        check_eagle3_layers(loaded, target.path, eagle.path)
+    reference = check_reference_inputs(loaded, trained_later=untrained)
     try:
-        return load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
+        prompts = load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
     except PromptSourceError as exc:
         raise loaded.error(("verify", "prompts"), str(exc)) from None
+    return CheckedInputs(prompts, reference)
 
 
 def check_recipe(loaded: LoadedRecipe) -> None:
@@ -162,9 +154,9 @@ def _trained_artefact_exists(loaded: LoadedRecipe) -> bool:
     return artefact_path(loaded).exists()
 
 
-def check_runnable(loaded: LoadedRecipe) -> list:
+def check_runnable(loaded: LoadedRecipe) -> CheckedInputs:
     """Everything that can fail before long work: backend and extras installed, checkpoint and
-    prompts present. Returns the prompts.
+    prompts present. Returns what :func:`check_inputs` found (no prompts for TensorRT-LLM recipes).
 
     Raises:
         RecipeError: naming the recipe line and what to install or change.
@@ -176,8 +168,8 @@ def check_runnable(loaded: LoadedRecipe) -> list:
         version = installed_version()
         plan_for(loaded, default_output_dir(loaded), version=version)  # validates method vs path and version
         require_installed(loaded, version)
-        return []  # the TensorRT-LLM path builds and writes the repository; verification runs after launch.sh
-    prompts = check_inputs(loaded)  # the plan's checks first: a bad recipe is reported before a missing extra
+        return CheckedInputs([])  # the TensorRT-LLM path builds and writes the repository; verification runs after launch.sh
+    checked = check_inputs(loaded)  # the plan's checks first: a bad recipe is reported before a missing extra
     missing = [
         extra
         for extra, module in (("engine", "torch"), ("engine", "transformers"), ("client", "tritonclient"), ("server", "pytriton"))
@@ -186,22 +178,7 @@ def check_runnable(loaded: LoadedRecipe) -> list:
     if missing:
         extras = ",".join(sorted(set(missing)))
         raise RecipeError(f"missing dependencies for this recipe; install them with: pip install 'specbuild[{extras}]'")
-    return prompts
-
-
-def _check_reference_engine_supports(loaded: LoadedRecipe) -> None:
-    from specbuild.engine.methods import METHODS
-
-    spec = loaded.recipe.speculation
-    if spec.decoding_type is not None and spec.decoding_type not in METHODS:
-        supported = [name for name, model in speculation_methods().items() if model.decoding_type in (None, *METHODS)]
-        elsewhere = {"redrafter": "tensorrt", "mtp": "pytorch", "eagle3": "pytorch"}.get(spec.method, "tensorrt or pytorch")
-        raise loaded.error(
-            ("speculation", "method"),
-            f"method {loaded.recipe.speculation.method!r} is not in the reference engine yet; "
-            f"it runs: {', '.join(supported)}. Pick one of those, or build with TensorRT-LLM on a GPU "
-            f"(build.backend: {elsewhere})",
-        )
+    return checked
 
 
 def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:

@@ -19,7 +19,8 @@ from specbuild.engine import (
     worker,
 )
 from specbuild.engine import target as target_model
-from specbuild.engine.methods import DraftTargetConfig, get_method
+from specbuild.engine.methods import method_for
+from specbuild.methods.draft_target import DraftTargetSpeculation
 from specbuild.engine.sampling import sampling_probs
 from specbuild.engine.types import SamplingParams
 from tiny_models import make_tiny_llama
@@ -239,18 +240,23 @@ def test_from_engine_dir_finds_the_draft(checkpoints, tmp_path, plain_outputs):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"decoding_type": "DraftTarget", "max_draft_len": 2, "draft_dir": "x"}, "unknown DraftTarget"),
-        ({"decoding_type": "DraftTarget"}, "needs max_draft_len"),
-        ({"decoding_type": "DraftTarget", "max_draft_len": 0}, "max_draft_len must be >= 1"),
+        ({"decoding_type": "DraftTarget", "max_draft_len": 2, "draft_dir": "x"}, r"unknown DraftTarget speculative_config keys \['draft_dir'\]"),
+        ({"decoding_type": "DraftTarget"}, r"needs speculative_model_dir \(the draft checkpoint\)"),
+        ({"decoding_type": "DraftTarget", "max_draft_len": 0}, "max_draft_len must be an integer >= 1"),
     ],
 )
 def test_config_errors(config, message):
     with pytest.raises(ValueError, match=message):
-        get_method(config).parse_config(config)
+        method_for(config).parse_speculative_config(config)
 
 
-def test_config_from_trtllm_dict(checkpoints):
+def test_config_from_trtllm_dict(checkpoints, tmp_path):
     config = draft_target(checkpoints["random"], 3)
-    assert get_method(config).parse_config(config) == DraftTargetConfig(3, str(checkpoints["random"]))
+    expected = DraftTargetSpeculation(method="draft_target", draft_checkpoint=str(checkpoints["random"]), max_draft_len=3)
+    assert method_for(config).parse_speculative_config(config) == expected
+    relative = method_for(config).parse_speculative_config({**config, "speculative_model_dir": "d"}, base_dir=tmp_path)
+    assert relative.draft_checkpoint == str(tmp_path / "d")  # against the engine directory
+    default = method_for(config).parse_speculative_config(draft_target(None), base_dir=tmp_path)
+    assert default.draft_checkpoint == str(tmp_path / "draft")  # where the builder writes it
     with pytest.raises(ValueError, match="needs speculative_model_dir"):
         ReferenceEngine.from_pretrained(checkpoints["target"], speculative_config=draft_target(None), limits=LIMITS)

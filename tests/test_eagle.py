@@ -4,6 +4,7 @@ and greedy equivalence of EAGLE decoding with plain decoding."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,6 @@ from specbuild.engine.methods.eagle import (
     DecoderLayer,
     DraftKV,
     EagleConfig,
-    EagleDecodingConfig,
     EagleHead,
     EagleProposer,
     EagleTreeConfig,
@@ -27,8 +27,10 @@ from specbuild.engine.methods.eagle import (
     load_eagle,
     load_eagle_head,
     save_eagle_head,
+    tree_config,
 )
 from specbuild.engine.tree import SpecTree
+from specbuild.methods import method_named
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = EagleConfig(
@@ -298,8 +300,9 @@ def test_head_state_after_steps_equals_a_fresh_pass(model, plain_outputs):
 def test_choices_depth_must_equal_num_eagle_layers(model):
     with pytest.raises(ValueError, match=r"eagle_choices are 3 deep but num_eagle_layers is 4.*TensorRT-LLM#2588"):
         eagle_generate_greedy(model, _random_head(), [1, 2], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=4)
+    settings = _settings({"decoding_type": "Eagle", "num_eagle_layers": 3, "speculative_model_dir": "h"})
     with pytest.raises(ValueError, match="eagle_choices are 4 deep but num_eagle_layers is 3"):
-        EagleDecodingConfig.from_dict({"decoding_type": "Eagle", "num_eagle_layers": 3})  # default tree: depth 4
+        tree_config(settings)  # default tree: depth 4
 
 
 def test_invalid_arguments(model):
@@ -319,22 +322,28 @@ def test_invalid_arguments(model):
 # --- engine method -------------------------------------------------------------------------------
 
 
+def _settings(speculative_config: dict, base_dir: Path | None = None):
+    """The engine's EAGLE settings: speculative_config validated by the recipe's model."""
+    return method_named("eagle").parse_speculative_config(speculative_config, base_dir=base_dir)
+
+
 def test_speculative_config_and_load_from_engine_dir(model, plain_outputs, tmp_path):
     save_eagle_head(tmp_path / "eagle", _pass_through_head().state_dict(), CONFIG)
-    config = EagleDecodingConfig.from_dict(
+    config = _settings(
         {"decoding_type": "Eagle", "max_draft_len": 16, "num_eagle_layers": 4, "use_dynamic_tree": True,
-         "dynamic_tree_max_topK": 3, "max_non_leaves_per_layer": 10}
+         "dynamic_tree_max_topK": 3, "max_non_leaves_per_layer": 10},
+        base_dir=tmp_path,
     )
-    loaded = load_eagle(config, MethodContext(target=model, base_dir=tmp_path))
+    loaded = load_eagle(config, MethodContext(target=model))
     assert loaded.path == tmp_path / "eagle"
     result = generate_feature_tree_greedy(model, loaded.proposer, PROMPTS[1], max_tokens=NEW_TOKENS)
     assert result.output_ids == plain_outputs[1]
     with pytest.raises(ValueError, match="use_dynamic_tree needs dynamic_tree_max_topK"):
-        EagleDecodingConfig.from_dict({"use_dynamic_tree": True})
-    with pytest.raises(ValueError, match="posterior_threshold"):
-        EagleDecodingConfig.from_dict({"posterior_threshold": 0.09})
+        _settings({"use_dynamic_tree": True}, base_dir=tmp_path)
+    field, message = method_named("eagle").reference_check(_settings({"posterior_threshold": 0.09}, base_dir=tmp_path))
+    assert field == "posterior_threshold" and "typical acceptance" in message
     with pytest.raises(ValueError, match=r"unknown Eagle speculative_config keys \['medusa_choices'\]"):
-        EagleDecodingConfig.from_dict({"medusa_choices": [[0]]})
+        _settings({"medusa_choices": [[0]]}, base_dir=tmp_path)
 
 
 def test_draft_nodes_see_their_ancestors_only(model):

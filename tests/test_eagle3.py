@@ -253,7 +253,7 @@ def test_missing_or_unfit_heads_are_refused_before_any_work(checkpoint, tiny_che
 def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
     """recipe (head as a .pt, relative path, draft vocabulary) -> engine dir with eagle3/ -> tritonserver -> verify."""
     from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_eagle, locate_target
+    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_target, locate_weights
 
     head_dir = save_eagle3_head(tmp_path / "head", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
     torch.save(_head("draft_vocab").state_dict(), head_dir / "model.pt")  # read weights_only
@@ -267,6 +267,6 @@ def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
     assert config["build_config"]["max_draft_len"] == 3 and config["build_config"]["speculative_decoding_mode"] == 32
     weights = head_dir / "model.pt"
     os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
-    assert engine_fingerprint(loaded, locate_target(loaded), None, None, locate_eagle(loaded)) != build.fingerprint
+    assert engine_fingerprint(loaded, locate_target(loaded), locate_weights(loaded)) != build.fingerprint
     with served(engine_dir, tmp_path) as client:
         verify_lossless(client)

@@ -205,7 +205,7 @@ def test_eagle_recipe_passes_check_runnable(tiny_checkpoint, tmp_path):
 def test_eagle_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
     """recipe (head as a .pt, relative path) -> engine dir with eagle/ -> tritonserver -> verify."""
     from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_eagle, locate_target
+    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_target, locate_weights
 
     head_dir = save_eagle_head(tmp_path / "head", _head("pass_through").state_dict(), CONFIG)
     torch.save(_head("pass_through").state_dict(), head_dir / "model.pt")  # EAGLE's .pt, read weights_only
@@ -222,6 +222,6 @@ def test_eagle_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
     assert config["build_config"]["max_draft_len"] == 6 and config["build_config"]["speculative_decoding_mode"] == 32
     weights = head_dir / "model.pt"
     os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
-    assert engine_fingerprint(loaded, locate_target(loaded), None, None, locate_eagle(loaded)) != build.fingerprint
+    assert engine_fingerprint(loaded, locate_target(loaded), locate_weights(loaded)) != build.fingerprint
     with served(engine_dir, tmp_path) as client:
         verify_lossless(client)

@@ -1,7 +1,7 @@
-"""What the draft-head formats share (engine/methods/heads.py): where the head directory is, which
-weight file is read (pickles only with ``weights_only=True``), the name/shape check and its messages,
-and the speculative_config key check (engine/methods/base.py). Each format's own tensors and config
-keys are tested in tests/test_medusa.py, tests/test_eagle.py and tests/test_eagle3.py."""
+"""What the draft-head formats share (engine/methods/heads.py): where the head directory is (resolved by
+the method, methods/base.py), which weight file is read (pickles only with ``weights_only=True``), the
+name/shape check and its messages. Each format's own tensors and config keys are tested in
+tests/test_medusa.py, tests/test_eagle.py and tests/test_eagle3.py."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specbuild.engine.methods.base import check_config_keys
-from specbuild.engine.methods.eagle import EAGLE_FILES, EagleConfig, load_eagle_head
-from specbuild.engine.methods.eagle3 import EAGLE3_FILES, Eagle3Config, load_eagle3_head
+from specbuild.engine.methods.eagle import EagleConfig, load_eagle_head
+from specbuild.engine.methods.eagle3 import Eagle3Config, load_eagle3_head
 from specbuild.engine.methods.heads import HeadFiles, check_state, check_tree_attention, known_keys, read_config_json
 from specbuild.engine.methods.medusa import MEDUSA_FILES, load_medusa_heads
+from specbuild.methods import registered
 
-FILES = HeadFiles(subdir="heads", what="the test head directory", safetensors="w.safetensors", pickles=("w.bin", "w.pt"))
+FILES = HeadFiles(safetensors="w.safetensors", pickles=("w.bin", "w.pt"))
 SIZES = {"hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1,
          "rms_norm_eps": 1e-6, "max_position_embeddings": 64}
 # format -> (loader, config.json, its first pickle name)
@@ -34,19 +34,21 @@ FORMATS = {
 
 @pytest.mark.parametrize(
     "model_dir, base_dir, expected",
-    [(None, Path("/e"), Path("/e/heads")), ("h", Path("/e"), Path("/e/h")), ("/abs/h", Path("/e"), Path("/abs/h")), ("h", None, Path("h"))],
+    [(None, Path("/e"), Path("/e/medusa")), ("h", Path("/e"), Path("/e/h")), ("/abs/h", Path("/e"), Path("/abs/h")), ("h", None, Path("h"))],
 )
 def test_resolve_takes_speculative_model_dir_against_the_engine_dir(model_dir, base_dir, expected):
-    assert FILES.resolve(model_dir, base_dir) == expected
+    config = {"decoding_type": "Medusa"} | ({} if model_dir is None else {"speculative_model_dir": model_dir})
+    assert Path(registered()["medusa"].parse_speculative_config(config, base_dir=base_dir).medusa_model) == expected
 
 
 def test_resolve_needs_a_directory_outside_an_engine_dir():
-    with pytest.raises(ValueError, match=r"speculative_config needs speculative_model_dir \(the test head directory\)"):
-        FILES.resolve(None, None)
+    with pytest.raises(ValueError, match=r"speculative_config needs speculative_model_dir \(the Medusa head directory\)"):
+        registered()["medusa"].parse_speculative_config({"decoding_type": "Medusa"})
 
 
 def test_builder_subdirs_are_the_engine_dir_layout():
-    assert (MEDUSA_FILES.subdir, EAGLE_FILES.subdir, EAGLE3_FILES.subdir) == ("medusa", "eagle", "eagle3")
+    subdirs = {name: registered()[name].weights.reference.subdir for name in ("draft_target", "medusa", "eagle", "eagle3")}
+    assert subdirs == {"draft_target": "draft", "medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}
 
 
 def test_read_prefers_safetensors_then_pickles_in_order(tmp_path):
@@ -115,8 +117,3 @@ def test_tree_methods_need_a_mask_attention():
         check_tree_attention(flash, "EAGLE")
 
 
-def test_check_config_keys():
-    check_config_keys({"decoding_type": "X", "a": 1}, ("a",), decoding_type="X")
-    check_config_keys({"a": 1, "max_draft_len": 3}, ("a",), decoding_type="X", also=("max_draft_len",))
-    with pytest.raises(ValueError, match=r"^unknown X speculative_config keys \['b', 'c'\]; allowed: \['a'\] \(hint\)$"):
-        check_config_keys({"a": 1, "c": 2, "b": 3}, ("a",), decoding_type="X", hint=" (hint)")

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from conftest import hf_greedy
-from specbuild.builder.recipe import lookahead_max_draft_len
 from specbuild.engine import worker
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kv_pool import KVPool, KVShape
@@ -20,7 +19,10 @@ from specbuild.engine.methods.lookahead import (
     LookaheadState,
     NGramPool,
     build_step_layout,
+    load_lookahead,
 )
+from specbuild.methods import method_named
+from specbuild.methods.lookahead import lookahead_max_draft_len
 
 CONFIGS = [(4, 3, 4), (3, 3, 2), (1, 1, 0), (5, 4, 3)]
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
@@ -49,28 +51,40 @@ def plain_outputs(model) -> list[list[int]]:
 # --- config ------------------------------------------------------------------------------------
 
 
+def _engine_config(speculative_config: dict) -> LookaheadConfig:
+    """The engine's (W, N, G) from a speculative_config, validated by the recipe's model."""
+    return load_lookahead(method_named("lookahead").parse_speculative_config(speculative_config), None)
+
+
 def test_config_from_speculative_config():
-    config = LookaheadConfig.from_dict(
+    config = _engine_config(
         {"decoding_type": "Lookahead", "max_window_size": 7, "max_ngram_size": 7, "max_verification_set_size": 7}
     )
     assert config.maxima == (7, 7, 7) and config.max_draft_len == 83
-    assert LookaheadConfig.from_dict({"decoding_type": "Lookahead"}).maxima == (4, 3, 4)
-    assert LookaheadConfig.from_dict({"max_draft_len": 15}).max_draft_len == 15
+    assert _engine_config({"decoding_type": "Lookahead"}).maxima == (4, 3, 4)
+    assert _engine_config({"max_draft_len": 15}).max_draft_len == 15
 
 
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"max_window_size": 4, "window": 3}, "unknown Lookahead"),
+        ({"max_window_size": 4, "window": 3}, r"unknown Lookahead speculative_config keys \['window'\]"),
         ({"max_window_size": 0}, "max_window_size must be an integer >= 1"),
-        ({"max_verification_set_size": -1}, "max_verification_set_size"),
-        ({"decoding_type": "NGram"}, "decoding_type must be 'Lookahead'"),
+        ({"max_verification_set_size": -1}, "max_verification_set_size must be an integer >= 0"),
+        ({"method": "ngram"}, r"speculative_config.method: Input should be 'lookahead'"),
         ({"max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4, "max_draft_len": 14}, "= 15"),
     ],
 )
 def test_config_rejects(config, message):
     with pytest.raises(ValueError, match=message):
-        LookaheadConfig.from_dict(config)
+        _engine_config(config)
+
+
+def test_engine_config_built_directly_refuses_out_of_range_maxima():
+    with pytest.raises(ValueError, match="max_window_size must be an integer >= 1"):
+        LookaheadConfig(0, 3, 4)
+    with pytest.raises(ValueError, match="max_verification_set_size must be an integer >= 0"):
+        LookaheadConfig(4, 3, -1)
 
 
 def test_per_request_window_within_the_maxima():
@@ -258,7 +272,7 @@ def test_window_starts_from_the_prompt_and_fills_up():
 
 def test_errors(model):
     with pytest.raises(ValueError, match="non-empty prompt"):
-        lookahead_generate_greedy(model, [], max_tokens=4, config=LookaheadConfig())
+        lookahead_generate_greedy(model, [], max_tokens=4, config=LookaheadConfig(4, 3, 4))
     with pytest.raises(ValueError, match="must satisfy"):
-        lookahead_generate_greedy(model, [1, 2], max_tokens=4, config=LookaheadConfig(), window=(5, 3, 4))
+        lookahead_generate_greedy(model, [1, 2], max_tokens=4, config=LookaheadConfig(4, 3, 4), window=(5, 3, 4))
     assert lookahead.LookaheadState.start([3], LookaheadParams(1, 1, 0)).pool is None

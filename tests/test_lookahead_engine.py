@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import served, text_prompts, verify_lossless, write_recipe
-from specbuild.builder.recipe import lookahead_max_draft_len
 from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine
+from specbuild.methods.lookahead import lookahead_max_draft_len
 
 MAXIMA = (4, 3, 4)  # (W, N, G) -> max_draft_len 15
 SPEC = {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4}

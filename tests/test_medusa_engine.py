@@ -205,7 +205,7 @@ def test_missing_or_mismatched_heads_are_refused_before_any_work(tiny_checkpoint
 def test_medusa_recipe_is_lossless_through_triton(model, tiny_checkpoint, tmp_path):
     """recipe (heads as a .pt, relative path) -> engine dir with medusa/ -> tritonserver -> verify."""
     from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_medusa, locate_target
+    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_target, locate_weights
 
     _three_heads(model, tmp_path / "heads", pt=True)
     loaded = load_recipe(str(medusa_recipe(tmp_path, tiny_checkpoint, "heads")))
@@ -217,6 +217,6 @@ def test_medusa_recipe_is_lossless_through_triton(model, tiny_checkpoint, tmp_pa
     assert config["build_config"]["max_draft_len"] == 6 and config["build_config"]["speculative_decoding_mode"] == 4
     weights = tmp_path / "heads" / "medusa_lm_head.pt"
     os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # other heads -> another engine
-    assert engine_fingerprint(loaded, locate_target(loaded), None, locate_medusa(loaded)) != build.fingerprint
+    assert engine_fingerprint(loaded, locate_target(loaded), locate_weights(loaded)) != build.fingerprint
     with served(engine_dir, tmp_path) as client:
         verify_lossless(client)

@@ -1,10 +1,11 @@
-"""N-gram (prompt lookup) proposer and its TensorRT-LLM-style config."""
+"""N-gram (prompt lookup) proposer and its TensorRT-LLM-style config (validated by the recipe's model)."""
 
 from __future__ import annotations
 
 import pytest
 
-from specbuild.engine.methods import NGramConfig, NGramProposer, find_ngram_draft, get_method
+from specbuild.engine.methods import NGramProposer, find_ngram_draft, method_for
+from specbuild.methods.ngram import NGramSpeculation
 
 
 @pytest.mark.parametrize(
@@ -34,34 +35,40 @@ def test_longer_ngram_wins_over_shorter():
 
 
 def test_proposer_caps_at_max_draft_len():
-    proposer = NGramProposer(NGramConfig(max_draft_len=2, max_matching_ngram_size=2))
+    proposer = NGramProposer(NGramSpeculation(method="ngram", max_draft_len=2, max_matching_ngram_size=2))
     assert proposer.propose([1, 2, 3, 4, 5, 1, 2], 10) == [3, 4]
     assert proposer.propose([1, 2, 3], 2) == []
 
 
 def test_config_from_trtllm_dict():
-    method = get_method({"decoding_type": "NGram"})
-    config = method.parse_config(
-        {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 3, "is_use_oldest": False}
+    method = method_for({"decoding_type": "NGram"})
+    config = method.parse_speculative_config(
+        {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 3, "is_use_oldest": False,
+         "is_keep_all": True, "is_public_pool": False}  # TensorRT-LLM keys the engine takes and ignores
     )
-    assert config == NGramConfig(max_draft_len=4, max_matching_ngram_size=3, is_use_oldest=False)
-    assert isinstance(method.make_proposer(config), NGramProposer)
+    assert config == NGramSpeculation(method="ngram", max_draft_len=4, max_matching_ngram_size=3, is_use_oldest=False)
+    assert isinstance(method.engine().make_proposer(config), NGramProposer)
+
+
+def test_omitted_keys_take_the_recipes_defaults():
+    """One model for the recipe and the engine: the same defaults (max_draft_len 4, max_matching_ngram_size 3)."""
+    assert method_for({"decoding_type": "NGram"}).parse_speculative_config({"decoding_type": "NGram"}) == NGramSpeculation(method="ngram")
 
 
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"decoding_type": "NGram", "max_draft_len": 4, "prompt_lookup": 2}, "unknown NGram"),
-        ({"decoding_type": "NGram"}, "needs max_draft_len"),
-        ({"decoding_type": "NGram", "max_draft_len": 0}, "max_draft_len must be >= 1"),
-        ({"decoding_type": "NGram", "max_draft_len": 2, "max_matching_ngram_size": 0}, "max_matching_ngram_size"),
+        ({"decoding_type": "NGram", "max_draft_len": 4, "prompt_lookup": 2}, r"unknown NGram speculative_config keys \['prompt_lookup'\]; allowed: \["),
+        ({"decoding_type": "NGram", "max_draft_len": 0}, r"speculative_config.max_draft_len must be an integer >= 1, got 0"),
+        ({"decoding_type": "NGram", "max_draft_len": 2, "max_matching_ngram_size": 0}, "max_matching_ngram_size must be an integer >= 1"),
+        ({"decoding_type": "NGram", "max_draft_len": True}, "max_draft_len: expected a number, got the boolean true"),
     ],
 )
 def test_config_errors(config, message):
     with pytest.raises(ValueError, match=message):
-        NGramConfig.from_dict(config)
+        method_for(config).parse_speculative_config(config)
 
 
 def test_unknown_decoding_type():
     with pytest.raises(ValueError, match="decoding_type 'Medusa2'.*NGram"):
-        get_method({"decoding_type": "Medusa2"})
+        method_for({"decoding_type": "Medusa2"})

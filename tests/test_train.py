@@ -18,6 +18,7 @@ from specbuild.engine.methods.eagle import load_eagle_head
 from specbuild.engine.methods.eagle3 import load_eagle3_head
 from specbuild.engine.methods.medusa import load_medusa_heads
 from specbuild.engine.target import load_target
+from specbuild.methods import registered
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import build_distill_data, training_prompts
 from specbuild.train.draft import train_draft as distil_draft
@@ -126,7 +127,10 @@ def test_saved_artefact_loads_in_the_engine_and_decodes_like_plain_greedy(setup,
     else:
         distil_draft(model, tokenizer, data, config, out, tmp_path / "ckpt", **quiet())
         assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
-    speculative_config = speculative_config_for(method, out, 3, num_medusa_heads=3)
+    spec = registered()[method].params.model_validate(
+        {"method": method, registered()[method].weights.field: str(out), **({"num_medusa_heads": 3} if method == "medusa" else {})}
+    )
+    speculative_config = speculative_config_for(spec, out, 3)
     result = measure_acceptance(model, held_ids, speculative_config, max_tokens=16, end_id=-1, timing=True)
     assert result.identical_to_plain is True
     assert result.draft_tokens > 0 and 1.0 <= result.mean_acceptance_length <= 4.0

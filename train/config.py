@@ -22,7 +22,6 @@ from pydantic import ConfigDict, Field
 
 from specbuild.builder.strict import StrictModel
 
-TRAINABLE_METHODS = ("eagle", "eagle3", "medusa", "draft_target")
 HUMANEVAL_TRAIN = "humaneval-train"
 HUMANEVAL_TRAIN_START = 40  # HumanEval/40 .. HumanEval/163 train; 0 .. 39 stay held out
 

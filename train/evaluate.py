@@ -13,6 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specbuild.methods import MethodParams
 
 
 @dataclass(frozen=True)
@@ -33,26 +37,18 @@ class HeldOutAcceptance:
         return asdict(self)
 
 
-def chain(draft_len: int) -> list[list[int]]:
-    """The linear tree ``[[0], [0, 0], ...]`` of ``draft_len`` nodes."""
-    return [[0] * d for d in range(1, draft_len + 1)]
+def speculative_config_for(spec: MethodParams, artefact: Path, draft_len: int) -> dict:
+    """The engine's speculative_config measuring ``artefact`` as a chain of ``draft_len`` draft tokens, as
+    the recipe's method says (its :attr:`~specbuild.methods.Training.held_out_config`).
 
-
-def speculative_config_for(method: str, artefact: Path, draft_len: int, *, num_medusa_heads: int = 4) -> dict:
-    """The engine's speculative_config measuring ``artefact`` as a ``draft_len`` chain."""
-    if method == "eagle":
-        return {"decoding_type": "Eagle", "max_draft_len": draft_len, "num_eagle_layers": draft_len,
-                "eagle_choices": chain(draft_len), "speculative_model_dir": str(artefact)}
-    if method == "eagle3":
-        return {"decoding_type": "Eagle3", "max_draft_len": draft_len, "speculative_model_dir": str(artefact)}
-    if method == "medusa":
-        if draft_len > num_medusa_heads:
-            raise ValueError(f"train.eval_draft_len={draft_len} exceeds the {num_medusa_heads} Medusa heads")
-        return {"decoding_type": "Medusa", "max_draft_len": draft_len, "num_medusa_heads": num_medusa_heads,
-                "medusa_choices": chain(draft_len), "speculative_model_dir": str(artefact)}
-    if method == "draft_target":
-        return {"decoding_type": "DraftTarget", "max_draft_len": draft_len, "speculative_model_dir": str(artefact)}
-    raise ValueError(f"no held-out measurement for method {method!r}")
+    Raises:
+        ValueError: the method has nothing to train, or ``draft_len`` does not fit it (Medusa: more
+            than its heads).
+    """
+    training = spec.definition.training
+    if training is None:
+        raise ValueError(f"no held-out measurement for method {spec.method!r}")
+    return training.held_out_config(spec, artefact, draft_len)
 
 
 def measure_acceptance(

@@ -22,13 +22,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbuild.builder.recipe import LoadedRecipe, RecipeError
+from specbuild.builder.recipe import LoadedRecipe, RecipeError, trainable_methods
 from specbuild.cache import cache_dir
 
-from .config import TRAINABLE_METHODS, TrainConfig
+from .config import TrainConfig
 
 TRAIN_FORMAT = 1
-ARTEFACT_FIELD = {"eagle": "eagle_model", "eagle3": "eagle_model", "medusa": "medusa_model", "draft_target": "draft_checkpoint"}
 CARD_JSON, CARD_MD = "model_card.json", "MODEL_CARD.md"
 
 
@@ -51,10 +50,10 @@ def artefact_path(loaded: LoadedRecipe) -> Path:
     recipe = loaded.recipe
     if recipe.train is None:
         raise loaded.error(("train",), "the recipe has no train: section; add one (see README 'Training draft heads')")
-    method = recipe.speculation.method
-    if method not in ARTEFACT_FIELD:
-        raise loaded.error(("speculation", "method"), f"method {method!r} has no draft to train; trainable: {', '.join(TRAINABLE_METHODS)}")
-    return loaded.resolve_path(getattr(recipe.speculation, ARTEFACT_FIELD[method])).resolve()
+    spec = recipe.speculation
+    if spec.definition.training is None:
+        raise loaded.error(("speculation", "method"), f"method {spec.method!r} has no draft to train; trainable: {', '.join(trainable_methods())}")
+    return loaded.resolve_path(spec.weights_path).resolve()
 
 
 def training_info(loaded: LoadedRecipe) -> dict | None:
@@ -105,7 +104,7 @@ def train_fingerprint(loaded: LoadedRecipe, data_fp: str) -> str:
     spec = loaded.recipe.speculation
     settings = {
         "format": TRAIN_FORMAT, "data": data_fp, "method": spec.method,
-        "num_medusa_heads": getattr(spec, "num_medusa_heads", None),
+        "num_medusa_heads": getattr(spec, "num_medusa_heads", None),  # as first written: cached drafts keep their hash
         "train": loaded.recipe.train.model_dump(mode="json"),
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
@@ -146,7 +145,6 @@ def train_draft(
 
     config: TrainConfig = loaded.recipe.train
     artefact = artefact_path(loaded)
-    method = loaded.recipe.speculation.method
     try:
         train_prompts, held_out = training_prompts(config, base_dir=loaded.path.parent)
         texts = load_texts(config.texts, base_dir=loaded.path.parent)
@@ -172,10 +170,12 @@ def train_draft(
     data_s = time.perf_counter() - start
     ckpt_dir = cache_dir() / "train-checkpoints" / fingerprint
     with staging_dir(artefact) as tmp:
-        result = _train(method, loaded, target, tokenizer, data, config, tmp, ckpt_dir, device, log, show_progress, on_step)
+        spec = loaded.recipe.speculation
+        common = {"device": device, "log": log, "show_progress": show_progress, "on_step": on_step}
+        result = spec.definition.training.train(spec, target, tokenizer, data, config, tmp, ckpt_dir, **common)
         acceptance = None
         if evaluate and config.eval_prompts > 0:
-            acceptance = _evaluate(method, loaded, target, tokenizer, held_out[: config.eval_prompts], tmp, config, log)
+            acceptance = _evaluate(loaded, target, tokenizer, held_out[: config.eval_prompts], tmp, config, log)
         card = _card(loaded, fingerprint, data, config, result, data_s, acceptance, device, len(train_prompts))
         (tmp / CARD_JSON).write_text(json.dumps(card, indent=2) + "\n")
         (tmp / CARD_MD).write_text(_card_markdown(card))
@@ -184,34 +184,12 @@ def train_draft(
     return TrainOutcome(artefact, fingerprint, False, card)
 
 
-def _train(method, loaded, target, tokenizer, data, config, out, ckpt_dir, device, log, show_progress, on_step):
-    common = {"device": device, "log": log, "show_progress": show_progress, "on_step": on_step}
-    if method == "eagle":
-        from .eagle import train_eagle
-
-        return train_eagle(target, data, config, out, ckpt_dir, **common)
-    if method == "eagle3":
-        from .eagle3 import train_eagle3
-
-        return train_eagle3(target, data, config, out, ckpt_dir, **common)
-    if method == "medusa":
-        from .medusa import train_medusa
-
-        return train_medusa(target, data, config, out, ckpt_dir, num_heads=loaded.recipe.speculation.num_medusa_heads, **common)
-    from .draft import train_draft as distil
-
-    return distil(target, tokenizer, data, config, out, ckpt_dir, **common)
-
-
-def _evaluate(method, loaded, target, tokenizer, prompts, artefact, config, log):
+def _evaluate(loaded, target, tokenizer, prompts, artefact, config, log):
     from specbuild.engine.runtime import _default_end_id
 
     from .evaluate import measure_acceptance, speculative_config_for
 
-    spec = loaded.recipe.speculation
-    speculative_config = speculative_config_for(
-        method, artefact, config.eval_draft_len, num_medusa_heads=getattr(spec, "num_medusa_heads", 4)
-    )
+    speculative_config = speculative_config_for(loaded.recipe.speculation, artefact, config.eval_draft_len)
     ids = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]
     log(f"held-out acceptance: {len(ids)} prompts x {config.eval_max_tokens} tokens, draft length {config.eval_draft_len}")
     result = measure_acceptance(

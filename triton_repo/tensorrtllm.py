@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
 
 Choices = list[list[int]]
 DEFAULT_LAUNCH_SCRIPT = Path("/app/scripts/launch_triton_server.py")  # tensorrtllm_backend in the NGC container
-DECODING_MODES = {"none": "top_k_top_p", "medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead", "draft_target": "top_k_top_p",
-                  "ngram": "top_k_top_p", "redrafter": "redrafter"}
 
 
 @dataclass(frozen=True)
@@ -98,8 +97,7 @@ class TrtllmRepoSpec:
     exclude_input_in_output: bool = True
     max_queue_delay_microseconds: int = 0
     max_draft_len: int = 0  # the target engine's draft budget (tokens per step)
-    max_matching_ngram_size: int = 3  # ngram: the front's prompt lookup
-    is_use_oldest: bool = True
+    front_parameters: Mapping[str, str] = field(default_factory=dict)  # the method's, e.g. ngram's prompt lookup
 
 
 def choices_string(choices: Choices) -> str:
@@ -197,9 +195,7 @@ def front_model(spec: TrtllmRepoSpec) -> ModelConfig:
         params["lookahead_wng"] = ",".join(str(v) for v in spec.target.lookahead)
     if spec.decoupled:
         params["decoupled"] = "true"
-    if spec.method == "ngram":
-        params["max_matching_ngram_size"] = str(spec.max_matching_ngram_size)
-        params["is_use_oldest"] = "true" if spec.is_use_oldest else "false"
+    params.update(spec.front_parameters)
     return ModelConfig(name=FRONT_INTERFACE.name, backend="python", max_batch_size=spec.max_batch_size,
                        inputs=FRONT_INTERFACE.inputs, outputs=FRONT_INTERFACE.outputs, parameters=params,
                        instance_count=spec.max_batch_size)
@@ -321,13 +317,12 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     gpus = getattr(r.serve, "gpu_device_ids", None)
     gpu_ids = tuple(tuple(g) for g in gpus) if gpus else None
     world = plan.parallel.world_size
+    trtllm = spec.definition.trtllm
     target = EngineModel(
-        name="tensorrt_llm", engine_dir=plan.engines.target, decoding_mode=DECODING_MODES[spec.method],
+        name="tensorrt_llm", engine_dir=plan.engines.target, decoding_mode=trtllm.decoding_mode,
         # the front's draft loop resends the whole sequence each step: KV reuse keeps that cheap
-        kv_cache_free_gpu_mem_fraction=fraction, enable_kv_cache_reuse=spec.method in ("draft_target", "ngram"),
-        gpu_device_ids=gpu_ids,
-        medusa_choices=getattr(spec, "medusa_choices", None), eagle_choices=getattr(spec, "eagle_choices", None),
-        lookahead=(spec.max_window_size, spec.max_ngram_size, spec.max_verification_set_size) if spec.method == "lookahead" else None,
+        kv_cache_free_gpu_mem_fraction=fraction, enable_kv_cache_reuse=trtllm.external_drafts,
+        gpu_device_ids=gpu_ids, **trtllm.engine_model(spec),  # medusa_choices, eagle_choices, lookahead (W, N, G)
     )
     extra = {}
     if plan.engines.draft is not None:
@@ -343,8 +338,7 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     return TrtllmRepoSpec(
         method=spec.method, target=target, tokenizer_dir=plan.tokenizer_dir, end_id=end_id, pad_id=pad_id,
         max_batch_size=r.build.max_batch_size, world_size=world, decoupled=getattr(r.serve, "decoupled", False),
-        max_draft_len=spec.max_draft_len,
-        max_matching_ngram_size=getattr(spec, "max_matching_ngram_size", 3), is_use_oldest=getattr(spec, "is_use_oldest", True), **extra,
+        max_draft_len=spec.max_draft_len, front_parameters=trtllm.front_parameters(spec), **extra,
     )
 
 
@@ -358,12 +352,12 @@ def llmapi_model(loaded: LoadedRecipe, plan: TrtllmPlan) -> ModelConfig:
     instance; Triton's dynamic batching hands it the queued requests together and it passes them to
     ``LLM.generate`` as one list."""
     r = loaded.recipe
-    max_draft_len = r.speculation.max_draft_len if r.speculation.method != "none" else 0
+    max_draft_len = r.speculation.max_draft_len
     return ModelConfig(
         name=LLMAPI_INTERFACE.name, backend="python", max_batch_size=r.build.max_batch_size,
         inputs=LLMAPI_INTERFACE.inputs, outputs=LLMAPI_INTERFACE.outputs,
         parameters={"max_draft_len": str(max_draft_len),
-                    "baseline": _b(bool(getattr(r.build, "baseline_engine", False)) and r.speculation.method != "none")},
+                    "baseline": _b(bool(getattr(r.build, "baseline_engine", False)) and r.speculation.definition.speculates)},
         dynamic_batching=DynamicBatching(),
     )
 

@@ -1,11 +1,10 @@
-"""The proposer interface every speculative method implements (one module per method)."""
+"""The proposer interface every speculative method implements (one module per method), and a method's engine side."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -33,14 +32,55 @@ class MethodContext:
 
     Attributes:
         target: the loaded target model (its vocabulary, dtype and device).
-        base_dir: directory that relative paths in speculative_config are resolved against (the engine
-            directory), or None outside an engine directory.
         trust_remote_code: passed to Hugging Face loaders of extra checkpoints.
     """
 
     target: Any
-    base_dir: Path | None = None
     trust_remote_code: bool = False
+
+
+def _settings_themselves(params: Any, context: MethodContext) -> Any:
+    del context
+    return params
+
+
+def _any_prompt(loaded: Any, input_ids: Sequence[int]) -> None:
+    del loaded, input_ids
+
+
+Verification = Literal["chain", "tree", "feature_tree", "feature_chain", "lookahead"]
+
+
+@dataclass(frozen=True)
+class EngineMethod:
+    """A method's side in the reference engine: load what it needs, make each request's proposer.
+
+    The engine validates ``speculative_config`` with the method's settings model
+    (:meth:`specbuild.methods.SpeculationMethod.parse_speculative_config`), then calls ``load`` once
+    (it returns what ``make_proposer`` and ``check_prompt`` take: the settings themselves, or e.g. a
+    loaded draft model), ``check_prompt`` before a speculative request (raises InvalidRequestError),
+    and ``make_proposer`` per request.
+
+    Attributes:
+        verification: ``"chain"``: the proposer is a :class:`Proposer` (k tokens in a row, verified by
+            token matching or speculative sampling); ``"tree"``: a
+            :class:`~specbuild.engine.medusa_decode.TreeProposer` filling a token tree from the target's
+            hidden state, verified in one pass with a tree attention mask; ``"feature_tree"``: a
+            :class:`~specbuild.engine.eagle_decode.FeatureTreeProposer` (EAGLE) fed with the target's
+            features of every accepted position, verified like ``"tree"``; ``"feature_chain"``: an
+            :class:`~specbuild.engine.methods.eagle3.Eagle3Proposer` (EAGLE-3) drafting a chain from features
+            it captures from several target layers; ``"lookahead"``: no proposer, the loaded config
+            resolves each request's ``(w, n, g)``. :meth:`ReferenceEngine._drafter
+            <specbuild.engine.runtime.ReferenceEngine>` wraps each kind in its
+            :class:`~specbuild.engine.drafters.Drafter`.
+        greedy_only: sampled requests (``temperature > 0``) are refused, as TensorRT-LLM refuses them.
+    """
+
+    make_proposer: Callable[[Any], Any]
+    verification: Verification
+    load: Callable[[Any, MethodContext], Any] = _settings_themselves
+    check_prompt: Callable[[Any, Sequence[int]], None] = _any_prompt
+    greedy_only: bool = False
 
 
 class Proposer(Protocol):
@@ -70,59 +110,6 @@ class Proposer(Protocol):
 def as_draft(proposal: list[int] | Draft) -> Draft:
     """A proposer's return value as a :class:`Draft` (a plain list is a deterministic draft)."""
     return proposal if isinstance(proposal, Draft) else Draft(list(proposal))
-
-
-def resolve_weights_dir(speculative_model_dir: str | None, base_dir: Path | None, *, subdir: str, what: str) -> Path:
-    """Where a method's weights are: ``speculative_model_dir`` resolved against the engine directory.
-
-    Examples (subdir "medusa"): (None, /e) -> /e/medusa; ("h", /e) -> /e/h; ("/abs/h", /e) -> /abs/h;
-    ("h", None) -> h.
-
-    Raises:
-        ValueError: ``speculative_model_dir`` is None outside an engine directory (names ``what``).
-    """
-    if speculative_model_dir is None:
-        if base_dir is None:
-            raise ValueError(f"speculative_config needs speculative_model_dir ({what})")
-        return base_dir / subdir
-    path = Path(speculative_model_dir)
-    return path if path.is_absolute() or base_dir is None else base_dir / path
-
-
-def check_config_keys(
-    config: Mapping[str, Any], allowed: Collection[str], *, decoding_type: str, also: Collection[str] = (), hint: str = ""
-) -> None:
-    """Refuse speculative_config keys outside ``allowed``; ``decoding_type`` and ``also`` pass unlisted.
-
-    Example: ``check_config_keys({"decoding_type": "Medusa", "tree": 1}, ("decoding_type", "medusa_choices"),
-    decoding_type="Medusa")`` raises "unknown Medusa speculative_config keys ['tree']; allowed:
-    ['decoding_type', 'medusa_choices']".
-
-    Raises:
-        ValueError: naming the unknown keys, the allowed ones (sorted), then ``hint``.
-    """
-    unknown = set(config) - set(allowed) - {"decoding_type", *also}
-    if unknown:
-        raise ValueError(f"unknown {decoding_type} speculative_config keys {sorted(unknown)}; allowed: {sorted(allowed)}{hint}")
-
-
-def config_from_dict(cls, config, *, decoding_type: str):
-    """A method's frozen-dataclass config from a speculative_config dict; ``decoding_type`` itself is
-    ignored, ``max_draft_len`` is required.
-
-    Example: ``config_from_dict(NGramConfig, {"decoding_type": "NGram", "max_draft_len": 4}, decoding_type="NGram")``.
-
-    Raises:
-        ValueError: on unknown keys (the allowed ones are listed), a missing ``max_draft_len``, or
-            whatever ``cls`` itself refuses.
-    """
-    from dataclasses import fields
-
-    allowed = {f.name for f in fields(cls)}
-    check_config_keys(config, allowed, decoding_type=decoding_type)
-    if "max_draft_len" not in config:
-        raise ValueError(f"{decoding_type} speculative_config needs max_draft_len")
-    return cls(**{k: v for k, v in config.items() if k in allowed})
 
 
 class DraftProjection:

@@ -6,74 +6,41 @@ runs autoregressively with its own KV cache; greedy requests take its argmax tok
 draw from its distributions ``q`` under the request's own sampling parameters and return them for
 rejection sampling (:func:`specbuild.engine.acceptance.accept_speculative`).
 
-torch and transformers are imported inside the functions that run the draft: the recipe validator reads
-:data:`specbuild.engine.methods.METHODS` and must stay torch-free.
+torch and transformers are imported inside the functions that run the draft: the recipe validator imports
+the method registry and must stay torch-free.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..types import InvalidRequestError
-from .base import Draft, MethodContext, config_from_dict, resolve_weights_dir
+from .base import Draft, MethodContext
 
 if TYPE_CHECKING:
+    from specbuild.methods.draft_target import DraftTargetSpeculation
+
     from ..sampling import Sampler
-
-DRAFT_SUBDIR = "draft"  # where the builder puts the draft checkpoint inside an engine directory
-
-
-@dataclass(frozen=True)
-class DraftTargetConfig:
-    """TensorRT-LLM LLM-API ``DraftTargetDecodingConfig`` keys.
-
-    Attributes:
-        max_draft_len: draft tokens per step at most, ``>= 1``.
-        speculative_model_dir: the draft's Hugging Face checkpoint. Relative paths resolve against the
-            engine directory; None -> ``engine_dir/draft`` (where the builder writes it).
-    """
-
-    max_draft_len: int
-    speculative_model_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_draft_len < 1:
-            raise ValueError(f"speculative_config.max_draft_len must be >= 1, got {self.max_draft_len}")
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, object]) -> DraftTargetConfig:
-        """Build from a speculative_config dict (``decoding_type`` is ignored here).
-
-        Raises:
-            ValueError: on unknown keys, a missing ``max_draft_len`` or out-of-range values.
-        """
-        return config_from_dict(cls, config, decoding_type="DraftTarget")
-
 
 @dataclass(frozen=True)
 class DraftModel:
     """The loaded draft, shared by every request of an engine.
 
     Attributes:
-        config: the method's config.
+        config: the method's settings (its ``draft_checkpoint`` already resolved by the engine).
         model: the draft ``PreTrainedModel`` (target's dtype and device).
         path: where it was loaded from (for messages).
         max_position_embeddings: positions the draft can attend to, or None when its config has no limit.
     """
 
-    config: DraftTargetConfig
+    config: DraftTargetSpeculation
     model: Any
     path: Path
     max_position_embeddings: int | None
-
-
-def resolve_draft_dir(speculative_model_dir: str | None, base_dir: Path | None) -> Path:
-    """The weights directory; default ``base_dir / DRAFT_SUBDIR`` (see :func:`~specbuild.engine.methods.base.resolve_weights_dir`)."""
-    return resolve_weights_dir(speculative_model_dir, base_dir, subdir=DRAFT_SUBDIR, what="the draft checkpoint")
 
 
 def read_vocab_size(checkpoint_dir: str | Path) -> int:
@@ -108,16 +75,16 @@ def check_draft_vocab(draft_dir: str | Path, target_vocab_size: int) -> None:
         )
 
 
-def load_draft(config: DraftTargetConfig, context: MethodContext) -> DraftModel:
-    """Load the draft with the target's dtype and device, after checking the vocabulary.
+def load_draft(config: DraftTargetSpeculation, context: MethodContext) -> DraftModel:
+    """Load the draft (``config.draft_checkpoint``) with the target's dtype and device, after checking the vocabulary.
 
     Raises:
-        FileNotFoundError: no checkpoint at the resolved draft directory.
-        ValueError: vocabulary size mismatch, or no ``speculative_model_dir`` outside an engine directory.
+        FileNotFoundError: no checkpoint at the draft directory.
+        ValueError: vocabulary size mismatch.
     """
     from .. import target as target_model
 
-    path = resolve_draft_dir(config.speculative_model_dir, context.base_dir)
+    path = Path(config.draft_checkpoint)
     check_draft_vocab(path, int(context.target.config.get_text_config().vocab_size))
     model = target_model.load_target(
         path, dtype=context.target.dtype, device=str(context.target.device), trust_remote_code=context.trust_remote_code

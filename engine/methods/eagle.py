@@ -66,14 +66,14 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+from specbuild.methods.eagle import WEIGHT_FILES, EagleSpeculation
+
 from ..tree import MC_SIM_7B_63, SpecTree
-from .base import DraftProjection, check_config_keys
+from .base import DraftProjection, MethodContext
 from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, known_keys, read_config_json
 
-EAGLE_SUBDIR = "eagle"  # where the builder puts the head inside an engine directory
-SAFETENSORS_NAME = "model.safetensors"
-PT_NAMES = ("pytorch_model.bin", "model.pt")
-EAGLE_FILES = HeadFiles(EAGLE_SUBDIR, "the EAGLE head directory", SAFETENSORS_NAME, PT_NAMES)
+SAFETENSORS_NAME, PT_NAMES = WEIGHT_FILES[0], WEIGHT_FILES[1:]
+EAGLE_FILES = HeadFiles(SAFETENSORS_NAME, PT_NAMES)
 IGNORED_TENSORS = ("embed_tokens.weight",)
 
 
@@ -611,77 +611,45 @@ def _rerank(nodes: list[_Node], root: int, max_draft_len: int) -> TreeDraft:
     return TreeDraft(tree, [root, *(token_of[p] for p in tree.paths)])
 
 
-# --- the reference engine's "Eagle" method: speculative_config -> head loaded once -> proposer ---------
-
-_CONFIG_KEYS = (
-    "decoding_type", "max_draft_len", "num_eagle_layers", "max_non_leaves_per_layer", "eagle_choices",
-    "use_dynamic_tree", "dynamic_tree_max_topK", "posterior_threshold", "greedy_sampling", "eagle3_one_model",
-    "speculative_model_dir",
-)
+# --- the reference engine's side of "eagle": settings -> head loaded once -> proposer -----------------
 
 
-@dataclass(frozen=True)
-class EagleDecodingConfig:
-    """TensorRT-LLM LLM-API ``EagleDecodingConfig`` keys, parsed (build it with :meth:`from_dict`).
-
-    Attributes:
-        tree: how the proposer grows its tree.
-        speculative_model_dir: the head directory; relative paths resolve against the engine directory;
-            None -> ``engine_dir/eagle`` (where the builder writes it).
-    """
-
-    tree: EagleTreeConfig
-    speculative_model_dir: str | None = None
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> EagleDecodingConfig:
-        """Parse e.g. ``{"decoding_type": "Eagle", "max_draft_len": 60, "num_eagle_layers": 5,
-        "use_dynamic_tree": True, "dynamic_tree_max_topK": 8}``.
-
-        ``max_non_leaves_per_layer`` and ``greedy_sampling`` are accepted and have no effect here (the
-        dynamic tree expands ``dynamic_tree_max_topK`` nodes per depth; decoding is greedy).
-
-        Raises:
-            ValueError: unknown keys; ``posterior_threshold`` set (typical acceptance is not implemented);
-                ``use_dynamic_tree`` without ``dynamic_tree_max_topK``; any :class:`EagleTreeConfig` error
-                (e.g. eagle_choices depth != num_eagle_layers, TensorRT-LLM#2588).
-        """
-        check_config_keys(config, _CONFIG_KEYS, decoding_type="Eagle")
-        if config.get("posterior_threshold") is not None:
-            raise ValueError("speculative_config.posterior_threshold (typical acceptance) is not supported; decoding is greedy")
-        dynamic = bool(config.get("use_dynamic_tree", False))
-        if dynamic and config.get("dynamic_tree_max_topK") is None:
-            raise ValueError("use_dynamic_tree needs dynamic_tree_max_topK (candidates per node)")
-        choices = config.get("eagle_choices")
-        tree = EagleTreeConfig(
-            num_eagle_layers=config.get("num_eagle_layers", 4),
-            max_draft_len=config.get("max_draft_len", 63),
-            eagle_choices=None if choices is None else tuple(tuple(c) for c in choices),
-            dynamic_tree_max_topK=config.get("dynamic_tree_max_topK") if dynamic else None,
-        )
-        return cls(tree, config.get("speculative_model_dir"))
-
-    @property
-    def max_draft_len(self) -> int:
-        """Draft nodes per step at most (the engine checks it against the built ``max_draft_len``)."""
-        return self.tree.max_draft_len
-
-
-LoadedEagle = LoadedHead[EagleDecodingConfig, EagleProposer]  # the engine state of "Eagle"
-
-
-def load_eagle(config: EagleDecodingConfig, context: Any) -> LoadedEagle:
-    """Load the head (a :class:`~specbuild.engine.methods.base.MethodContext` gives target and base_dir).
+def tree_config(config: EagleSpeculation) -> EagleTreeConfig:
+    """The proposer's tree from the method's settings: ``eagle_choices`` (None: :data:`MC_SIM_7B_63`) or,
+    with ``use_dynamic_tree``, EAGLE-2's dynamic tree of ``dynamic_tree_max_topK``.
+    ``max_non_leaves_per_layer`` has no effect here (the dynamic tree expands ``dynamic_tree_max_topK``
+    nodes per depth).
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`load_eagle_head`; a head that does not fit the target
-            (:class:`EagleProposer`); a target attention that cannot take a tree mask.
+        ValueError: any :class:`EagleTreeConfig` error, e.g. the default tree (depth 4) with another
+            ``num_eagle_layers`` (TensorRT-LLM#2588).
+    """
+    choices = config.eagle_choices
+    return EagleTreeConfig(
+        num_eagle_layers=config.num_eagle_layers,
+        max_draft_len=config.max_draft_len,
+        eagle_choices=None if choices is None else tuple(tuple(c) for c in choices),
+        dynamic_tree_max_topK=config.dynamic_tree_max_topK if config.use_dynamic_tree else None,
+    )
+
+
+LoadedEagle = LoadedHead[EagleSpeculation, EagleProposer]  # the engine state of "Eagle"
+
+
+def load_eagle(config: EagleSpeculation, context: MethodContext) -> LoadedEagle:
+    """Load the head from ``config.eagle_model`` in the target's dtype and device.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`load_eagle_head`; a tree the settings cannot make
+            (:func:`tree_config`); a head that does not fit the target (:class:`EagleProposer`); a
+            target attention that cannot take a tree mask.
     """
     target = context.target
-    path = EAGLE_FILES.resolve(config.speculative_model_dir, context.base_dir)
+    tree = tree_config(config)
+    path = Path(config.eagle_model)
     head = load_eagle_head(path, dtype=target.dtype).to(target.device)
     check_tree_attention(target, "EAGLE")
-    return LoadedHead(config, EagleProposer(target, head, config.tree), path)
+    return LoadedHead(config, EagleProposer(target, head, tree), path)
 
 
 def make_eagle_proposer(loaded: LoadedEagle) -> EagleProposer:

@@ -56,14 +56,15 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from specbuild.methods.eagle3 import Eagle3Speculation
+
 from ..stream import check_prompt_and_length, collect
 from ..types import GenerationResult
-from .base import check_config_keys
+from .base import MethodContext
 from .eagle import MLP, PT_NAMES, SAFETENSORS_NAME, Attention, EagleConfig, LayerKV, RMSNorm
 from .heads import HeadFiles, LoadedHead, check_state, known_keys, read_config_json
 
-EAGLE3_SUBDIR = "eagle3"  # where the builder puts the head inside an engine directory
-EAGLE3_FILES = HeadFiles(EAGLE3_SUBDIR, "the EAGLE-3 head directory", SAFETENSORS_NAME, PT_NAMES)
+EAGLE3_FILES = HeadFiles(SAFETENSORS_NAME, PT_NAMES)
 IGNORED_TENSORS = ("embed_tokens.weight", "t2d")
 
 
@@ -476,54 +477,20 @@ def generate_feature_chain_greedy(
     return collect(run_alone(model, request, max_block=1 + min(num_draft_tokens, proposer.max_draft_len)))
 
 
-# --- the reference engine's "Eagle3" method: speculative_config -> head loaded once -> proposer -----
+# --- the reference engine's side of "eagle3": settings -> head loaded once -> proposer ----------------
 
-_CONFIG_KEYS = ("decoding_type", "max_draft_len", "speculative_model_dir", "eagle3_one_model", "greedy_sampling")
-
-
-@dataclass(frozen=True)
-class Eagle3DecodingConfig:
-    """TensorRT-LLM LLM-API ``Eagle3`` speculative_config keys, parsed (build it with :meth:`from_dict`).
-
-    Attributes:
-        max_draft_len: chain length (TensorRT-LLM's default for EAGLE-3 recipes: 3).
-        speculative_model_dir: the head directory; relative -> against the engine directory; None ->
-            ``engine_dir/eagle3`` (where the builder writes it).
-    """
-
-    max_draft_len: int = 3
-    speculative_model_dir: str | None = None
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> Eagle3DecodingConfig:
-        """Parse e.g. ``{"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_one_model": True}``.
-
-        ``eagle3_one_model`` and ``greedy_sampling`` are accepted and change nothing here (one process,
-        greedy decoding).
-
-        Raises:
-            ValueError: unknown keys (e.g. ``eagle_choices``: drafting is a chain), ``max_draft_len < 1``.
-        """
-        check_config_keys(
-            config, _CONFIG_KEYS, decoding_type="Eagle3", hint=" (the reference engine drafts EAGLE-3 as a chain)"
-        )
-        max_draft_len = config.get("max_draft_len", 3)
-        if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
-            raise ValueError(f"Eagle3 max_draft_len must be an integer >= 1, got {max_draft_len!r}")
-        return cls(max_draft_len, config.get("speculative_model_dir"))
+LoadedEagle3 = LoadedHead[Eagle3Speculation, Eagle3Proposer]  # the engine state of "Eagle3"
 
 
-LoadedEagle3 = LoadedHead[Eagle3DecodingConfig, Eagle3Proposer]  # the engine state of "Eagle3"
-
-
-def load_eagle3(config: Eagle3DecodingConfig, context: Any) -> LoadedEagle3:
-    """Load the head (a :class:`~specbuild.engine.methods.base.MethodContext` gives target and base_dir).
+def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagle3:
+    """Load the head from ``config.eagle_model`` in the target's dtype and device; it drafts chains of
+    ``config.max_draft_len`` (``eagle3_one_model`` changes nothing in one process).
 
     Raises:
         FileNotFoundError / ValueError: as :func:`load_eagle3_head`; a head that does not fit the target.
     """
     target = context.target
-    path = EAGLE3_FILES.resolve(config.speculative_model_dir, context.base_dir)
+    path = Path(config.eagle_model)
     head = load_eagle3_head(path, dtype=target.dtype).to(target.device)
     return LoadedHead(config, Eagle3Proposer(target, head, max_draft_len=config.max_draft_len), path)
 

@@ -4,11 +4,12 @@ checking its weights, the loaded head an engine keeps, and the target-attention 
 Each method module keeps its own format (config.json keys, tensor names and shapes, the head's forward)
 and describes its directory with one :class:`HeadFiles`::
 
-    EAGLE_FILES = HeadFiles(subdir="eagle", what="the EAGLE head directory",
-                            safetensors="model.safetensors", pickles=("pytorch_model.bin", "model.pt"))
-    path = EAGLE_FILES.resolve(config.speculative_model_dir, context.base_dir)   # engine_dir/eagle by default
+    EAGLE_FILES = HeadFiles(safetensors="model.safetensors", pickles=("pytorch_model.bin", "model.pt"))
     state = EAGLE_FILES.read(path)                                                # name -> tensor
     check_state(state, head_config.expected_shapes(...), path, mismatch="EAGLE weights do not match ...")
+
+Where the directory is (``speculative_model_dir``, by default inside the engine directory) is resolved
+before the method loads (:meth:`specbuild.methods.SpeculationMethod.parse_speculative_config`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any, Generic, TypeVar
 import torch
 from safetensors.torch import load_file
 
-from .base import resolve_weights_dir
 
 ConfigT = TypeVar("ConfigT")
 ProposerT = TypeVar("ProposerT")
@@ -30,30 +30,17 @@ ProposerT = TypeVar("ProposerT")
 
 @dataclass(frozen=True)
 class HeadFiles:
-    """A head directory's weight files and where the builder puts the directory inside an engine directory.
+    """A head directory's weight files (their names come from the method module, e.g.
+    :data:`specbuild.methods.medusa.WEIGHT_FILES`).
 
     Attributes:
-        subdir: the directory's name inside an engine directory (``speculative_model_dir`` omitted).
-        what: the directory in error messages, e.g. ``"the EAGLE head directory"``.
         safetensors: the weight file read first, e.g. ``"model.safetensors"``.
         pickles: the PyTorch weight files tried next, in order; read only with
             ``torch.load(weights_only=True)``.
     """
 
-    subdir: str
-    what: str
     safetensors: str
     pickles: tuple[str, ...]
-
-    def resolve(self, speculative_model_dir: str | None, base_dir: Path | None) -> Path:
-        """The head directory: ``speculative_model_dir`` against ``base_dir``, default ``base_dir / subdir``.
-
-        See :func:`~specbuild.engine.methods.base.resolve_weights_dir` for the examples.
-
-        Raises:
-            ValueError: ``speculative_model_dir`` is None outside an engine directory (names ``what``).
-        """
-        return resolve_weights_dir(speculative_model_dir, base_dir, subdir=self.subdir, what=self.what)
 
     def read(self, head_dir: Path) -> dict[str, torch.Tensor]:
         """Every tensor of the directory's weight file (on CPU), by its on-disk name.
@@ -130,7 +117,7 @@ class LoadedHead(Generic[ConfigT, ProposerT]):
     """A head of one engine, loaded once (target dtype and device) and shared by its requests.
 
     Attributes:
-        config: the parsed speculative_config.
+        config: the method's settings (the validated speculative_config).
         proposer: the proposer over the loaded head; stateless itself (each request keeps its own state).
         path: the head directory it came from (for messages).
     """

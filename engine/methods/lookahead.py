@@ -27,13 +27,14 @@ n-grams and fed the n-grams of the emitted tokens.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from ...builder.recipe import lookahead_max_draft_len
-from .base import check_config_keys
+from specbuild.methods.lookahead import LookaheadSpeculation, lookahead_max_draft_len
+
+from .base import MethodContext
 
 
 @dataclass(frozen=True)
@@ -65,47 +66,24 @@ class LookaheadParams:
 
 @dataclass(frozen=True)
 class LookaheadConfig:
-    """TensorRT-LLM LLM-API ``LookaheadDecodingConfig`` keys (the engine's built maxima W, N, G).
+    """The engine's built maxima ``(W, N, G)`` (TensorRT-LLM ``LookaheadDecodingConfig`` names), from the
+    method's settings (:func:`load_lookahead`).
 
     Attributes:
-        max_window_size: ``W >= 1`` (TensorRT-LLM default 4).
-        max_ngram_size: ``N >= 1`` (default 3).
-        max_verification_set_size: ``G >= 0`` (default 4).
+        max_window_size: ``W >= 1``.
+        max_ngram_size: ``N >= 1``.
+        max_verification_set_size: ``G >= 0``.
     """
 
-    max_window_size: int = 4
-    max_ngram_size: int = 3
-    max_verification_set_size: int = 4
+    max_window_size: int
+    max_ngram_size: int
+    max_verification_set_size: int
 
     def __post_init__(self) -> None:
         for name, low in (("max_window_size", 1), ("max_ngram_size", 1), ("max_verification_set_size", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"speculative_config.{name} must be an integer >= {low}, got {value!r}")
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, object]) -> LookaheadConfig:
-        """Build from ``{"decoding_type": "Lookahead", "max_window_size": W, "max_ngram_size": N,
-        "max_verification_set_size": G}`` (missing keys take TensorRT-LLM's defaults 4, 3, 4).
-
-        A ``max_draft_len`` key is accepted only when it equals the formula (TensorRT-LLM asserts the same,
-        tensorrtllm_backend#710).
-
-        Raises:
-            ValueError: unknown keys, out-of-range values, ``decoding_type`` other than ``Lookahead``, or a
-                ``max_draft_len`` that does not match ``(W, N, G)``.
-        """
-        allowed = {f.name for f in fields(cls)}
-        check_config_keys(config, allowed, decoding_type="Lookahead", also=("max_draft_len",))
-        if config.get("decoding_type", "Lookahead") != "Lookahead":
-            raise ValueError(f"decoding_type must be 'Lookahead', got {config['decoding_type']!r}")
-        parsed = cls(**{k: v for k, v in config.items() if k in allowed})
-        if "max_draft_len" in config and config["max_draft_len"] != parsed.max_draft_len:
-            raise ValueError(
-                f"speculative_config.max_draft_len {config['max_draft_len']} does not match (W, N, G) = "
-                f"{parsed.maxima}: (0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1) = {parsed.max_draft_len}"
-            )
-        return parsed
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
     @property
     def maxima(self) -> tuple[int, int, int]:
@@ -129,6 +107,12 @@ class LookaheadConfig:
                 f"1 <= n <= {self.max_ngram_size}, 0 <= g <= {self.max_verification_set_size}"
             )
         return LookaheadParams(w, n, g)
+
+
+def load_lookahead(config: LookaheadSpeculation, context: MethodContext) -> LookaheadConfig:
+    """The engine state of "lookahead": its built ``(W, N, G)``; each request resolves its own (w, n, g)."""
+    del context
+    return LookaheadConfig(*config.maxima)
 
 
 class NGramPool:

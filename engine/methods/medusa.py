@@ -16,10 +16,10 @@ The proposer fills a :class:`~specbuild.engine.tree.SpecTree`: a node at depth `
 gets the ``c``-th most likely token of head ``d - 1``. Example: tree ``[[0], [1], [0, 0]]``, head 0 top-2
 ``[a, b]``, head 1 top-1 ``[c]``, root ``t`` -> tree tokens ``[t, a, b, c]``.
 
-As a method of the reference engine (``decoding_type: "Medusa"``, registered lazily in
-:data:`specbuild.engine.methods.METHODS`): :meth:`MedusaDecodingConfig.from_dict` parses the
-speculative_config, :func:`load_medusa` loads the heads (and their stateless proposer) once per
-engine, :func:`make_medusa_proposer` hands that proposer to each request. Greedy only, as in TensorRT-LLM.
+As the reference engine's side of the ``medusa`` method (:mod:`specbuild.methods.medusa`, whose
+settings model validates the speculative_config): :func:`load_medusa` loads the heads (and their
+stateless proposer) once per engine, :func:`make_medusa_proposer` hands that proposer to each request.
+Greedy only, as in TensorRT-LLM.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from specbuild.methods.medusa import WEIGHT_FILES, MedusaSpeculation
+
 from ..tree import MC_SIM_7B_63, SpecTree
-from .base import DraftProjection, MethodContext, check_config_keys
+from .base import DraftProjection, MethodContext
 from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, read_config_json
 
-MEDUSA_SUBDIR = "medusa"  # where the builder puts the heads inside an engine directory
-SAFETENSORS_NAME = "medusa_lm_head.safetensors"
-PT_NAME = "medusa_lm_head.pt"
-MEDUSA_FILES = HeadFiles(MEDUSA_SUBDIR, "the Medusa head directory", SAFETENSORS_NAME, (PT_NAME,))
+SAFETENSORS_NAME, PT_NAME = WEIGHT_FILES
+MEDUSA_FILES = HeadFiles(SAFETENSORS_NAME, (PT_NAME,))
 
 
 @dataclass(frozen=True)
@@ -225,57 +225,7 @@ class MedusaProposer:
 
 # --- the reference engine's "Medusa" method: speculative_config -> heads loaded once -> proposer --------
 
-_CONFIG_KEYS = ("decoding_type", "max_draft_len", "num_medusa_heads", "medusa_choices", "speculative_model_dir")
-
-
-@dataclass(frozen=True)
-class MedusaDecodingConfig:
-    """TensorRT-LLM LLM-API ``MedusaDecodingConfig`` keys, parsed (build it with :meth:`from_dict`).
-
-    Attributes:
-        max_draft_len: tree nodes verified per step at most (the engine's per-request cap), ``>=``
-            the tree's node count; the speculative_config may omit it (-> the node count).
-        tree: ``medusa_choices`` as a :class:`SpecTree`; omitted -> :data:`MC_SIM_7B_63` (63 nodes).
-        num_medusa_heads: heads to use, overriding the head directory's ``medusa_num_heads``
-            (TensorRT-LLM's ``--fixed_num_medusa_heads``); None -> the directory's value.
-        speculative_model_dir: the head directory; relative paths resolve against the engine
-            directory; None -> ``engine_dir/medusa`` (where the builder writes it).
-    """
-
-    max_draft_len: int
-    tree: SpecTree
-    num_medusa_heads: int | None = None
-    speculative_model_dir: str | None = None
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, object]) -> MedusaDecodingConfig:
-        """Parse e.g. ``{"decoding_type": "Medusa", "num_medusa_heads": 4, "medusa_choices": [[0], [1], [0, 0]]}``.
-
-        Raises:
-            ValueError: unknown keys; ``num_medusa_heads`` not an integer >= 1; an invalid tree (see
-                :meth:`SpecTree.from_choices`), an empty one, or one deeper than ``num_medusa_heads``;
-                ``max_draft_len`` below the tree's node count.
-        """
-        check_config_keys(config, _CONFIG_KEYS, decoding_type="Medusa")
-        choices = config.get("medusa_choices")
-        tree = SpecTree.from_choices(MC_SIM_7B_63 if choices is None else choices)
-        if tree.num_nodes == 0:
-            raise ValueError("speculative_config.medusa_choices is empty; list at least one node, e.g. [[0], [1], [0, 0]]")
-        heads = config.get("num_medusa_heads")
-        if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
-            raise ValueError(f"speculative_config.num_medusa_heads must be an integer >= 1, got {heads!r}")
-        if heads is not None and tree.max_depth > heads:
-            raise ValueError(f"medusa_choices are {tree.max_depth} deep but num_medusa_heads={heads} (one head per tree level)")
-        max_draft_len = config.get("max_draft_len", tree.num_nodes)
-        if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < tree.num_nodes:
-            raise ValueError(
-                f"speculative_config.max_draft_len={max_draft_len!r} is below the tree's {tree.num_nodes} nodes "
-                "(Medusa verifies every node of medusa_choices each step); omit it to use the node count"
-            )
-        return cls(max_draft_len, tree, heads, config.get("speculative_model_dir"))
-
-
-LoadedMedusa = LoadedHead[MedusaDecodingConfig, MedusaProposer]  # the engine state of "Medusa"
+LoadedMedusa = LoadedHead[MedusaSpeculation, MedusaProposer]  # the engine state of "Medusa"
 
 
 def check_heads_fit(heads: MedusaConfig, *, hidden_size: int, vocab_size: int, where: Path) -> None:
@@ -291,21 +241,23 @@ def check_heads_fit(heads: MedusaConfig, *, hidden_size: int, vocab_size: int, w
         )
 
 
-def load_medusa(config: MedusaDecodingConfig, context: MethodContext) -> LoadedMedusa:
-    """Load the heads in the target's dtype and device, and check they fit the target and the tree.
+def load_medusa(config: MedusaSpeculation, context: MethodContext) -> LoadedMedusa:
+    """Load ``config.num_medusa_heads`` heads from ``config.medusa_model`` in the target's dtype and
+    device, and check they fit the target and the tree (``medusa_choices``; None -> :data:`MC_SIM_7B_63`).
 
     Raises:
         FileNotFoundError: no head directory (config.json or weights missing).
         ValueError: the heads' sizes differ from the target's; the tree is deeper than the heads (or
             wants more candidates than the vocabulary); the target's attention cannot take a tree mask;
-            no ``speculative_model_dir`` outside an engine directory; a malformed head directory.
+            a malformed head directory.
     """
     target = context.target
-    path = MEDUSA_FILES.resolve(config.speculative_model_dir, context.base_dir)
+    path = Path(config.medusa_model)
     heads = load_medusa_heads(path, num_heads=config.num_medusa_heads, dtype=target.dtype).to(target.device)
     text_config = target.config.get_text_config()
     check_heads_fit(heads.config, hidden_size=int(text_config.hidden_size), vocab_size=int(text_config.vocab_size), where=path)
-    proposer = MedusaProposer(heads, config.tree)  # raises on a tree the heads cannot fill
+    tree = SpecTree.from_choices(MC_SIM_7B_63 if config.medusa_choices is None else config.medusa_choices)
+    proposer = MedusaProposer(heads, tree)  # raises on a tree the heads cannot fill
     check_tree_attention(target, "Medusa")
     return LoadedHead(config, proposer, path)
 

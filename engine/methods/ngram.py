@@ -7,46 +7,11 @@ context's current suffix appeared.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from .base import config_from_dict
-
-
-@dataclass(frozen=True)
-class NGramConfig:
-    """TensorRT-LLM LLM-API ``NGramDecodingConfig`` keys.
-
-    Attributes:
-        max_draft_len: draft tokens per step at most (TensorRT-LLM ``max_draft_len``), ``>= 1``.
-        max_matching_ngram_size: longest suffix tried for a match, ``>= 1``.
-        is_use_oldest: on several matches, copy after the earliest (True) or the latest (False).
-        is_keep_all, is_public_pool: accepted for compatibility; the reference engine searches the
-            request's own context each step, so it behaves as ``is_keep_all=True``, ``is_public_pool=False``.
-    """
-
-    max_draft_len: int
-    max_matching_ngram_size: int = 5
-    is_use_oldest: bool = True
-    is_keep_all: bool = True
-    is_public_pool: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_draft_len < 1:
-            raise ValueError(f"speculative_config.max_draft_len must be >= 1, got {self.max_draft_len}")
-        if self.max_matching_ngram_size < 1:
-            raise ValueError(
-                f"speculative_config.max_matching_ngram_size must be >= 1, got {self.max_matching_ngram_size}"
-            )
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, object]) -> NGramConfig:
-        """Build from a speculative_config dict (``decoding_type`` is ignored here).
-
-        Raises:
-            ValueError: on unknown keys, a missing ``max_draft_len`` or out-of-range values.
-        """
-        return config_from_dict(cls, config, decoding_type="NGram")
+if TYPE_CHECKING:
+    from specbuild.methods.ngram import NGramSpeculation
 
 
 def find_ngram_draft(
@@ -96,9 +61,14 @@ def _match_start(context: Sequence[int], n: int, *, use_oldest: bool) -> int | N
 
 
 class NGramProposer:
-    """:class:`~specbuild.engine.methods.base.Proposer` for prompt lookup; stateless between steps."""
+    """:class:`~specbuild.engine.methods.base.Proposer` for prompt lookup; stateless between steps.
 
-    def __init__(self, config: NGramConfig) -> None:
+    ``config``: the method's settings (``max_draft_len``, ``max_matching_ngram_size``, ``is_use_oldest``;
+    :class:`~specbuild.methods.ngram.NGramSpeculation`). The reference engine searches the request's own
+    context each step: it behaves as TensorRT-LLM's ``is_keep_all=True``, ``is_public_pool=False``.
+    """
+
+    def __init__(self, config: NGramSpeculation) -> None:
         self.config = config
 
     def propose(self, context: Sequence[int], num_draft_tokens: int, sampler: object = None) -> list[int]:

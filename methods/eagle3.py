@@ -1,0 +1,134 @@
+"""EAGLE-3 (Li et al. 2025): the draft head fuses features from three target layers (``midlayer``
+format, optional draft vocabulary with ``d2t``) and drafts a chain. Greedy only.
+
+TensorRT-LLM: the PyTorch backend's ``Eagle3DecodingConfig`` (decoding_type ``Eagle`` before 1.3).
+Reference engine: :mod:`specbuild.engine.methods.eagle3`. Training: :mod:`specbuild.train.eagle3`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from .base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
+from .eagle import check_sizes, locate_head
+from .heads import read_json, refuse_unreadable, target_config, torch_dtype
+
+if TYPE_CHECKING:
+    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.builder.recipe import LoadedRecipe
+    from specbuild.engine.methods.base import EngineMethod
+
+
+class Eagle3Speculation(MethodParams):
+    """EAGLE-3 (Li et al. 2025): the draft head fuses features from three target layers (``midlayer``
+    format, optional draft vocabulary with ``d2t``). TensorRT-LLM PyTorch backend only."""
+
+    method: Literal["eagle3"]
+    eagle_model: str = Field(min_length=1)
+    max_draft_len: int = Field(3, ge=1, le=32)
+    eagle3_one_model: bool = True
+
+    def to_llm_api(self) -> dict[str, Any]:
+        return {
+            "decoding_type": self.decoding_type,
+            "max_draft_len": self.max_draft_len,
+            "speculative_model_dir": self.eagle_model,
+            "eagle3_one_model": self.eagle3_one_model,
+        }
+
+
+# --- weights: the head directory -------------------------------------------------------------------
+
+
+def _locate(loaded: LoadedRecipe) -> CheckpointSource:
+    return locate_head(loaded, kind="EAGLE-3")
+
+
+def check_fit(loaded: LoadedRecipe, target_dir: Path, head_dir: Path) -> None:
+    """The head's sizes (as EAGLE's), then the target layers it fuses: TensorRT-LLM's default
+    ``(1, L // 2 - 1, L - 4)`` needs ``L > 5`` (config.json only, milliseconds).
+
+    Raises:
+        RecipeError: located at ``speculation.eagle_model``.
+    """
+    from specbuild.engine.methods.eagle3 import Eagle3Config, capture_layers_for
+
+    check_sizes(loaded, target_dir, head_dir)
+    head, num_layers = read_json(head_dir / "config.json"), target_config(target_dir).get("num_hidden_layers")
+    try:
+        config = Eagle3Config.from_dict(head, str(head_dir / "config.json"))
+        if num_layers is not None:
+            capture_layers_for(config, num_layers)
+    except ValueError as exc:
+        raise loaded.error(("speculation", "eagle_model"), str(exc)) from None
+
+
+def _load(loaded: LoadedRecipe, head_dir: Path, target_dir: Path):
+    """The ``Eagle3Head`` in the target's dtype, its draft vocabulary's ``d2t`` checked against the target's.
+
+    Raises:
+        RecipeError: a malformed head directory or a ``d2t`` outside the target's vocabulary.
+    """
+    from specbuild.engine.methods.eagle3 import check_vocab_fits, load_eagle3_head
+
+    vocab = target_config(target_dir).get("vocab_size")
+
+    def read():
+        head = load_eagle3_head(head_dir, dtype=torch_dtype(loaded.recipe.target.dtype))
+        if vocab is not None:
+            check_vocab_fits(head, vocab)
+        return head
+
+    return refuse_unreadable(loaded, "eagle_model", read)
+
+
+def _write(loaded: LoadedRecipe, head, out: Path, *, log) -> None:
+    from specbuild.engine.methods.eagle3 import save_eagle3_head
+
+    del loaded
+    c = head.config
+    log(f"writing the EAGLE-3 head (midlayer, hidden_size={c.hidden_size}, draft vocabulary {c.draft_vocab_size or c.vocab_size})")
+    save_eagle3_head(out, head.state_dict(), c)
+
+
+# --- reference engine, training ----------------------------------------------------------------------
+
+
+def engine() -> EngineMethod:
+    """The head loaded once per engine; chains of at most ``k`` drafts from captured target layers."""
+    from specbuild.engine.methods.base import EngineMethod
+    from specbuild.engine.methods.eagle3 import load_eagle3, make_eagle3_proposer
+
+    return EngineMethod(make_proposer=make_eagle3_proposer, load=load_eagle3, verification="feature_chain", greedy_only=True)
+
+
+def _train(spec: Eagle3Speculation, target, tokenizer, data, config, out, ckpt_dir, **common):
+    from specbuild.train.eagle3 import train_eagle3
+
+    del spec, tokenizer
+    return train_eagle3(target, data, config, out, ckpt_dir, **common)
+
+
+METHOD = SpeculationMethod(
+    name="eagle3",
+    title="EAGLE-3",
+    params=Eagle3Speculation,
+    trtllm=TrtllmMapping(
+        decoding_type="Eagle3",
+        # DecodingBaseConfig.from_dict has no Eagle3 key before 1.3; that PyTorch backend reads Eagle as EAGLE-3.
+        renamed=(("0.0", "Eagle"), ("1.3", "Eagle3")),
+        speculative_decoding_mode="eagle",
+        unavailable={"tensorrt": "EAGLE-3 exists only on TensorRT-LLM's PyTorch backend"},
+    ),
+    weights=Weights(
+        field="eagle_model", what="the EAGLE-3 head directory", role="eagle3", check_fit=check_fit,
+        reference=ReferenceWeights(subdir="eagle3", locate=_locate, load=_load, write=_write, fingerprint_key="eagle"),
+    ),
+    engine=engine,
+    training=Training(train=_train, held_out_config=chain_of),
+    ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here
+    unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain)",
+)
