@@ -171,9 +171,9 @@ def test_speculative_sampling_through_the_engine_follows_the_target(checkpoints,
 
 
 def test_engine_with_a_wrong_rule_is_detected(checkpoints, tmp_path, monkeypatch):
-    from test_sampling import accept_without_residual
+    from fault_injection import no_residual
 
-    monkeypatch.setattr(worker, "accept_speculative", accept_without_residual)
+    monkeypatch.setattr(worker, "accept_speculative", no_residual)
     assert not _engine_fits_the_target(checkpoints, tmp_path)
 
 
