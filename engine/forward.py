@@ -4,7 +4,8 @@ Every target pass of the engine (prefill, plain step, chain / tree / lookahead v
 request or a whole batch) goes through :func:`forward_blocks`, so this is the function that is batched,
 profiled and (optionally) compiled. The model is transformers' own implementation; the engine supplies
 the KV cache (:class:`~specbuild.engine.kv_pool.SlotCache`), the position ids and a 4D additive mask,
-which transformers passes to its ``eager`` / ``sdpa`` attention untouched.
+which transformers passes untouched to the engine's attention (:mod:`~specbuild.engine.attention`:
+fused SDPA with grouped-query heads) or its own ``eager`` / ``sdpa``.
 
 Worked example: two rows, slot 0 holds 5 positions and verifies a chain of 3 (root + 2 drafts), slot 1
 holds 2 and runs a plain step (1 token); the batch is padded to ``T = 3``, ``kv_len = 5 + 3 = 8``::
@@ -23,11 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention import ENGINE_ATTENTION
 from .kv_pool import KVPool, SlotCache
 from .target import cache_keyword
 
 # Attention implementations that apply a custom 4D float mask as given (flash kernels would ignore it).
-MASK_ATTENTION = ("eager", "sdpa")
+MASK_ATTENTION = ("eager", "sdpa", ENGINE_ATTENTION)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
+from .attention import use_engine_attention
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -31,7 +33,8 @@ def to_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 def load_target(
     checkpoint_dir: str | Path, *, dtype: str | torch.dtype, device: str, trust_remote_code: bool
 ) -> PreTrainedModel:
-    """Load a local Hugging Face causal-LM checkpoint for inference (no hub download).
+    """Load a local Hugging Face causal-LM checkpoint for inference (no hub download); a model on
+    transformers' ``sdpa`` attention is switched to the engine's (:mod:`specbuild.engine.attention`).
 
     Raises:
         FileNotFoundError: if ``checkpoint_dir/config.json`` does not exist.
@@ -45,6 +48,7 @@ def load_target(
         trust_remote_code=trust_remote_code,
         local_files_only=True,
     )
+    use_engine_attention(model)  # one fused GQA attention for every block width (engine/attention.py)
     return model.to(device).eval()
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specbuild.engine import target as target_model
+from specbuild.engine.attention import ENGINE_ATTENTION
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kv_pool import KVCacheFullError, KVPool, KVShape
 from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
@@ -20,7 +21,10 @@ VOCAB = 384
 
 @pytest.fixture(scope="module")
 def model(tiny_checkpoint):
-    return target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    model = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    assert model.config._attn_implementation == ENGINE_ATTENTION  # load_target switches sdpa to the engine's
+    assert model.config.num_key_value_heads < model.config.num_attention_heads  # grouped-query heads are exercised
+    return model
 
 
 def _pool(model, slots: int = 4, *, garbage: bool = True) -> KVPool:
@@ -47,7 +51,7 @@ def _tree_row(slot: int, tree: SpecTree, tokens: list[int]) -> RowBlock:
     return RowBlock(slot, tokens, list(tree.depths), tree.ancestor_mask())
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", [ENGINE_ATTENTION, "sdpa", "eager"])
 @pytest.mark.parametrize("choices", [USER_TREE, MC_SIM_7B_63], ids=["user", "mc_sim_7b_63"])
 def test_rows_of_a_batch_equal_sequential_runs(model, attn, choices):
     """The core claim: in ONE pass with a tree row, a chain row and a one-token row (different cached
@@ -74,7 +78,7 @@ def test_rows_of_a_batch_equal_sequential_runs(model, attn, choices):
                 torch.testing.assert_close(out.logits[1][i], _sequential_logits(model, [*PREFIXES[1], *chain[: i + 1]]), rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(out.logits[2][0], _sequential_logits(model, [*PREFIXES[2], 3]), rtol=1e-4, atol=1e-5)
     finally:
-        model.set_attn_implementation("sdpa")
+        model.set_attn_implementation(ENGINE_ATTENTION)
 
 
 @pytest.mark.parametrize("choice", [(0, 0, 0, 1), (1, 0, 1), (2, 2), (9,), ()], ids=str)
