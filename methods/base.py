@@ -170,6 +170,11 @@ class TrtllmMapping:
         engine_model: the ``tensorrt_llm`` model's fields (:class:`~specbuild.triton_repo.tensorrtllm.EngineModel`)
             from the settings, e.g. ``{"medusa_choices": [[0], [1]]}``.
         front_parameters: config.pbtxt parameters of specbuild's ensemble front for the method.
+        off_switch: ``tensorrt_llm`` inputs that turn speculation off for one request on the method's own
+            engine (lookahead: ``(W, N, G) = (1, 1, 0)``); None: ``num_draft_tokens=0`` needs a baseline
+            engine (or, with external drafts, sends none).
+        greedy_only: TensorRT-LLM decodes the method greedily only; the front refuses sampled requests
+            on its engine (Medusa).
     """
 
     decoding_type: str | None
@@ -184,6 +189,8 @@ class TrtllmMapping:
     check: Callable[[LoadedRecipe, BuildPath], None] | None = None
     engine_model: Callable[[Any], dict[str, Any]] = _no_parameters
     front_parameters: Callable[[Any], dict[str, str]] = _no_parameters
+    off_switch: Mapping[str, Any] | None = None
+    greedy_only: bool = False
 
     @property
     def external_drafts(self) -> bool:

@@ -94,6 +94,9 @@ METHOD = SpeculationMethod(
         decoding_mode="lookahead",
         unavailable={"pytorch": "TensorRT-LLM's PyTorch backend has no lookahead decoding"},
         engine_model=_engine_model,
+        # (W, N, G) = (1, 1, 0) is plain decoding on the lookahead engine (TensorRT-LLM's per-request
+        # lookahead_config; tensorrtllm_backend's lookahead_window_size / _ngram_size / _verification_set_size)
+        off_switch={"lookahead_window_size": 1, "lookahead_ngram_size": 1, "lookahead_verification_set_size": 0},
     ),
     engine=engine,
 )

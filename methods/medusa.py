@@ -185,6 +185,7 @@ METHOD = SpeculationMethod(
         speculative_decoding_mode="medusa",
         decoding_mode="medusa",
         unavailable={"pytorch": "TensorRT-LLM's PyTorch backend has no Medusa"},
+        greedy_only=True,  # TensorRT-LLM's Medusa decoding mode does not sample
         conversion=Conversion(script="medusa/convert_checkpoint.py", weights_flag="--medusa_model_dir", flags=_convert_flags),
         engine_model=_engine_model,
     ),

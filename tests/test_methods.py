@@ -179,7 +179,7 @@ def test_a_method_is_checked_when_it_is_made():
 # ``method in ("medusa", "eagle")``, ``decoding_type == "Eagle3"``).
 SHARED = ["builder/recipe.py", "builder/reference.py", "builder/trtllm_plan.py", "builder/trtllm_run.py",
           "builder/trtllm_version.py", "engine/runtime.py", "engine/methods/__init__.py", "train/stage.py",
-          "train/evaluate.py", "triton_repo/tensorrtllm.py", "specbuild/pipeline.py"]
+          "train/evaluate.py", "triton_repo/tensorrtllm.py", "triton_repo/models/trtllm_front.py", "specbuild/pipeline.py"]
 BRANCH = re.compile(r"""\b(method|decoding_type)\s*(==|!=|in|not\s+in)\s*[(\[{"']""")
 
 

@@ -117,7 +117,7 @@ def test_zero_draft_tokens_is_plain_target_decoding():
 def test_routes_per_method():
     lookahead = FrontConfig("lookahead", 83, lookahead=(7, 7, 7))
     assert route(lookahead, 0) == Route("tensorrt_llm", extra={"lookahead_window_size": 1, "lookahead_ngram_size": 1,
-                                                               "lookahead_verification_set_size": 0})
+                                                               "lookahead_verification_set_size": 0}, speculation_off=True)
     assert route(lookahead, None) == Route("tensorrt_llm") == route(lookahead, 83)
     medusa = FrontConfig("medusa", 63, baseline_model="tensorrt_llm_baseline")
     assert route(medusa, 0) == Route("tensorrt_llm_baseline") and route(medusa, None) == Route("tensorrt_llm")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specbuild.interface import ENGINE, ENSEMBLE, TRTLLM
+from specbuild.methods import SpeculationMethod, method_named
 from specbuild.triton_repo.models.common import model_parameters, optional_input, per_row, required_input, run_each
 
 # (new tokens) = generate(model, ids, max_new_tokens, draft_ids, extra inputs)
@@ -48,12 +49,14 @@ class EngineResult:
 
 @dataclass(frozen=True)
 class Route:
-    """Where one request goes: ``engine`` model, whether to run the draft loop, extra inputs."""
+    """Where one request goes: ``engine`` model, whether to run the draft loop, extra inputs, and whether
+    those inputs turn the engine's speculation off (the method's ``off_switch``)."""
 
     engine: str
     draft_loop: bool = False
     draft_len: int = 0
     extra: dict = field(default_factory=dict)
+    speculation_off: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,11 @@ class FrontConfig:
     decoupled: bool = False  # the engine models stream (model_transaction_policy decoupled)
     max_matching_ngram_size: int = 3  # ngram: longest context suffix looked up
     is_use_oldest: bool = True  # ngram: copy after the earliest match (else the latest)
+
+    @property
+    def spec(self) -> SpeculationMethod:
+        """The registered method (:mod:`specbuild.methods`): how TensorRT-LLM runs it decides the routes."""
+        return method_named(self.method)
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> FrontConfig:
@@ -98,13 +106,13 @@ def route(config: FrontConfig, num_draft_tokens: int | None) -> Route:
         raise ValueError(f"num_draft_tokens must be >= 0, got {k}")
     if k > config.max_draft_len:
         raise ValueError(f"num_draft_tokens {k} exceeds the engine's max_draft_len {config.max_draft_len}")
-    if config.method in DRAFT_LOOP_METHODS:
+    trtllm = config.spec.trtllm
+    if trtllm.external_drafts:
         return Route(config.target_model, draft_loop=k > 0, draft_len=k)
-    if config.method == "none" or (k == config.max_draft_len and k > 0):
+    if trtllm.decoding_type is None or (k == config.max_draft_len and k > 0):
         return Route(config.target_model)
-    if k == 0 and config.method == "lookahead":
-        return Route(config.target_model, extra={"lookahead_window_size": 1, "lookahead_ngram_size": 1,
-                                                 "lookahead_verification_set_size": 0})
+    if k == 0 and trtllm.off_switch is not None:
+        return Route(config.target_model, extra=dict(trtllm.off_switch), speculation_off=True)
     if k == 0 and config.baseline_model is not None:
         return Route(config.baseline_model)
     if k == 0:
@@ -123,18 +131,14 @@ class Generation:
     draft_tokens: int | None = None
 
 
-DRAFT_LOOP_METHODS = ("draft_target", "ngram")  # drafts proposed here, verified by a draft_tokens_external target
-
-
 def proposer(generate: Generate, config: FrontConfig, extra: dict) -> Callable[[list[int], int], list[int]]:
-    """``propose(ids, n)`` -> up to n draft tokens: the draft engine (draft_target) or prompt lookup
-    over the request's own context (ngram, :func:`specbuild.engine.methods.ngram.find_ngram_draft`)."""
-    if config.method == "ngram":
+    """``propose(ids, n)`` -> up to n draft tokens: the draft engine (draft_target) or, without one, prompt
+    lookup over the request's own context (ngram, :func:`specbuild.engine.methods.ngram.find_ngram_draft`)."""
+    if config.draft_model is None:
         from specbuild.engine.methods.ngram import find_ngram_draft
 
         return lambda ids, n: find_ngram_draft(ids, max_ngram_size=config.max_matching_ngram_size, num_draft_tokens=n,
                                                use_oldest=config.is_use_oldest)
-    assert config.draft_model is not None
     return lambda ids, n: generate(config.draft_model, ids, n, None, extra).tokens[:n]
 
 
@@ -177,13 +181,13 @@ def generate_request(generate: Generate, config: FrontConfig, prompt: Sequence[i
             which TensorRT-LLM decodes greedily only.
     """
     r = route(config, num_draft_tokens)
-    if config.method == "medusa" and r.engine == config.target_model and (extra.get("temperature") or 0) > 0:
-        raise ValueError(f"temperature={extra['temperature']!r}: Medusa is greedy-only in TensorRT-LLM; send temperature 0 "
+    if config.spec.trtllm.greedy_only and r.engine == config.target_model and (extra.get("temperature") or 0) > 0:
+        raise ValueError(f"temperature={extra['temperature']!r}: {config.spec.trtllm.decoding_type} is greedy-only in TensorRT-LLM; send temperature 0 "
                          "(or num_draft_tokens=0 for the baseline engine, which samples)")
     if r.draft_loop:
         return draft_loop_generate(generate, config, prompt, max_tokens, r.draft_len, end_id, extra)
     result = generate(r.engine, prompt, max_tokens, None, {**extra, **r.extra})
-    if config.method in DRAFT_LOOP_METHODS or r.engine == config.baseline_model or "lookahead_window_size" in r.extra:
+    if config.spec.trtllm.external_drafts or r.engine == config.baseline_model or r.speculation_off:
         return Generation(result.tokens, 0, 0)  # plain decoding: nothing drafted
     return Generation(result.tokens, result.accepted_draft_tokens, result.draft_tokens)
 
