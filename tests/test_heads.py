@@ -111,9 +111,10 @@ def test_check_state_messages(tmp_path):
 
 
 def test_tree_methods_need_a_mask_attention():
-    check_tree_attention(SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa")), "Medusa")
+    for attention in ("sdpa", "eager", "specbuild_sdpa"):  # specbuild_sdpa: the engine's own (engine/attention.py)
+        check_tree_attention(SimpleNamespace(config=SimpleNamespace(_attn_implementation=attention)), "Medusa")
     flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
-    with pytest.raises(ValueError, match=r"EAGLE tree verification needs the target's attn_implementation in \('eager', 'sdpa'\), it uses 'flash_attention_2'"):
+    with pytest.raises(ValueError, match=r"EAGLE tree verification needs the target's attn_implementation in \('eager', 'sdpa', 'specbuild_sdpa'\), it uses 'flash_attention_2'"):
         check_tree_attention(flash, "EAGLE")
 
 
