@@ -206,6 +206,43 @@ def test_dynamic_tree_expands_the_best_nodes_and_reranks(model):
     assert set(small.tree.paths) <= set(draft.tree.paths)
 
 
+@pytest.mark.parametrize("top_k,max_draft_len", [(2, 3), (3, 4), (3, 6), (4, 10), (2, 63)])
+def test_pruned_dynamic_tree_is_the_unpruned_tree_with_fewer_head_rows(model, top_k, max_draft_len):
+    """Skipping nodes outside the best max_draft_len changes no tree (EAGLE-2's reranking keeps the same
+    nodes) and, for a small max_draft_len, runs the head on fewer rows."""
+    rows = {True: 0, False: 0}
+    for seed, sharpness in enumerate((25.0, 60.0, 150.0, 300.0)):
+        head = _random_head(seed=seed)
+        config = EagleTreeConfig(num_eagle_layers=4, max_draft_len=max_draft_len, dynamic_tree_max_topK=top_k)
+        with torch.inference_mode():
+            trees = {}
+            for prune in (True, False):
+                proposer = EagleProposer(model, head, config)
+                proposer.prune = prune
+                flat = proposer._project  # the tiny model's draft distributions are near uniform: sharpen them,
+                proposer._project = lambda x, _flat=flat, _s=sharpness: _flat(x) * _s  # so deep nodes compete
+                for prompt in PROMPTS:
+                    root, state = _ready_state(model, proposer, prompt)
+                    calls = []
+                    original = DraftKV.forward
+
+                    def counting(self, tokens, *args, _calls=calls, _original=original):
+                        _calls.append(len(tokens))
+                        return _original(self, tokens, *args)
+
+                    DraftKV.forward = counting
+                    try:
+                        draft = proposer.propose(state, root, max_depth=4)
+                    finally:
+                        DraftKV.forward = original
+                    rows[prune] += sum(calls)
+                    trees.setdefault(prune, []).append((draft.tree.paths, draft.tokens))
+            assert trees[True] == trees[False], f"seed {seed}"
+    assert rows[True] <= rows[False]
+    if max_draft_len < top_k * top_k:
+        assert rows[True] < rows[False]
+
+
 # --- greedy equivalence ------------------------------------------------------------------------
 
 TREES = {

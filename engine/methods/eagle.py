@@ -436,7 +436,13 @@ class EagleProposer:
     Use: ``state = proposer.new_state()``; ``proposer.update(state, tokens, features)`` with the prefill's
     features; then per step ``draft = proposer.propose(state, root, max_depth)``, verify, and
     ``proposer.update(state, emitted_tokens, features_of_root_and_accepted_nodes)``.
+
+    Attributes:
+        prune: skip expansions that cannot reach the dynamic tree's final reranking (exact; see
+            :meth:`_dynamic`). False expands every chosen node, as EAGLE-2's reference code does.
     """
+
+    prune: bool = True
 
     def __init__(self, target: PreTrainedModel, head: EagleHead, tree_config: EagleTreeConfig) -> None:
         """Raises: ValueError if the head's hidden size or vocabulary differs from the target's, or the tree
@@ -522,7 +528,14 @@ class EagleProposer:
         return TreeDraft(tree, tokens)
 
     def _dynamic(self, state: EagleState, root: int, depth: int) -> TreeDraft:
-        """EAGLE-2 (§4): expand the top-K nodes per depth by cumulative log-prob, rerank, keep max_draft_len."""
+        """EAGLE-2 (§4): expand the top-K nodes per depth by cumulative log-prob, rerank, keep max_draft_len.
+
+        With :attr:`prune` (the default) a chosen node that is not among the ``max_draft_len`` best nodes so
+        far is not expanded, and drafting stops when no chosen node is: a child scores at most its parent
+        and ranks after it, so no descendant of such a node can be kept by the reranking. The tree is the
+        same as without pruning; the head and the draft lm_head run on fewer rows (with K = 3 and
+        ``max_draft_len`` = 4, usually one row per depth after the second instead of three).
+        """
         k = self.tree_config.dynamic_tree_max_topK
         nodes: list[_Node] = []
         drafted = DraftKV(self, state)
@@ -538,6 +551,11 @@ class EagleProposer:
             if d == depth:
                 break
             chosen = sorted(children, key=lambda n: -nodes[n].score)[:k]
+            if self.prune:
+                kept = set(_best(nodes, self.tree_config.max_draft_len))
+                chosen = [n for n in chosen if n in kept]
+                if not chosen:
+                    break
             row = {p: r for r, p in enumerate(frontier)}
             outputs = drafted.forward(
                 [nodes[n].token for n in chosen], torch.stack([outputs[row[nodes[n].parent]] for n in chosen]), d,
@@ -593,13 +611,23 @@ def _ancestors(nodes: list[_Node], node: int) -> list[int]:
     return chain[::-1]
 
 
+def _rank(nodes: list[_Node], n: int) -> tuple[float, int, int]:
+    """Reranking order: higher cumulative score first, then the shallower node, then the older one."""
+    return (-nodes[n].score, nodes[n].depth, n)
+
+
+def _best(nodes: list[_Node], count: int) -> list[int]:
+    """The ``count`` best nodes of ``nodes`` in reranking order."""
+    return sorted(range(len(nodes)), key=lambda n: _rank(nodes, n))[:count]
+
+
 def _rerank(nodes: list[_Node], root: int, max_draft_len: int) -> TreeDraft:
     """Keep the ``max_draft_len`` best nodes (score desc, then shallower first) as a :class:`SpecTree`.
 
     A child's score is its parent's plus a log-probability <= 0, and ties go to the shallower node, so a
     parent always ranks before its children and the kept set is a connected tree.
     """
-    order = sorted(range(len(nodes)), key=lambda n: (-nodes[n].score, nodes[n].depth, n))[:max_draft_len]
+    order = _best(nodes, max_draft_len)
     paths: dict[int, tuple[int, ...]] = {}
     for n in sorted(order, key=lambda n: nodes[n].depth):
         parent = nodes[n].parent
