@@ -136,7 +136,37 @@ def check_reference_inputs(loaded: LoadedRecipe, *, trained_later: bool = False)
         RecipeError: naming the recipe line of the field at fault.
     """
     inputs = ReferenceInputs(locate_target(loaded))
+    locate_token_map(loaded)
     return inputs if trained_later else _with_weights(loaded, inputs)
+
+
+def locate_token_map(loaded: LoadedRecipe) -> Path | None:
+    """The recipe's ``speculation.speculative_token_map`` file (:mod:`specbuild.methods.token_map`),
+    located without reading it; None when the recipe names none, or when the train stage writes it
+    (``train.token_map_size``) and it is not there yet.
+
+    Raises:
+        RecipeError: at ``speculation.speculative_token_map``: no such file (and no train stage to write
+            it), or a directory.
+    """
+    from specbuild.methods.token_map import FIELD
+
+    value = getattr(loaded.recipe.speculation, FIELD, None)
+    if value is None:
+        return None
+    path = loaded.resolve_path(value)
+    if path.is_dir():
+        raise loaded.error(("speculation", FIELD), f"{path} is a directory; point {FIELD} at a token-map file (.json, .safetensors or .pt)")
+    if path.is_file():
+        return path
+    train = loaded.recipe.train
+    if train is not None and train.token_map_size is not None:
+        return None  # the train stage counts the target's tokens in its data and writes it
+    raise loaded.error(
+        ("speculation", FIELD),
+        f"no token map at {path}; give a file of token ids (.json list, .safetensors, SGLang's .pt), or add "
+        "train.token_map_size to have the train stage write the target's most frequent tokens there",
+    )
 
 
 def _with_weights(loaded: LoadedRecipe, inputs: ReferenceInputs) -> ReferenceInputs:
@@ -165,6 +195,9 @@ def engine_fingerprint(loaded: LoadedRecipe, source: CheckpointSource, weights: 
     }
     if weights is not None:  # under a key of their own ("draft", "medusa", "eagle"): engines built before stay valid
         payload[r.speculation.definition.weights.reference.fingerprint_key] = weights.fingerprint()
+    token_map = locate_token_map(loaded)
+    if token_map is not None:  # its contents, not only its path (only when set: engines built before stay valid)
+        payload["token_map"] = hashlib.sha256(token_map.read_bytes()).hexdigest()
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -210,6 +243,7 @@ def build_reference_engine(
         config = _write_engine(loaded, checkpoint, tmp, log=log)
         if read is not None:
             weights.reference.write(loaded, read, tmp / weights.reference.subdir, log=log)
+        _write_token_map(loaded, config, tmp, log=log)
         config["specbuild"]["fingerprint"] = fingerprint
         config["specbuild"]["target_checkpoint"] = inputs.target.spec
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -247,6 +281,32 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
             "kernels": r.build.kernels,
         },
     }
+
+
+def _write_token_map(loaded: LoadedRecipe, config: dict, out: Path, *, log) -> None:
+    """Copy the recipe's hot-token map, checked against the target's vocabulary, into ``out`` and name it
+    in the engine's ``speculative_config`` (a path relative to the engine directory).
+
+    Raises:
+        RecipeError: at ``speculation.speculative_token_map``: missing (the train stage did not write it),
+            unreadable, or ids outside the vocabulary or repeated.
+    """
+    from specbuild.methods.token_map import ENGINE_FILE, FIELD, read_token_ids, write_token_map
+
+    value = getattr(loaded.recipe.speculation, FIELD, None)
+    if value is None:
+        return
+    path = loaded.resolve_path(value)
+    vocab = config["pretrained_config"].get("vocab_size")
+    try:
+        ids = read_token_ids(path, vocab)
+    except (OSError, ValueError) as exc:
+        raise loaded.error(("speculation", FIELD), str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - torch.load(weights_only=True) refusing a pickle, a corrupt file
+        raise loaded.error(("speculation", FIELD), f"token map {path} is not readable: {type(exc).__name__}: {exc}") from None
+    write_token_map(out / ENGINE_FILE, ids, source=str(path))
+    config["speculative_config"][FIELD] = ENGINE_FILE
+    log(f"draft vocabulary: {len(ids)} of {vocab} tokens ({path.name})")
 
 
 def _without_paths(config: dict | None) -> dict | None:

@@ -197,7 +197,7 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
     (``None``: unknown), ``source``: where it came from (for messages).
 
     Raises:
-        RecipeError: method unavailable on ``path`` or ``version``; a draft_len_schedule off the
+        RecipeError: method unavailable on ``path`` or ``version``; a ``speculative_token_map``; a draft_len_schedule off the
             PyTorch path; beam width > 1 with speculation; a quantization the method's converter does
             not take; the method's own refusals (:attr:`~specbuild.methods.TrtllmMapping.check`) and
             weights checks (:attr:`~specbuild.methods.Weights.check_files`, local directories only).
@@ -215,6 +215,11 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
     if _build_field(r, "draft_len_schedule", None) and (path != "pytorch" or not method.speculates):
         why = "there is no speculation to schedule" if not method.speculates else "the engine path has no such option"
         raise loaded.error(("build", "draft_len_schedule"), f"draft_len_schedule is a PyTorch-path (LLM API) speculative_config option and {why}; remove it")
+    if getattr(spec, "speculative_token_map", None) is not None:
+        raise loaded.error(("speculation", "speculative_token_map"),
+                           "TensorRT-LLM has no hot-token map for the draft (SGLang's --speculative-token-map; EAGLE-3 "
+                           "checkpoints carry their own draft vocabulary instead): remove speculative_token_map, or set "
+                           "build.backend: reference")
     if method.speculates and _build_field(r, "max_beam_width", 1) > 1:
         raise loaded.error(("build", "max_beam_width"), "beam search is not supported with speculative decoding; set 1")
     _check_quantization(loaded, method.trtllm.conversion)

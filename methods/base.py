@@ -337,8 +337,9 @@ class SpeculationMethod:
         :attr:`params`, the recipe's own model.
 
         ``decoding_type`` names the method; ``speculative_model_dir`` is the weights field, relative
-        paths taken against ``base_dir`` (the engine directory), omitted -> ``base_dir/<subdir>``;
-        :attr:`ignored_config_keys` are dropped.
+        paths taken against ``base_dir`` (the engine directory), omitted -> ``base_dir/<subdir>``; a
+        relative ``speculative_token_map`` is taken against ``base_dir`` too; :attr:`ignored_config_keys`
+        are dropped.
 
         Example: ``{"decoding_type": "Medusa", "num_medusa_heads": 3}`` with ``base_dir=/e`` ->
         ``MedusaSpeculation(method="medusa", medusa_model="/e/medusa", num_medusa_heads=3, ...)``.
@@ -355,6 +356,11 @@ class SpeculationMethod:
             weights_dir = self._weights_dir(data.pop(names[0]) if names else None, base_dir)
             if weights_dir is not None:
                 data[self.weights.field] = str(weights_dir)
+        from .token_map import FIELD as TOKEN_MAP
+
+        if data.get(TOKEN_MAP) is not None and base_dir is not None:  # a file in the engine directory
+            token_map = Path(str(data[TOKEN_MAP]))
+            data[TOKEN_MAP] = str(token_map if token_map.is_absolute() else base_dir / token_map)
         try:
             return self.params.model_validate({"method": self.name, **data})
         except ValidationError as exc:

@@ -16,7 +16,6 @@ from pydantic import Field
 from .base import (
     DraftEngine,
     DType,
-    MethodParams,
     ReferenceWeights,
     SpeculationMethod,
     Training,
@@ -25,6 +24,7 @@ from .base import (
     chain_of,
 )
 from .heads import torch_dtype
+from .token_map import TokenMapParams
 
 if TYPE_CHECKING:
     from specbuild.builder.checkpoints import CheckpointSource
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from specbuild.engine.methods.base import EngineMethod
 
 
-class DraftTargetSpeculation(MethodParams):
+class DraftTargetSpeculation(TokenMapParams):
     """A separate, smaller draft model proposes; the target verifies (Leviathan et al. 2023; Chen et
     al. 2023). TensorRT-LLM: ``DraftTargetDecodingConfig`` (LLM API), or two engines with
     ``draft_tokens_external`` on the target (engine path). The draft shares the target's vocabulary.

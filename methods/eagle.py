@@ -17,7 +17,6 @@ from specbuild.builder.strict import FieldProblem
 
 from .base import (
     Conversion,
-    MethodParams,
     ReferenceWeights,
     SpeculationMethod,
     Training,
@@ -28,6 +27,7 @@ from .base import (
     tree_depth,
 )
 from .heads import check_head_sizes, locate_head_dir, refuse_unreadable, torch_dtype
+from .token_map import TokenMapParams
 
 if TYPE_CHECKING:
     from specbuild.builder.checkpoints import CheckpointSource
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt")  # EAGLE's and EAGLE-3's; pickles read weights_only
 
 
-class EagleSpeculation(MethodParams):
+class EagleSpeculation(TokenMapParams):
     """EAGLE-1/2 (Li et al. 2024): a one-layer draft head over [token embedding ; target feature]
     grows a token tree, static (``eagle_choices``, depth == ``num_eagle_layers``) or EAGLE-2's
     dynamic tree (``use_dynamic_tree``, ``dynamic_tree_max_topK``). TensorRT-LLM:

@@ -18,7 +18,6 @@ from specbuild.builder.strict import FieldProblem
 from .base import (
     MC_SIM_7B_63,
     Conversion,
-    MethodParams,
     ReferenceWeights,
     SpeculationMethod,
     Training,
@@ -29,6 +28,7 @@ from .base import (
     tree_depth,
 )
 from .heads import check_head_sizes, locate_head_dir, refuse_unreadable, target_config, torch_dtype
+from .token_map import TokenMapParams
 
 if TYPE_CHECKING:
     from specbuild.builder.checkpoints import CheckpointSource
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # FasterDecoding's; the .pt read weights_only
 
 
-class MedusaSpeculation(MethodParams):
+class MedusaSpeculation(TokenMapParams):
     """Medusa heads on the target's last hidden state propose a token tree verified in one pass with
     a tree attention mask (Cai et al. 2024). Greedy only, as in TensorRT-LLM.
 

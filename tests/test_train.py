@@ -178,14 +178,17 @@ def test_interrupted_training_resumes_to_the_same_weights(setup, prompt_files, t
         assert torch.equal(straight[name], resumed[name]), name
 
 
-def write_train_recipe(path: Path, checkpoint: Path, prompt_files, *, steps: int = 3, held_out: str | None = None) -> Path:
+def write_train_recipe(
+    path: Path, checkpoint: Path, prompt_files, *, steps: int = 3, held_out: str | None = None, token_map_size: int | None = None,
+) -> Path:
     train, held = prompt_files
+    token_map = ("  speculative_token_map: heads/eagle/token_map.json\n", f"  token_map_size: {token_map_size}\n") if token_map_size else ("", "")
     path.write_text(
         "name: tiny-eagle-train\n"
         f"target:\n  checkpoint: {checkpoint}\n"
         "speculation:\n  method: eagle\n  eagle_model: heads/eagle\n  max_draft_len: 3\n  num_eagle_layers: 3\n"
-        "  eagle_choices: [[0], [0, 0], [0, 0, 0]]\n"
-        f"train:\n  prompts: {train}\n  held_out: {held_out or held}\n  max_new_tokens: 16\n  steps: {steps}\n"
+        f"  eagle_choices: [[0], [0, 0], [0, 0, 0]]\n{token_map[0]}"
+        f"train:\n  prompts: {train}\n  held_out: {held_out or held}\n  max_new_tokens: 16\n  steps: {steps}\n{token_map[1]}"
         "  batch_tokens: 48\n  checkpoint_every: 2\n  eval_prompts: 1\n  eval_max_tokens: 8\n  eval_draft_len: 3\n"
         "build:\n  max_batch_size: 1\n  max_input_len: 200\n  max_seq_len: 300\n"
         "verify:\n  prompts: humaneval:1\n"
@@ -217,6 +220,37 @@ def test_train_stage_is_skipped_while_cached_and_reruns_when_settings_change(tin
                           log=lambda m: None, show_progress=False)
     assert not changed.reused and changed.fingerprint != first.fingerprint
     assert json.loads((head / "model_card.json").read_text())["training"]["steps"] == 4
+
+
+def test_train_stage_writes_the_token_map_from_the_targets_predictions_without_retraining(
+    tiny_checkpoint, prompt_files, tmp_path, monkeypatch,
+):
+    from specbuild.methods.token_map import read_token_ids
+
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
+    recipe = write_train_recipe(tmp_path / "r.yaml", tiny_checkpoint, prompt_files, token_map_size=20)
+    first = train_draft(load_recipe(str(recipe)), log=lambda m: None, show_progress=False)
+    token_map = tmp_path / "heads" / "eagle" / "token_map.json"
+    written = json.loads(token_map.read_text())
+    top1 = next((tmp_path / "cache" / "train-data").glob("*/features.safetensors"))
+    counts = torch.bincount(load_file(str(top1))["top1"])
+    ids = read_token_ids(token_map, 384)
+    assert len(ids) == min(20, int((counts > 0).sum())) and written["token_map_size"] == 20
+    assert [int(counts[t]) for t in ids] == sorted((int(c) for c in counts), reverse=True)[: len(ids)]  # most frequent first
+    weights = tmp_path / "heads" / "eagle" / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+
+    token_map.unlink()  # a missing map is written again; the draft is reused
+    again = train_draft(load_recipe(str(recipe)), log=lambda m: None, show_progress=False)
+    assert again.reused and again.fingerprint == first.fingerprint and read_token_ids(token_map, 384) == ids
+    smaller = write_train_recipe(recipe, tiny_checkpoint, prompt_files, token_map_size=5)
+    assert train_draft(load_recipe(str(smaller)), log=lambda m: None, show_progress=False).reused
+    assert read_token_ids(token_map, 384) == ids[:5]
+    assert weights.stat().st_mtime_ns == mtime
+
+    token_map.write_text("[3, 1, 2]")  # the user's own map is left alone
+    train_draft(load_recipe(str(smaller)), log=lambda m: None, show_progress=False)
+    assert read_token_ids(token_map, 384) == [3, 1, 2]
 
 
 def test_held_out_prompts_may_not_be_training_prompts(tiny_checkpoint, prompt_files, tmp_path):

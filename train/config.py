@@ -63,6 +63,10 @@ class TrainConfig(StrictModel):
         ttt_steps: EAGLE-3 training-time-test depth: the head is unrolled on its own outputs this many
             steps (EAGLE-3 §3.2).
         distill_temperature: draft model KL temperature.
+        token_map_size: write the recipe's ``speculation.speculative_token_map`` when it is missing: the
+            ``token_map_size`` tokens the target predicts most often in the training data (its argmax at
+            every position), most frequent first (FR-Spec, Zhao et al. 2025). Not part of the training
+            fingerprint: changing it rewrites the map, not the draft. None: write none.
         eval_prompts / eval_max_tokens / eval_draft_len: held-out acceptance measurement size.
     """
 
@@ -93,6 +97,7 @@ class TrainConfig(StrictModel):
     loss_decay: float = Field(0.8, gt=0, le=1)
     ttt_steps: int = Field(3, ge=1, le=8)
     distill_temperature: float = Field(1.0, gt=0)
+    token_map_size: int | None = Field(None, ge=1)
     eval_prompts: int = Field(10, ge=0)
     eval_max_tokens: int = Field(128, ge=1)
     eval_draft_len: int = Field(4, ge=1, le=64)

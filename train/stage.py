@@ -7,6 +7,9 @@ The artefact goes where the recipe's speculation section points (``eagle_model``
     <artefact>/model_card.json     fingerprint, data, hyperparameters, steps, loss, held-out acceptance
     <artefact>/MODEL_CARD.md       the same for people
 
+With ``train.token_map_size`` and a ``speculation.speculative_token_map`` path, the stage also writes the
+hot-token map there (:func:`write_frequent_tokens`), also when the draft itself is reused.
+
 The fingerprint hashes the target checkpoint, the training prompts and every training setting; while
 it matches the card's, the stage is skipped (``force`` retrains). Resumable checkpoints live under
 ``$SPECBUILD_CACHE/train-checkpoints/<fingerprint>`` until the artefact is written: an interrupted run
@@ -105,7 +108,7 @@ def train_fingerprint(loaded: LoadedRecipe, data_fp: str) -> str:
     settings = {
         "format": TRAIN_FORMAT, "data": data_fp, "method": spec.method,
         "num_medusa_heads": getattr(spec, "num_medusa_heads", None),  # as first written: cached drafts keep their hash
-        "train": loaded.recipe.train.model_dump(mode="json"),
+        "train": loaded.recipe.train.model_dump(mode="json", exclude={"token_map_size"}),  # the map is not the draft
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -156,8 +159,12 @@ def train_draft(
     data_fp = data_fingerprint(target_fp, train_prompts, config, texts)
     fingerprint = train_fingerprint(loaded, data_fp)
     card = None if force else cached_card(artefact, fingerprint)
-    if card is not None:
+    data_dir = cache_dir() / "train-data" / data_fp
+    map_path = token_map_to_write(loaded, force=force)
+    if card is not None and (map_path is None or (data_dir / "meta.json").is_file()):
         log(f"trained draft is up to date: {artefact}")
+        if map_path is not None:
+            write_frequent_tokens(data_dir, map_path, config.token_map_size, log=log)
         return TrainOutcome(artefact, fingerprint, True, card)
 
     device = torch.device("cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
@@ -168,6 +175,9 @@ def train_draft(
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log, texts=texts,
                               responses_key=responses_fingerprint(target_fp, train_prompts, config))
     data_s = time.perf_counter() - start
+    if card is not None:  # only the token map was missing, and with it the data it is counted from
+        write_frequent_tokens(data.path, map_path, config.token_map_size, log=log)
+        return TrainOutcome(artefact, fingerprint, True, card)
     ckpt_dir = cache_dir() / "train-checkpoints" / fingerprint
     with staging_dir(artefact) as tmp:
         spec = loaded.recipe.speculation
@@ -181,7 +191,55 @@ def train_draft(
         (tmp / CARD_MD).write_text(_card_markdown(card))
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     log(f"trained draft written: {artefact}")
+    map_path = token_map_to_write(loaded, force=force)  # after: a map inside the artefact went with the old one
+    if map_path is not None:
+        write_frequent_tokens(data.path, map_path, config.token_map_size, log=log)
     return TrainOutcome(artefact, fingerprint, False, card)
+
+
+def token_map_to_write(loaded: LoadedRecipe, *, force: bool = False) -> Path | None:
+    """Where the train stage writes the recipe's hot-token map (``speculation.speculative_token_map``),
+    or None: the recipe names none, has no ``train.token_map_size``, or the file is there (and was
+    written with that size, when specbuild wrote it) and ``force`` is off."""
+    from specbuild.methods.token_map import FIELD
+
+    value = getattr(loaded.recipe.speculation, FIELD, None)
+    size = loaded.recipe.train.token_map_size if loaded.recipe.train is not None else None
+    if value is None or size is None:
+        return None
+    path = loaded.resolve_path(value)
+    if force or not path.is_file():
+        return path
+    try:
+        written = json.loads(path.read_text()).get("token_map_size")
+    except (OSError, ValueError, AttributeError):
+        return None  # not ours (a list, SGLang's .pt): the user's file is left alone
+    return path if written is not None and written != size else None
+
+
+def write_frequent_tokens(data_dir: Path, out: Path, size: int, *, log=print) -> Path:
+    """Write the ``size`` tokens the target predicts most often in the training data at ``data_dir`` (its
+    argmax at every position, ``top1``), most frequent first, ties by token id, as a token map at ``out``.
+
+    Only predicted tokens are listed, so the map is shorter than ``size`` when fewer were seen; the file
+    records how many were seen and the share of predictions the map covers.
+    """
+    import torch
+    from safetensors import safe_open
+
+    from specbuild.methods.token_map import write_token_map
+
+    with safe_open(str(data_dir / "features.safetensors"), framework="pt") as f:
+        top1 = f.get_tensor("top1")
+    counts = torch.bincount(top1, minlength=int(top1.max()) + 1)
+    seen = int((counts > 0).sum())
+    order = torch.argsort(-counts, stable=True)[: min(size, seen)]  # stable: equal counts keep id order
+    covered = int(counts[order].sum()) / max(int(counts.sum()), 1)
+    write_token_map(out, order.tolist(), token_map_size=size, counted_over=str(data_dir.name), positions=int(top1.numel()),
+                    distinct_tokens_seen=seen, coverage=round(covered, 6))
+    log(f"token map: the {len(order)} most frequent of {seen} distinct target tokens ({covered:.1%} of "
+        f"{top1.numel():,} predictions) -> {out}")
+    return out
 
 
 def _evaluate(loaded, target, tokenizer, prompts, artefact, config, log):

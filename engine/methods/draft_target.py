@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..types import InvalidRequestError
-from .base import Draft, MethodContext
+from .base import Draft, MethodContext, load_token_ids
 
 if TYPE_CHECKING:
     from specbuild.methods.draft_target import DraftTargetSpeculation
@@ -80,7 +80,7 @@ def load_draft(config: DraftTargetSpeculation, context: MethodContext) -> DraftM
 
     Raises:
         FileNotFoundError: no checkpoint at the draft directory.
-        ValueError: vocabulary size mismatch.
+        ValueError: vocabulary size mismatch; a bad ``speculative_token_map`` (:func:`load_token_ids`).
     """
     from .. import target as target_model
 
@@ -89,7 +89,8 @@ def load_draft(config: DraftTargetSpeculation, context: MethodContext) -> DraftM
     model = target_model.load_target(
         path, dtype=context.target.dtype, device=str(context.target.device), trust_remote_code=context.trust_remote_code
     )
-    target_model.use_draft_lm_head(model)  # CPU: each draft step projects one row
+    token_ids = load_token_ids(config, int(context.target.config.get_text_config().vocab_size))
+    target_model.use_draft_lm_head(model, token_ids)  # CPU: each draft step projects one row
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     return DraftModel(config, model, path, max_positions)
 

@@ -69,7 +69,7 @@ from transformers.models.llama.modeling_llama import (
 from specbuild.methods.eagle import WEIGHT_FILES, EagleSpeculation
 
 from ..tree import MC_SIM_7B_63, SpecTree
-from .base import DraftProjection, MethodContext
+from .base import DraftProjection, MethodContext, load_token_ids, pack_draft_linears
 from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, known_keys, read_config_json
 
 SAFETENSORS_NAME, PT_NAMES = WEIGHT_FILES[0], WEIGHT_FILES[1:]
@@ -444,9 +444,13 @@ class EagleProposer:
 
     prune: bool = True
 
-    def __init__(self, target: PreTrainedModel, head: EagleHead, tree_config: EagleTreeConfig) -> None:
-        """Raises: ValueError if the head's hidden size or vocabulary differs from the target's, or the tree
-        wants more candidates per node than the vocabulary has."""
+    def __init__(
+        self, target: PreTrainedModel, head: EagleHead, tree_config: EagleTreeConfig, token_ids: Sequence[int] | None = None,
+    ) -> None:
+        """``token_ids``: a hot-token map for the draft's lm_head (:class:`DraftProjection`); None: the full vocabulary.
+
+        Raises: ValueError if the head's hidden size or vocabulary differs from the target's, or the tree
+        wants more candidates per node than the vocabulary (or the token map) has."""
         embedding, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         vocab, hidden = embedding.weight.shape
         if head.config.hidden_size != hidden:
@@ -454,10 +458,13 @@ class EagleProposer:
         if head.config.vocab_size not in (None, vocab):
             raise ValueError(f"EAGLE head vocab_size {head.config.vocab_size} != target vocabulary {vocab}")
         widest = tree_config.dynamic_tree_max_topK or max(tree_config.static_tree.top_k_per_depth, default=0)
-        if widest > vocab:
-            raise ValueError(f"the tree needs top-{widest} candidates, the vocabulary has {vocab} tokens")
+        draftable = vocab if token_ids is None else len(token_ids)
+        if widest > draftable:
+            where = "the vocabulary" if token_ids is None else "the token map"
+            raise ValueError(f"the tree needs top-{widest} candidates, {where} has {draftable} tokens")
         self.embedding, self.lm_head, self.head, self.tree_config = embedding, lm_head, head, tree_config
-        self._project = DraftProjection(lm_head)  # draft logits only; the target's come from its forward
+        self._project = DraftProjection(lm_head, token_ids)  # draft logits only; the target's come from its forward
+        self._dtype = head.fc.weight.dtype  # kept: the engine then prepacks the head's linears (no .weight)
 
     @staticmethod
     def new_state() -> EagleState:
@@ -497,9 +504,6 @@ class EagleProposer:
             return self._static(state, root, self.tree_config.static_tree.truncated(depth))
         return self._dynamic(state, root, depth)
 
-    @property
-    def _dtype(self) -> torch.dtype:
-        return self.head.fc.weight.dtype
 
     def _log_probs(self, outputs: torch.Tensor) -> torch.Tensor:
         """``[b, H]`` head outputs -> ``[b, vocab]`` draft log-probabilities through the target's lm_head."""
@@ -670,14 +674,17 @@ def load_eagle(config: EagleSpeculation, context: MethodContext) -> LoadedEagle:
     Raises:
         FileNotFoundError / ValueError: as :func:`load_eagle_head`; a tree the settings cannot make
             (:func:`tree_config`); a head that does not fit the target (:class:`EagleProposer`); a
-            target attention that cannot take a tree mask.
+            target attention that cannot take a tree mask; a bad ``speculative_token_map`` (:func:`load_token_ids`).
     """
     target = context.target
     tree = tree_config(config)
     path = Path(config.eagle_model)
     head = load_eagle_head(path, dtype=target.dtype).to(target.device)
     check_tree_attention(target, "EAGLE")
-    return LoadedHead(config, EagleProposer(target, head, tree), path)
+    token_ids = load_token_ids(config, target.get_output_embeddings().weight.shape[0])
+    proposer = EagleProposer(target, head, tree, token_ids)
+    pack_draft_linears(head)
+    return LoadedHead(config, proposer, path)
 
 
 def make_eagle_proposer(loaded: LoadedEagle) -> EagleProposer:

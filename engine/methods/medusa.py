@@ -36,7 +36,7 @@ from torch import nn
 from specbuild.methods.medusa import WEIGHT_FILES, MedusaSpeculation
 
 from ..tree import MC_SIM_7B_63, SpecTree
-from .base import DraftProjection, MethodContext
+from .base import DraftProjection, MethodContext, load_token_ids, pack_draft_linears
 from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, read_config_json
 
 SAFETENSORS_NAME, PT_NAME = WEIGHT_FILES
@@ -184,24 +184,31 @@ def _check_state(state: Mapping[str, torch.Tensor], config: MedusaConfig, where:
 class MedusaProposer:
     """Fills a speculation tree from the heads' top-k tokens (one request; stateless between steps)."""
 
-    def __init__(self, heads: MedusaHeads, tree: SpecTree) -> None:
-        """Raises: ValueError if the tree is deeper than the head count or wants more candidates than the vocabulary."""
+    def __init__(self, heads: MedusaHeads, tree: SpecTree, token_ids: Sequence[int] | None = None) -> None:
+        """``token_ids``: a hot-token map for every head's vocabulary projection (:class:`DraftProjection`);
+        None: the full vocabulary.
+
+        Raises: ValueError if the tree is deeper than the head count or wants more candidates than the
+        vocabulary (or the token map)."""
         config = heads.config
         if tree.max_depth > config.medusa_num_heads:
             raise ValueError(
                 f"tree depth {tree.max_depth} exceeds medusa_num_heads={config.medusa_num_heads} "
                 "(one head per tree level)"
             )
-        if any(k > config.vocab_size for k in tree.top_k_per_depth):
-            raise ValueError(f"tree needs top-{max(tree.top_k_per_depth)} candidates, vocab_size is {config.vocab_size}")
+        draftable = config.vocab_size if token_ids is None else len(token_ids)
+        if any(k > draftable for k in tree.top_k_per_depth):
+            where = "vocab_size" if token_ids is None else "the token map's size"
+            raise ValueError(f"tree needs top-{max(tree.top_k_per_depth)} candidates, {where} is {draftable}")
         self.heads = heads
         self.tree = tree
-        self._projections = [DraftProjection(head[-1]) for head in heads.heads]  # each head's vocab projection
+        self._projections = [DraftProjection(head[-1], token_ids) for head in heads.heads]  # each head's vocab projection
+        self._dtype = heads.heads[0][-1].weight.dtype
 
     def head_candidates(self, hidden: torch.Tensor, tree: SpecTree) -> list[list[int]]:
         """``hidden [hidden_size]`` -> per depth ``d`` the top-``tree.top_k_per_depth[d]`` tokens of head ``d``
         (only the heads the tree reaches are run)."""
-        hidden = hidden.to(next(self.heads.parameters()).dtype)
+        hidden = hidden.to(self._dtype)
         candidates = []
         for d, k in enumerate(tree.top_k_per_depth):
             head = self.heads.heads[d]
@@ -249,7 +256,7 @@ def load_medusa(config: MedusaSpeculation, context: MethodContext) -> LoadedMedu
         FileNotFoundError: no head directory (config.json or weights missing).
         ValueError: the heads' sizes differ from the target's; the tree is deeper than the heads (or
             wants more candidates than the vocabulary); the target's attention cannot take a tree mask;
-            a malformed head directory.
+            a malformed head directory; a bad ``speculative_token_map`` (:func:`load_token_ids`).
     """
     target = context.target
     path = Path(config.medusa_model)
@@ -257,7 +264,9 @@ def load_medusa(config: MedusaSpeculation, context: MethodContext) -> LoadedMedu
     text_config = target.config.get_text_config()
     check_heads_fit(heads.config, hidden_size=int(text_config.hidden_size), vocab_size=int(text_config.vocab_size), where=path)
     tree = SpecTree.from_choices(MC_SIM_7B_63 if config.medusa_choices is None else config.medusa_choices)
-    proposer = MedusaProposer(heads, tree)  # raises on a tree the heads cannot fill
+    proposer = MedusaProposer(heads, tree, load_token_ids(config, heads.config.vocab_size))  # raises on a tree the heads cannot fill
+    for head in heads.heads:
+        pack_draft_linears(head[:-1])  # the residual blocks; the vocabulary projections are the proposer's
     check_tree_attention(target, "Medusa")
     return LoadedHead(config, proposer, path)
 
