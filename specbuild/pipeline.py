@@ -203,6 +203,7 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         f"recipe    {loaded.path} ({r.name})",
         f"target    {r.target.checkpoint} ({r.target.dtype})",
         f"method    {spec.method}" + (f", max_draft_len={spec.max_draft_len}" if spec.max_draft_len else ""),
+        *_token_map_lines(loaded),
         *train,
         f"build     {r.build.backend} engine -> {paths.engine_dir} "
         f"(max_batch_size={r.build.max_batch_size}, max_input_len={r.build.max_input_len}, max_seq_len={r.build.max_seq_len})",
@@ -212,6 +213,20 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         "speculative vs num_draft_tokens=0, token ids",
         f"report    {paths.report}",
     ]
+
+
+def _token_map_lines(loaded: LoadedRecipe) -> list[str]:
+    """The plan's line on the draft's hot-token map, if the recipe names one."""
+    value = getattr(loaded.recipe.speculation, "speculative_token_map", None)
+    if value is None:
+        return []
+    path = loaded.resolve_path(value)
+    train = loaded.recipe.train
+    if path.is_file():
+        how = "the draft scores only its tokens"
+    else:
+        how = f"written by the train stage: the target's {train.token_map_size} most frequent predictions"
+    return [f"drafts    over a token map {path} ({how})"]
 
 
 def runs_on(loaded: LoadedRecipe) -> str:

@@ -227,6 +227,19 @@ def test_a_recipe_names_a_missing_token_map_before_any_work(tmp_path, tiny_check
     check_recipe(loaded)  # the train stage writes it
 
 
+def test_the_plan_names_the_map_and_who_writes_it(tmp_path, tiny_checkpoint, configs):
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.pipeline import RunPaths, plan_lines
+
+    train = "train:\n  prompts: prompts.txt\n  token_map_size: 64\n"
+    loaded = load_recipe(str(_medusa_recipe(tmp_path, tiny_checkpoint, configs, token_map="map.json", extra=train)))
+    lines = plan_lines(loaded, RunPaths(tmp_path / "out"))
+    assert f"drafts    over a token map {tmp_path / 'map.json'} (written by the train stage: the target's 64 most frequent predictions)" in lines
+    write_token_map(tmp_path / "map.json", [1, 2, 3])
+    lines = plan_lines(loaded, RunPaths(tmp_path / "out"))
+    assert f"drafts    over a token map {tmp_path / 'map.json'} (the draft scores only its tokens)" in lines
+
+
 def test_tensorrt_llm_paths_refuse_a_token_map(tmp_path, tiny_checkpoint, configs):
     from specbuild.builder.recipe import RecipeError, load_recipe
     from specbuild.builder.trtllm_plan import check_recipe as check_trtllm
