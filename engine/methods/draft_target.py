@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..types import InvalidRequestError
-from .base import Draft, MethodContext, load_token_ids
+from .base import Draft, MethodContext, load_token_ids, pack_draft_linears
 
 if TYPE_CHECKING:
     from specbuild.methods.draft_target import DraftTargetSpeculation
@@ -91,6 +91,7 @@ def load_draft(config: DraftTargetSpeculation, context: MethodContext) -> DraftM
     )
     token_ids = load_token_ids(config, int(context.target.config.get_text_config().vocab_size))
     target_model.use_draft_lm_head(model, token_ids)  # CPU: each draft step projects one row
+    pack_draft_linears(model)  # its layers' linears (the lm_head is the DraftLMHead's now)
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     return DraftModel(config, model, path, max_positions)
 
