@@ -148,6 +148,7 @@ def write_token_map(path: str | Path, token_ids: Sequence[int], **about: object)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(body)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the map from the server's user
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
