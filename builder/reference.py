@@ -149,12 +149,11 @@ def locate_token_map(loaded: LoadedRecipe) -> Path | None:
         RecipeError: at ``speculation.speculative_token_map``: no such file (and no train stage to write
             it), or a directory.
     """
-    from specbuild.methods.token_map import FIELD
+    from specbuild.methods.token_map import FIELD, recipe_token_map
 
-    value = getattr(loaded.recipe.speculation, FIELD, None)
-    if value is None:
+    path = recipe_token_map(loaded)
+    if path is None:
         return None
-    path = loaded.resolve_path(value)
     if path.is_dir():
         raise loaded.error(("speculation", FIELD), f"{path} is a directory; point {FIELD} at a token-map file (.json, .safetensors or .pt)")
     if path.is_file():
@@ -291,12 +290,11 @@ def _write_token_map(loaded: LoadedRecipe, config: dict, out: Path, *, log) -> N
         RecipeError: at ``speculation.speculative_token_map``: missing (the train stage did not write it),
             unreadable, or ids outside the vocabulary or repeated.
     """
-    from specbuild.methods.token_map import ENGINE_FILE, FIELD, read_token_ids, write_token_map
+    from specbuild.methods.token_map import ENGINE_FILE, FIELD, read_token_ids, recipe_token_map, write_token_map
 
-    value = getattr(loaded.recipe.speculation, FIELD, None)
-    if value is None:
+    path = recipe_token_map(loaded)
+    if path is None:
         return
-    path = loaded.resolve_path(value)
     vocab = config["pretrained_config"].get("vocab_size")
     try:
         ids = read_token_ids(path, vocab)

@@ -58,6 +58,13 @@ class TokenMapParams(MethodParams):
     speculative_token_map: str | None = Field(None, min_length=1)
 
 
+def recipe_token_map(loaded) -> Path | None:
+    """The path a recipe's ``speculation.speculative_token_map`` names, resolved against the recipe
+    (``~`` expanded); None when it names none. Not checked: the file may be the train stage's to write."""
+    value = getattr(loaded.recipe.speculation, FIELD, None)
+    return None if value is None else loaded.resolve_path(value)
+
+
 def read_token_ids(path: str | Path, vocab_size: int | None = None) -> list[int]:
     """The token ids in a token-map file, in the file's order.
 

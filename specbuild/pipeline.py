@@ -217,10 +217,11 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
 
 def _token_map_lines(loaded: LoadedRecipe) -> list[str]:
     """The plan's line on the draft's hot-token map, if the recipe names one."""
-    value = getattr(loaded.recipe.speculation, "speculative_token_map", None)
-    if value is None:
+    from specbuild.methods.token_map import recipe_token_map
+
+    path = recipe_token_map(loaded)
+    if path is None:
         return []
-    path = loaded.resolve_path(value)
     train = loaded.recipe.train
     if path.is_file():
         how = "the draft scores only its tokens"

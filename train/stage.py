@@ -201,13 +201,12 @@ def token_map_to_write(loaded: LoadedRecipe, *, force: bool = False) -> Path | N
     """Where the train stage writes the recipe's hot-token map (``speculation.speculative_token_map``),
     or None: the recipe names none, has no ``train.token_map_size``, or the file is there (and was
     written with that size, when specbuild wrote it) and ``force`` is off."""
-    from specbuild.methods.token_map import FIELD
+    from specbuild.methods.token_map import recipe_token_map
 
-    value = getattr(loaded.recipe.speculation, FIELD, None)
+    path = recipe_token_map(loaded)
     size = loaded.recipe.train.token_map_size if loaded.recipe.train is not None else None
-    if value is None or size is None:
+    if path is None or size is None:
         return None
-    path = loaded.resolve_path(value)
     if force or not path.is_file():
         return path
     try:
