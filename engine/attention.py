@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 
 ENGINE_ATTENTION = "specbuild_sdpa"
+ROWS_KWARG = "specbuild_rows"
+"""The keyword (passed through transformers to the attention) that lists each batch row's ``(tokens,
+kv_len)``: its unpadded block size and the cached positions it attends to, block included."""
 _HAS_ENABLE_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
@@ -41,6 +44,9 @@ def engine_sdpa_attention(
         query: ``[B, H_q, T, D]``. key, value: ``[B, H_kv, L, D]`` with ``H_q`` a multiple of ``H_kv``.
         attention_mask: ``[B, 1, T, L]`` additive float mask (the engine's; ``None`` means causal when
             ``T > 1``, for callers outside the engine).
+        specbuild_rows: per row ``(T_b, L_b)`` (:data:`ROWS_KWARG`, from the engine's forward): with
+            ``B > 1`` each row attends in its own call over its first ``T_b`` queries and ``L_b`` keys,
+            so a row gets the same bits in any batch as alone; padding rows' outputs are zeros.
 
     Returns:
         ``([B, T, H_q, D]`` contiguous, ``None)``: no attention weights.
@@ -57,6 +63,17 @@ def engine_sdpa_attention(
             extra["enable_gqa"] = True
         else:  # CUDA (a masked GQA call would fall back to the math kernel) or older torch: one copy, every width
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    rows = kwargs.get(ROWS_KWARG)
+    if rows is not None and attention_mask is not None and query.shape[0] > 1:
+        # one call per row over exactly its own tokens and cached positions: the shapes a row has alone,
+        # so its bits do not depend on the batch (a padded call's kernel blocks and sums differ with kv_len)
+        out = query.new_zeros(query.shape)  # padding rows: zeros
+        for b, (size, kv_len) in enumerate(rows):
+            out[b : b + 1, :, :size] = F.scaled_dot_product_attention(
+                query[b : b + 1, :, :size], key[b : b + 1, :, :kv_len], value[b : b + 1, :, :kv_len],
+                attn_mask=attention_mask[b : b + 1, :, :size, :kv_len], dropout_p=dropout, scale=scaling, **extra,
+            )
+        return out.transpose(1, 2).contiguous(), None
     causal = attention_mask is None and query.shape[2] > 1 and bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal, **extra

@@ -55,6 +55,11 @@ class Drafter(Protocol):
 
     Attributes:
         wants_hidden: the drafter reads the target's hidden states (prefill and every step).
+
+    A drafter may also draft many requests at once: requests whose drafters have the same non-None
+    ``batch_key`` (e.g. the engine's shared proposer) are drafted by one call of their class's
+    ``draft_rows(drafters, contexts, *, max_accepts, samplers) -> list[Block]``, which must give every
+    request the block that :meth:`draft` gives it alone.
     """
 
     wants_hidden: bool
@@ -119,32 +124,75 @@ class TreeDrafter(PlainDrafter):
     def start(self, prompt, first_token, hidden_states) -> None:
         self.hidden = hidden_states[-1][-1]
 
+    @property
+    def batch_key(self) -> Any:
+        """The shared proposer when it drafts many requests at once (``propose_trees``), else None."""
+        return self.proposer if hasattr(self.proposer, "propose_trees") else None
+
     def draft(self, context, *, max_accept, sampler) -> Block:
         tree = self.tree.truncated(max_accept)
         return Block.of_tree(tree, self.proposer.propose_tree(context, self.hidden, tree))
+
+    @classmethod
+    def draft_rows(cls, drafters: Sequence[TreeDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+        """:meth:`draft` for requests sharing one proposer: the heads run once for all of them."""
+        del samplers
+        trees = [d.tree.truncated(m) for d, m in zip(drafters, max_accepts)]
+        tokens = drafters[0].proposer.propose_trees(contexts, [d.hidden for d in drafters], trees)
+        return [Block.of_tree(tree, t) for tree, t in zip(trees, tokens)]
 
     def update(self, context, step) -> None:
         self.hidden = step.hidden_states[-1][step.keep[-1]]
 
 
 class FeatureTreeDrafter(PlainDrafter):
-    """EAGLE-1/2: the head is fed the target's final-norm features of every accepted position."""
+    """EAGLE-1/2: the head is fed the target's final-norm features of every accepted position.
+
+    The features of a step wait in :attr:`pending` until the next draft, so that the requests of one
+    head feed theirs and grow their trees in shared head calls (:meth:`draft_rows`).
+    """
 
     wants_hidden = True
 
     def __init__(self, proposer: Any) -> None:
         self.proposer = proposer
         self.state = proposer.new_state()
+        self.pending: tuple[list[int], torch.Tensor] | None = None  # (tokens, features [m, H]) not yet fed
+
+    @property
+    def batch_key(self) -> Any:
+        """The proposer's head when its proposers draft together (``batch_key``), else None."""
+        return getattr(self.proposer, "batch_key", None)
 
     def start(self, prompt, first_token, hidden_states) -> None:
-        self.proposer.update(self.state, [*prompt[1:], first_token], hidden_states[-1])
+        self.pending = ([*prompt[1:], first_token], hidden_states[-1])
 
     def draft(self, context, *, max_accept, sampler) -> Block:
+        if self.pending is not None:
+            self.proposer.update(self.state, *self.pending)
+            self.pending = None
         proposal = self.proposer.propose(self.state, context[-1], max_accept)
         return Block.of_tree(proposal.tree, proposal.tokens)
 
+    @classmethod
+    def draft_rows(cls, drafters: Sequence[FeatureTreeDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+        """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
+        head call and one draft projection per tree depth for all of them."""
+        from .methods.eagle import propose_batch, update_batch
+
+        del samplers
+        feeding = [d for d in drafters if d.pending is not None]
+        if feeding:
+            update_batch(feeding[0].proposer, [d.state for d in feeding], [d.pending[0] for d in feeding],
+                         [d.pending[1] for d in feeding])
+            for d in feeding:
+                d.pending = None
+        proposals = propose_batch([d.proposer for d in drafters], [d.state for d in drafters],
+                                  [c[-1] for c in contexts], list(max_accepts))
+        return [Block.of_tree(p.tree, p.tokens) for p in proposals]
+
     def update(self, context, step) -> None:
-        self.proposer.update(self.state, step.emitted, step.hidden_states[-1][step.keep])
+        self.pending = (step.emitted, step.hidden_states[-1][step.keep])
 
 
 class FeatureChainDrafter(PlainDrafter):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import ENGINE_ATTENTION
+from .attention import ENGINE_ATTENTION, ROWS_KWARG
 from .kv_pool import KVPool, SlotCache
 from .target import cache_keyword
 
@@ -99,7 +99,9 @@ def forward_blocks(model, pool: KVPool, rows: list[RowBlock], *, hidden_states: 
         raise ValueError(f"rows share slots: {[row.slot for row in rows]}")
     first, last = min(by_slot), max(by_slot)
     batch = [by_slot.get(slot, RowBlock(slot, [0])) for slot in range(first, last + 1)]
-    lengths = [pool.lengths[row.slot] if row.slot in by_slot else 0 for row in batch]
+    # a slot in between that is not in this pass (free, or a request waiting for the next iteration) gets a
+    # dummy token written past its length, where nothing committed lives
+    lengths = [pool.lengths[row.slot] for row in batch]
     width = max(len(row.tokens) for row in batch)  # T
     kv_len = max(lengths) + width
     if kv_len > pool.capacity:
@@ -111,6 +113,9 @@ def forward_blocks(model, pool: KVPool, rows: list[RowBlock], *, hidden_states: 
     writes = torch.tensor(lengths)[:, None] + torch.arange(width)  # [B, T]: each row's block after its length
     cache = SlotCache(pool, first=first, write_positions=writes.to(device), kv_len=kv_len)
     keep = width - min(row.logits_from for row in rows)
+    spans = {}
+    if getattr(model.config, "_attn_implementation", None) == ENGINE_ATTENTION:  # each row attends alone
+        spans[ROWS_KWARG] = tuple((len(row.tokens), length + len(row.tokens)) for row, length in zip(batch, lengths))
     outputs = model(
         input_ids=input_ids.to(device),
         attention_mask=mask.to(device),  # [B, 1, T, kv_len]
@@ -119,6 +124,7 @@ def forward_blocks(model, pool: KVPool, rows: list[RowBlock], *, hidden_states: 
         logits_to_keep=keep,
         output_hidden_states=hidden_states,
         **{cache_keyword(model): cache},
+        **spans,
     )
     logits = outputs.logits  # [B, keep, vocab], block indices width - keep .. width - 1
     out_logits, out_hidden = [], [] if hidden_states else None

@@ -2,10 +2,12 @@
 
 Each iteration (:meth:`Worker.step`), as TensorRT-LLM's in-flight batching runs it::
 
-    generation rows   every running request drafts its block (engine.block), in turn while the
-                      iteration's token budget (max_num_tokens) lasts; one target pass over all of them
-                      (engine.forward), then per row: acceptance (greedy tree walk or speculative
-                      sampling), KV commit (root + accepted path), emit, drafter update
+    generation rows   the running requests the iteration's token budget (max_num_tokens) has room
+                      for draft their blocks (engine.block; rows of one batched proposer in one call:
+                      the Medusa heads or the EAGLE head run once per depth for all of them); one
+                      target pass over all of them (engine.forward), then per row: acceptance (greedy
+                      tree walk or speculative sampling), KV commit (root + accepted path), emit,
+                      drafter update
     context rows      requests admitted since the last iteration prefill (one pass each) and emit
                       their first token, while the budget lasts; they generate from the next iteration
 
@@ -16,8 +18,11 @@ Each iteration (:meth:`Worker.step`), as TensorRT-LLM's in-flight batching runs 
     target      A        A | B         A B | C          A B C           ("|": the context pass after)
 
 Every row keeps its own draft length, method state, sampling parameters and seed, so its tokens and
-its acceptance counts are the same alone or in any batch (greedy: token for token, up to the rounding
-of a batched GEMM; sampled: the same draws from the row's own generator).
+its acceptance counts are the same alone or in any batch (greedy: token for token; sampled: the same
+draws from the row's own generator). On CPU this holds bit for bit: the target's and the draft heads'
+linears are oneDNN-packed (a row's bits do not depend on the rows beside it, engine.kernels) and each
+row attends in its own call over exactly its own positions (engine.attention). With ``kernels="eager"``
+or on CUDA a batched GEMM may round a row differently, so a near-tie may break the other way.
 
 A row whose drafter or acceptance fails is finished with that error and the others go on; if the
 shared target pass itself fails, every row in it gets the error.
@@ -151,25 +156,34 @@ class Worker:
         return step
 
     def _generate(self, rows: list[InflightRequest], budget: int) -> tuple[list[Event], int]:
-        """Draft every row (while ``budget`` has room for a widest block), one target pass, then accept and
-        emit per row. Rows left out wait at the front of the queue for the next iteration."""
+        """Draft every row that fits ``budget``, one target pass, then accept and emit per row.
+
+        A generation row reserves the widest block (``max_block`` tokens) when it is scheduled, as
+        TensorRT-LLM's scheduler reserves a request's draft tokens; what its block leaves unused goes
+        to this iteration's context rows. Rows left out wait at the front of the queue for the next
+        iteration. Rows whose drafters share a batched proposer draft together (:func:`draft_rows`).
+        """
         if not rows:
             return [], budget
-        events: list[Event] = []
-        drafted: list[tuple[InflightRequest, Block]] = []
+        scheduled: list[InflightRequest] = []
         waiting: list[InflightRequest] = []
         for seq in rows:
-            if drafted and budget < self.max_block:
+            if scheduled and budget < self.max_block:
                 waiting.append(seq)  # no room in this iteration: it goes first next time
                 continue
-            seq_block = self._guarded(seq, self._draft)
-            if not isinstance(seq_block[1], BaseException):
-                budget -= len(seq_block[1].tokens)
-                drafted.append(seq_block)
-            else:
-                events.append(seq_block)
+            scheduled.append(seq)
+            budget -= self.max_block
         if waiting:
             self.running = waiting + [s for s in self.running if s not in waiting]
+        events: list[Event] = []
+        drafted: list[tuple[InflightRequest, Block]] = []
+        for seq, item in zip(scheduled, self._draft_all(scheduled)):
+            if isinstance(item, BaseException):
+                budget += self.max_block
+                events.append((seq, item))
+            else:
+                budget += self.max_block - len(item.tokens)
+                drafted.append((seq, item))
         if not drafted:
             return events, budget
         wants_hidden = any(seq.drafter.wants_hidden for seq, _ in drafted)
@@ -187,8 +201,40 @@ class Worker:
             events.append(self._guarded(seq, lambda s: self._accept(s, block, out.logits[b], hidden)))
         return events, budget
 
+    def _draft_all(self, rows: list[InflightRequest]) -> list[Block | BaseException]:
+        """Each row's block (or the error that ends it), in the order of ``rows``.
+
+        Rows whose drafters have the same ``batch_key`` draft in one call of their class's
+        ``draft_rows`` (one draft-model pass per draft depth for all of them); if that call fails, each
+        row of the group drafts alone, so only a row that fails alone fails.
+        """
+        results: list[Block | BaseException | None] = [None] * len(rows)
+        groups: dict[Any, list[int]] = {}
+        for i, seq in enumerate(rows):
+            key = getattr(seq.drafter, "batch_key", None)
+            if key is None:
+                results[i] = self._guarded(seq, self._draft)[1]
+            else:
+                groups.setdefault((type(seq.drafter), key), []).append(i)
+        for (kind, _), members in groups.items():
+            seqs = [rows[i] for i in members]
+            try:
+                blocks = kind.draft_rows(
+                    [s.drafter for s in seqs], [s.state.context for s in seqs],
+                    max_accepts=[s.state.remaining - 1 for s in seqs], samplers=[s.sampler for s in seqs],
+                )
+                for seq, block in zip(seqs, blocks):
+                    self._check_block(block)
+            except Exception:  # noqa: BLE001 - find the row at fault: each drafts alone
+                blocks = [self._guarded(s, self._draft)[1] for s in seqs]
+            for i, block in zip(members, blocks):
+                results[i] = block
+        return results  # type: ignore[return-value]
+
     def _draft(self, seq: InflightRequest) -> Block:
-        block = seq.drafter.draft(seq.state.context, max_accept=seq.state.remaining - 1, sampler=seq.sampler)
+        return self._check_block(seq.drafter.draft(seq.state.context, max_accept=seq.state.remaining - 1, sampler=seq.sampler))
+
+    def _check_block(self, block: Block) -> Block:
         if len(block.tokens) > self.max_block:
             raise ValueError(f"a block of {len(block.tokens)} tokens exceeds the build's widest step ({self.max_block})")
         return block

@@ -124,6 +124,8 @@ def method_engines(tiny_checkpoint, tmp_path_factory):
     from method_engines import build_engines
 
     from specbuild.engine import target as target_model
+    from specbuild.engine.kernels import pack_linears, resolve_kernels
 
     model = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    pack_linears(model, resolve_kernels("auto", model))  # the kernels a served engine uses (ReferenceEngine.from_pretrained's default)
     return build_engines(model, tmp_path_factory.mktemp("method_engines"))

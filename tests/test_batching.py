@@ -170,6 +170,42 @@ def test_a_failing_request_fails_alone_in_its_batch(method_engines, plain):
     assert len(steps) == 3 and not steps[-1].is_final  # prefill + two steps, then the error ended it
 
 
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_requests_of_one_head_draft_together_and_a_broken_one_fails_alone(method_engines, plain, monkeypatch, method):
+    """The worker drafts the rows of one Medusa / EAGLE head in one call (draft_rows); when that call
+    fails because of one row, each row drafts alone: that row fails, the others go on unchanged."""
+    engine = method_engines[method, "random"]
+    kind = type(engine.prepare(greedy(PROMPTS[0])).drafter)
+    widths = []
+    real = kind.draft_rows.__func__
+
+    def counting(cls, drafters, *args, **kwargs):
+        widths.append(len(drafters))
+        return real(cls, drafters, *args, **kwargs)
+
+    monkeypatch.setattr(kind, "draft_rows", classmethod(counting))
+    errors, steps = [], []
+    with Scheduler(engine, max_batch_size=4) as scheduler:
+        bad = engine.prepare(greedy(PROMPTS[1]))
+        drafter, fed = bad.drafter, []
+
+        def broken_update(context, step, _real=drafter.update):
+            _real(context, step)
+            fed.append(step)
+            if len(fed) == 2:  # its state goes bad: the next draft raises for this row only
+                if method == "eagle":
+                    drafter.pending = (drafter.pending[0], drafter.pending[1][:, :-1])  # features of the wrong width
+                else:
+                    drafter.hidden = drafter.hidden[:-1]
+
+        drafter.update = broken_update
+        scheduler.submit_prepared(bad, steps.append, errors.append)
+        goods = [scheduler.stream(greedy(p)) for p in (PROMPTS[0], PROMPTS[2], PROMPTS[3])]
+        assert [collect(g).output_ids for g in goods] == [plain[tuple(p)] for p in (PROMPTS[0], PROMPTS[2], PROMPTS[3])]
+    assert len(errors) == 1 and len(steps) == 3  # prefill + two steps, then its draft failed
+    assert max(widths) >= 3  # rows were drafted together
+
+
 def test_a_cancelled_request_leaves_the_others_running(method_engines, plain):
     engine = method_engines["plain", "random"]
     seen = []

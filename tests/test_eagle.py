@@ -224,23 +224,61 @@ def test_pruned_dynamic_tree_is_the_unpruned_tree_with_fewer_head_rows(model, to
                 for prompt in PROMPTS:
                     root, state = _ready_state(model, proposer, prompt)
                     calls = []
-                    original = DraftKV.forward
+                    original = DraftKV.call  # every head call of draft nodes, alone or batched
 
                     def counting(self, tokens, *args, _calls=calls, _original=original):
                         _calls.append(len(tokens))
                         return _original(self, tokens, *args)
 
-                    DraftKV.forward = counting
+                    DraftKV.call = counting
                     try:
                         draft = proposer.propose(state, root, max_depth=4)
                     finally:
-                        DraftKV.forward = original
+                        DraftKV.call = original
                     rows[prune] += sum(calls)
                     trees.setdefault(prune, []).append((draft.tree.paths, draft.tokens))
             assert trees[True] == trees[False], f"seed {seed}"
     assert rows[True] <= rows[False]
     if max_draft_len < top_k * top_k:
         assert rows[True] < rows[False]
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_requests_drafted_together_get_the_trees_they_get_alone(model, tree):
+    """propose_batch / update_batch (one head call per depth for every request, as the worker drafts a
+    batch) give each request, with its own cap and context, bit for bit what it gets alone."""
+    from specbuild.engine.methods.base import pack_draft_linears
+    from specbuild.engine.methods.eagle import capped_proposer, propose_batch, update_batch
+
+    head = _random_head(seed=9)
+    config = (EagleTreeConfig(num_eagle_layers=3, eagle_choices=tuple(map(tuple, USER_CHOICES))) if tree == "static"
+              else EagleTreeConfig(num_eagle_layers=4, max_draft_len=8, dynamic_tree_max_topK=3))
+    base = EagleProposer(model, head, config)
+    pack_draft_linears(head)  # as the engine loads it: packed on CPU, after the proposer took its dtype
+    base._project = lambda x, _p=base._project: _p(x) * 40.0  # sharper draft distributions: deeper trees compete
+    proposers = [capped_proposer(base, k) for k in (7, 2, 5)]
+    for p in proposers:
+        p._project = base._project
+    with torch.inference_mode():
+        alone, together = [], [p.new_state() for p in proposers]
+        roots = []
+        for p, prompt in zip(proposers, PROMPTS):
+            root, state = _ready_state(model, p, prompt)
+            alone.append(state)
+            roots.append(root)
+        outputs = [model(input_ids=torch.tensor([prompt]), output_hidden_states=True) for prompt in PROMPTS]
+        update_batch(base, together, [[*prompt[1:], r] for prompt, r in zip(PROMPTS, roots)],
+                     [o.hidden_states[-1][0] for o in outputs])
+        for a, t in zip(alone, together):
+            assert torch.equal(a.last_output, t.last_output)
+            assert all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) for x, y in zip(a.kv, t.kv))
+        depths = [3, 1, 4]
+        batched = propose_batch(proposers, together, roots, depths)
+        singles = [p.propose(state, root, depth) for p, state, root, depth in zip(proposers, alone, roots, depths)]
+    assert [(d.tree.paths, d.tokens) for d in batched] == [(d.tree.paths, d.tokens) for d in singles]
+    assert len({d.tree.num_nodes for d in batched}) > 1  # the caps and depths differ per request
+    with pytest.raises(ValueError, match="one EAGLE head"):
+        propose_batch([base, EagleProposer(model, _random_head(seed=1), config)], together[:2], roots[:2], [2, 2])
 
 
 # --- greedy equivalence ------------------------------------------------------------------------

@@ -105,14 +105,14 @@ def test_pass_through_head_gets_drafts_accepted(engines):
 def test_num_draft_tokens_caps_the_tree(engines, monkeypatch, tree, k, expected):
     """Static: the first k nodes in node order; dynamic: the k best nodes (EAGLE-2 reranking)."""
     verified = []
-    real_step = eagle.EagleProposer.propose
+    real_step = eagle.propose_batch  # every proposal, alone or for a batch
 
-    def recording_propose(self, state, root, max_depth):
-        draft = real_step(self, state, root, max_depth)
-        verified.append(draft.tree)
-        return draft
+    def recording_propose(proposers, states, roots, max_depths):
+        drafts = real_step(proposers, states, roots, max_depths)
+        verified.extend(draft.tree for draft in drafts)
+        return drafts
 
-    monkeypatch.setattr(eagle.EagleProposer, "propose", recording_propose)
+    monkeypatch.setattr(eagle, "propose_batch", recording_propose)
     result = _run(engines["random", tree], PROMPTS[0], max_tokens=6, num_draft_tokens=k)
     assert all(t.num_nodes == k for t in verified[:-1]) and verified[-1].num_nodes == 0  # last: one token left
     if expected is not None:

@@ -136,3 +136,40 @@ def test_a_pool_larger_than_memory_is_refused_up_front(model):
     """Sized from the build: a pool that could not be backed when full fails at load, with the fix."""
     with pytest.raises(KVCacheFullError, match=r"lower build.max_batch_size or build.max_seq_len"):
         KVPool(KVShape.of(model), num_slots=4096, capacity=2**24, dtype=model.dtype, device="cpu")
+
+
+def test_a_slot_left_out_of_a_pass_keeps_its_cache(model):
+    """A request that waits for the next iteration (its slot between two rows of the pass) keeps its
+    committed keys and values: the pass's stand-in row for that slot writes past its length."""
+    with torch.inference_mode():
+        pool = _pool(model, garbage=False)
+        slots = [_prefill(model, pool, p) for p in PREFIXES]
+        held = [cache[slots[1], :, : pool.lengths[slots[1]]].clone() for cache in (*pool.keys, *pool.values)]
+        forward_blocks(model, pool, [RowBlock(slots[0], [9, 8]), RowBlock(slots[2], [3])])
+        for before, cache in zip(held, (*pool.keys, *pool.values)):
+            assert torch.equal(cache[slots[1], :, : pool.lengths[slots[1]]], before)
+        waited = forward_blocks(model, pool, [RowBlock(slots[1], [4])]).logits[0][0]
+    torch.testing.assert_close(waited, _sequential_logits(model, [*PREFIXES[1], 4]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch(tiny_checkpoint):
+    """With the engine's CPU kernels (oneDNN-packed linears, each row attending alone) a row's logits and
+    hidden states do not depend on the rows beside it, their widths or their cached lengths: what makes
+    greedy output and acceptance counts exactly the same alone or in any batch."""
+    from specbuild.engine.kernels import onednn_supports, pack_linears
+
+    if not onednn_supports(torch.float32):
+        pytest.skip("oneDNN is not usable in this torch build")
+    packed = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    pack_linears(packed, "onednn")
+    tree = SpecTree.from_choices(USER_TREE)
+    row = _tree_row(0, tree, [5, 7, 11, 13, 17, 19, 23, 29])
+    with torch.inference_mode():
+        pool = _pool(packed, slots=4)
+        slots = [_prefill(packed, pool, p) for p in [PREFIXES[0], *PREFIXES]]
+        alone = forward_blocks(packed, pool, [row], hidden_states=True)
+        for others in ([RowBlock(slots[1], [3])], [RowBlock(slots[2], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])],
+                       [RowBlock(slots[1], [3, 4]), RowBlock(slots[3], list(range(40)))]):
+            batched = forward_blocks(packed, pool, [row, *others], hidden_states=True)
+            assert torch.equal(batched.logits[0], alone.logits[0])
+            assert all(torch.equal(a, b) for a, b in zip(batched.hidden_states[0], alone.hidden_states[0]))

@@ -136,6 +136,25 @@ def test_proposer_fills_the_tree_from_top_k():
     assert MedusaProposer(heads, DEFAULT_TREE).propose_tree([7], x, tree.truncated(0)) == [7]
 
 
+def test_requests_drafted_together_get_the_trees_they_get_alone():
+    """propose_trees (each head run once for every request of a batch) gives each request, with its own
+    tree, the tokens propose_tree gives it alone."""
+    from specbuild.engine.methods.base import pack_draft_linears
+
+    heads = _random_heads(seed=4)
+    for head in heads.heads:
+        pack_draft_linears(head[:-1])  # as the engine loads them
+    proposer = MedusaProposer(heads, DEFAULT_TREE)
+    trees = [DEFAULT_TREE, USER_TREE.truncated(1), DEFAULT_TREE.first(5), USER_TREE.truncated(0), USER_TREE]
+    contexts = [[3, 4, 5], [9], [1, 2], [7, 7], [8]]
+    hiddens = list(torch.randn(len(trees), HIDDEN))
+    with torch.inference_mode():
+        together = proposer.propose_trees(contexts, hiddens, trees)
+        alone = [proposer.propose_tree(c, h, t) for c, h, t in zip(contexts, hiddens, trees)]
+    assert together == alone
+    assert [len(t) for t in together] == [1 + t.num_nodes for t in trees]
+
+
 def test_proposer_refuses_a_tree_deeper_than_the_heads():
     with pytest.raises(ValueError, match="tree depth 4 exceeds medusa_num_heads=3"):
         MedusaProposer(_random_heads(MedusaConfig(3, 1, HIDDEN, VOCAB)), DEFAULT_TREE)

@@ -160,14 +160,13 @@ def test_decoding_with_a_token_map_equals_plain_greedy_and_drafts_only_its_token
     drafted: list[int] = []
     from specbuild.engine import worker
 
-    original = worker.Worker._draft
+    original = worker.Worker._check_block  # every block drafted, alone or in a batched draft
 
-    def record(self, seq):
-        block = original(self, seq)
+    def record(self, block):
         drafted.extend(block.tokens[1:])
-        return block
+        return original(self, block)
 
-    monkeypatch.setattr(worker.Worker, "_draft", record)
+    monkeypatch.setattr(worker.Worker, "_check_block", record)
     results = _run(engine)
     assert [r.output_ids for r in results] == plain
     assert sum(r.total_draft_tokens for r in results) > 0

@@ -117,11 +117,13 @@ class DraftProjection:
     """A draft-side vocabulary projection ``x @ W^T + b`` of an ``nn.Linear`` ``[vocab, hidden]``, fast on CPU,
     optionally over a hot-token map only.
 
-    Drafting projects one to a few rows per step (EAGLE's tree nodes of one depth, each Medusa head's
-    last hidden state). On CPU PyTorch's GEMM for so few rows against a ``[vocab, hidden]`` weight is
-    several times slower than against the same weight stored transposed (SmolLM2's 49152 x 576
-    lm_head, 2 threads: one row 9.5 ms vs 4.7 ms, three rows 34 ms vs under 10 ms), so on CPU this
-    keeps a transposed copy (one more weight's memory). On other devices it keeps the weight as it is.
+    Drafting projects one to a few rows per request and step (EAGLE's tree nodes of one depth, each
+    Medusa head's last hidden state), for all the requests of a batch at once. On CPU this keeps a
+    oneDNN-packed copy of the weight (one more weight's memory): for so few rows it is several times
+    faster than PyTorch's GEMM (SmolLM2's 49152 x 576 lm_head, 2 threads: 8 rows 12.5 ms packed vs
+    62 ms against the weight stored transposed, one row about the same), and it gives a row the same
+    bits whatever the number of rows in the call, so a request drafts the same tokens alone or in a
+    batch. Without oneDNN it keeps a transposed copy; on other devices the weight as it is.
 
     With ``token_ids`` (a hot-token map, :mod:`specbuild.methods.token_map`; FR-Spec, Zhao et al. 2025,
     §3) only those ``V'`` rows of the weight are kept and computed; every other token gets ``-inf``, so
@@ -165,9 +167,10 @@ class DraftProjection:
         self.packed = self.weight_t = self.weight = None
         if weight.device.type != "cpu":
             self.weight = weight
-        elif self.hot is not None and onednn_supports(weight.dtype):
+        elif onednn_supports(weight.dtype):
             # oneDNN-packed [V', hidden]: the rows of a few tree nodes at once (3 rows x 4096 tokens: 0.5 ms vs
-            # 1.6 ms transposed, 1 thread); the full vocabulary stays transposed (one row: 13 ms vs 20 ms packed)
+            # 1.6 ms transposed, 1 thread), and a row's bits do not depend on how many rows share the call,
+            # which batched drafting needs (the transposed GEMM's do from 4 or 5 rows on)
             self.packed = PackedLinear(SimpleNamespace(weight=weight, bias=bias, in_features=weight.shape[1], out_features=weight.shape[0]))
         else:
             self.weight_t = weight.t().contiguous()  # [hidden, V']

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -243,6 +243,18 @@ class LayerKV:
         return LayerKV(torch.cat([self.keys, other.keys], 1), torch.cat([self.values, other.values], 1))
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Rows ``[start, stop)`` of a batched head call that belong to one request: they attend to that
+    request's ``past`` and to each other through ``mask`` ``[stop - start, P + stop - start]`` (bool,
+    True = attend; past first, then the segment's own rows)."""
+
+    start: int
+    stop: int
+    mask: torch.Tensor
+    past: Any = None  # LayerKV (one layer) or a per-layer sequence of them (a head call); None: P = 0
+
+
 class Attention(nn.Module):
     """Llama self-attention with grouped KV heads; the caller owns the past keys/values."""
 
@@ -259,19 +271,32 @@ class Attention(nn.Module):
         self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, past: LayerKV | None
     ) -> tuple[torch.Tensor, LayerKV]:
         """``x [S, H]``, ``mask [S, P + S]`` bool (True = attend), ``past`` ``P`` positions -> ``[S, H]``, new KV."""
+        out, (new,) = self.forward_segments(x, rotary, [Segment(0, x.shape[0], mask, past)])
+        return out, new
+
+    def forward_segments(
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], segments: Sequence[Segment]
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
+        """Several requests' rows in one call: the projections run once over ``x [S, H]``, attention per
+        :class:`Segment` (``past``: this layer's :class:`LayerKV`). Returns ``[S, H]`` and each segment's new KV.
+        """
         s = x.shape[0]
         q = self.q_proj(x).view(s, self.num_heads, self.head_dim).transpose(0, 1)  # [nH, S, d]
         k = self.k_proj(x).view(s, self.num_kv_heads, self.head_dim).transpose(0, 1)  # [nKV, S, d]
         v = self.v_proj(x).view(s, self.num_kv_heads, self.head_dim).transpose(0, 1)  # [nKV, S, d]
         cos, sin = rotary  # [S, d] each
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
-        new = LayerKV(k, v)
-        full = new if past is None else past.cat(new)  # [nKV, P + S, d]
         groups = self.num_heads // self.num_kv_heads
-        keys = full.keys.repeat_interleave(groups, dim=0)  # [nH, P + S, d]
-        values = full.values.repeat_interleave(groups, dim=0)
-        out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [nH, S, d]
-        return self.o_proj(out.transpose(0, 1).reshape(s, -1)), new
+        outs, news = [], []
+        for seg in segments:
+            new = LayerKV(k[:, seg.start : seg.stop], v[:, seg.start : seg.stop])
+            full = new if seg.past is None else seg.past.cat(new)  # [nKV, P + S_r, d]
+            keys = full.keys.repeat_interleave(groups, dim=0)  # [nH, P + S_r, d]
+            values = full.values.repeat_interleave(groups, dim=0)
+            outs.append(nn.functional.scaled_dot_product_attention(q[:, seg.start : seg.stop], keys, values, attn_mask=seg.mask))
+            news.append(new)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [nH, S, d]
+        return self.o_proj(out.transpose(0, 1).reshape(s, -1)), news
 
 
 class MLP(nn.Module):
@@ -299,8 +324,16 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, past: LayerKV | None
     ) -> tuple[torch.Tensor, LayerKV]:
+        """``x [S, H]``, ``mask [S, P + S]``, ``past`` ``P`` positions -> ``[S, H]``, the new KV."""
+        out, (new,) = self.forward_segments(x, rotary, [Segment(0, x.shape[0], mask, past)])
+        return out, new
+
+    def forward_segments(
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], segments: Sequence[Segment]
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
+        """``x [S, H]``; per segment ``past`` is this layer's :class:`LayerKV` -> ``[S, H]``, each segment's new KV."""
         normed = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
-        attended, new = self.self_attn(normed, rotary, mask, past)
+        attended, new = self.self_attn.forward_segments(normed, rotary, segments)
         x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x)), new
 
@@ -335,13 +368,29 @@ class EagleHead(nn.Module):
         Returns:
             ``([S, H]`` predicted features ``f'_j``, per layer the ``S`` new positions' KV``)``.
         """
+        out, (new_kv,) = self.forward_segments(embeds, features, positions, [Segment(0, embeds.shape[0], mask, past)])
+        return out, new_kv
+
+    def forward_segments(
+        self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, segments: Sequence[Segment]
+    ) -> tuple[torch.Tensor, list[list[LayerKV]]]:
+        """:meth:`forward` for several requests at once: their rows concatenated (``[S, H]``, ``[S]``), each
+        request a :class:`Segment` whose ``past`` is its per-layer KV (or None). The linear layers run once
+        over all rows, attention per segment, so a request's outputs do not depend on the others'
+        (on CPU, with packed linears: the same bits as alone).
+
+        Returns:
+            ``([S, H]`` predicted features, per segment its per-layer new KV``)``.
+        """
         x = self.fc(torch.cat([embeds, features], dim=-1))  # [S, H]
         cos, sin = self.rotary(x, positions[None])  # [1, S, d] each
         rotary = (cos[0].to(x.dtype), sin[0].to(x.dtype))
-        new_kv: list[LayerKV] = []
+        new_kv: list[list[LayerKV]] = [[] for _ in segments]
         for n, layer in enumerate(self.layers):
-            x, kv = layer(x, rotary, mask, None if past is None else past[n])
-            new_kv.append(kv)
+            layer_segments = [replace(seg, past=None if seg.past is None else seg.past[n]) for seg in segments]
+            x, kv = layer.forward_segments(x, rotary, layer_segments)
+            for per_segment, layer_kv in zip(new_kv, kv):
+                per_segment.append(layer_kv)
         return x, new_kv
 
 
@@ -474,20 +523,18 @@ class EagleProposer:
         """This proposer verifying at most ``num_draft_tokens`` nodes per step (see :func:`capped_proposer`)."""
         return capped_proposer(self, num_draft_tokens)
 
+    @property
+    def batch_key(self) -> EagleHead:
+        """Proposers over the same head draft together (:func:`propose_batch`, :func:`update_batch`)."""
+        return self.head
+
     def update(self, state: EagleState, next_tokens: Sequence[int], features: torch.Tensor) -> None:
         """Append ``m`` true positions: ``features [m, H]`` (target, final-norm) paired with the tokens they produced.
 
         After the prefill: features of every prompt position and ``prompt[1:] + [first_token]``. After a
         step: features at tree indices ``[0, *accepted_nodes]`` and ``acceptance.emitted_tokens``.
         """
-        m, past = len(next_tokens), state.length
-        device = self.embedding.weight.device
-        tokens = torch.tensor(list(next_tokens), dtype=torch.long, device=device)
-        mask = torch.ones(m, past + m, dtype=torch.bool, device=device).tril(diagonal=past)  # causal
-        positions = torch.arange(past, past + m, device=device)
-        out, new_kv = self.head(self.embedding(tokens), features.to(self._dtype), positions, mask, state.kv)
-        state.kv = new_kv if state.kv is None else [old.cat(new) for old, new in zip(state.kv, new_kv)]
-        state.last_output = out[-1]
+        update_batch(self, [state], [next_tokens], [features])
 
     def propose(self, state: EagleState, root: int, max_depth: int) -> TreeDraft:
         """The tree for this step, at most ``max_depth`` deep (``0`` -> root only); ``state`` is unchanged.
@@ -495,28 +542,34 @@ class EagleProposer:
         Raises:
             ValueError: ``state`` was never updated (no prefill features).
         """
+        return propose_batch([self], [state], [root], [max_depth])[0]
+
+    def _grow(self, state: EagleState, root: int, max_depth: int) -> Generator[tuple[str, Any], torch.Tensor, TreeDraft]:
+        """This request's tree, grown one head call at a time: yields ``("project", outputs [b, H])`` and
+        receives their draft log-probabilities ``[b, vocab]``, or ``("forward", _HeadCall)`` and receives the
+        nodes' outputs ``[b, H]``; returns the :class:`TreeDraft` (:func:`propose_batch` drives it)."""
         if state.last_output is None:
             raise ValueError("EagleState has no features yet: call update() with the prefill's features first")
         depth = min(max_depth, self.tree_config.num_eagle_layers)
         if depth <= 0:
             return TreeDraft(SpecTree.from_choices([]), [root])
         if self.tree_config.dynamic_tree_max_topK is None:
-            return self._static(state, root, self.tree_config.static_tree.truncated(depth))
-        return self._dynamic(state, root, depth)
-
+            return (yield from self._static(state, root, self.tree_config.static_tree.truncated(depth)))
+        return (yield from self._dynamic(state, root, depth))
 
     def _log_probs(self, outputs: torch.Tensor) -> torch.Tensor:
         """``[b, H]`` head outputs -> ``[b, vocab]`` draft log-probabilities through the target's lm_head."""
         return torch.log_softmax(self._project(outputs).float(), dim=-1)
 
-    def _static(self, state: EagleState, root: int, tree: SpecTree) -> TreeDraft:
+    def _static(self, state: EagleState, root: int, tree: SpecTree):
         """Fill ``tree``: child rank ``c`` of index ``i`` gets the ``c``-th best token of ``i``'s distribution."""
         tokens = [root] + [0] * tree.num_nodes
         drafted = DraftKV(self, state)
         frontier, outputs = [0], state.last_output[None]  # index 0 (root) uses the cached last output
         for depth in range(1, tree.max_depth + 1):
             top_k = tree.top_k_per_depth[depth - 1]
-            candidates = self._log_probs(outputs).topk(top_k, dim=-1).indices.tolist()  # [len(frontier), top_k]
+            log_probs = yield "project", outputs
+            candidates = log_probs.topk(top_k, dim=-1).indices.tolist()  # [len(frontier), top_k]
             row = {index: r for r, index in enumerate(frontier)}
             level = [n for n in range(1, tree.num_nodes + 1) if tree.depths[n] == depth]
             for node in level:
@@ -525,13 +578,13 @@ class EagleProposer:
             if not frontier:
                 break
             parent_out = [outputs[row[tree.parents[n]]] for n in frontier]
-            outputs = drafted.forward(
+            outputs = yield "forward", drafted.call(
                 [tokens[n] for n in frontier], torch.stack(parent_out), depth,
                 [tree.path_to(n)[1:-1] for n in frontier], frontier,
             )
         return TreeDraft(tree, tokens)
 
-    def _dynamic(self, state: EagleState, root: int, depth: int) -> TreeDraft:
+    def _dynamic(self, state: EagleState, root: int, depth: int):
         """EAGLE-2 (§4): expand the top-K nodes per depth by cumulative log-prob, rerank, keep max_draft_len.
 
         With :attr:`prune` (the default) a chosen node that is not among the ``max_draft_len`` best nodes so
@@ -545,7 +598,8 @@ class EagleProposer:
         drafted = DraftKV(self, state)
         frontier, outputs = [-1], state.last_output[None]  # -1: the root
         for d in range(1, depth + 1):
-            top = self._log_probs(outputs).topk(k, dim=-1)  # values/indices [len(frontier), K]
+            log_probs = yield "project", outputs
+            top = log_probs.topk(k, dim=-1)  # values/indices [len(frontier), K]
             children: list[int] = []
             for r, parent in enumerate(frontier):
                 base = 0.0 if parent < 0 else nodes[parent].score
@@ -561,12 +615,101 @@ class EagleProposer:
                 if not chosen:
                     break
             row = {p: r for r, p in enumerate(frontier)}
-            outputs = drafted.forward(
+            outputs = yield "forward", drafted.call(
                 [nodes[n].token for n in chosen], torch.stack([outputs[row[nodes[n].parent]] for n in chosen]), d,
                 [_ancestors(nodes, n) for n in chosen], chosen,
             )
             frontier = chosen
         return _rerank(nodes, root, self.tree_config.max_draft_len)
+
+
+@dataclass
+class _HeadCall:
+    """One request's rows of a batched head call, and where their KV goes when it returns."""
+
+    tokens: list[int]
+    features: torch.Tensor  # [b, H]
+    positions: torch.Tensor  # [b] long
+    mask: torch.Tensor  # [b, P + b] bool
+    past: list[LayerKV] | None
+    done: Callable[[list[LayerKV], torch.Tensor], None]  # (new per-layer KV, outputs [b, H])
+
+
+def _run_head(head: EagleHead, embedding: nn.Module, calls: Sequence[_HeadCall]) -> list[torch.Tensor]:
+    """Run every request's :class:`_HeadCall` in one head forward; each gets its outputs ``[b, H]``."""
+    device = calls[0].features.device
+    tokens = torch.tensor([t for call in calls for t in call.tokens], dtype=torch.long, device=device)
+    segments, start = [], 0
+    for call in calls:
+        segments.append(Segment(start, start + len(call.tokens), call.mask, call.past))
+        start += len(call.tokens)
+    out, new_kv = head.forward_segments(
+        embedding(tokens), torch.cat([call.features for call in calls]), torch.cat([call.positions for call in calls]), segments,
+    )
+    outputs = []
+    for call, seg, kv in zip(calls, segments, new_kv):
+        outputs.append(out[seg.start : seg.stop])
+        call.done(kv, outputs[-1])
+    return outputs
+
+
+def update_batch(
+    proposer: EagleProposer, states: Sequence[EagleState], next_tokens: Sequence[Sequence[int]], features: Sequence[torch.Tensor],
+) -> None:
+    """:meth:`EagleProposer.update` for several requests in one head forward (their states are updated
+    only when the whole call succeeded)."""
+    device = proposer.embedding.weight.device
+    calls, updates = [], []
+    for state, tokens, feats in zip(states, next_tokens, features):
+        m, past = len(tokens), state.length
+        calls.append(_HeadCall(
+            list(tokens), feats.to(proposer._dtype), torch.arange(past, past + m, device=device),
+            torch.ones(m, past + m, dtype=torch.bool, device=device).tril(diagonal=past),  # causal
+            state.kv, lambda kv, out, state=state: updates.append((state, kv, out[-1])),
+        ))
+    _run_head(proposer.head, proposer.embedding, calls)
+    for state, new_kv, last in updates:
+        state.kv = new_kv if state.kv is None else [old.cat(new) for old, new in zip(state.kv, new_kv)]
+        state.last_output = last
+
+
+def propose_batch(
+    proposers: Sequence[EagleProposer], states: Sequence[EagleState], roots: Sequence[int], max_depths: Sequence[int],
+) -> list[TreeDraft]:
+    """:meth:`EagleProposer.propose` for several requests whose proposers share one head (each keeps its
+    own tree settings): per draft depth, one head forward and one draft-lm_head projection over every
+    request's frontier, so ``B`` requests cost about one request's passes, not ``B``. Each request gets
+    the tree it gets alone: its rows attend only to its own cache, and on CPU the packed linears give a
+    row the same bits however many rows a call has.
+
+    Raises:
+        ValueError: a state was never updated, or the proposers do not share one head.
+    """
+    lead = proposers[0]
+    if any(p.head is not lead.head for p in proposers):
+        raise ValueError("propose_batch drafts for proposers of one EAGLE head only")
+    growing = [p._grow(state, root, depth) for p, state, root, depth in zip(proposers, states, roots, max_depths)]
+    trees: list[TreeDraft | None] = [None] * len(growing)
+    replies: list[Any] = [None] * len(growing)
+    active = list(range(len(growing)))
+    while active:
+        asks: dict[int, tuple[str, Any]] = {}
+        for i in active:
+            try:
+                asks[i] = growing[i].send(replies[i])
+            except StopIteration as stop:
+                trees[i] = stop.value
+        active = list(asks)
+        projects = [i for i in active if asks[i][0] == "project"]
+        if projects:
+            log_probs = lead._log_probs(torch.cat([asks[i][1] for i in projects]))  # [sum b, vocab]
+            for i, part in zip(projects, log_probs.split([len(asks[i][1]) for i in projects])):
+                replies[i] = part
+        forwards = [i for i in active if asks[i][0] == "forward"]
+        if forwards:
+            for i, out in zip(forwards, _run_head(lead.head, lead.embedding, [asks[i][1] for i in forwards])):
+                replies[i] = out
+    return trees  # type: ignore[return-value]
 
 
 class DraftKV:
@@ -577,18 +720,17 @@ class DraftKV:
         self.kv: list[LayerKV] | None = None
         self.ids: list[int] = []  # node id per draft position, in order
 
-    def forward(
+    def call(
         self, tokens: list[int], parent_outputs: torch.Tensor, depth: int, ancestors: list[list[int]], ids: list[int]
-    ) -> torch.Tensor:
-        """Run ``b`` draft nodes of one depth; each attends to the true cache, its drafted ancestors and itself.
+    ) -> _HeadCall:
+        """The head call of ``b`` draft nodes of one depth; each attends to the true cache, its drafted
+        ancestors and itself. Their KV is kept when the call returns.
 
         Args:
             parent_outputs: ``[b, H]`` the parents' head outputs (their predicted features).
             ancestors: per node the ids of its draft ancestors (depth >= 1, itself excluded).
-
-        Returns: ``[b, H]`` the nodes' outputs.
         """
-        proposer, state = self.proposer, self.state
+        state = self.state
         b, past, drafted = len(tokens), state.length, len(self.ids)
         device = parent_outputs.device
         position = {node: p for p, node in enumerate(self.ids)}
@@ -599,11 +741,19 @@ class DraftKV:
             mask[row, past + drafted + row] = True
         kv = state.kv if self.kv is None else [t.cat(d) for t, d in zip(state.kv, self.kv)]
         positions = torch.full((b,), past + depth - 1, dtype=torch.long, device=device)
-        tokens_t = torch.tensor(tokens, dtype=torch.long, device=device)
-        out, new_kv = proposer.head(proposer.embedding(tokens_t), parent_outputs, positions, mask, kv)
-        self.kv = new_kv if self.kv is None else [old.cat(new) for old, new in zip(self.kv, new_kv)]
-        self.ids += ids
-        return out
+
+        def keep(new_kv: list[LayerKV], out: torch.Tensor) -> None:
+            del out
+            self.kv = new_kv if self.kv is None else [old.cat(new) for old, new in zip(self.kv, new_kv)]
+            self.ids += ids
+
+        return _HeadCall(tokens, parent_outputs, positions, mask, kv, keep)
+
+    def forward(
+        self, tokens: list[int], parent_outputs: torch.Tensor, depth: int, ancestors: list[list[int]], ids: list[int]
+    ) -> torch.Tensor:
+        """Run :meth:`call`'s nodes alone; returns their outputs ``[b, H]``."""
+        return _run_head(self.proposer.head, self.proposer.embedding, [self.call(tokens, parent_outputs, depth, ancestors, ids)])[0]
 
 
 def _ancestors(nodes: list[_Node], node: int) -> list[int]:

@@ -208,13 +208,24 @@ class MedusaProposer:
     def head_candidates(self, hidden: torch.Tensor, tree: SpecTree) -> list[list[int]]:
         """``hidden [hidden_size]`` -> per depth ``d`` the top-``tree.top_k_per_depth[d]`` tokens of head ``d``
         (only the heads the tree reaches are run)."""
+        return self._candidates(hidden[None], [tree])[0]
+
+    def _candidates(self, hidden: torch.Tensor, trees: Sequence[SpecTree]) -> list[list[list[int]]]:
+        """``hidden [B, hidden_size]``, one tree per row -> per row, per depth of its tree, the top-k tokens.
+
+        Each head runs once for all ``B`` rows, up to the deepest tree. A row's candidates do not depend
+        on the other rows: its logits come out of row-wise ops and, on CPU, packed linears that give a
+        row the same bits however many rows a call has (:mod:`specbuild.engine.kernels`).
+        """
         hidden = hidden.to(self._dtype)
-        candidates = []
-        for d, k in enumerate(tree.top_k_per_depth):
-            head = self.heads.heads[d]
-            logits = self._projections[d](head[:-1](hidden))  # residual blocks, then the vocab projection [vocab]
-            candidates.append(logits.topk(k).indices.tolist())
-        return candidates
+        logits = [
+            self._projections[d](self.heads.heads[d][:-1](hidden))  # residual blocks, then the projection [B, vocab]
+            for d in range(max(tree.max_depth for tree in trees))
+        ]
+        return [
+            [logits[d][row].topk(k).indices.tolist() for d, k in enumerate(tree.top_k_per_depth)]
+            for row, tree in enumerate(trees)
+        ]
 
     def propose_tree(self, context: Sequence[int], hidden: torch.Tensor, tree: SpecTree | None = None) -> list[int]:
         """Tree tokens ``[1 + n]`` for ``tree`` (default: the proposer's; a truncated one near max_tokens).
@@ -223,11 +234,28 @@ class MedusaProposer:
             context: prompt + emitted tokens; ``context[-1]`` is the root (tree index 0).
             hidden: ``[hidden_size]`` target final-norm hidden state at the position that produced ``context[-1]``.
         """
-        tree = self.tree if tree is None else tree
-        if tree.num_nodes == 0:
-            return [context[-1]]
-        candidates = self.head_candidates(hidden, tree)
-        return [context[-1], *(candidates[len(path) - 1][path[-1]] for path in tree.paths)]
+        return self.propose_trees([context], [hidden], [self.tree if tree is None else tree])[0]
+
+    def propose_trees(
+        self, contexts: Sequence[Sequence[int]], hiddens: Sequence[torch.Tensor], trees: Sequence[SpecTree]
+    ) -> list[list[int]]:
+        """:meth:`propose_tree` for ``B`` requests at once (the heads run once per depth for all of them).
+
+        Args:
+            contexts: per request, prompt + emitted tokens (``[-1]`` is its root).
+            hiddens: per request ``[hidden_size]``, as in :meth:`propose_tree`.
+            trees: per request its tree (requests may cap theirs differently).
+
+        Returns: per request its tree tokens ``[1 + n]``, the same as :meth:`propose_tree` alone.
+        """
+        roots = [[context[-1]] for context in contexts]
+        if all(tree.num_nodes == 0 for tree in trees):
+            return roots
+        candidates = self._candidates(torch.stack(list(hiddens)), trees)
+        return [
+            root + [cands[len(path) - 1][path[-1]] for path in tree.paths]
+            for root, cands, tree in zip(roots, candidates, trees)
+        ]
 
 
 # --- the reference engine's "Medusa" method: speculative_config -> heads loaded once -> proposer --------
