@@ -100,6 +100,11 @@ class ChainDrafter(PlainDrafter):
     def __init__(self, proposer: Proposer, num_draft_tokens: int) -> None:
         self.proposer, self.k = proposer, num_draft_tokens
 
+    @property
+    def batch_key(self) -> Any:
+        """The proposer's ``batch_key`` (a draft model's shared KV slots), else None: n-gram rows draft alone."""
+        return getattr(self.proposer, "batch_key", None)
+
     def draft(self, context, *, max_accept, sampler) -> Block:
         k = min(self.k, max_accept)
         if k <= 0:
@@ -107,6 +112,20 @@ class ChainDrafter(PlainDrafter):
         proposal = self.proposer.propose(context, k) if sampler is None else self.proposer.propose(context, k, sampler=sampler)
         draft = as_draft(proposal)
         return Block.chain(context[-1], draft.tokens, draft.probs)
+
+    @classmethod
+    def draft_rows(cls, drafters: Sequence[ChainDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+        """:meth:`draft` for requests of one draft model: one draft forward per draft token for all of them."""
+        from .methods.draft_target import propose_batch
+
+        rows = [i for i, (d, m) in enumerate(zip(drafters, max_accepts)) if min(d.k, m) > 0]
+        blocks = [Block.chain(context[-1]) for context in contexts]
+        if rows:
+            drafts = propose_batch([drafters[i].proposer for i in rows], [contexts[i] for i in rows],
+                                   [min(drafters[i].k, max_accepts[i]) for i in rows], [samplers[i] for i in rows])
+            for i, draft in zip(rows, drafts):
+                blocks[i] = Block.chain(contexts[i][-1], draft.tokens, draft.probs)
+        return blocks
 
     def update(self, context, step) -> None:
         self.proposer.update(context, len(step.keep) - 1)

@@ -143,7 +143,9 @@ class ReferenceEngine:
             _check_draft_len(params.max_draft_len, limits.max_draft_len)
             self._decoding_type = method.decoding_type
             self._method = method.engine()
-            self._method_state = self._method.load(params, MethodContext(model, trust_remote_code))
+            self._method_state = self._method.load(
+                params, MethodContext(model, trust_remote_code, limits.max_batch_size, limits.max_seq_len)
+            )
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         check_mask_attention(model)
 

@@ -260,3 +260,61 @@ def test_config_from_trtllm_dict(checkpoints, tmp_path):
     assert default.draft_checkpoint == str(tmp_path / "draft")  # where the builder writes it
     with pytest.raises(ValueError, match="needs speculative_model_dir"):
         ReferenceEngine.from_pretrained(checkpoints["target"], speculative_config=draft_target(None), limits=LIMITS)
+
+
+def _loaded_draft(checkpoints, *, max_batch_size: int | None):
+    from specbuild.engine.methods.base import MethodContext
+    from specbuild.engine.methods.draft_target import load_draft
+
+    target = target_model.load_target(checkpoints["target"], dtype="float32", device="cpu", trust_remote_code=False)
+    config = DraftTargetSpeculation.model_validate({"method": "draft_target", "max_draft_len": MAX_DRAFT_LEN,
+                                                    "draft_checkpoint": str(checkpoints["random"])})
+    return load_draft(config, MethodContext(target, False, max_batch_size, 160 if max_batch_size else None))
+
+
+def test_requests_drafted_together_get_the_drafts_they_get_alone(checkpoints):
+    """propose_batch (one draft forward per draft token for every request, a prompt-long first feed run
+    apart) gives each request, greedy or sampled, over several steps, the drafts it gets alone."""
+    import random
+
+    from specbuild.engine.methods.draft_target import DraftTargetProposer, propose_batch
+    from specbuild.engine.sampling import Sampler
+
+    draft = _loaded_draft(checkpoints, max_batch_size=8)
+    rng = random.Random(5)
+    contexts = [list(p) for p in PROMPTS]
+    alone = [DraftTargetProposer(draft) for _ in PROMPTS]
+    together = [DraftTargetProposer(draft) for _ in PROMPTS]
+    samplers = [None, SamplingParams(temperature=0.9, top_k=20, seed=3), None, SamplingParams(temperature=0.7, seed=4)]
+    own = [[None if s is None else Sampler(s) for s in samplers] for _ in range(2)]
+    with torch.inference_mode():
+        for step in range(6):
+            ks = [(step + i) % (MAX_DRAFT_LEN + 1) for i in range(len(PROMPTS))]  # 0 .. 4, differing per row
+            single = [p.propose(c, k, s) for p, c, k, s in zip(alone, contexts, ks, own[0])]
+            batched = propose_batch(together, contexts, ks, own[1])
+            for a, b in zip(single, batched):
+                assert a.tokens == b.tokens
+                assert (a.probs is None and b.probs is None) or torch.equal(a.probs, b.probs)
+            for context, d in zip(contexts, single):  # accept a random prefix of each draft, then a bonus token
+                context += d.tokens[: rng.randint(0, len(d.tokens))] + [rng.randrange(384)]
+    assert any(len(d.tokens) > 1 for d in single)
+
+
+def test_draft_slots_are_shared_and_given_back(checkpoints):
+    """In an engine the draft's KV lives in one slot per request, taken on first use: a request past the
+    slots drafts from a private cache (same drafts), and a dropped proposer's slot goes back to the pool."""
+    import gc
+
+    from specbuild.engine.methods.draft_target import DraftTargetProposer
+
+    draft = _loaded_draft(checkpoints, max_batch_size=2)
+    held = [DraftTargetProposer(draft) for _ in range(3)]
+    assert [p.batch_key is not None for p in held] == [True, True, False]  # the third has a private cache
+    with torch.inference_mode():
+        drafts = [p.propose(PROMPTS[0], MAX_DRAFT_LEN).tokens for p in held]
+    assert drafts[0] == drafts[1] == drafts[2]
+    del held, drafts
+    gc.collect()
+    fresh = [DraftTargetProposer(draft) for _ in range(2)]
+    assert all(p.batch_key is not None for p in fresh) and sorted(p._slot for p in fresh) == [0, 1]  # handed back
+    assert _loaded_draft(checkpoints, max_batch_size=None).slots is None  # outside an engine: private caches

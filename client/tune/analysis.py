@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -173,7 +173,9 @@ class Schedule:
     note: str = ""
 
 
-def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> list[Schedule]:
+def draft_len_schedule(
+    cands: Sequence[Candidate], *, min_gain: float = 0.0, speedup_ci: Mapping[tuple[str, str, int, int], Sequence[float]] | None = None,
+) -> list[Schedule]:
     """Per (deployment, prompt set): the best draft length at each measured concurrency, and the
     threshold above which speculation stays off.
 
@@ -186,6 +188,11 @@ def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> 
     followed by a k > 0 win at a higher level is not a tail, so speculation stays on there.
     Example: best {1: 4, 4: 2, 8: 0, 16: 0} -> draft_len_schedule {1: 4, 4: 2}, max_concurrency 4;
     best {1: 0, 4: 3} -> no schedule: TensorRT-LLM requires schedule[1] = max_draft_len >= every entry.
+
+    ``speedup_ci``: ``(deployment, prompt set, k, concurrency)`` -> the 95 % interval of k's speed-up
+    over k = 0 there (the analytic table's, from per-request time per output token): where one exists,
+    k counts as significantly faster when the interval lies above 1 (the same test that marks a
+    speed-up "n.s."); elsewhere when k's latency interval lies wholly below k = 0's.
     """
     groups: dict[tuple[str, str], list[Candidate]] = defaultdict(list)
     for c in cands:
@@ -194,7 +201,7 @@ def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> 
     schedules = []
     for (deployment, prompt_set), group in sorted(groups.items()):
         levels = sorted({c.concurrency for c in group})
-        best = {level: _best_draft_len(group, level, min_gain) for level in levels}
+        best = {level: _best_draft_len(group, level, min_gain, speedup_ci or {}) for level in levels}
         off_tail = []
         for level in reversed(levels):
             if best[level] != 0:
@@ -213,13 +220,18 @@ def draft_len_schedule(cands: Sequence[Candidate], *, min_gain: float = 0.0) -> 
     return schedules
 
 
-def _best_draft_len(group: Sequence[Candidate], level: int, min_gain: float) -> int:
-    """The best k at ``level``; 0 unless k beats k = 0 by ``min_gain`` and, where both have
-    intervals, k's latency interval lies wholly below k = 0's (a significant gain)."""
+def _best_draft_len(
+    group: Sequence[Candidate], level: int, min_gain: float, speedup_ci: Mapping[tuple[str, str, int, int], Sequence[float]],
+) -> int:
+    """The best k at ``level``; 0 unless k beats k = 0 by ``min_gain`` and significantly: its speed-up
+    interval lies above 1 where there is one, else k's latency interval lies wholly below k = 0's."""
     best = recommend_lowest_latency(group, level)
     base = [c for c in group if c.concurrency == level and c.draft_len == 0]
     if best.draft_len and base and best.latency_ms > (1.0 - min_gain) * base[0].latency_ms:
         return 0
+    interval = speedup_ci.get((best.deployment, best.prompt_set, best.draft_len, level))
+    if best.draft_len and base and interval is not None:
+        return best.draft_len if interval[0] > 1.0 else 0
     if best.draft_len and base and overlaps(best.latency_ci, base[0].latency_ci):
         return 0
     return best.draft_len
@@ -295,6 +307,7 @@ def tune(
     cands = candidates(points, latency)
     if not cands:
         raise TuneError("no bench points to tune on")
+    analytic = analytic_comparison(points)  # closed-loop speed-ups with their paired intervals
     if goal == "latency" and concurrency is None:
         concurrency = min(c.concurrency for c in cands)
     by_set: dict[str, list[Candidate]] = defaultdict(list)
@@ -321,8 +334,10 @@ def tune(
         frontiers={s: pareto_front(g) for s, g in by_set.items()},
         recommendations=recommendations,
         goal=goal_text,
-        schedules=draft_len_schedule(cands, min_gain=min_gain),
-        analytic=analytic_comparison(points),
+        schedules=draft_len_schedule(cands, min_gain=min_gain, speedup_ci={
+            (r.deployment, r.prompt_set, r.draft_len, r.concurrency): r.speedup_ci for r in analytic if r.speedup_ci
+        }),
+        analytic=analytic,
         per_position=per_position_from_sweep(points),
         errors=errors,
         measured_per_position=measured_per_position(points),

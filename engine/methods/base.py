@@ -34,10 +34,14 @@ class MethodContext:
     Attributes:
         target: the loaded target model (its vocabulary, dtype and device).
         trust_remote_code: passed to Hugging Face loaders of extra checkpoints.
+        max_batch_size: requests in flight at most (the build's); None outside an engine.
+        max_seq_len: prompt + generated tokens of one request at most (the build's); None outside an engine.
     """
 
     target: Any
     trust_remote_code: bool = False
+    max_batch_size: int | None = None
+    max_seq_len: int | None = None
 
 
 def _settings_themselves(params: Any, context: MethodContext) -> Any:

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import threading
+import weakref
+
 from ..types import InvalidRequestError
 from .base import Draft, MethodContext, load_token_ids, pack_draft_linears
 
@@ -41,6 +44,35 @@ class DraftModel:
     model: Any
     path: Path
     max_position_embeddings: int | None
+    slots: DraftSlots | None = None
+
+
+class DraftSlots:
+    """The draft's KV cache in an engine: a :class:`~specbuild.engine.kv_pool.KVPool` with one slot per
+    request in flight (``max_batch_size`` slots of ``max_seq_len + max_draft_len + 2`` positions), so the
+    drafts of every request step through one draft forward per draft token (:func:`propose_batch`).
+    Slots are handed out and back under a lock (a proposer gives its slot back when it is dropped).
+    """
+
+    def __init__(self, model: Any, *, num_slots: int, capacity: int) -> None:
+        from ..kv_pool import KVPool, KVShape
+
+        self.pool = KVPool(KVShape.of(model), num_slots=num_slots, capacity=capacity, dtype=model.dtype, device=model.device)
+        self._lock = threading.Lock()
+
+    def take(self) -> int | None:
+        """A free slot (emptied), or None when every slot is held."""
+        from ..kv_pool import KVCacheFullError
+
+        with self._lock:
+            try:
+                return self.pool.allocate()
+            except KVCacheFullError:
+                return None
+
+    def give_back(self, slot: int) -> None:
+        with self._lock:
+            self.pool.release(slot)
 
 
 def read_vocab_size(checkpoint_dir: str | Path) -> int:
@@ -93,7 +125,10 @@ def load_draft(config: DraftTargetSpeculation, context: MethodContext) -> DraftM
     target_model.use_draft_lm_head(model, token_ids)  # CPU: each draft step projects one row
     pack_draft_linears(model)  # its layers' linears (the lm_head is the DraftLMHead's now)
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    return DraftModel(config, model, path, max_positions)
+    slots = None
+    if context.max_batch_size is not None and context.max_seq_len is not None:
+        slots = DraftSlots(model, num_slots=context.max_batch_size, capacity=context.max_seq_len + config.max_draft_len + 2)
+    return DraftModel(config, model, path, max_positions, slots)
 
 
 def check_prompt(draft: DraftModel, input_ids: Sequence[int]) -> None:
@@ -121,14 +156,38 @@ class DraftTargetProposer:
                   cached  = c0 .. c9 d0 .. d(k-2)     (d(k-1) is never fed)
         step n+1: context = c0 .. c9 d0 d1 b    (d0, d1 accepted, bonus b)
                   keep c0 .. c9 d0 d1, roll back the rest, feed [b]
+
+    In an engine (the draft has :class:`DraftSlots`) the cache is a slot of the draft's pool and the
+    requests of a batch draft together (:func:`propose_batch`); otherwise, or when every slot is held,
+    a private ``DynamicCache``.
     """
 
     def __init__(self, draft: DraftModel) -> None:
-        from .. import target as target_model
-
         self._draft = draft
-        self._cache = target_model.new_cache(draft.model)
         self._cached: list[int] = []
+        self._slot: int | None = None
+        self._cache: Any = None  # the private DynamicCache, when there is no slot
+
+    def _take_cache(self) -> None:
+        """On first use (the request is running by then): a slot of the draft's pool if one is free, else
+        a private cache. The slot goes back when this proposer is dropped."""
+        if self._slot is not None or self._cache is not None:
+            return
+        slots = self._draft.slots
+        self._slot = None if slots is None else slots.take()
+        if self._slot is not None:
+            weakref.finalize(self, slots.give_back, self._slot)
+        else:
+            from .. import target as target_model
+
+            self._cache = target_model.new_cache(self._draft.model)
+
+    @property
+    def batch_key(self) -> DraftSlots | None:
+        """The draft's slots when this request holds one (it then drafts with the others), else None.
+        Takes the request's cache on first use."""
+        self._take_cache()
+        return self._draft.slots if self._slot is not None else None
 
     def propose(self, context: Sequence[int], num_draft_tokens: int, sampler: Sampler | None = None) -> Draft:
         """``k`` tokens sampled (or greedy when ``sampler`` is None) from the draft, with their ``[k, vocab]`` q.
@@ -136,11 +195,14 @@ class DraftTargetProposer:
         ``k = min(num_draft_tokens, max_draft_len)``, fewer when the draft's positions run out (an empty
         draft then: the engine decodes plainly).
         """
+        self._take_cache()
+        if self._slot is not None:
+            return propose_batch([self], [context], [num_draft_tokens], [sampler])[0]
         import torch
 
         from .. import target as target_model
 
-        k = min(num_draft_tokens, self._draft.config.max_draft_len, self._positions_left(len(context)))
+        k = self._num_drafts(len(context), num_draft_tokens)
         if k <= 0:
             return Draft()
         feed = self._sync_cache(context)
@@ -148,11 +210,7 @@ class DraftTargetProposer:
         for _ in range(k):
             logits = target_model.forward_logits(self._draft.model, feed, self._cache, num_logits=1)  # [1, vocab]
             self._cached += feed
-            if sampler is None:
-                tokens.append(int(logits[0].argmax()))
-            else:
-                probs.append(sampler.probs(logits)[0])  # [vocab]
-                tokens.append(sampler.sample(probs[-1]))
+            tokens.append(self._choose(logits, sampler, probs))
             feed = [tokens[-1]]
         return Draft(tokens, torch.stack(probs) if probs else None)  # probs: [k, vocab]
 
@@ -160,19 +218,83 @@ class DraftTargetProposer:
         """Nothing to do: the next :meth:`propose` rolls the cache back to what the context kept."""
         del context, num_accepted
 
+    def _num_drafts(self, context_len: int, num_draft_tokens: int) -> int:
+        return min(num_draft_tokens, self._draft.config.max_draft_len, self._positions_left(context_len))
+
+    @staticmethod
+    def _choose(logits: Any, sampler: Sampler | None, probs: list) -> int:
+        """The draft token from ``logits [1, vocab]``: argmax, or a draw whose ``q`` is appended to ``probs``."""
+        if sampler is None:
+            return int(logits[0].argmax())
+        probs.append(sampler.probs(logits)[0])  # [vocab]
+        return sampler.sample(probs[-1])
+
     def _positions_left(self, context_len: int) -> int:
         """Most drafts the draft's positions allow: feeding context + k - 1 drafts needs that many positions."""
         limit = self._draft.max_position_embeddings
         return self._draft.config.max_draft_len if limit is None else limit - context_len + 1
 
-    def _sync_cache(self, context: Sequence[int]) -> list[int]:
-        """Roll the cache back to its longest prefix still in ``context``; return the tokens to feed (>= 1)."""
-        from ..kv_cache import rollback
-
+    def _kept_prefix(self, context: Sequence[int]) -> int:
+        """Length of the longest prefix of ``cached`` still in ``context`` (at most ``len(context) - 1``)."""
         keep = 0
         limit = min(len(self._cached), len(context) - 1)
         while keep < limit and self._cached[keep] == context[keep]:
             keep += 1
-        rollback(self._cache, keep)
+        return keep
+
+    def _sync_cache(self, context: Sequence[int]) -> list[int]:
+        """Roll the cache back to its longest prefix still in ``context``; return the tokens to feed (>= 1)."""
+        from ..kv_cache import rollback
+
+        keep = self._kept_prefix(context)
+        if self._slot is None:
+            rollback(self._cache, keep)
+        else:
+            self._draft.slots.pool.truncate(self._slot, keep)
         self._cached = self._cached[:keep]
         return list(context[keep:])
+
+
+def propose_batch(
+    proposers: Sequence[DraftTargetProposer], contexts: Sequence[Sequence[int]], num_draft_tokens: Sequence[int],
+    samplers: Sequence[Sampler | None],
+) -> list[Draft]:
+    """:meth:`DraftTargetProposer.propose` for requests of one engine's draft, each holding a slot of its
+    :class:`DraftSlots`: per draft token ONE draft forward over every request still drafting
+    (:func:`~specbuild.engine.forward.forward_blocks`, rows at their own lengths), so ``B`` requests cost
+    about one request's draft passes, not ``B``. A request whose feed is longer than ``1 +
+    max_draft_len`` (its first step feeds the prompt) runs its first forward alone, so the others are not
+    padded to it. Each request gets the draft it gets alone: on CPU a row's bits do not depend on the
+    rows beside it (packed linears, per-row attention), and sampled rows draw from their own samplers.
+
+    Raises:
+        ValueError: a proposer holds no slot, or the proposers belong to different drafts.
+    """
+    import torch
+
+    from ..forward import RowBlock, forward_blocks
+
+    draft = proposers[0]._draft
+    for p in proposers:
+        p._take_cache()
+    if any(p._draft.slots is not draft.slots or p._slot is None for p in proposers):
+        raise ValueError("propose_batch drafts for requests holding slots of one draft's DraftSlots only")
+    pool = draft.slots.pool
+    ks = [p._num_drafts(len(c), n) for p, c, n in zip(proposers, contexts, num_draft_tokens)]
+    tokens: list[list[int]] = [[] for _ in proposers]
+    probs: list[list[Any]] = [[] for _ in proposers]
+    feeds = {i: proposers[i]._sync_cache(contexts[i]) for i in range(len(proposers)) if ks[i] > 0}
+    widest = 1 + draft.config.max_draft_len
+    for step in range(max(ks, default=0)):
+        active = [i for i in feeds if step < ks[i]]
+        narrow = [i for i in active if len(feeds[i]) <= widest]
+        for group in [*([i] for i in active if len(feeds[i]) > widest), *([narrow] if narrow else [])]:
+            out = forward_blocks(
+                draft.model, pool, [RowBlock(proposers[i]._slot, feeds[i], logits_from=len(feeds[i]) - 1) for i in group]
+            )
+            for i, logits in zip(group, out.logits):  # logits [1, vocab]
+                pool.commit(proposers[i]._slot, list(range(len(feeds[i]))))
+                proposers[i]._cached += feeds[i]
+                tokens[i].append(proposers[i]._choose(logits, samplers[i], probs[i]))
+                feeds[i] = [tokens[i][-1]]
+    return [Draft(t, torch.stack(q) if q else None) for t, q in zip(tokens, probs)]
