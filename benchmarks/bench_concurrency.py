@@ -7,7 +7,8 @@ disabled, ``--max-tokens`` new tokens each) go through a :class:`~specbuild.engi
 with ``max_batch_size=B``, all submitted at once (closed loop), three ways:
 
     plain        num_draft_tokens = 0 (the same engine, no speculation)
-    spec         the recipe's speculation; rows of one Medusa / EAGLE head draft in one call per depth
+    spec         the recipe's speculation (its verify.num_draft_tokens, else the build's max_draft_len); rows
+                 of one draft model / Medusa / EAGLE head draft in one call per draft token or depth
     spec-rows    the same, but every row drafts alone (the worker before batched drafting), with --rows
 
 Rounds are interleaved (every configuration once per round) so machine noise hits all alike; the table
@@ -59,9 +60,11 @@ def rows_draft_alone():
             k.batch_key = prop
 
 
-def run_round(engine: ReferenceEngine, prompts: list[list[int]], max_tokens: int, batch_size: int, *, plain: bool):
-    """Seconds to decode every prompt with ``batch_size`` requests in flight; outputs; drafted and accepted tokens."""
-    extra = {"num_draft_tokens": 0} if plain else {}
+def run_round(engine: ReferenceEngine, prompts: list[list[int]], max_tokens: int, batch_size: int, *, plain: bool,
+              num_draft_tokens: int | None = None):
+    """Seconds to decode every prompt with ``batch_size`` requests in flight; outputs; iterations and
+    accepted draft tokens. ``num_draft_tokens``: per request (None: the build's max_draft_len)."""
+    extra = {"num_draft_tokens": 0} if plain else {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
     requests = [GenerationRequest(p, max_tokens, end_id=-1, **extra) for p in prompts]
     with Scheduler(engine, max_batch_size=batch_size) as scheduler:
         start = time.perf_counter()
@@ -100,7 +103,8 @@ def main() -> None:
         for r in range(args.rounds):
             for kind, b in configs:
                 with rows_draft_alone() if kind == "spec-rows" else contextlib.nullcontext():
-                    elapsed, out, iterations, acc = run_round(engine, prompts, args.max_tokens, b, plain=kind == "plain")
+                    elapsed, out, iterations, acc = run_round(engine, prompts, args.max_tokens, b, plain=kind == "plain",
+                                                              num_draft_tokens=loaded.recipe.verify.num_draft_tokens)
                 seconds[kind, b].append(elapsed)
                 outputs[kind, b], steps[kind, b], accepted[kind, b] = out, iterations, acc
             console.print(f"{name} round {r + 1}: " + ", ".join(f"{k} B={b} {seconds[k, b][-1]:.1f} s" for k, b in configs))

@@ -223,7 +223,7 @@ class Worker:
                     [s.drafter for s in seqs], [s.state.context for s in seqs],
                     max_accepts=[s.state.remaining - 1 for s in seqs], samplers=[s.sampler for s in seqs],
                 )
-                for seq, block in zip(seqs, blocks):
+                for block in blocks:
                     self._check_block(block)
             except Exception:  # noqa: BLE001 - find the row at fault: each drafts alone
                 blocks = [self._guarded(s, self._draft)[1] for s in seqs]
