@@ -34,6 +34,10 @@ Trees:
   log-probability each get their top-K children; finally keep the ``max_draft_len`` best nodes of all
   generated (reranking), which is a connected tree because a child never scores above its parent.
 
+In an engine, the requests of one head draft together (:func:`update_batch`, :func:`propose_batch`):
+per tree depth one head call over every request's frontier, each request attending to its own cache
+(:class:`Segment`), and one draft projection; each request gets the tree it gets alone.
+
 On disk (a directory; TensorRT-LLM ``examples/eagle/convert_checkpoint.py --eagle_model_dir``)::
 
     config.json        LlamaConfig-style: hidden_size, intermediate_size, num_attention_heads,
