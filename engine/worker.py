@@ -4,7 +4,8 @@ Each iteration (:meth:`Worker.step`), as TensorRT-LLM's in-flight batching runs 
 
     generation rows   the running requests the iteration's token budget (max_num_tokens) has room
                       for draft their blocks (engine.block; rows of one batched proposer in one call:
-                      the Medusa heads or the EAGLE head run once per depth for all of them); one
+                      the Medusa heads, the EAGLE head or the draft model run once per depth or
+                      draft token for all of them); one
                       target pass over all of them (engine.forward), then per row: acceptance (greedy
                       tree walk or speculative sampling), KV commit (root + accepted path), emit,
                       drafter update

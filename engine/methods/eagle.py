@@ -660,8 +660,16 @@ def _run_head(head: EagleHead, embedding: nn.Module, calls: Sequence[_HeadCall])
 def update_batch(
     proposer: EagleProposer, states: Sequence[EagleState], next_tokens: Sequence[Sequence[int]], features: Sequence[torch.Tensor],
 ) -> None:
-    """:meth:`EagleProposer.update` for several requests in one head forward (their states are updated
-    only when the whole call succeeded)."""
+    """:meth:`EagleProposer.update` for several requests in one head forward.
+
+    Args:
+        states: per request its :class:`EagleState`, updated only when the whole call succeeded.
+        next_tokens: per request the ``m_r`` tokens the features produced.
+        features: per request ``[m_r, H]`` the target's final-norm features (any float dtype).
+
+    Raises:
+        RuntimeError: a feature width other than the head's hidden size (from the head's linears).
+    """
     device = proposer.embedding.weight.device
     calls, updates = [], []
     for state, tokens, feats in zip(states, next_tokens, features):
