@@ -32,6 +32,7 @@ from specbuild.prompts import load_prompts
 from specbuild.engine.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect
+from specbuild.engine.threads import on_fresh_thread
 from specbuild.engine.types import GenerationRequest
 
 
@@ -89,7 +90,8 @@ def main() -> None:
     for r in range(args.rounds + 1):  # round 0 warms up
         for config in configs:
             if config == "hf":
-                elapsed, out = hf_round(hf, prompts, args.max_tokens)
+                # a thread of its own: the main thread's OpenMP pool would slow the scheduler's (engine/threads.py)
+                elapsed, out = on_fresh_thread(hf_round, hf, prompts, args.max_tokens)
             else:
                 elapsed, out = engine_round(engine, prompts, args.max_tokens, int(config[2:]))
             outputs[config] = out

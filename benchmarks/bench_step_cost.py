@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256, help="cached positions before each measured forward")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--kernels", default="auto", choices=["auto", "eager", "onednn"], help="the target's linear kernels")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target and draft weights and KV cache")
     parser.add_argument("--speed-ups", type=float, nargs="+", default=[1.0, 1.3], help="goals to price in acceptance")
     parser.add_argument("--json", type=Path, default=Path("bench_step_cost.json"))
     args = parser.parse_args()
@@ -87,7 +88,7 @@ def main() -> None:
 
     def load(name: str):
         path = materialize_checkpoint(locate_checkpoint(name), log=console.print)
-        return target_model.load_target(path, dtype="float32", device="cpu", trust_remote_code=False)
+        return target_model.load_target(path, dtype=args.dtype, device="cpu", trust_remote_code=False)
 
     target = load(args.checkpoint)
     kernels = resolve_kernels(args.kernels, target)
@@ -128,7 +129,7 @@ def main() -> None:
                      # the floor: a draft that cost nothing would still need this much (verification alone)
                      "acceptance_needed_free_draft": {str(g): acceptance_needed(g * verify_ms / plain, k) for g in args.speed_ups}})
 
-    table = Table(title=f"one speculative step, {args.context} cached positions, fp32, {kernels} kernels, {torch.get_num_threads()} threads: "
+    table = Table(title=f"one speculative step, {args.context} cached positions, {args.dtype}, {kernels} kernels, {torch.get_num_threads()} threads: "
                         f"plain step {plain:.1f} ms, draft token {draft_ms:.1f} ms")
     goal = max(args.speed_ups)
     for col in ("k", "verify k+1 (ms)", "verify / plain", "step cost (plain steps)",
@@ -146,7 +147,7 @@ def main() -> None:
     console.print(table)
     console.print("a: per-token acceptance probability (Leviathan eq. 1); compare with a draft's measured rate at k = 1. "
                   "free draft: the same step with a draft that costs nothing, the floor no draft model gets under")
-    report = {"checkpoint": args.checkpoint, "draft": args.draft, "context": args.context, "kernels": kernels, "threads": torch.get_num_threads(),
+    report = {"checkpoint": args.checkpoint, "draft": args.draft, "context": args.context, "dtype": args.dtype, "kernels": kernels, "threads": torch.get_num_threads(),
               "plain_step_ms": plain, "draft_token_ms": draft_ms, "rows": rows}
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {args.json}")

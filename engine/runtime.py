@@ -60,6 +60,7 @@ from .methods import method_for
 from .methods.base import EngineMethod, MethodContext
 from .sampling import Sampler
 from .stream import Steps, collect
+from .threads import on_fresh_thread
 from .types import GenerationRequest, GenerationResult, InvalidRequestError
 from .validation import ResolvedRequest, validate_request
 from .worker import InflightRequest, run_alone
@@ -181,20 +182,24 @@ class ReferenceEngine:
             ValueError: unsupported dtype or decoding_type, bad speculative_config keys or values, a draft
                 whose vocab_size differs from the target's.
         """
-        model = target_model.load_target(
-            checkpoint_dir, dtype=dtype, device=device, trust_remote_code=trust_remote_code
-        )
-        if end_id is None:
-            end_id = _default_end_id(model)
-        pack_linears(model, resolve_kernels(kernels, model))
-        return cls(
-            model,
-            limits=limits,
-            end_id=end_id,
-            speculative_config=speculative_config,
-            base_dir=base_dir,
-            trust_remote_code=trust_remote_code,
-        )
+
+        def load() -> ReferenceEngine:
+            model = target_model.load_target(
+                checkpoint_dir, dtype=dtype, device=device, trust_remote_code=trust_remote_code
+            )
+            pack_linears(model, resolve_kernels(kernels, model))
+            return cls(
+                model,
+                limits=limits,
+                end_id=_default_end_id(model) if end_id is None else end_id,
+                speculative_config=speculative_config,
+                base_dir=base_dir,
+                trust_remote_code=trust_remote_code,
+            )
+
+        # Loading runs OpenMP regions; on a short-lived thread they leave no thread pool behind to slow
+        # the scheduler's thread (engine/threads.py).
+        return on_fresh_thread(load)
 
     @classmethod
     def from_engine_dir(cls, engine_dir: str | Path, *, device: str = "cpu") -> ReferenceEngine:
