@@ -215,25 +215,56 @@ class FeatureTreeDrafter(PlainDrafter):
 
 
 class FeatureChainDrafter(PlainDrafter):
-    """EAGLE-3: chains from the fusion of captured target layers, fed after every step."""
+    """EAGLE-3: chains from the fusion of captured target layers, fed after every step.
+
+    As :class:`FeatureTreeDrafter`, a step's captured features wait in :attr:`pending` until the next
+    draft, so that the requests of one head feed them and draft their chains in shared head calls
+    (:meth:`draft_rows`).
+    """
 
     wants_hidden = True
 
     def __init__(self, proposer: Any, num_draft_tokens: int) -> None:
         self.proposer, self.k = proposer, num_draft_tokens
         self.state = proposer.new_state()
+        self.pending: tuple[list[int], torch.Tensor] | None = None  # (tokens, fused features [m, 3 Ht]) not yet fed
+
+    @property
+    def batch_key(self) -> Any:
+        """The proposer's head when its proposers draft together (``batch_key``), else None."""
+        return getattr(self.proposer, "batch_key", None)
 
     def _features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return self.proposer.capture([h[None] for h in hidden_states])  # [T, 3 Ht]
 
     def start(self, prompt, first_token, hidden_states) -> None:
-        self.proposer.update(self.state, [*prompt[1:], first_token], self._features(hidden_states))
+        self.pending = ([*prompt[1:], first_token], self._features(hidden_states))
 
     def draft(self, context, *, max_accept, sampler) -> Block:
+        if self.pending is not None:
+            self.proposer.update(self.state, *self.pending)
+            self.pending = None
         return Block.chain(context[-1], self.proposer.propose(self.state, min(self.k, max_accept)))
 
+    @classmethod
+    def draft_rows(cls, drafters: Sequence[FeatureChainDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+        """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
+        draft projection and one head call per chain depth for all of them."""
+        from .methods.eagle3 import propose_batch, update_batch
+
+        del samplers
+        feeding = [d for d in drafters if d.pending is not None]
+        if feeding:
+            update_batch(feeding[0].proposer, [d.state for d in feeding], [d.pending[0] for d in feeding],
+                         [d.pending[1] for d in feeding])
+            for d in feeding:
+                d.pending = None
+        chains = propose_batch(drafters[0].proposer, [d.state for d in drafters],
+                               [min(d.k, m) for d, m in zip(drafters, max_accepts)])
+        return [Block.chain(c[-1], chain) for c, chain in zip(contexts, chains)]
+
     def update(self, context, step) -> None:
-        self.proposer.update(self.state, step.emitted, self._features(step.hidden_states)[step.keep])
+        self.pending = (step.emitted, self._features(step.hidden_states)[step.keep])
 
 
 class LookaheadDrafter(PlainDrafter):

@@ -170,9 +170,9 @@ def test_a_failing_request_fails_alone_in_its_batch(method_engines, plain):
     assert len(steps) == 3 and not steps[-1].is_final  # prefill + two steps, then the error ended it
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 def test_requests_of_one_head_draft_together_and_a_broken_one_fails_alone(method_engines, plain, monkeypatch, method):
-    """The worker drafts the rows of one Medusa / EAGLE head in one call (draft_rows); when that call
+    """The worker drafts the rows of one Medusa / EAGLE / EAGLE-3 head in one call (draft_rows); when that call
     fails because of one row, each row drafts alone: that row fails, the others go on unchanged."""
     engine = method_engines[method, "random"]
     kind = type(engine.prepare(greedy(PROMPTS[0])).drafter)
@@ -193,7 +193,7 @@ def test_requests_of_one_head_draft_together_and_a_broken_one_fails_alone(method
             _real(context, step)
             fed.append(step)
             if len(fed) == 2:  # its state goes bad: the next draft raises for this row only
-                if method == "eagle":
+                if method in ("eagle", "eagle3"):
                     drafter.pending = (drafter.pending[0], drafter.pending[1][:, :-1])  # features of the wrong width
                 else:
                     drafter.hidden = drafter.hidden[:-1]

@@ -159,6 +159,44 @@ def test_capture_takes_layer_outputs(model):
     assert proposer.capture(hidden)[0].tolist() == [2.0] * HIDDEN + [4.0] * HIDDEN + [5.0] * HIDDEN
 
 
+@pytest.mark.parametrize("kind", ["random", "draft_vocab"])
+def test_requests_drafted_together_get_the_chains_they_get_alone(model, kind):
+    """update_batch / propose_batch (one head call for every request's features, then one per chain
+    depth, as the worker drafts a batch) leave each request's state and chain bit for bit as alone,
+    with its own context length and draft length."""
+    from specbuild.engine.methods.base import pack_draft_linears
+    from specbuild.engine.methods.eagle3 import propose_batch, update_batch
+
+    head = _head(kind)
+    proposer = Eagle3Proposer(model, head, max_draft_len=MAX_DRAFT_LEN)
+    pack_draft_linears(head)  # as the engine loads it: packed on CPU, after the proposer took its dtypes
+    with torch.inference_mode():
+        outputs = [model(input_ids=torch.tensor([p]), output_hidden_states=True) for p in PROMPTS]
+        feeds = [([*p[1:], int(o.logits[0, -1].argmax())], proposer.capture(o.hidden_states)) for p, o in zip(PROMPTS, outputs)]
+        alone, together = [proposer.new_state() for _ in PROMPTS], [proposer.new_state() for _ in PROMPTS]
+        for state, (tokens, features) in zip(alone, feeds):
+            proposer.update(state, tokens, features)
+        update_batch(proposer, together, [t for t, _ in feeds], [f for _, f in feeds])
+        for a, t in zip(alone, together):
+            assert torch.equal(a.last_output, t.last_output)
+            assert torch.equal(a.kv.keys, t.kv.keys) and torch.equal(a.kv.values, t.kv.values)
+        for ks in ([MAX_DRAFT_LEN, 1, 3], [0, 2, MAX_DRAFT_LEN + 2]):
+            singles = [proposer.propose(state, k) for state, k in zip(alone, ks)]
+            assert propose_batch(proposer, together, ks) == singles
+            assert [len(c) for c in singles] == [min(k, MAX_DRAFT_LEN) for k in ks]
+        # a second feed of different lengths per request (as after steps accepting 1 and 3 tokens)
+        more = [([5], feeds[0][1][-1:]), ([7, 8, 9], feeds[1][1][-3:]), ([11, 12], feeds[0][1][:2])]
+        for state, (tokens, features) in zip(alone, more):
+            proposer.update(state, tokens, features)
+        update_batch(proposer, together, [t for t, _ in more], [f for _, f in more])
+        ks = [2, MAX_DRAFT_LEN, 1]
+        assert propose_batch(proposer, together, ks) == [proposer.propose(s, k) for s, k in zip(alone, ks)]
+        with pytest.raises(ValueError, match="2 tokens but 1 feature rows"):
+            update_batch(proposer, together[:1], [[1, 2]], [feeds[0][1][:1]])
+        with pytest.raises(ValueError, match="no features yet"):
+            propose_batch(proposer, [proposer.new_state()], [2])
+
+
 # --- greedy equivalence --------------------------------------------------------------------------
 
 
@@ -175,24 +213,32 @@ def test_eagle3_engine_equals_plain_greedy(engines, plain_outputs, kind, num_dra
         assert 0 < result.total_draft_tokens <= cap * result.num_decoding_iterations
 
 
+def _record_chains(monkeypatch) -> list[list[int]]:
+    """Every chain the engine's drafters propose (they draft through the batched ``propose_batch``)."""
+    from specbuild.engine.methods import eagle3 as eagle3_module
+
+    chains: list[list[int]] = []
+    real = eagle3_module.propose_batch
+
+    def recording(proposer, states, num_draft_tokens):
+        chains.extend(result := real(proposer, states, num_draft_tokens))
+        return result
+
+    monkeypatch.setattr(eagle3_module, "propose_batch", recording)
+    return chains
+
+
 def test_draft_vocab_proposals_are_mapped_by_d2t(engines, monkeypatch):
-    proposed = []
-    real = Eagle3Proposer.propose
-
-    def recording(self, state, k):
-        proposed.extend(tokens := real(self, state, k))
-        return tokens
-
-    monkeypatch.setattr(Eagle3Proposer, "propose", recording)
+    chains = _record_chains(monkeypatch)
     _run(engines["draft_vocab"], PROMPTS[0])
+    proposed = [t for chain in chains for t in chain]
     assert proposed and all(t % 4 == 0 and t < 4 * DRAFT_VOCAB for t in proposed)  # d + 3d
 
 
 def test_num_draft_tokens_caps_the_chain(engines, monkeypatch):
-    lengths = []
-    real = Eagle3Proposer.propose
-    monkeypatch.setattr(Eagle3Proposer, "propose", lambda self, s, k: lengths.append(len(r := real(self, s, k))) or r)
+    chains = _record_chains(monkeypatch)
     result = _run(engines["random"], PROMPTS[0], max_tokens=6, num_draft_tokens=2)
+    lengths = [len(c) for c in chains]
     assert lengths[0] == 2 and all(0 <= n <= 2 for n in lengths)  # never past remaining - 1 either
     assert result.total_draft_tokens == sum(lengths)
 

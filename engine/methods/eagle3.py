@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,8 @@ from specbuild.methods.eagle3 import Eagle3Speculation
 
 from ..stream import check_prompt_and_length, collect
 from ..types import GenerationResult
-from .base import MethodContext
-from .eagle import MLP, PT_NAMES, SAFETENSORS_NAME, Attention, EagleConfig, LayerKV, RMSNorm
+from .base import MethodContext, pack_draft_linears
+from .eagle import MLP, PT_NAMES, SAFETENSORS_NAME, Attention, EagleConfig, LayerKV, RMSNorm, Segment
 from .heads import HeadFiles, LoadedHead, check_state, known_keys, read_config_json
 
 EAGLE3_FILES = HeadFiles(SAFETENSORS_NAME, PT_NAMES)
@@ -265,8 +265,17 @@ class MidLayer(nn.Module):
         mask: torch.Tensor, past: LayerKV | None,
     ) -> tuple[torch.Tensor, LayerKV]:
         """``embeds, hidden [S, H]`` -> pre-norm output ``[S, H]``, the ``S`` new positions' KV."""
+        out, (new,) = self.forward_segments(embeds, hidden, rotary, [Segment(0, embeds.shape[0], mask, past)])
+        return out, new
+
+    def forward_segments(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+        segments: Sequence[Segment],
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
+        """Several requests' rows (``[S, H]`` each input), attention per :class:`Segment` (``past``: its
+        :class:`LayerKV`) -> ``[S, H]``, each segment's new KV."""
         wide = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [S, 2H]
-        attended, new = self.self_attn(wide, rotary, mask, past)
+        attended, new = self.self_attn.forward_segments(wide, rotary, segments)
         x = hidden + attended  # residual: the un-normed hidden input
         return x + self.mlp(self.post_attention_layernorm(x)), new
 
@@ -308,8 +317,22 @@ class Eagle3Head(nn.Module):
             positions: ``[S]`` long, rotary positions ``j``.
             mask: ``[S, P + S]`` bool, True where new position ``s`` may attend.
         """
+        out, (new,) = self.forward_segments(embeds, hidden, positions, [Segment(0, embeds.shape[0], mask, past)])
+        return out, new
+
+    def forward_segments(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, segments: Sequence[Segment]
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
+        """:meth:`forward` for several requests at once: their rows concatenated (``[S, H]``, ``[S]``),
+        each request a :class:`Segment` whose ``past`` is its :class:`LayerKV` (or None). The linear layers
+        run once over all rows, attention per segment, so a request's outputs do not depend on the
+        others' (on CPU, with packed linears: the same bits as alone).
+
+        Returns:
+            ``([S, H]`` pre-norm outputs, per segment the new positions' KV``)``.
+        """
         cos, sin = self.rotary(hidden, positions[None])  # [1, S, d] each
-        return self.midlayer(embeds, hidden, (cos[0].to(hidden.dtype), sin[0].to(hidden.dtype)), mask, past)
+        return self.midlayer.forward_segments(embeds, hidden, (cos[0].to(hidden.dtype), sin[0].to(hidden.dtype)), segments)
 
 
 # --- drafting ------------------------------------------------------------------------------------
@@ -390,6 +413,13 @@ class Eagle3Proposer:
             raise ValueError(f"max_draft_len must be >= 1, got {max_draft_len}")
         self.embedding, self.head, self.max_draft_len = embedding, head, max_draft_len
         self.lm_head = head.lm_head if hasattr(head, "lm_head") else target.get_output_embeddings()
+        # kept: the engine then prepacks the head's linears (no .weight)
+        self._dtype, self._lm_dtype = head.fc.weight.dtype, self.lm_head.weight.dtype
+
+    @property
+    def batch_key(self) -> Eagle3Head:
+        """Proposers of one head draft their requests together (:func:`update_batch`, :func:`propose_batch`)."""
+        return self.head
 
     @staticmethod
     def new_state() -> Eagle3State:
@@ -437,15 +467,82 @@ class Eagle3Proposer:
             output, kv = out[0], kv.cat(new_kv)
         return tokens
 
-    @property
-    def _dtype(self) -> torch.dtype:
-        return self.head.fc.weight.dtype
-
     def _greedy_token(self, output: torch.Tensor) -> int:
         """``[H]`` pre-norm head output -> the argmax draft id, mapped to a target id by ``d2t``."""
-        logits = self.lm_head(self.head.norm(output).to(self.lm_head.weight.dtype))  # [Vd]
-        draft_id = int(logits.argmax())
-        return draft_id + int(self.head.d2t[draft_id]) if hasattr(self.head, "d2t") else draft_id
+        return self._greedy_tokens(output[None])[0]
+
+    def _greedy_tokens(self, outputs: torch.Tensor) -> list[int]:
+        """``[B, H]`` pre-norm head outputs -> each row's argmax draft id as a target id (``d2t``)."""
+        logits = self.lm_head(self.head.norm(outputs).to(self._lm_dtype))  # [B, Vd]
+        draft_ids = logits.argmax(dim=-1)
+        if hasattr(self.head, "d2t"):
+            draft_ids = draft_ids + self.head.d2t[draft_ids]
+        return draft_ids.tolist()
+
+
+def update_batch(
+    proposer: Eagle3Proposer, states: Sequence[Eagle3State], tokens: Sequence[Sequence[int]], features: Sequence[torch.Tensor]
+) -> None:
+    """:meth:`Eagle3Proposer.update` for several requests of one head in one head call: request ``r``
+    appends ``len(tokens[r])`` true positions from ``features[r] [m_r, 3 Ht]``; each attends to its own
+    cache only, so every state ends as :meth:`~Eagle3Proposer.update` alone leaves it.
+
+    Raises:
+        ValueError: a request whose tokens and features differ in length.
+    """
+    device = proposer.embedding.weight.device
+    segments, positions, start = [], [], 0
+    for state, toks, feats in zip(states, tokens, features, strict=True):
+        m, past = len(toks), state.length
+        if feats.shape[0] != m:
+            raise ValueError(f"EAGLE-3 update: {m} tokens but {feats.shape[0]} feature rows")
+        mask = torch.ones(m, past + m, dtype=torch.bool, device=device).tril(diagonal=past)  # causal
+        segments.append(Segment(start, start + m, mask, state.kv))
+        positions.append(torch.arange(past, past + m, device=device))
+        start += m
+    ids = torch.tensor([t for toks in tokens for t in toks], dtype=torch.long, device=device)
+    fused = proposer.head.fc(torch.cat([f.to(proposer._dtype) for f in features]))  # [S, 3 Ht] -> [S, H]
+    out, new_kv = proposer.head.forward_segments(proposer.embedding(ids), fused, torch.cat(positions), segments)
+    for state, seg, new in zip(states, segments, new_kv):
+        state.kv = new if state.kv is None else state.kv.cat(new)
+        state.last_output = out[seg.stop - 1]
+
+
+def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_draft_tokens: Sequence[int]) -> list[list[int]]:
+    """:meth:`Eagle3Proposer.propose` for several requests of one head: per chain depth, one draft
+    projection over every request still drafting and one head call (a :class:`Segment` per request,
+    attending to its own cache and chain). Request ``r`` gets ``min(num_draft_tokens[r], max_draft_len)``
+    tokens, the chain it gets alone; states are unchanged.
+
+    Raises:
+        ValueError: a state never updated (no prefill features).
+    """
+    if any(s.last_output is None for s in states):
+        raise ValueError("Eagle3State has no features yet: call update() with the prefill's features first")
+    ks = [min(k, proposer.max_draft_len) for k in num_draft_tokens]
+    chains: list[list[int]] = [[] for _ in states]
+    outputs = {r: s.last_output for r, s in enumerate(states) if ks[r] > 0}
+    kvs = {r: states[r].kv for r in outputs}
+    depth = 1
+    while outputs:
+        rows = list(outputs)
+        for r, token in zip(rows, proposer._greedy_tokens(torch.stack([outputs[r] for r in rows]))):
+            chains[r].append(token)
+        rows = [r for r in rows if ks[r] > depth]
+        if not rows:
+            break
+        device = outputs[rows[0]].device
+        segments = [Segment(i, i + 1, torch.ones(1, len(kvs[r]) + 1, dtype=torch.bool, device=device), kvs[r])
+                    for i, r in enumerate(rows)]
+        positions = torch.tensor([states[r].length + depth - 1 for r in rows], device=device)
+        ids = torch.tensor([chains[r][-1] for r in rows], dtype=torch.long, device=device)
+        out, new_kv = proposer.head.forward_segments(
+            proposer.embedding(ids), torch.stack([outputs[r] for r in rows]), positions, segments
+        )
+        outputs = {r: out[i] for i, r in enumerate(rows)}
+        kvs = {r: kvs[r].cat(new) for r, new in zip(rows, new_kv)}
+        depth += 1
+    return chains
 
 
 # --- decoding: chain verification with captured features ----------------------------------------
@@ -492,7 +589,9 @@ def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagl
     target = context.target
     path = Path(config.eagle_model)
     head = load_eagle3_head(path, dtype=target.dtype).to(target.device)
-    return LoadedHead(config, Eagle3Proposer(target, head, max_draft_len=config.max_draft_len), path)
+    proposer = Eagle3Proposer(target, head, max_draft_len=config.max_draft_len)
+    pack_draft_linears(head)
+    return LoadedHead(config, proposer, path)
 
 
 def make_eagle3_proposer(loaded: LoadedEagle3) -> Eagle3Proposer:
