@@ -164,6 +164,17 @@ class TreeDrafter(PlainDrafter):
         self.hidden = step.hidden_states[-1][step.keep[-1]]
 
 
+def _feed_pending(drafters: Sequence[Any], update_batch: Any) -> None:
+    """Feed every drafter's ``pending`` (tokens, features) to its head in one ``update_batch`` call
+    (EAGLE-1/2 or EAGLE-3, the drafters sharing one proposer's head), and clear them."""
+    feeding = [d for d in drafters if d.pending is not None]
+    if feeding:
+        update_batch(feeding[0].proposer, [d.state for d in feeding], [d.pending[0] for d in feeding],
+                     [d.pending[1] for d in feeding])
+        for d in feeding:
+            d.pending = None
+
+
 class FeatureTreeDrafter(PlainDrafter):
     """EAGLE-1/2: the head is fed the target's final-norm features of every accepted position.
 
@@ -200,12 +211,7 @@ class FeatureTreeDrafter(PlainDrafter):
         from .methods.eagle import propose_batch, update_batch
 
         del samplers
-        feeding = [d for d in drafters if d.pending is not None]
-        if feeding:
-            update_batch(feeding[0].proposer, [d.state for d in feeding], [d.pending[0] for d in feeding],
-                         [d.pending[1] for d in feeding])
-            for d in feeding:
-                d.pending = None
+        _feed_pending(drafters, update_batch)
         proposals = propose_batch([d.proposer for d in drafters], [d.state for d in drafters],
                                   [c[-1] for c in contexts], list(max_accepts))
         return [Block.of_tree(p.tree, p.tokens) for p in proposals]
@@ -253,12 +259,7 @@ class FeatureChainDrafter(PlainDrafter):
         from .methods.eagle3 import propose_batch, update_batch
 
         del samplers
-        feeding = [d for d in drafters if d.pending is not None]
-        if feeding:
-            update_batch(feeding[0].proposer, [d.state for d in feeding], [d.pending[0] for d in feeding],
-                         [d.pending[1] for d in feeding])
-            for d in feeding:
-                d.pending = None
+        _feed_pending(drafters, update_batch)
         chains = propose_batch(drafters[0].proposer, [d.state for d in drafters],
                                [min(d.k, m) for d, m in zip(drafters, max_accepts)])
         return [Block.chain(c[-1], chain) for c, chain in zip(contexts, chains)]
