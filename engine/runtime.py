@@ -177,6 +177,9 @@ class ReferenceEngine:
             kernels: the target's linear-layer kernels (:mod:`~specbuild.engine.kernels`): ``"eager"``,
                 ``"onednn"`` (prepacked weights, CPU) or ``"auto"`` (onednn where it applies).
 
+        Loading and packing run on a short-lived thread (:func:`~specbuild.engine.threads.on_fresh_thread`),
+        so that they leave no OpenMP pool on the caller's thread to slow the scheduler's.
+
         Raises:
             FileNotFoundError: no checkpoint at ``checkpoint_dir`` (or at the draft's directory).
             ValueError: unsupported dtype or decoding_type, bad speculative_config keys or values, a draft

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -430,19 +430,17 @@ class Eagle3Proposer:
         return torch.cat([hidden_states[i + 1][0] for i in self.capture_layers], dim=-1)
 
     def update(self, state: Eagle3State, next_tokens: Sequence[int], features: torch.Tensor) -> None:
-        """Append ``m`` true positions: ``features [m, 3 Ht]`` paired with the tokens they produced."""
-        m, past = len(next_tokens), state.length
-        device = self.embedding.weight.device
-        tokens = torch.tensor(list(next_tokens), dtype=torch.long, device=device)
-        mask = torch.ones(m, past + m, dtype=torch.bool, device=device).tril(diagonal=past)  # causal
-        positions = torch.arange(past, past + m, device=device)
-        fused = self.head.fc(features.to(self._dtype))  # [m, 3 Ht] -> [m, H]
-        out, new_kv = self.head(self.embedding(tokens), fused, positions, mask, state.kv)
-        state.kv = new_kv if state.kv is None else state.kv.cat(new_kv)
-        state.last_output = out[-1]
+        """Append ``m`` true positions: ``features [m, 3 Ht]`` paired with the tokens they produced
+        (:func:`update_batch` for one request).
+
+        Raises:
+            ValueError: ``features`` has not ``m`` rows.
+        """
+        update_batch(self, [state], [next_tokens], [features])
 
     def propose(self, state: Eagle3State, num_draft_tokens: int) -> list[int]:
-        """A greedy chain of ``min(num_draft_tokens, max_draft_len)`` target token ids; ``state`` is unchanged.
+        """A greedy chain of ``min(num_draft_tokens, max_draft_len)`` target token ids; ``state`` is unchanged
+        (:func:`propose_batch` for one request).
 
         Depth 1 reads the cached last output; each further depth runs the head on ``[embed(previous
         draft) ; previous output]`` at the next position, attending to the true cache and the chain.
@@ -450,26 +448,7 @@ class Eagle3Proposer:
         Raises:
             ValueError: ``state`` was never updated (no prefill features).
         """
-        if state.last_output is None:
-            raise ValueError("Eagle3State has no features yet: call update() with the prefill's features first")
-        k = min(num_draft_tokens, self.max_draft_len)
-        tokens: list[int] = []
-        output, kv = state.last_output, state.kv
-        device = output.device
-        for depth in range(1, k + 1):
-            tokens.append(self._greedy_token(output))
-            if depth == k:
-                break
-            mask = torch.ones(1, len(kv) + 1, dtype=torch.bool, device=device)
-            position = torch.tensor([state.length + depth - 1], device=device)
-            token = torch.tensor(tokens[-1:], dtype=torch.long, device=device)
-            out, new_kv = self.head(self.embedding(token), output[None], position, mask, kv)
-            output, kv = out[0], kv.cat(new_kv)
-        return tokens
-
-    def _greedy_token(self, output: torch.Tensor) -> int:
-        """``[H]`` pre-norm head output -> the argmax draft id, mapped to a target id by ``d2t``."""
-        return self._greedy_tokens(output[None])[0]
+        return propose_batch(self, [state], [num_draft_tokens])[0]
 
     def _greedy_tokens(self, outputs: torch.Tensor) -> list[int]:
         """``[B, H]`` pre-norm head outputs -> each row's argmax draft id as a target id (``d2t``)."""
