@@ -159,6 +159,30 @@ def test_capture_takes_layer_outputs(model):
     assert proposer.capture(hidden)[0].tolist() == [2.0] * HIDDEN + [4.0] * HIDDEN + [5.0] * HIDDEN
 
 
+def test_a_chain_follows_eagle3s_draft_step(model):
+    """Chains written out by hand from the head's forward (EAGLE-3 §3: each further depth feeds the head's
+    own output and the previous draft's embedding at the next position, attending to the true cache and
+    the chain so far): propose gives the same tokens."""
+    proposer = Eagle3Proposer(model, _head("random"), max_draft_len=4)
+    head = proposer.head
+    with torch.no_grad():  # sharper attention, so that a position off by one changes the drafts
+        head.midlayer.self_attn.q_proj.weight.mul_(8.0)
+        head.midlayer.self_attn.k_proj.weight.mul_(8.0)
+    with torch.inference_mode():
+        for prompt in PROMPTS:
+            out = model(input_ids=torch.tensor([prompt]), output_hidden_states=True)
+            state = proposer.new_state()
+            proposer.update(state, [*prompt[1:], int(out.logits[0, -1].argmax())], proposer.capture(out.hidden_states))
+            chain, output, kv = [], state.last_output, state.kv
+            for depth in range(4):
+                chain.append(int(head.lm_head(head.norm(output)).argmax()))
+                mask = torch.ones(1, len(kv) + 1, dtype=torch.bool)
+                new_out, new_kv = head(proposer.embedding(torch.tensor(chain[-1:])), output[None],
+                                       torch.tensor([state.length + depth]), mask, kv)
+                output, kv = new_out[0], kv.cat(new_kv)
+            assert proposer.propose(state, 4) == chain, f"prompt {prompt}"
+
+
 @pytest.mark.parametrize("kind", ["random", "draft_vocab"])
 def test_requests_drafted_together_get_the_chains_they_get_alone(model, kind):
     """update_batch / propose_batch (one head call for every request's features, then one per chain
