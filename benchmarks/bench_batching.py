@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--prompts", default="humaneval:8")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--kernels", default="auto", choices=["auto", "eager", "onednn"])
+    parser.add_argument("--kernels", default="auto", choices=["auto", "eager", "onednn", "rowgemm"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=Path("bench_batching.json"))

@@ -93,9 +93,10 @@ class BuildConfig(_Strict):
     # TensorRT-LLM's max_num_tokens: tokens one iteration runs over all requests in flight (context and
     # generation); unset -> max(max_input_len, max_batch_size * (1 + max_draft_len)).
     max_num_tokens: int | None = Field(None, ge=1)
-    # Reference backend: the CPU kernels of the target's linear layers. auto -> onednn (prepacked
-    # weights, engine/kernels.py) on a CPU with oneDNN for float32/bfloat16, else eager.
-    kernels: Literal["auto", "eager", "onednn"] = "auto"
+    # Reference backend: the CPU kernels of the target's linear layers. auto -> rowgemm (the engine's
+    # own row-invariant float32 GEMM, engine/rowgemm.py, built with the host's C compiler) for float32,
+    # onednn (prepacked weights, engine/kernels.py) for bfloat16 or where no compiler works, else eager.
+    kernels: Literal["auto", "eager", "onednn", "rowgemm"] = "auto"
     tp_size: int = Field(1, ge=1, le=64)  # tensor-parallel ranks per engine (TensorRT-LLM --tp_size)
     pp_size: int = Field(1, ge=1, le=64)  # pipeline-parallel ranks (--pp_size); world size = tp_size * pp_size
     # none | fp8 (quantize.py --qformat fp8, Hopper/Ada) | int8_wo / int4_wo (weight-only, convert_checkpoint)

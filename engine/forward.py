@@ -2,10 +2,12 @@
 
 Every target pass of the engine (prefill, plain step, chain / tree / lookahead verification, for one
 request or a whole batch) goes through :func:`forward_blocks`, so this is the function that is batched,
-profiled and (optionally) compiled. The model is transformers' own implementation; the engine supplies
-the KV cache (:class:`~specbuild.engine.kv_pool.SlotCache`), the position ids and a 4D additive mask,
+profiled and (optionally) compiled. A Llama-architecture model on the CPU runs the engine's layer loop
+over the rows' tokens concatenated, with transformers' own modules (:mod:`~specbuild.engine.decoder`).
+Any other model runs transformers' forward over the rows padded to the widest: the engine supplies the
+KV cache (:class:`~specbuild.engine.kv_pool.SlotCache`), the position ids and a 4D additive mask,
 which transformers passes untouched to the engine's attention (:mod:`~specbuild.engine.attention`:
-fused SDPA with grouped-query heads) or its own ``eager`` / ``sdpa``.
+fused SDPA with grouped-query heads) or its own ``eager`` / ``sdpa``. The padded layout:
 
 Worked example: two rows, slot 0 holds 5 positions and verifies a chain of 3 (root + 2 drafts), slot 1
 holds 2 and runs a plain step (1 token); the batch is padded to ``T = 3``, ``kv_len = 5 + 3 = 8``::
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import decoder
 from .attention import ENGINE_ATTENTION, ROWS_KWARG
 from .kv_pool import KVPool, SlotCache
 from .target import cache_keyword
@@ -81,8 +84,10 @@ def check_mask_attention(model) -> None:
 def forward_blocks(model, pool: KVPool, rows: list[RowBlock], *, hidden_states: bool = False) -> ForwardOutput:
     """Run every row's block through the target in ONE forward pass; each slot grows by its row's block.
 
-    The rows' slots must form a contiguous range (the batch is that range; a free slot in between runs
-    a one-token dummy row). The pool's lengths are NOT advanced: the caller commits what it keeps
+    A Llama-architecture target on the CPU runs the engine's own layer loop over the rows' tokens
+    concatenated (:mod:`~specbuild.engine.decoder`); any other model runs transformers' forward over
+    the rows padded to the widest, whose slots form a contiguous range (a free slot in between runs a
+    one-token dummy row). The pool's lengths are NOT advanced: the caller commits what it keeps
     (:meth:`KVPool.commit`).
 
     Args:
@@ -90,13 +95,28 @@ def forward_blocks(model, pool: KVPool, rows: list[RowBlock], *, hidden_states: 
         hidden_states: also return every layer's hidden states (EAGLE features, EAGLE-3 captures, Medusa).
 
     Raises:
-        ValueError: no rows, repeated slots, or a block that would run past the slot's capacity.
+        ValueError: no rows, an empty row, repeated slots, or a block that would run past the slot's capacity.
     """
     if not rows:
         raise ValueError("forward_blocks needs at least one row")
     by_slot = {row.slot: row for row in rows}
     if len(by_slot) != len(rows):
         raise ValueError(f"rows share slots: {[row.slot for row in rows]}")
+    if any(not row.tokens for row in rows):
+        raise ValueError("every row of a forward pass needs at least one token")
+    if decoder.supports(model):
+        lengths = [pool.lengths[row.slot] for row in rows]
+        for row, length in zip(rows, lengths):
+            if length + len(row.tokens) > pool.capacity:
+                raise ValueError(f"a block of {len(row.tokens)} tokens after {length} cached ones exceeds the slot capacity {pool.capacity}")
+        logits, hidden = decoder.forward_rows(
+            model, pool.keys, pool.values,
+            slots=[row.slot for row in rows], lengths=lengths, tokens=[row.tokens for row in rows],
+            offsets=[range(len(row.tokens)) if row.positions is None else row.positions for row in rows],
+            allowed=[row.allowed for row in rows], logits_from=[row.logits_from for row in rows],
+            hidden_states=hidden_states,
+        )
+        return ForwardOutput(logits, hidden)
     first, last = min(by_slot), max(by_slot)
     batch = [by_slot.get(slot, RowBlock(slot, [0])) for slot in range(first, last + 1)]
     # a slot in between that is not in this pass (free, or a request waiting for the next iteration) gets a

@@ -175,7 +175,8 @@ class ReferenceEngine:
             base_dir: where relative paths in ``speculative_config`` resolve (DraftTarget's
                 ``speculative_model_dir``; None -> the working directory).
             kernels: the target's linear-layer kernels (:mod:`~specbuild.engine.kernels`): ``"eager"``,
-                ``"onednn"`` (prepacked weights, CPU) or ``"auto"`` (onednn where it applies).
+                ``"onednn"`` (prepacked weights, CPU), ``"rowgemm"`` (the engine's float32 CPU kernel,
+                :mod:`~specbuild.engine.rowgemm`) or ``"auto"`` (rowgemm, else onednn, where they apply).
 
         Loading and packing run on a short-lived thread (:func:`~specbuild.engine.threads.on_fresh_thread`),
         so that they leave no OpenMP pool on the caller's thread to slow the scheduler's.

@@ -1,8 +1,9 @@
-"""The CPU kernel path (engine/kernels.py): oneDNN-prepacked linears give a row the same bits however
-many rows share the pass (eager ``F.linear`` does not: MKL picks another GEMM for another row count).
-Attention does not (PyTorch's CPU flash attention rounds by query and key length), so a token's logits
-alone, in a k + 1 block and in a batch agree to rounding, not to the bit: greedy outputs can differ only
-at a logit near-tie, which verify reports with its margin."""
+"""The CPU kernel path (engine/kernels.py): oneDNN-prepacked linears (and the engine's own rowgemm,
+tests/test_rowgemm.py) give a row the same bits however many rows share the pass (eager ``F.linear``
+does not: MKL picks another GEMM for another row count). A token alone and the same token as one of a
+k + 1 block attend over the same keys with another query length, which PyTorch's CPU flash attention
+may round differently, so their logits agree to rounding: greedy outputs can differ only at a logit
+near-tie, which verify reports with its margin."""
 
 from __future__ import annotations
 
@@ -62,13 +63,18 @@ def test_packed_model_gives_a_token_the_same_logits_alone_in_a_block_and_in_a_ba
 def test_resolve_and_pack_reject_what_they_cannot_do():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
     assert resolve_kernels("eager", model) == "eager"
-    assert resolve_kernels("auto", model) == ("onednn" if onednn_supports(torch.float32) else "eager")
+    from specbuild.engine import rowgemm
+
+    fp32_default = "rowgemm" if rowgemm.library() is not None else "onednn" if onednn_supports(torch.float32) else "eager"
+    assert resolve_kernels("auto", model) == fp32_default
     assert resolve_kernels("auto", model.to(torch.float16)) == "eager"
     assert pack_linears(model, "eager") == 0
     with pytest.raises(ValueError, match="kernels='fast' is not known"):
         pack_linears(model, "fast")
     with pytest.raises(ValueError, match="use kernels='eager' or 'auto'"):
         pack_linears(model, "onednn")  # float16: oneDNN packs float32 (and bfloat16 where supported)
+    with pytest.raises(ValueError, match="rowgemm runs float32 models on the CPU"):
+        pack_linears(model, "rowgemm")
 
 
 @needs_onednn

@@ -1,0 +1,209 @@
+"""The engine's own float32 GEMM for decoding passes: row-invariant, at the speed of streaming the weights.
+
+A decoding step multiplies a few rows (one per request, or ``k + 1`` per verifying request) by every
+weight of the model, so it is bound by memory bandwidth, not arithmetic. For the engine's guarantee that
+a request's tokens do not depend on the batch it shares, a row must also get the same bits whatever the
+number of rows beside it. BLAS does not give that (MKL runs a GEMV at one row and blocked GEMMs at
+more), and oneDNN's prepacked kernels do but stream the weights more slowly: on a 2-core Xeon (AVX-512)
+SmolLM2-135M's linears took 22.9 ms per one-row step with oneDNN against 21.1 ms with this kernel
+(``benchmarks/bench_step_cost.py``).
+
+``csrc/rowgemm.c`` sums every output element in one order that depends on ``K`` only (see its header).
+It is compiled once per CPU with the host's C compiler (``$CC``, else ``cc``; ``-O3 -march=native
+-fopenmp``) into ``<specbuild cache>/kernels/`` and loaded with :mod:`ctypes`; its OpenMP is the
+libgomp torch already loaded (same soname), so a pass uses torch's thread team and thread count.
+Where no compiler works, :func:`library` returns None and the engine uses oneDNN
+(:mod:`specbuild.engine.kernels`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+from torch import nn
+
+SOURCE = Path(__file__).with_name("csrc") / "rowgemm.c"
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _cpu_signature() -> str:
+    """The CPU's model and feature flags (``-march=native`` code runs on this CPU only)."""
+    lines = []
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith(("model name", "flags", "Features", "CPU part")):
+                    lines.append(line.strip())
+                if len(lines) >= 2:
+                    break
+    except OSError:
+        pass
+    return platform.machine() + "\n" + "\n".join(lines)
+
+
+def _build(compiler: str, target: Path) -> None:
+    """Compile :data:`SOURCE` to ``target`` atomically (a temporary file renamed into place).
+
+    Raises:
+        RuntimeError: the compiler failed (its stderr in the message).
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *_FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel (built on first use, then cached on disk and in the process), or None where it
+    cannot be built or loaded here (:func:`unavailable_reason` says why)."""
+    with _lock:
+        if "lib" in _state:
+            return _state["lib"]  # type: ignore[return-value]
+        lib, reason = None, None
+        compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        if compiler is None:
+            reason = "no C compiler (set $CC or install gcc)"
+        else:
+            from filelock import FileLock
+
+            from specbuild.cache import cache_dir
+
+            version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+            key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, " ".join(_FLAGS), _cpu_signature()]).encode()).hexdigest()[:16]
+            target = cache_dir() / "kernels" / f"rowgemm-{key}.so"
+            try:
+                with FileLock(str(target) + ".lock"):
+                    if not target.exists():
+                        _build(compiler, target)
+                lib = ctypes.CDLL(str(target))
+                fn = lib.specbuild_rowgemm_f32
+                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+                fn.restype = None
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                lib, reason = None, str(exc)
+        _state["lib"], _state["reason"] = lib, reason
+        return lib
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`library` returned None (None when it loaded)."""
+    library()
+    return _state.get("reason")  # type: ignore[return-value]
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``[N, K]`` -> the kernel's layout ``[ceil(N / 16), K, 16]`` (column blocks of 16, zero-padded past ``N``)."""
+    n, k = weight.shape
+    blocks = -(-n // 16)
+    padded = torch.nn.functional.pad(weight.detach().float(), (0, 0, 0, blocks * 16 - n))
+    return padded.view(blocks, 16, k).transpose(1, 2).contiguous()
+
+
+def rowgemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x W^T + b`` with each row's bits independent of the other rows (float32, CPU).
+
+    Args:
+        x: ``[..., K]`` float32 (made contiguous if it is not).
+        packed: ``W [N, K]`` in the kernel's layout (:func:`pack_weight`), ``[ceil(N / 16), K, 16]``, or
+            a slice of such a tensor along its first dimension (a fused layer's part).
+        out_features: ``N`` (at most ``16 * packed.shape[0]``).
+        bias: ``[N]`` float32 or None.
+
+    Returns:
+        ``[..., N]`` float32.
+
+    Raises:
+        RuntimeError: the kernel is not available here (:func:`unavailable_reason`).
+        ValueError: wrong dtype, device, shape or layout.
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the row-invariant GEMM kernel is not available: {unavailable_reason()}")
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"rowgemm takes float32 CPU inputs, got {x.dtype} on {x.device}")
+    if packed.dim() != 3 or packed.shape[2] != 16 or not packed.is_contiguous() or x.shape[-1] != packed.shape[1] \
+            or not 16 * (packed.shape[0] - 1) < out_features <= 16 * packed.shape[0]:
+        raise ValueError(f"rowgemm needs x [..., K] and a packed weight [ceil(N / 16), K, 16] for N = {out_features}; "
+                         f"got x {tuple(x.shape)}, packed {tuple(packed.shape)}")
+    if bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.float32 or not bias.is_contiguous()):
+        raise ValueError(f"rowgemm's bias must be a contiguous float32 [{out_features}], got {tuple(bias.shape)}")
+    x = x.contiguous()
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if x.shape[-1] == 0:
+        out = torch.zeros((*x.shape[:-1], out_features), dtype=torch.float32)
+        return out if bias is None else out + bias
+    out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)
+    if rows:
+        lib.specbuild_rowgemm_f32(
+            x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+            rows, out_features, packed.shape[1], torch.get_num_threads(),
+        )
+    return out
+
+
+class RowLinear(nn.Module):
+    """``y = x W^T + b`` through :func:`rowgemm`: a row's bits never depend on the rows beside it.
+
+    Holds ``W`` packed (:func:`pack_weight`); the original weight is released unless ``keep_weight``
+    (a tied lm_head, whose ``weight`` draft heads read). Call with ``x [..., in_features]`` float32;
+    returns ``[..., out_features]``.
+    """
+
+    def __init__(self, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
+                 weight: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = packed.shape[1], out_features
+        self.packed = packed
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        if weight is not None:
+            self.weight = weight
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, keep_weight: bool = False) -> RowLinear:
+        return cls(pack_weight(linear.weight), linear.out_features, linear.bias, linear.weight if keep_weight else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rowgemm(x, self.packed, self.out_features, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rowgemm"
+
+
+def fuse_linears(linears: list[nn.Linear]) -> tuple[RowLinear, list[RowLinear]] | None:
+    """One :class:`RowLinear` over the concatenated outputs of ``linears`` (same input), and one per layer
+    viewing its part of the fused weight (no copy): a pass calls the fused layer once instead of each.
+
+    Returns None unless every layer has ``out_features`` a multiple of 16 (the kernel's column blocks),
+    the same ``in_features`` and a bias if any has one.
+    """
+    if any(lin.out_features % 16 for lin in linears) or len({lin.in_features for lin in linears}) != 1:
+        return None
+    if len({lin.bias is None for lin in linears}) != 1:
+        return None
+    packed = pack_weight(torch.cat([lin.weight.detach() for lin in linears]))
+    bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
+    fused = RowLinear(packed, packed.shape[0] * 16, bias)
+    parts, block = [], 0
+    for lin in linears:
+        blocks = lin.out_features // 16
+        parts.append(RowLinear(packed[block : block + blocks], lin.out_features, None if bias is None else bias[block * 16 : (block + blocks) * 16]))
+        block += blocks
+    return fused, parts

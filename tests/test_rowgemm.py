@@ -1,0 +1,113 @@
+"""The engine's own float32 GEMM (engine/rowgemm.py, engine/csrc/rowgemm.c): a row gets the same bits
+whatever the rows beside it, the thread count or the layer fusion, and a machine without a compiler
+falls back to oneDNN instead of failing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from specbuild.engine import rowgemm
+from specbuild.engine import target as target_model
+from specbuild.engine.kernels import FUSED_GATE_UP, FUSED_QKV, pack_linears
+
+needs_kernel = pytest.mark.skipif(rowgemm.library() is None, reason=f"rowgemm not built here: {rowgemm.unavailable_reason()}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(64, 96), (96, 1000), (77, 50), (16, 16), (1, 3)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(shape, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(*shape, bias=bias)
+    layer = rowgemm.RowLinear.from_linear(linear)
+    x = torch.randn(40, shape[0])
+    threads = torch.get_num_threads()
+    with torch.inference_mode():
+        full = layer(x)
+        torch.testing.assert_close(full, linear(x), rtol=1e-4, atol=1e-4)
+        for rows in range(1, 41):  # every tile shape: 1..6 rows, 7/8 rows, several tiles
+            assert torch.equal(layer(x[:rows]), full[:rows]), rows
+            assert torch.equal(layer(x[rows - 1 : rows]), full[rows - 1 : rows]), rows  # alone, at index 0
+        assert torch.equal(layer(x.view(5, 8, -1)), full.view(5, 8, -1))  # a 3D batch
+        try:
+            for n in (1, 3):
+                torch.set_num_threads(n)
+                assert torch.equal(layer(x), full), n
+        finally:
+            torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_fused_layers_equal_their_parts_and_share_their_weight():
+    torch.manual_seed(0)
+    linears = [nn.Linear(48, 64), nn.Linear(48, 32), nn.Linear(48, 32)]
+    fused, parts = rowgemm.fuse_linears(linears)
+    x = torch.randn(7, 48)
+    with torch.inference_mode():
+        out = fused(x)
+        assert out.shape == (7, 128)
+        at = 0
+        for linear, part in zip(linears, parts):
+            assert torch.equal(part(x), out[:, at : at + linear.out_features])
+            torch.testing.assert_close(part(x), linear(x), rtol=1e-4, atol=1e-4)
+            at += linear.out_features
+    assert all(part.packed.untyped_storage().data_ptr() == fused.packed.untyped_storage().data_ptr() for part in parts)
+    assert rowgemm.fuse_linears([nn.Linear(48, 64), nn.Linear(48, 24)]) is None  # 24: not whole column blocks
+    assert rowgemm.fuse_linears([nn.Linear(48, 64), nn.Linear(32, 64)]) is None  # different inputs
+
+
+@needs_kernel
+def test_bad_inputs_are_refused_with_what_is_wrong():
+    packed = rowgemm.pack_weight(torch.randn(32, 8))
+    with pytest.raises(ValueError, match="float32 CPU inputs"):
+        rowgemm.rowgemm(torch.randn(2, 8, dtype=torch.float64), packed, 32)
+    with pytest.raises(ValueError, match=r"packed weight \[ceil\(N / 16\), K, 16\]"):
+        rowgemm.rowgemm(torch.randn(2, 9), packed, 32)
+    with pytest.raises(ValueError, match="packed weight"):
+        rowgemm.rowgemm(torch.randn(2, 8), packed, 40)  # more columns than the packed blocks hold
+    with pytest.raises(ValueError, match="bias must be"):
+        rowgemm.rowgemm(torch.randn(2, 8), packed, 32, torch.randn(31))
+    assert rowgemm.rowgemm(torch.randn(0, 8), packed, 32).shape == (0, 32)
+
+
+@needs_kernel
+def test_pack_linears_swaps_every_linear_fuses_projections_and_keeps_the_model_usable(tiny_checkpoint):
+    reference = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    model = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    assert pack_linears(model, "rowgemm") == linears
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    layer = model.model.layers[0]
+    assert isinstance(getattr(layer.self_attn, FUSED_QKV), rowgemm.RowLinear)
+    assert isinstance(getattr(layer.mlp, FUSED_GATE_UP), rowgemm.RowLinear)
+    head = model.get_output_embeddings()
+    assert isinstance(head, rowgemm.RowLinear) and head.weight.shape == (head.out_features, head.in_features)
+    ids = torch.tensor([[5, 17, 3, 99, 42]])
+    with torch.inference_mode():  # transformers' own forward still runs on the swapped layers
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_without_a_compiler_the_engine_falls_back_to_onednn_and_builds_nothing(tmp_path):
+    """CC names a compiler that fails: the kernel is unavailable (with the reason), ``auto`` picks oneDNN
+    or eager, and the cache holds no half-built library."""
+    code = (
+        "import torch; from torch import nn\n"
+        "from specbuild.engine import rowgemm\n"
+        "from specbuild.engine.kernels import resolve_kernels, onednn_supports\n"
+        "assert rowgemm.library() is None\n"
+        "print(rowgemm.unavailable_reason())\n"
+        "print(resolve_kernels('auto', nn.Linear(4, 4)))\n"
+    )
+    env = {**os.environ, "CC": "false", "SPECBUILD_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    reason, kernels = done.stdout.strip().splitlines()[-2:]
+    assert "failed to build rowgemm.c" in reason
+    assert kernels in ("onednn", "eager")
+    assert not list((tmp_path / "kernels").glob("*.so")) and not list((tmp_path / "kernels").glob("*.tmp"))
