@@ -10,8 +10,10 @@ SmolLM2-135M's linears took 22.9 ms per one-row step with oneDNN against 21.1 ms
 
 ``csrc/rowgemm.c`` sums every output element in one order that depends on ``K`` only (see its header).
 It is compiled once per CPU with the host's C compiler (``$CC``, else ``cc``; ``-O3 -march=native
--fopenmp``) into ``<specbuild cache>/kernels/`` and loaded with :mod:`ctypes`; its OpenMP is the
-libgomp torch already loaded (same soname), so a pass uses torch's thread team and thread count.
+-fopenmp``) into ``<specbuild cache>/kernels/`` and loaded with :mod:`ctypes`. It is linked to the
+OpenMP runtime torch loaded (the same file, hence the same library in the process), so a pass runs on
+the calling thread's OpenMP team with torch's thread count: a second runtime would keep a second
+spinning pool on the same cores.
 Where no compiler works, :func:`library` returns None and the engine uses oneDNN
 (:mod:`specbuild.engine.kernels`).
 """
@@ -52,8 +54,24 @@ def _cpu_signature() -> str:
     return platform.machine() + "\n" + "\n".join(lines)
 
 
-def _build(compiler: str, target: Path) -> None:
-    """Compile :data:`SOURCE` to ``target`` atomically (a temporary file renamed into place).
+def _openmp_runtime() -> str | None:
+    """The OpenMP runtime torch loaded into this process (GNU ``libgomp*`` or Intel ``libiomp5*``), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        name = os.path.basename(path)
+        if name.startswith(("libgomp", "libiomp5")) and ".so" in name:
+            return path
+    return None
+
+
+def _build(compiler: str, target: Path, runtime: str | None) -> None:
+    """Compile :data:`SOURCE` to ``target`` atomically (a temporary file renamed into place), linked to
+    ``runtime`` (the OpenMP library torch loaded, so the kernel's threads are torch's team), else to the
+    compiler's own OpenMP.
 
     Raises:
         RuntimeError: the compiler failed (its stderr in the message).
@@ -61,14 +79,21 @@ def _build(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
+    obj = tmp + ".o"
+    if runtime is None:
+        commands = [[compiler, *_FLAGS, str(SOURCE), "-o", tmp]]
+    else:
+        commands = [[compiler, *_FLAGS, "-c", str(SOURCE), "-o", obj], [compiler, "-shared", obj, runtime, "-o", tmp]]
     try:
-        done = subprocess.run([compiler, *_FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
+        for command in commands:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, obj):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 def library() -> ctypes.CDLL | None:
@@ -87,12 +112,15 @@ def library() -> ctypes.CDLL | None:
             from specbuild.cache import cache_dir
 
             version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-            key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, " ".join(_FLAGS), _cpu_signature()]).encode()).hexdigest()[:16]
+            runtime = _openmp_runtime()
+            key = hashlib.sha256("\n".join(
+                [SOURCE.read_text(), compiler, version, " ".join(_FLAGS), _cpu_signature(), str(runtime)]
+            ).encode()).hexdigest()[:16]
             target = cache_dir() / "kernels" / f"rowgemm-{key}.so"
             try:
                 with FileLock(str(target) + ".lock"):
                     if not target.exists():
-                        _build(compiler, target)
+                        _build(compiler, target, runtime)
                 lib = ctypes.CDLL(str(target))
                 fn = lib.specbuild_rowgemm_f32
                 fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]

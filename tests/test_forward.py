@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from specbuild.engine import decoder
 from specbuild.engine import target as target_model
 from specbuild.engine.attention import ENGINE_ATTENTION
 from specbuild.engine.forward import RowBlock, forward_blocks
@@ -24,6 +25,7 @@ def model(tiny_checkpoint):
     model = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
     assert model.config._attn_implementation == ENGINE_ATTENTION  # load_target switches sdpa to the engine's
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # grouped-query heads are exercised
+    assert decoder.supports(model)  # the engine's layer loop (engine/decoder.py); "sdpa"/"eager" runs transformers'
     return model
 
 
@@ -79,6 +81,20 @@ def test_rows_of_a_batch_equal_sequential_runs(model, attn, choices):
             torch.testing.assert_close(out.logits[2][0], _sequential_logits(model, [*PREFIXES[2], 3]), rtol=1e-4, atol=1e-5)
     finally:
         model.set_attn_implementation(ENGINE_ATTENTION)
+
+
+def test_hidden_states_are_transformers_own(model):
+    """What EAGLE, EAGLE-3 and Medusa read: the embeddings, each decoder layer's output, the last one
+    after the final norm, as transformers' ``output_hidden_states`` gives them."""
+    block = [9, 8, 7]
+    with torch.inference_mode():
+        pool = _pool(model)
+        slot = _prefill(model, pool, PREFIXES[0])
+        out = forward_blocks(model, pool, [RowBlock(slot, block)], hidden_states=True)
+        reference = model(input_ids=torch.tensor([[*PREFIXES[0], *block]]), output_hidden_states=True).hidden_states
+    assert len(out.hidden_states[0]) == len(reference) == model.config.num_hidden_layers + 1
+    for mine, theirs in zip(out.hidden_states[0], reference):
+        torch.testing.assert_close(mine, theirs[0, -len(block) :], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("choice", [(0, 0, 0, 1), (1, 0, 1), (2, 2), (9,), ()], ids=str)

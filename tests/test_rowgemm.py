@@ -111,3 +111,12 @@ def test_without_a_compiler_the_engine_falls_back_to_onednn_and_builds_nothing(t
     assert "failed to build rowgemm.c" in reason
     assert kernels in ("onednn", "eager")
     assert not list((tmp_path / "kernels").glob("*.so")) and not list((tmp_path / "kernels").glob("*.tmp"))
+
+
+@needs_kernel
+def test_the_kernel_runs_on_torchs_openmp_runtime_not_a_second_one():
+    """A second OpenMP runtime would keep a second spinning thread pool on the same cores."""
+    rowgemm.library()
+    with open("/proc/self/maps") as maps:
+        runtimes = {os.path.basename(line.split()[-1]) for line in maps if "libgomp" in line or "libiomp5" in line}
+    assert len(runtimes) <= 1, runtimes
