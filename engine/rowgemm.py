@@ -171,6 +171,8 @@ def rowgemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torc
             or not 16 * (packed.shape[0] - 1) < out_features <= 16 * packed.shape[0]:
         raise ValueError(f"rowgemm needs x [..., K] and a packed weight [ceil(N / 16), K, 16] for N = {out_features}; "
                          f"got x {tuple(x.shape)}, packed {tuple(packed.shape)}")
+    if packed.data_ptr() % 64:
+        raise ValueError("rowgemm's packed weight must start on a 64-byte boundary (pack_weight's output, or a slice of it by whole column blocks)")
     if bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.float32 or not bias.is_contiguous()):
         raise ValueError(f"rowgemm's bias must be a contiguous float32 [{out_features}], got {tuple(bias.shape)}")
     x = x.contiguous()

@@ -73,7 +73,10 @@ def test_bad_inputs_are_refused_with_what_is_wrong():
         rowgemm.rowgemm(torch.randn(2, 8), packed, 40)  # more columns than the packed blocks hold
     with pytest.raises(ValueError, match="bias must be"):
         rowgemm.rowgemm(torch.randn(2, 8), packed, 32, torch.randn(31))
+    with pytest.raises(ValueError, match="64-byte boundary"):
+        rowgemm.rowgemm(torch.randn(2, 8), torch.zeros(3 * 8 * 16 + 1)[1:].view(3, 8, 16), 40)
     assert rowgemm.rowgemm(torch.randn(0, 8), packed, 32).shape == (0, 32)
+    assert rowgemm.rowgemm(torch.randn(3, 8), rowgemm.pack_weight(torch.randn(0, 8)), 0).shape == (3, 0)
 
 
 @needs_kernel

@@ -63,11 +63,12 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
         }                                                                                               \
     }
 
-/* x: [M, K], wp: packed [ceil(N / 16), K, 16], bias: [N] or NULL, y: [M, N]; contiguous float32.
+/* x: [M, K], wp: packed [ceil(N / 16), K, 16] (64-byte aligned), bias: [N] or NULL, y: [M, N]; contiguous float32.
  * Each thread takes a contiguous range of column blocks (sizes differing by at most one). */
 void specbuild_rowgemm_f32(const float *x, const float *wp, const float *bias, float *y, long M, long N, long K,
                            int num_threads) {
     const long blocks = (N + 15) / 16;
+    if (blocks == 0 || M <= 0) return;
     if (num_threads < 1) num_threads = 1;
     if (num_threads > blocks) num_threads = (int)blocks;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
