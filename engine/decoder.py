@@ -7,9 +7,10 @@ lm_head are the model's own modules; what this replaces is the model-level loop 
 block, for two reasons measured on SmolLM2-135M (2-core Xeon, fp32, one-token step after 256 cached
 positions):
 
-- **Cost per op.** transformers' layer loop, cache update, mask handling and attention dispatch cost
-  about 6 ms of a 35 ms step (decoding is a few rows, so every small op is pure overhead); this loop
-  runs the same arithmetic in 29 ms.
+- **Cost per op.** Decoding is a few rows, so every small op is overhead: transformers' layer loop,
+  cache update, mask handling and attention dispatch. With the same oneDNN-packed layers a one-token
+  step took 35.5 ms through transformers' forward and 32-34 ms through this loop; with the engine's
+  fused kernels (:mod:`~specbuild.engine.rowgemm`), which need this loop, 24-27 ms.
 - **Ragged rows.** The rows of a pass are concatenated (``[N, hidden]`` with ``N`` the sum of the
   rows' block widths, as vLLM and TensorRT-LLM pack tokens), not padded to the widest row: a batch of
   one 5-token verification and seven 1-token steps multiplies 12 rows by every weight, not 40. Each
@@ -19,7 +20,9 @@ positions):
 Every row's arithmetic depends only on the row itself: elementwise ops and per-row reductions, its own
 attention call, and linear layers that give a row the same bits whatever the rows beside it (the
 engine's :mod:`~specbuild.engine.rowgemm` in float32, oneDNN-packed layers in bfloat16). With
-``kernels="rowgemm"`` a layer's q/k/v and gate/up projections are one call each (fused weights).
+``kernels="rowgemm"`` a layer's q/k/v and gate/up projections are one call each (fused weights) and
+its RMSNorms one kernel call each (:func:`~specbuild.engine.rowgemm.rms_norm`, transformers'
+``LlamaRMSNorm`` arithmetic).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import _HAS_ENABLE_GQA, ENGINE_ATTENTION
-from .kernels import FUSED_GATE_UP, FUSED_QKV
+from .kernels import FUSED_GATE_UP, FUSED_QKV, OWN_KERNELS
 
 LEAN_MODEL_TYPES = ("llama",)
 
@@ -123,11 +126,22 @@ def forward_rows(
     cos, sin = inner.rotary_emb(h, positions[None])  # [1, N, head_dim]
     cos, sin = cos[0][:, None], sin[0][:, None]  # [N, 1, head_dim]
     masks = row_masks(sizes, lengths, allowed, h.dtype)
+    if getattr(model, OWN_KERNELS, False) and h.dtype == torch.float32:
+        from .rowgemm import rms_norm
+
+        def norm(module, x: torch.Tensor) -> torch.Tensor:
+            eps = getattr(module, "variance_epsilon", None)
+            return module(x) if eps is None else rms_norm(x, module.weight, eps)
+    else:
+
+        def norm(module, x: torch.Tensor) -> torch.Tensor:
+            return module(x)
+
     collected = [h] if hidden_states else None
     layers = inner.layers
     for index, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
-        x = layer.input_layernorm(h)
+        x = norm(layer.input_layernorm, h)
         head_dim = attn.head_dim
         fused = getattr(attn, FUSED_QKV, None)
         if fused is not None:  # one call; rotary embedding on q and k together
@@ -156,7 +170,7 @@ def forward_rows(
             )  # [1, H_q, T_b, D]
             out[start : start + size] = o[0].transpose(0, 1)
         h = h + attn.o_proj(out.view(1, total, -1))
-        x = layer.post_attention_layernorm(h)
+        x = norm(layer.post_attention_layernorm, h)
         fused = getattr(mlp, FUSED_GATE_UP, None)
         if fused is not None:
             gate_up = fused(x)
@@ -166,7 +180,7 @@ def forward_rows(
         h = h + mlp.down_proj(mlp.act_fn(gate) * up)
         if collected is not None and index < len(layers) - 1:
             collected.append(h)
-    h = inner.norm(h)
+    h = norm(inner.norm, h)
     if collected is not None:
         collected.append(h)
     picks = [i for start, size, first in zip(starts, sizes, logits_from) for i in range(start + first, start + size)]

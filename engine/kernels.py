@@ -135,6 +135,9 @@ def pack_linears(model: nn.Module, kernels: str) -> int:
     return swapped
 
 
+OWN_KERNELS = "specbuild_own_kernels"
+"""Set (True) on a model by :func:`pack_linears` with ``"rowgemm"``: the engine's layer loop also runs its
+RMSNorms through the engine's kernel (:func:`~specbuild.engine.rowgemm.rms_norm`)."""
 FUSED_QKV = "specbuild_qkv_proj"
 FUSED_GATE_UP = "specbuild_gate_up_proj"
 """Attributes a decoder layer's attention / MLP gets from :func:`pack_linears` with ``"rowgemm"`` when
@@ -164,4 +167,5 @@ def _swap_rowgemm(model: nn.Module) -> int:
             if type(child) is nn.Linear:
                 setattr(module, child_name, RowLinear.from_linear(child, keep_weight=child is head))
                 swapped += 1
+    setattr(model, OWN_KERNELS, True)
     return swapped

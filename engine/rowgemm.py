@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 SOURCE = Path(__file__).with_name("csrc") / "rowgemm.c"
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -81,9 +81,9 @@ def _build(compiler: str, target: Path, runtime: str | None) -> None:
     os.close(fd)
     obj = tmp + ".o"
     if runtime is None:
-        commands = [[compiler, *_FLAGS, str(SOURCE), "-o", tmp]]
+        commands = [[compiler, *_FLAGS, str(SOURCE), "-lm", "-o", tmp]]
     else:
-        commands = [[compiler, *_FLAGS, "-c", str(SOURCE), "-o", obj], [compiler, "-shared", obj, runtime, "-o", tmp]]
+        commands = [[compiler, *_FLAGS, "-c", str(SOURCE), "-o", obj], [compiler, "-shared", obj, runtime, "-lm", "-o", tmp]]
     try:
         for command in commands:
             done = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -125,6 +125,9 @@ def library() -> ctypes.CDLL | None:
                 fn = lib.specbuild_rowgemm_f32
                 fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
                 fn.restype = None
+                norm = lib.specbuild_rmsnorm_f32
+                norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
+                norm.restype = None
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 lib, reason = None, str(exc)
         _state["lib"], _state["reason"] = lib, reason
@@ -162,25 +165,17 @@ def rowgemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torc
         RuntimeError: the kernel is not available here (:func:`unavailable_reason`).
         ValueError: wrong dtype, device, shape or layout.
     """
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"the row-invariant GEMM kernel is not available: {unavailable_reason()}")
-    if x.dtype != torch.float32 or x.device.type != "cpu":
-        raise ValueError(f"rowgemm takes float32 CPU inputs, got {x.dtype} on {x.device}")
-    if packed.dim() != 3 or packed.shape[2] != 16 or not packed.is_contiguous() or x.shape[-1] != packed.shape[1] \
-            or not 16 * (packed.shape[0] - 1) < out_features <= 16 * packed.shape[0]:
-        raise ValueError(f"rowgemm needs x [..., K] and a packed weight [ceil(N / 16), K, 16] for N = {out_features}; "
-                         f"got x {tuple(x.shape)}, packed {tuple(packed.shape)}")
-    if packed.data_ptr() % 64:
-        raise ValueError("rowgemm's packed weight must start on a 64-byte boundary (pack_weight's output, or a slice of it by whole column blocks)")
-    if bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.float32 or not bias.is_contiguous()):
-        raise ValueError(f"rowgemm's bias must be a contiguous float32 [{out_features}], got {tuple(bias.shape)}")
+    lib = _kernel_library()
+    _check_packed(packed, out_features, bias)
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[-1] != packed.shape[1]:
+        raise ValueError(f"rowgemm takes float32 CPU inputs x [..., K] for a packed weight {tuple(packed.shape)}, "
+                         f"got {x.dtype} {tuple(x.shape)} on {x.device}")
     x = x.contiguous()
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if x.shape[-1] == 0:
         out = torch.zeros((*x.shape[:-1], out_features), dtype=torch.float32)
         return out if bias is None else out + bias
     out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)
+    rows = x.numel() // x.shape[-1]
     if rows:
         lib.specbuild_rowgemm_f32(
             x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
@@ -189,12 +184,35 @@ def rowgemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torc
     return out
 
 
+def _kernel_library() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the engine's CPU kernels are not available: {unavailable_reason()}")
+    return lib
+
+
+def _check_packed(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> None:
+    """Raises: ValueError unless ``packed`` is :func:`pack_weight`'s layout for ``out_features`` columns
+    (64-byte aligned, contiguous) and ``bias`` is None or a contiguous float32 ``[out_features]``."""
+    if packed.dim() != 3 or packed.shape[2] != 16 or packed.dtype != torch.float32 or not packed.is_contiguous() \
+            or not 16 * (packed.shape[0] - 1) < out_features <= 16 * packed.shape[0]:
+        raise ValueError(f"rowgemm needs a packed weight [ceil(N / 16), K, 16] for N = {out_features}, got {tuple(packed.shape)}")
+    if packed.data_ptr() % 64:
+        raise ValueError("rowgemm's packed weight must start on a 64-byte boundary (pack_weight's output, or a slice of it by whole column blocks)")
+    if bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.float32 or not bias.is_contiguous()):
+        raise ValueError(f"rowgemm's bias must be a contiguous float32 [{out_features}], got {tuple(bias.shape)}")
+
+
 class RowLinear(nn.Module):
     """``y = x W^T + b`` through :func:`rowgemm`: a row's bits never depend on the rows beside it.
 
     Holds ``W`` packed (:func:`pack_weight`); the original weight is released unless ``keep_weight``
     (a tied lm_head, whose ``weight`` draft heads read). Call with ``x [..., in_features]`` float32;
-    returns ``[..., out_features]``.
+    returns ``[..., out_features]``. The packed weight and bias are checked once, here, so a call only
+    allocates the output and runs the kernel.
+
+    Raises:
+        RuntimeError: the kernel is not available here. ValueError: a packed weight or bias :func:`rowgemm` refuses.
     """
 
     def __init__(self, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
@@ -205,16 +223,51 @@ class RowLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().float().contiguous()
         if weight is not None:
             self.weight = weight
+        _check_packed(packed, out_features, self.bias)
+        self._kernel = _kernel_library().specbuild_rowgemm_f32
+        self._bias_ptr = None if self.bias is None else self.bias.data_ptr()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, keep_weight: bool = False) -> RowLinear:
         return cls(pack_weight(linear.weight), linear.out_features, linear.bias, linear.weight if keep_weight else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rowgemm(x, self.packed, self.out_features, self.bias)
+        if x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[-1] != self.in_features:
+            return rowgemm(x, self.packed, self.out_features, self.bias)  # raises with what is wrong
+        x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.float32)
+        rows = out.numel() // self.out_features if self.out_features else 0
+        if rows and self.in_features:
+            self._kernel(x.data_ptr(), self.packed.data_ptr(), self._bias_ptr, out.data_ptr(),
+                         rows, self.out_features, self.in_features, torch.get_num_threads())
+        elif rows:
+            out.zero_()
+            if self.bias is not None:
+                out += self.bias
+        return out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, rowgemm"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (Zhang and Sennrich 2019) as transformers' ``LlamaRMSNorm`` computes it in float32:
+    ``weight * (x * rsqrt(mean(x^2, -1) + eps))``, one kernel call; each row's bits depend on that row only.
+
+    Args:
+        x: ``[..., H]`` float32 CPU. weight: ``[H]`` float32.
+
+    Raises:
+        RuntimeError: the kernel is not available here. ValueError: wrong dtype, device or shape.
+    """
+    lib = _kernel_library()
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu" or weight.shape != x.shape[-1:]:
+        raise ValueError(f"rms_norm takes float32 CPU x [..., H] and weight [H]; got x {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {tuple(weight.shape)}")
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    if x.numel():
+        lib.specbuild_rmsnorm_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], float(eps))
+    return out
 
 
 def fuse_linears(linears: list[nn.Linear]) -> tuple[RowLinear, list[RowLinear]] | None:

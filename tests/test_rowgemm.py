@@ -67,8 +67,10 @@ def test_bad_inputs_are_refused_with_what_is_wrong():
     packed = rowgemm.pack_weight(torch.randn(32, 8))
     with pytest.raises(ValueError, match="float32 CPU inputs"):
         rowgemm.rowgemm(torch.randn(2, 8, dtype=torch.float64), packed, 32)
-    with pytest.raises(ValueError, match=r"packed weight \[ceil\(N / 16\), K, 16\]"):
+    with pytest.raises(ValueError, match=r"inputs x \[..., K\]"):
         rowgemm.rowgemm(torch.randn(2, 9), packed, 32)
+    with pytest.raises(ValueError, match=r"inputs x \[..., K\]"):
+        rowgemm.RowLinear(packed, 32)(torch.randn(2, 9))  # the layer's fast path refuses it too
     with pytest.raises(ValueError, match="packed weight"):
         rowgemm.rowgemm(torch.randn(2, 8), packed, 40)  # more columns than the packed blocks hold
     with pytest.raises(ValueError, match="bias must be"):
@@ -123,3 +125,23 @@ def test_the_kernel_runs_on_torchs_openmp_runtime_not_a_second_one():
     with open("/proc/self/maps") as maps:
         runtimes = {os.path.basename(line.split()[-1]) for line in maps if "libgomp" in line or "libiomp5" in line}
     assert len(runtimes) <= 1, runtimes
+
+
+@needs_kernel
+@pytest.mark.parametrize("hidden", [64, 576, 77])
+def test_rms_norm_is_llamas_and_per_row(hidden):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    module = LlamaRMSNorm(hidden, eps=1e-5)
+    with torch.no_grad():
+        module.weight.normal_()
+    x = torch.randn(12, hidden) * 3
+    with torch.inference_mode():
+        full = rowgemm.rms_norm(x, module.weight, module.variance_epsilon)
+        torch.testing.assert_close(full, module(x), rtol=1e-5, atol=1e-5)
+        for rows in (1, 2, 5, 12):
+            assert torch.equal(rowgemm.rms_norm(x[:rows], module.weight, 1e-5), full[:rows])
+        assert torch.equal(rowgemm.rms_norm(x[7:8], module.weight, 1e-5), full[7:8])
+    with pytest.raises(ValueError, match="rms_norm takes float32"):
+        rowgemm.rms_norm(x.double(), module.weight, 1e-5)

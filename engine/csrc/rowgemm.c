@@ -16,6 +16,7 @@
  * Built by specbuild.engine.rowgemm with the host's compiler for the host's CPU (-march=native; GCC
  * vector extensions lower to AVX-512, AVX2 or NEON, whatever the CPU has).
  */
+#include <math.h>
 #include <omp.h>
 #include <string.h>
 
@@ -100,5 +101,31 @@ void specbuild_rowgemm_f32(const float *x, const float *wp, const float *bias, f
                 }
             }
         }
+    }
+}
+
+/* RMSNorm of each row (Zhang and Sennrich 2019; transformers' LlamaRMSNorm): y = w * (x * r) with
+ * r = 1 / sqrt(mean(x^2) + eps). x, y: [M, H], w: [H]; float32, contiguous. The sum of squares runs in
+ * 16 lanes over k = l, l + 16, ..., then a fixed pairwise tree, then the H % 16 tail: per row, the same
+ * order whatever M. One call per norm instead of the six elementwise ops and reductions of the module. */
+void specbuild_rmsnorm_f32(const float *x, const float *w, float *y, long M, long H, float eps) {
+    const long h16 = H & ~15L;
+    for (long m = 0; m < M; m++) {
+        const float *xr = x + m * H;
+        float *yr = y + m * H;
+        v16 acc = (v16){0};
+        for (long k = 0; k < h16; k += 16) {
+            v16 v;
+            memcpy(&v, xr + k, sizeof v);
+            acc = acc + v * v;
+        }
+        float s[16];
+        memcpy(s, &acc, sizeof s);
+        for (int width = 8; width >= 1; width >>= 1)
+            for (int i = 0; i < width; i++) s[i] = s[i] + s[i + width];
+        float sum = s[0];
+        for (long k = h16; k < H; k++) sum = sum + xr[k] * xr[k];
+        const float r = 1.0f / sqrtf(sum / (float)H + eps);
+        for (long k = 0; k < H; k++) yr[k] = w[k] * (xr[k] * r);
     }
 }
