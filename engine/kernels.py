@@ -25,6 +25,8 @@ differently from eager ``F.linear`` (~1e-6 relative), which is why this is a cho
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -90,9 +92,12 @@ def resolve_kernels(kernels: str, model: nn.Module) -> str:
     ``"eager"``; any other value is returned as it is (checked by :func:`pack_linears`)."""
     if kernels != "auto":
         return kernels
-    if rowgemm_unsupported(model) is None:
+    reason = rowgemm_unsupported(model)
+    if reason is None:
         return "rowgemm"
     param = next(model.parameters())
+    if param.device.type == "cpu" and param.dtype == torch.float32:  # where rowgemm would have run: say why not
+        logging.getLogger(__name__).warning("kernels auto: not the engine's float32 kernel (%s); using oneDNN or eager", reason)
     return "onednn" if param.device.type == "cpu" and onednn_supports(param.dtype) else "eager"
 
 

@@ -115,6 +115,7 @@ def test_without_a_compiler_the_engine_falls_back_to_onednn_and_builds_nothing(t
     reason, kernels = done.stdout.strip().splitlines()[-2:]
     assert "failed to build rowgemm.c" in reason
     assert kernels in ("onednn", "eager")
+    assert "not the engine's float32 kernel" in done.stderr  # the fallback is logged with its reason
     assert not list((tmp_path / "kernels").glob("*.so")) and not list((tmp_path / "kernels").glob("*.tmp"))
 
 
