@@ -102,7 +102,8 @@ def resolve_kernels(kernels: str, model: nn.Module) -> str:
 
 
 def pack_linears(model: nn.Module, kernels: str) -> int:
-    """Swap the ``nn.Linear`` layers of a CPU model for :class:`PackedLinear` (``kernels="onednn"``).
+    """Swap the ``nn.Linear`` layers of a CPU model for :class:`PackedLinear` (``kernels="onednn"``) or
+    :class:`~specbuild.engine.rowgemm.RowLinear` (``kernels="rowgemm"``, q/k/v and gate/up fused).
 
     ``"eager"`` changes nothing. A tied lm_head gets a packed copy of the embedding matrix (the
     embedding lookup keeps the original): one more vocabulary-sized weight in memory.
@@ -112,7 +113,8 @@ def pack_linears(model: nn.Module, kernels: str) -> int:
 
     Raises:
         ValueError: an unknown ``kernels``, ``"onednn"`` for a model not on the CPU or in another dtype
-            than float32 / bfloat16, or a torch build without oneDNN.
+            than float32 / bfloat16, or a torch build without oneDNN; ``"rowgemm"`` for a model that is
+            not float32 on the CPU, or where the kernel could not be built.
     """
     if kernels not in KERNELS:
         raise ValueError(f"kernels={kernels!r} is not known; use one of {KERNELS}")

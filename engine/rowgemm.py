@@ -5,8 +5,9 @@ weight of the model, so it is bound by memory bandwidth, not arithmetic. For the
 a request's tokens do not depend on the batch it shares, a row must also get the same bits whatever the
 number of rows beside it. BLAS does not give that (MKL runs a GEMV at one row and blocked GEMMs at
 more), and oneDNN's prepacked kernels do but stream the weights more slowly: on a 2-core Xeon (AVX-512)
-SmolLM2-135M's linears took 22.9 ms per one-row step with oneDNN against 21.1 ms with this kernel
-(``benchmarks/bench_step_cost.py``).
+all of SmolLM2-135M's linears took 24.6 ms for one row with oneDNN against 17.2 ms with this kernel,
+and 29.8 against 23.1 ms for 8 rows (``docs/results/2026-12-03-rowgemm.md``). The same library has an
+RMSNorm kernel (:func:`rms_norm`) for the engine's layer loop.
 
 ``csrc/rowgemm.c`` sums every output element in one order that depends on ``K`` only (see its header).
 It is compiled once per CPU with the host's C compiler (``$CC``, else ``cc``; ``-O3 -march=native
