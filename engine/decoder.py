@@ -67,11 +67,6 @@ def supports(model) -> bool:
     return unsupported_reason(model) is None
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def row_masks(sizes: Sequence[int], lengths: Sequence[int], allowed: Sequence[torch.Tensor | None], dtype: torch.dtype) -> list[torch.Tensor | None]:
     """Each row's additive mask ``[1, 1, T_b, L_b + T_b]``: the cached prefix visible, the block as
     ``allowed`` says (None: causal). A one-token row gets None (it sees everything)."""
@@ -114,6 +109,8 @@ def forward_rows(
     Returns:
         (logits per row ``[T_b - logits_from[b], vocab]``, hidden states per row or None).
     """
+    from transformers.models.llama.modeling_llama import rotate_half  # transformers' own rotary helper
+
     inner = model.model
     sizes = [len(t) for t in tokens]
     starts = [0]
@@ -148,14 +145,14 @@ def forward_rows(
             qkv = fused(x).view(total, -1, head_dim)  # [N, H_q + 2 H_kv, D]
             kv_heads = attn.k_proj.out_features // head_dim
             qk = qkv[:, : qkv.shape[1] - kv_heads]
-            qk = qk * cos + _rotate_half(qk) * sin
+            qk = qk * cos + rotate_half(qk) * sin
             q, k, v = qk[:, : qk.shape[1] - kv_heads], qk[:, qk.shape[1] - kv_heads :], qkv[:, qkv.shape[1] - kv_heads :]
         else:
             q = attn.q_proj(x).view(total, -1, head_dim)  # [N, H_q, D]
             k = attn.k_proj(x).view(total, -1, head_dim)  # [N, H_kv, D]
             v = attn.v_proj(x).view(total, -1, head_dim)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         gqa = q.shape[1] != k.shape[1]
         layer_keys, layer_values = keys[index], values[index]
         out = torch.empty_like(q)

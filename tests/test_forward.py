@@ -168,16 +168,20 @@ def test_a_slot_left_out_of_a_pass_keeps_its_cache(model):
     torch.testing.assert_close(waited, _sequential_logits(model, [*PREFIXES[1], 4]), rtol=1e-4, atol=1e-5)
 
 
-def test_a_row_gets_the_same_bits_alone_and_in_any_batch(tiny_checkpoint):
-    """With the engine's CPU kernels (oneDNN-packed linears, each row attending alone) a row's logits and
+@pytest.mark.parametrize("kernels", ["rowgemm", "onednn"])
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch(tiny_checkpoint, kernels):
+    """With the engine's CPU kernels (row-invariant linears, each row attending alone) a row's logits and
     hidden states do not depend on the rows beside it, their widths or their cached lengths: what makes
     greedy output and acceptance counts exactly the same alone or in any batch."""
+    from specbuild.engine import rowgemm
     from specbuild.engine.kernels import onednn_supports, pack_linears
 
-    if not onednn_supports(torch.float32):
+    if kernels == "onednn" and not onednn_supports(torch.float32):
         pytest.skip("oneDNN is not usable in this torch build")
+    if kernels == "rowgemm" and rowgemm.library() is None:
+        pytest.skip(f"rowgemm not built here: {rowgemm.unavailable_reason()}")
     packed = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
-    pack_linears(packed, "onednn")
+    pack_linears(packed, kernels)
     tree = SpecTree.from_choices(USER_TREE)
     row = _tree_row(0, tree, [5, 7, 11, 13, 17, 19, 23, 29])
     with torch.inference_mode():
