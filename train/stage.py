@@ -246,6 +246,11 @@ def _evaluate(loaded, target, tokenizer, prompts, artefact, config, log):
 
     from .evaluate import measure_acceptance, speculative_config_for
 
+    from specbuild.engine.kernels import pack_linears, resolve_kernels
+
+    # the target as a server runs it (the engine's kernels), so the card's in-process speed-up means
+    # something; the training is done and the target is not used after this
+    pack_linears(target, resolve_kernels("auto", target))
     speculative_config = speculative_config_for(loaded.recipe.speculation, artefact, config.eval_draft_len)
     ids = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]
     log(f"held-out acceptance: {len(ids)} prompts x {config.eval_max_tokens} tokens, draft length {config.eval_draft_len}")
