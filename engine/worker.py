@@ -21,8 +21,8 @@ Each iteration (:meth:`Worker.step`), as TensorRT-LLM's in-flight batching runs 
 Every row keeps its own draft length, method state, sampling parameters and seed, so its tokens and
 its acceptance counts are the same alone or in any batch (greedy: token for token; sampled: the same
 draws from the row's own generator). On CPU this holds bit for bit: the target's and the draft heads'
-linears are oneDNN-packed (a row's bits do not depend on the rows beside it, engine.kernels) and each
-row attends in its own call over exactly its own positions (engine.attention). With ``kernels="eager"``
+linears run row-invariant kernels (rowgemm or oneDNN: a row's bits do not depend on the rows beside
+it, engine.kernels) and each row attends in its own call over exactly its own positions. With ``kernels="eager"``
 or on CUDA a batched GEMM may round a row differently, so a near-tie may break the other way.
 
 A row whose drafter or acceptance fails is finished with that error and the others go on; if the

@@ -166,29 +166,40 @@ def test_rejected_request_carries_the_server_message_and_is_not_retried(server, 
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_timeout_is_typed_and_not_retried(server, protocol):
-    with SpecClient(url_of(server, protocol), protocol=protocol, timeout_s=0.2, retries=3) as client:
+def test_timeout_is_typed_and_not_retried(malformed_server, protocol):
+    """A server that answers after 2 s (mode SLOW_MODE) against timeout_s=0.2: one attempt, typed error.
+
+    The delay is the model's, not decoding speed's, so the test holds however fast the engine gets.
+    """
+    with SpecClient(url_of(malformed_server, protocol), protocol=protocol, model_name="malformed", timeout_s=0.2, retries=3) as client:
         start = time.monotonic()
         with pytest.raises(RequestTimeoutError, match="within timeout_s=0.2 s") as info:
-            client.generate("def f():", max_tokens=450, end_id=-1, num_draft_tokens=0)  # >= 1 s of decoding
+            client.generate("x", max_tokens=SLOW_MODE)
         assert isinstance(info.value, TimeoutError) and info.value.attempts == 1
-        assert time.monotonic() - start < 3
+        assert time.monotonic() - start < 1.5  # not retried: 3 attempts would take >= 0.6 s plus backoff
 
 
 # --- malformed responses ---------------------------------------------------------------------------
 
+SLOW_MODE = 9  # max_tokens that makes the 'malformed' model answer well after 2 s
+
 MALFORMED_MODEL = '''
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb
 
 
 class TritonPythonModel:
-    """Answers with a malformed response chosen by max_tokens (1: no output_ids, 2: float ids, 3: bad length)."""
+    """Answers with a malformed response chosen by max_tokens (1: no output_ids, 2: float ids, 3: bad length);
+    max_tokens 9 answers well after 2 s."""
 
     def execute(self, requests):
         responses = []
         for request in requests:
             mode = int(pb.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0])
+            if mode == 9:
+                time.sleep(2.0)
             text = pb.Tensor("text_output", np.array([[b"ok"]], dtype=np.object_))
             ids = pb.Tensor("output_ids", np.array([[[1, 2, 3]]], dtype=np.int32))
             length = pb.Tensor("sequence_length", np.array([[3]], dtype=np.int32))
