@@ -16,7 +16,7 @@ from specbuild.engine.threads import on_fresh_thread
 
 PROBE = textwrap.dedent(
     """
-    import os, torch
+    import os, time, torch
     from specbuild.engine.threads import on_fresh_thread
 
     def tasks():  # the process's OS threads, OpenMP workers included
@@ -30,6 +30,11 @@ PROBE = textwrap.dedent(
 
     base = tasks()
     on_fresh_thread(matmul)
+    # libgomp releases a finished thread's pool from a thread-exit destructor; its workers exit
+    # asynchronously, so allow them a moment (a pool that outlives its thread never goes)
+    deadline = time.monotonic() + 5
+    while tasks() != base and time.monotonic() < deadline:
+        time.sleep(0.01)
     after_fresh = tasks()
     matmul()
     after_main = tasks()
