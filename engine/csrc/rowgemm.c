@@ -27,6 +27,11 @@ typedef float v16 __attribute__((vector_size(64)));
  * vector registers. */
 #define MAX_ROWS 8
 #define TILE_BLOCKS 4
+/* Each column block's weights are a stream of one 64-byte line per k; the tile asks for the line PREFETCH_K
+ * steps ahead of the one it loads. The hardware prefetcher alone left the FMAs of a tile of several rows
+ * waiting on memory: SmolLM2-135M's linears at 8 rows cost 1.30x one row without this, 1.10x with it
+ * (2-core Xeon; distances of 16 to 64 lines measured alike). It changes no arithmetic. */
+#define PREFETCH_K 32
 
 /* rows m0 .. m0 + mm - 1 by column blocks b0 .. b0 + nb - 1 (mm, nb compile-time constants after inlining) */
 static inline __attribute__((always_inline)) void tile(const float *x, const float *wp, const float *bias, float *y,
@@ -38,7 +43,10 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
     const long wstride = K * 16; /* from one column block to the next */
     for (long k = 0; k < K; k++, w += 16, xr++) {
         v16 wv[TILE_BLOCKS];
-        for (int j = 0; j < nb; j++) wv[j] = *(const v16 *)(w + j * wstride);
+        for (int j = 0; j < nb; j++) {
+            __builtin_prefetch(w + j * wstride + PREFETCH_K * 16, 0, 3);
+            wv[j] = *(const v16 *)(w + j * wstride);
+        }
         for (int i = 0; i < mm; i++) {
             const float xs = xr[i * K];
             const v16 xv = {xs, xs, xs, xs, xs, xs, xs, xs, xs, xs, xs, xs, xs, xs, xs, xs}; /* a broadcast load */
