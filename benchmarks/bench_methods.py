@@ -1,8 +1,9 @@
 """Every speculative method of the reference engine vs plain decoding and Hugging Face's equivalents, side by side.
 
-One process, one target model object shared by every configuration, the same prompts, the same number
-of new tokens (end token disabled everywhere, so every run does equal work). Each configuration gets
-one untimed warm-up, then the runs are interleaved prompt by prompt (the order rotates per prompt) so
+One process, one target model object shared by every engine configuration (its linears packed with the
+engine's kernels, ``--kernels``, as a server runs it; Hugging Face's configurations get their own
+unpacked copy), the same prompts, the same number of new tokens (end token disabled everywhere, so
+every run does equal work). Each configuration gets one untimed warm-up, then the runs are interleaved prompt by prompt (the order rotates per prompt) so
 machine noise hits all configurations alike. Configurations:
 
     engine  plain          num_draft_tokens=0                         the baseline
@@ -57,6 +58,7 @@ from transformers import AutoTokenizer
 from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
 from specbuild.prompts import load_prompts
 from specbuild.engine import target as target_model
+from specbuild.engine.kernels import pack_linears, resolve_kernels
 from specbuild.engine.methods import method_for
 from specbuild.engine.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.types import GenerationRequest
@@ -245,15 +247,17 @@ def checkpoint_dir(spec: str) -> Path:
     return materialize_checkpoint(locate_checkpoint(spec))
 
 
-def build_configurations(args: argparse.Namespace, model: Any) -> list[Configuration]:
-    """Every configuration ``args`` asks for; engine plain first (the baseline, always present)."""
+def build_configurations(args: argparse.Namespace, model: Any, hf_model: Any = None) -> list[Configuration]:
+    """Every configuration ``args`` asks for; engine plain first (the baseline, always present). Engines run
+    ``model`` (packed with the engine's kernels, as a server runs it), Hugging Face's configurations
+    ``hf_model`` (its own ``nn.Linear``; needed only when an ``hf-*`` method is wanted)."""
     wanted = set(args.methods or METHOD_CHOICES) | {"plain"}
     draft_dir = checkpoint_dir(args.draft) if args.draft else None
     configs = [Configuration("plain", "engine plain", "k=0", engine_runner(speculative_engine(model, None), num_draft_tokens=0))]
-    configs += _ngram_configurations(args, model, wanted)
+    configs += _ngram_configurations(args, model, hf_model, wanted)
     configs += _lookahead_configurations(args, model, wanted)
     if draft_dir is not None:
-        configs += _draft_target_configurations(args, model, draft_dir, wanted)
+        configs += _draft_target_configurations(args, model, hf_model, draft_dir, wanted)
     for key, head_dir, extra in (("medusa", args.medusa, args.medusa_config), ("eagle", args.eagle, args.eagle_config)):
         if head_dir is not None and key in wanted:
             speculative_config = {"decoding_type": key.capitalize(), "speculative_model_dir": str(head_dir), **extra}
@@ -261,11 +265,11 @@ def build_configurations(args: argparse.Namespace, model: Any) -> list[Configura
             label = f"max_draft_len={engine.max_draft_len}" + (f" {json.dumps(extra)}" if extra else "")
             configs.append(Configuration(key, f"engine {key}", label, engine_runner(engine, num_draft_tokens=None)))
     if "hf-plain" in wanted:
-        configs.append(Configuration("hf-plain", "HF generate", "greedy", hf_runner(model)))
+        configs.append(Configuration("hf-plain", "HF generate", "greedy", hf_runner(hf_model)))
     return configs
 
 
-def _ngram_configurations(args: argparse.Namespace, model: Any, wanted: set[str]) -> list[Configuration]:
+def _ngram_configurations(args: argparse.Namespace, model: Any, hf_model: Any, wanted: set[str]) -> list[Configuration]:
     configs = []
     n = args.ngram_size
     for k in args.draft_lens:
@@ -273,7 +277,7 @@ def _ngram_configurations(args: argparse.Namespace, model: Any, wanted: set[str]
             spec = {"decoding_type": "NGram", "max_draft_len": k, "max_matching_ngram_size": n, "is_use_oldest": True}
             configs.append(Configuration("ngram", "engine n-gram", f"k={k} n={n}", engine_runner(speculative_engine(model, spec), num_draft_tokens=k)))
         if "hf-ngram" in wanted:
-            run = hf_runner(model, prompt_lookup_num_tokens=k, max_matching_ngram_size=n)
+            run = hf_runner(hf_model, prompt_lookup_num_tokens=k, max_matching_ngram_size=n)
             configs.append(Configuration("hf-ngram", "HF prompt lookup", f"k={k} n={n}", run))
     return configs
 
@@ -289,7 +293,7 @@ def _lookahead_configurations(args: argparse.Namespace, model: Any, wanted: set[
     return configs
 
 
-def _draft_target_configurations(args: argparse.Namespace, model: Any, draft_dir: Path, wanted: set[str]) -> list[Configuration]:
+def _draft_target_configurations(args: argparse.Namespace, model: Any, hf_model: Any, draft_dir: Path, wanted: set[str]) -> list[Configuration]:
     configs = []
     hf_draft = None
     if "hf-draft-target" in wanted:
@@ -300,7 +304,7 @@ def _draft_target_configurations(args: argparse.Namespace, model: Any, draft_dir
             run = engine_runner(speculative_engine(model, spec), num_draft_tokens=k)
             configs.append(Configuration("draft-target", "engine draft-target", f"k={k} draft={args.draft}", run))
         if hf_draft is not None:
-            run = assistant_runner(model, hf_draft, num_draft_tokens=k)
+            run = assistant_runner(hf_model, hf_draft, num_draft_tokens=k)
             configs.append(Configuration("hf-draft-target", "HF assisted", f"k={k} draft={args.draft}", run))
     return configs
 
@@ -399,6 +403,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--medusa-config", type=json_object, default={}, help="extra Medusa speculative_config keys (JSON)")
     parser.add_argument("--eagle", type=Path, help="EAGLE head directory")
     parser.add_argument("--eagle-config", type=json_object, default={}, help="extra Eagle speculative_config keys (JSON)")
+    parser.add_argument("--kernels", default="auto", choices=["auto", "eager", "onednn", "rowgemm"], help="the engine target's linear kernels (HF runs its own)")
     parser.add_argument("--methods", nargs="+", choices=METHOD_CHOICES, help="subset to run (engine plain always runs)")
     parser.add_argument("--json", type=Path, default=Path("bench_methods.json"))
     return parser.parse_args(argv)
@@ -409,17 +414,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     quiet_transformers()
     target_dir = checkpoint_dir(args.checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    model = target_model.load_target(target_dir, dtype="float32", device="cpu", trust_remote_code=False)
-    configs = build_configurations(args, model)
+    load = lambda: target_model.load_target(target_dir, dtype="float32", device="cpu", trust_remote_code=False)  # noqa: E731
+    model = load()
+    kernels = resolve_kernels(args.kernels, model)
+    pack_linears(model, kernels)  # the engine's linears, as ReferenceEngine.from_pretrained and a server use
+    wants_hf = any(m.startswith("hf-") for m in (args.methods or METHOD_CHOICES))
+    configs = build_configurations(args, model, load() if wants_hf else None)
     prompts = [(p.id, tokenizer(p.text)["input_ids"]) for p in load_prompts(args.prompts)]
     console = Console(width=None if sys.stdout.isatty() else 150)  # a pipe or log file gets the whole table
-    console.print(f"{len(configs)} configurations x {len(prompts)} prompts (+1 warm-up each) ...")
+    console.print(f"{len(configs)} configurations x {len(prompts)} prompts (+1 warm-up each), engine kernels {kernels} ...")
     totals, rows = measure(configs, prompts, args.max_tokens, log=console.print)
     summary = summarize(configs, totals)
     console.print(render(summary, num_prompts=len(prompts), max_tokens=args.max_tokens))
     console.print("speed-up: tok/s over engine plain in this run; absolute tok/s depend on the machine")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    report = {"settings": settings | {"torch_threads": torch.get_num_threads()}, "summary": summary, "runs": rows}
+    report = {"settings": settings | {"torch_threads": torch.get_num_threads(), "engine_kernels": kernels}, "summary": summary, "runs": rows}
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {args.json}")
 
