@@ -8,7 +8,8 @@ slots and kernels (``--kernels``; the engine's default ``auto`` packs the target
 oneDNN on a CPU):
 
     t_target(T)   one target forward of T = 1 .. max_k + 1 tokens after ``--context`` cached positions
-    t_draft       one draft-model forward of 1 token (with ``--draft``; the engine's CPU lm_head)
+    t_draft       one draft-model forward of 1 token (with ``--draft``), as the engine runs it: its own KV
+                  slot, packed linears, the hot-token lm_head of ``token_map.json`` beside it if any
 
 and for each draft length ``k`` the step cost ``r(k) = (k t_draft + t_target(k + 1)) / t_target(1)``
 in plain-decoding steps, and the per-token acceptance probability ``a`` (i.i.d., Leviathan eq. 1:
@@ -41,8 +42,9 @@ from specbuild.client.tune import expected_tokens_per_step, fit_acceptance
 from specbuild.engine import target as target_model
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kernels import pack_linears, resolve_kernels
-from specbuild.engine.kv_cache import rollback
 from specbuild.engine.kv_pool import KVPool, KVShape
+from specbuild.engine.methods.base import pack_draft_linears
+from specbuild.methods.token_map import read_token_ids
 
 
 def target_forward_ms(model, pool: KVPool, tokens: list[int]) -> float:
@@ -53,14 +55,12 @@ def target_forward_ms(model, pool: KVPool, tokens: list[int]) -> float:
     return (time.perf_counter() - start) * 1000.0
 
 
-def draft_forward_ms(model, cache, tokens: list[int], context_len: int) -> float:
-    """Milliseconds of one draft-model forward of ``tokens`` (its own DynamicCache, as the draft-target
-    proposer runs it), cache restored."""
+def draft_forward_ms(model, pool: KVPool, tokens: list[int]) -> float:
+    """Milliseconds of one draft-model forward of ``tokens`` as the draft-target proposer runs it: the
+    engine's forward call site over the draft's own KV slot, last logits only (slot length not advanced)."""
     start = time.perf_counter()
-    target_model.forward_logits(model, tokens, cache, num_logits=len(tokens))
-    elapsed = time.perf_counter() - start
-    rollback(cache, context_len)
-    return elapsed * 1000.0
+    forward_blocks(model, pool, [RowBlock(0, tokens, logits_from=len(tokens) - 1)])
+    return (time.perf_counter() - start) * 1000.0
 
 
 def acceptance_needed(tokens_per_step: float, k: int) -> float | None:
@@ -96,18 +96,25 @@ def main() -> None:
     vocab = target.config.get_text_config().vocab_size
     context = torch.randint(0, vocab, (args.context,)).tolist()
     pool = KVPool(KVShape.of(target), num_slots=1, capacity=args.context + args.max_k + 1, dtype=target.dtype, device="cpu")
-    draft = target_model.use_draft_lm_head(load(args.draft)) if args.draft else None
+    draft = None
+    if args.draft:  # as engine/methods/draft_target.py loads it: its hot-token lm_head, packed linears
+        draft = load(args.draft)
+        token_map = Path(args.draft) / "token_map.json"
+        draft_vocab = draft.config.get_text_config().vocab_size
+        token_ids = read_token_ids(token_map, draft_vocab) if token_map.is_file() else None
+        pack_draft_linears(target_model.use_draft_lm_head(draft, token_ids))
+        draft_pool = KVPool(KVShape.of(draft), num_slots=1, capacity=args.context + 1, dtype=draft.dtype, device="cpu")
     with torch.inference_mode():
         forward_blocks(target, pool, [RowBlock(pool.allocate(), context, logits_from=len(context) - 1)])
         pool.commit(0, list(range(len(context))))
         if draft is not None:
-            draft_cache = target_model.new_cache(draft)
-            target_model.forward_logits(draft, context, draft_cache, num_logits=1)
+            forward_blocks(draft, draft_pool, [RowBlock(draft_pool.allocate(), context, logits_from=len(context) - 1)])
+            draft_pool.commit(0, list(range(len(context))))
 
         def forward_ms(name: str, tokens: list[int]) -> float:
             if name == "target":
                 return target_forward_ms(target, pool, tokens)
-            return draft_forward_ms(draft, draft_cache, tokens, args.context)
+            return draft_forward_ms(draft, draft_pool, tokens)
 
         sizes = [("target", t) for t in range(1, args.max_k + 2)] + ([("draft", 1)] if args.draft else [])
         samples: dict[tuple[str, int], list[float]] = {s: [] for s in sizes}
