@@ -4,8 +4,8 @@ Leviathan et al. 2023 (Theorem 3.8) price a step as ``k c + 1`` target steps, as
 verifies ``k + 1`` tokens for the price of one. On a CPU it does not: the GEMMs of a few rows cost more
 than one row. This script measures, in one process and interleaved (so machine noise hits all sizes
 alike), with the engine's own forward call site (:func:`specbuild.engine.forward.forward_blocks`), KV
-slots and kernels (``--kernels``; the engine's default ``auto`` packs the target's linear layers for
-oneDNN on a CPU):
+slots and kernels (``--kernels``; the engine's default ``auto`` swaps the target's linear layers for
+its own float32 kernel, ``rowgemm``, on a CPU, or oneDNN's where that cannot be built and in bfloat16):
 
     t_target(T)   one target forward of T = 1 .. max_k + 1 tokens after ``--context`` cached positions
     t_draft       one draft-model forward of 1 token (with ``--draft``), as the engine runs it: its own KV
