@@ -10,7 +10,7 @@ and 29.8 against 23.1 ms for 8 rows (``docs/results/2026-12-03-rowgemm.md``). Th
 RMSNorm kernel (:func:`rms_norm`) for the engine's layer loop.
 
 ``csrc/rowgemm.c`` sums every output element in one order that depends on ``K`` only (see its header).
-It is compiled once per CPU with the host's C compiler (``$CC``, else ``cc``; ``-O3 -march=native
+It is compiled once per CPU with the host's C compiler (``$CC`` where set, else ``cc`` or ``gcc``; ``-O3 -march=native
 -fopenmp``) into ``<specbuild cache>/kernels/`` and loaded with :mod:`ctypes`. It is linked to the
 OpenMP runtime torch loaded (the same file, hence the same library in the process), so a pass runs on
 the calling thread's OpenMP team with torch's thread count: a second runtime would keep a second
@@ -104,9 +104,15 @@ def library() -> ctypes.CDLL | None:
         if "lib" in _state:
             return _state["lib"]  # type: ignore[return-value]
         lib, reason = None, None
-        compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        chosen = os.environ.get("CC")
+        if chosen:  # the user's choice is kept, never silently swapped for another compiler
+            compiler = shutil.which(chosen)
+            missing = f"$CC={chosen!r} is not an executable on PATH (fix or unset $CC)"
+        else:
+            compiler = shutil.which("cc") or shutil.which("gcc")
+            missing = "no C compiler (install gcc, or set $CC)"
         if compiler is None:
-            reason = "no C compiler (set $CC or install gcc)"
+            reason = missing
         else:
             from filelock import FileLock
 

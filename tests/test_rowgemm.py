@@ -98,9 +98,13 @@ def test_pack_linears_swaps_every_linear_fuses_projections_and_keeps_the_model_u
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
 
 
-def test_without_a_compiler_the_engine_falls_back_to_onednn_and_builds_nothing(tmp_path):
-    """CC names a compiler that fails: the kernel is unavailable (with the reason), ``auto`` picks oneDNN
-    or eager, and the cache holds no half-built library."""
+@pytest.mark.parametrize(("cc", "expected"), [
+    ("false", "failed to build rowgemm.c"),  # a compiler that fails
+    ("/nonexistent/cc", "$CC='/nonexistent/cc' is not an executable"),  # a typo: not silently replaced by gcc
+])
+def test_without_a_compiler_the_engine_falls_back_to_onednn_and_builds_nothing(tmp_path, cc, expected):
+    """CC names a compiler that fails or does not exist: the kernel is unavailable (with the reason),
+    ``auto`` picks oneDNN or eager, and the cache holds no half-built library."""
     code = (
         "import torch; from torch import nn\n"
         "from specbuild.engine import rowgemm\n"
@@ -109,13 +113,14 @@ def test_without_a_compiler_the_engine_falls_back_to_onednn_and_builds_nothing(t
         "print(rowgemm.unavailable_reason())\n"
         "print(resolve_kernels('auto', nn.Linear(4, 4)))\n"
     )
-    env = {**os.environ, "CC": "false", "SPECBUILD_CACHE": str(tmp_path)}
+    env = {**os.environ, "CC": cc, "SPECBUILD_CACHE": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     reason, kernels = done.stdout.strip().splitlines()[-2:]
-    assert "failed to build rowgemm.c" in reason
+    assert expected in reason
     assert kernels in ("onednn", "eager")
     assert "not the engine's float32 kernel" in done.stderr  # the fallback is logged with its reason
+    assert expected in done.stderr
     assert not list((tmp_path / "kernels").glob("*.so")) and not list((tmp_path / "kernels").glob("*.tmp"))
 
 
