@@ -183,7 +183,7 @@ def test_timeout_is_typed_and_not_retried(malformed_server, protocol):
 
 SLOW_MODE = 9  # max_tokens that makes the 'malformed' model answer well after 2 s
 
-MALFORMED_MODEL = '''
+MALFORMED_MODEL = f'''
 import time
 
 import numpy as np
@@ -192,13 +192,13 @@ import triton_python_backend_utils as pb
 
 class TritonPythonModel:
     """Answers with a malformed response chosen by max_tokens (1: no output_ids, 2: float ids, 3: bad length);
-    max_tokens 9 answers well after 2 s."""
+    max_tokens {SLOW_MODE} answers well after 2 s."""
 
     def execute(self, requests):
         responses = []
         for request in requests:
             mode = int(pb.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0])
-            if mode == 9:
+            if mode == {SLOW_MODE}:
                 time.sleep(2.0)
             text = pb.Tensor("text_output", np.array([[b"ok"]], dtype=np.object_))
             ids = pb.Tensor("output_ids", np.array([[[1, 2, 3]]], dtype=np.int32))
