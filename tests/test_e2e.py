@@ -226,8 +226,9 @@ def test_recipe_run_killed_with_sigterm_leaves_no_server_behind(tiny_checkpoint,
 
     recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra="verify:\n  prompts: humaneval:20\n  max_tokens: 64\n")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "specbuild.cli", "recipe", str(recipe), "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(tmp_path / "stderr.txt", "wb") as stderr:  # the child keeps its own descriptor; read on failure
+        proc = subprocess.Popen([sys.executable, "-m", "specbuild.cli", "recipe", str(recipe), "-o", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=stderr)
     log = out / "logs" / "tritonserver.log"
     deadline = time.monotonic() + 120
     while not (log.is_file() and "Started GRPCInferenceService" in log.read_text()):
@@ -236,7 +237,7 @@ def test_recipe_run_killed_with_sigterm_leaves_no_server_behind(tiny_checkpoint,
     repo = str((out / "triton_repo").resolve())
     assert server_pids(repo)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 130
+    assert proc.wait(timeout=60) == 130, (tmp_path / "stderr.txt").read_text(errors="replace")[-3000:]
     assert server_pids(repo) == []
 
 
