@@ -224,7 +224,11 @@ def test_recipe_run_killed_with_sigterm_leaves_no_server_behind(tiny_checkpoint,
     import signal
     import time
 
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra="verify:\n  prompts: humaneval:20\n  max_tokens: 64\n")
+    # verification long enough to be still running when the signal comes however fast the engine decodes
+    # (2 x 2000 requests; HumanEval ran out within 5 s, and a signal after the run had ended raced its exit)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "def f{i}(x):"}}\n' for i in range(2000)))
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra=f"verify:\n  prompts: {prompts}\n  max_tokens: 64\n")
     out = tmp_path / "out"
     with open(tmp_path / "stderr.txt", "wb") as stderr:  # the child keeps its own descriptor; read on failure
         proc = subprocess.Popen([sys.executable, "-m", "specbuild.cli", "recipe", str(recipe), "-o", str(out)],
