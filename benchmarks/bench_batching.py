@@ -29,6 +29,7 @@ from rich.table import Table
 
 from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
 from specbuild.prompts import load_prompts
+from specbuild.engine.kernels import KERNELS
 from specbuild.engine.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect
@@ -67,7 +68,7 @@ def main() -> None:
     parser.add_argument("--prompts", default="humaneval:8")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--kernels", default="auto", choices=["auto", "eager", "onednn", "rowgemm"])
+    parser.add_argument("--kernels", default="auto", choices=["auto", *KERNELS])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=Path("bench_batching.json"))

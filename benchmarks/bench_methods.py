@@ -3,8 +3,9 @@
 One process, one target model object shared by every engine configuration (its linears packed with the
 engine's kernels, ``--kernels``, as a server runs it; Hugging Face's configurations get their own
 unpacked copy), the same prompts, the same number of new tokens (end token disabled everywhere, so
-every run does equal work). Each configuration gets one untimed warm-up, then the runs are interleaved prompt by prompt (the order rotates per prompt) so
-machine noise hits all configurations alike. Configurations:
+every run does equal work). Each configuration gets one untimed warm-up, then the runs are interleaved
+prompt by prompt (the order rotates per prompt) so machine noise hits all configurations alike.
+Configurations:
 
     engine  plain          num_draft_tokens=0                         the baseline
     engine  n-gram         k in --draft-lens                          NGram, max_matching_ngram_size=--ngram-size
@@ -58,7 +59,7 @@ from transformers import AutoTokenizer
 from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
 from specbuild.prompts import load_prompts
 from specbuild.engine import target as target_model
-from specbuild.engine.kernels import pack_linears, resolve_kernels
+from specbuild.engine.kernels import KERNELS, pack_linears, resolve_kernels
 from specbuild.engine.methods import method_for
 from specbuild.engine.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.types import GenerationRequest
@@ -403,7 +404,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--medusa-config", type=json_object, default={}, help="extra Medusa speculative_config keys (JSON)")
     parser.add_argument("--eagle", type=Path, help="EAGLE head directory")
     parser.add_argument("--eagle-config", type=json_object, default={}, help="extra Eagle speculative_config keys (JSON)")
-    parser.add_argument("--kernels", default="auto", choices=["auto", "eager", "onednn", "rowgemm"], help="the engine target's linear kernels (HF runs its own)")
+    parser.add_argument("--kernels", default="auto", choices=["auto", *KERNELS], help="the engine target's linear kernels (HF runs its own)")
     parser.add_argument("--methods", nargs="+", choices=METHOD_CHOICES, help="subset to run (engine plain always runs)")
     parser.add_argument("--json", type=Path, default=Path("bench_methods.json"))
     return parser.parse_args(argv)

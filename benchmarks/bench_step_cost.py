@@ -41,7 +41,7 @@ from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpo
 from specbuild.client.tune import expected_tokens_per_step, fit_acceptance
 from specbuild.engine import target as target_model
 from specbuild.engine.forward import RowBlock, forward_blocks
-from specbuild.engine.kernels import pack_linears, resolve_kernels
+from specbuild.engine.kernels import KERNELS, pack_linears, resolve_kernels
 from specbuild.engine.kv_pool import KVPool, KVShape
 from specbuild.engine.methods.base import pack_draft_linears
 from specbuild.methods.token_map import read_token_ids
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--max-k", type=int, default=4, help="draft lengths 1 .. max-k")
     parser.add_argument("--context", type=int, default=256, help="cached positions before each measured forward")
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--kernels", default="auto", choices=["auto", "eager", "onednn", "rowgemm"], help="the target's linear kernels")
+    parser.add_argument("--kernels", default="auto", choices=["auto", *KERNELS], help="the target's linear kernels")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target and draft weights and KV cache")
     parser.add_argument("--speed-ups", type=float, nargs="+", default=[1.0, 1.3], help="goals to price in acceptance")
     parser.add_argument("--json", type=Path, default=Path("bench_step_cost.json"))
