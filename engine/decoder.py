@@ -14,15 +14,20 @@ positions):
 - **Ragged rows.** The rows of a pass are concatenated (``[N, hidden]`` with ``N`` the sum of the
   rows' block widths, as vLLM and TensorRT-LLM pack tokens), not padded to the widest row: a batch of
   one 5-token verification and seven 1-token steps multiplies 12 rows by every weight, not 40. Each
-  row attends in its own SDPA call over exactly its own slot's cached positions and block, which
-  also makes a free slot in between cost nothing.
+  row attends over exactly its own slot's cached positions and block, which also makes a free slot in
+  between cost nothing. PyTorch's SDPA took 54 us per layer for one query and 99 us for 8 after 256
+  positions (one call per row); the engine's kernel takes 9 and 43 us, all rows in one call.
 
 Every row's arithmetic depends only on the row itself: elementwise ops and per-row reductions, its own
-attention call, and linear layers that give a row the same bits whatever the rows beside it (the
-engine's :mod:`~specbuild.engine.rowgemm` in float32, oneDNN-packed layers in bfloat16). With
-``kernels="rowgemm"`` a layer's q/k/v and gate/up projections are one call each (fused weights) and
-its RMSNorms one kernel call each (:func:`~specbuild.engine.rowgemm.rms_norm`, transformers'
-``LlamaRMSNorm`` arithmetic).
+attention, and linear layers that give a row the same bits whatever the rows beside it (the engine's
+:mod:`~specbuild.engine.rowgemm` in float32, oneDNN-packed layers in bfloat16). With
+``kernels="rowgemm"`` (float32) a layer is seven kernel calls: RMSNorm (transformers' ``LlamaRMSNorm``
+arithmetic), the fused q/k/v projection, attention for every row at once
+(:func:`~specbuild.engine.rowgemm.attention`: rotary embedding, cache writes, each query computed alone
+in one fixed order, so a token's bits are the same in a one-token step as in a ``k + 1`` chain or a tree),
+o_proj, RMSNorm, the fused gate/up projection with SwiGLU's gate (:func:`~specbuild.engine.rowgemm.silu_mul`)
+and down_proj. Otherwise each row attends in its own PyTorch SDPA call (CPU flash attention), whose
+rounding depends on the query length (~1e-7).
 """
 
 from __future__ import annotations
@@ -109,8 +114,6 @@ def forward_rows(
     Returns:
         (logits per row ``[T_b - logits_from[b], vocab]``, hidden states per row or None).
     """
-    from transformers.models.llama.modeling_llama import rotate_half  # transformers' own rotary helper
-
     inner = model.model
     sizes = [len(t) for t in tokens]
     starts = [0]
@@ -122,8 +125,18 @@ def forward_rows(
     h = inner.embed_tokens(ids)[None]  # [1, N, hidden]
     cos, sin = inner.rotary_emb(h, positions[None])  # [1, N, head_dim]
     cos, sin = cos[0][:, None], sin[0][:, None]  # [N, 1, head_dim]
-    masks = row_masks(sizes, lengths, allowed, h.dtype)
-    if getattr(model, OWN_KERNELS, False) and h.dtype == torch.float32:
+    own = getattr(model, OWN_KERNELS, False) and h.dtype == torch.float32
+    attn0 = inner.layers[0].self_attn
+    rows = None
+    if own:
+        from . import rowgemm
+
+        if rowgemm.attention_supported(attn0.head_dim) and attn0.q_proj.out_features % attn0.k_proj.out_features == 0:
+            rows = rowgemm.AttentionRows(slots, lengths, sizes, allowed, tuple(keys[0].shape), attn0.q_proj.out_features // attn0.head_dim)
+            cos_sin = (cos[:, 0].contiguous(), sin[:, 0].contiguous())  # [N, head_dim]
+    masks = None if rows is not None else row_masks(sizes, lengths, allowed, h.dtype)
+    silu = own and getattr(model.config, "hidden_act", None) in ("silu", "swish")
+    if own:
         from .rowgemm import rms_norm
 
         def norm(module, x: torch.Tensor) -> torch.Tensor:
@@ -141,40 +154,23 @@ def forward_rows(
         x = norm(layer.input_layernorm, h)
         head_dim = attn.head_dim
         fused = getattr(attn, FUSED_QKV, None)
-        if fused is not None:  # one call; rotary embedding on q and k together
-            qkv = fused(x).view(total, -1, head_dim)  # [N, H_q + 2 H_kv, D]
-            kv_heads = attn.k_proj.out_features // head_dim
-            qk = qkv[:, : qkv.shape[1] - kv_heads]
-            qk = qk * cos + rotate_half(qk) * sin
-            q, k, v = qk[:, : qk.shape[1] - kv_heads], qk[:, qk.shape[1] - kv_heads :], qkv[:, qkv.shape[1] - kv_heads :]
+        if rows is not None:  # the engine's kernel: rotary embedding, cache writes and every row's attention
+            qkv = fused(x)[0] if fused is not None else torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)[0]
+            out = rowgemm.attention(rows, qkv, *cos_sin, keys[index], values[index], attn.scaling)
+            h = h + attn.o_proj(out[None])
         else:
-            q = attn.q_proj(x).view(total, -1, head_dim)  # [N, H_q, D]
-            k = attn.k_proj(x).view(total, -1, head_dim)  # [N, H_kv, D]
-            v = attn.v_proj(x).view(total, -1, head_dim)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-        gqa = q.shape[1] != k.shape[1]
-        layer_keys, layer_values = keys[index], values[index]
-        out = torch.empty_like(q)
-        for b, (slot, length, start, size) in enumerate(zip(slots, lengths, starts, sizes)):
-            end = length + size
-            cache_k, cache_v = layer_keys[slot], layer_values[slot]  # [H_kv, capacity, D]
-            cache_k[:, length:end] = k[start : start + size].transpose(0, 1)
-            cache_v[:, length:end] = v[start : start + size].transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                q[start : start + size].transpose(0, 1)[None], cache_k[None, :, :end], cache_v[None, :, :end],
-                attn_mask=masks[b], scale=attn.scaling, enable_gqa=gqa,
-            )  # [1, H_q, T_b, D]
-            out[start : start + size] = o[0].transpose(0, 1)
-        h = h + attn.o_proj(out.view(1, total, -1))
+            h = h + _sdpa_rows(attn, x, fused, cos, sin, keys[index], values[index], slots, lengths, starts, sizes, masks, total)
         x = norm(layer.post_attention_layernorm, h)
         fused = getattr(mlp, FUSED_GATE_UP, None)
         if fused is not None:
             gate_up = fused(x)
-            gate, up = gate_up[..., : mlp.gate_proj.out_features], gate_up[..., mlp.gate_proj.out_features :]
+            if silu:
+                h = h + mlp.down_proj(rowgemm.silu_mul(gate_up))
+            else:
+                gate, up = gate_up[..., : mlp.gate_proj.out_features], gate_up[..., mlp.gate_proj.out_features :]
+                h = h + mlp.down_proj(mlp.act_fn(gate) * up)
         else:
-            gate, up = mlp.gate_proj(x), mlp.up_proj(x)
-        h = h + mlp.down_proj(mlp.act_fn(gate) * up)
+            h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         if collected is not None and index < len(layers) - 1:
             collected.append(h)
     h = norm(inner.norm, h)
@@ -191,3 +187,36 @@ def forward_rows(
     if collected is not None:
         out_hidden = [tuple(layer_h[0, start : start + size] for layer_h in collected) for start, size in zip(starts, sizes)]
     return out_logits, out_hidden
+
+
+def _sdpa_rows(attn, x, fused, cos, sin, layer_keys, layer_values, slots, lengths, starts, sizes, masks, total) -> torch.Tensor:
+    """One layer's attention block through PyTorch's SDPA, one call per row (bfloat16, or a head size the
+    engine's kernel does not take), with transformers' rotary arithmetic; returns o_proj's output ``[1, N, hidden]``."""
+    from transformers.models.llama.modeling_llama import rotate_half  # transformers' own rotary helper
+
+    head_dim = attn.head_dim
+    if fused is not None:  # one call; rotary embedding on q and k together
+        qkv = fused(x).view(total, -1, head_dim)  # [N, H_q + 2 H_kv, D]
+        kv_heads = attn.k_proj.out_features // head_dim
+        qk = qkv[:, : qkv.shape[1] - kv_heads]
+        qk = qk * cos + rotate_half(qk) * sin
+        q, k, v = qk[:, : qk.shape[1] - kv_heads], qk[:, qk.shape[1] - kv_heads :], qkv[:, qkv.shape[1] - kv_heads :]
+    else:
+        q = attn.q_proj(x).view(total, -1, head_dim)  # [N, H_q, D]
+        k = attn.k_proj(x).view(total, -1, head_dim)  # [N, H_kv, D]
+        v = attn.v_proj(x).view(total, -1, head_dim)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+    gqa = q.shape[1] != k.shape[1]
+    out = torch.empty_like(q)
+    for b, (slot, length, start, size) in enumerate(zip(slots, lengths, starts, sizes)):
+        end = length + size
+        cache_k, cache_v = layer_keys[slot], layer_values[slot]  # [H_kv, capacity, D]
+        cache_k[:, length:end] = k[start : start + size].transpose(0, 1)
+        cache_v[:, length:end] = v[start : start + size].transpose(0, 1)
+        o = F.scaled_dot_product_attention(
+            q[start : start + size].transpose(0, 1)[None], cache_k[None, :, :end], cache_v[None, :, :end],
+            attn_mask=masks[b], scale=attn.scaling, enable_gqa=gqa,
+        )  # [1, H_q, T_b, D]
+        out[start : start + size] = o[0].transpose(0, 1)
+    return attn.o_proj(out.view(1, total, -1))

@@ -16,9 +16,13 @@ a summation order, so a row's bits change with the number of rows beside it. Two
   freely from one iteration to the next (batch size, block width, context length).
 
 Every pass of the engine, plain or speculative, alone or batched, goes through the same layers, and a
-row gets the same bits whatever the number of rows in the pass. Attention still rounds by query length
-(PyTorch's CPU flash attention), so a token's logits alone and inside a ``k + 1`` block agree to ~1e-7,
-and greedy outputs can differ only at a logit near-tie (verify reports its margin). Each kernel rounds
+row gets the same bits whatever the number of rows in the pass. With ``"rowgemm"`` the layer loop's
+attention is the engine's own kernel too (:func:`~specbuild.engine.rowgemm.attention`), which computes each
+query alone in one fixed order: a token's logits are bitwise the same in a one-token step, inside a
+``k + 1`` chain or a tree, so fp32 greedy speculative output equals plain decoding by construction. With
+``"onednn"`` attention is PyTorch's CPU flash attention, which rounds by query length: a token's logits
+alone and inside a ``k + 1`` block agree to ~1e-7, and greedy outputs can differ only at a logit near-tie
+(verify reports its margin). Each kernel rounds
 differently from eager ``F.linear`` (~1e-6 relative), which is why this is a choice made per engine
 (``kernels`` in the engine directory's config), never mixed within one.
 """

@@ -7,7 +7,8 @@ number of rows beside it. BLAS does not give that (MKL runs a GEMV at one row an
 more), and oneDNN's prepacked kernels do but stream the weights more slowly: on a 2-core Xeon (AVX-512)
 all of SmolLM2-135M's linears took 24.6 ms for one row with oneDNN against 17.2 ms with this kernel,
 and 29.8 against 23.1 ms for 8 rows (``docs/results/2026-12-03-rowgemm.md``). The same library has an
-RMSNorm kernel (:func:`rms_norm`) for the engine's layer loop.
+RMSNorm kernel (:func:`rms_norm`), an attention kernel (:func:`attention`) and SwiGLU's gate
+(:func:`silu_mul`) for the engine's layer loop.
 
 ``csrc/rowgemm.c`` sums every output element in one order that depends on ``K`` only (see its header).
 It is compiled once per CPU with the host's C compiler (``$CC`` where set, else ``cc`` or ``gcc``; ``-O3 -march=native
@@ -135,6 +136,13 @@ def library() -> ctypes.CDLL | None:
                 norm = lib.specbuild_rmsnorm_f32
                 norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
                 norm.restype = None
+                attn = lib.specbuild_attention_f32
+                attn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 8 + [ctypes.c_void_p] * 6 + [ctypes.c_float] \
+                    + [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_int]
+                attn.restype = None
+                swiglu = lib.specbuild_silu_mul_f32
+                swiglu.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+                swiglu.restype = None
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 lib, reason = None, str(exc)
         _state["lib"], _state["reason"] = lib, reason
@@ -297,3 +305,131 @@ def fuse_linears(linears: list[nn.Linear]) -> tuple[RowLinear, list[RowLinear]] 
         parts.append(RowLinear(packed[block : block + blocks], lin.out_features, None if bias is None else bias[block * 16 : (block + blocks) * 16]))
         block += blocks
     return fused, parts
+
+
+ATTENTION_GROUP = 4  # csrc/rowgemm.c MAX_GROUP: query heads that share one kv head's loads
+
+
+def attention_supported(head_dim: int) -> bool:
+    """:func:`attention` handles this head size (a multiple of 16, at most 256)."""
+    return head_dim % 16 == 0 and 16 <= head_dim <= 256
+
+
+class AttentionRows:
+    """The rows of one pass, checked once and laid out for :func:`attention` in every layer: each row's slot,
+    cached length, block size and in-block visibility, the pool's shape, and per-thread scratch.
+
+    Args:
+        slots, lengths, sizes: per row; distinct slots of the pool, ``lengths[b] + sizes[b] <= capacity``.
+        allowed: per row ``[T_b, T_b]`` bool (block token ``i`` may see ``j``) or None (causal).
+        cache_shape: every layer's pool tensor shape ``(num_slots, H_kv, capacity, D)``.
+        num_heads: ``H_q``, a multiple of ``H_kv``.
+
+    Raises:
+        ValueError: a slot outside the pool, an empty row or one past ``capacity``, an ``allowed`` of the
+            wrong shape, or heads the kernel does not take (:func:`attention_supported`).
+    """
+
+    def __init__(self, slots, lengths, sizes, allowed, cache_shape, num_heads: int) -> None:
+        num_slots, kv_heads, capacity, head_dim = cache_shape
+        if not attention_supported(head_dim) or num_heads % kv_heads:
+            raise ValueError(f"attention takes head sizes that are multiples of 16 up to 256 and H_q a multiple of H_kv; "
+                             f"got D = {head_dim}, H_q = {num_heads}, H_kv = {kv_heads}")
+        if any(not 0 <= slot < num_slots for slot in slots) or len(set(slots)) != len(slots):
+            raise ValueError(f"attention rows need distinct slots of the pool's {num_slots}, got {list(slots)}")
+        if any(size < 1 for size in sizes) or any(length + size > capacity for length, size in zip(lengths, sizes)):
+            raise ValueError(f"attention rows must hold 1 .. capacity - length tokens (capacity {capacity}): "
+                             f"lengths {list(lengths)}, sizes {list(sizes)}")
+        starts, at = [], 0
+        for size in sizes:
+            starts.append(at)
+            at += size
+        offsets, masks, used = [], [], 0
+        for size, allow in zip(sizes, allowed):
+            if allow is None:
+                offsets.append(-1)
+                continue
+            if tuple(allow.shape) != (size, size):
+                raise ValueError(f"a row's allowed mask must be [{size}, {size}], got {tuple(allow.shape)}")
+            offsets.append(used)
+            masks.append(allow.to(torch.uint8).reshape(-1))
+            used += size * size
+        self.tokens, self.rows, self.cache_shape = at, len(sizes), tuple(cache_shape)
+        self.num_heads, self.kv_heads, self.head_dim, self.capacity = num_heads, kv_heads, head_dim, capacity
+        self.width = (num_heads + 2 * kv_heads) * head_dim
+        meta = torch.tensor([list(slots), list(lengths), starts, list(sizes), offsets], dtype=torch.long)
+        mask = torch.cat(masks) if masks else torch.zeros(1, dtype=torch.uint8)
+        threads = max(1, torch.get_num_threads())
+        room = -(-capacity // 16) * 16 + 16  # a query sees at most capacity positions; padded to 16 lanes
+        self._keep = (meta, mask, scratch := torch.empty(threads * room * ATTENTION_GROUP, dtype=torch.float32),
+                      scratch_idx := torch.empty(threads * room, dtype=torch.long))
+        self._args = (kv_heads * capacity * head_dim, capacity * head_dim, at, num_heads, kv_heads, head_dim, capacity,
+                      len(sizes), *(meta[i].data_ptr() for i in range(4)), mask.data_ptr(), meta[4].data_ptr())
+        self._tail = (scratch.data_ptr(), scratch_idx.data_ptr(), room, threads)
+
+
+def attention(rows: AttentionRows, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+              cache_v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One layer's attention for the ragged rows of a pass (Vaswani et al. 2017, sec. 3.2.1, with rotary position
+    embeddings, Su et al. 2021, and grouped-query heads, Ainslie et al. 2023), in one kernel call: rotary
+    embedding of q and k (transformers' Llama arithmetic, ``x cos + rotate_half(x) sin``), k and v written into
+    each row's slot after its cached positions, then each query over its slot's cached positions and the block
+    tokens it may see.
+
+    A query's output is computed whole by one thread in one fixed order over its visible positions, so its
+    bits depend on its own visible keys and values only: a token gets the same bits as a one-token step, in
+    a ``k + 1`` chain, in a tree, alone or in any batch, with any thread count.
+
+    Args:
+        rows: the pass's rows (:class:`AttentionRows`).
+        qkv: ``[N, (H_q + 2 H_kv) D]`` float32 contiguous, the fused q/k/v projection (rotary embedding is
+            applied in place).
+        cos, sin: ``[N, D]`` float32 contiguous, each token's rotary table.
+        cache_k, cache_v: the layer's pool ``[num_slots, H_kv, capacity, D]`` float32 contiguous (``rows.cache_shape``).
+        scale: the softmax scale (``D ** -0.5`` for Llama).
+
+    Returns:
+        ``[N, H_q D]`` float32.
+
+    Raises:
+        RuntimeError: the kernel is not available here. ValueError: shapes, dtypes or layouts it cannot take.
+    """
+    lib = _kernel_library()
+    tensors = (qkv, cos, sin, cache_k, cache_v)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors) \
+            or qkv.shape != (rows.tokens, rows.width) or cos.shape != (rows.tokens, rows.head_dim) or sin.shape != cos.shape \
+            or cache_k.shape != rows.cache_shape or cache_v.shape != rows.cache_shape:
+        raise ValueError(
+            f"attention takes contiguous float32 CPU qkv [N, (H_q + 2 H_kv) D] = [{rows.tokens}, {rows.width}], "
+            f"cos/sin [N, D] = [{rows.tokens}, {rows.head_dim}] and caches {list(rows.cache_shape)}; got qkv "
+            f"{tuple(qkv.shape)} {qkv.dtype}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}, caches {tuple(cache_k.shape)} "
+            f"{tuple(cache_v.shape)} {cache_k.dtype}"
+        )
+    out = torch.empty(rows.tokens, rows.num_heads * rows.head_dim, dtype=torch.float32)
+    lib.specbuild_attention_f32(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(),
+                                *rows._args, float(scale), out.data_ptr(), *rows._tail)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate (Shazeer 2020), as transformers' ``LlamaMLP`` with SiLU: ``silu(g) * u`` for each row of
+    the fused gate/up projection ``gate_up = (g | u)``, one kernel call.
+
+    Args:
+        gate_up: ``[..., 2 I]`` float32 CPU, ``I`` a multiple of 16.
+
+    Returns:
+        ``[..., I]`` float32.
+
+    Raises:
+        RuntimeError: the kernel is not available here. ValueError: wrong dtype, device or width.
+    """
+    lib = _kernel_library()
+    if gate_up.dtype != torch.float32 or gate_up.device.type != "cpu" or gate_up.shape[-1] % 32:
+        raise ValueError(f"silu_mul takes float32 CPU [..., 2 I] with I a multiple of 16, got {gate_up.dtype} {tuple(gate_up.shape)} on {gate_up.device}")
+    gate_up = gate_up.contiguous()
+    inner = gate_up.shape[-1] // 2
+    out = torch.empty((*gate_up.shape[:-1], inner), dtype=torch.float32)
+    if out.numel():
+        lib.specbuild_silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), out.numel() // inner, inner)
+    return out
