@@ -147,7 +147,15 @@ def forward_rows(
         def norm(module, x: torch.Tensor) -> torch.Tensor:
             return module(x)
 
-    collected = [h] if hidden_states else None
+    if own:
+        from .rowgemm import RowLinear
+
+        def residual(linear, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            """``h + linear(x)``: added in place by the GEMM where the layer is the engine's (one op less)."""
+            return linear(x, accumulate_into=h) if isinstance(linear, RowLinear) else h + linear(x)
+
+        h = h.contiguous()
+    collected = [h.clone() if own else h] if hidden_states else None
     layers = inner.layers
     for index, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
@@ -157,7 +165,7 @@ def forward_rows(
         if rows is not None:  # the engine's kernel: rotary embedding, cache writes and every row's attention
             qkv = fused(x)[0] if fused is not None else torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)[0]
             out = rowgemm.attention(rows, qkv, *cos_sin, keys[index], values[index], attn.scaling)
-            h = h + attn.o_proj(out[None])
+            h = residual(attn.o_proj, out[None], h)
         else:
             h = h + _sdpa_rows(attn, x, fused, cos, sin, keys[index], values[index], slots, lengths, starts, sizes, masks, total)
         x = norm(layer.post_attention_layernorm, h)
@@ -165,14 +173,14 @@ def forward_rows(
         if fused is not None:
             gate_up = fused(x)
             if silu:
-                h = h + mlp.down_proj(rowgemm.silu_mul(gate_up))
+                h = residual(mlp.down_proj, rowgemm.silu_mul(gate_up), h)
             else:
                 gate, up = gate_up[..., : mlp.gate_proj.out_features], gate_up[..., mlp.gate_proj.out_features :]
                 h = h + mlp.down_proj(mlp.act_fn(gate) * up)
         else:
             h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         if collected is not None and index < len(layers) - 1:
-            collected.append(h)
+            collected.append(h.clone() if own else h)  # the residual stream is added to in place
     h = norm(inner.norm, h)
     if collected is not None:
         collected.append(h)

@@ -131,7 +131,7 @@ def library() -> ctypes.CDLL | None:
                         _build(compiler, target, runtime)
                 lib = ctypes.CDLL(str(target))
                 fn = lib.specbuild_rowgemm_f32
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
                 fn.restype = None
                 norm = lib.specbuild_rmsnorm_f32
                 norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
@@ -194,7 +194,7 @@ def rowgemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torc
     if rows:
         lib.specbuild_rowgemm_f32(
             x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-            rows, out_features, packed.shape[1], torch.get_num_threads(),
+            rows, out_features, packed.shape[1], torch.get_num_threads(), 0,
         )
     return out
 
@@ -246,19 +246,31 @@ class RowLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, *, keep_weight: bool = False) -> RowLinear:
         return cls(pack_weight(linear.weight), linear.out_features, linear.bias, linear.weight if keep_weight else None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, accumulate_into: torch.Tensor | None = None) -> torch.Tensor:
+        """``x W^T + b``; with ``accumulate_into`` (a residual stream, ``[..., out_features]`` float32
+        contiguous) adds it there in place, rounded as ``residual + linear(x)``, and returns that tensor.
+
+        Raises:
+            ValueError: ``accumulate_into`` of another shape, dtype or layout (and what :func:`rowgemm` refuses).
+        """
         if x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[-1] != self.in_features:
             return rowgemm(x, self.packed, self.out_features, self.bias)  # raises with what is wrong
         x = x.contiguous()
-        out = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.float32)
+        shape = (*x.shape[:-1], self.out_features)
+        if accumulate_into is None:
+            out = torch.empty(shape, dtype=torch.float32)
+        else:
+            out = accumulate_into
+            if tuple(out.shape) != shape or out.dtype != torch.float32 or out.device.type != "cpu" or not out.is_contiguous():
+                raise ValueError(f"accumulate_into must be a contiguous float32 CPU tensor {list(shape)}, got "
+                                 f"{out.dtype} {tuple(out.shape)} on {out.device}")
         rows = out.numel() // self.out_features if self.out_features else 0
         if rows and self.in_features:
             self._kernel(x.data_ptr(), self.packed.data_ptr(), self._bias_ptr, out.data_ptr(),
-                         rows, self.out_features, self.in_features, torch.get_num_threads())
+                         rows, self.out_features, self.in_features, torch.get_num_threads(), accumulate_into is not None)
         elif rows:
-            out.zero_()
-            if self.bias is not None:
-                out += self.bias
+            add = torch.zeros(shape) if self.bias is None else self.bias.expand(shape)
+            out.copy_(add) if accumulate_into is None else out.add_(add)
         return out
 
     def extra_repr(self) -> str:

@@ -83,14 +83,25 @@ def test_rows_of_a_batch_equal_sequential_runs(model, attn, choices):
         model.set_attn_implementation(ENGINE_ATTENTION)
 
 
-def test_hidden_states_are_transformers_own(model):
+@pytest.mark.parametrize("kernels", ["eager", "rowgemm"])
+def test_hidden_states_are_transformers_own(model, tiny_checkpoint, kernels):
     """What EAGLE, EAGLE-3 and Medusa read: the embeddings, each decoder layer's output, the last one
-    after the final norm, as transformers' ``output_hidden_states`` gives them."""
+    after the final norm, as transformers' ``output_hidden_states`` gives them (with the engine's kernels,
+    which add each residual in place, too: every layer's state is its own, not the last one's)."""
+    from specbuild.engine import rowgemm
+    from specbuild.engine.kernels import pack_linears
+
     block = [9, 8, 7]
+    engine_model = model
+    if kernels == "rowgemm":
+        if rowgemm.library() is None:
+            pytest.skip(f"rowgemm not built here: {rowgemm.unavailable_reason()}")
+        engine_model = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+        pack_linears(engine_model, "rowgemm")
     with torch.inference_mode():
-        pool = _pool(model)
-        slot = _prefill(model, pool, PREFIXES[0])
-        out = forward_blocks(model, pool, [RowBlock(slot, block)], hidden_states=True)
+        pool = _pool(engine_model)
+        slot = _prefill(engine_model, pool, PREFIXES[0])
+        out = forward_blocks(engine_model, pool, [RowBlock(slot, block)], hidden_states=True)
         reference = model(input_ids=torch.tensor([[*PREFIXES[0], *block]]), output_hidden_states=True).hidden_states
     assert len(out.hidden_states[0]) == len(reference) == model.config.num_hidden_layers + 1
     for mine, theirs in zip(out.hidden_states[0], reference):

@@ -151,3 +151,21 @@ def test_rms_norm_is_llamas_and_per_row(hidden):
         assert torch.equal(rowgemm.rms_norm(x[7:8], module.weight, 1e-5), full[7:8])
     with pytest.raises(ValueError, match="rms_norm takes float32"):
         rowgemm.rms_norm(x.double(), module.weight, 1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias", [True, False])
+def test_accumulating_into_a_residual_equals_adding_the_output(bias):
+    """The layer loop adds o_proj's and down_proj's outputs to the residual stream inside the GEMM: the same
+    bits as ``h + linear(x)``, in place."""
+    torch.manual_seed(0)
+    layer = rowgemm.RowLinear.from_linear(nn.Linear(40, 48, bias=bias))
+    x, h = torch.randn(1, 9, 40), torch.randn(1, 9, 48)
+    with torch.inference_mode():
+        expected = h + layer(x)
+        stream = h.clone()
+        assert layer(x, accumulate_into=stream) is stream
+        assert torch.equal(stream, expected)
+        for bad in (torch.zeros(1, 9, 47), torch.zeros(1, 9, 48, dtype=torch.float64), torch.zeros(1, 48, 9).transpose(1, 2)):
+            with pytest.raises(ValueError, match="accumulate_into must be a contiguous float32 CPU tensor"):
+                layer(x, accumulate_into=bad)

@@ -36,7 +36,8 @@ typedef float v16 __attribute__((vector_size(64)));
 
 /* rows m0 .. m0 + mm - 1 by column blocks b0 .. b0 + nb - 1 (mm, nb compile-time constants after inlining) */
 static inline __attribute__((always_inline)) void tile(const float *x, const float *wp, const float *bias, float *y,
-                                                       long N, long K, long m0, long b0, const int mm, const int nb) {
+                                                       long N, long K, long m0, long b0, const int mm, const int nb,
+                                                       int accumulate) {
     v16 acc[MAX_ROWS][TILE_BLOCKS];
     for (int i = 0; i < mm; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = (v16){0};
@@ -60,26 +61,30 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
             memcpy(s, &acc[i][j], sizeof s);
             const long n0 = (b0 + j) * 16;
             float *out = y + (m0 + i) * N + n0;
-            for (int l = 0; l < 16 && n0 + l < N; l++) out[l] = bias ? s[l] + bias[n0 + l] : s[l];
+            for (int l = 0; l < 16 && n0 + l < N; l++) {
+                const float v = bias ? s[l] + bias[n0 + l] : s[l];
+                out[l] = accumulate ? out[l] + v : v;
+            }
         }
 }
 
 #define ROW_TILES(nb)                                                                                   \
     for (long m0 = 0; m0 < M; m0 += 6) {                                                                \
         switch (M - m0 >= 6 ? 6 : M - m0) {                                                             \
-        case 6: tile(x, wp, bias, y, N, K, m0, b0, 6, nb); break;                                       \
-        case 5: tile(x, wp, bias, y, N, K, m0, b0, 5, nb); break;                                       \
-        case 4: tile(x, wp, bias, y, N, K, m0, b0, 4, nb); break;                                       \
-        case 3: tile(x, wp, bias, y, N, K, m0, b0, 3, nb); break;                                       \
-        case 2: tile(x, wp, bias, y, N, K, m0, b0, 2, nb); break;                                       \
-        default: tile(x, wp, bias, y, N, K, m0, b0, 1, nb); break;                                      \
+        case 6: tile(x, wp, bias, y, N, K, m0, b0, 6, nb, accumulate); break;                                       \
+        case 5: tile(x, wp, bias, y, N, K, m0, b0, 5, nb, accumulate); break;                                       \
+        case 4: tile(x, wp, bias, y, N, K, m0, b0, 4, nb, accumulate); break;                                       \
+        case 3: tile(x, wp, bias, y, N, K, m0, b0, 3, nb, accumulate); break;                                       \
+        case 2: tile(x, wp, bias, y, N, K, m0, b0, 2, nb, accumulate); break;                                       \
+        default: tile(x, wp, bias, y, N, K, m0, b0, 1, nb, accumulate); break;                                      \
         }                                                                                               \
     }
 
 /* x: [M, K], wp: packed [ceil(N / 16), K, 16] (64-byte aligned), bias: [N] or NULL, y: [M, N]; contiguous float32.
+ * accumulate != 0: y[m, n] = y[m, n] + (x W^T + b)[m, n] (a residual connection, rounded as y + linear(x) is). 
  * Each thread takes a contiguous range of column blocks (sizes differing by at most one). */
 void specbuild_rowgemm_f32(const float *x, const float *wp, const float *bias, float *y, long M, long N, long K,
-                           int num_threads) {
+                           int num_threads, int accumulate) {
     const long blocks = (N + 15) / 16;
     if (blocks == 0 || M <= 0) return;
     if (num_threads < 1) num_threads = 1;
@@ -92,12 +97,12 @@ void specbuild_rowgemm_f32(const float *x, const float *wp, const float *bias, f
             for (long b0 = first; b0 < last; b0 += 3) {
                 const long m0 = 0;
                 switch ((last - b0 >= 3 ? 3 : last - b0) * 10 + M) {
-                case 37: tile(x, wp, bias, y, N, K, m0, b0, 7, 3); break;
-                case 38: tile(x, wp, bias, y, N, K, m0, b0, 8, 3); break;
-                case 27: tile(x, wp, bias, y, N, K, m0, b0, 7, 2); break;
-                case 28: tile(x, wp, bias, y, N, K, m0, b0, 8, 2); break;
-                case 17: tile(x, wp, bias, y, N, K, m0, b0, 7, 1); break;
-                default: tile(x, wp, bias, y, N, K, m0, b0, 8, 1); break;
+                case 37: tile(x, wp, bias, y, N, K, m0, b0, 7, 3, accumulate); break;
+                case 38: tile(x, wp, bias, y, N, K, m0, b0, 8, 3, accumulate); break;
+                case 27: tile(x, wp, bias, y, N, K, m0, b0, 7, 2, accumulate); break;
+                case 28: tile(x, wp, bias, y, N, K, m0, b0, 8, 2, accumulate); break;
+                case 17: tile(x, wp, bias, y, N, K, m0, b0, 7, 1, accumulate); break;
+                default: tile(x, wp, bias, y, N, K, m0, b0, 8, 1, accumulate); break;
                 }
             }
         } else {
