@@ -141,7 +141,7 @@ def library() -> ctypes.CDLL | None:
                     + [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_int]
                 attn.restype = None
                 swiglu = lib.specbuild_silu_mul_f32
-                swiglu.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+                swiglu.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int]
                 swiglu.restype = None
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 lib, reason = None, str(exc)
@@ -443,5 +443,5 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     inner = gate_up.shape[-1] // 2
     out = torch.empty((*gate_up.shape[:-1], inner), dtype=torch.float32)
     if out.numel():
-        lib.specbuild_silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), out.numel() // inner, inner)
+        lib.specbuild_silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), out.numel() // inner, inner, torch.get_num_threads())
     return out

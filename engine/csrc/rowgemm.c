@@ -393,17 +393,19 @@ void specbuild_attention_f32(float *qkv, const float *cos, const float *sin, flo
 /* SwiGLU's gate (Shazeer 2020; transformers' LlamaMLP: act_fn(gate_proj(x)) * up_proj(x) with SiLU):
  * y[m, i] = g / (1 + exp(-g)) * u for gate_up [M, 2 I] = (g | u) per row (the fused gate/up projection), y [M, I].
  * exp is exp_v16 (exp(-g) for g < -88 saturates at ~1.6e38: y ~ -0). I a multiple of 16. */
-void specbuild_silu_mul_f32(const float *gate_up, float *y, long M, long I) {
-    for (long m = 0; m < M; m++) {
+void specbuild_silu_mul_f32(const float *gate_up, float *y, long M, long I, int num_threads) {
+    const long chunks = I / 16;
+    if (num_threads < 1) num_threads = 1;
+    /* elementwise, so split anywhere: one thread below 4096 elements (a one-token step), where waking the team costs more */
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1 && M * I >= 4096)
+    for (long at = 0; at < M * chunks; at++) {
+        const long m = at / chunks, i = (at % chunks) * 16;
         const float *g = gate_up + m * 2 * I, *u = g + I;
-        float *out = y + m * I;
-        for (long i = 0; i < I; i += 16) {
-            v16 gv, uv;
-            memcpy(&gv, g + i, sizeof gv);
-            memcpy(&uv, u + i, sizeof uv);
-            const v16 e = exp_v16(-gv);
-            const v16 r = gv / (e + 1.0f) * uv;
-            memcpy(out + i, &r, sizeof r);
-        }
+        v16 gv, uv;
+        memcpy(&gv, g + i, sizeof gv);
+        memcpy(&uv, u + i, sizeof uv);
+        const v16 e = exp_v16(-gv);
+        const v16 r = gv / (e + 1.0f) * uv;
+        memcpy(y + m * I + i, &r, sizeof r);
     }
 }
