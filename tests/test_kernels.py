@@ -1,9 +1,10 @@
 """The CPU kernel path (engine/kernels.py): oneDNN-prepacked linears (and the engine's own rowgemm,
 tests/test_rowgemm.py) give a row the same bits however many rows share the pass (eager ``F.linear``
-does not: MKL picks another GEMM for another row count). A token alone and the same token as one of a
-k + 1 block attend over the same keys with another query length, which PyTorch's CPU flash attention
-may round differently, so their logits agree to rounding: greedy outputs can differ only at a logit
-near-tie, which verify reports with its margin."""
+does not: MKL picks another GEMM for another row count). With oneDNN, a token alone and the same token
+as one of a k + 1 block attend over the same keys with another query length, which PyTorch's CPU flash
+attention may round differently, so their logits agree to rounding: greedy outputs can differ only at
+a logit near-tie, which verify reports with its margin. (The engine's own kernels attend per query and
+agree bit for bit: tests/test_attention_kernel.py.)"""
 
 from __future__ import annotations
 
