@@ -9,7 +9,8 @@ its own float32 kernel, ``rowgemm``, on a CPU, or oneDNN's where that cannot be 
 
     t_target(T)   one target forward of T = 1 .. max_k + 1 tokens after ``--context`` cached positions
     t_draft       one draft-model forward of 1 token (with ``--draft``), as the engine runs it: its own KV
-                  slot, packed linears, the hot-token lm_head of ``token_map.json`` beside it if any
+                  slot, packed linears (bfloat16 weights by default, ``--draft-weights``), the hot-token
+                  lm_head of ``token_map.json`` beside it if any
 
 and for each draft length ``k`` the step cost ``r(k) = (k t_draft + t_target(k + 1)) / t_target(1)``
 in plain-decoding steps, and the per-token acceptance probability ``a`` (i.i.d., Leviathan eq. 1:
@@ -43,7 +44,7 @@ from specbuild.engine import target as target_model
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kernels import KERNELS, pack_linears, resolve_kernels
 from specbuild.engine.kv_pool import KVPool, KVShape
-from specbuild.engine.methods.base import pack_draft_linears
+from specbuild.engine.methods.base import DRAFT_WEIGHTS, draft_weight_dtype, pack_draft_linears
 from specbuild.methods.token_map import read_token_ids
 
 
@@ -79,6 +80,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--kernels", default="auto", choices=["auto", *KERNELS], help="the target's linear kernels")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target and draft weights and KV cache")
+    parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
+                        help="what the draft's packed weights hold (the recipe's build.draft_weights)")
     parser.add_argument("--speed-ups", type=float, nargs="+", default=[1.0, 1.3], help="goals to price in acceptance")
     parser.add_argument("--json", type=Path, default=Path("bench_step_cost.json"))
     args = parser.parse_args()
@@ -96,27 +99,32 @@ def main() -> None:
     vocab = target.config.get_text_config().vocab_size
     context = torch.randint(0, vocab, (args.context,)).tolist()
     pool = KVPool(KVShape.of(target), num_slots=1, capacity=args.context + args.max_k + 1, dtype=target.dtype, device="cpu")
-    draft = None
-    if args.draft:  # as engine/methods/draft_target.py loads it: its hot-token lm_head, packed linears
-        draft = load(args.draft)
-        token_map = Path(args.draft) / "token_map.json"
-        draft_vocab = draft.config.get_text_config().vocab_size
-        token_ids = read_token_ids(token_map, draft_vocab) if token_map.is_file() else None
-        pack_draft_linears(target_model.use_draft_lm_head(draft, token_ids))
-        draft_pool = KVPool(KVShape.of(draft), num_slots=1, capacity=args.context + 1, dtype=draft.dtype, device="cpu")
+    # the draft as engine/methods/draft_target.py loads it (hot-token lm_head, packed linears), with its weights
+    # packed as --draft-weights says and, side by side, as float32 when that rounds them
+    drafts: dict[str, tuple] = {}
+    chosen = None
+    if args.draft:
+        weight_dtype = draft_weight_dtype(args.draft_weights, target)
+        chosen = "float32" if weight_dtype is None else str(weight_dtype).removeprefix("torch.")
+        for label, dtype in {chosen: weight_dtype, "float32": None}.items():
+            draft = load(args.draft)
+            token_map = Path(args.draft) / "token_map.json"
+            token_ids = read_token_ids(token_map, draft.config.get_text_config().vocab_size) if token_map.is_file() else None
+            pack_draft_linears(target_model.use_draft_lm_head(draft, token_ids, dtype), dtype)
+            drafts[label] = (draft, KVPool(KVShape.of(draft), num_slots=1, capacity=args.context + 1, dtype=draft.dtype, device="cpu"))
     with torch.inference_mode():
         forward_blocks(target, pool, [RowBlock(pool.allocate(), context, logits_from=len(context) - 1)])
         pool.commit(0, list(range(len(context))))
-        if draft is not None:
+        for draft, draft_pool in drafts.values():
             forward_blocks(draft, draft_pool, [RowBlock(draft_pool.allocate(), context, logits_from=len(context) - 1)])
             draft_pool.commit(0, list(range(len(context))))
 
         def forward_ms(name: str, tokens: list[int]) -> float:
             if name == "target":
                 return target_forward_ms(target, pool, tokens)
-            return draft_forward_ms(draft, draft_pool, tokens)
+            return draft_forward_ms(*drafts[name.removeprefix("draft ")], tokens)
 
-        sizes = [("target", t) for t in range(1, args.max_k + 2)] + ([("draft", 1)] if args.draft else [])
+        sizes = [("target", t) for t in range(1, args.max_k + 2)] + [(f"draft {label}", 1) for label in drafts]
         samples: dict[tuple[str, int], list[float]] = {s: [] for s in sizes}
         for r in range(args.repeats + 2):  # two untimed warm-up rounds
             for name, t in sizes[r % len(sizes):] + sizes[: r % len(sizes)]:  # rotate the order per round
@@ -125,7 +133,8 @@ def main() -> None:
                     samples[(name, t)].append(ms)
     median = {s: statistics.median(v) for s, v in samples.items()}
     plain = median[("target", 1)]
-    draft_ms = median.get(("draft", 1), 0.0)
+    draft_ms = median.get((f"draft {chosen}", 1), 0.0)
+    draft_token_ms = {label: median[(f"draft {label}", 1)] for label in drafts}
 
     rows = []
     for k in range(1, args.max_k + 1):
@@ -137,7 +146,8 @@ def main() -> None:
                      "acceptance_needed_free_draft": {str(g): acceptance_needed(g * verify_ms / plain, k) for g in args.speed_ups}})
 
     table = Table(title=f"one speculative step, {args.context} cached positions, {args.dtype}, {kernels} kernels, {torch.get_num_threads()} threads: "
-                        f"plain step {plain:.1f} ms, draft token {draft_ms:.1f} ms")
+                        f"plain step {plain:.1f} ms, draft token {draft_ms:.1f} ms"
+                        + (f" ({chosen} weights; float32: {draft_token_ms['float32']:.1f} ms)" if chosen and chosen != "float32" else ""))
     goal = max(args.speed_ups)
     for col in ("k", "verify k+1 (ms)", "verify / plain", "step cost (plain steps)",
                 *[f"a needed for {g:g}x" for g in args.speed_ups], *([f"a for {goal:g}x, free draft"] if args.draft else [])):
@@ -154,7 +164,7 @@ def main() -> None:
     console.print(table)
     console.print("a: per-token acceptance probability (Leviathan eq. 1); compare with a draft's measured rate at k = 1. "
                   "free draft: the same step with a draft that costs nothing, the floor no draft model gets under")
-    report = {"checkpoint": args.checkpoint, "draft": args.draft, "context": args.context, "dtype": args.dtype, "kernels": kernels, "threads": torch.get_num_threads(),
+    report = {"checkpoint": args.checkpoint, "draft": args.draft, "draft_weights": chosen, "draft_token_ms_by_weights": draft_token_ms, "context": args.context, "dtype": args.dtype, "kernels": kernels, "threads": torch.get_num_threads(),
               "plain_step_ms": plain, "draft_token_ms": draft_ms, "rows": rows}
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {args.json}")

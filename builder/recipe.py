@@ -97,6 +97,11 @@ class BuildConfig(_Strict):
     # own row-invariant float32 GEMM, engine/rowgemm.py, built with the host's C compiler) for float32,
     # onednn (prepacked weights, engine/kernels.py) for bfloat16 or where no compiler works, else eager.
     kernels: Literal["auto", "eager", "onednn", "rowgemm"] = "auto"
+    # Reference backend: what the draft side's packed weights hold (draft model, EAGLE/Medusa heads and
+    # their vocabulary projections) where the engine's float32 kernel runs them. auto -> bfloat16 for a
+    # float32 target on the CPU: half the bytes per draft token. The target's weights are never rounded,
+    # so this changes what is proposed, never what is accepted or output.
+    draft_weights: Literal["auto", "float32", "bfloat16"] = "auto"
     tp_size: int = Field(1, ge=1, le=64)  # tensor-parallel ranks per engine (TensorRT-LLM --tp_size)
     pp_size: int = Field(1, ge=1, le=64)  # pipeline-parallel ranks (--pp_size); world size = tp_size * pp_size
     # none | fp8 (quantize.py --qformat fp8, Hopper/Ada) | int8_wo / int4_wo (weight-only, convert_checkpoint)

@@ -278,6 +278,7 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
             "trust_remote_code": trust,
             "device": r.build.device,
             "kernels": r.build.kernels,
+            "draft_weights": r.build.draft_weights,
         },
     }
 

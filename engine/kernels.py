@@ -105,9 +105,13 @@ def resolve_kernels(kernels: str, model: nn.Module) -> str:
     return "onednn" if param.device.type == "cpu" and onednn_supports(param.dtype) else "eager"
 
 
-def pack_linears(model: nn.Module, kernels: str) -> int:
+def pack_linears(model: nn.Module, kernels: str, *, weight_dtype: torch.dtype = torch.float32) -> int:
     """Swap the ``nn.Linear`` layers of a CPU model for :class:`PackedLinear` (``kernels="onednn"``) or
     :class:`~specbuild.engine.rowgemm.RowLinear` (``kernels="rowgemm"``, q/k/v and gate/up fused).
+
+    ``weight_dtype`` (``"rowgemm"`` only): what the packed weights hold, float32, or bfloat16 for half
+    the bytes per pass (:func:`~specbuild.engine.rowgemm.pack_weight`; sums stay float32). Draft models
+    and heads only: it rounds the weights, so a target packed so would no longer be the checkpoint.
 
     ``"eager"`` changes nothing. A tied lm_head gets a packed copy of the embedding matrix (the
     embedding lookup keeps the original): one more vocabulary-sized weight in memory.
@@ -122,13 +126,15 @@ def pack_linears(model: nn.Module, kernels: str) -> int:
     """
     if kernels not in KERNELS:
         raise ValueError(f"kernels={kernels!r} is not known; use one of {KERNELS}")
+    if weight_dtype != torch.float32 and kernels != "rowgemm":
+        raise ValueError(f"weight_dtype={weight_dtype} is for kernels='rowgemm' only, not {kernels!r}")
     if kernels == "eager":
         return 0
     if kernels == "rowgemm":
         reason = rowgemm_unsupported(model)
         if reason is not None:
             raise ValueError(f"kernels='rowgemm': {reason}; use kernels='onednn', 'eager' or 'auto'")
-        return _swap_rowgemm(model)
+        return _swap_rowgemm(model, weight_dtype)
     param = next(model.parameters())
     if param.device.type != "cpu" or not onednn_supports(param.dtype):
         raise ValueError(
@@ -156,9 +162,10 @@ its projections can be fused (:func:`~specbuild.engine.rowgemm.fuse_linears`): o
 ``q_proj | k_proj | v_proj`` and for ``gate_proj | up_proj`` (:mod:`~specbuild.engine.decoder` uses them)."""
 
 
-def _swap_rowgemm(model: nn.Module) -> int:
-    """``kernels="rowgemm"``: every ``nn.Linear`` becomes a :class:`~specbuild.engine.rowgemm.RowLinear`;
-    a decoder layer's q/k/v and gate/up projections share one fused packed weight (each keeps a view)."""
+def _swap_rowgemm(model: nn.Module, weight_dtype: torch.dtype) -> int:
+    """``kernels="rowgemm"``: every ``nn.Linear`` becomes a :class:`~specbuild.engine.rowgemm.RowLinear`
+    packed as ``weight_dtype``; a decoder layer's q/k/v and gate/up projections share one fused packed
+    weight (each keeps a view)."""
     from .rowgemm import RowLinear, fuse_linears
 
     swapped = 0
@@ -166,7 +173,7 @@ def _swap_rowgemm(model: nn.Module) -> int:
         for names, fused_name in ((("q_proj", "k_proj", "v_proj"), FUSED_QKV), (("gate_proj", "up_proj"), FUSED_GATE_UP)):
             linears = [getattr(module, name, None) for name in names]
             if all(type(lin) is nn.Linear for lin in linears):
-                fused = fuse_linears(linears)
+                fused = fuse_linears(linears, weight_dtype)
                 if fused is not None:
                     setattr(module, fused_name, fused[0])
                     for name, part in zip(names, fused[1]):
@@ -176,7 +183,7 @@ def _swap_rowgemm(model: nn.Module) -> int:
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, child_name, RowLinear.from_linear(child, keep_weight=child is head))
+                setattr(module, child_name, RowLinear.from_linear(child, keep_weight=child is head, dtype=weight_dtype))
                 swapped += 1
     setattr(model, OWN_KERNELS, True)
     return swapped

@@ -130,9 +130,9 @@ def library() -> ctypes.CDLL | None:
                     if not target.exists():
                         _build(compiler, target, runtime)
                 lib = ctypes.CDLL(str(target))
-                fn = lib.specbuild_rowgemm_f32
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
-                fn.restype = None
+                for fn in (lib.specbuild_rowgemm_f32, lib.specbuild_rowgemm_bf16w):
+                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
+                    fn.restype = None
                 norm = lib.specbuild_rmsnorm_f32
                 norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
                 norm.restype = None
@@ -155,12 +155,23 @@ def unavailable_reason() -> str | None:
     return _state.get("reason")  # type: ignore[return-value]
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``[N, K]`` -> the kernel's layout ``[ceil(N / 16), K, 16]`` (column blocks of 16, zero-padded past ``N``)."""
+def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[N, K]`` -> the kernel's layout ``[ceil(N / 16), K, 16]`` (column blocks of 16, zero-padded past ``N``).
+
+    ``dtype`` is what the packed copy holds: ``torch.float32``, or ``torch.bfloat16`` (rounded to nearest
+    even) for half the bytes to stream, which the kernel widens back to float32 exactly before each
+    multiply-add (:data:`WEIGHT_DTYPES`). Raises: ValueError for another dtype.
+    """
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"rowgemm packs weights as one of {[str(d) for d in WEIGHT_DTYPES]}, not {dtype}")
     n, k = weight.shape
     blocks = -(-n // 16)
     padded = torch.nn.functional.pad(weight.detach().float(), (0, 0, 0, blocks * 16 - n))
-    return padded.view(blocks, 16, k).transpose(1, 2).contiguous()
+    return padded.view(blocks, 16, k).transpose(1, 2).to(dtype).contiguous()
+
+
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+"""What a packed weight may hold. Activations, sums and outputs are float32 either way."""
 
 
 def rowgemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -168,8 +179,8 @@ def rowgemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torc
 
     Args:
         x: ``[..., K]`` float32 (made contiguous if it is not).
-        packed: ``W [N, K]`` in the kernel's layout (:func:`pack_weight`), ``[ceil(N / 16), K, 16]``, or
-            a slice of such a tensor along its first dimension (a fused layer's part).
+        packed: ``W [N, K]`` in the kernel's layout (:func:`pack_weight`), ``[ceil(N / 16), K, 16]`` float32
+            or bfloat16, or a slice of such a tensor along its first dimension (a fused layer's part).
         out_features: ``N`` (at most ``16 * packed.shape[0]``).
         bias: ``[N]`` float32 or None.
 
@@ -192,7 +203,8 @@ def rowgemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torc
     out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)
     rows = x.numel() // x.shape[-1]
     if rows:
-        lib.specbuild_rowgemm_f32(
+        kernel = lib.specbuild_rowgemm_f32 if packed.dtype == torch.float32 else lib.specbuild_rowgemm_bf16w
+        kernel(
             x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
             rows, out_features, packed.shape[1], torch.get_num_threads(), 0,
         )
@@ -208,12 +220,16 @@ def _kernel_library() -> ctypes.CDLL:
 
 def _check_packed(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> None:
     """Raises: ValueError unless ``packed`` is :func:`pack_weight`'s layout for ``out_features`` columns
-    (64-byte aligned, contiguous) and ``bias`` is None or a contiguous float32 ``[out_features]``."""
-    if packed.dim() != 3 or packed.shape[2] != 16 or packed.dtype != torch.float32 or not packed.is_contiguous() \
+    (float32 64-byte aligned or bfloat16 32-byte aligned, contiguous) and ``bias`` is None or a contiguous
+    float32 ``[out_features]``."""
+    if packed.dim() != 3 or packed.shape[2] != 16 or packed.dtype not in WEIGHT_DTYPES or not packed.is_contiguous() \
             or not 16 * (packed.shape[0] - 1) < out_features <= 16 * packed.shape[0]:
-        raise ValueError(f"rowgemm needs a packed weight [ceil(N / 16), K, 16] for N = {out_features}, got {tuple(packed.shape)}")
-    if packed.data_ptr() % 64:
-        raise ValueError("rowgemm's packed weight must start on a 64-byte boundary (pack_weight's output, or a slice of it by whole column blocks)")
+        raise ValueError(f"rowgemm needs a packed weight [ceil(N / 16), K, 16] (float32 or bfloat16) for N = {out_features}, "
+                         f"got {packed.dtype} {tuple(packed.shape)}")
+    align = 64 if packed.dtype == torch.float32 else 32
+    if packed.data_ptr() % align:
+        raise ValueError(f"rowgemm's packed {packed.dtype} weight must start on a {align}-byte boundary (pack_weight's output, "
+                         "or a slice of it by whole column blocks)")
     if bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.float32 or not bias.is_contiguous()):
         raise ValueError(f"rowgemm's bias must be a contiguous float32 [{out_features}], got {tuple(bias.shape)}")
 
@@ -239,12 +255,14 @@ class RowLinear(nn.Module):
         if weight is not None:
             self.weight = weight
         _check_packed(packed, out_features, self.bias)
-        self._kernel = _kernel_library().specbuild_rowgemm_f32
+        lib = _kernel_library()
+        self._kernel = lib.specbuild_rowgemm_f32 if packed.dtype == torch.float32 else lib.specbuild_rowgemm_bf16w
         self._bias_ptr = None if self.bias is None else self.bias.data_ptr()
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, keep_weight: bool = False) -> RowLinear:
-        return cls(pack_weight(linear.weight), linear.out_features, linear.bias, linear.weight if keep_weight else None)
+    def from_linear(cls, linear: nn.Linear, *, keep_weight: bool = False, dtype: torch.dtype = torch.float32) -> RowLinear:
+        """``linear`` packed as ``dtype`` (:func:`pack_weight`)."""
+        return cls(pack_weight(linear.weight, dtype), linear.out_features, linear.bias, linear.weight if keep_weight else None)
 
     def forward(self, x: torch.Tensor, accumulate_into: torch.Tensor | None = None) -> torch.Tensor:
         """``x W^T + b``; with ``accumulate_into`` (a residual stream, ``[..., out_features]`` float32
@@ -274,7 +292,8 @@ class RowLinear(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, rowgemm"
+        weights = "" if self.packed.dtype == torch.float32 else ", bfloat16 weights"
+        return f"in_features={self.in_features}, out_features={self.out_features}, rowgemm{weights}"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -297,9 +316,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def fuse_linears(linears: list[nn.Linear]) -> tuple[RowLinear, list[RowLinear]] | None:
+def fuse_linears(linears: list[nn.Linear], dtype: torch.dtype = torch.float32) -> tuple[RowLinear, list[RowLinear]] | None:
     """One :class:`RowLinear` over the concatenated outputs of ``linears`` (same input), and one per layer
     viewing its part of the fused weight (no copy): a pass calls the fused layer once instead of each.
+    ``dtype``: what the packed weight holds (:func:`pack_weight`).
 
     Returns None unless every layer has ``out_features`` a multiple of 16 (the kernel's column blocks),
     the same ``in_features`` and a bias if any has one.
@@ -308,7 +328,7 @@ def fuse_linears(linears: list[nn.Linear]) -> tuple[RowLinear, list[RowLinear]] 
         return None
     if len({lin.bias is None for lin in linears}) != 1:
         return None
-    packed = pack_weight(torch.cat([lin.weight.detach() for lin in linears]))
+    packed = pack_weight(torch.cat([lin.weight.detach() for lin in linears]), dtype)
     bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
     fused = RowLinear(packed, packed.shape[0] * 16, bias)
     parts, block = [], 0

@@ -57,7 +57,7 @@ from .drafters import (
 from .forward import check_mask_attention
 from .kernels import pack_linears, resolve_kernels
 from .methods import method_for
-from .methods.base import EngineMethod, MethodContext
+from .methods.base import EngineMethod, MethodContext, draft_weight_dtype
 from .sampling import Sampler
 from .stream import Steps, collect
 from .threads import on_fresh_thread
@@ -114,6 +114,7 @@ class ReferenceEngine:
         speculative_config: dict | None = None,
         base_dir: str | Path | None = None,
         trust_remote_code: bool = False,
+        draft_weights: str = "auto",
     ) -> None:
         """Set up the engine around a loaded target; loads the method's extra models (a draft) if any.
 
@@ -121,9 +122,11 @@ class ReferenceEngine:
             speculative_config: TensorRT-LLM LLM-API keys, validated by the method's recipe settings model
                 (:meth:`specbuild.methods.SpeculationMethod.parse_speculative_config`); None for none.
             base_dir: where relative paths of ``speculative_config`` resolve (the engine directory).
+            draft_weights: what the draft side's packed weights hold where the engine's float32 kernel
+                runs them: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (:func:`~specbuild.engine.methods.base.draft_weight_dtype`).
 
         Raises:
-            ValueError: bad speculative_config, settings the reference engine does not implement
+            ValueError: an unknown ``draft_weights``; bad speculative_config, settings the reference engine does not implement
                 (``posterior_threshold``), ``max_draft_len`` past the build (for Medusa: more tree
                 nodes than the build's max_draft_len), or a draft / Medusa heads that do not fit the
                 target (e.g. a different vocab_size or hidden_size).
@@ -135,6 +138,7 @@ class ReferenceEngine:
         self._decoding_type: str | None = None
         self._method: EngineMethod | None = None
         self._method_state: Any = None
+        weight_dtype = draft_weight_dtype(draft_weights, model)  # raises on an unknown setting, with or without a method
         if self._speculative_config is not None:
             method = method_for(self._speculative_config)
             params = method.parse_speculative_config(self._speculative_config, base_dir=None if base_dir is None else Path(base_dir))
@@ -145,7 +149,8 @@ class ReferenceEngine:
             self._decoding_type = method.decoding_type
             self._method = method.engine()
             self._method_state = self._method.load(
-                params, MethodContext(model, trust_remote_code, limits.max_batch_size, limits.max_seq_len)
+                params, MethodContext(model, trust_remote_code, limits.max_batch_size, limits.max_seq_len,
+                                      weight_dtype)
             )
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         check_mask_attention(model)
@@ -163,6 +168,7 @@ class ReferenceEngine:
         trust_remote_code: bool = False,
         base_dir: str | Path | None = None,
         kernels: str = "auto",
+        draft_weights: str = "auto",
     ) -> ReferenceEngine:
         """Load a local Hugging Face checkpoint as the target (and a draft checkpoint for DraftTarget).
 
@@ -177,6 +183,7 @@ class ReferenceEngine:
             kernels: the target's linear-layer kernels (:mod:`~specbuild.engine.kernels`): ``"eager"``,
                 ``"onednn"`` (prepacked weights, CPU), ``"rowgemm"`` (the engine's float32 CPU kernel,
                 :mod:`~specbuild.engine.rowgemm`) or ``"auto"`` (rowgemm, else onednn, where they apply).
+            draft_weights: as for the constructor.
 
         Loading and packing run on a short-lived thread (:func:`~specbuild.engine.threads.on_fresh_thread`),
         so that they leave no OpenMP pool on the caller's thread to slow the scheduler's.
@@ -199,6 +206,7 @@ class ReferenceEngine:
                 speculative_config=speculative_config,
                 base_dir=base_dir,
                 trust_remote_code=trust_remote_code,
+                draft_weights=draft_weights,
             )
 
         # Loading runs OpenMP regions; on a short-lived thread they leave no thread pool behind to slow
@@ -237,6 +245,7 @@ class ReferenceEngine:
             trust_remote_code=bool(extra.get("trust_remote_code", False)),
             base_dir=engine_dir,
             kernels=extra.get("kernels", "auto"),
+            draft_weights=extra.get("draft_weights", "auto"),
         )
 
     @property

@@ -84,6 +84,31 @@ def test_target_as_its_own_draft_gets_everything_accepted(engines, plain_outputs
     assert all(r.num_decoding_iterations == -(-(NEW_TOKENS - 1) // (num_draft_tokens + 1)) for r in results)
 
 
+def _packed_dtypes(module) -> set[torch.dtype]:
+    from specbuild.engine.rowgemm import RowLinear
+
+    return {m.packed.dtype for m in module.modules() if isinstance(m, RowLinear)}
+
+
+@pytest.mark.skipif(__import__("specbuild.engine.rowgemm", fromlist=["library"]).library() is None, reason="rowgemm not built here")
+def test_draft_weights_round_the_draft_only_and_keep_the_output(checkpoints, engines, plain_outputs):
+    """build.draft_weights: "auto" (the default, a float32 CPU target) packs the draft's layers and its
+    lm_head projection as bfloat16, "float32" keeps them; the target keeps float32 either way, so the
+    output is plain greedy's with both, and the unrounded self-draft is always accepted."""
+    auto = engines["random"]
+    assert _packed_dtypes(auto._method_state.model) == {torch.bfloat16}
+    assert _packed_dtypes(auto._model) == {torch.float32}
+    kept = ReferenceEngine.from_pretrained(checkpoints["target"], speculative_config=draft_target(checkpoints["same"]),
+                                           limits=LIMITS, draft_weights="float32")
+    assert _packed_dtypes(kept._method_state.model) == {torch.float32}
+    for engine in (auto, kept):
+        assert [_run(engine, p, num_draft_tokens=2).output_ids for p in PROMPTS] == plain_outputs
+    assert all(_run(kept, p, num_draft_tokens=2).acceptance_rate == 1.0 for p in PROMPTS)
+    with pytest.raises(ValueError, match=r"draft_weights='half' is not one of \('auto', 'float32', 'bfloat16'\)"):
+        ReferenceEngine.from_pretrained(checkpoints["target"], speculative_config=draft_target(checkpoints["random"]),
+                                        limits=LIMITS, draft_weights="half")
+
+
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 6, 11])
 def test_max_tokens_never_exceeded(engines, plain_outputs, max_tokens):
     for engine in engines.values():

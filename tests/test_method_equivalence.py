@@ -61,6 +61,45 @@ def test_one_request_equals_plain_greedy(method_engines, plain, method, kind, nu
 # --- stopping ------------------------------------------------------------------------------------
 
 
+def _row_linears(obj, seen=None) -> list:
+    """Every RowLinear reachable from ``obj`` through modules, dataclasses, lists and specbuild objects."""
+    import torch
+
+    from specbuild.engine.rowgemm import RowLinear
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (torch.Tensor, str, int, float, type(None))):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, RowLinear):
+        return [obj]
+    if isinstance(obj, torch.nn.Module):
+        return [m for m in obj.modules() if isinstance(m, RowLinear)]
+    if isinstance(obj, (list, tuple)):
+        return [r for item in obj for r in _row_linears(item, seen)]
+    if type(obj).__module__.startswith("specbuild") and hasattr(obj, "__dict__"):
+        return [r for value in vars(obj).values() for r in _row_linears(value, seen)]
+    return []
+
+
+@pytest.mark.parametrize("method", ["draft_target", "medusa", "eagle", "eagle3"])
+def test_draft_side_weights_are_bfloat16_and_the_targets_float32(method_engines, method):
+    """build.draft_weights "auto" on a float32 CPU target: the draft model or heads and their vocabulary
+    projections stream bfloat16 weights; every test of this suite then shows the output is still plain
+    greedy's. The target's own layers are never rounded."""
+    import torch
+
+    from specbuild.engine import rowgemm
+
+    if rowgemm.library() is None:
+        pytest.skip(f"rowgemm not built here: {rowgemm.unavailable_reason()}")
+    engine = method_engines[method, "random"]
+    target = _row_linears(engine._model)
+    draft_side = [layer for layer in _row_linears(engine._method_state) if all(layer is not t for t in target)]  # EAGLE holds the target's lm_head too
+    assert draft_side and {layer.packed.dtype for layer in draft_side} == {torch.bfloat16}
+    assert {layer.packed.dtype for layer in target} == {torch.float32}
+
+
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 9])
 @pytest.mark.parametrize("method, kind", CASES)
 def test_max_tokens_never_exceeded(method_engines, plain, method, kind, max_tokens):

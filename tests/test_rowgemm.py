@@ -22,15 +22,21 @@ needs_kernel = pytest.mark.skipif(rowgemm.library() is None, reason=f"rowgemm no
 @needs_kernel
 @pytest.mark.parametrize("shape", [(64, 96), (96, 1000), (77, 50), (16, 16), (1, 3)], ids=str)
 @pytest.mark.parametrize("bias", [True, False])
-def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(shape, bias):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(shape, bias, dtype):
+    """float32 weights, or bfloat16 ones (draft-side layers), which the kernel widens exactly: the result is
+    the float32 product with the rounded weight."""
     torch.manual_seed(0)
     linear = nn.Linear(*shape, bias=bias)
-    layer = rowgemm.RowLinear.from_linear(linear)
+    layer = rowgemm.RowLinear.from_linear(linear, dtype=dtype)
+    assert layer.packed.dtype == dtype
     x = torch.randn(40, shape[0])
     threads = torch.get_num_threads()
     with torch.inference_mode():
         full = layer(x)
-        torch.testing.assert_close(full, linear(x), rtol=1e-4, atol=1e-4)
+        rounded = linear.weight.to(dtype).double()  # what the packed copy holds, summed exactly
+        expected = x.double() @ rounded.T + (0 if linear.bias is None else linear.bias.double())
+        torch.testing.assert_close(full, expected.float(), rtol=1e-4, atol=1e-4)
         for rows in range(1, 41):  # every tile shape: 1..6 rows, 7/8 rows, several tiles
             assert torch.equal(layer(x[:rows]), full[:rows]), rows
             assert torch.equal(layer(x[rows - 1 : rows]), full[rows - 1 : rows]), rows  # alone, at index 0
@@ -79,6 +85,33 @@ def test_bad_inputs_are_refused_with_what_is_wrong():
         rowgemm.rowgemm(torch.randn(2, 8), torch.zeros(3 * 8 * 16 + 1)[1:].view(3, 8, 16), 40)
     assert rowgemm.rowgemm(torch.randn(0, 8), packed, 32).shape == (0, 32)
     assert rowgemm.rowgemm(torch.randn(3, 8), rowgemm.pack_weight(torch.randn(0, 8)), 0).shape == (3, 0)
+
+
+@needs_kernel
+def test_bfloat16_weights_halve_the_bytes_and_are_refused_where_they_do_not_fit():
+    torch.manual_seed(0)
+    weight = torch.randn(40, 24)
+    packed = rowgemm.pack_weight(weight, torch.bfloat16)
+    assert packed.dtype == torch.bfloat16 and packed.shape == (3, 24, 16)
+    assert packed.untyped_storage().nbytes() == rowgemm.pack_weight(weight).untyped_storage().nbytes() // 2
+    # the packed copy is the weight rounded to nearest even, column block by column block
+    assert torch.equal(packed.transpose(1, 2).reshape(48, 24)[:40], weight.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="rowgemm packs weights as one of"):
+        rowgemm.pack_weight(weight, torch.float16)
+    with pytest.raises(ValueError, match="32-byte boundary"):  # a bfloat16 vector load needs 32-byte alignment
+        rowgemm.rowgemm(torch.randn(2, 8), torch.zeros(2 * 8 * 16 + 8, dtype=torch.bfloat16)[8:].view(2, 8, 16), 32)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        rowgemm.RowLinear(packed.half(), 40)
+    linears = [nn.Linear(48, 64), nn.Linear(48, 32)]
+    fused, parts = rowgemm.fuse_linears(linears, torch.bfloat16)
+    x = torch.randn(3, 48)
+    with torch.inference_mode():
+        assert torch.equal(torch.cat([part(x) for part in parts], -1), fused(x))
+        assert torch.equal(parts[1](x), rowgemm.RowLinear.from_linear(linears[1], dtype=torch.bfloat16)(x))
+    model = nn.Sequential(nn.Linear(8, 16))
+    with pytest.raises(ValueError, match="weight_dtype=torch.bfloat16 is for kernels='rowgemm' only"):
+        pack_linears(model, "onednn", weight_dtype=torch.bfloat16)
+    assert pack_linears(model, "rowgemm", weight_dtype=torch.bfloat16) == 1 and model[0].packed.dtype == torch.bfloat16
 
 
 @needs_kernel

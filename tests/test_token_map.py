@@ -122,9 +122,9 @@ def plain(model):
     return hf_greedy(model, PROMPTS, NEW_TOKENS)
 
 
-def _engine(model, config, max_draft_len) -> ReferenceEngine:
+def _engine(model, config, max_draft_len, **kwargs) -> ReferenceEngine:
     limits = EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=160, max_draft_len=max_draft_len)
-    return ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=config)
+    return ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=config, **kwargs)
 
 
 def _run(engine, prompts=PROMPTS):
@@ -174,15 +174,16 @@ def test_decoding_with_a_token_map_equals_plain_greedy_and_drafts_only_its_token
 
 
 def test_a_perfect_draft_is_accepted_only_within_the_map(model, tiny_checkpoint, plain, tmp_path):
-    """The target as its own draft: every draft is accepted with the whole vocabulary, none when the map
-    holds none of the tokens the target says; the output is plain greedy's either way."""
+    """The target as its own draft (its weights unrounded: ``draft_weights="float32"``): every draft is
+    accepted with the whole vocabulary, none when the map holds none of the tokens the target says; the
+    output is plain greedy's either way."""
     emitted = {t for out in plain for t in out}
     maps = {"all": list(range(VOCAB)), "none of the output": sorted(set(range(VOCAB)) - emitted)}
     accepted = {}
     for name, ids in maps.items():
         config = {"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model_dir": str(tiny_checkpoint),
                   "speculative_token_map": str(write_token_map(tmp_path / f"{len(ids)}.json", ids))}
-        results = _run(_engine(model, config, 3))
+        results = _run(_engine(model, config, 3, draft_weights="float32"))
         assert [r.output_ids for r in results] == plain, name
         accepted[name] = sum(r.total_accepted_draft_tokens for r in results) / sum(r.total_draft_tokens for r in results)
     assert accepted["all"] == 1.0

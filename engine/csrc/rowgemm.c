@@ -36,21 +36,33 @@ typedef float v16 __attribute__((vector_size(64)));
  * linears at 8 rows -0.5 ms of 23.5 (2-core Xeon with AMX). It changes no arithmetic. */
 #define PREFETCH_K 32
 
-/* rows m0 .. m0 + mm - 1 by column blocks b0 .. b0 + nb - 1 (mm, nb compile-time constants after inlining) */
-static inline __attribute__((always_inline)) void tile(const float *x, const float *wp, const float *bias, float *y,
+typedef int vi16 __attribute__((vector_size(64)));
+typedef unsigned short vh16 __attribute__((vector_size(32)));
+
+/* 16 columns' weights at one k: float32, or bfloat16 (the upper half of a float32) widened exactly to float32 */
+static inline __attribute__((always_inline)) v16 load_w(const char *p, const int half) {
+    if (half) return (v16)(__builtin_convertvector(*(const vh16 *)p, vi16) << 16);
+    return *(const v16 *)p;
+}
+
+/* rows m0 .. m0 + mm - 1 by column blocks b0 .. b0 + nb - 1 (mm, nb, half compile-time constants after inlining);
+ * half: the packed weight holds bfloat16 (2 bytes per weight), else float32 */
+static inline __attribute__((always_inline)) void tile(const float *x, const void *wp, const float *bias, float *y,
                                                        long N, long K, long m0, long b0, const int mm, const int nb,
-                                                       int accumulate) {
+                                                       int accumulate, const int half) {
     v16 acc[MAX_ROWS][TILE_BLOCKS];
     for (int i = 0; i < mm; i++)
         for (int j = 0; j < nb; j++) acc[i][j] = (v16){0};
-    const float *w = wp + b0 * K * 16, *xr = x + m0 * K;
-    const long wstride = K * 16; /* from one column block to the next */
-    for (long k = 0; k < K; k++, w += 16, xr++) {
+    const long step = half ? 32 : 64;                                  /* bytes of one k of one column block */
+    const char *w = (const char *)wp + b0 * K * step;
+    const float *xr = x + m0 * K;
+    const long wstride = K * step; /* from one column block to the next */
+    for (long k = 0; k < K; k++, w += step, xr++) {
         v16 wv[TILE_BLOCKS];
         for (int j = 0; j < nb; j++) {
             /* in the last PREFETCH_K steps, the start of the same stream of the next tile (column block b0 + nb + j) */
-            __builtin_prefetch(w + j * wstride + PREFETCH_K * 16 + (k + PREFETCH_K >= K ? (nb - 1) * wstride : 0), 0, 3);
-            wv[j] = *(const v16 *)(w + j * wstride);
+            __builtin_prefetch(w + j * wstride + PREFETCH_K * step + (k + PREFETCH_K >= K ? (nb - 1) * wstride : 0), 0, 3);
+            wv[j] = load_w(w + j * wstride, half);
         }
         for (int i = 0; i < mm; i++) {
             const float xs = xr[i * K];
@@ -74,20 +86,21 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
 #define ROW_TILES(nb)                                                                                   \
     for (long m0 = 0; m0 < M; m0 += 6) {                                                                \
         switch (M - m0 >= 6 ? 6 : M - m0) {                                                             \
-        case 6: tile(x, wp, bias, y, N, K, m0, b0, 6, nb, accumulate); break;                                       \
-        case 5: tile(x, wp, bias, y, N, K, m0, b0, 5, nb, accumulate); break;                                       \
-        case 4: tile(x, wp, bias, y, N, K, m0, b0, 4, nb, accumulate); break;                                       \
-        case 3: tile(x, wp, bias, y, N, K, m0, b0, 3, nb, accumulate); break;                                       \
-        case 2: tile(x, wp, bias, y, N, K, m0, b0, 2, nb, accumulate); break;                                       \
-        default: tile(x, wp, bias, y, N, K, m0, b0, 1, nb, accumulate); break;                                      \
+        case 6: tile(x, wp, bias, y, N, K, m0, b0, 6, nb, accumulate, half); break;                                 \
+        case 5: tile(x, wp, bias, y, N, K, m0, b0, 5, nb, accumulate, half); break;                                 \
+        case 4: tile(x, wp, bias, y, N, K, m0, b0, 4, nb, accumulate, half); break;                                 \
+        case 3: tile(x, wp, bias, y, N, K, m0, b0, 3, nb, accumulate, half); break;                                 \
+        case 2: tile(x, wp, bias, y, N, K, m0, b0, 2, nb, accumulate, half); break;                                 \
+        default: tile(x, wp, bias, y, N, K, m0, b0, 1, nb, accumulate, half); break;                                \
         }                                                                                               \
     }
 
-/* x: [M, K], wp: packed [ceil(N / 16), K, 16] (64-byte aligned), bias: [N] or NULL, y: [M, N]; contiguous float32.
+/* x: [M, K], wp: packed [ceil(N / 16), K, 16] float32 (64-byte aligned) or bfloat16 (32-byte aligned), bias: [N] or NULL, y: [M, N]; contiguous float32.
  * accumulate != 0: y[m, n] = y[m, n] + (x W^T + b)[m, n] (a residual connection, rounded as y + linear(x) is). 
  * Each thread takes a contiguous range of column blocks (sizes differing by at most one). */
-void specbuild_rowgemm_f32(const float *x, const float *wp, const float *bias, float *y, long M, long N, long K,
-                           int num_threads, int accumulate) {
+static inline __attribute__((always_inline)) void rowgemm(const float *x, const void *wp, const float *bias, float *y,
+                                                          long M, long N, long K, int num_threads, int accumulate,
+                                                          const int half) {
     const long blocks = (N + 15) / 16;
     if (blocks == 0 || M <= 0) return;
     if (num_threads < 1) num_threads = 1;
@@ -100,12 +113,12 @@ void specbuild_rowgemm_f32(const float *x, const float *wp, const float *bias, f
             for (long b0 = first; b0 < last; b0 += 3) {
                 const long m0 = 0;
                 switch ((last - b0 >= 3 ? 3 : last - b0) * 10 + M) {
-                case 37: tile(x, wp, bias, y, N, K, m0, b0, 7, 3, accumulate); break;
-                case 38: tile(x, wp, bias, y, N, K, m0, b0, 8, 3, accumulate); break;
-                case 27: tile(x, wp, bias, y, N, K, m0, b0, 7, 2, accumulate); break;
-                case 28: tile(x, wp, bias, y, N, K, m0, b0, 8, 2, accumulate); break;
-                case 17: tile(x, wp, bias, y, N, K, m0, b0, 7, 1, accumulate); break;
-                default: tile(x, wp, bias, y, N, K, m0, b0, 8, 1, accumulate); break;
+                case 37: tile(x, wp, bias, y, N, K, m0, b0, 7, 3, accumulate, half); break;
+                case 38: tile(x, wp, bias, y, N, K, m0, b0, 8, 3, accumulate, half); break;
+                case 27: tile(x, wp, bias, y, N, K, m0, b0, 7, 2, accumulate, half); break;
+                case 28: tile(x, wp, bias, y, N, K, m0, b0, 8, 2, accumulate, half); break;
+                case 17: tile(x, wp, bias, y, N, K, m0, b0, 7, 1, accumulate, half); break;
+                default: tile(x, wp, bias, y, N, K, m0, b0, 8, 1, accumulate, half); break;
                 }
             }
         } else {
@@ -119,6 +132,19 @@ void specbuild_rowgemm_f32(const float *x, const float *wp, const float *bias, f
             }
         }
     }
+}
+
+void specbuild_rowgemm_f32(const float *x, const float *wp, const float *bias, float *y, long M, long N, long K,
+                           int num_threads, int accumulate) {
+    rowgemm(x, wp, bias, y, M, N, K, num_threads, accumulate, 0);
+}
+
+/* The same with bfloat16 weights (wp: uint16 bit patterns), each widened exactly to float32 before its fma: the
+ * sums run in float32 in the same order, so a row's bits still never depend on the rows beside it. Half the bytes
+ * to stream; for draft-side weights, whose rounding changes what is proposed, never what is accepted. */
+void specbuild_rowgemm_bf16w(const float *x, const unsigned short *wp, const float *bias, float *y, long M, long N,
+                             long K, int num_threads, int accumulate) {
+    rowgemm(x, wp, bias, y, M, N, K, num_threads, accumulate, 1);
 }
 
 /* RMSNorm of each row (Zhang and Sennrich 2019; transformers' LlamaRMSNorm): y = w * (x * r) with
@@ -148,8 +174,6 @@ void specbuild_rmsnorm_f32(const float *x, const float *w, float *y, long M, lon
 }
 
 /* ---- Attention for the engine's layer loop (specbuild.engine.decoder) ---------------------------------- */
-
-typedef int vi16 __attribute__((vector_size(64)));
 
 /* exp(x), 16 lanes: Cody-Waite reduction x = n ln2 + r and Cephes' polynomial for e^r (cephes/single/expf.c),
  * then 2^n in the exponent bits; about 1 ulp. x is clamped to [-87.34, 88]: under it gives ~1e-38 (never 0

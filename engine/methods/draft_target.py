@@ -122,8 +122,8 @@ def load_draft(config: DraftTargetSpeculation, context: MethodContext) -> DraftM
         path, dtype=context.target.dtype, device=str(context.target.device), trust_remote_code=context.trust_remote_code
     )
     token_ids = load_token_ids(config, int(context.target.config.get_text_config().vocab_size))
-    target_model.use_draft_lm_head(model, token_ids)  # CPU: each draft step projects one row
-    pack_draft_linears(model)  # its layers' linears (the lm_head is the DraftLMHead's now)
+    target_model.use_draft_lm_head(model, token_ids, context.draft_weight_dtype)  # CPU: each draft step projects one row
+    pack_draft_linears(model, context.draft_weight_dtype)  # its layers' linears (the lm_head is the DraftLMHead's now)
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     slots = None
     if context.max_batch_size is not None and context.max_seq_len is not None:

@@ -499,8 +499,11 @@ class EagleProposer:
 
     def __init__(
         self, target: PreTrainedModel, head: EagleHead, tree_config: EagleTreeConfig, token_ids: Sequence[int] | None = None,
+        weight_dtype: Any = None,
     ) -> None:
         """``token_ids``: a hot-token map for the draft's lm_head (:class:`DraftProjection`); None: the full vocabulary.
+        ``weight_dtype``: what that projection's packed weight holds (:func:`~specbuild.engine.methods.base.draft_weight_dtype`;
+        None: the target's dtype).
 
         Raises: ValueError if the head's hidden size or vocabulary differs from the target's, or the tree
         wants more candidates per node than the vocabulary (or the token map) has."""
@@ -516,7 +519,7 @@ class EagleProposer:
             where = "the vocabulary" if token_ids is None else "the token map"
             raise ValueError(f"the tree needs top-{widest} candidates, {where} has {draftable} tokens")
         self.embedding, self.lm_head, self.head, self.tree_config = embedding, lm_head, head, tree_config
-        self._project = DraftProjection(lm_head, token_ids)  # draft logits only; the target's come from its forward
+        self._project = DraftProjection(lm_head, token_ids, weight_dtype)  # draft logits only; the target's come from its forward
         self._dtype = head.fc.weight.dtype  # kept: the engine then prepacks the head's linears (no .weight)
 
     @staticmethod
@@ -844,8 +847,8 @@ def load_eagle(config: EagleSpeculation, context: MethodContext) -> LoadedEagle:
     head = load_eagle_head(path, dtype=target.dtype).to(target.device)
     check_tree_attention(target, "EAGLE")
     token_ids = load_token_ids(config, target.get_output_embeddings().weight.shape[0])
-    proposer = EagleProposer(target, head, tree, token_ids)
-    pack_draft_linears(head)
+    proposer = EagleProposer(target, head, tree, token_ids, context.draft_weight_dtype)
+    pack_draft_linears(head, context.draft_weight_dtype)
     return LoadedHead(config, proposer, path)
 
 

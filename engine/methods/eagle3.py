@@ -569,7 +569,7 @@ def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagl
     path = Path(config.eagle_model)
     head = load_eagle3_head(path, dtype=target.dtype).to(target.device)
     proposer = Eagle3Proposer(target, head, max_draft_len=config.max_draft_len)
-    pack_draft_linears(head)
+    pack_draft_linears(head, context.draft_weight_dtype)
     return LoadedHead(config, proposer, path)
 
 

@@ -184,9 +184,11 @@ def _check_state(state: Mapping[str, torch.Tensor], config: MedusaConfig, where:
 class MedusaProposer:
     """Fills a speculation tree from the heads' top-k tokens (one request; stateless between steps)."""
 
-    def __init__(self, heads: MedusaHeads, tree: SpecTree, token_ids: Sequence[int] | None = None) -> None:
+    def __init__(self, heads: MedusaHeads, tree: SpecTree, token_ids: Sequence[int] | None = None,
+                 weight_dtype: torch.dtype | None = None) -> None:
         """``token_ids``: a hot-token map for every head's vocabulary projection (:class:`DraftProjection`);
-        None: the full vocabulary.
+        None: the full vocabulary. ``weight_dtype``: what those projections' packed weights hold
+        (:func:`~specbuild.engine.methods.base.draft_weight_dtype`; None: the heads' dtype).
 
         Raises: ValueError if the tree is deeper than the head count or wants more candidates than the
         vocabulary (or the token map)."""
@@ -202,7 +204,7 @@ class MedusaProposer:
             raise ValueError(f"tree needs top-{max(tree.top_k_per_depth)} candidates, {where} is {draftable}")
         self.heads = heads
         self.tree = tree
-        self._projections = [DraftProjection(head[-1], token_ids) for head in heads.heads]  # each head's vocab projection
+        self._projections = [DraftProjection(head[-1], token_ids, weight_dtype) for head in heads.heads]  # each head's vocab projection
         self._dtype = heads.heads[0][-1].weight.dtype
 
     def head_candidates(self, hidden: torch.Tensor, tree: SpecTree) -> list[list[int]]:
@@ -292,9 +294,9 @@ def load_medusa(config: MedusaSpeculation, context: MethodContext) -> LoadedMedu
     text_config = target.config.get_text_config()
     check_heads_fit(heads.config, hidden_size=int(text_config.hidden_size), vocab_size=int(text_config.vocab_size), where=path)
     tree = SpecTree.from_choices(MC_SIM_7B_63 if config.medusa_choices is None else config.medusa_choices)
-    proposer = MedusaProposer(heads, tree, load_token_ids(config, heads.config.vocab_size))  # raises on a tree the heads cannot fill
+    proposer = MedusaProposer(heads, tree, load_token_ids(config, heads.config.vocab_size), context.draft_weight_dtype)  # raises on a tree the heads cannot fill
     for head in heads.heads:
-        pack_draft_linears(head[:-1])  # the residual blocks; the vocabulary projections are the proposer's
+        pack_draft_linears(head[:-1], context.draft_weight_dtype)  # the residual blocks; the vocabulary projections are the proposer's
     check_tree_attention(target, "Medusa")
     return LoadedHead(config, proposer, path)
 
