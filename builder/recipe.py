@@ -247,6 +247,12 @@ class Recipe(_Strict):
         world = b.tp_size * b.pp_size
         if b.backend == "reference" and (world > 1 or b.quantization != "none"):
             raise ValueError("build.backend: the reference backend runs on one device unquantized: set build.tp_size/pp_size to 1 and build.quantization to none")
+        if b.backend != "reference":
+            for name in ("kernels", "draft_weights"):
+                if getattr(b, name) != "auto":
+                    raise ValueError(f"build.{name}: {getattr(b, name)!r} applies to the reference backend only; TensorRT-LLM "
+                                     f"({b.backend}) picks its own kernels and builds the draft in its checkpoint's dtype: "
+                                     f"remove build.{name} or set build.backend: reference")
         no_pipeline = self.speculation.definition.trtllm.no_pipeline_parallel
         if no_pipeline is not None and b.pp_size != 1:
             raise ValueError(f"build.pp_size: {no_pipeline}; use build.tp_size")

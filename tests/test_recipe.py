@@ -65,6 +65,18 @@ def test_range_and_cross_field_errors():
         parse(GOOD + "verify:\n  num_draft_tokens: 9\n")
 
 
+def test_reference_only_build_fields_are_refused_on_tensorrt_llm_backends():
+    """build.kernels and build.draft_weights choose the reference engine's CPU kernels: a TensorRT-LLM
+    recipe that sets them is told so before any work, not silently ignored."""
+    assert parse(GOOD + "build:\n  draft_weights: float32\n").recipe.build.draft_weights == "float32"
+    for field, value in (("draft_weights", "bfloat16"), ("kernels", "rowgemm")):
+        with pytest.raises(RecipeError, match=rf"build.{field}: '{value}' applies to the reference backend only; .*"
+                                              rf"remove build.{field} or set build.backend: reference"):
+            parse(GOOD + f"build:\n  backend: pytorch\n  {field}: {value}\n")
+    with pytest.raises(RecipeError, match=r"build.draft_weights: Input should be 'auto', 'float32' or 'bfloat16'"):
+        parse(GOOD + "build:\n  draft_weights: float16\n")
+
+
 def test_missing_required_and_bad_yaml():
     with pytest.raises(RecipeError, match=r"demo.yaml:1: target: required field is missing"):
         parse("name: demo\n")

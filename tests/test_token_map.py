@@ -266,6 +266,19 @@ def test_the_engine_directory_carries_the_checked_map_and_decodes_with_it(tmp_pa
     results = _run(engine)
     assert [r.output_ids for r in results] == hf_greedy(model, PROMPTS, NEW_TOKENS)
 
+    assert config["specbuild"]["draft_weights"] == "auto"  # build.draft_weights reaches the engine
+    from specbuild.engine import rowgemm
+
+    if rowgemm.library() is not None:  # auto: the heads' projections stream bfloat16 weights on a float32 CPU target
+        assert {p.packed.packed.dtype for p in engine._method_state.proposer._projections} == {torch.bfloat16}
+    recipe = _medusa_recipe(tmp_path, tiny_checkpoint, configs, token_map="map.json")
+    recipe.write_text(recipe.read_text().replace("build:\n", "build:\n  draft_weights: float32\n"))
+    kept = build_reference_engine(load_recipe(str(recipe)), tmp_path / "engine-f32", log=lambda m: None).engine_dir
+    assert json.loads((kept / "config.json").read_text())["specbuild"]["draft_weights"] == "float32"
+    engine = ReferenceEngine.from_engine_dir(kept)
+    assert all(p.packed is None or p.packed.packed.dtype == torch.float32 for p in engine._method_state.proposer._projections)
+    assert [r.output_ids for r in _run(engine)] == [r.output_ids for r in results]
+
     write_token_map(tmp_path / "map.json", hot[:40])  # a new map is a new engine
     assert build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None).rebuilt
     (tmp_path / "map.json").write_text(json.dumps([1, VOCAB + 5]))
