@@ -57,7 +57,8 @@ def draft_weight_dtype(setting: str, target: Any) -> Any:
     draft's layers (elsewhere they stay as loaded). ``"float32"``: None.
 
     Halving the bytes matters because a draft token is memory-bound: SmolLM2's 2-layer draft with a
-    4096-token map, one token right after a target step, 2 threads: 2.05 -> 1.42 ms. Only draft weights
+    4096-token map, one token after a target step, 2 threads: 2.3 -> 1.9 ms (``benchmarks/bench_step_cost.py
+    --draft``, side by side; ``docs/results/2026-12-04-draft-weights.md``). Only draft weights
     are rounded (the draft model, EAGLE/Medusa heads, their vocabulary projections): the target's
     logits, hence acceptance and the output, are untouched; sampled drafts return the ``q`` they were
     drawn from, so rejection sampling stays exact.
