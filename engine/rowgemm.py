@@ -227,6 +227,9 @@ def _check_packed(packed: torch.Tensor, out_features: int, bias: torch.Tensor | 
         raise ValueError(f"rowgemm needs a packed weight [ceil(N / 16), K, 16] (float32 or bfloat16) for N = {out_features}, "
                          f"got {packed.dtype} {tuple(packed.shape)}")
     align = 64 if packed.dtype == torch.float32 else 32
+    if packed.device.type != "cpu" or (bias is not None and bias.device.type != "cpu"):
+        raise ValueError(f"rowgemm runs on the CPU: the packed weight is on {packed.device}"
+                         + ("" if bias is None else f" and the bias on {bias.device}"))
     if packed.data_ptr() % align:
         raise ValueError(f"rowgemm's packed {packed.dtype} weight must start on a {align}-byte boundary (pack_weight's output, "
                          "or a slice of it by whole column blocks)")

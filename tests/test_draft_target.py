@@ -97,10 +97,12 @@ def test_draft_weights_round_the_draft_only_and_keep_the_output(checkpoints, eng
     output is plain greedy's with both, and the unrounded self-draft is always accepted."""
     auto = engines["random"]
     assert _packed_dtypes(auto._method_state.model) == {torch.bfloat16}
+    assert auto._method_state.model.get_output_embeddings().project.packed.packed.dtype == torch.bfloat16  # its lm_head
     assert _packed_dtypes(auto._model) == {torch.float32}
     kept = ReferenceEngine.from_pretrained(checkpoints["target"], speculative_config=draft_target(checkpoints["same"]),
                                            limits=LIMITS, draft_weights="float32")
     assert _packed_dtypes(kept._method_state.model) == {torch.float32}
+    assert kept._method_state.model.get_output_embeddings().project.packed.packed.dtype == torch.float32
     for engine in (auto, kept):
         assert [_run(engine, p, num_draft_tokens=2).output_ids for p in PROMPTS] == plain_outputs
     assert all(_run(kept, p, num_draft_tokens=2).acceptance_rate == 1.0 for p in PROMPTS)

@@ -73,8 +73,13 @@ def _row_linears(obj, seen=None) -> list:
     seen.add(id(obj))
     if isinstance(obj, RowLinear):
         return [obj]
-    if isinstance(obj, torch.nn.Module):
-        return [m for m in obj.modules() if isinstance(m, RowLinear)]
+    if isinstance(obj, torch.nn.Module):  # its RowLinear layers, and what its modules hold besides (DraftLMHead.project)
+        found = [m for m in obj.modules() if isinstance(m, RowLinear)]
+        for module in obj.modules():
+            for value in vars(module).values():
+                if not isinstance(value, (torch.nn.Module, dict)) and type(value).__module__.startswith("specbuild"):
+                    found += _row_linears(value, seen)
+        return found
     if isinstance(obj, (list, tuple)):
         return [r for item in obj for r in _row_linears(item, seen)]
     if type(obj).__module__.startswith("specbuild") and hasattr(obj, "__dict__"):
@@ -98,6 +103,11 @@ def test_draft_side_weights_are_bfloat16_and_the_targets_float32(method_engines,
     draft_side = [layer for layer in _row_linears(engine._method_state) if all(layer is not t for t in target)]  # EAGLE holds the target's lm_head too
     assert draft_side and {layer.packed.dtype for layer in draft_side} == {torch.bfloat16}
     assert {layer.packed.dtype for layer in target} == {torch.float32}
+    state = engine._method_state  # the vocabulary projections each method's drafting calls
+    projections = {"draft_target": lambda: [state.model.get_output_embeddings().project],
+                   "medusa": lambda: state.proposer._projections,
+                   "eagle": lambda: [state.proposer._project], "eagle3": lambda: [state.proposer._project]}[method]()
+    assert {p.packed.packed.dtype for p in projections} == {torch.bfloat16}
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 9])

@@ -102,12 +102,19 @@ def test_bfloat16_weights_halve_the_bytes_and_are_refused_where_they_do_not_fit(
         rowgemm.rowgemm(torch.randn(2, 8), torch.zeros(2 * 8 * 16 + 8, dtype=torch.bfloat16)[8:].view(2, 8, 16), 32)
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         rowgemm.RowLinear(packed.half(), 40)
-    linears = [nn.Linear(48, 64), nn.Linear(48, 32)]
-    fused, parts = rowgemm.fuse_linears(linears, torch.bfloat16)
-    x = torch.randn(3, 48)
-    with torch.inference_mode():
-        assert torch.equal(torch.cat([part(x) for part in parts], -1), fused(x))
-        assert torch.equal(parts[1](x), rowgemm.RowLinear.from_linear(linears[1], dtype=torch.bfloat16)(x))
+    for k in (48, 77):  # K = 77: a part's start moves by 77 * 32 bytes, 32-byte but not 64-byte aligned
+        linears = [nn.Linear(k, 16), nn.Linear(k, 48), nn.Linear(k, 32)]
+        fused, parts = rowgemm.fuse_linears(linears, torch.bfloat16)
+        assert [part.packed.data_ptr() % 64 for part in parts] == ([0, 0, 0] if k == 48 else [0, 32, 0])
+        x = torch.randn(9, k)
+        with torch.inference_mode():
+            assert torch.equal(torch.cat([part(x) for part in parts], -1), fused(x))
+            for linear, part in zip(linears, parts):
+                assert torch.equal(part(x), rowgemm.RowLinear.from_linear(linear, dtype=torch.bfloat16)(x))
+    with pytest.raises(ValueError, match="rowgemm runs on the CPU: the packed weight is on meta"):
+        rowgemm.rowgemm(torch.randn(2, 8), torch.empty(1, 8, 16, device="meta", dtype=torch.bfloat16), 16)
+    with pytest.raises(ValueError, match="and the bias on meta"):
+        rowgemm.rowgemm(torch.randn(2, 8), torch.zeros(1, 8, 16, dtype=torch.bfloat16), 16, torch.zeros(16, device="meta"))
     model = nn.Sequential(nn.Linear(8, 16))
     with pytest.raises(ValueError, match="weight_dtype=torch.bfloat16 is for kernels='rowgemm' only"):
         pack_linears(model, "onednn", weight_dtype=torch.bfloat16)

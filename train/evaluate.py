@@ -53,9 +53,11 @@ def speculative_config_for(spec: MethodParams, artefact: Path, draft_len: int) -
 
 def measure_acceptance(
     target, prompts: list[list[int]], speculative_config: dict, *, max_tokens: int, end_id: int,
-    timing: bool = False, progress=None,
+    timing: bool = False, progress=None, draft_weights: str = "auto",
 ) -> HeldOutAcceptance:
     """Run every prompt speculatively (and plainly, with ``timing``) and pool the counters.
+
+    ``draft_weights``: as the recipe's ``build.draft_weights`` (what the served engine will stream).
 
     Raises:
         ValueError: the artefact does not fit the target (as the engine's loaders raise).
@@ -65,7 +67,7 @@ def measure_acceptance(
 
     k = speculative_config["max_draft_len"]
     limits = EngineLimits(max_batch_size=1, max_input_len=8192, max_seq_len=16384, max_draft_len=k)
-    engine = ReferenceEngine(target, limits=limits, end_id=end_id, speculative_config=speculative_config)
+    engine = ReferenceEngine(target, limits=limits, end_id=end_id, speculative_config=speculative_config, draft_weights=draft_weights)
     emitted = iterations = drafted = accepted = 0
     spec_s = plain_s = 0.0
     spec_tokens = plain_tokens = 0

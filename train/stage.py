@@ -248,14 +248,16 @@ def _evaluate(loaded, target, tokenizer, prompts, artefact, config, log):
 
     from specbuild.engine.kernels import pack_linears, resolve_kernels
 
-    # the target as a server runs it (the engine's kernels), so the card's in-process speed-up means
-    # something; the training is done and the target is not used after this
-    pack_linears(target, resolve_kernels("auto", target))
+    # the target and draft as a server runs them (the recipe's kernels and draft weights), so the card's
+    # in-process speed-up means something; the training is done and the target is not used after this
+    build = loaded.recipe.build
+    pack_linears(target, resolve_kernels(build.kernels if build.backend == "reference" else "auto", target))
     speculative_config = speculative_config_for(loaded.recipe.speculation, artefact, config.eval_draft_len)
     ids = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]
     log(f"held-out acceptance: {len(ids)} prompts x {config.eval_max_tokens} tokens, draft length {config.eval_draft_len}")
     result = measure_acceptance(
         target.eval(), ids, speculative_config, max_tokens=config.eval_max_tokens, end_id=_default_end_id(target), timing=True,
+        draft_weights=build.draft_weights,
     )
     log(f"held-out mean acceptance length {result.mean_acceptance_length:.3f} (rate {result.acceptance_rate:.3f}, "
         f"speed-up {result.speed_up:.2f}x in-process, identical to plain: {result.identical_to_plain})")

@@ -18,6 +18,9 @@
  * vector extensions lower to AVX-512, AVX2 or NEON, whatever the CPU has).
  */
 #include <math.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include <omp.h>
 #include <string.h>
 
@@ -38,10 +41,17 @@ typedef float v16 __attribute__((vector_size(64)));
 
 typedef int vi16 __attribute__((vector_size(64)));
 typedef unsigned short vh16 __attribute__((vector_size(32)));
+typedef unsigned int vu16 __attribute__((vector_size(64)));
 
-/* 16 columns' weights at one k: float32, or bfloat16 (the upper half of a float32) widened exactly to float32 */
+/* 16 columns' weights at one k: float32, or bfloat16 (the upper half of a float32) widened exactly to float32
+ * (zero-extended, shifted into the upper half: unsigned, so a set sign bit is no signed overflow) */
 static inline __attribute__((always_inline)) v16 load_w(const char *p, const int half) {
-    if (half) return (v16)(__builtin_convertvector(*(const vh16 *)p, vi16) << 16);
+#ifdef __AVX512F__
+    /* one widening load (vpmovzxwd zmm, m256): GCC splits the generic form below into 256-bit halves */
+    if (half) return (v16)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)p)), 16);
+#else
+    if (half) return (v16)(__builtin_convertvector(*(const vh16 *)p, vu16) << 16);
+#endif
     return *(const v16 *)p;
 }
 

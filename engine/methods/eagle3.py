@@ -60,7 +60,7 @@ from specbuild.methods.eagle3 import Eagle3Speculation
 
 from ..stream import check_prompt_and_length, collect
 from ..types import GenerationResult
-from .base import MethodContext, pack_draft_linears
+from .base import DraftProjection, MethodContext, pack_draft_linears
 from .eagle import MLP, PT_NAMES, SAFETENSORS_NAME, Attention, EagleConfig, LayerKV, RMSNorm, Segment
 from .heads import HeadFiles, LoadedHead, check_state, known_keys, read_config_json
 
@@ -397,8 +397,11 @@ class Eagle3Proposer:
     ``update`` with the captured features of the root and the accepted tokens.
     """
 
-    def __init__(self, target: PreTrainedModel, head: Eagle3Head, *, max_draft_len: int) -> None:
-        """Raises: ValueError if the head does not fit the target (hidden size, vocabulary, captured layers)."""
+    def __init__(self, target: PreTrainedModel, head: Eagle3Head, *, max_draft_len: int, weight_dtype: torch.dtype | None = None) -> None:
+        """``weight_dtype``: what the draft's vocabulary projection (the head's own lm_head, else the target's)
+        packs its weight as (:class:`~specbuild.engine.methods.base.DraftProjection`); None: its own dtype.
+
+        Raises: ValueError if the head does not fit the target (hidden size, vocabulary, captured layers)."""
         text = target.config.get_text_config()
         embedding = target.get_input_embeddings()
         vocab, hidden = embedding.weight.shape
@@ -413,8 +416,9 @@ class Eagle3Proposer:
             raise ValueError(f"max_draft_len must be >= 1, got {max_draft_len}")
         self.embedding, self.head, self.max_draft_len = embedding, head, max_draft_len
         self.lm_head = head.lm_head if hasattr(head, "lm_head") else target.get_output_embeddings()
-        # kept: the engine then prepacks the head's linears (no .weight)
-        self._dtype, self._lm_dtype = head.fc.weight.dtype, self.lm_head.weight.dtype
+        # the draft's logits only (the target's come from its forward): a packed copy, as EAGLE's and Medusa's
+        self._project = DraftProjection(self.lm_head, None, weight_dtype)
+        self._dtype = head.fc.weight.dtype  # kept: the engine then prepacks the head's linears (no .weight)
 
     @property
     def batch_key(self) -> Eagle3Head:
@@ -452,7 +456,7 @@ class Eagle3Proposer:
 
     def _greedy_tokens(self, outputs: torch.Tensor) -> list[int]:
         """``[B, H]`` pre-norm head outputs -> each row's argmax draft id as a target id (``d2t``)."""
-        logits = self.lm_head(self.head.norm(outputs).to(self._lm_dtype))  # [B, Vd]
+        logits = self._project(self.head.norm(outputs))  # [B, Vd]
         draft_ids = logits.argmax(dim=-1)
         if hasattr(self.head, "d2t"):
             draft_ids = draft_ids + self.head.d2t[draft_ids]
@@ -568,8 +572,11 @@ def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagl
     target = context.target
     path = Path(config.eagle_model)
     head = load_eagle3_head(path, dtype=target.dtype).to(target.device)
-    proposer = Eagle3Proposer(target, head, max_draft_len=config.max_draft_len)
+    proposer = Eagle3Proposer(target, head, max_draft_len=config.max_draft_len, weight_dtype=context.draft_weight_dtype)
+    own = head._modules.pop("lm_head", None)  # projected by the proposer's packed copy: not packed twice
     pack_draft_linears(head, context.draft_weight_dtype)
+    if own is not None:
+        head.lm_head = own
     return LoadedHead(config, proposer, path)
 
 
