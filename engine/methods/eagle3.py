@@ -399,7 +399,8 @@ class Eagle3Proposer:
 
     def __init__(self, target: PreTrainedModel, head: Eagle3Head, *, max_draft_len: int, weight_dtype: torch.dtype | None = None) -> None:
         """``weight_dtype``: what the draft's vocabulary projection (the head's own lm_head, else the target's)
-        packs its weight as (:class:`~specbuild.engine.methods.base.DraftProjection`); None: its own dtype.
+        packs its weight as (:class:`~specbuild.engine.methods.base.DraftProjection`, a copy of its own, as
+        EAGLE's: one more ``[Vd, H]`` weight in memory); None: its own dtype.
 
         Raises: ValueError if the head does not fit the target (hidden size, vocabulary, captured layers)."""
         text = target.config.get_text_config()
@@ -573,7 +574,9 @@ def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagl
     path = Path(config.eagle_model)
     head = load_eagle3_head(path, dtype=target.dtype).to(target.device)
     proposer = Eagle3Proposer(target, head, max_draft_len=config.max_draft_len, weight_dtype=context.draft_weight_dtype)
-    own = head._modules.pop("lm_head", None)  # projected by the proposer's packed copy: not packed twice
+    own = getattr(head, "lm_head", None)  # projected by the proposer's packed copy: not packed twice
+    if own is not None:
+        del head.lm_head
     pack_draft_linears(head, context.draft_weight_dtype)
     if own is not None:
         head.lm_head = own
