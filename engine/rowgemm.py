@@ -6,7 +6,9 @@ a request's tokens do not depend on the batch it shares, a row must also get the
 number of rows beside it. BLAS does not give that (MKL runs a GEMV at one row and blocked GEMMs at
 more), and oneDNN's prepacked kernels do but stream the weights more slowly: on a 2-core Xeon (AVX-512)
 all of SmolLM2-135M's linears took 24.6 ms for one row with oneDNN against 17.2 ms with this kernel,
-and 29.8 against 23.1 ms for 8 rows (``docs/results/2026-12-03-rowgemm.md``). The same library has an
+and 29.8 against 23.1 ms for 8 rows (``docs/results/2026-12-03-rowgemm.md``). Draft-side layers may
+hold their packed weights as bfloat16 (:func:`pack_weight`), half the bytes to stream, widened exactly to
+float32 in the kernel (``docs/results/2026-12-04-draft-weights.md``). The same library has an
 RMSNorm kernel (:func:`rms_norm`), an attention kernel (:func:`attention`) and SwiGLU's gate
 (:func:`silu_mul`) for the engine's layer loop.
 
@@ -203,8 +205,7 @@ def rowgemm(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torc
     out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)
     rows = x.numel() // x.shape[-1]
     if rows:
-        kernel = lib.specbuild_rowgemm_f32 if packed.dtype == torch.float32 else lib.specbuild_rowgemm_bf16w
-        kernel(
+        _gemm_kernel(lib, packed.dtype)(
             x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
             rows, out_features, packed.shape[1], torch.get_num_threads(), 0,
         )
@@ -216,6 +217,11 @@ def _kernel_library() -> ctypes.CDLL:
     if lib is None:
         raise RuntimeError(f"the engine's CPU kernels are not available: {unavailable_reason()}")
     return lib
+
+
+def _gemm_kernel(lib: ctypes.CDLL, dtype: torch.dtype):
+    """The library's GEMM for packed weights of ``dtype`` (one of :data:`WEIGHT_DTYPES`)."""
+    return lib.specbuild_rowgemm_f32 if dtype == torch.float32 else lib.specbuild_rowgemm_bf16w
 
 
 def _check_packed(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> None:
@@ -258,8 +264,7 @@ class RowLinear(nn.Module):
         if weight is not None:
             self.weight = weight
         _check_packed(packed, out_features, self.bias)
-        lib = _kernel_library()
-        self._kernel = lib.specbuild_rowgemm_f32 if packed.dtype == torch.float32 else lib.specbuild_rowgemm_bf16w
+        self._kernel = _gemm_kernel(_kernel_library(), packed.dtype)
         self._bias_ptr = None if self.bias is None else self.bias.data_ptr()
 
     @classmethod

@@ -18,6 +18,7 @@ from specbuild.engine import (
     ReferenceEngine,
     worker,
 )
+from specbuild.engine import rowgemm
 from specbuild.engine import target as target_model
 from specbuild.engine.methods import method_for
 from specbuild.methods.draft_target import DraftTargetSpeculation
@@ -85,12 +86,10 @@ def test_target_as_its_own_draft_gets_everything_accepted(engines, plain_outputs
 
 
 def _packed_dtypes(module) -> set[torch.dtype]:
-    from specbuild.engine.rowgemm import RowLinear
-
-    return {m.packed.dtype for m in module.modules() if isinstance(m, RowLinear)}
+    return {m.packed.dtype for m in module.modules() if isinstance(m, rowgemm.RowLinear)}
 
 
-@pytest.mark.skipif(__import__("specbuild.engine.rowgemm", fromlist=["library"]).library() is None, reason="rowgemm not built here")
+@pytest.mark.skipif(rowgemm.library() is None, reason=f"rowgemm not built here: {rowgemm.unavailable_reason()}")
 def test_draft_weights_round_the_draft_only_and_keep_the_output(checkpoints, engines, plain_outputs):
     """build.draft_weights: "auto" (the default, a float32 CPU target) packs the draft's layers and its
     lm_head projection as bfloat16, "float32" keeps them; the target keeps float32 either way, so the

@@ -9,8 +9,9 @@
  *
  * The weight is repacked once (specbuild.engine.rowgemm.pack_weight) into column blocks of 16: wp[b][k][l] = W[16 b + l, k],
  * zero past N, so that one vector load gives 16 columns' weights at one k and each column's sum is one
- * SIMD lane (no horizontal sums). A decoding pass (a few rows) streams wp once per tile of up to 6 rows:
- * it is bound by memory bandwidth, which this layout uses better than oneDNN's packed fp32 kernels
+ * SIMD lane (no horizontal sums). The packed weights are float32, or bfloat16 for draft-side layers
+ * (specbuild_rowgemm_bf16w: half the bytes, each weight widened exactly to float32 before its fma).
+ * A decoding pass (a few rows) streams wp once per tile of up to 6 rows: it is bound by memory bandwidth, which this layout uses better than oneDNN's packed fp32 kernels
  * (SmolLM2-135M, 2-core Xeon, all linears: one row 17.0 ms against 23.4 ms, 64 rows 61 against 73 ms;
  * 256 rows, a prompt, about equal at 200 ms, where both are bound by the FMA units).
  *
@@ -96,12 +97,12 @@ static inline __attribute__((always_inline)) void tile(const float *x, const voi
 #define ROW_TILES(nb)                                                                                   \
     for (long m0 = 0; m0 < M; m0 += 6) {                                                                \
         switch (M - m0 >= 6 ? 6 : M - m0) {                                                             \
-        case 6: tile(x, wp, bias, y, N, K, m0, b0, 6, nb, accumulate, half); break;                                 \
-        case 5: tile(x, wp, bias, y, N, K, m0, b0, 5, nb, accumulate, half); break;                                 \
-        case 4: tile(x, wp, bias, y, N, K, m0, b0, 4, nb, accumulate, half); break;                                 \
-        case 3: tile(x, wp, bias, y, N, K, m0, b0, 3, nb, accumulate, half); break;                                 \
-        case 2: tile(x, wp, bias, y, N, K, m0, b0, 2, nb, accumulate, half); break;                                 \
-        default: tile(x, wp, bias, y, N, K, m0, b0, 1, nb, accumulate, half); break;                                \
+        case 6: tile(x, wp, bias, y, N, K, m0, b0, 6, nb, accumulate, half); break;                     \
+        case 5: tile(x, wp, bias, y, N, K, m0, b0, 5, nb, accumulate, half); break;                     \
+        case 4: tile(x, wp, bias, y, N, K, m0, b0, 4, nb, accumulate, half); break;                     \
+        case 3: tile(x, wp, bias, y, N, K, m0, b0, 3, nb, accumulate, half); break;                     \
+        case 2: tile(x, wp, bias, y, N, K, m0, b0, 2, nb, accumulate, half); break;                     \
+        default: tile(x, wp, bias, y, N, K, m0, b0, 1, nb, accumulate, half); break;                    \
         }                                                                                               \
     }
 

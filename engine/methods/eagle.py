@@ -499,7 +499,7 @@ class EagleProposer:
 
     def __init__(
         self, target: PreTrainedModel, head: EagleHead, tree_config: EagleTreeConfig, token_ids: Sequence[int] | None = None,
-        weight_dtype: Any = None,
+        weight_dtype: torch.dtype | None = None,
     ) -> None:
         """``token_ids``: a hot-token map for the draft's lm_head (:class:`DraftProjection`); None: the full vocabulary.
         ``weight_dtype``: what that projection's packed weight holds (:func:`~specbuild.engine.methods.base.draft_weight_dtype`;
