@@ -403,12 +403,16 @@ void specbuild_attention_f32(float *qkv, const float *cos, const float *sin, flo
                     memcpy(cache_v + at, row + (Hq + Hkv + h) * D, D * sizeof(float));
                 }
             }
-        /* 2. every (row, token, kv head): its visible positions, then its query heads in groups of MAX_GROUP */
+        /* 2. every (row, token, kv head): its visible positions, then its query heads in groups of MAX_GROUP.
+         * Tasks run kv head by kv head (task = kvh * N + n), so a thread's share of a k + 1 block covers as few kv
+         * heads as it can and reads each one's keys and values from memory once, the other tokens hitting its L2:
+         * one row of 8 tokens after 256 positions, SmolLM2, in a whole pass: 2.0-2.1 -> 1.85 ms (2-core Xeon).
+         * Which thread runs a task changes nothing in its arithmetic. */
         float *scores = scratch + omp_get_thread_num() * room * MAX_GROUP;
         long *idx = scratch_idx + omp_get_thread_num() * room;
 #pragma omp for schedule(static)
         for (long task = 0; task < N * Hkv; task++) {
-            const long n = task / Hkv, kvh = task % Hkv;
+            const long kvh = task / N, n = task % N;
             long b = 0;
             while (start[b] + size[b] <= n) b++;
             const long t = n - start[b];
