@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 import torch
 
 from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
 from specbuild.engine.methods.eagle import EagleConfig, EagleHead, TreeDraft, save_eagle_head
 from specbuild.engine.methods.eagle3 import Eagle3Config, Eagle3Head, save_eagle3_head
 from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
+from specbuild.engine.scheduler import Scheduler
+from specbuild.engine.stream import collect
 from specbuild.engine.tree import SpecTree
 from tiny_models import make_tiny_llama
 
@@ -215,3 +219,51 @@ def check_greedy(method: str, kind: str, results, plain: dict[tuple[int, ...], l
         assert all(r.num_decoding_iterations == -(-(NEW_TOKENS - 1) // per_step) for r in results)
     elif method != "plain":  # drafts were verified, and most were rejected
         assert sum(r.total_draft_tokens for r in results) > 2 * sum(r.total_accepted_draft_tokens for r in results)
+
+
+def mixed_requests(method: str) -> list[GenerationRequest]:
+    """Eight requests: the four prompts (3 to 13 tokens) twice, each with its own draft length, some
+    speculative and some plain (``num_draft_tokens=0``); lookahead rows also vary ``(w, n, g)``."""
+    top = DRAFT_LEN[method]
+    lengths = [top, 0, 1, top, 0, max(top // 2, 1), top, 2 if top >= 2 else 0]
+    windows = [None, None, (2, 2, 1), (4, 3, 4), None, (1, 1, 0), (3, 3, 2), None]
+    requests = []
+    for i, k in enumerate(lengths):
+        extra = {"lookahead_config": windows[i]} if method == "lookahead" and k else {}
+        requests.append(greedy(PROMPTS[i % 4], num_draft_tokens=min(k, top), **extra))
+    return requests
+
+
+def check_mixed_batch(engine: ReferenceEngine, plain: dict[tuple[int, ...], list[int]], method: str, kind: str) -> None:
+    """:func:`mixed_requests` in a batch of up to 8 whose rows join in three waves, each wave once the
+    previous one is decoding: every output equals plain greedy decoding, and every request's acceptance
+    counters equal those of the same request run alone (batching never changes them)."""
+    requests = mixed_requests(method)
+    alone = [engine.generate(r) for r in requests]
+    steps: list[list] = [[] for _ in requests]
+    stepped = [threading.Event() for _ in requests]
+    finished = threading.Semaphore(0)
+
+    def on_step(i, step):
+        steps[i].append(step)
+        if step.num_decoding_iterations >= 1:
+            stepped[i].set()  # past its prefill: the next wave joins a batch that is decoding
+        if step.is_final:
+            finished.release()
+
+    with Scheduler(engine, max_batch_size=8) as scheduler:
+        for wave in (range(0, 3), range(3, 6), range(6, 8)):
+            for i in wave:
+                scheduler.submit(requests[i], lambda step, i=i: on_step(i, step), pytest.fail)
+            assert stepped[wave[0]].wait(60)
+        for _ in requests:
+            assert finished.acquire(timeout=120)
+    together = [collect(s) for s in steps]
+    assert scheduler.max_active_seen >= 4
+    for request, batched, single in zip(requests, together, alone):
+        assert batched.output_ids == plain[tuple(request.input_ids)], (method, kind, request)
+        assert (batched.total_draft_tokens, batched.total_accepted_draft_tokens, batched.num_decoding_iterations) == (
+            single.total_draft_tokens, single.total_accepted_draft_tokens, single.num_decoding_iterations
+        ), (method, kind, request)
+        if request.num_draft_tokens == 0:
+            assert batched.total_draft_tokens == 0 and batched.num_decoding_iterations == NEW_TOKENS - 1

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from method_engines import CASES, DRAFT_LEN, METHODS, NEW_TOKENS, PROMPTS, check_greedy, greedy  # noqa: E402
+from method_engines import CASES, DRAFT_LEN, METHODS, NEW_TOKENS, PROMPTS, check_greedy, check_mixed_batch, greedy  # noqa: E402
 
 from specbuild.engine.scheduler import Scheduler  # noqa: E402
 from specbuild.engine.stream import collect  # noqa: E402
@@ -36,54 +36,12 @@ def test_four_requests_in_flight_equal_plain_greedy(method_engines, plain, metho
     check_greedy(method, kind, results, plain)
 
 
-def _mixed_requests(method: str) -> list:
-    """Eight requests: the four prompts (3 to 13 tokens) twice, each with its own draft length, some
-    speculative and some plain (``num_draft_tokens=0``); lookahead rows also vary ``(w, n, g)``."""
-    top = DRAFT_LEN[method]
-    lengths = [top, 0, 1, top, 0, max(top // 2, 1), top, 2 if top >= 2 else 0]
-    windows = [None, None, (2, 2, 1), (4, 3, 4), None, (1, 1, 0), (3, 3, 2), None]
-    requests = []
-    for i, k in enumerate(lengths):
-        extra = {"lookahead_config": windows[i]} if method == "lookahead" and k else {}
-        requests.append(greedy(PROMPTS[i % 4], num_draft_tokens=min(k, top), **extra))
-    return requests
-
-
 @pytest.mark.parametrize("method, kind", CASES)
 def test_eight_mixed_requests_joining_at_different_times_equal_plain_greedy(method_engines, plain, method, kind):
     """Batches of 8 whose rows join at different times, with different prompt lengths, per-request draft
     lengths and plain rows mixed in: every output equals plain greedy decoding, and every request's
     acceptance counters equal those of the same request run alone (batching never changes them)."""
-    engine = method_engines[method, kind]
-    requests = _mixed_requests(method)
-    alone = [engine.generate(r) for r in requests]
-    steps: list[list] = [[] for _ in requests]
-    stepped = [threading.Event() for _ in requests]
-    finished = threading.Semaphore(0)
-
-    def on_step(i, step):
-        steps[i].append(step)
-        if step.num_decoding_iterations >= 1:
-            stepped[i].set()  # past its prefill: the next wave joins a batch that is decoding
-        if step.is_final:
-            finished.release()
-
-    with Scheduler(engine, max_batch_size=8) as scheduler:
-        for wave in (range(0, 3), range(3, 6), range(6, 8)):
-            for i in wave:
-                scheduler.submit(requests[i], lambda step, i=i: on_step(i, step), pytest.fail)
-            assert stepped[wave[0]].wait(60)
-        for _ in requests:
-            assert finished.acquire(timeout=120)
-    together = [collect(s) for s in steps]
-    assert scheduler.max_active_seen >= 4
-    for request, batched, single in zip(requests, together, alone):
-        assert batched.output_ids == plain[tuple(request.input_ids)], (method, kind, request)
-        assert (batched.total_draft_tokens, batched.total_accepted_draft_tokens, batched.num_decoding_iterations) == (
-            single.total_draft_tokens, single.total_accepted_draft_tokens, single.num_decoding_iterations
-        ), (method, kind, request)
-        if request.num_draft_tokens == 0:
-            assert batched.total_draft_tokens == 0 and batched.num_decoding_iterations == NEW_TOKENS - 1
+    check_mixed_batch(method_engines[method, kind], plain, method, kind)
 
 
 def test_sampled_requests_give_the_same_tokens_in_a_batch(method_engines):
