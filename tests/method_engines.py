@@ -267,3 +267,14 @@ def check_mixed_batch(engine: ReferenceEngine, plain: dict[tuple[int, ...], list
         ), (method, kind, request)
         if request.num_draft_tokens == 0:
             assert batched.total_draft_tokens == 0 and batched.num_decoding_iterations == NEW_TOKENS - 1
+
+
+def check_sampled_batch(engine: ReferenceEngine) -> None:
+    """Seeded sampled requests (temperature 0.8, top-k 50) give the same tokens alone and four in flight:
+    each request owns its sampler, so batching changes nothing."""
+    requests = [greedy(p, temperature=0.8, top_k=50, seed=11 + i) for i, p in enumerate(PROMPTS)]
+    alone = [engine.generate(r) for r in requests]
+    with Scheduler(engine, max_batch_size=4) as scheduler:
+        together = [collect(s) for s in [scheduler.stream(r) for r in requests]]
+    assert together == alone
+    assert sum(r.total_draft_tokens for r in alone) > 0

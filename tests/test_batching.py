@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from method_engines import CASES, DRAFT_LEN, METHODS, NEW_TOKENS, PROMPTS, check_greedy, check_mixed_batch, greedy  # noqa: E402
+from method_engines import CASES, DRAFT_LEN, METHODS, NEW_TOKENS, PROMPTS, check_greedy, check_mixed_batch, check_sampled_batch, greedy  # noqa: E402
 
 from specbuild.engine.scheduler import Scheduler  # noqa: E402
 from specbuild.engine.stream import collect  # noqa: E402
@@ -46,12 +46,7 @@ def test_eight_mixed_requests_joining_at_different_times_equal_plain_greedy(meth
 
 def test_sampled_requests_give_the_same_tokens_in_a_batch(method_engines):
     """Each request owns its seeded sampler: batching does not change a sampled output either."""
-    engine = method_engines["draft_target", "random"]
-    requests = [greedy(p, temperature=0.8, top_k=50, seed=11 + i) for i, p in enumerate(PROMPTS)]
-    alone = [engine.generate(r) for r in requests]
-    with Scheduler(engine, max_batch_size=4) as scheduler:
-        together = [collect(s) for s in [scheduler.stream(r) for r in requests]]
-    assert together == alone
+    check_sampled_batch(method_engines["draft_target", "random"])
 
 
 def test_requests_join_between_steps_and_take_turns(method_engines):

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from method_engines import CASES, PROMPTS, build_engines, check_greedy, check_mixed_batch, greedy  # noqa: E402
+from method_engines import CASES, PROMPTS, build_engines, check_greedy, check_mixed_batch, check_sampled_batch, greedy  # noqa: E402
 
 from specbuild.engine import decoder  # noqa: E402
 from specbuild.engine import target as target_model  # noqa: E402
@@ -92,10 +92,4 @@ def test_eight_mixed_requests_joining_at_different_times_equal_plain_greedy(path
 def test_sampled_requests_give_the_same_tokens_in_a_batch(path_engines):
     """Speculative sampling on this path: each seeded request gives the same tokens alone and batched."""
     _, engines = path_engines
-    engine = engines["draft_target", "random"]
-    requests = [greedy(p, temperature=0.8, top_k=50, seed=11 + i) for i, p in enumerate(PROMPTS)]
-    alone = [engine.generate(r) for r in requests]
-    with Scheduler(engine, max_batch_size=4) as scheduler:
-        together = [collect(s) for s in [scheduler.stream(r) for r in requests]]
-    assert together == alone
-    assert sum(r.total_draft_tokens for r in alone) > 0
+    check_sampled_batch(engines["draft_target", "random"])
