@@ -312,8 +312,10 @@ class GenerateOptions:
     ``return_generation_logits``: TensorRT-LLM's way to the same margin (its own ensemble's
     ``generation_logits``; the engine must be built with ``--gather_generation_logits``).
 
-    Raises ``ValueError`` (naming the field) for ``max_tokens < 1``, ``num_draft_tokens < 0`` or a
-    ``lookahead_config`` that is not three numbers.
+    Raises ``ValueError`` (naming the field) for ``max_tokens < 1``, ``num_draft_tokens < 0``, a
+    ``lookahead_config`` that is not three numbers, or a value its tensor cannot carry: an integer field
+    that is not an integer or lies outside its tensor's type (INT32; ``seed`` UINT64), a float that is
+    not finite or outside float32 (numpy would wrap or round it silently).
 
     Example::
 
@@ -336,6 +338,9 @@ class GenerateOptions:
     return_generation_logits: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("max_tokens", "num_draft_tokens"):  # integers before they are compared
+            if getattr(self, name) is not None:
+                _check_fits(ENSEMBLE.input(name), getattr(self, name))
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
@@ -345,6 +350,8 @@ class GenerateOptions:
             if len(window) != 3:
                 raise ValueError(f"lookahead_config must be (w, n, g) or None, got {self.lookahead_config!r}")
             object.__setattr__(self, "lookahead_config", window)
+        for name, value in self.tensor_values("").items():
+            _check_fits(ENSEMBLE.input(name), value)
 
     @classmethod
     def of(cls, options: GenerateOptions | None = None, **fields: Any) -> GenerateOptions:
@@ -390,6 +397,29 @@ class GenerateOptions:
         ``asked_by`` input it sets."""
         asked = {name for name in ("return_perf_metrics", "return_logit_margin", "return_generation_logits") if getattr(self, name)}
         return tuple(t.name for t in ENSEMBLE.outputs if t.asked_by is None or t.asked_by in asked)
+
+
+def _check_fits(tensor: Tensor, value: Any) -> None:
+    """Raises ``ValueError`` naming ``tensor`` when ``value`` cannot be sent as its type unchanged."""
+    import math
+
+    import numpy as np
+
+    dtype = np.dtype(tensor.numpy_dtype)
+    if dtype.kind in "iu":
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{tensor.name} must be an integer, got {value!r}")
+        info = np.iinfo(dtype)
+        if not info.min <= int(value) <= info.max:
+            raise ValueError(f"{tensor.name}={value} does not fit its {tensor.wire_type} tensor ({info.min} .. {info.max})")
+    elif dtype.kind == "f":
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise ValueError(f"{tensor.name} must be a number, got {value!r}")
+        limit = float(np.finfo(dtype).max)
+        if not math.isfinite(float(value)) or abs(float(value)) > limit:
+            raise ValueError(f"{tensor.name}={value} is not a finite {tensor.wire_type} value (|x| <= {limit:.4g})")
+    elif dtype.kind == "b" and not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{tensor.name} must be true or false, got {value!r}")
 
 
 # --- docs/interface.md -----------------------------------------------------------------------------

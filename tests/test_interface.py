@@ -179,6 +179,36 @@ def test_generate_options_check_and_combine():
         base.tensor_values(b"bytes")
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"max_tokens": 2**32 + 8}, "max_tokens=4294967304 does not fit its INT32"),  # numpy would wrap it to 8
+    ({"max_tokens": 10**12}, "max_tokens=1000000000000 does not fit"),
+    ({"max_tokens": 8, "num_draft_tokens": 2**32}, "num_draft_tokens=4294967296 does not fit"),  # would wrap to 0: no speculation
+    ({"max_tokens": 8, "top_k": 2**32 + 1}, "top_k=4294967297 does not fit"),
+    ({"max_tokens": 8, "end_id": -(2**31) - 1}, "end_id=-2147483649 does not fit"),
+    ({"max_tokens": 8, "seed": -1}, "seed=-1 does not fit its UINT64"),  # would wrap to 2**64 - 1
+    ({"max_tokens": 8, "seed": 2**64}, "seed=18446744073709551616 does not fit its UINT64"),
+    ({"max_tokens": 8, "lookahead_config": (2, 2**31, 1)}, "lookahead_ngram_size=2147483648 does not fit"),
+    ({"max_tokens": 8, "temperature": float("inf")}, "temperature=inf is not a finite FP32"),
+    ({"max_tokens": 8, "top_p": 1e39}, "top_p=1e\\+39 is not a finite FP32"),
+    ({"max_tokens": "8"}, "max_tokens must be an integer, got '8'"),
+    ({"max_tokens": True}, "max_tokens must be an integer, got True"),
+    ({"max_tokens": 8.0}, "max_tokens must be an integer"),
+    ({"max_tokens": 8, "num_draft_tokens": 1.5}, "num_draft_tokens must be an integer"),
+    ({"max_tokens": 8, "temperature": "hot"}, "temperature must be a number"),
+])
+def test_a_value_its_tensor_cannot_carry_is_refused_not_wrapped(fields, message):
+    with pytest.raises(ValueError, match=message):
+        GenerateOptions(**fields)
+
+
+def test_the_edges_of_each_tensor_type_are_sent_unchanged():
+    import numpy as np
+
+    edge = GenerateOptions(max_tokens=2**31 - 1, num_draft_tokens=0, end_id=-(2**31), top_k=np.int64(5), seed=2**64 - 1, temperature=0)
+    values = edge.tensor_values("x")
+    assert (values["max_tokens"], values["end_id"], values["seed"], values["top_k"]) == (2**31 - 1, -(2**31), 2**64 - 1, 5)
+
+
 # --- the Python-backend models -------------------------------------------------------------------
 
 # Calls whose string arguments are tensor names, in the models' sources.

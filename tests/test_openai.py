@@ -125,6 +125,19 @@ def test_errors_are_openai_shaped(deployment):
         assert error["param"] == param and error["message"]
 
 
+@pytest.mark.parametrize("body, name", [
+    ({"max_tokens": 2**32 + 8}, "max_tokens"),  # used to run as 8 tokens, finish_reason "stop"
+    ({"max_tokens": 4, "num_draft_tokens": 2**32}, "num_draft_tokens"),  # used to run as 0: no speculation
+    ({"max_tokens": 4, "temperature": 1.0, "seed": 2**64}, "seed"),  # used to answer a plain-text 500
+])
+def test_values_the_tensors_cannot_carry_are_refused_by_name(deployment, body, name):
+    _, front, _ = deployment
+    response = _post(front.url + "/completions", {"prompt": "hi", **body})
+    assert response.status_code == 400, response.text
+    error = strict_loads(response.text)["error"]
+    assert error["type"] == "invalid_request_error" and f"{name}=" in error["message"] and "does not fit" in error["message"]
+
+
 def test_metrics_count_what_the_responses_said(deployment):
     _, front, _ = deployment
     before = parse_acceptance_metrics(httpx.get(front.url.removesuffix("/v1") + "/metrics").text)
