@@ -279,6 +279,11 @@ class Recipe(_Strict):
             raise ValueError(
                 f"verify.num_draft_tokens: {self.verify.num_draft_tokens} exceeds speculation.max_draft_len ({k})"
             )
+        if self.verify.max_tokens >= self.build.max_seq_len:  # a request needs prompt tokens + max_tokens <= max_seq_len
+            raise ValueError(
+                f"verify.max_tokens: {self.verify.max_tokens} leaves no room for a prompt in build.max_seq_len "
+                f"({self.build.max_seq_len} tokens, prompt and output together); lower verify.max_tokens or raise build.max_seq_len"
+            )
         return self
 
 

@@ -131,6 +131,12 @@ def test_cuda_device_without_a_gpu(tmp_path, monkeypatch):
            "{path}:8: build.device: cuda, but this machine shows no NVIDIA GPU", "set build.device: cpu")
 
 
+def test_verify_max_tokens_that_leave_no_room_for_a_prompt(tmp_path):
+    """Knowable from the recipe alone: refused before the build, not by the server after it."""
+    refuse(tmp_path, GOOD + "build: {max_input_len: 256, max_seq_len: 512}\nverify: {max_tokens: 512}\n",
+           "{path}:8: verify.max_tokens: 512 leaves no room for a prompt in build.max_seq_len (512", "lower verify.max_tokens")
+
+
 def test_cuda_detection_respects_hidden_devices(monkeypatch):
     from specbuild.pipeline import cuda_device_present
 
