@@ -207,18 +207,26 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
     """
     from specbuild.builder.recipe import RecipeError
     from specbuild.deploy import build_recipe
+    from specbuild.triton_repo.tritonserver import stop_signals_interrupt
 
     loaded = _load(recipe)
     paths = _paths(loaded, output_dir)
-    if loaded.recipe.build.backend != "reference":
-        _check(loaded)
-        _warn(loaded)
-        _build_trtllm(loaded, paths, rebuild)
-        return
+    # Ctrl-C, SIGTERM and SIGHUP unwind like Ctrl-C: the builders remove their temporary directories,
+    # and the exit code is INTERRUPTED (130), as for `specbuild recipe`
     try:
-        build_recipe(loaded, paths, rebuild=rebuild, train=False, log=click.echo)
-    except RecipeError as exc:
-        raise bad_input(str(exc)) from None
+        with stop_signals_interrupt():
+            if loaded.recipe.build.backend != "reference":
+                _check(loaded)
+                _warn(loaded)
+                _build_trtllm(loaded, paths, rebuild)
+                return
+            try:
+                build_recipe(loaded, paths, rebuild=rebuild, train=False, log=click.echo)
+            except RecipeError as exc:
+                raise bad_input(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted; nothing half-built was left in place: run the same command again", err=True)
+        raise SystemExit(ExitCode.INTERRUPTED) from None
     click.echo(f"repository: {paths.repo_dir}\nserve it with: specbuild serve {paths.repo_dir}")
 
 

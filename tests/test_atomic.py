@@ -46,3 +46,39 @@ def test_killed_writer_leaves_only_a_hidden_staging_dir_that_is_cleaned_later(tm
     with staging_dir(final) as tmp:
         (tmp / "config.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "engine"]
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_specbuild_build_stopped_mid_build_exits_130_and_leaves_no_engine(tmp_path, tiny_checkpoint, signum):
+    """`specbuild build` asked to stop while it writes the engine (Ctrl-C, `kill`, `timeout`): exit code
+    INTERRUPTED (130), no engine directory and no staging directory left behind."""
+    import signal
+    import time
+
+    from conftest import write_recipe
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint)
+    out, marker = tmp_path / "out", tmp_path / "writing"
+    script = (
+        "import pathlib, sys, time\n"
+        "import specbuild.builder.reference as reference\n"
+        "def stall(*args, **kwargs):\n"
+        f"    pathlib.Path({str(marker)!r}).touch()\n"
+        "    time.sleep(120)\n"
+        "reference._write_token_map = stall  # the last step before the engine's config.json\n"
+        "from specbuild.cli import main\n"
+        f"main(['build', {str(recipe)!r}, '-o', {str(out)!r}])\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        process.send_signal(getattr(signal, signum))
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert "interrupted" in err
+    assert not (out / "engine").exists() and not any(p.name.startswith(".") for p in out.iterdir()), sorted(out.iterdir())
