@@ -524,6 +524,9 @@ def translate_error(exc: Exception, *, what: str, where: str, timeout_s: float) 
             return ServerUnavailableError(f"{what}: no answer from {where}: {message}")
         if status is None:
             return ResponseError(f"{what}: unreadable response from {where}: {message}")
+        if "decoupled transaction policy" in lowered:  # Triton: ModelInfer on a streaming model
+            message += ("; this deployment streams (decoupled): use SpecClient(url, decoupled=True) or "
+                        "`specbuild verify --streaming`")
         return RequestError(f"{what} on {where} rejected ({status}): {message}", status=status, server_message=message)
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return _timeout(what, where, timeout_s)

@@ -323,10 +323,6 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     /v1/chat/completions (streaming: serve a decoupled repository), token ids with
     return_token_ids, speculation figures in the spec_decode extension field (docs/openai.md).
 
-    \b
-    Examples:
-      specbuild serve specbuild-out/smollm2-ngram/triton_repo
-      specbuild serve specbuild-out/smollm2-ngram/triton_repo --openai-port 9000
     A TensorRT-LLM repository (one with launch.sh) is not started here: the command prints its
     launch command (scripts/launch_triton_server.py) to run in the TensorRT-LLM Triton container.
     Exits 3 when the server does not come up.
@@ -334,6 +330,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     \b
     Examples:
       specbuild serve specbuild-out/smollm2-ngram/triton_repo
+      specbuild serve specbuild-out/smollm2-ngram/triton_repo --openai-port 9000
       specbuild serve OUT/triton_repo --http-port 9000 --grpc-port 9001 --metrics-port 9002
     """
     from specbuild.builder.recipe import is_loopback

@@ -205,3 +205,14 @@ def test_result_counters_survive_collect():
     assert collect(steps) == GenerationResult([7, 3, 4, 9, 8], "length", 5, 3, 2)
     assert steps[-1].token_ids == [8] and steps[-1].is_final  # clipped at max_tokens: the accepted 8 kept, the bonus 6 dropped
 
+
+
+def test_a_plain_call_to_a_streaming_deployment_says_how_to_stream(decoupled_server):
+    """Triton refuses ModelInfer on a decoupled model; the error tells the user what to use instead."""
+    from specbuild.client.sdk import RequestError, SpecClient
+
+    server, _ = decoupled_server
+    with SpecClient(server.grpc_url) as client:
+        client.wait_ready()
+        with pytest.raises(RequestError, match=r"decoupled=True\) or `specbuild verify --streaming`"):
+            client.generate("def f():", max_tokens=4)
