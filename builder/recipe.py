@@ -279,7 +279,9 @@ class Recipe(_Strict):
             raise ValueError(
                 f"verify.num_draft_tokens: {self.verify.num_draft_tokens} exceeds speculation.max_draft_len ({k})"
             )
-        if self.verify.max_tokens >= self.build.max_seq_len:  # a request needs prompt tokens + max_tokens <= max_seq_len
+        # a request needs prompt tokens + max_tokens <= max_seq_len; only a value the recipe sets (the default
+        # of 128 is the verify stage's, and a small build that never runs it is not wrong)
+        if "max_tokens" in self.verify.model_fields_set and self.verify.max_tokens >= self.build.max_seq_len:
             raise ValueError(
                 f"verify.max_tokens: {self.verify.max_tokens} leaves no room for a prompt in build.max_seq_len "
                 f"({self.build.max_seq_len} tokens, prompt and output together); lower verify.max_tokens or raise build.max_seq_len"

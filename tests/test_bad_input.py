@@ -135,6 +135,10 @@ def test_verify_max_tokens_that_leave_no_room_for_a_prompt(tmp_path):
     """Knowable from the recipe alone: refused before the build, not by the server after it."""
     refuse(tmp_path, GOOD + "build: {max_input_len: 256, max_seq_len: 512}\nverify: {max_tokens: 512}\n",
            "{path}:8: verify.max_tokens: 512 leaves no room for a prompt in build.max_seq_len (512", "lower verify.max_tokens")
+    # the verify stage's default (128) is not the recipe's choice: a small build without a verify: section stays valid
+    from test_recipe import parse
+
+    assert parse(GOOD + "build: {max_input_len: 32, max_seq_len: 64}\n").recipe.verify.max_tokens == 128
 
 
 def test_cuda_detection_respects_hidden_devices(monkeypatch):
