@@ -247,6 +247,12 @@ class Recipe(_Strict):
         world = b.tp_size * b.pp_size
         if b.backend == "reference" and (world > 1 or b.quantization != "none"):
             raise ValueError("build.backend: the reference backend runs on one device unquantized: set build.tp_size/pp_size to 1 and build.quantization to none")
+        if b.backend == "reference":
+            if b.draft_len_schedule:
+                raise ValueError("build.draft_len_schedule: the reference engine has no batch-size schedule (TensorRT-LLM's "
+                                 "PyTorch path has); send num_draft_tokens per request instead, or set build.backend: pytorch")
+            if b.max_beam_width > 1:
+                raise ValueError("build.max_beam_width: the reference engine decodes one beam (greedy or sampled); set it to 1")
         if b.backend != "reference":
             for name in ("kernels", "draft_weights"):
                 if getattr(b, name) != "auto":

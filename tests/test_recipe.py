@@ -146,3 +146,11 @@ def test_every_method_maps_to_a_tensorrt_llm_decoding_type():
                 "eagle": "Eagle", "eagle3": "Eagle3", "mtp": "MTP",
                 "redrafter": "ReDrafter"}  # engine path only: TensorRT-LLM's LLM API has no ReDrafter config
     assert {m: model.decoding_type for m, model in speculation_methods().items() if m != "none"} == expected
+
+
+def test_the_reference_backend_refuses_build_fields_it_would_ignore():
+    """A TensorRT-LLM schedule or beam width on the reference engine would be accepted and do nothing."""
+    with pytest.raises(RecipeError, match=r"demo.yaml:8: build.draft_len_schedule: the reference engine has no batch-size schedule"):
+        parse(GOOD + "build:\n  draft_len_schedule: {1: 3, 8: 9}\n")
+    with pytest.raises(RecipeError, match=r"demo.yaml:7: build.max_beam_width: the reference engine decodes one beam"):
+        parse(GOOD.replace("ngram\n  max_draft_len: 3", "none") + "build:\n  max_beam_width: 4\n")
