@@ -115,6 +115,7 @@ def test_errors_are_openai_shaped(deployment):
     cases = [
         ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
         ({"prompt": "hi", "n": 2}, 400, "n"),
+        ({"prompt": "hi", "n": 0}, 400, "n"),
         ({"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
         ({"prompt": "hi", "model": "other"}, 404, "model"),
     ]

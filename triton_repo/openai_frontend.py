@@ -113,7 +113,7 @@ class _Request(BaseModel):
     def check(self) -> None:
         """Raise :class:`FrontendError` for what this front does not do (rather than ignore it)."""
         if self.n != 1:
-            raise FrontendError("n > 1 is not supported: send one request per choice", param="n")
+            raise FrontendError(f"n must be 1 (one choice per request), got {self.n}: send one request per choice", param="n")
         if self.logprobs not in (None, False):
             raise FrontendError("logprobs are not supported by specbuild deployments", param="logprobs")
         if self.stop not in (None, [], ""):
