@@ -1,7 +1,8 @@
 /* Prototype, not built into the engine: attention scores with the keys stored in blocks of 16 positions x D
  * ([blk][d][16]), so that one query's scores of 16 keys are one chain of multiply-adds over d (no lane shuffles),
  * against the engine's kernel (attend, keys [pos][D]) on the same query group (3 query heads sharing a kv head,
- * D = 64), one thread. Softmax and the weighted sum of values are the engine's.
+ * D = 64), one thread. Its softmax and weighted sum of values are a copy of attend's at aba1714 (attend does
+ * q k, softmax and p v in one function, so only its scoring could not be swapped without a copy).
  *
  * Built against engine/csrc/rowgemm.c at aba1714 (included for exp_v16 and attend):
  *   gcc -O3 -march=native -ffp-contract=fast -fno-math-errno -fopenmp attention_blocked_keys_proto.c -o proto -lm
