@@ -311,7 +311,8 @@ def test_missing_or_unfit_heads_are_refused_before_any_work(checkpoint, tiny_che
     with pytest.raises(RecipeError, match=r"r.yaml:\d+: speculation.eagle_model: .*no such directory.*EAGLE-3 head"):
         check_inputs(load_recipe(str(eagle3_recipe(tmp_path, checkpoint, "head"))))
     save_eagle3_head(tmp_path / "head", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
-    assert check_runnable(load_recipe(str(eagle3_recipe(tmp_path, checkpoint, "head"))))
+    checked = check_runnable(load_recipe(str(eagle3_recipe(tmp_path, checkpoint, "head"))))
+    assert checked.reference.weights.path == tmp_path / "head" and checked.reference.fit_checked
     shallow = load_recipe(str(eagle3_recipe(tmp_path, tiny_checkpoint, "head")))  # 2-layer target
     for check in (check_inputs, lambda r: build_reference_engine(r, tmp_path / "engine")):
         with pytest.raises(RecipeError, match=r"speculation.eagle_model: Not enough hidden layers for default EAGLE3 capture"):

@@ -198,7 +198,8 @@ def test_eagle_recipe_passes_check_runnable(tiny_checkpoint, tmp_path):
     from specbuild.pipeline import check_runnable
 
     save_eagle_head(tmp_path / "head", _head("random").state_dict(), CONFIG)
-    assert check_runnable(load_recipe(str(eagle_recipe(tmp_path, tiny_checkpoint, "head"))))
+    checked = check_runnable(load_recipe(str(eagle_recipe(tmp_path, tiny_checkpoint, "head"))))
+    assert checked.reference.weights.path == tmp_path / "head" and checked.reference.fit_checked
 
 
 @pytest.mark.e2e

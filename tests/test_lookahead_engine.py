@@ -140,7 +140,9 @@ def test_lookahead_recipe_passes_check_runnable(tiny_checkpoint, tmp_path):
     from specbuild.builder.recipe import load_recipe
     from specbuild.pipeline import check_runnable
 
-    assert check_runnable(load_recipe(str(lookahead_recipe(tmp_path, tiny_checkpoint))))
+    checked = check_runnable(load_recipe(str(lookahead_recipe(tmp_path, tiny_checkpoint))))
+    assert checked.reference.target.path == tiny_checkpoint  # lookahead drafts from the target alone
+    assert checked.reference.weights is None and checked.reference.fit_checked is False
 
 
 @pytest.mark.e2e
