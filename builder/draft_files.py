@@ -1,0 +1,128 @@
+"""Read a checkpoint directory's config.json and safetensors tensors without loading the model: tensor
+names, shapes and dtypes from the file headers, values of single tensors (or row ranges of them) on
+demand. PyTorch pickles (``.bin``, ``.pt``) are never opened.
+
+Used by :mod:`specbuild.builder.check_draft`; torch-free except for ``BF16`` values (numpy has no
+bfloat16: those rows are read through ``safetensors.torch``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PICKLES = ("pytorch_model.bin", "model.pt", "medusa_lm_head.pt", "pytorch_model.bin.index.json")
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+INT_DTYPES = ("I64", "I32", "I16", "I8", "U8", "BOOL")
+
+
+class DraftFileError(ValueError):
+    """A directory that cannot be checked: missing, no config.json, a config that is not one JSON object."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as its file's header describes it: safetensors dtype (``"F32"``, ``"BF16"``, ``"I64"``, ...),
+    shape, and the file holding it."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    file: Path
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """A checkpoint directory: its config.json (``text_config`` merged under the top level), its
+    safetensors tensors by name, and the pickled weight files it holds instead (never read).
+
+    Example: ``CheckpointFiles.open(Path("head"))`` -> ``config["hidden_size"] == 64``,
+    ``tensors["fc.weight"].shape == (64, 192)``.
+    """
+
+    path: Path
+    config: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    pickles: tuple[str, ...]
+
+    @classmethod
+    def open(cls, path: Path, *, what: str = "checkpoint") -> CheckpointFiles:
+        """Read config.json and every ``*.safetensors`` header in ``path`` (milliseconds).
+
+        Raises:
+            DraftFileError: no such directory, no config.json, or a config.json that is not one JSON object.
+        """
+        path = Path(path).expanduser()
+        if not path.is_dir():
+            raise DraftFileError(f"{what} {path}: no such directory; give a checkpoint directory (config.json + *.safetensors)")
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise DraftFileError(f"{what} {path} has no config.json")
+        try:
+            raw = json.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise DraftFileError(f"{what} {config_file} is not readable JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise DraftFileError(f"{what} {config_file} is a JSON {type(raw).__name__}, not an object")
+        config = {**(raw.get("text_config") or {}), **raw}
+        pickles = tuple(sorted(p.name for p in path.iterdir() if p.name in PICKLES or p.suffix in (".bin", ".pt", ".pth")))
+        return cls(path, config, _headers(sorted(path.glob("*.safetensors"))), pickles)
+
+    def read(self, name: str, rows: slice | None = None) -> np.ndarray:
+        """Tensor ``name`` (or ``rows`` of its first dimension) as numpy: floats as float32, integers as int64,
+        booleans as bool.
+
+        Raises:
+            KeyError: no such tensor.
+        """
+        info = self.tensors[name]
+        if info.dtype == "BF16":
+            return _read_bf16(info.file, name, rows)
+        from safetensors import safe_open
+
+        with safe_open(str(info.file), framework="numpy") as f:
+            view = f.get_slice(name)
+            value = view[rows] if rows is not None else view[:]
+        if info.dtype in FLOAT_DTYPES:
+            return np.asarray(value, dtype=np.float32)
+        return np.asarray(value) if info.dtype == "BOOL" else np.asarray(value, dtype=np.int64)
+
+    def find(self, *suffixes: str) -> str | None:
+        """The first tensor name equal to, or ending with ``.`` + one of ``suffixes`` (in order), or None."""
+        for suffix in suffixes:
+            if suffix in self.tensors:
+                return suffix
+            hits = sorted(n for n in self.tensors if n.endswith("." + suffix))
+            if hits:
+                return hits[0]
+        return None
+
+
+def _headers(files: list[Path]) -> dict[str, TensorInfo]:
+    from safetensors import safe_open
+
+    tensors: dict[str, TensorInfo] = {}
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            for name in f.keys():
+                view = f.get_slice(name)
+                tensors[name] = TensorInfo(view.get_dtype(), tuple(view.get_shape()), file)
+    return tensors
+
+
+def _read_bf16(file: Path, name: str, rows: slice | None) -> np.ndarray:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        view = f.get_slice(name)
+        value = view[rows] if rows is not None else view[:]
+    return value.float().numpy()
+
+
+def torch_dtype_name(safetensors_dtype: str) -> str:
+    """``"BF16"`` -> ``"bfloat16"`` (config.json's ``torch_dtype`` spelling); unknown names unchanged."""
+    return {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+            "BOOL": "bool", "U8": "uint8", "I8": "int8"}.get(safetensors_dtype, safetensors_dtype)
