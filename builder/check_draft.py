@@ -131,12 +131,16 @@ EAGLE3_KNOWN_EXTRA = ("d2t", "t2d", "embed_tokens.weight", "lm_head.weight")
 # --- entry point ---------------------------------------------------------------------------------------
 
 
-def check_draft(draft: Path, target: Path, *, engine: str = "reference", method: str | None = None) -> DraftCheck:
+def check_draft(
+    draft: Path, target: Path, *, engine: str = "reference", method: str | None = None, config_only: bool = False
+) -> DraftCheck:
     """Check the draft directory ``draft`` against the target checkpoint directory ``target`` for ``engine``.
 
     Args:
         method: ``eagle3``, ``eagle``, ``medusa`` or ``draft_target``; None: told apart by
             :func:`detect_method` from config.json and tensor names.
+        config_only: EAGLE-3: only the checks config.json answers (architecture, hidden size,
+            vocabulary, auxiliary layers, rope), e.g. for a published head's config without its weights.
 
     Raises:
         DraftFileError: a directory missing or without a readable config.json (the CLI exits 2).
@@ -150,7 +154,13 @@ def check_draft(draft: Path, target: Path, *, engine: str = "reference", method:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
     context = Context(draft_files, target_files, engine)
-    findings = [*_weights_readable(context), *CHECKS[method](context)]
+    if config_only:
+        if method != "eagle3":
+            raise ValueError("config_only checks an EAGLE-3 head's config.json; give method eagle3")
+        loader = EAGLE3_LOADERS[engine]
+        findings = [f for check in EAGLE3_CONFIG_CHECKS for f in check(context, loader)]
+    else:
+        findings = [*_weights_readable(context), *CHECKS[method](context)]
     return DraftCheck(draft_files.path, target_files.path, engine, method, tuple(findings))
 
 
@@ -221,6 +231,15 @@ def _eagle3(c: Context) -> list[Finding]:
     return [f for check in checks for f in check(c, loader)]
 
 
+def _e3_draft_vocab(c: Context, loader: Eagle3Loader) -> list[Finding]:
+    del loader
+    declared, vocab = c.draft.config.get("draft_vocab_size"), c.target_vocab
+    if declared is not None and vocab is not None and not 0 < declared <= vocab:
+        return [Finding("draft_vocab_size", "fail", f"draft_vocab_size={declared}, the target's vocabulary {vocab}",
+                        f"a draft vocabulary is a subset of the target's: 1 .. {vocab} ids")]
+    return [Finding("draft_vocab_size", "ok", f"{declared or vocab}" + ("" if declared in (None, vocab) else f" of {vocab}, mapped by d2t"))]
+
+
 def _e3_architecture(c: Context, loader: Eagle3Loader) -> list[Finding]:
     arch = _architecture(c.draft.config)
     if loader.architectures is None:
@@ -230,6 +249,10 @@ def _e3_architecture(c: Context, loader: Eagle3Loader) -> list[Finding]:
     return [Finding("architecture", "fail", f"config.json architectures {[arch] if arch else 'missing'}; {c.title} loads EAGLE-3 "
                     f"heads named {' or '.join(loader.architectures)}",
                     'set "architectures": ["LlamaForCausalLMEagle3"] in config.json')]
+
+
+def _e3_config_checks() -> tuple:
+    return (_e3_architecture, _e3_hidden, _e3_vocab, _e3_draft_vocab, _e3_layers, _rope)
 
 
 def _e3_hidden(c: Context, loader: Eagle3Loader) -> list[Finding]:
@@ -500,6 +523,7 @@ def _dtype(c: Context, loader: Any = None) -> list[Finding]:
 # --- EAGLE-1/2, Medusa, draft model ----------------------------------------------------------------------
 
 
+EAGLE3_CONFIG_CHECKS = _e3_config_checks()
 EAGLE_NAMES = ("LlamaForCausalLM", "EagleLlamaForCausalLM", "LlamaForCausalLMEagle")
 
 
@@ -662,3 +686,42 @@ def _target_lm_head(target: CheckpointFiles, draft_config: dict[str, Any]):
     if name is None:
         raise ValueError(f"target {target.path} has neither lm_head.weight nor embed_tokens.weight in safetensors")
     return torch.from_numpy(target.read(name))
+
+
+# --- the plan's line -----------------------------------------------------------------------------------
+
+
+def recipe_check_line(loaded) -> str | None:
+    """``specbuild plan``'s line for a recipe with a draft: the check's summary for the engine the recipe
+    builds (``reference``, else ``trtllm``) when the draft and the target are local directories, else
+    when and how it runs. None for a recipe without draft files. Milliseconds; never raises."""
+    spec = loaded.recipe.speculation
+    value = spec.weights_path
+    if value is None or spec.method not in METHODS:
+        return None
+    engine = "reference" if loaded.recipe.build.backend == "reference" else "trtllm"
+    draft = loaded.resolve_path(value)
+    command = f"specbuild check-draft DIR --target {loaded.recipe.target.checkpoint} --engine {engine}"
+    if not draft.is_dir():
+        when = "after training (train-draft)" if loaded.recipe.train is not None else f"once {value} is a local directory"
+        return f"check     draft: runs {when}: {command.replace('DIR', str(draft) if loaded.recipe.train else 'DIR')}"
+    target = _local_target(loaded)
+    if target is None:
+        return f"check     draft {draft}: runs once the target is a local directory (converted or downloaded): {command.replace('DIR', str(draft))}"
+    return plan_line(draft, target, engine, spec.method)
+
+
+def _local_target(loaded) -> Path | None:
+    """The target's checkpoint directory if it is on disk already (a packaged model once converted)."""
+    from specbuild.builder.checkpoints import CheckpointError, locate_checkpoint
+    from specbuild.cache import cache_dir
+
+    target = loaded.recipe.target
+    try:
+        source = locate_checkpoint(target.checkpoint, base_dir=loaded.path.parent, revision=target.revision)
+    except CheckpointError:
+        return None
+    if source.kind != "packaged":
+        return source.path
+    converted = cache_dir() / "checkpoints" / f"{source.packaged.name}-{source.fingerprint()}"
+    return converted if (converted / "config.json").is_file() else None

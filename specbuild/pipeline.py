@@ -193,7 +193,7 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         from specbuild.triton_repo.tensorrtllm import repository_lines
 
         plan = plan_for(loaded, paths.output_dir, version=installed_version())
-        return plan.lines() + repository_lines(loaded, plan, paths.repo_dir)
+        return plan.lines() + repository_lines(loaded, plan, paths.repo_dir) + _draft_check_lines(loaded)
     train = []
     if r.train is not None:
         from specbuild.train.stage import training_status
@@ -205,6 +205,7 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         f"method    {spec.method}" + (f", max_draft_len={spec.max_draft_len}" if spec.max_draft_len else ""),
         *_token_map_lines(loaded),
         *train,
+        *_draft_check_lines(loaded),
         f"build     {r.build.backend} engine -> {paths.engine_dir} "
         f"(max_batch_size={r.build.max_batch_size}, max_input_len={r.build.max_input_len}, max_seq_len={r.build.max_seq_len})",
         f"repo      ensemble/preprocessing/tensorrt_llm/postprocessing -> {paths.repo_dir}",
@@ -228,6 +229,14 @@ def _token_map_lines(loaded: LoadedRecipe) -> list[str]:
     else:
         how = f"written by the train stage: the target's {train.token_map_size} most frequent predictions"
     return [f"drafts    over a token map {path} ({how})"]
+
+
+def _draft_check_lines(loaded: LoadedRecipe) -> list[str]:
+    """The plan's line on ``check-draft`` of the recipe's draft (:func:`~specbuild.builder.check_draft.recipe_check_line`)."""
+    from specbuild.builder.check_draft import recipe_check_line
+
+    line = recipe_check_line(loaded)
+    return [] if line is None else [line]
 
 
 def runs_on(loaded: LoadedRecipe) -> str:

@@ -1,0 +1,255 @@
+"""``specbuild check-draft``: seeded defects each fail with a message naming the field and the fix; the
+project's own EAGLE-3 / EAGLE / Medusa / draft-model layouts pass (as the train code writes them); the
+published EAGLE-3 head config the llama recipes name passes; the export loads in every engine's terms;
+the engines' expectations agree with the loader facts in tests/data/eagle3_loaders.json.
+
+Target: a tiny random 8-layer Llama (fp32, 384 tokens); heads written by the project's save functions.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+
+from specbuild.builder.check_draft import EAGLE3_LOADERS, ENGINES, check_draft, detect_method, export_eagle3
+from specbuild.builder.draft_files import CheckpointFiles
+from specbuild.cli import main
+from specbuild.engine.methods.eagle import EagleHead, save_eagle_head
+from specbuild.engine.methods.eagle3 import Eagle3Config, Eagle3Head, load_eagle3_head, save_eagle3_head
+from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
+from specbuild.train.eagle import eagle_config_for
+from specbuild.train.eagle3 import eagle3_config_for
+from tiny_models import make_tiny_llama
+
+DATA = Path(__file__).parent / "data"
+LAYERS, DRAFT_VOCAB = 8, 96
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("target") / "ckpt", seed=1, num_hidden_layers=LAYERS)
+
+
+@pytest.fixture(scope="module")
+def target_config(target):
+    return AutoConfig.from_pretrained(target)
+
+
+@pytest.fixture(scope="module")
+def project_eagle3(tmp_path_factory, target_config) -> Path:
+    """The EAGLE-3 head as train/eagle3.py writes it: the target's lm_head (none of its own), no d2t."""
+    config = eagle3_config_for(target_config)
+    torch.manual_seed(3)
+    return save_eagle3_head(tmp_path_factory.mktemp("e3") / "head", Eagle3Head(config, lm_head=False).state_dict(), config)
+
+
+@pytest.fixture(scope="module")
+def draft_vocab_eagle3(tmp_path_factory, target_config) -> Path:
+    """An EAGLE-3 head with its own 96-token lm_head and d2t (draft id d -> target id 3 d)."""
+    config = Eagle3Config(**{**eagle3_config_for(target_config).__dict__, "draft_vocab_size": DRAFT_VOCAB})
+    torch.manual_seed(4)
+    head = Eagle3Head(config, d2t=True)
+    head.d2t.copy_(torch.arange(DRAFT_VOCAB) * 2)
+    return save_eagle3_head(tmp_path_factory.mktemp("e3v") / "head", head.state_dict(), config)
+
+
+def _copy(src: Path, dst: Path, *, config: dict | None = None, tensors: dict | None = None, drop: tuple[str, ...] = ()) -> Path:
+    """``src`` copied to ``dst`` with config.json keys and tensors replaced (a seeded defect)."""
+    shutil.copytree(src, dst)
+    if config is not None:
+        raw = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps({**raw, **config}))
+    if tensors is not None or drop:
+        state = {k: v for k, v in load_file(str(dst / "model.safetensors")).items() if k not in drop}
+        save_file({**state, **(tensors or {})}, str(dst / "model.safetensors"))
+    return dst
+
+
+def _failed(result) -> dict[str, str]:
+    return {f.check: f"{f.detail} | fix: {f.fix}" for f in result.findings if f.status == "fail"}
+
+
+def _target_embedding(target: Path) -> torch.Tensor:
+    return load_file(str(target / "model.safetensors"))["model.embed_tokens.weight"]
+
+
+# --- the project's own layouts ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["reference", "trtllm", "sglang"])
+def test_project_eagle3_head_passes_where_the_target_lm_head_is_shared(project_eagle3, target, engine):
+    result = check_draft(project_eagle3, target, engine=engine)
+    assert result.method == "eagle3"
+    assert result.ok, _failed(result)
+    assert {f.check for f in result.findings} >= {"architecture", "hidden size", "vocab_size", "lm_head", "d2t",
+                                                  "aux layer ids", "rope", "embed_tokens", "dtype", "tensors"}
+
+
+def test_project_eagle3_head_fails_vllm_on_its_missing_lm_head_and_the_export_fixes_it(project_eagle3, target, tmp_path):
+    failed = _failed(check_draft(project_eagle3, target, engine="vllm"))
+    assert set(failed) == {"lm_head"}
+    assert "only with method eagle, not eagle3" in failed["lm_head"] and "--export" in failed["lm_head"]
+
+    out = export_eagle3(project_eagle3, target, tmp_path / "portable")
+    for engine in ENGINES:
+        result = check_draft(out, target, engine=engine)
+        assert result.ok, (engine, _failed(result))
+    exported = CheckpointFiles.open(out)
+    assert exported.config["draft_vocab_size"] == exported.config["vocab_size"] == 384
+    lm_head = load_file(str(out / "model.safetensors"))["lm_head.weight"]
+    assert torch.equal(lm_head, load_file(str(target / "model.safetensors"))["lm_head.weight"])
+    load_eagle3_head(out)  # the reference engine still loads the exported layout
+
+
+def test_draft_vocabulary_head_with_d2t_passes_every_engine(draft_vocab_eagle3, target):
+    for engine in ENGINES:
+        result = check_draft(draft_vocab_eagle3, target, engine=engine)
+        assert result.ok, (engine, _failed(result))
+    d2t = {f.check: f.detail for f in result.findings}["d2t"]
+    assert "96 draft ids -> distinct target ids in [0, 285]" in d2t
+
+
+def test_layers0_names_load_in_trtllm_and_vllm_but_not_sglang(draft_vocab_eagle3, target, tmp_path):
+    state = load_file(str(draft_vocab_eagle3 / "model.safetensors"))
+    renamed = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    head = tmp_path / "layers0"
+    shutil.copytree(draft_vocab_eagle3, head)
+    save_file(renamed, str(head / "model.safetensors"))
+    assert check_draft(head, target, engine="vllm").ok and check_draft(head, target, engine="trtllm").ok
+    assert "rename layers.0.* to midlayer.*" in _failed(check_draft(head, target, engine="sglang"))["tensors"]
+
+
+def test_project_eagle_medusa_and_draft_model_layouts_pass(tmp_path, target, target_config):
+    config = eagle_config_for(target_config)
+    eagle = save_eagle_head(tmp_path / "eagle", EagleHead(config).state_dict(), config)
+    medusa_config = MedusaConfig(medusa_num_heads=3, medusa_num_layers=1, hidden_size=64, vocab_size=target_config.vocab_size)
+    medusa = save_medusa_heads(tmp_path / "medusa", MedusaHeads(medusa_config).heads.state_dict(), medusa_config)
+    draft = make_tiny_llama(tmp_path / "draft", seed=7, hidden_size=32, num_hidden_layers=1)
+    for path, method in ((eagle, "eagle"), (medusa, "medusa"), (draft, "draft_target")):
+        assert detect_method(CheckpointFiles.open(path)) == method
+        for engine in ("reference", "trtllm"):
+            result = check_draft(path, target, engine=engine)
+            assert result.method == method and result.ok, (method, engine, _failed(result))
+
+
+# --- seeded defects -----------------------------------------------------------------------------------------
+
+
+def test_wrong_hidden_size_names_both_sizes(tmp_path, target, target_config):
+    config = Eagle3Config(**{**eagle3_config_for(target_config).__dict__, "hidden_size": 32, "intermediate_size": 64,
+                             "head_dim": 8, "target_hidden_size": None})
+    head = save_eagle3_head(tmp_path / "h32", Eagle3Head(config, lm_head=False).state_dict(), config)
+    failed = _failed(check_draft(head, target))
+    assert "hidden_size=32 but the target's is 64" in failed["hidden size"]
+    assert "train the head on this target" in failed["hidden size"]
+
+
+def test_random_embed_tokens_fail_for_vllm_and_are_flagged_elsewhere(project_eagle3, target, tmp_path):
+    embedding = _target_embedding(target)
+    torch.manual_seed(0)
+    random = _copy(project_eagle3, tmp_path / "random", tensors={"embed_tokens.weight": torch.randn_like(embedding)})
+    failed = _failed(check_draft(random, target, engine="vllm"))
+    assert "differs from the target's embeddings" in failed["embed_tokens"] and "TorchSpec#38" in failed["embed_tokens"]
+    assert "remove embed_tokens.weight" in failed["embed_tokens"]
+    sglang = {f.check: f for f in check_draft(random, target, engine="sglang").findings}["embed_tokens"]
+    assert sglang.status == "warn" and "ignored by SGLang" in sglang.detail
+
+    same = _copy(project_eagle3, tmp_path / "same", tensors={"embed_tokens.weight": embedding.clone()})
+    embed = {f.check: f for f in check_draft(same, target, engine="vllm").findings}["embed_tokens"]
+    assert embed.status == "ok" and "equal to the target's" in embed.detail
+
+
+def test_d2t_out_of_range_is_refused(draft_vocab_eagle3, target, tmp_path):
+    bad = _copy(draft_vocab_eagle3, tmp_path / "d2t", tensors={"d2t": torch.arange(DRAFT_VOCAB, dtype=torch.int64) * 4})
+    failed = _failed(check_draft(bad, target, engine="sglang"))
+    assert "map outside the target vocabulary [0, 384)" in failed["d2t"] and "d2t[i] = target_id - i" in failed["d2t"]
+
+    missing = _copy(draft_vocab_eagle3, tmp_path / "no_d2t", drop=("d2t",))
+    assert "draft id i would be read as target id i" in _failed(check_draft(missing, target, engine="vllm"))["d2t"]
+
+
+def test_wrong_architecture_name(draft_vocab_eagle3, target, tmp_path):
+    head = _copy(draft_vocab_eagle3, tmp_path / "arch", config={"architectures": ["MedusaModel"]})
+    for engine in ("reference", "vllm", "sglang"):
+        failed = _failed(check_draft(head, target, engine=engine, method="eagle3"))
+        assert "['MedusaModel']" in failed["architecture"] and "LlamaForCausalLMEagle3" in failed["architecture"]
+    assert check_draft(head, target, engine="trtllm", method="eagle3").ok  # TensorRT-LLM does not read the name
+    llama = _copy(draft_vocab_eagle3, tmp_path / "llama", config={"architectures": ["LlamaForCausalLM"]})
+    assert check_draft(llama, target, engine="vllm", method="eagle3").ok  # vLLM maps it to Eagle3LlamaForCausalLM
+    assert "architecture" in _failed(check_draft(llama, target, engine="sglang", method="eagle3"))
+
+
+def test_small_lm_head_against_a_full_vocabulary_config(draft_vocab_eagle3, target, tmp_path):
+    """EAGLE#249: a 32k lm_head whose config.json declares no draft_vocab_size (so 128k rows are built)."""
+    raw = json.loads((draft_vocab_eagle3 / "config.json").read_text())
+    del raw["draft_vocab_size"]
+    head = tmp_path / "small_head"
+    shutil.copytree(draft_vocab_eagle3, head)
+    (head / "config.json").write_text(json.dumps(raw))
+    for engine in ENGINES:
+        failed = _failed(check_draft(head, target, engine=engine))
+        assert "lm_head.weight has 96 rows but config.json says no draft_vocab_size, so vocab_size=384" in failed["lm_head"]
+        assert 'set "draft_vocab_size": 96' in failed["lm_head"]
+
+
+def test_pickled_weights_are_refused_unopened(project_eagle3, target, tmp_path):
+    head = tmp_path / "pickled"
+    head.mkdir()
+    shutil.copy(project_eagle3 / "config.json", head)
+    (head / "pytorch_model.bin").write_bytes(b"not a pickle; never opened")
+    failed = _failed(check_draft(head, target))
+    assert "only PyTorch pickles (pytorch_model.bin); check-draft never unpickles" in failed["weights"]
+
+
+# --- the published head the llama recipes name ------------------------------------------------------------
+
+
+def test_public_eagle3_head_config_passes_for_every_engine(tmp_path):
+    head, target = tmp_path / "head", tmp_path / "target"
+    head.mkdir(), target.mkdir()
+    shutil.copy(DATA / "yuhuili-EAGLE3-LLaMA3.1-Instruct-8B.config.json", head / "config.json")
+    shutil.copy(DATA / "meta-llama-Llama-3.1-8B-Instruct.config.json", target / "config.json")
+    for engine in ENGINES:
+        result = check_draft(head, target, engine=engine, method="eagle3", config_only=True)
+        assert result.ok, (engine, _failed(result))
+        found = {f.check: f for f in result.findings}
+        assert found["draft_vocab_size"].detail == "32000 of 128256, mapped by d2t"
+        assert found["rope"].status == "warn"  # the head's own rope (theta 10000, 2048 positions), not Llama 3.1's
+
+
+# --- the loaders' facts, the CLI -----------------------------------------------------------------------------
+
+
+def test_engine_expectations_agree_with_the_recorded_loader_facts():
+    facts = json.loads((DATA / "eagle3_loaders.json").read_text())["engines"]
+    assert set(facts) == set(EAGLE3_LOADERS) == set(ENGINES)
+    for engine, loader in EAGLE3_LOADERS.items():
+        recorded = facts[engine]
+        assert (None if recorded["architectures"] is None else tuple(recorded["architectures"])) == loader.architectures
+        assert loader.uses_own_embed_tokens == recorded["embed_tokens"].startswith("checkpoint")
+        assert (loader.lm_head_from_target == "never") == (recorded["lm_head_when_absent"] == "unloaded")
+        assert loader.aux_ids_count_inputs == recorded["aux_layer_ids"].startswith("layer inputs")
+        assert all("repo" in s for s in recorded["sources"])
+
+
+def test_cli_table_json_and_exit_codes(project_eagle3, draft_vocab_eagle3, target, tmp_path):
+    runner = CliRunner()
+    ok = runner.invoke(main, ["check-draft", str(project_eagle3), "--target", str(target)])
+    assert ok.exit_code == 0, ok.output
+    rows = ok.output.splitlines()[2:]  # after the two header lines naming the directories
+    assert "d2t" in ok.output and max(len(line) for line in rows) <= 80
+    bad = _copy(draft_vocab_eagle3, tmp_path / "bad", tensors={"d2t": torch.full((DRAFT_VOCAB,), 1000, dtype=torch.int64)})
+    failed = runner.invoke(main, ["check-draft", str(bad), "--target", str(target), "--engine", "vllm", "--json"])
+    assert failed.exit_code == 4
+    report = json.loads(failed.output)
+    assert report["ok"] is False and report["engine"] == "vllm"
+    assert [c["check"] for c in report["checks"] if c["status"] == "fail"] == ["d2t"]
+    missing = runner.invoke(main, ["check-draft", str(tmp_path / "nowhere"), "--target", str(target)])
+    assert missing.exit_code == 2 and "no such directory" in missing.output
