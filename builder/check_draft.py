@@ -9,7 +9,7 @@ What each engine's loader expects of an EAGLE-3 head (:data:`EAGLE3_LOADERS`; so
     engine     architectures read            embed_tokens in the file   lm_head.weight absent   aux layer ids
     reference  (not read; the format's)      ignored: the target's      the target's            layer outputs
     trtllm     not read (eagle3_model_arch)  ignored: the target's      the target's            layer outputs
-    vllm       Eagle3X / XEagle3 (X -> Eagle3X)  USED when present      left unloaded           layer inputs
+    vllm       Eagle3X / XEagle3 (X -> Eagle3X)  USED unless identical  the target's           layer inputs
     sglang     LlamaForCausalLMEagle3 only   ignored: the target's      the target's only if no  layer outputs
                                                                         draft_vocab_size
 
@@ -107,7 +107,7 @@ EAGLE3_LOADERS: dict[str, Eagle3Loader] = {
     "reference": Eagle3Loader(EAGLE3_NAMES[:2], False, "always", False, True, "specbuild engine/methods/eagle3.py"),
     "trtllm": Eagle3Loader(None, False, "always", False, False,
                            "NVIDIA/TensorRT-LLM@00679c6 tensorrt_llm/_torch/models/modeling_speculative.py"),
-    "vllm": Eagle3Loader(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM"), True, "never", True, False,
+    "vllm": Eagle3Loader(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM"), True, "always", True, False,
                          "vllm-project/vllm@00bd149 vllm/model_executor/models/llama_eagle3.py, @008603a v1/spec_decode/eagle.py"),
     "sglang": Eagle3Loader(("LlamaForCausalLMEagle3",), False, "without_draft_vocab_size", False, True,
                            "sgl-project/sglang@03d5a77 python/sglang/srt/models/llama_eagle3.py"),
@@ -322,8 +322,7 @@ def _missing_lm_head(c: Context, loader: Eagle3Loader, declared: int | None) -> 
     if shares:
         return Finding("lm_head", "fail", f"no lm_head.weight but draft_vocab_size={declared}: the target's lm_head has "
                        f"{c.target_vocab} rows", "write the head's own lm_head.weight, or remove draft_vocab_size")
-    why = ("vLLM shares the target's lm_head only with method eagle, not eagle3" if c.engine == "vllm"
-           else f"{c.title} leaves lm_head unloaded when config.json has draft_vocab_size")
+    why = f"{c.title} leaves lm_head unloaded" + (" when config.json has draft_vocab_size" if declared is not None else "")
     return Finding("lm_head", "fail", f"no lm_head.weight: {why}",
                    "export the portable layout: specbuild check-draft DRAFT --target TARGET --export DIR "
                    "(writes the target's lm_head as lm_head.weight)")

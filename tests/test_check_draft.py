@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
 from specbuild.builder.check_draft import EAGLE3_LOADERS, ENGINES, check_draft, detect_method, export_eagle3
-from specbuild.builder.draft_files import CheckpointFiles
+from specbuild.builder.draft_files import CheckpointFiles, DraftFileError
 from specbuild.cli import main
 from specbuild.engine.methods.eagle import EagleHead, save_eagle_head
 from specbuild.engine.methods.eagle3 import Eagle3Config, Eagle3Head, load_eagle3_head, save_eagle3_head
@@ -83,29 +83,43 @@ def _target_embedding(target: Path) -> torch.Tensor:
 # --- the project's own layouts ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ["reference", "trtllm", "sglang"])
-def test_project_eagle3_head_passes_where_the_target_lm_head_is_shared(project_eagle3, target, engine):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_project_eagle3_head_passes_every_engine(project_eagle3, target, engine):
     result = check_draft(project_eagle3, target, engine=engine)
     assert result.method == "eagle3"
     assert result.ok, _failed(result)
     assert {f.check for f in result.findings} >= {"architecture", "hidden size", "vocab_size", "lm_head", "d2t",
                                                   "aux layer ids", "rope", "embed_tokens", "dtype", "tensors"}
+    assert {f.check: f.detail for f in result.findings}["lm_head"].startswith("no lm_head.weight: ")
 
 
-def test_project_eagle3_head_fails_vllm_on_its_missing_lm_head_and_the_export_fixes_it(project_eagle3, target, tmp_path):
-    failed = _failed(check_draft(project_eagle3, target, engine="vllm"))
-    assert set(failed) == {"lm_head"}
-    assert "only with method eagle, not eagle3" in failed["lm_head"] and "--export" in failed["lm_head"]
+def test_sglang_leaves_a_missing_lm_head_unloaded_when_a_draft_vocabulary_is_declared(draft_vocab_eagle3, target, tmp_path):
+    head = _copy(draft_vocab_eagle3, tmp_path / "no_lm_head", drop=("lm_head.weight", "d2t"))
+    assert "SGLang leaves lm_head unloaded when config.json has draft_vocab_size" in _failed(check_draft(head, target, engine="sglang"))["lm_head"]
+    assert "the target's lm_head has 384 rows" in _failed(check_draft(head, target, engine="vllm"))["lm_head"]
 
-    out = export_eagle3(project_eagle3, target, tmp_path / "portable")
+
+def test_export_writes_the_portable_layout(project_eagle3, target, tmp_path):
+    torch.manual_seed(0)
+    third_party = _copy(project_eagle3, tmp_path / "third_party", tensors={"embed_tokens.weight": torch.randn(384, 64)})
+    state = load_file(str(third_party / "model.safetensors"))
+    save_file({("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()},
+              str(third_party / "model.safetensors"))
+    assert not check_draft(third_party, target, engine="sglang").ok and not check_draft(third_party, target, engine="vllm").ok
+
+    out = export_eagle3(third_party, target, tmp_path / "portable")
     for engine in ENGINES:
         result = check_draft(out, target, engine=engine)
         assert result.ok, (engine, _failed(result))
     exported = CheckpointFiles.open(out)
     assert exported.config["draft_vocab_size"] == exported.config["vocab_size"] == 384
+    assert exported.config["architectures"] == ["LlamaForCausalLMEagle3"] and exported.config["tie_word_embeddings"] is False
+    assert "embed_tokens.weight" not in exported.tensors and "midlayer.hidden_norm.weight" in exported.tensors
     lm_head = load_file(str(out / "model.safetensors"))["lm_head.weight"]
     assert torch.equal(lm_head, load_file(str(target / "model.safetensors"))["lm_head.weight"])
-    load_eagle3_head(out)  # the reference engine still loads the exported layout
+    load_eagle3_head(out)  # the reference engine loads the exported layout
+    with pytest.raises(DraftFileError, match="is the draft directory itself"):
+        export_eagle3(out, target, out)
 
 
 def test_draft_vocabulary_head_with_d2t_passes_every_engine(draft_vocab_eagle3, target):
@@ -234,7 +248,8 @@ def test_engine_expectations_agree_with_the_recorded_loader_facts():
         recorded = facts[engine]
         assert (None if recorded["architectures"] is None else tuple(recorded["architectures"])) == loader.architectures
         assert loader.uses_own_embed_tokens == recorded["embed_tokens"].startswith("checkpoint")
-        assert (loader.lm_head_from_target == "never") == (recorded["lm_head_when_absent"] == "unloaded")
+        when = {"target": "always", "unloaded": "never", "target only when draft_vocab_size is absent, else unloaded": "without_draft_vocab_size"}
+        assert when[recorded["lm_head_when_absent"]] == loader.lm_head_from_target
         assert loader.aux_ids_count_inputs == recorded["aux_layer_ids"].startswith("layer inputs")
         assert all("repo" in s for s in recorded["sources"])
 
