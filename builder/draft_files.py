@@ -53,7 +53,8 @@ class CheckpointFiles:
         """Read config.json and every ``*.safetensors`` header in ``path`` (milliseconds).
 
         Raises:
-            DraftFileError: no such directory, no config.json, or a config.json that is not one JSON object.
+            DraftFileError: no such directory, no config.json, a config.json that is not one JSON object, or
+                a ``*.safetensors`` file whose header does not parse.
         """
         path = Path(path).expanduser()
         if not path.is_dir():
@@ -106,10 +107,13 @@ def _headers(files: list[Path]) -> dict[str, TensorInfo]:
 
     tensors: dict[str, TensorInfo] = {}
     for file in files:
-        with safe_open(str(file), framework="numpy") as f:
-            for name in f.keys():
-                view = f.get_slice(name)
-                tensors[name] = TensorInfo(view.get_dtype(), tuple(view.get_shape()), file)
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                for name in f.keys():
+                    view = f.get_slice(name)
+                    tensors[name] = TensorInfo(view.get_dtype(), tuple(view.get_shape()), file)
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError (and OSError)
+            raise DraftFileError(f"{file} is not a readable safetensors file ({exc})") from None
     return tensors
 
 
