@@ -8,7 +8,8 @@ code  name                        when
 1     FAILED                      anything else went wrong (a build step, a server that died)
 2     BAD_INPUT                   a usage error or bad input: an option, a recipe, a prompts file
 3     SERVER_UNAVAILABLE          the server is unreachable, not ready in time, or did not start
-4     NOT_LOSSLESS                a lossless check failed (speculative output != plain output)
+4     NOT_LOSSLESS                a lossless check failed (speculative output != plain output);
+                                  ``check-draft``: a check of the draft failed
 5     CROSS_CHECK_FAILED          a benchmark cross-check failed (counters or outputs disagree)
 130   INTERRUPTED                 Ctrl-C / SIGTERM
 ====  ==========================  ==============================================================
