@@ -26,6 +26,7 @@ from specbuild.engine.methods.eagle3 import Eagle3Config, Eagle3Head, load_eagle
 from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
 from specbuild.train.eagle import eagle_config_for
 from specbuild.train.eagle3 import eagle3_config_for
+from conftest import write_recipe
 from tiny_models import make_tiny_llama
 
 DATA = Path(__file__).parent / "data"
@@ -268,3 +269,19 @@ def test_cli_table_json_and_exit_codes(project_eagle3, draft_vocab_eagle3, targe
     assert [c["check"] for c in report["checks"] if c["status"] == "fail"] == ["d2t"]
     missing = runner.invoke(main, ["check-draft", str(tmp_path / "nowhere"), "--target", str(target)])
     assert missing.exit_code == 2 and "no such directory" in missing.output
+
+
+def test_plan_runs_the_check_for_a_recipe_with_a_local_draft(project_eagle3, draft_vocab_eagle3, target, tmp_path):
+    runner = CliRunner()
+    recipe = write_recipe(tmp_path / "r.yaml", target, speculation=f"  method: eagle3\n  eagle_model: {project_eagle3}\n  max_draft_len: 3\n")
+    plan = runner.invoke(main, ["plan", str(recipe), "--json"])
+    assert plan.exit_code == 0, plan.output
+    lines = [s for s in json.loads(plan.output)["stages"] if s.startswith("check ")]
+    assert lines == [f"check     draft {project_eagle3} for the reference engine: 11 checks: 11 ok"]
+
+    bad = _copy(draft_vocab_eagle3, tmp_path / "bad", tensors={"d2t": torch.full((DRAFT_VOCAB,), 1000, dtype=torch.int64)})
+    recipe = write_recipe(tmp_path / "bad.yaml", target, speculation=f"  method: eagle3\n  eagle_model: {bad}\n  max_draft_len: 3\n")
+    plan = runner.invoke(main, ["plan", str(recipe), "--json"])
+    assert plan.exit_code == 0, plan.output  # the plan shows the failure; the build refuses the head when it loads it
+    [line] = [s for s in json.loads(plan.output)["stages"] if s.startswith("check ")]
+    assert "1 fail (d2t)" in line and f"run: specbuild check-draft {bad} --target {target} --engine reference" in line
