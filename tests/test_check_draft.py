@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
-from specbuild.builder.check_draft import EAGLE3_LOADERS, ENGINES, check_draft, detect_method, export_eagle3
+from specbuild.builder.check_draft import EAGLE3_LOADERS, ENGINES, check_draft, detect_method
+from specbuild.builder.draft_export import export_eagle3
 from specbuild.builder.draft_files import CheckpointFiles, DraftFileError
 from specbuild.cli import main
 from specbuild.engine.methods.eagle import EagleHead, save_eagle_head
