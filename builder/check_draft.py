@@ -456,7 +456,7 @@ def _embed_tokens(c: Context, loader: Eagle3Loader | None = None) -> list[Findin
         return [Finding("embed_tokens", "ok", "absent: the target's are used")]
     own = loader.uses_own_embed_tokens if loader is not None else c.engine == "vllm"
     hidden_in = c.draft.config.get("target_hidden_size", c.draft.config.get("hidden_size"))
-    own = own or (loader is not None and c.engine == "trtllm" and hidden_in != c.draft.config.get("hidden_size"))
+    own = own or (loader is not None and c.engine in ("trtllm", "sglang") and hidden_in != c.draft.config.get("hidden_size"))
     target_name = c.target.find("embed_tokens.weight", "wte.weight")
     shape, hidden = c.draft.tensors[name].shape, c.draft.config.get("hidden_size")
     if target_name is None:
