@@ -301,6 +301,22 @@ def _model_repository(ctx, param, repo: Path) -> Path:
     raise click.BadParameter(f"{repo} is not a Triton model repository: no <model>/config.pbtxt in it{hint}", ctx=ctx, param=param)
 
 
+def _openai_access_options(f):
+    """serve's API key and request limits for the OpenAI front (docs/openai.md, "Access and limits")."""
+    from specbuild.triton_repo.openai_access import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
+
+    options = [
+        click.option("--api-key", envvar=API_KEY_ENV, default=None, show_envvar=True, help="OpenAI front: answer only requests that send 'Authorization: Bearer KEY' (401 otherwise) [no key]."),
+        click.option("--openai-max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY_BYTES, show_default=True, help="OpenAI front: largest request body (413 above)."),
+        click.option("--openai-max-prompt-tokens", type=click.IntRange(min=1), default=None, help="OpenAI front: most prompt tokens (400 above) [the deployment's limit]."),
+        click.option("--openai-max-tokens", type=click.IntRange(min=1), default=None, help="OpenAI front: largest max_tokens (400 above) [the deployment's limit]."),
+        click.option("--openai-max-concurrency-per-client", type=click.IntRange(min=1), default=None, help="OpenAI front: requests one client address may have in flight (429 with Retry-After above) [no limit]."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
 @main.command("serve")
 @click.argument("repo", type=click.Path(exists=True, file_okay=False, path_type=Path), callback=_model_repository)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (HTTP and gRPC); 0.0.0.0 opens it to the network, unauthenticated.")
@@ -311,8 +327,9 @@ def _model_repository(ctx, param, repo: Path) -> Path:
 @click.option("--openai-port", type=click.IntRange(min=0, max=65535), default=None, help="Also answer OpenAI's /v1/completions and /v1/chat/completions on this port (0 = a free one) [off].")
 @click.option("--openai-model", default=None, help="Model name the OpenAI front serves [the recipe's name].")
 @click.option("--openai-num-draft-tokens", type=click.IntRange(min=0), default=None, help="Draft length of OpenAI requests that send none; 0 = a speculation-off door (a verify baseline) [engine's max_draft_len].")
+@_openai_access_options
 def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None,
-                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None) -> None:
+                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None, **access) -> None:
     """Serve the model repository REPO with tritonserver until Ctrl-C.
 
     Uses `tritonserver` from PATH, else the one bundled in nvidia-pytriton
@@ -350,6 +367,8 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     if not is_loopback(host):
         click.secho(f"warning: --host {host} serves beyond this machine with no authentication; anyone who reaches the ports can send requests",
                     fg="yellow", err=True)
+    if (warning := _openai_key_warning(host, openai_port, access["api_key"])) is not None:
+        click.secho(warning, fg="yellow", err=True)
     server = TritonServer(
         repo,
         host=host,
@@ -360,7 +379,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     )
     companion = None
     if openai_port is not None:
-        companion = _openai_companion(repo, host, openai_port, openai_model, openai_num_draft_tokens)
+        companion = _openai_companion(repo, host, openai_port, openai_model, openai_num_draft_tokens, **access)
     try:
         sys.exit(serve_forever(server, companion=companion))
     except ServerNotFoundError as exc:
@@ -375,9 +394,27 @@ def _deprecated_decoupled(ctx, param, value: bool) -> bool:
     return value
 
 
-def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_draft_tokens: int | None):
+def _openai_key_warning(host: str, openai_port: int | None, api_key: str | None) -> str | None:
+    """The warning for an OpenAI front reachable beyond this machine that asks no key; None when none is due."""
+    from specbuild.builder.recipe import is_loopback
+
+    if openai_port is None or api_key or is_loopback(host):
+        return None
+    return (f"warning: the OpenAI front on {host}:{openai_port} asks no API key; give --api-key KEY "
+            "(or SPECBUILD_API_KEY) to refuse requests without it")
+
+
+def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_draft_tokens: int | None, *,
+                      api_key: str | None = None, openai_max_body_bytes: int, openai_max_prompt_tokens: int | None,
+                      openai_max_tokens: int | None, openai_max_concurrency_per_client: int | None):
     """serve_forever's companion: the OpenAI front on ``host:port`` once tritonserver is ready."""
+    import dataclasses
     import json
+
+    from specbuild.triton_repo.openai_access import FrontLimits
+
+    limits = FrontLimits(max_body_bytes=openai_max_body_bytes, max_prompt_tokens=openai_max_prompt_tokens,
+                         max_tokens=openai_max_tokens, max_concurrency_per_client=openai_max_concurrency_per_client)
 
     def start(server):
         from specbuild.triton_repo.openai_frontend import FrontendError, OpenAIServer, config_from_deployment
@@ -390,6 +427,11 @@ def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_d
             config = config_from_deployment(server.grpc_url, model=name, num_draft_tokens=num_draft_tokens)
         except FrontendError as exc:
             raise RuntimeError(f"OpenAI front: {exc}") from None
+        config = dataclasses.replace(config, api_key=api_key or None, limits=limits)
+        if not config.decoupled:
+            click.secho(f"warning: {repo} is not decoupled, so the OpenAI front answers stream=true with the whole answer "
+                        "in one event (header X-Specbuild-Streaming: one-event); for one event per decoding step build "
+                        "with serve.decoupled: true (docs/openai.md)", fg="yellow", err=True)
         front = OpenAIServer(config, host=host, port=port)
         return front, lambda: f"  OpenAI {front.url} (model {config.model!r})"
 

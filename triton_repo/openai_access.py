@@ -6,12 +6,12 @@ tokenising. For every request under ``/v1`` (``/health`` and ``/metrics`` stay o
 1. **API key** (``--api-key`` / ``SPECBUILD_API_KEY``, vLLM's ``--api-key`` / ``VLLM_API_KEY``):
    ``Authorization: Bearer KEY`` compared with :func:`hmac.compare_digest` (time independent of where
    the bytes differ); missing or wrong -> 401 with ``WWW-Authenticate: Bearer``.
-2. **Body size**: a ``Content-Length`` over ``max_body_bytes`` -> 413 before a byte of the body is read;
+2. **Concurrency per client** (the client's address): more than ``max_concurrency_per_client``
+   requests in flight -> 429 with ``Retry-After`` (seconds); a request counts from its headers (a
+   client still sending its body holds its slot) until its last byte, a streamed one's last event, is sent.
+3. **Body size**: a ``Content-Length`` over ``max_body_bytes`` -> 413 before a byte of the body is read;
    a body without one (chunked) is read chunk by chunk and refused with 413 as soon as it passes the
    limit, so memory stays under ``max_body_bytes`` plus one chunk whatever the client sends.
-3. **Concurrency per client** (the client's address): more than ``max_concurrency_per_client``
-   requests in flight -> 429 with ``Retry-After`` (seconds); a streamed request counts until its last
-   event is sent.
 
 Errors have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -52,8 +52,9 @@ class FrontLimits:
 
 def key_matches(expected: str, authorization: bytes | None) -> bool:
     """True when the ``Authorization`` header is ``Bearer <expected>``; constant-time in the key's bytes."""
-    given = (authorization or b"").removeprefix(b"Bearer ").strip()
-    return hmac.compare_digest(given, expected.encode())
+    scheme, _, given = (authorization or b"").partition(b" ")
+    matches = hmac.compare_digest(given.strip(), expected.encode())  # compared whatever the scheme: no early exit
+    return matches and scheme.lower() == b"bearer"
 
 
 class AccessGuard:
@@ -74,9 +75,6 @@ class AccessGuard:
                        else "invalid API key in the Authorization header")
             await _refuse(send, 401, message, "authentication_error", extra=[(b"www-authenticate", b"Bearer")])
             return
-        body = await self._bounded_body(headers, receive, send)
-        if body is None:
-            return
         client = (scope.get("client") or ("unknown", 0))[0]
         limit = self.limits.max_concurrency_per_client
         if limit is not None and self.in_flight[client] >= limit:
@@ -84,9 +82,11 @@ class AccessGuard:
                           f"{self.limits.retry_after_s} s", "rate_limit_error",
                           extra=[(b"retry-after", str(self.limits.retry_after_s).encode())])
             return
-        self.in_flight[client] += 1
+        self.in_flight[client] += 1  # from the first byte of the body: a slow sender holds its slot
         try:
-            await self.app(scope, _replay(body, receive), send)
+            body = await self._bounded_body(headers, receive, send)
+            if body is not None:
+                await self.app(scope, _replay(body, receive), send)
         finally:
             self.in_flight[client] -= 1
             if not self.in_flight[client]:
