@@ -453,7 +453,7 @@ def _openai_options(f):
 
 
 @main.command("verify")
-@click.option("--url", default=None, help="Server address [127.0.0.1:8001 for grpc, :8000 for http].")
+@click.option("--url", default=None, help="Server host:port (http:// or grpc:// dropped) [127.0.0.1:8001 for grpc, :8000 for http].")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
 @click.option("--prompts", default="humaneval:20", show_default=True, help="humaneval:N, or a .jsonl / .txt file.")
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
@@ -461,7 +461,8 @@ def _openai_options(f):
 @click.option("--end-id", default=None, type=int, help="End token id; -1 never stops early [tokenizer's].")
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="The deployment's tokenizer dir (e.g. OUT/engine/tokenizer): chat template, divergences shown as text.")
 @click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets; needs --tokenizer).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.json"), show_default=True)
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The JSON report [RESULTS_DIR/report.json].")
+@click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-out/verify"), show_default=True, help="Where the report goes (with --hf-oracle also report.oracle.json).")
 @click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for the server to be ready (seconds).")
 @click.option("--streaming", is_flag=True, help="Send each request over a gRPC stream (a decoupled deployment: recipe serve.decoupled: true).")
 @click.option("--decoupled", "decoupled_alias", is_flag=True, hidden=True, callback=_deprecated_decoupled, help="Deprecated name of --streaming.")
@@ -479,7 +480,7 @@ def _openai_options(f):
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
 @_openai_options
-def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, wait_s,
+def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, results_dir, wait_s,
                    streaming, decoupled_alias, as_json, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts,
                    temperature, top_k, top_p, alpha, seed, concurrency, **openai) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
@@ -518,6 +519,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         from specbuild.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_dir)
+    report_path = report_path or results_dir / "report.json"
     console = _console(stderr=as_json)
     try:
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
@@ -683,6 +685,7 @@ def _sweep_options(f):
         click.option("--openai-draft-len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the draft length the server runs with (a label) [0]."),
         click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Where recipe engines and repositories go [./specbuild-out/NAME]."),
         click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
+        click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for each server to be ready (seconds)."),
         click.option("--streaming/--no-streaming", "stream", default=None, help="Stream every request: measures TTFT, inter-token latency and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served; OpenAI: on]"),
         click.option("--stream/--no-stream", "stream_old", default=None, hidden=True),
     ]
@@ -731,7 +734,7 @@ def _resolve_sweep_options(options: dict) -> dict:
 
 def _run_bench(console, targets, *, draft_lengths, levels, request_rates, burstiness, max_concurrency, repeats, slo,
                stability_percentage, prompt_sets, max_tokens, requests, end_id, warmup, chat_template, protocol, labels,
-               metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream):
+               metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream, wait_s=30.0):
     from specbuild.builder.recipe import RecipeError
     from specbuild.client.bench import BenchError, SweepPlan, run_bench
     from specbuild.prompts import PromptSourceError
@@ -747,7 +750,7 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
         )
         with stop_signals_interrupt():  # SIGTERM/SIGHUP stop the servers like Ctrl-C
             return run_bench(
-                targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, stream=stream,
+                targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, wait_s=wait_s, stream=stream,
                 labels=labels, metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
                 openai_urls=openai_urls, openai_chat=openai_chat, openai_draft_len=openai_draft_len,
             )
