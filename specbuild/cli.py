@@ -302,10 +302,12 @@ def _model_repository(ctx, param, repo: Path) -> Path:
 
 
 def _openai_access_options(f):
-    """serve's API key and request limits for the OpenAI front (docs/openai.md, "Access and limits")."""
+    """serve's supervision (--restart) and the OpenAI front's API key and request limits (docs/openai.md)."""
     from specbuild.triton_repo.openai_access import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 
     options = [
+        click.option("--restart", type=click.Choice(["no", "on-failure"]), default="no", show_default=True, help="on-failure: start tritonserver again (same ports, backoff 1, 2, 4 ... 30 s) when it exits with an error or is killed; exit 3 after --max-restarts."),
+        click.option("--max-restarts", type=click.IntRange(min=0), default=5, show_default=True, help="With --restart on-failure: restarts before giving up."),
         click.option("--api-key", envvar=API_KEY_ENV, default=None, show_envvar=True, help="OpenAI front: answer only requests that send 'Authorization: Bearer KEY' (401 otherwise) [no key]."),
         click.option("--openai-max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY_BYTES, show_default=True, help="OpenAI front: largest request body (413 above)."),
         click.option("--openai-max-prompt-tokens", type=click.IntRange(min=1), default=None, help="OpenAI front: most prompt tokens (400 above) [the deployment's limit]."),
@@ -329,7 +331,8 @@ def _openai_access_options(f):
 @click.option("--openai-num-draft-tokens", type=click.IntRange(min=0), default=None, help="Draft length of OpenAI requests that send none; 0 = a speculation-off door (a verify baseline) [engine's max_draft_len].")
 @_openai_access_options
 def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None,
-                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None, **access) -> None:
+                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None, restart: str,
+                  max_restarts: int, **access) -> None:
     """Serve the model repository REPO with tritonserver until Ctrl-C.
 
     Uses `tritonserver` from PATH, else the one bundled in nvidia-pytriton
@@ -340,6 +343,10 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     /v1/chat/completions (streaming: serve a decoupled repository), token ids with
     return_token_ids, speculation figures in the spec_decode extension field (docs/openai.md).
 
+    --api-key KEY (or SPECBUILD_API_KEY): the front answers only requests that send it; its
+    --openai-max-* options bound body size, prompt tokens, max_tokens and requests per client.
+    --restart on-failure starts tritonserver again when it dies (exit 3 after --max-restarts).
+
     A TensorRT-LLM repository (one with launch.sh) is not started here: the command prints its
     launch command (scripts/launch_triton_server.py) to run in the TensorRT-LLM Triton container.
     Exits 3 when the server does not come up.
@@ -349,6 +356,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
       specbuild serve specbuild-out/smollm2-ngram/triton_repo
       specbuild serve specbuild-out/smollm2-ngram/triton_repo --openai-port 9000
       specbuild serve OUT/triton_repo --http-port 9000 --grpc-port 9001 --metrics-port 9002
+      specbuild serve OUT/triton_repo --openai-port 9000 --api-key "$KEY" --restart on-failure
     """
     from specbuild.builder.recipe import is_loopback
     from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
@@ -381,7 +389,10 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     if openai_port is not None:
         companion = _openai_companion(repo, host, openai_port, openai_model, openai_num_draft_tokens, **access)
     try:
-        sys.exit(serve_forever(server, companion=companion))
+        from specbuild.triton_repo.supervise import RestartPolicy
+
+        policy = RestartPolicy(max_restarts=max_restarts) if restart == "on-failure" else None
+        sys.exit(serve_forever(server, companion=companion, restart=policy))
     except ServerNotFoundError as exc:
         raise CommandError(str(exc), ExitCode.FAILED) from None
     except ServerStartError as exc:
@@ -432,7 +443,7 @@ def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_d
             click.secho(f"warning: {repo} is not decoupled, so the OpenAI front answers stream=true with the whole answer "
                         "in one event (header X-Specbuild-Streaming: one-event); for one event per decoding step build "
                         "with serve.decoupled: true (docs/openai.md)", fg="yellow", err=True)
-        front = OpenAIServer(config, host=host, port=port)
+        front = OpenAIServer(config, host=host, port=port, restarts=lambda: server.restarts)
         return front, lambda: f"  OpenAI {front.url} (model {config.model!r})"
 
     return start

@@ -48,7 +48,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -204,11 +204,11 @@ class Frontend:
     """The request logic, apart from FastAPI: one :class:`~specbuild.client.sdk.SpecClient` (thread-safe
     gRPC) towards the deployment, the tokenizer, and the counters behind ``/metrics``."""
 
-    def __init__(self, config: FrontendConfig) -> None:
+    def __init__(self, config: FrontendConfig, restarts: Callable[[], int] | None = None) -> None:
         from specbuild.client.sdk import SpecClient
         from specbuild.triton_repo.models.tokenization import load_tokenizer
 
-        self.config = config
+        self.config, self.restarts = config, restarts
         self.client = SpecClient(config.triton_url, protocol="grpc", timeout_s=config.timeout_s, retries=0,
                                  decoupled=config.decoupled)
         self.tokenizer = load_tokenizer(config.tokenizer_dir)
@@ -311,6 +311,9 @@ class Frontend:
         for name, text in COUNTERS:
             counter = Counter(name.removesuffix("_total"), text, ["model"], registry=registry)
             counter.labels(model=self.config.model).inc(totals[name])
+        if self.restarts is not None:
+            Counter("specbuild_server_restarts", "Times specbuild serve --restart brought tritonserver back",
+                    registry=registry).inc(self.restarts())
         return generate_latest(registry).decode()
 
     def ready(self) -> bool:
@@ -363,14 +366,15 @@ def _finish_reason(result, max_tokens: int, ignore_eos: bool) -> str:
     return "length" if ignore_eos or result.num_tokens >= max_tokens else "stop"
 
 
-def create_app(config: FrontendConfig):
-    """The FastAPI application for ``config`` (the deployment need not be up yet: /health says when)."""
+def create_app(config: FrontendConfig, *, restarts: Callable[[], int] | None = None):
+    """The FastAPI application for ``config`` (the deployment need not be up yet: /health says when).
+    ``restarts``: the supervisor's restart count, published as ``specbuild_server_restarts_total``."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.concurrency import run_in_threadpool
 
-    front = Frontend(config)
+    front = Frontend(config, restarts)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -573,8 +577,10 @@ class OpenAIServer:
     ``startup_timeout_s``.
     """
 
-    def __init__(self, config: FrontendConfig, *, host: str = "127.0.0.1", port: int = 9000, startup_timeout_s: float = 60.0):
+    def __init__(self, config: FrontendConfig, *, host: str = "127.0.0.1", port: int = 9000, startup_timeout_s: float = 60.0,
+                 restarts: Callable[[], int] | None = None):
         self.config, self.host, self.port, self.startup_timeout_s = config, host, port, startup_timeout_s
+        self.restarts = restarts
         self._server = None
         self._thread: threading.Thread | None = None
 
@@ -590,7 +596,7 @@ class OpenAIServer:
 
         if self.port == 0:
             self.port = free_port(self.host)
-        app = create_app(self.config)
+        app = create_app(self.config, restarts=self.restarts)
         self._server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False))
         self._thread = threading.Thread(target=self._server.run, name="openai-front", daemon=True)
         self._thread.start()
