@@ -118,3 +118,26 @@ def test_streamed_http_events_are_strict_json(decoupled_server):
         assert "error" not in event, event
         assert not {"logit_margin", "runner_up_ids"} & set(event)
         assert all(_finite(v) for v in event.values())
+
+
+def test_openai_front_on_a_plain_deployment_streams_one_event_and_says_so(plain_server):
+    """Not decoupled: stream=true gets the whole answer in one strict-JSON event, the header says
+    ``one-event``, and a stop string still cuts it."""
+    import httpx
+
+    from specbuild.triton_repo.openai_frontend import OpenAIServer, config_from_deployment
+
+    config = config_from_deployment(plain_server.grpc_url, model="plain")
+    assert not config.decoupled
+    with OpenAIServer(config, port=0) as front:
+        body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+        whole = strict_loads(httpx.post(front.url + "/completions", json=body, timeout=120).text)["choices"][0]
+        response = httpx.post(front.url + "/completions", json={**body, "stream": True}, timeout=120)
+        assert response.headers["x-specbuild-streaming"] == "one-event"
+        events = [strict_loads(line[5:]) for line in response.text.splitlines() if line.startswith("data: {")]
+        assert len(events) == 2 and events[0]["choices"][0]["text"] == whole["text"]  # the answer, then the finish
+        stop = whole["text"][len(whole["text"]) // 2:][:2]
+        cut = httpx.post(front.url + "/completions", json={**body, "stream": True, "stop": stop}, timeout=120)
+        pieces = [strict_loads(line[5:])["choices"][0] for line in cut.text.splitlines() if line.startswith("data: {")]
+        assert "".join(p["text"] for p in pieces) == whole["text"][:whole["text"].index(stop)]
+        assert pieces[-1]["finish_reason"] == "stop"
