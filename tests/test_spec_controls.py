@@ -191,30 +191,64 @@ def _scheduled_engine(engine: ReferenceEngine, off_at: int) -> ReferenceEngine:
 
 @pytest.mark.parametrize("method, kind", SWITCH_CASES)
 def test_a_batch_crossing_the_schedules_threshold_stays_lossless(method_engines, plain, method, kind):
-    """Schedule ``{1: max_draft_len, 3: 0}``: a request decodes alone (drafting), two more join (3 in
-    flight: K = 0), then they finish first and it drafts again; every output equals plain greedy."""
+    """Schedule ``{1: max_draft_len, 3: 0}``: a request decodes alone (drafting); after its first verify
+    step two short ones join (3 in flight: K = 0); they finish first and it drafts again. Every output
+    equals plain greedy decoding."""
     engine = _scheduled_engine(_engine(method_engines, method, kind), 3)
-    long_request = greedy(PROMPTS[1], NEW_TOKENS + 8)
+    others = [greedy(p, 3) for p in (PROMPTS[0], PROMPTS[2])]
     ks: list[int | None] = []
-    started = threading.Event()
     steps: list = []
+    other_steps: list[list] = [[], []]
+    done = threading.Semaphore(0)
 
     def on_step(step):
         steps.append(step)
         ks.append(scheduler.worker.runtime_draft_len)
-        if step.num_decoding_iterations >= 2:
-            started.set()
+        if step.num_decoding_iterations == 1:  # join now: the next iterations run 3 requests
+            for i, request in enumerate(others):
+                scheduler.submit(request, lambda s, i=i: (other_steps[i].append(s), s.is_final and done.release()), pytest.fail)
+        if step.is_final:
+            done.release()
 
     with Scheduler(engine, max_batch_size=4) as scheduler:
-        done = threading.Event()
-        scheduler.submit(long_request, lambda s: (on_step(s), s.is_final and done.set()), pytest.fail)
-        assert started.wait(60)
-        streams = [scheduler.stream(greedy(p, 3)) for p in (PROMPTS[0], PROMPTS[2])]
-        others = [collect(s) for s in streams]
-        assert done.wait(120)
-    result = collect(steps)
-    assert result.output_ids == plain[tuple(PROMPTS[1])], (method, kind)
-    for prompt, other in zip((PROMPTS[0], PROMPTS[2]), others):
-        assert other.output_ids == plain[tuple(prompt)][:3]
-    assert ks[1] > 0 and 0 in ks, ks  # it drafted alone, stopped at 3 in flight
-    assert ks[-1] > 0 or ks[-2] > 0, ks  # and resumed once alone again
+        scheduler.submit(greedy(PROMPTS[1], NEW_TOKENS + 8), on_step, pytest.fail)
+        for _ in range(3):
+            assert done.acquire(timeout=120)
+    assert collect(steps).output_ids == plain[tuple(PROMPTS[1])], (method, kind)
+    for request, got in zip(others, other_steps):
+        assert collect(got).output_ids == plain[tuple(request.input_ids)][:3], (method, kind)
+    assert ks[1] > 0 and 0 in ks, ks  # it drafted alone, then not with 3 in flight
+    assert any(k > 0 for k in ks[ks.index(0):]), ks  # and again once alone
+
+
+def test_a_recipes_controls_reach_the_built_engine(tiny_checkpoint, tmp_path):
+    """build.draft_len_schedule / max_concurrency / acceptance gate -> the engine's config.json
+    speculative_config (TensorRT-LLM's names) -> the engine the Triton model loads from it."""
+    import json
+
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"name: scheduled\ntarget:\n  checkpoint: {tiny_checkpoint}\n"
+        "speculation:\n  method: ngram\n  max_draft_len: 4\n  max_matching_ngram_size: 2\n"
+        "build:\n  max_batch_size: 8\n  max_input_len: 64\n  max_seq_len: 128\n  draft_len_schedule: {1: 4, 4: 2, 6: 0}\n"
+        "  max_concurrency: 5\n  acceptance_window: 3\n  acceptance_length_threshold: 0.25\n")
+    engine_dir = build_reference_engine(load_recipe(str(recipe)), tmp_path / "engine", log=lambda m: None).engine_dir
+    config = json.loads((engine_dir / "config.json").read_text())["speculative_config"]
+    assert (config["draft_len_schedule"], config["max_concurrency"], config["acceptance_window"],
+            config["acceptance_length_threshold"]) == ({"1": 4, "4": 2, "6": 0}, 5, 3, 0.25)
+    engine = ReferenceEngine.from_engine_dir(engine_dir)
+    assert engine.runtime_controls == RuntimeControls(4, {1: 4, 4: 2, 6: 0}, 5, 3, 0.25)
+    assert engine.speculation_gate == SpeculationGate(3, 0.25)
+    with Scheduler(engine) as scheduler:
+        assert scheduler.worker.controls is engine.runtime_controls and scheduler.worker.gate is engine.speculation_gate
+        results = [collect(s) for s in [scheduler.stream(greedy(p, 6)) for p in PROMPTS]]
+    plain = [engine.generate(greedy(p, 6, num_draft_tokens=0)).output_ids for p in PROMPTS]
+    assert [r.output_ids for r in results] == plain
+    gate = engine.speculation_gate
+    assert gate._count >= 3 and gate.last_mean is not None  # finished requests were recorded, batched or alone
+    assert gate.disabled == (gate.last_mean < 0.25)
+    after = engine.generate(greedy(PROMPTS[1], 8))  # a repetitive prompt: n-gram drafts while speculation is on
+    assert (after.total_draft_tokens == 0) == gate.disabled
