@@ -183,8 +183,9 @@ class Worker:
     def _generate(self, rows: list[InflightRequest], budget: int) -> tuple[list[Event], int]:
         """Draft every row that fits ``budget``, one target pass, then accept and emit per row.
 
-        A generation row reserves the widest block (``max_block`` tokens) when it is scheduled, as
-        TensorRT-LLM's scheduler reserves a request's draft tokens; what its block leaves unused goes
+        A generation row reserves the widest block (``max_block`` tokens; ``1 + K`` under the runtime
+        controls' K) when it is scheduled, as TensorRT-LLM's scheduler reserves a request's draft
+        tokens; what its block leaves unused goes
         to this iteration's context rows. Rows left out wait at the front of the queue for the next
         iteration. Rows whose drafters share a batched proposer draft together (:func:`draft_rows`).
         """
@@ -289,7 +290,9 @@ class Worker:
 
 def _avg_decoded_tokens_per_iter(seq: InflightRequest) -> float:
     """Tokens a finished request emitted per target pass, its prefill included (plain decoding: 1.0);
-    what the acceptance gate records (TensorRT-LLM's ``avg_decoded_tokens_per_iter``)."""
+    what the acceptance gate records: TensorRT-LLM's ``avg_decoded_tokens_per_iter``
+    (``LlmRequest::getAvgDecodedTokensPerIter``, generated tokens / decoding iterations, "for standard
+    model it is 1")."""
     return len(seq.state.output) / (seq.state.iterations + 1)
 
 

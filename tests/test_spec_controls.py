@@ -252,3 +252,13 @@ def test_a_recipes_controls_reach_the_built_engine(tiny_checkpoint, tmp_path):
     assert gate.disabled == (gate.last_mean < 0.25)
     after = engine.generate(greedy(PROMPTS[1], 8))  # a repetitive prompt: n-gram drafts while speculation is on
     assert (after.total_draft_tokens == 0) == gate.disabled
+
+
+def test_a_requests_num_draft_tokens_stays_its_cap_under_the_iterations_k(method_engines):
+    """Each step drafts min(K, the request's num_draft_tokens): a request asking for 2 drafts 2 while K
+    is 4 and 1 while K is 1; one asking for 4 drafts 1 while K is 1."""
+    engine = method_engines["ngram", "same"]
+    for asked, pattern, expected in ((2, [None] * 20, 2), (2, [1] * 20, 1), (4, [1] * 20, 1), (4, [None] * 20, 4)):
+        _, steps = _record_steps(engine, greedy(PROMPTS[0], NEW_TOKENS, num_draft_tokens=asked), [None, *pattern])
+        drafts = [len(t) - 1 for _, _, t, _ in steps]
+        assert max(drafts) == expected and all(d == expected for d in drafts[:-2]), (asked, pattern, drafts)
