@@ -153,11 +153,6 @@ class RuntimeControls:
                 raise ValueError(f"speculative_config.{name} must be a non-negative {kind} or null, got {value!r}")
         return cls(max_draft_len, schedule or None, **values)
 
-    @property
-    def is_default(self) -> bool:
-        """No control set: every iteration drafts up to ``max_draft_len``."""
-        return self.draft_len_schedule is None and self.max_concurrency is None and self.new_gate() is None
-
     def new_gate(self) -> SpeculationGate | None:
         """A fresh acceptance gate, or None when ``acceptance_window`` is 0/unset or there is no threshold."""
         if not self.acceptance_window or self.acceptance_length_threshold is None:

@@ -60,6 +60,15 @@ def test_the_engines_choice_is_upstreams_for_batch_sizes_1_to_64(model):
                     assert worker._choose_draft_len() == (k if use else 0), (max_num_tokens, schedule, max_concurrency, batch_size)
                     checked += 1
     assert checked == len(MAX_NUM_TOKENS) * len(SCHEDULES) * len(CONCURRENCIES) * 64
+    closed = SpeculationGate(1, 0.5)
+    closed.record(1.0)
+    for schedule in SCHEDULES:  # a closed acceptance gate: off wherever the schedule itself does not say 0
+        worker = Worker(model, max_batch_size=48, max_seq_len=8, max_block=5, max_num_tokens=64,
+                        controls=RuntimeControls(4, schedule, acceptance_window=1, acceptance_length_threshold=0.5), gate=closed)
+        for batch_size in range(1, 65):
+            worker.running = [object()] * batch_size
+            use, k = UPSTREAM["prepare_and_schedule_batch"](schedule, None, True, worker.running, 48, 64, 4)
+            assert worker._choose_draft_len() == (k if use else 0) == 0
 
 
 def test_schedule_lookup_is_the_largest_threshold_at_or_below_the_batch_size():
