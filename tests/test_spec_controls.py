@@ -166,7 +166,7 @@ def test_draft_length_to_zero_and_back_stays_lossless_and_drafts_as_before(metho
     speculating throughout: the drafter's state (EAGLE features, draft KV, n-gram pool) kept up while
     it did not draft. Lookahead's window is history-dependent by design, so it is held to the first two."""
     engine = _engine(method_engines, method, kind)
-    drafted_after = 0
+    drafted_after = compared = 0
     for prompt in PROMPTS:
         request = greedy(prompt, NEW_TOKENS + 8)
         switched, steps = _record_steps(engine, request, PATTERN)
@@ -182,9 +182,11 @@ def test_draft_length_to_zero_and_back_stays_lossless_and_drafts_as_before(metho
         by_position = {p: (t, a) for p, _, t, a in reference}
         shared = [(p, t, a) for p, _, t, a in after if p in by_position]
         assert all(by_position[p] == (t, a) for p, t, a in shared), (method, kind, prompt)
+        compared += sum(len(t) > 1 for _, t, _ in shared)
         if kind == "same":  # everything drafted is accepted after re-enabling too
             assert all(a > 0 for _, _, _, a in after[:-1]), (method, kind, prompt)
     assert drafted_after > 0, (method, kind)  # it drafts again (an n-gram finds no match in some prompts)
+    assert compared > 0 or method == "lookahead" or kind == "same", (method, kind)  # drafts were compared
 
 
 def _scheduled_engine(engine: ReferenceEngine, off_at: int) -> ReferenceEngine:
