@@ -39,7 +39,7 @@ import torch
 
 from .acceptance import accept_speculative, accept_tree_greedy
 from .block import Block
-from .drafters import Drafter, StepResult
+from .drafters import Drafter, PlainDrafter, StepResult
 from .forward import RowBlock, forward_blocks
 from .kv_pool import KVPool, KVShape
 from .sampling import Sampler
@@ -90,7 +90,9 @@ class Worker:
         controls: the engine's runtime controls (``draft_len_schedule``, ``max_concurrency``, the
             acceptance gate; :mod:`~specbuild.engine.spec_controls`), None for none: each iteration's
             draft length K (:attr:`runtime_draft_len`) then caps every row's drafts, 0 drafting none.
-        gate: the engine's acceptance gate (shared by its workers), fed by every request that finishes.
+        gate: the engine's acceptance gate (shared by its workers), fed by every request that finishes,
+            except those that asked for no speculation (``num_draft_tokens=0``: TensorRT-LLM's LLM API
+            has no such per-request switch, and ``specbuild verify``'s baselines would close the gate).
     """
 
     def __init__(self, model: Any, *, max_batch_size: int, max_seq_len: int, max_block: int, max_num_tokens: int,
@@ -142,7 +144,7 @@ class Worker:
         for seq, item in events:
             if isinstance(item, BaseException) or item.is_final:
                 self.remove(seq)
-            if self.gate is not None and not isinstance(item, BaseException) and item.is_final:
+            if self.gate is not None and not isinstance(item, BaseException) and item.is_final and type(seq.drafter) is not PlainDrafter:
                 self.gate.record(_avg_decoded_tokens_per_iter(seq))
         return events
 

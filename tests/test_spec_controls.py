@@ -256,8 +256,10 @@ def test_a_recipes_controls_reach_the_built_engine(tiny_checkpoint, tmp_path):
     with Scheduler(engine) as scheduler:
         assert scheduler.worker.controls is engine.runtime_controls and scheduler.worker.gate is engine.speculation_gate
         results = [collect(s) for s in [scheduler.stream(greedy(p, 6)) for p in PROMPTS]]
+    count = engine.speculation_gate._count
     plain = [engine.generate(greedy(p, 6, num_draft_tokens=0)).output_ids for p in PROMPTS]
     assert [r.output_ids for r in results] == plain
+    assert engine.speculation_gate._count == count  # requests that asked for no speculation are not recorded
     gate = engine.speculation_gate
     assert gate._count >= 3 and gate.last_mean is not None  # finished requests were recorded, batched or alone
     assert gate.disabled == (gate.last_mean < 0.25)
