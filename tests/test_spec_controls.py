@@ -47,12 +47,11 @@ def test_the_engines_choice_is_upstreams_for_batch_sizes_1_to_64(model):
     max_num_tokens here, equals TensorRT-LLM 1.2's ``_prepare_and_schedule_batch`` (run from its source
     text, tests/upstream_spec_controls.py): K when it speculates, 0 when it does not."""
     checked = 0
+    worker = Worker(model, max_batch_size=48, max_seq_len=8, max_block=5, max_num_tokens=8)
     for max_num_tokens in MAX_NUM_TOKENS:
         for schedule in SCHEDULES:
             for max_concurrency in CONCURRENCIES:
-                controls = RuntimeControls(4, schedule, max_concurrency)
-                worker = Worker(model, max_batch_size=48, max_seq_len=8, max_block=5, max_num_tokens=max_num_tokens,
-                                controls=controls)
+                worker.controls, worker.max_num_tokens = RuntimeControls(4, schedule, max_concurrency), max_num_tokens
                 for batch_size in range(1, 65):
                     worker.running = [object()] * batch_size
                     use, k = UPSTREAM["prepare_and_schedule_batch"](schedule, max_concurrency, False, worker.running, 48,
@@ -62,9 +61,9 @@ def test_the_engines_choice_is_upstreams_for_batch_sizes_1_to_64(model):
     assert checked == len(MAX_NUM_TOKENS) * len(SCHEDULES) * len(CONCURRENCIES) * 64
     closed = SpeculationGate(1, 0.5)
     closed.record(1.0)
+    worker.gate, worker.max_num_tokens = closed, 64
     for schedule in SCHEDULES:  # a closed acceptance gate: off wherever the schedule itself does not say 0
-        worker = Worker(model, max_batch_size=48, max_seq_len=8, max_block=5, max_num_tokens=64,
-                        controls=RuntimeControls(4, schedule, acceptance_window=1, acceptance_length_threshold=0.5), gate=closed)
+        worker.controls = RuntimeControls(4, schedule, acceptance_window=1, acceptance_length_threshold=0.5)
         for batch_size in range(1, 65):
             worker.running = [object()] * batch_size
             use, k = UPSTREAM["prepare_and_schedule_batch"](schedule, None, True, worker.running, 48, 64, 4)
