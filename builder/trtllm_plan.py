@@ -34,11 +34,13 @@ from specbuild.builder.recipe import LoadedRecipe, Recipe, RecipeError
 from specbuild.methods import Conversion
 from specbuild.builder.trtllm_version import (
     LLM_API_LINES,
+    NEWEST_VERIFIED_LINE,
     BuildPath,
     PlannedVersion,
     capability_error,
-    llm_api_decoding_type,
+    llm_api_config,
     planned_version,
+    unverified_error,
 )
 
 StepKind = Literal["download", "convert", "quantize", "build"]
@@ -434,7 +436,7 @@ def speculative_config(recipe: Recipe, version: str) -> dict[str, Any] | None:
     config = recipe.speculation.to_llm_api()
     if config is None:
         return None
-    return {**config, "decoding_type": llm_api_decoding_type(config["decoding_type"], version)}
+    return llm_api_config(config, version)
 
 
 def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) -> dict[str, Any]:
@@ -454,8 +456,9 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
     }
     spec = speculative_config(r, version)
     if spec is not None:
-        if "speculative_model_dir" in spec and draft_dir is not None:
-            spec["speculative_model_dir"] = str(draft_dir)
+        for key in ("speculative_model_dir", "speculative_model"):
+            if key in spec and draft_dir is not None:
+                spec[key] = str(draft_dir)
         schedule = _build_field(r, "draft_len_schedule", None)
         if schedule:
             try:
@@ -540,19 +543,24 @@ def examples_dir() -> Path:
     return Path(os.environ.get(EXAMPLES_ENV, str(DEFAULT_EXAMPLES)))
 
 
-def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None) -> TrtllmPlan:
+def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None, allow_unverified: bool = False) -> TrtllmPlan:
     """``plan_tensorrt`` or ``plan_pytorch`` by ``build.backend``, for the TensorRT-LLM version
     :func:`~specbuild.builder.trtllm_version.planned_version` picks: ``version`` (the installed one,
     ``installed_version()``), else the recipe's ``build.trtllm_version``, else the path's default.
     A ``build.trtllm_version`` that differs from the installed version is noted and not used.
+    A version newer than the newest verified line (:data:`~specbuild.builder.trtllm_version.NEWEST_VERIFIED_LINE`)
+    is refused unless ``allow_unverified`` (or ``$SPECBUILD_ALLOW_UNVERIFIED_TRTLLM=1``): then planned
+    with that line's names and a warning note.
 
     Raises:
-        RecipeError: ``build.backend`` is ``reference``, or see :func:`check_recipe`, :func:`plan_pytorch`.
+        RecipeError: ``build.backend`` is ``reference``; an unverified version without the override;
+            or see :func:`check_recipe`, :func:`plan_pytorch`.
     """
     backend = loaded.recipe.build.backend
     requested = _build_field(loaded.recipe, "trtllm_version", None)
     if backend not in ("tensorrt", "pytorch"):
         raise loaded.error(("build", "backend"), "not a TensorRT-LLM backend; the reference backend has its own plan")
+    unverified = _unverified_note(loaded, version, requested, backend, allow_unverified)
     if backend == "tensorrt":
         plan = plan_tensorrt(loaded, output_dir, version=version, examples_dir=examples_dir())
     else:
@@ -560,7 +568,30 @@ def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = No
     if version is not None and requested is not None and requested != version:
         note = f"build.trtllm_version {requested} not used: TensorRT-LLM {version} is installed and is what runs"
         plan = dataclasses.replace(plan, notes=(*plan.notes, note))
+    if unverified:
+        plan = dataclasses.replace(plan, notes=(*plan.notes, unverified))
     return plan
+
+
+ALLOW_UNVERIFIED_ENV = "SPECBUILD_ALLOW_UNVERIFIED_TRTLLM"  # "1": plan for a TensorRT-LLM newer than the newest verified line
+
+
+def _unverified_note(loaded: LoadedRecipe, version: str | None, requested: str | None, backend: str, allow: bool) -> str | None:
+    """The plan's warning for a TensorRT-LLM newer than the newest verified line, when allowed
+    (``allow`` or ``$SPECBUILD_ALLOW_UNVERIFIED_TRTLLM=1``); ``None`` for a verified one.
+
+    Raises:
+        RecipeError: such a version without the override, naming the newest verified line.
+    """
+    planned, source = (version, "installed") if version is not None else (requested, "build.trtllm_version")
+    if planned is None or backend != "pytorch":
+        return None
+    problem = unverified_error(planned, source)
+    if problem is None:
+        return None
+    if not (allow or os.environ.get(ALLOW_UNVERIFIED_ENV) == "1"):
+        raise loaded.error(("build", "trtllm_version"), problem)
+    return f"WARNING: {problem.split(': its')[0]}; planned with the {NEWEST_VERIFIED_LINE} line's names (override given)"
 
 
 def with_trtllm_version(loaded: LoadedRecipe, version: str | None) -> LoadedRecipe:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
 from .eagle import check_sizes, locate_head
@@ -29,15 +29,39 @@ class Eagle3Speculation(MethodParams):
     method: Literal["eagle3"]
     eagle_model: str = Field(min_length=1)
     max_draft_len: int = Field(3, ge=1, le=32)
-    eagle3_one_model: bool = True
+    eagle3_one_model: bool = True  # TensorRT-LLM 1.4 drops it from the plan (the two-model path is removed)
+    # EAGLE-2's dynamic tree (TensorRT-LLM's PyTorch backend; the reference engine drafts a chain):
+    # each of the max_draft_len draft layers expands dynamic_tree_max_topK nodes, and the target
+    # verifies max_total_draft_tokens of them (default topK * max_draft_len), as EagleDecodingConfig checks.
+    use_dynamic_tree: bool = False
+    dynamic_tree_max_topK: int | None = Field(None, ge=1, le=64)
+    max_total_draft_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _dynamic_tree(self) -> Eagle3Speculation:
+        if not self.use_dynamic_tree:
+            if self.dynamic_tree_max_topK is not None or self.max_total_draft_tokens is not None:
+                raise ValueError("dynamic_tree_max_topK / max_total_draft_tokens need use_dynamic_tree: true (a chain drafts max_draft_len tokens)")
+            return self
+        if self.dynamic_tree_max_topK is None:
+            raise ValueError("use_dynamic_tree: true needs dynamic_tree_max_topK (nodes expanded per draft layer), e.g. 10")
+        most = self.dynamic_tree_max_topK * self.max_draft_len
+        if self.max_total_draft_tokens is not None and not self.max_draft_len <= self.max_total_draft_tokens <= most:
+            raise ValueError(f"max_total_draft_tokens must be in [max_draft_len, dynamic_tree_max_topK * max_draft_len] = "
+                             f"[{self.max_draft_len}, {most}], got {self.max_total_draft_tokens}")
+        return self
 
     def to_llm_api(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "decoding_type": self.decoding_type,
             "max_draft_len": self.max_draft_len,
             "speculative_model_dir": self.eagle_model,
             "eagle3_one_model": self.eagle3_one_model,
         }
+        if self.use_dynamic_tree:
+            config |= {"use_dynamic_tree": True, "dynamic_tree_max_topK": self.dynamic_tree_max_topK,
+                       "max_total_draft_tokens": self.max_total_draft_tokens or self.dynamic_tree_max_topK * self.max_draft_len}
+        return config
 
 
 # --- weights: the head directory -------------------------------------------------------------------

@@ -7,6 +7,7 @@ Exit statuses (:mod:`specbuild.exit_codes`, ``docs/cli.md``): 0 ok, 1 failed, 2 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -121,7 +122,8 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
 @click.option("--output-dir", "-o", help="Deployment directory the plan refers to [./specbuild-out/NAME].")
 @click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (stages, warnings, speculative_config) on stdout.")
-def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None, as_json: bool) -> None:
+@click.option("--allow-unverified-trtllm", is_flag=True, help="Plan for a TensorRT-LLM newer than the newest verified line (1.4), with a warning.")
+def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None, as_json: bool, allow_unverified_trtllm: bool) -> None:
     """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run).
 
     Checks exactly what `recipe`, `build` and `train-draft` check before any work (schema,
@@ -138,6 +140,12 @@ def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None
       specbuild plan llama-eagle3 --trtllm-version 1.3.0
       specbuild plan my-recipe.yaml --json | jq .warnings
     """
+    if allow_unverified_trtllm:
+        from specbuild.builder.trtllm_plan import ALLOW_UNVERIFIED_ENV
+
+        os.environ[ALLOW_UNVERIFIED_ENV] = "1"
+        click.echo("warning: --allow-unverified-trtllm: a TensorRT-LLM newer than the newest verified line (1.4) is planned "
+                   "with 1.4's speculative_config names", err=True)
     loaded = _with_trtllm_version(_load(recipe), trtllm_version)
     _plan(loaded, _paths(loaded, output_dir), as_json=as_json)
 

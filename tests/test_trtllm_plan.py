@@ -401,7 +401,7 @@ def unpinned(name: str) -> LoadedRecipe:
 def test_pytorch_plan_refuses_when_its_output_depends_on_an_unknown_version(tmp_path):
     with pytest.raises(RecipeError, match=r"llama-eagle3.yaml:\d+: build.trtllm_version: the LLM-API configuration for method "
                                           r"'eagle3' differs by TensorRT-LLM version \(1.2.1: decoding_type Eagle, 1.3.0: decoding_type "
-                                          r"Eagle3\).*set build.trtllm_version .*--trtllm-version"):
+                                          r"Eagle3, 1.4.0: decoding_type Eagle3\).*set build.trtllm_version .*--trtllm-version"):
         plan_pytorch(unpinned("llama-eagle3"), tmp_path)
     ngram = plan_pytorch(unpinned("llama-ngram"), tmp_path)  # NGram's YAML is the same on every line
     assert "this plan's files are the same for every version" in ngram.lines()[1]
