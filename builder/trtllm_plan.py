@@ -50,15 +50,10 @@ EXAMPLES_ENV = "TRTLLM_EXAMPLES_DIR"
 MIN_MAX_NUM_TOKENS = 8192  # trtllm-build's BuildConfig.max_num_tokens default
 # Skips Meta's original/ consolidated *.pth (pickles, as large again as the HF weights: 16 GB for
 # Llama-3.1-8B, 140 GB for 70B) that Llama repositories ship next to the safetensors. Downloads go
-# straight to their directory (snapshot_download resumes partial files); DOWNLOAD_DONE, written
-# last, is what marks one complete.
+# straight to their directory with huggingface_hub's `hf download` (it resumes partial files and
+# skips finished ones); DOWNLOAD_DONE, written after it succeeds, is what marks one complete.
 DOWNLOAD_DONE = ".specbuild-download-complete"
-DOWNLOAD_SCRIPT = (
-    "import pathlib, sys; from huggingface_hub import snapshot_download; "
-    "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
-    "ignore_patterns=['original/*', '*.pth']); "
-    f"pathlib.Path(sys.argv[3], '{DOWNLOAD_DONE}').touch()"
-)
+DOWNLOAD_EXCLUDE = ("original/*", "*.pth")
 
 
 @dataclass(frozen=True)
@@ -74,6 +69,7 @@ class Step:
     outputs: tuple[Path, ...]
     log: Path
     inputs: tuple[Path, ...] = ()
+    marker: Path | None = None  # one of ``outputs`` the command does not write: touched once it succeeds
 
     @property
     def output_dir(self) -> Path:
@@ -129,19 +125,23 @@ class TrtllmPlan:
     draft_dir: Path | None = None  # draft-target: the draft's Hugging Face directory
     notes: tuple[str, ...] = field(default=())
     trtllm_version: str = ""  # which TensorRT-LLM the files are written for (PlannedVersion.describe)
+    version: str | None = None  # that version's number (None: not pinned; "1.2": the engine path's default line)
 
     def lines(self) -> list[str]:
         """Human-readable plan: one block per step (command, outputs, log), then the files."""
+        from specbuild.triton_repo.tensorrtllm import container_image
+
         out = [f"# {self.recipe_name}: TensorRT-LLM {self.backend} path, world size {self.parallel.world_size}",
                f"# planned for {self.trtllm_version}"]
         out += [f"# note: {n}" for n in self.notes]
+        out += [f"# {line}" for line in container_image(self.backend, self.version).lines()]
         for i, step in enumerate(self.steps, 1):
             out += [f"[{i}/{len(self.steps)}] {step.name} ({step.kind})", f"  $ {step.command()}"]
             out += [f"  -> {p}" for p in step.outputs] + [f"  log: {step.log}"]
         for f in self.files:
             out += [f"file {f.path}:"] + [f"  {line}" for line in f.text.splitlines()]
         if self.serve_argv:
-            out.append(f"serve: $ {shlex.join(self.serve_argv)}")
+            out.append(f"serve with trtllm-serve (OpenAI API; an alternative to the Triton launch, not both): $ {shlex.join(self.serve_argv)}")
         return out
 
     def build_script(self) -> str:
@@ -156,6 +156,7 @@ class TrtllmPlan:
                 f"  echo 'run {step.name} (log: {step.log})'",
                 f"  mkdir -p {shlex.quote(str(step.log.parent))}",
                 f"  {step.command()} > {log} 2>&1 || {{ echo 'FAILED {step.name}; see {step.log}'; tail -n 20 {log}; exit 1; }}",
+                *([f"  touch {shlex.quote(str(step.marker))}"] if step.marker is not None else []),
                 "fi",
                 "",
             ]
@@ -280,8 +281,10 @@ def _source_dir(loaded: LoadedRecipe, checkpoint: str, role: str, paths: _Paths,
         return local
     revision = loaded.recipe.target.revision if role == "target" else None
     dest = paths.hf(role)
-    argv = ("python3", "-c", DOWNLOAD_SCRIPT, checkpoint, revision or "", str(dest))
-    steps.append(Step(f"download-{role}", "download", argv, (dest / "config.json", dest / DOWNLOAD_DONE), paths.log(f"download-{role}")))
+    argv = ("hf", "download", checkpoint, *(("--revision", revision) if revision else ()), "--local-dir", str(dest),
+            *(a for pattern in DOWNLOAD_EXCLUDE for a in ("--exclude", pattern)))
+    steps.append(Step(f"download-{role}", "download", argv, (dest / "config.json", dest / DOWNLOAD_DONE), paths.log(f"download-{role}"),
+                      marker=dest / DOWNLOAD_DONE))
     return dest
 
 
@@ -424,7 +427,7 @@ def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None
             steps.append(_build_step("baseline", _base_options(r, dtype), p, paths, checkpoint_role="target"))
         baseline_engine = paths.engine("baseline")
     return TrtllmPlan(r.name, "tensorrt", output_dir, p, tuple(steps), engines=EngineDirs(paths.engine("target"), draft_engine, baseline_engine),
-                      tokenizer_dir=target_hf, draft_dir=draft_hf, trtllm_version=planned.describe("tensorrt"))
+                      tokenizer_dir=target_hf, draft_dir=draft_hf, trtllm_version=planned.describe("tensorrt"), version=planned.version)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -510,10 +513,12 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
         ConfigFile(options_file, yaml.safe_dump(options, sort_keys=False)),
         ConfigFile(output_dir / "model.yaml", yaml.safe_dump(model_yaml, sort_keys=False)),
     )
+    host = r.serve.host if "host" in r.serve.model_fields_set else "0.0.0.0"  # in the container: what `docker run -p` reaches
     serve = ("trtllm-serve", str(target_hf), "--backend", "pytorch", "--tp_size", str(p.tp_size), "--pp_size", str(p.pp_size),
-             "--extra_llm_api_options", str(options_file), "--host", r.serve.host, "--port", str(r.serve.http_port))
+             "--extra_llm_api_options", str(options_file), "--host", host, "--port", str(r.serve.http_port or 8000))
     return TrtllmPlan(r.name, "pytorch", output_dir, p, tuple(steps), files, EngineDirs(None), serve, tokenizer_dir=target_hf,
-                      draft_dir=draft_dir if spec.definition.weights and spec.definition.weights.draft_model else None, trtllm_version=planned.describe("pytorch"))
+                      draft_dir=draft_dir if spec.definition.weights and spec.definition.weights.draft_model else None, trtllm_version=planned.describe("pytorch"),
+                      version=planned.version)
 
 
 def _version_independent_options(loaded: LoadedRecipe, draft_dir: Path | None) -> dict[str, Any]:

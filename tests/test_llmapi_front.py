@@ -111,7 +111,10 @@ def test_repository_parses_and_keeps_the_reference_interface(tiny_checkpoint, tm
     assert "specbuild.triton_repo.models.llmapi_front" in (repo / "ensemble/1/model.py").read_text()
     launch = (repo / "launch.sh").read_text().splitlines()[-1].split()
     assert launch[:3] == ["tritonserver", "--model-repository", str(tmp_path / "repo")]
-    assert launch[launch.index("--http-address") + 1] == launch[launch.index("--grpc-address") + 1] == "127.0.0.1"
+    # in the container: 0.0.0.0, the address `docker run -p` forwards to, and launch.sh says so
+    assert launch[launch.index("--http-address") + 1] == launch[launch.index("--grpc-address") + 1] == "0.0.0.0"
+    assert "# binds 0.0.0.0 inside the container: reachable through the ports `docker run -p` publishes" in (repo / "launch.sh").read_text()
+    assert [launch[launch.index(f"--{p}-port") + 1] for p in ("http", "grpc", "metrics")] == ["8000", "8001", "8002"]  # not the free-port 0
 
 
 @pytest.mark.e2e

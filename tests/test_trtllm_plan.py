@@ -3,6 +3,8 @@ against the argparse/LLM-API names TensorRT-LLM defines, validation errors, vers
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pytest
@@ -96,10 +98,7 @@ def flags(argv: list[str]) -> set[str]:
 
 
 def download(repo: str, role: str) -> list[str]:
-    return ["python3", "-c", ("import sys; from huggingface_hub import snapshot_download; snapshot_download(sys.argv[1], "
-            "revision=sys.argv[2] or None, local_dir=sys.argv[3], ignore_patterns=['original/*', '*.pth']); "
-            "pathlib.Path(sys.argv[3], '.specbuild-download-complete').touch()").replace("import sys", "import pathlib, sys"),
-            repo, "", f"/out/hf/{role}"]
+    return ["hf", "download", repo, "--local-dir", f"/out/hf/{role}", "--exclude", "original/*", "--exclude", "*.pth"]
 
 
 def build(role: str, *extra: str, batch: int, inp: int, seq: int, dtype: str, workers: int = 1, tokens: int = 8192) -> list[str]:
@@ -162,9 +161,22 @@ def test_every_flag_is_one_tensorrt_llm_defines(name):
             assert flags(argv) <= TRTLLM_BUILD_FLAGS, argv
             if "--speculative_decoding_mode" in argv:
                 assert argv[argv.index("--speculative_decoding_mode") + 1] in SPECULATIVE_DECODING_MODES
-        elif argv[1] != "-c":
+        elif argv[0] == "hf":
+            assert argv[1] == "download" and flags(argv) <= hf_download_flags(), argv
+        else:
             reference = next(v for k, v in known.items() if k in argv[1])
             assert flags(argv) <= reference, argv
+
+
+def hf_download_flags() -> set[str]:
+    """The options of the installed huggingface_hub's ``hf download`` (its own --help)."""
+    import re
+    import subprocess
+    import sys
+
+    text = subprocess.run([sys.executable, "-m", "huggingface_hub.cli.hf", "download", "--help"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "COLUMNS": "200"}).stdout
+    return set(re.findall(r"--[a-z][a-z-]*", text))
 
 
 GOLDEN_PYTORCH = {  # planned for the recipes' build.trtllm_version 1.2.1: EAGLE-3 is decoding_type Eagle there
