@@ -629,7 +629,8 @@ def require_installed(loaded: LoadedRecipe, version: str | None) -> None:
         raise loaded.error(
             ("build", "backend"),
             f"build.backend {loaded.recipe.build.backend!r} needs TensorRT-LLM, which is not installed here "
-            "(it needs an NVIDIA GPU; use the NGC container nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3). "
+            "(it needs an NVIDIA GPU; use the NGC container the plan names, e.g. nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 "
+            "for TensorRT-LLM 1.2.1). "
             "Run with --dry-run (or `specbuild plan`) to see the exact commands, or use build.backend: reference on this machine",
         )
 

@@ -95,11 +95,15 @@ def capability_error(method: str, path: BuildPath, version: str | None, source: 
         return None
     v = parse_version(version)
     if path == "tensorrt" and v > ENGINE_PATH_LAST:
+        from specbuild.builder.migrate import replacement
+
+        instead = replacement(method)
+        move = (f"on the PyTorch path method {method!r} is replaced by {instead}" if instead
+                else "set build.backend: pytorch")
         return (
             f"build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x (trtllm-build and the engine path were "
-            f"removed in 1.3); {source}: {version}. Install tensorrt-llm==1.2.1 (NGC container "
-            f"tritonserver:<yy.mm>-trtllm-python-py3 with TensorRT-LLM 1.2) or use build.backend: pytorch"
-            + ("" if "pytorch" in supported_paths(method) else f" (not available for method {method!r})")
+            f"removed in 1.3); {source}: {version}. Either plan for 1.2.1 (image nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3), "
+            f"or move to the PyTorch path: {move}; `specbuild migrate RECIPE -o NEW.yaml` writes that recipe"
         )
     if path == "pytorch" and v < PYTORCH_PATH_FIRST:
         return f"build.backend 'pytorch' needs TensorRT-LLM >= 1.0; {source}: {version}. Upgrade, or use build.backend: tensorrt"

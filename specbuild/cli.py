@@ -150,6 +150,40 @@ def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None
     _plan(loaded, _paths(loaded, output_dir), as_json=as_json)
 
 
+@main.command("migrate")
+@click.argument("recipe")
+@click.option("--output", "-o", "output", required=True, help="Where to write the migrated recipe (YAML).")
+@click.option("--trtllm-version", default="1.3.0", show_default=True, help="TensorRT-LLM version the new recipe pins (>= 1.3).")
+@click.option("--eagle-model", help="EAGLE-3 head (Hugging Face id or directory) for EAGLE / Medusa / ReDrafter recipes.")
+@click.option("--to", "to", type=click.Choice(["ngram", "sa"]), default="ngram", show_default=True, help="What lookahead becomes.")
+def migrate_command(recipe: str, output: str, trtllm_version: str, eagle_model: str | None, to: str) -> None:
+    """Rewrite an engine-path RECIPE (build.backend: tensorrt, TensorRT-LLM <= 1.2) for the PyTorch path.
+
+    TensorRT-LLM 1.3 removed the engine path: EAGLE / Medusa / ReDrafter become EAGLE-3 (a head named
+    with --eagle-model, the published one for the target, or one to train), lookahead becomes n-gram
+    (or suffix automaton); draft-target and n-gram stay. The new recipe is checked with `plan`'s checks.
+
+    \b
+    Examples:
+      specbuild migrate llama-eagle -o llama-eagle3-migrated.yaml
+      specbuild migrate llama-medusa -o vicuna-eagle3.yaml --eagle-model ./my-eagle3-head
+    """
+    from specbuild.builder.migrate import migrate
+    from specbuild.builder.recipe import RecipeError, load_recipe
+
+    loaded = _load(recipe)
+    try:
+        migration = migrate(loaded, version=trtllm_version, eagle_model=eagle_model, to=to)
+        out = Path(output)
+        out.write_text(migration.yaml_text(loaded.path))
+        _check(load_recipe(str(out.resolve())))
+    except RecipeError as exc:
+        raise bad_input(str(exc)) from None
+    for note in migration.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"wrote {out}; review it with: specbuild plan {out}")
+
+
 def _with_trtllm_version(loaded, version: str | None):
     from specbuild.builder.recipe import RecipeError
     from specbuild.builder.trtllm_plan import with_trtllm_version
@@ -350,8 +384,10 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         raise click.BadParameter("--http-port, --grpc-port and --metrics-port each need their own port (0 picks a free one)")
     launch = launch_lines(repo)
     if launch is not None:  # tensorrtllm backend models: served by the TensorRT-LLM Triton container
+        image = next((line.removeprefix("# container: ") for line in (repo / "launch.sh").read_text().splitlines()
+                      if line.startswith("# container: ")), "the one docs/deploy-trtllm.md names for its TensorRT-LLM")
         click.echo(f"{repo} is a TensorRT-LLM repository; serve it inside the TensorRT-LLM Triton container "
-                   f"(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3) with\n  bash {repo / 'launch.sh'}\nwhich runs:")
+                   f"({image}) with\n  bash {repo / 'launch.sh'}\nwhich runs:")
         for line in launch:
             click.echo(f"  {line}")
         return
