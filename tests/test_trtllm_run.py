@@ -191,7 +191,7 @@ def test_engine_path_on_tensorrt_llm_1_3_stops_before_any_work(gpu_box):
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 2  # the recipe cannot be built by this version: bad input
     assert "build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x" in run.stderr and "installed: 1.3.0" in run.stderr
-    assert "use build.backend: pytorch" in run.stderr and not (out / "logs").exists()
+    assert "set build.backend: pytorch" in run.stderr and not (out / "logs").exists()
 
 
 def test_pytorch_path_writes_the_llmapi_repository_and_checks_the_draft(gpu_box):
