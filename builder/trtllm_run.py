@@ -240,6 +240,7 @@ def run_trtllm(
     """
     from specbuild.triton_repo.tensorrtllm import (
         CONTAINER_HOST,
+        checkpoint_end_ids,
         container_ports,
         launch_command,
         launch_header,
@@ -269,13 +270,13 @@ def run_trtllm(
     s = loaded.recipe.serve
     with staging_dir(repo_dir) as tmp:
         if plan.backend == "pytorch":
-            write_llmapi_repository(loaded, plan, tmp, final_dir=repo_dir)
+            write_llmapi_repository(loaded, plan, tmp, final_dir=repo_dir, end_ids=checkpoint_end_ids(plan.tokenizer_dir))
         else:
             try:
                 end_id, pad_id = special_ids(plan.tokenizer_dir)
             except ValueError as exc:
                 raise StageError(f"repository: {exc}; add eos_token_id to the target's generation_config.json") from None
-            spec = repo_spec_for(loaded, plan, end_id=end_id, pad_id=pad_id)
+            spec = repo_spec_for(loaded, plan, end_id=end_id, pad_id=pad_id, end_ids=checkpoint_end_ids(plan.tokenizer_dir))
             argv = launch_command(spec, repo_dir, **container_ports(s))
             write_trtllm_repository(spec, tmp, launch_argv=argv, header=launch_header("tensorrt", plan.version, CONTAINER_HOST))
     log(f"repository: {repo_dir} (launch: {repo_dir / 'launch.sh'})")

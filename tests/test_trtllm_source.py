@@ -82,7 +82,8 @@ def test_test_data_matches_the_installed_llm_api():
 @source_truth
 def test_sampling_params_has_every_keyword_the_pytorch_path_model_passes():
     fields = class_fields(read("sampling_params.py"), "SamplingParams")
-    every = sampling_arguments(8, end_id=2, pad_id=0, temperature=0.5, top_k=4, top_p=0.9, seed=1) | sampling_arguments(8, end_id=-1)
+    every = (sampling_arguments(8, end_id=2, pad_id=0, temperature=0.5, top_k=4, top_p=0.9, seed=1) | sampling_arguments(8, end_id=-1)
+             | sampling_arguments(8, end_ids=(128001, 128008, 128009)))
     assert set(every) <= fields
 
 

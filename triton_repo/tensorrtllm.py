@@ -98,6 +98,7 @@ class TrtllmRepoSpec:
     max_queue_delay_microseconds: int = 0
     max_draft_len: int = 0  # the target engine's draft budget (tokens per step)
     front_parameters: Mapping[str, str] = field(default_factory=dict)  # the method's, e.g. ngram's prompt lookup
+    end_ids: tuple[int, ...] = ()  # every end id the checkpoint declares, end_id first (the front stops on each)
 
 
 def choices_string(choices: Choices) -> str:
@@ -195,6 +196,8 @@ def front_model(spec: TrtllmRepoSpec) -> ModelConfig:
         params["lookahead_wng"] = ",".join(str(v) for v in spec.target.lookahead)
     if spec.decoupled:
         params["decoupled"] = "true"
+    if len(spec.end_ids) > 1:
+        params["end_ids"] = ",".join(str(i) for i in spec.end_ids)
     params.update(spec.front_parameters)
     return ModelConfig(name=FRONT_INTERFACE.name, backend="python", max_batch_size=spec.max_batch_size,
                        inputs=FRONT_INTERFACE.inputs, outputs=FRONT_INTERFACE.outputs, parameters=params,
@@ -236,6 +239,22 @@ def launch_command(spec: TrtllmRepoSpec, repo_dir: Path, *, http_port: int, grpc
     if multi:
         argv.append("--multi-model")
     return argv
+
+
+def checkpoint_end_ids(hf_dir: Path) -> tuple[int, ...]:
+    """Every end id a Hugging Face checkpoint declares: ``eos_token_id`` (an int or a list) from
+    generation_config.json, else config.json; () when neither names one.
+
+    Example: Llama-3.1-8B-Instruct -> ``(128001, 128008, 128009)``.
+    """
+    import json
+
+    for name in ("generation_config.json", "config.json"):
+        path = hf_dir / name
+        eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        if eos is not None:
+            return tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
+    return ()
 
 
 # --- the container -------------------------------------------------------------------------------
@@ -374,7 +393,7 @@ def write_trtllm_repository(spec: TrtllmRepoSpec, repo_dir: Path, *, launch_argv
     return repo_dir
 
 
-def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id: int) -> TrtllmRepoSpec:
+def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id: int, end_ids: tuple[int, ...] = ()) -> TrtllmRepoSpec:
     """The repository spec for an engine-path plan.
 
     ``serve.gpu_device_ids`` and ``serve.kv_cache_free_gpu_mem_fraction`` are read with defaults
@@ -410,7 +429,7 @@ def repo_spec_for(loaded: LoadedRecipe, plan: TrtllmPlan, *, end_id: int, pad_id
     return TrtllmRepoSpec(
         method=spec.method, target=target, tokenizer_dir=plan.tokenizer_dir, end_id=end_id, pad_id=pad_id,
         max_batch_size=r.build.max_batch_size, world_size=world, decoupled=getattr(r.serve, "decoupled", False),
-        max_draft_len=spec.max_draft_len, front_parameters=trtllm.front_parameters(spec), **extra,
+        max_draft_len=spec.max_draft_len, front_parameters=trtllm.front_parameters(spec), end_ids=end_ids, **extra,
     )
 
 
@@ -418,7 +437,7 @@ LLMAPI_MODULE = "specbuild.triton_repo.models.llmapi_front"
 TRITONSERVER = "tritonserver"  # on PATH in the tritonserver:<yy.mm>-trtllm-python-py3 image (/opt/tritonserver/bin)
 
 
-def llmapi_model(loaded: LoadedRecipe, plan: TrtllmPlan) -> ModelConfig:
+def llmapi_model(loaded: LoadedRecipe, plan: TrtllmPlan, end_ids: tuple[int, ...] = ()) -> ModelConfig:
     """``ensemble`` for the PyTorch path: a Python model over ``tensorrt_llm.LLM`` with the contract's
     ensemble tensors (the ``llmapi`` deployment's: no lookahead inputs, no such LLM-API path), one
     instance; Triton's dynamic batching hands it the queued requests together and it passes them to
@@ -429,7 +448,8 @@ def llmapi_model(loaded: LoadedRecipe, plan: TrtllmPlan) -> ModelConfig:
         name=LLMAPI_INTERFACE.name, backend="python", max_batch_size=r.build.max_batch_size,
         inputs=LLMAPI_INTERFACE.inputs, outputs=LLMAPI_INTERFACE.outputs,
         parameters={"max_draft_len": str(max_draft_len),
-                    "baseline": _b(bool(getattr(r.build, "baseline_engine", False)) and r.speculation.definition.speculates)},
+                    "baseline": _b(bool(getattr(r.build, "baseline_engine", False)) and r.speculation.definition.speculates),
+                    **({"end_ids": ",".join(str(i) for i in end_ids)} if end_ids else {})},
         dynamic_batching=DynamicBatching(),
     )
 
@@ -441,14 +461,17 @@ def llmapi_launch_command(repo_dir: Path, *, host: str, http_port: int, grpc_por
             "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
 
 
-def write_llmapi_repository(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path, *, final_dir: Path | None = None) -> Path:
+def write_llmapi_repository(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path, *, final_dir: Path | None = None,
+                            end_ids: tuple[int, ...] = ()) -> Path:
     """The PyTorch-path repository: ``ensemble`` (config.pbtxt, a shell model.py importing
     :mod:`specbuild.triton_repo.models.llmapi_front`, and the plan's ``model.yaml``) and ``launch.sh``.
 
     ``final_dir``: where the repository will live when ``repo_dir`` is a staging directory.
+    ``end_ids``: every end id the target declares (:func:`checkpoint_end_ids`), sent as ``end_id``
+    plus ``stop_token_ids`` when a request names none.
     """
     s = loaded.recipe.serve
-    model = llmapi_model(loaded, plan)
+    model = llmapi_model(loaded, plan, end_ids)
     version_dir = repo_dir / model.name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
     (repo_dir / model.name / "config.pbtxt").write_text(render(model))

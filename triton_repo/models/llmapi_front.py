@@ -57,10 +57,12 @@ class LlmApiFrontConfig:
 
     max_draft_len: int
     baseline: bool = False
+    end_ids: tuple[int, ...] = ()  # every end id the checkpoint declares, end_id first
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> LlmApiFrontConfig:
-        return cls(max_draft_len=int(params["max_draft_len"]), baseline=as_bool(params.get("baseline", "false")))
+        end_ids = tuple(int(v) for v in params["end_ids"].split(",")) if params.get("end_ids") else ()
+        return cls(max_draft_len=int(params["max_draft_len"]), baseline=as_bool(params.get("baseline", "false")), end_ids=end_ids)
 
 
 def choose_llm(config: LlmApiFrontConfig, num_draft_tokens: int | None) -> str:
@@ -110,18 +112,27 @@ class Request:
 
 
 def sampling_arguments(max_tokens: int, *, end_id: int | None = None, pad_id: int | None = None, temperature: float | None = None,
-                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> dict[str, Any]:
+                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                       end_ids: tuple[int, ...] = ()) -> dict[str, Any]:
     """``tensorrt_llm.SamplingParams`` keyword arguments for a request; perf metrics always on
     (the acceptance counts come from them). ``end_id`` -1 (the client's "never stop early") is
-    ``ignore_eos=True``; no temperature (or 0) is greedy.
+    ``ignore_eos=True``; no temperature (or 0) is greedy. Without a client ``end_id``, every end id
+    the checkpoint declares (``end_ids``): the first as ``end_id``, the others as ``stop_token_ids``
+    kept in the output (``include_stop_str_in_output``) as the engine path keeps its stop words, so
+    both paths stop at the same token.
 
-    Example: ``(16, end_id=-1)`` -> ``{"max_tokens": 16, "return_perf_metrics": True, "ignore_eos": True}``.
+    Example: ``(16, end_id=-1)`` -> ``{"max_tokens": 16, "return_perf_metrics": True, "ignore_eos": True}``;
+    ``(16, end_ids=(128001, 128008, 128009))`` -> ``end_id`` 128001, ``stop_token_ids`` [128008, 128009].
     """
     kwargs: dict[str, Any] = {"max_tokens": max_tokens, "return_perf_metrics": True}
     if end_id == -1:
         kwargs["ignore_eos"] = True
     elif end_id is not None:
         kwargs["end_id"] = end_id
+    elif end_ids:
+        kwargs["end_id"] = end_ids[0]
+        if len(end_ids) > 1:
+            kwargs |= {"stop_token_ids": list(end_ids[1:]), "include_stop_str_in_output": True}
     optional = {"pad_id": pad_id, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     return kwargs
@@ -265,7 +276,7 @@ class TritonPythonModel:
         k = self._scalar(request, "num_draft_tokens")
         llm = choose_llm(self.config, None if k is None else int(k))
         get = {name: self._scalar(request, name) for name in ("end_id", "pad_id", "temperature", "top_k", "top_p", "seed")}
-        sampling = sampling_arguments(max_tokens, **{n: v for n, v in get.items() if v is not None})
+        sampling = sampling_arguments(max_tokens, **{n: v for n, v in get.items() if v is not None}, end_ids=self.config.end_ids)
         exclude = self._scalar(request, "exclude_input_in_output")
         return Request(decode_queries(query)[0], max_tokens, llm, sampling, True if exclude is None else bool(exclude))
 

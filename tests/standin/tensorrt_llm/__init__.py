@@ -45,6 +45,8 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     return_perf_metrics: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
 
 
 @dataclass
@@ -76,6 +78,12 @@ class RequestOutput:
     decoding_iter: int = 0
 
 
+def _cut(tokens: list[int], stops: set[int]) -> list[int]:
+    """``tokens`` up to and including the first of ``stops``."""
+    end = next((i for i, t in enumerate(tokens) if t in stops), None)
+    return tokens if end is None else tokens[: end + 1]
+
+
 class LLM:
     def __init__(self, model: str, speculative_config=None, **kwargs):
         from transformers import AutoTokenizer
@@ -96,11 +104,14 @@ class LLM:
             raise NotImplementedError("the stand-in decodes greedily only")
         ids = self.tokenizer(prompt)["input_ids"]
         end_id = -1 if params.ignore_eos else (params.end_id if params.end_id is not None else self.tokenizer.eos_token_id)
+        stops = {end_id, *(params.stop_token_ids or ())} - {-1}
         if self.speculative_config is None:
-            tokens = trtllm_standin.run(trtllm_standin.target_next, ids, params.max_tokens, end_id)
+            tokens = _cut(trtllm_standin.run(trtllm_standin.target_next, ids, params.max_tokens, end_id), stops)
             accepted, drafted, iterations = 0, 0, len(tokens)
         else:
-            tokens, accepted, drafted, iterations = self._speculate(ids, params.max_tokens, end_id, self.speculative_config.max_draft_len)
+            tokens, accepted, drafted, iterations = self._speculate(ids, params.max_tokens, stops, self.speculative_config.max_draft_len)
+        if tokens and tokens[-1] in set(params.stop_token_ids or ()) and not params.include_stop_str_in_output:
+            tokens = tokens[:-1]  # as the LLM API strips a stop word unless include_stop_str_in_output
         metrics = None
         if params.return_perf_metrics:
             if os.environ.get("TRTLLM_STANDIN_SPEC_METRICS") == "zero":
@@ -111,15 +122,15 @@ class LLM:
         return RequestOutput(prompt, ids, [CompletionOutput(0, text, tokens, metrics)], decoding_iter=iterations)
 
     @staticmethod
-    def _speculate(ids: list[int], max_tokens: int, end_id: int, k: int) -> tuple[list[int], int, int, int]:
+    def _speculate(ids: list[int], max_tokens: int, stops: set[int], k: int) -> tuple[list[int], int, int, int]:
         """The prefill's token, then steps of k drafts verified (the accepted ones that fit in
-        max_tokens counted): (tokens, accepted, drafted, iterations)."""
-        out = trtllm_standin.run(trtllm_standin.target_next, ids, min(1, max_tokens), end_id)
+        max_tokens counted), ending at any of ``stops``: (tokens, accepted, drafted, iterations)."""
+        out = trtllm_standin.run(trtllm_standin.target_next, ids, min(1, max_tokens), -1)
         accepted, drafted, iterations = 0, 0, 1
-        while len(out) < max_tokens and out[-1] != end_id:
-            draft = trtllm_standin.run(trtllm_standin.draft_next, ids + out, k, end_id)
-            step, _ = trtllm_standin.verify(ids + out, draft, len(draft) + 1, end_id)
-            step = step[: max_tokens - len(out)]
+        while len(out) < max_tokens and out[-1] not in stops:
+            draft = trtllm_standin.run(trtllm_standin.draft_next, ids + out, k, -1)
+            step, _ = trtllm_standin.verify(ids + out, draft, len(draft) + 1, -1)
+            step = _cut(step[: max_tokens - len(out)], stops)
             out += step
             accepted, drafted, iterations = accepted + len(step) - 1, drafted + k, iterations + 1
         return out, accepted, drafted, iterations
