@@ -104,6 +104,9 @@ class BuildConfig(_Strict):
     draft_weights: Literal["auto", "float32", "bfloat16"] = "auto"
     tp_size: int = Field(1, ge=1, le=64)  # tensor-parallel ranks per engine (TensorRT-LLM --tp_size)
     pp_size: int = Field(1, ge=1, le=64)  # pipeline-parallel ranks (--pp_size); world size = tp_size * pp_size
+    # GPUs per node (TensorRT-LLM's gpus_per_node): a world size above it spans ceil(world / gpus_per_node) nodes,
+    # and the plan prints the multi-node launch (Slurm srun / mpirun)
+    gpus_per_node: int = Field(8, ge=1, le=64)
     # none | fp8 (quantize.py --qformat fp8, Hopper/Ada) | int8_wo / int4_wo (weight-only, convert_checkpoint)
     quantization: Literal["none", "fp8", "int8_wo", "int4_wo"] = "none"
     max_beam_width: int = Field(1, ge=1)  # beam search is unsupported with speculation

@@ -94,10 +94,20 @@ class Parallelism:
 
     tp_size: int = 1
     pp_size: int = 1
+    gpus_per_node: int = 8
 
     @property
     def world_size(self) -> int:
         return self.tp_size * self.pp_size
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the ranks span: ceil(world_size / gpus_per_node). Example: TP=8 on 4-GPU nodes -> 2."""
+        return -(-self.world_size // self.gpus_per_node)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return min(self.world_size, self.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,8 @@ class TrtllmPlan:
         """Human-readable plan: one block per step (command, outputs, log), then the files."""
         from specbuild.triton_repo.tensorrtllm import container_image
 
-        out = [f"# {self.recipe_name}: TensorRT-LLM {self.backend} path, world size {self.parallel.world_size}",
+        out = [f"# {self.recipe_name}: TensorRT-LLM {self.backend} path, world size {self.parallel.world_size}"
+               + (f" on {self.parallel.nodes} nodes" if self.parallel.nodes > 1 else ""),
                f"# planned for {self.trtllm_version}"]
         out += [f"# note: {n}" for n in self.notes]
         out += [f"# {line}" for line in container_image(self.backend, self.version).lines()]
@@ -192,7 +203,64 @@ def _build_field(recipe: Recipe, name: str, default: Any) -> Any:
 
 
 def parallelism(recipe: Recipe) -> Parallelism:
-    return Parallelism(tp_size=_build_field(recipe, "tp_size", 1), pp_size=_build_field(recipe, "pp_size", 1))
+    return Parallelism(tp_size=_build_field(recipe, "tp_size", 1), pp_size=_build_field(recipe, "pp_size", 1),
+                       gpus_per_node=_build_field(recipe, "gpus_per_node", 8))
+
+
+def _check_nodes(loaded: LoadedRecipe, path: BuildPath) -> None:
+    """A world size beyond one node must fill whole nodes; the engine path's orchestrator mode
+    (several engine models: draft-target, a baseline engine) runs on one node only
+    (tensorrtllm_backend README, "Orchestrator Mode").
+
+    Raises:
+        RecipeError: at ``build.gpus_per_node`` / ``build.backend``.
+    """
+    p = parallelism(loaded.recipe)
+    if p.nodes == 1:
+        return
+    if p.world_size % p.gpus_per_node:
+        raise loaded.error(("build", "gpus_per_node"), f"tp_size * pp_size = {p.world_size} spans {p.nodes} nodes of {p.gpus_per_node} GPUs "
+                           "unevenly; make the world size a multiple of gpus_per_node")
+    several = loaded.recipe.speculation.definition.trtllm.draft_engine is not None or (
+        _build_field(loaded.recipe, "baseline_engine", False) and loaded.recipe.speculation.definition.speculates)
+    if path == "tensorrt" and several:
+        raise loaded.error(("build", "gpus_per_node"), f"{p.world_size} ranks need {p.nodes} nodes, and the Triton backend's orchestrator "
+                           "mode (several engine models: a draft or baseline engine) runs on one node only; use the PyTorch path "
+                           "or fit the world size on one node")
+
+
+def multi_node_lines(plan: TrtllmPlan, repo_dir: Path) -> list[str]:
+    """The launches for a plan whose ranks span several nodes ([] for one node), as upstream documents them:
+
+    - trtllm-serve: Slurm ``srun --mpi=pmix`` with ``trtllm-llmapi-launch`` (NVIDIA/TensorRT-LLM
+      examples/llm-api/llm_mgmn_trtllm_serve.sh: one MPI rank per GPU, world size = tp * pp), or
+      ``mpirun`` with a host list;
+    - engine-path Triton (leader mode): one tritonserver per rank under ``srun --mpi=pmix`` with a
+      per-rank Python-backend shared-memory prefix (tensorrtllm_backend README, "Launch Triton server
+      within Slurm based clusters");
+    - PyTorch-path Triton: tritonserver under ``trtllm-llmapi-launch``, which runs the command on rank 0
+      and LLM workers on the other ranks, as for trtllm-serve (not an upstream-documented Triton recipe).
+    """
+    p = plan.parallel
+    if p.nodes == 1:
+        return []
+    srun = f"srun --nodes {p.nodes} --ntasks-per-node {p.ranks_per_node} --mpi=pmix"
+    hosts = ",".join(f"NODE{i}:{p.ranks_per_node}" for i in range(1, p.nodes + 1))
+    out = [f"multi-node: {p.world_size} ranks (tp {p.tp_size} x pp {p.pp_size}) on {p.nodes} nodes of {p.gpus_per_node} GPUs; "
+           "the same image and output directory on every node (a shared file system)"]
+    repo = shlex.quote(str(repo_dir))
+    if plan.backend == "pytorch":
+        serve = shlex.join(plan.serve_argv)
+        out += [f"  trtllm-serve, Slurm: $ {srun} trtllm-llmapi-launch {serve}",
+                f"  trtllm-serve, mpirun: $ mpirun -np {p.world_size} -H {hosts} trtllm-llmapi-launch {serve}",
+                f"  Triton (alternative): $ {srun} trtllm-llmapi-launch tritonserver --model-repository {repo} "
+                "(rank 0 serves; the other ranks run the LLM's workers)"]
+    else:
+        out += [f"  Triton leader mode, Slurm: $ {srun} tritonserver --model-repository={repo} --disable-auto-complete-config "
+                "'--backend-config=python,shm-region-prefix-name=prefix${SLURM_PROCID}_'",
+                f"  or, where srun sets up MPI: $ {srun} python3 /app/scripts/launch_triton_server.py --world_size {p.world_size} "
+                f"--model_repo {repo} --oversubscribe"]
+    return out
 
 
 def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, source: str = "installed") -> None:
@@ -226,6 +294,7 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
     if method.speculates and _build_field(r, "max_beam_width", 1) > 1:
         raise loaded.error(("build", "max_beam_width"), "beam search is not supported with speculative decoding; set 1")
     _check_quantization(loaded, method.trtllm.conversion)
+    _check_nodes(loaded, path)
     if method.trtllm.check is not None:
         method.trtllm.check(loaded, path)
     weights = method.weights
@@ -481,6 +550,7 @@ def llmapi_model_yaml(loaded: LoadedRecipe, model_dir: Path, options: dict[str, 
         "backend": "pytorch",
         "tensor_parallel_size": p.tp_size,
         "pipeline_parallel_size": p.pp_size,
+        **({"gpus_per_node": p.gpus_per_node} if p.nodes > 1 else {}),
         **options,
     }
 
@@ -515,7 +585,8 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
     )
     host = r.serve.host if "host" in r.serve.model_fields_set else "0.0.0.0"  # in the container: what `docker run -p` reaches
     serve = ("trtllm-serve", str(target_hf), "--backend", "pytorch", "--tp_size", str(p.tp_size), "--pp_size", str(p.pp_size),
-             "--extra_llm_api_options", str(options_file), "--host", host, "--port", str(r.serve.http_port or 8000))
+             "--extra_llm_api_options", str(options_file), "--host", host, "--port", str(r.serve.http_port or 8000),
+             *(("--gpus_per_node", str(p.gpus_per_node)) if p.nodes > 1 else ()))
     return TrtllmPlan(r.name, "pytorch", output_dir, p, tuple(steps), files, EngineDirs(None), serve, tokenizer_dir=target_hf,
                       draft_dir=draft_dir if spec.definition.weights and spec.definition.weights.draft_model else None, trtllm_version=planned.describe("pytorch"),
                       version=planned.version)
@@ -636,7 +707,7 @@ def require_installed(loaded: LoadedRecipe, version: str | None) -> None:
 
 
 __all__ = [
-    "ConfigFile", "EngineDirs", "Parallelism", "RecipeError", "Step", "TrtllmPlan", "check_recipe", "llm_api_options",
+    "ConfigFile", "EngineDirs", "Parallelism", "RecipeError", "Step", "TrtllmPlan", "check_recipe", "llm_api_options", "multi_node_lines",
     "max_num_tokens", "plan_for", "plan_pytorch", "plan_tensorrt", "require_installed", "speculative_config",
     "with_trtllm_version",
 ]

@@ -341,6 +341,8 @@ def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> 
     Engine path: every model with its backend and, for ``tensorrtllm`` models, every parameter
     (end/pad ids are read from the target checkpoint at run time, so they are not shown).
     """
+    from specbuild.builder.trtllm_plan import multi_node_lines
+
     s = loaded.recipe.serve
     ports = container_ports(s)
     repo_dir = Path(os.path.abspath(repo_dir))
@@ -351,7 +353,8 @@ def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> 
                 f"  file {repo_dir / 'ensemble/config.pbtxt'} (backend python: {LLMAPI_MODULE})",
                 *(f"      {key} = {value}" for key, value in model.parameters.items()),
                 f"  file {repo_dir / 'ensemble/1/model.yaml'} (= model.yaml above)",
-                f"  file {repo_dir / 'launch.sh'}", f"launch with Triton (the alternative to trtllm-serve above): $ {shlex.join(argv)}"]
+                f"  file {repo_dir / 'launch.sh'}", f"launch with Triton (the alternative to trtllm-serve above): $ {shlex.join(argv)}",
+                *multi_node_lines(plan, repo_dir)]
     spec = repo_spec_for(loaded, plan, end_id=0, pad_id=0)
     argv = launch_command(spec, repo_dir, **ports)
     out = [f"repository {repo_dir} (TensorRT-LLM inflight_batcher_llm; end/pad ids from {plan.tokenizer_dir} at run time)"]
@@ -362,7 +365,7 @@ def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> 
         out.append(f"  file {repo_dir / model.name / 'config.pbtxt'} ({what})")
         if model.backend == "tensorrtllm" or model.name == "ensemble":
             out += [f"      {key} = {value}" for key, value in model.parameters.items() if key not in ("end_id", "pad_id")]
-    out += [f"  file {repo_dir / 'launch.sh'}", f"launch: $ {shlex.join(argv)}"]
+    out += [f"  file {repo_dir / 'launch.sh'}", f"launch: $ {shlex.join(argv)}", *multi_node_lines(plan, repo_dir)]
     return out
 
 
