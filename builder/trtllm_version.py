@@ -90,7 +90,11 @@ def capability_error(method: str, path: BuildPath, version: str | None, source: 
         from specbuild.methods import method_named
 
         why = method_named(method).trtllm.unavailable.get(path, "unsupported")
-        return f"method {method!r} is not available on build.backend {path!r}: {why}{hint}"
+        from specbuild.builder.migrate import replacement
+
+        instead = replacement(method) if path == "pytorch" else None
+        move = f"; or move it to the PyTorch path as {instead}: `specbuild migrate RECIPE -o NEW.yaml`" if instead else ""
+        return f"method {method!r} is not available on build.backend {path!r}: {why}{hint}{move}"
     if version is None:
         return None
     v = parse_version(version)

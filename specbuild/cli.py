@@ -136,7 +136,7 @@ def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None
     \b
     Examples:
       specbuild plan smollm2-ngram
-      specbuild plan llama-eagle -o /work/out/llama-eagle
+      specbuild plan llama-eagle -o out/llama-eagle
       specbuild plan llama-eagle3 --trtllm-version 1.3.0
       specbuild plan my-recipe.yaml --json | jq .warnings
     """

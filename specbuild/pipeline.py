@@ -202,7 +202,8 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
     return [
         f"recipe    {loaded.path} ({r.name})",
         f"target    {r.target.checkpoint} ({r.target.dtype})",
-        f"method    {spec.method}" + (f", max_draft_len={spec.max_draft_len}" if spec.max_draft_len else ""),
+        f"method    {spec.method}" + (f", max_draft_len={spec.max_draft_len}" if spec.max_draft_len else "")
+        + (f", {spec.definition.weights.field} {spec.weights_path}" if spec.weights_path else ""),
         *_token_map_lines(loaded),
         *train,
         f"build     {r.build.backend} engine -> {paths.engine_dir} "
