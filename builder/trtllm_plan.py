@@ -238,8 +238,9 @@ def multi_node_lines(plan: TrtllmPlan, repo_dir: Path) -> list[str]:
     - engine-path Triton (leader mode): one tritonserver per rank under ``srun --mpi=pmix`` with a
       per-rank Python-backend shared-memory prefix (tensorrtllm_backend README, "Launch Triton server
       within Slurm based clusters");
-    - PyTorch-path Triton: tritonserver under ``trtllm-llmapi-launch``, which runs the command on rank 0
-      and LLM workers on the other ranks, as for trtllm-serve (not an upstream-documented Triton recipe).
+    - PyTorch-path Triton: tritonserver under ``srun --mpi=pmix ... trtllm-llmapi-launch`` (rank 0
+      serves, the other ranks run the LLM's workers), as tensorrtllm_backend docs/llmapi.md ("Start the
+      server on a multi-node configuration") launches its LLM-API repository.
     """
     p = plan.parallel
     if p.nodes == 1:
@@ -253,7 +254,7 @@ def multi_node_lines(plan: TrtllmPlan, repo_dir: Path) -> list[str]:
         serve = shlex.join(plan.serve_argv)
         out += [f"  trtllm-serve, Slurm: $ {srun} trtllm-llmapi-launch {serve}",
                 f"  trtllm-serve, mpirun: $ mpirun -np {p.world_size} -H {hosts} trtllm-llmapi-launch {serve}",
-                f"  Triton (alternative): $ {srun} trtllm-llmapi-launch tritonserver --model-repository {repo} "
+                f"  Triton (alternative): $ {srun} trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver --model-repository {repo} "
                 "(rank 0 serves; the other ranks run the LLM's workers)"]
     else:
         out += [f"  Triton leader mode, Slurm: $ {srun} tritonserver --model-repository={repo} --disable-auto-complete-config "

@@ -31,7 +31,7 @@ def test_two_node_pytorch_plan(tmp_path):
     lines = [line.strip() for line in lines]
     assert f"trtllm-serve, Slurm: $ srun --nodes 2 --ntasks-per-node 4 --mpi=pmix trtllm-llmapi-launch {joined}" in lines
     assert f"trtllm-serve, mpirun: $ mpirun -np 8 -H NODE1:4,NODE2:4 trtllm-llmapi-launch {joined}" in lines
-    assert any("trtllm-llmapi-launch tritonserver --model-repository /out/triton_repo" in line for line in lines)
+    assert any("trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver --model-repository /out/triton_repo" in line for line in lines)
     assert any(line.strip().startswith("trtllm-serve, Slurm") for line in repository_lines(loaded, plan, REPO))
     for version in ("1.2.1", "1.3.0", "1.4.0"):
         config = yaml.safe_load(plan_for(with_trtllm_version(loaded, version), tmp_path).files[0].text)["speculative_config"]
