@@ -545,7 +545,10 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
 def llmapi_model_yaml(loaded: LoadedRecipe, model_dir: Path, options: dict[str, Any], p: Parallelism) -> dict[str, Any]:
     """``model.yaml``: the ``LLM(...)`` arguments the repository's ensemble loads
     (:mod:`specbuild.triton_repo.models.llmapi_front`), laid out as TensorRT-LLM's own ``llmapi``
-    model's (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml) less its ``triton_config``."""
+    model's (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml): the LLM arguments, then
+    ``triton_config`` (``max_batch_size``, ``decoupled``), which that model turns into its Triton
+    config and specbuild's ``ensemble`` declares in config.pbtxt with the same values (the model
+    drops the key before building the LLM)."""
     return {
         "model": str(model_dir),
         "backend": "pytorch",
@@ -553,6 +556,7 @@ def llmapi_model_yaml(loaded: LoadedRecipe, model_dir: Path, options: dict[str, 
         "pipeline_parallel_size": p.pp_size,
         **({"gpus_per_node": p.gpus_per_node} if p.nodes > 1 else {}),
         **options,
+        "triton_config": {"max_batch_size": loaded.recipe.build.max_batch_size, "decoupled": False},  # the ensemble answers once
     }
 
 

@@ -218,3 +218,27 @@ def test_verify_reports_derived_acceptance_when_the_perf_metrics_read_zero(tiny_
     assert cli.returncode == 0, cli.stderr
     assert "from derived" in " ".join(cli.stdout.split())
     assert json.loads((tmp_path / "report.json").read_text())["summary"]["acceptance_source"] == "derived"
+
+
+def test_layout_matches_tensorrt_llms_own_llmapi_model_where_it_has_one(tiny_checkpoint, tmp_path):
+    """model.yaml has upstream's keys (LLM arguments + triton_config, with the values config.pbtxt
+    declares); every request field and result both models have keeps upstream's data type, and
+    the perf outputs keep upstream's names (tests/upstream_trtllm.py, TensorRT-LLM's
+    triton_backend/all_models/llmapi). Where the names differ is docs/deploy-trtllm.md's table."""
+    from google.protobuf import text_format
+    from specbuild.triton_repo.tensorrtllm import LLMAPI_INTERFACE
+    from upstream_trtllm import (LLMAPI_NAME_MAP, UPSTREAM_LLMAPI_INPUTS, UPSTREAM_LLMAPI_OUTPUTS, UPSTREAM_LLMAPI_YAML_KEYS,
+                                 UPSTREAM_TRITON_CONFIG_KEYS)
+
+    loaded = parse_recipe(recipe_text(tiny_checkpoint), Path("t.yaml"))
+    repo = write_llmapi_repository(loaded, plan_pytorch(loaded, tmp_path), tmp_path / "repo")
+    model_yaml = yaml.safe_load((repo / "ensemble/1/model.yaml").read_text())
+    config = text_format.Parse((repo / "ensemble/config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert set(model_yaml) - {"max_batch_size", "max_seq_len", "kv_cache_config", "speculative_config"} <= UPSTREAM_LLMAPI_YAML_KEYS
+    assert set(model_yaml["triton_config"]) == UPSTREAM_TRITON_CONFIG_KEYS
+    assert model_yaml["triton_config"] == {"max_batch_size": config.max_batch_size, "decoupled": config.model_transaction_policy.decoupled}
+    ours = {t.name: t.data_type for t in (*LLMAPI_INTERFACE.inputs, *LLMAPI_INTERFACE.outputs)}
+    theirs = {**UPSTREAM_LLMAPI_INPUTS, **UPSTREAM_LLMAPI_OUTPUTS}
+    for name, upstream in LLMAPI_NAME_MAP.items():
+        assert ours[name] == theirs[upstream], (name, upstream)
+    assert {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "text_output"} <= set(ours) & set(UPSTREAM_LLMAPI_OUTPUTS)

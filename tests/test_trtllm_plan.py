@@ -82,7 +82,8 @@ TRTLLM_SERVE_BACKENDS = {"pytorch", "tensorrt", "_autodeploy"}
 LLM_ARGS = {"max_batch_size", "max_seq_len", "kv_cache_config", "speculative_config"}
 KV_CACHE_CONFIG_FIELDS = {"free_gpu_memory_fraction", "enable_block_reuse"}
 # triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml (its LLM arguments; triton_config is that model's own)
-MODEL_YAML_KEYS = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size"} | LLM_ARGS
+MODEL_YAML_KEYS = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "triton_config"} | LLM_ARGS
+TRITON_CONFIG_KEYS = {"max_batch_size", "decoupled"}  # model.yaml's triton_config there
 
 
 def llama(name: str) -> LoadedRecipe:
@@ -195,8 +196,8 @@ def test_pytorch_path_golden_configs(name, tmp_path):
     assert options == {"max_batch_size": 8, "max_seq_len": 4096, "kv_cache_config": {"free_gpu_memory_fraction": 0.9},
                        "speculative_config": golden}
     assert model == {"model": f"{tmp_path}/hf/target", "backend": "pytorch", "tensor_parallel_size": 1,
-                     "pipeline_parallel_size": 1, **options}
-    assert set(model) <= MODEL_YAML_KEYS and set(options) <= LLM_ARGS
+                     "pipeline_parallel_size": 1, **options, "triton_config": {"max_batch_size": 8, "decoupled": False}}
+    assert set(model) <= MODEL_YAML_KEYS and set(options) <= LLM_ARGS and set(model["triton_config"]) <= TRITON_CONFIG_KEYS
     assert set(options["kv_cache_config"]) <= KV_CACHE_CONFIG_FIELDS
     assert check_speculative_config(options["speculative_config"], "1.2.1") == []
     assert plan.trtllm_version.startswith("TensorRT-LLM 1.2.1 ")

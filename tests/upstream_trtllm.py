@@ -306,3 +306,37 @@ def check_speculative_config(config: dict, version: str) -> list[str]:
         elif name in NESTED and isinstance(value, dict):
             errors += [f"{decoding_type}.{key}: unknown field {k!r}" for k in value if k not in NESTED[name]]
     return errors
+
+
+# ----------------------------------------------------------------------------------------------
+# TensorRT-LLM's own LLM-API Triton model (the layout tensorrtllm_backend#858's README starts from):
+# triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt @ 0a71057313ec0626527e164a8fc0205c5822e2f5
+# and 1/model.yaml @ 0ebb1536ac12bbe27201185de960df3ab00bcecc (LLM() arguments + triton_config).
+UPSTREAM_LLMAPI_MODEL = "tensorrt_llm"
+UPSTREAM_LLMAPI_INPUTS = {
+    "text_input": "TYPE_STRING", "image_url": "TYPE_STRING", "streaming": "TYPE_BOOL", "sampling_param_best_of": "TYPE_INT32",
+    "sampling_param_temperature": "TYPE_FP32", "sampling_param_top_k": "TYPE_INT32", "sampling_param_top_p": "TYPE_FP32",
+    "sampling_param_frequency_penalty": "TYPE_FP32", "sampling_param_presence_penalty": "TYPE_FP32",
+    "sampling_param_max_tokens": "TYPE_INT32", "sampling_param_stop": "TYPE_STRING", "sampling_param_seed": "TYPE_UINT64",
+    "sampling_param_exclude_input_from_output": "TYPE_BOOL", "sampling_param_return_perf_metrics": "TYPE_BOOL",
+    "return_finish_reason": "TYPE_BOOL", "return_stop_reason": "TYPE_BOOL", "return_cumulative_logprob": "TYPE_BOOL",
+    "stop": "TYPE_BOOL", "lora_id": "TYPE_UINT64", "lora_name": "TYPE_STRING", "lora_path": "TYPE_STRING",
+    "lora_ckpt_source": "TYPE_STRING",
+}
+UPSTREAM_LLMAPI_OUTPUTS = {
+    "text_output": "TYPE_STRING", "finish_reason": "TYPE_STRING", "stop_reason": "TYPE_STRING", "cumulative_logprob": "TYPE_FP32",
+    "kv_cache_reused_block": "TYPE_INT32", "kv_cache_missed_block": "TYPE_INT32", "kv_cache_alloc_new_blocks": "TYPE_INT32",
+    "kv_cache_alloc_total_blocks": "TYPE_INT32", "kv_cache_hit_rate": "TYPE_FP32", "arrival_time_ns": "TYPE_INT64",
+    "first_scheduled_time_ns": "TYPE_INT64", "first_token_time_ns": "TYPE_INT64", "last_token_time_ns": "TYPE_INT64",
+    "acceptance_rate": "TYPE_FP32", "total_accepted_draft_tokens": "TYPE_INT32", "total_draft_tokens": "TYPE_INT32",
+}
+UPSTREAM_LLMAPI_YAML_KEYS = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "logits_post_processors", "triton_config"}
+UPSTREAM_TRITON_CONFIG_KEYS = {"max_batch_size", "decoupled"}
+# specbuild's ensemble name -> upstream's name for the same request field or result (docs/deploy-trtllm.md)
+LLMAPI_NAME_MAP = {
+    "text_input": "text_input", "max_tokens": "sampling_param_max_tokens", "temperature": "sampling_param_temperature",
+    "top_k": "sampling_param_top_k", "top_p": "sampling_param_top_p", "seed": "sampling_param_seed",
+    "exclude_input_in_output": "sampling_param_exclude_input_from_output", "return_perf_metrics": "sampling_param_return_perf_metrics",
+    "text_output": "text_output", "acceptance_rate": "acceptance_rate", "total_accepted_draft_tokens": "total_accepted_draft_tokens",
+    "total_draft_tokens": "total_draft_tokens",
+}
