@@ -242,3 +242,17 @@ def test_layout_matches_tensorrt_llms_own_llmapi_model_where_it_has_one(tiny_che
     for name, upstream in LLMAPI_NAME_MAP.items():
         assert ours[name] == theirs[upstream], (name, upstream)
     assert {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "text_output"} <= set(ours) & set(UPSTREAM_LLMAPI_OUTPUTS)
+
+
+def test_bench_says_where_the_acceptance_counts_came_from(tmp_path):
+    """bench's notes name each deployment's acceptance source; a derived count is labelled so."""
+    from specbuild.client.bench import Deployment, PointResult, SweepPlan, summarize_point
+    from specbuild.client.bench.report import SweepResult, notes
+    from specbuild.client.bench.run import RequestRecord
+
+    records = [RequestRecord("p", 1.0, 10, 6, 9, 6 / 9, acceptance_source="derived")]
+    summary = summarize_point(records, wall_s=1.0, draft_len=3, max_tokens=10)
+    point = PointResult(deployment="llama-eagle3", method="eagle3", prompt_set="chat:1", draft_len=3, concurrency=1,
+                        acceptance_source="derived", **summary)
+    result = SweepResult(SweepPlan(draft_lengths=(3,), concurrencies=(1,), prompt_sets=("chat:1",)), [Deployment("llama-eagle3", "h:1")], [point])
+    assert any(line.startswith("Acceptance counts from: llama-eagle3 derived") for line in notes(result))
