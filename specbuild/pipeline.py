@@ -306,11 +306,16 @@ def run_trtllm_build(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = F
 
 def trtllm_next_steps(loaded: LoadedRecipe, result) -> list[str]:
     """How to serve and verify a TensorRT-LLM repository (inside the TensorRT-LLM Triton container)."""
+    from specbuild.triton_repo.tensorrtllm import container_address, container_ports
+
     v = loaded.recipe.verify
     s = loaded.recipe.serve
+    ports = container_ports(s)
+    host = container_address(s)
+    host = "127.0.0.1" if host == "0.0.0.0" else host  # reached through `docker run -p` on this host
     return [
         f"serve:  bash {result.launch_script}   (or: specbuild serve {result.repo_dir})",
-        f"verify: specbuild verify --url {s.host}:{s.grpc_port if v.protocol == 'grpc' else s.http_port} --protocol {v.protocol} "
+        f"verify: specbuild verify --url {host}:{ports['grpc_port'] if v.protocol == 'grpc' else ports['http_port']} --protocol {v.protocol} "
         f"--prompts {v.prompts} --max-tokens {v.max_tokens} --tokenizer {result.plan.tokenizer_dir}",
     ]
 

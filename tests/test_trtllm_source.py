@@ -3,7 +3,7 @@ sources, read with ``ast`` (never imported), and the readers themselves.
 
 On a GPU box, inside the NGC container, before building::
 
-    pip install -e /work pytest && cd /work && pytest -m trtllm_source tests/test_trtllm_source.py
+    pip install /work pytest && cd /work && pytest -m trtllm_source tests/test_trtllm_source.py
 
 Without TensorRT-LLM the ``trtllm_source`` tests skip, saying so; the reader tests below run
 everywhere, on source texts in the two layouts the LLM API has had. (The C++ Triton backend's
