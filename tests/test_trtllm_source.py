@@ -97,6 +97,8 @@ def test_request_output_has_what_the_pytorch_path_model_reads():
     request_output = next(n for n in ast.walk(ast.parse(read("llmapi/llm.py"))) if isinstance(n, ast.ClassDef) and n.name == "RequestOutput")
     # a field, property or attribute of RequestOutput or of the result classes it builds on
     assert "prompt_token_ids" in ast.unparse(request_output) or "self.prompt_token_ids" in source or "prompt_token_ids:" in source
+    # what derived acceptance counts read when the perf metrics are zero (llmapi_front.acceptance)
+    assert "self.decoding_iter" in source or "avg_decoded_tokens_per_iter" in source
 
 
 @pytest.mark.trtllm_source
