@@ -33,12 +33,14 @@ from specbuild.builder.draft_len_schedule import DraftLenScheduleError, check_dr
 from specbuild.builder.recipe import LoadedRecipe, Recipe, RecipeError
 from specbuild.methods import Conversion
 from specbuild.builder.trtllm_version import (
+    FIELD_SINCE,
     LLM_API_LINES,
     NEWEST_VERIFIED_LINE,
     BuildPath,
     PlannedVersion,
     capability_error,
     llm_api_config,
+    parse_version,
     planned_version,
     unverified_error,
 )
@@ -532,6 +534,10 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
         for key in ("speculative_model_dir", "speculative_model"):
             if key in spec and draft_dir is not None:
                 spec[key] = str(draft_dir)
+        for key, first in FIELD_SINCE.items():
+            if key in spec and parse_version(version) < parse_version(first):
+                raise loaded.error(("speculation", key), f"{key} needs TensorRT-LLM >= {first} (planned for {version}); "
+                                   f"set build.trtllm_version to {first} or later, or remove {key}")
         schedule = _build_field(r, "draft_len_schedule", None)
         if schedule:
             try:

@@ -128,6 +128,7 @@ DECODING_TYPE_SINCE = {"Eagle3": "1.3", "Draft_Target": "1.3", "User_Provided": 
 # speculative_config keys by line: renamed to the field (from an alias), or dropped (marked for removal).
 SPECULATIVE_MODEL_FIELD = ("1.3", "speculative_model_dir", "speculative_model")  # the alias -> the field, from 1.3
 REMOVED_FIELDS = (("1.4", frozenset({"eagle3_one_model", "eagle_choices"})),)  # EagleDecodingConfig: "will be removed in release 1.4"
+FIELD_SINCE = {"sa_config": "1.4"}  # speculative_config keys a line must have (SAEnhancerConfig: 1.4 line)
 # MTPDecodingConfig 1.4: num_nextn_predict_layers is init=False, a deprecated key remapped to max_draft_len.
 MTP_DRAFT_LEN_FIELD = ("1.4", "num_nextn_predict_layers", "max_draft_len")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
 from .eagle import check_sizes, locate_head
@@ -20,6 +20,17 @@ if TYPE_CHECKING:
     from specbuild.builder.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
     from specbuild.engine.methods.base import EngineMethod
+
+
+class SAEnhancer(BaseModel):
+    """TensorRT-LLM's ``SAEnhancerConfig`` (``sa_config``, 1.4 line): suffix-automaton drafts replace
+    the head's when the suffix match is at least ``threshold`` tokens long; ``enable_global_pool``
+    searches every active request's automaton, not only the request's own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: int = Field(4, ge=1)
+    enable_global_pool: bool = False
 
 
 class Eagle3Speculation(MethodParams):
@@ -36,6 +47,7 @@ class Eagle3Speculation(MethodParams):
     use_dynamic_tree: bool = False
     dynamic_tree_max_topK: int | None = Field(None, ge=1, le=64)
     max_total_draft_tokens: int | None = Field(None, ge=1)
+    sa_config: SAEnhancer | None = None  # TensorRT-LLM >= 1.4 only (the reference engine has no SA enhancer)
 
     @model_validator(mode="after")
     def _dynamic_tree(self) -> Eagle3Speculation:
@@ -58,6 +70,8 @@ class Eagle3Speculation(MethodParams):
             "speculative_model_dir": self.eagle_model,
             "eagle3_one_model": self.eagle3_one_model,
         }
+        if self.sa_config is not None:
+            config["sa_config"] = self.sa_config.model_dump()
         if self.use_dynamic_tree:
             config |= {"use_dynamic_tree": True, "dynamic_tree_max_topK": self.dynamic_tree_max_topK,
                        "max_total_draft_tokens": self.max_total_draft_tokens or self.dynamic_tree_max_topK * self.max_draft_len}

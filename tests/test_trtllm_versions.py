@@ -125,3 +125,18 @@ def test_plan_cli_override_warns(tmp_path):
     allowed = subprocess.run([*cmd, "--allow-unverified-trtllm"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "newest verified line" in refused.stderr
     assert allowed.returncode == 0 and "warning: --allow-unverified-trtllm" in allowed.stderr and "WARNING: TensorRT-LLM 1.5.0" in allowed.stdout
+
+
+def test_eagle3_with_an_sa_enhancer_plans_for_1_4_only(tmp_path):
+    text = (f"name: t\n{TARGET}speculation: {{method: eagle3, eagle_model: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, max_draft_len: 3, "
+            "sa_config: {threshold: 5, enable_global_pool: true}}\nbuild: {backend: pytorch}\n")
+    loaded = parse_recipe(text, Path("t.yaml"))
+    config = _config(loaded, "1.4.0", tmp_path)
+    assert config["sa_config"] == {"threshold": 5, "enable_global_pool": True} and check_speculative_config(config, "1.4.0") == []
+    for version in ("1.2.1", "1.3.0"):
+        with pytest.raises(RecipeError, match=rf"t.yaml:\d+: speculation.sa_config: sa_config needs TensorRT-LLM >= 1.4 \(planned for {version}\)"):
+            plan_for(with_trtllm_version(loaded, version), tmp_path)
+    with pytest.raises(RecipeError, match="sa_config: the SA enhancer is TensorRT-LLM's"):
+        parse_recipe(text.replace("backend: pytorch", "backend: reference"), Path("t.yaml"))
+    with pytest.raises(RecipeError, match="sa_config"):
+        parse_recipe(text.replace("threshold: 5", "window: 5"), Path("t.yaml"))
