@@ -276,7 +276,7 @@ class SpecClient(_Client):
         declared = getattr(self, "_probed", None)
         if declared is None:
             try:
-                kwargs = {"as_json": True} if self.protocol == "grpc" else {}
+                kwargs = {"as_json": True, "client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
                 metadata = self._local_client().get_model_metadata(self.model_name, **kwargs)
                 declared = _declared_probes(metadata)
             except Exception:  # noqa: BLE001 - no metadata (yet): the contract's outputs only, asked again next time
