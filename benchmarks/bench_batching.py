@@ -10,6 +10,7 @@ the median round. Token ids are compared: every batch size must give exactly the
 
     python benchmarks/bench_batching.py                                    # SmolLM2-135M, humaneval:8, 64 tokens
     python benchmarks/bench_batching.py --batch-sizes 1 8 --kernels eager --json out.json
+    python benchmarks/bench_batching.py --device cuda --dtype bfloat16     # on a GPU (benchmarks/gpu_check.sh)
 
 Absolute tokens/s depend on the machine and its load; the ratios are measured side by side.
 """
@@ -53,7 +54,7 @@ def hf_round(model, prompts: list[list[int]], max_tokens: int) -> tuple[float, l
     start = time.perf_counter()
     with torch.inference_mode():
         for prompt in prompts:
-            ids = torch.tensor([prompt])
+            ids = torch.tensor([prompt], device=model.device)
             out = model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                 do_sample=False, eos_token_id=None, pad_token_id=0,
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--kernels", default="auto", choices=["auto", *KERNELS])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the engine and HF generate() run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=Path("bench_batching.json"))
     args = parser.parse_args()
@@ -82,8 +84,11 @@ def main() -> None:
     prompts = [tokenizer(p.text)["input_ids"] for p in load_prompts(args.prompts)]
     limits = EngineLimits(max_batch_size=max(args.batch_sizes), max_input_len=max(map(len, prompts)),
                           max_seq_len=max(map(len, prompts)) + args.max_tokens, max_draft_len=0)
-    engine = ReferenceEngine.from_pretrained(path, speculative_config=None, limits=limits, dtype=args.dtype, kernels=args.kernels)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    engine = ReferenceEngine.from_pretrained(path, speculative_config=None, limits=limits, dtype=args.dtype, kernels=args.kernels,
+                                             device=args.device)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
     kernels = type(engine.model.lm_head).__name__
     configs = ["hf", *(f"B={b}" for b in args.batch_sizes)]
     seconds: dict[str, list[float]] = {c: [] for c in configs}
@@ -102,7 +107,7 @@ def main() -> None:
     tokens = len(prompts) * args.max_tokens
     rate = {c: tokens / statistics.median(seconds[c]) for c in configs}
     reference = outputs[f"B={args.batch_sizes[0]}"]
-    table = Table(title=f"plain greedy decoding, {len(prompts)} prompts x {args.max_tokens} tokens, {args.dtype}, "
+    table = Table(title=f"plain greedy decoding, {len(prompts)} prompts x {args.max_tokens} tokens, {args.dtype} on {args.device}, "
                         f"engine kernels {args.kernels} ({kernels}), {torch.get_num_threads()} threads")
     for col in ("config", "tokens/s (total)", "vs engine B=1", "vs HF generate", "same tokens as B=1"):
         table.add_column(col, justify="right")
@@ -114,7 +119,7 @@ def main() -> None:
         rows.append(row)
         table.add_row(c, f"{rate[c]:.1f}", f"{row['vs_batch_1']:.2f}x", f"{row['vs_hf']:.2f}x", f"{same}/{len(prompts)}")
     console.print(table)
-    report = {"checkpoint": args.checkpoint, "prompts": args.prompts, "max_tokens": args.max_tokens, "dtype": args.dtype,
+    report = {"checkpoint": args.checkpoint, "prompts": args.prompts, "max_tokens": args.max_tokens, "dtype": args.dtype, "device": args.device,
               "kernels": args.kernels, "threads": torch.get_num_threads(), "torch": torch.__version__,
               "cpu": platform.processor() or platform.machine(), "rows": rows}
     args.json.write_text(json.dumps(report, indent=2) + "\n")

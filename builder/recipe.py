@@ -118,6 +118,9 @@ class BuildConfig(_Strict):
     draft_weights: Literal["auto", "float32", "bfloat16"] = "auto"
     tp_size: int = Field(1, ge=1, le=64)  # tensor-parallel ranks per engine (TensorRT-LLM --tp_size)
     pp_size: int = Field(1, ge=1, le=64)  # pipeline-parallel ranks (--pp_size); world size = tp_size * pp_size
+    # GPUs per node (TensorRT-LLM's gpus_per_node): a world size above it spans ceil(world / gpus_per_node) nodes,
+    # and the plan prints the multi-node launch (Slurm srun / mpirun)
+    gpus_per_node: int = Field(8, ge=1, le=64)
     # none | fp8 (quantize.py --qformat fp8, Hopper/Ada) | int8_wo / int4_wo (weight-only, convert_checkpoint)
     quantization: Literal["none", "fp8", "int8_wo", "int4_wo"] = "none"
     max_beam_width: int = Field(1, ge=1)  # beam search is unsupported with speculation
@@ -271,6 +274,12 @@ class Recipe(_Strict):
         if b.backend == "reference":
             if b.max_beam_width > 1:
                 raise ValueError("build.max_beam_width: the reference engine decodes one beam (greedy or sampled); set it to 1")
+            if self.speculation.method == "eagle3" and getattr(self.speculation, "sa_config", None) is not None:
+                raise ValueError("speculation.sa_config: the SA enhancer is TensorRT-LLM's (1.4 line, build.backend: pytorch); "
+                                 "the reference engine's EAGLE-3 has none")
+            if self.speculation.method == "eagle3" and getattr(self.speculation, "use_dynamic_tree", False):
+                raise ValueError("speculation.use_dynamic_tree: the reference engine's EAGLE-3 drafts a chain; "
+                                 "the dynamic tree is TensorRT-LLM's (build.backend: pytorch)")
         if b.backend != "reference":
             for name in ("kernels", "draft_weights"):
                 if getattr(b, name) != "auto":

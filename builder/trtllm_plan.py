@@ -33,12 +33,16 @@ from specbuild.builder.draft_len_schedule import DraftLenScheduleError, check_dr
 from specbuild.builder.recipe import LoadedRecipe, Recipe, RecipeError
 from specbuild.methods import Conversion
 from specbuild.builder.trtllm_version import (
+    FIELD_SINCE,
     LLM_API_LINES,
+    NEWEST_VERIFIED_LINE,
     BuildPath,
     PlannedVersion,
     capability_error,
-    llm_api_decoding_type,
+    llm_api_config,
+    parse_version,
     planned_version,
+    unverified_error,
 )
 
 StepKind = Literal["download", "convert", "quantize", "build"]
@@ -48,15 +52,10 @@ EXAMPLES_ENV = "TRTLLM_EXAMPLES_DIR"
 MIN_MAX_NUM_TOKENS = 8192  # trtllm-build's BuildConfig.max_num_tokens default
 # Skips Meta's original/ consolidated *.pth (pickles, as large again as the HF weights: 16 GB for
 # Llama-3.1-8B, 140 GB for 70B) that Llama repositories ship next to the safetensors. Downloads go
-# straight to their directory (snapshot_download resumes partial files); DOWNLOAD_DONE, written
-# last, is what marks one complete.
+# straight to their directory with huggingface_hub's `hf download` (it resumes partial files and
+# skips finished ones); DOWNLOAD_DONE, written after it succeeds, is what marks one complete.
 DOWNLOAD_DONE = ".specbuild-download-complete"
-DOWNLOAD_SCRIPT = (
-    "import pathlib, sys; from huggingface_hub import snapshot_download; "
-    "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
-    "ignore_patterns=['original/*', '*.pth']); "
-    f"pathlib.Path(sys.argv[3], '{DOWNLOAD_DONE}').touch()"
-)
+DOWNLOAD_EXCLUDE = ("original/*", "*.pth")
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,7 @@ class Step:
     outputs: tuple[Path, ...]
     log: Path
     inputs: tuple[Path, ...] = ()
+    marker: Path | None = None  # one of ``outputs`` the command does not write: touched once it succeeds
 
     @property
     def output_dir(self) -> Path:
@@ -96,10 +96,20 @@ class Parallelism:
 
     tp_size: int = 1
     pp_size: int = 1
+    gpus_per_node: int = 8
 
     @property
     def world_size(self) -> int:
         return self.tp_size * self.pp_size
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the ranks span: ceil(world_size / gpus_per_node). Example: TP=8 on 4-GPU nodes -> 2."""
+        return -(-self.world_size // self.gpus_per_node)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return min(self.world_size, self.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -127,19 +137,24 @@ class TrtllmPlan:
     draft_dir: Path | None = None  # draft-target: the draft's Hugging Face directory
     notes: tuple[str, ...] = field(default=())
     trtllm_version: str = ""  # which TensorRT-LLM the files are written for (PlannedVersion.describe)
+    version: str | None = None  # that version's number (None: not pinned; "1.2": the engine path's default line)
 
     def lines(self) -> list[str]:
         """Human-readable plan: one block per step (command, outputs, log), then the files."""
-        out = [f"# {self.recipe_name}: TensorRT-LLM {self.backend} path, world size {self.parallel.world_size}",
+        from specbuild.triton_repo.tensorrtllm import container_image
+
+        out = [f"# {self.recipe_name}: TensorRT-LLM {self.backend} path, world size {self.parallel.world_size}"
+               + (f" on {self.parallel.nodes} nodes" if self.parallel.nodes > 1 else ""),
                f"# planned for {self.trtllm_version}"]
         out += [f"# note: {n}" for n in self.notes]
+        out += [f"# {line}" for line in container_image(self.backend, self.version).lines()]
         for i, step in enumerate(self.steps, 1):
             out += [f"[{i}/{len(self.steps)}] {step.name} ({step.kind})", f"  $ {step.command()}"]
             out += [f"  -> {p}" for p in step.outputs] + [f"  log: {step.log}"]
         for f in self.files:
             out += [f"file {f.path}:"] + [f"  {line}" for line in f.text.splitlines()]
         if self.serve_argv:
-            out.append(f"serve: $ {shlex.join(self.serve_argv)}")
+            out.append(f"serve with trtllm-serve (OpenAI API; an alternative to the Triton launch, not both): $ {shlex.join(self.serve_argv)}")
         return out
 
     def build_script(self) -> str:
@@ -154,6 +169,7 @@ class TrtllmPlan:
                 f"  echo 'run {step.name} (log: {step.log})'",
                 f"  mkdir -p {shlex.quote(str(step.log.parent))}",
                 f"  {step.command()} > {log} 2>&1 || {{ echo 'FAILED {step.name}; see {step.log}'; tail -n 20 {log}; exit 1; }}",
+                *([f"  touch {shlex.quote(str(step.marker))}"] if step.marker is not None else []),
                 "fi",
                 "",
             ]
@@ -189,7 +205,65 @@ def _build_field(recipe: Recipe, name: str, default: Any) -> Any:
 
 
 def parallelism(recipe: Recipe) -> Parallelism:
-    return Parallelism(tp_size=_build_field(recipe, "tp_size", 1), pp_size=_build_field(recipe, "pp_size", 1))
+    return Parallelism(tp_size=_build_field(recipe, "tp_size", 1), pp_size=_build_field(recipe, "pp_size", 1),
+                       gpus_per_node=_build_field(recipe, "gpus_per_node", 8))
+
+
+def _check_nodes(loaded: LoadedRecipe, path: BuildPath) -> None:
+    """A world size beyond one node must fill whole nodes; the engine path's orchestrator mode
+    (several engine models: draft-target, a baseline engine) runs on one node only
+    (tensorrtllm_backend README, "Orchestrator Mode").
+
+    Raises:
+        RecipeError: at ``build.gpus_per_node`` / ``build.backend``.
+    """
+    p = parallelism(loaded.recipe)
+    if p.nodes == 1:
+        return
+    if p.world_size % p.gpus_per_node:
+        raise loaded.error(("build", "gpus_per_node"), f"tp_size * pp_size = {p.world_size} spans {p.nodes} nodes of {p.gpus_per_node} GPUs "
+                           "unevenly; make the world size a multiple of gpus_per_node")
+    several = loaded.recipe.speculation.definition.trtllm.draft_engine is not None or (
+        _build_field(loaded.recipe, "baseline_engine", False) and loaded.recipe.speculation.definition.speculates)
+    if path == "tensorrt" and several:
+        raise loaded.error(("build", "gpus_per_node"), f"{p.world_size} ranks need {p.nodes} nodes, and the Triton backend's orchestrator "
+                           "mode (several engine models: a draft or baseline engine) runs on one node only; use the PyTorch path "
+                           "or fit the world size on one node")
+
+
+def multi_node_lines(plan: TrtllmPlan, repo_dir: Path) -> list[str]:
+    """The launches for a plan whose ranks span several nodes ([] for one node), as upstream documents them:
+
+    - trtllm-serve: Slurm ``srun --mpi=pmix`` with ``trtllm-llmapi-launch`` (NVIDIA/TensorRT-LLM
+      examples/llm-api/llm_mgmn_trtllm_serve.sh: one MPI rank per GPU, world size = tp * pp), or
+      ``mpirun`` with a host list;
+    - engine-path Triton (leader mode): one tritonserver per rank under ``srun --mpi=pmix`` with a
+      per-rank Python-backend shared-memory prefix (tensorrtllm_backend README, "Launch Triton server
+      within Slurm based clusters");
+    - PyTorch-path Triton: tritonserver under ``srun --mpi=pmix ... trtllm-llmapi-launch`` (rank 0
+      serves, the other ranks run the LLM's workers), as tensorrtllm_backend docs/llmapi.md ("Start the
+      server on a multi-node configuration") launches its LLM-API repository.
+    """
+    p = plan.parallel
+    if p.nodes == 1:
+        return []
+    srun = f"srun --nodes {p.nodes} --ntasks-per-node {p.ranks_per_node} --mpi=pmix"
+    hosts = ",".join(f"NODE{i}:{p.ranks_per_node}" for i in range(1, p.nodes + 1))
+    out = [f"multi-node: {p.world_size} ranks (tp {p.tp_size} x pp {p.pp_size}) on {p.nodes} nodes of {p.gpus_per_node} GPUs; "
+           "the same image and output directory on every node (a shared file system)"]
+    repo = shlex.quote(str(repo_dir))
+    if plan.backend == "pytorch":
+        serve = shlex.join(plan.serve_argv)
+        out += [f"  trtllm-serve, Slurm: $ {srun} trtllm-llmapi-launch {serve}",
+                f"  trtllm-serve, mpirun: $ mpirun -np {p.world_size} -H {hosts} trtllm-llmapi-launch {serve}",
+                f"  Triton (alternative): $ {srun} trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver --model-repository {repo} "
+                "(rank 0 serves; the other ranks run the LLM's workers)"]
+    else:
+        out += [f"  Triton leader mode, Slurm: $ {srun} tritonserver --model-repository={repo} --disable-auto-complete-config "
+                "'--backend-config=python,shm-region-prefix-name=prefix${SLURM_PROCID}_'",
+                f"  or, where srun sets up MPI: $ {srun} python3 /app/scripts/launch_triton_server.py --world_size {p.world_size} "
+                f"--model_repo {repo} --oversubscribe"]
+    return out
 
 
 def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, source: str = "installed") -> None:
@@ -224,6 +298,7 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
     if method.speculates and _build_field(r, "max_beam_width", 1) > 1:
         raise loaded.error(("build", "max_beam_width"), "beam search is not supported with speculative decoding; set 1")
     _check_quantization(loaded, method.trtllm.conversion)
+    _check_nodes(loaded, path)
     if method.trtllm.check is not None:
         method.trtllm.check(loaded, path)
     weights = method.weights
@@ -279,8 +354,10 @@ def _source_dir(loaded: LoadedRecipe, checkpoint: str, role: str, paths: _Paths,
         return local
     revision = loaded.recipe.target.revision if role == "target" else None
     dest = paths.hf(role)
-    argv = ("python3", "-c", DOWNLOAD_SCRIPT, checkpoint, revision or "", str(dest))
-    steps.append(Step(f"download-{role}", "download", argv, (dest / "config.json", dest / DOWNLOAD_DONE), paths.log(f"download-{role}")))
+    argv = ("hf", "download", checkpoint, *(("--revision", revision) if revision else ()), "--local-dir", str(dest),
+            *(a for pattern in DOWNLOAD_EXCLUDE for a in ("--exclude", pattern)))
+    steps.append(Step(f"download-{role}", "download", argv, (dest / "config.json", dest / DOWNLOAD_DONE), paths.log(f"download-{role}"),
+                      marker=dest / DOWNLOAD_DONE))
     return dest
 
 
@@ -423,7 +500,7 @@ def plan_tensorrt(loaded: LoadedRecipe, output_dir: Path, *, version: str | None
             steps.append(_build_step("baseline", _base_options(r, dtype), p, paths, checkpoint_role="target"))
         baseline_engine = paths.engine("baseline")
     return TrtllmPlan(r.name, "tensorrt", output_dir, p, tuple(steps), engines=EngineDirs(paths.engine("target"), draft_engine, baseline_engine),
-                      tokenizer_dir=target_hf, draft_dir=draft_hf, trtllm_version=planned.describe("tensorrt"))
+                      tokenizer_dir=target_hf, draft_dir=draft_hf, trtllm_version=planned.describe("tensorrt"), version=planned.version)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -435,7 +512,7 @@ def speculative_config(recipe: Recipe, version: str) -> dict[str, Any] | None:
     config = recipe.speculation.to_llm_api()
     if config is None:
         return None
-    return {**config, "decoding_type": llm_api_decoding_type(config["decoding_type"], version)}
+    return llm_api_config(config, version)
 
 
 def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) -> dict[str, Any]:
@@ -456,8 +533,13 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
     }
     spec = speculative_config(r, version)
     if spec is not None:
-        if "speculative_model_dir" in spec and draft_dir is not None:
-            spec["speculative_model_dir"] = str(draft_dir)
+        for key in ("speculative_model_dir", "speculative_model"):
+            if key in spec and draft_dir is not None:
+                spec[key] = str(draft_dir)
+        for key, first in FIELD_SINCE.items():
+            if key in spec and parse_version(version) < parse_version(first):
+                raise loaded.error(("speculation", key), f"{key} needs TensorRT-LLM >= {first} (planned for {version}); "
+                                   f"set build.trtllm_version to {first} or later, or remove {key}")
         schedule = _build_field(r, "draft_len_schedule", None)
         if schedule:
             try:
@@ -474,13 +556,18 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
 def llmapi_model_yaml(loaded: LoadedRecipe, model_dir: Path, options: dict[str, Any], p: Parallelism) -> dict[str, Any]:
     """``model.yaml``: the ``LLM(...)`` arguments the repository's ensemble loads
     (:mod:`specbuild.triton_repo.models.llmapi_front`), laid out as TensorRT-LLM's own ``llmapi``
-    model's (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml) less its ``triton_config``."""
+    model's (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml): the LLM arguments, then
+    ``triton_config`` (``max_batch_size``, ``decoupled``), which that model turns into its Triton
+    config and specbuild's ``ensemble`` declares in config.pbtxt with the same values (the model
+    drops the key before building the LLM)."""
     return {
         "model": str(model_dir),
         "backend": "pytorch",
         "tensor_parallel_size": p.tp_size,
         "pipeline_parallel_size": p.pp_size,
+        **({"gpus_per_node": p.gpus_per_node} if p.nodes > 1 else {}),
         **options,
+        "triton_config": {"max_batch_size": loaded.recipe.build.max_batch_size, "decoupled": False},  # the ensemble answers once
     }
 
 
@@ -512,10 +599,13 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
         ConfigFile(options_file, yaml.safe_dump(options, sort_keys=False)),
         ConfigFile(output_dir / "model.yaml", yaml.safe_dump(model_yaml, sort_keys=False)),
     )
+    host = r.serve.host if "host" in r.serve.model_fields_set else "0.0.0.0"  # in the container: what `docker run -p` reaches
     serve = ("trtllm-serve", str(target_hf), "--backend", "pytorch", "--tp_size", str(p.tp_size), "--pp_size", str(p.pp_size),
-             "--extra_llm_api_options", str(options_file), "--host", r.serve.host, "--port", str(r.serve.http_port))
+             "--extra_llm_api_options", str(options_file), "--host", host, "--port", str(r.serve.http_port or 8000),
+             *(("--gpus_per_node", str(p.gpus_per_node)) if p.nodes > 1 else ()))
     return TrtllmPlan(r.name, "pytorch", output_dir, p, tuple(steps), files, EngineDirs(None), serve, tokenizer_dir=target_hf,
-                      draft_dir=draft_dir if spec.definition.weights and spec.definition.weights.draft_model else None, trtllm_version=planned.describe("pytorch"))
+                      draft_dir=draft_dir if spec.definition.weights and spec.definition.weights.draft_model else None, trtllm_version=planned.describe("pytorch"),
+                      version=planned.version)
 
 
 def _version_independent_options(loaded: LoadedRecipe, draft_dir: Path | None) -> dict[str, Any]:
@@ -545,19 +635,24 @@ def examples_dir() -> Path:
     return Path(os.environ.get(EXAMPLES_ENV, str(DEFAULT_EXAMPLES)))
 
 
-def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None) -> TrtllmPlan:
+def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = None, allow_unverified: bool = False) -> TrtllmPlan:
     """``plan_tensorrt`` or ``plan_pytorch`` by ``build.backend``, for the TensorRT-LLM version
     :func:`~specbuild.builder.trtllm_version.planned_version` picks: ``version`` (the installed one,
     ``installed_version()``), else the recipe's ``build.trtllm_version``, else the path's default.
     A ``build.trtllm_version`` that differs from the installed version is noted and not used.
+    A version newer than the newest verified line (:data:`~specbuild.builder.trtllm_version.NEWEST_VERIFIED_LINE`)
+    is refused unless ``allow_unverified`` (or ``$SPECBUILD_ALLOW_UNVERIFIED_TRTLLM=1``): then planned
+    with that line's names and a warning note.
 
     Raises:
-        RecipeError: ``build.backend`` is ``reference``, or see :func:`check_recipe`, :func:`plan_pytorch`.
+        RecipeError: ``build.backend`` is ``reference``; an unverified version without the override;
+            or see :func:`check_recipe`, :func:`plan_pytorch`.
     """
     backend = loaded.recipe.build.backend
     requested = _build_field(loaded.recipe, "trtllm_version", None)
     if backend not in ("tensorrt", "pytorch"):
         raise loaded.error(("build", "backend"), "not a TensorRT-LLM backend; the reference backend has its own plan")
+    unverified = _unverified_note(loaded, version, requested, backend, allow_unverified)
     if backend == "tensorrt":
         plan = plan_tensorrt(loaded, output_dir, version=version, examples_dir=examples_dir())
     else:
@@ -565,7 +660,30 @@ def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = No
     if version is not None and requested is not None and requested != version:
         note = f"build.trtllm_version {requested} not used: TensorRT-LLM {version} is installed and is what runs"
         plan = dataclasses.replace(plan, notes=(*plan.notes, note))
+    if unverified:
+        plan = dataclasses.replace(plan, notes=(*plan.notes, unverified))
     return plan
+
+
+ALLOW_UNVERIFIED_ENV = "SPECBUILD_ALLOW_UNVERIFIED_TRTLLM"  # "1": plan for a TensorRT-LLM newer than the newest verified line
+
+
+def _unverified_note(loaded: LoadedRecipe, version: str | None, requested: str | None, backend: str, allow: bool) -> str | None:
+    """The plan's warning for a TensorRT-LLM newer than the newest verified line, when allowed
+    (``allow`` or ``$SPECBUILD_ALLOW_UNVERIFIED_TRTLLM=1``); ``None`` for a verified one.
+
+    Raises:
+        RecipeError: such a version without the override, naming the newest verified line.
+    """
+    planned, source = (version, "installed") if version is not None else (requested, "build.trtllm_version")
+    if planned is None or backend != "pytorch":
+        return None
+    problem = unverified_error(planned, source)
+    if problem is None:
+        return None
+    if not (allow or os.environ.get(ALLOW_UNVERIFIED_ENV) == "1"):
+        raise loaded.error(("build", "trtllm_version"), problem)
+    return f"WARNING: {problem.split(': its')[0]}; planned with the {NEWEST_VERIFIED_LINE} line's names (override given)"
 
 
 def with_trtllm_version(loaded: LoadedRecipe, version: str | None) -> LoadedRecipe:
@@ -598,13 +716,14 @@ def require_installed(loaded: LoadedRecipe, version: str | None) -> None:
         raise loaded.error(
             ("build", "backend"),
             f"build.backend {loaded.recipe.build.backend!r} needs TensorRT-LLM, which is not installed here "
-            "(it needs an NVIDIA GPU; use the NGC container nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3). "
+            "(it needs an NVIDIA GPU; use the NGC container the plan names, e.g. nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 "
+            "for TensorRT-LLM 1.2.1). "
             "Run with --dry-run (or `specbuild plan`) to see the exact commands, or use build.backend: reference on this machine",
         )
 
 
 __all__ = [
-    "ConfigFile", "EngineDirs", "Parallelism", "RecipeError", "Step", "TrtllmPlan", "check_recipe", "llm_api_options",
+    "ConfigFile", "EngineDirs", "Parallelism", "RecipeError", "Step", "TrtllmPlan", "check_recipe", "llm_api_options", "multi_node_lines",
     "max_num_tokens", "plan_for", "plan_pytorch", "plan_tensorrt", "require_installed", "speculative_config",
     "with_trtllm_version",
 ]

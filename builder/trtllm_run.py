@@ -108,8 +108,11 @@ def run_step(plan: TrtllmPlan, step: Step, *, env: dict[str, str] | None = None)
     final = step.output_dir
     start = time.perf_counter()
     if step.kind == "download":  # in place, resumable; its completion marker is written last
-        step.outputs[-1].unlink(missing_ok=True)
+        if step.marker is not None:
+            step.marker.unlink(missing_ok=True)
         _run_logged(step, list(step.argv), final, env)
+        if step.marker is not None:
+            step.marker.touch()
     else:
         shutil.rmtree(final, ignore_errors=True)  # stale outputs must not look finished if this run fails
         with staging_dir(final) as tmp:
@@ -133,7 +136,7 @@ def _run_logged(step: Step, argv: list[str], out_dir: Path, env: dict[str, str] 
             raise StageError(f"step {step.name} could not start: {exc}; see {step.log}") from None
     if code != 0:
         raise StageError(f"step {step.name} failed (exit status {code}); see {step.log}")
-    missing = [p.name for p in step.outputs if not (out_dir / p.relative_to(step.output_dir)).exists()]
+    missing = [p.name for p in step.outputs if p != step.marker and not (out_dir / p.relative_to(step.output_dir)).exists()]
     if missing:
         raise StageError(f"step {step.name} exited 0 but did not write {', '.join(missing)}; see {step.log}")
 
@@ -235,7 +238,16 @@ def run_trtllm(
         RecipeError: draft and target vocabularies differ (checked once both are downloaded,
             before any conversion).
     """
-    from specbuild.triton_repo.tensorrtllm import launch_command, repo_spec_for, write_llmapi_repository, write_trtllm_repository
+    from specbuild.triton_repo.tensorrtllm import (
+        CONTAINER_HOST,
+        checkpoint_end_ids,
+        container_ports,
+        launch_command,
+        launch_header,
+        repo_spec_for,
+        write_llmapi_repository,
+        write_trtllm_repository,
+    )
 
     repo_dir = Path(os.path.abspath(repo_dir))
     checked: list[bool] = []
@@ -258,14 +270,14 @@ def run_trtllm(
     s = loaded.recipe.serve
     with staging_dir(repo_dir) as tmp:
         if plan.backend == "pytorch":
-            write_llmapi_repository(loaded, plan, tmp, final_dir=repo_dir)
+            write_llmapi_repository(loaded, plan, tmp, final_dir=repo_dir, end_ids=checkpoint_end_ids(plan.tokenizer_dir))
         else:
             try:
                 end_id, pad_id = special_ids(plan.tokenizer_dir)
             except ValueError as exc:
                 raise StageError(f"repository: {exc}; add eos_token_id to the target's generation_config.json") from None
-            spec = repo_spec_for(loaded, plan, end_id=end_id, pad_id=pad_id)
-            argv = launch_command(spec, repo_dir, http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port)
-            write_trtllm_repository(spec, tmp, launch_argv=argv)
+            spec = repo_spec_for(loaded, plan, end_id=end_id, pad_id=pad_id, end_ids=checkpoint_end_ids(plan.tokenizer_dir))
+            argv = launch_command(spec, repo_dir, **container_ports(s))
+            write_trtllm_repository(spec, tmp, launch_argv=argv, header=launch_header("tensorrt", plan.version, CONTAINER_HOST))
     log(f"repository: {repo_dir} (launch: {repo_dir / 'launch.sh'})")
     return TrtllmRunResult(plan, record, repo_dir, repo_dir / "launch.sh")

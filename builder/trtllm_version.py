@@ -90,20 +90,103 @@ def capability_error(method: str, path: BuildPath, version: str | None, source: 
         from specbuild.methods import method_named
 
         why = method_named(method).trtllm.unavailable.get(path, "unsupported")
-        return f"method {method!r} is not available on build.backend {path!r}: {why}{hint}"
+        from specbuild.builder.migrate import replacement
+
+        instead = replacement(method) if path == "pytorch" else None
+        move = f"; or move it to the PyTorch path as {instead}: `specbuild migrate RECIPE -o NEW.yaml`" if instead else ""
+        return f"method {method!r} is not available on build.backend {path!r}: {why}{hint}{move}"
     if version is None:
         return None
     v = parse_version(version)
     if path == "tensorrt" and v > ENGINE_PATH_LAST:
+        from specbuild.builder.migrate import replacement
+
+        instead = replacement(method)
+        move = (f"on the PyTorch path method {method!r} is replaced by {instead}" if instead
+                else "set build.backend: pytorch")
         return (
             f"build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x (trtllm-build and the engine path were "
-            f"removed in 1.3); {source}: {version}. Install tensorrt-llm==1.2.1 (NGC container "
-            f"tritonserver:<yy.mm>-trtllm-python-py3 with TensorRT-LLM 1.2) or use build.backend: pytorch"
-            + ("" if "pytorch" in supported_paths(method) else f" (not available for method {method!r})")
+            f"removed in 1.3); {source}: {version}. Either plan for 1.2.1 (image nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3), "
+            f"or move to the PyTorch path: {move}; `specbuild migrate RECIPE -o NEW.yaml` writes that recipe"
         )
     if path == "pytorch" and v < PYTORCH_PATH_FIRST:
         return f"build.backend 'pytorch' needs TensorRT-LLM >= 1.0; {source}: {version}. Upgrade, or use build.backend: tensorrt"
+    if path == "pytorch":
+        return decoding_type_error(method, version, source)
     return None
+
+
+# --- the LLM-API lines specbuild writes for -----------------------------------------------------
+# Read from NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py: the 1.2 line (DecodingBaseConfig.from_dict's
+# registry), the 1.3 pre-release line and the 1.4 line (main at 0004396720054fd8e205cbf616f21f0b57c6b412);
+# the names and fields are test data in tests/upstream_trtllm.py, which checks every plan against them.
+NEWEST_VERIFIED = TrtllmVersion(1, 4, 99)  # the newest line whose llm_args.py was read: 1.4.x
+NEWEST_VERIFIED_LINE = "1.4"
+# decoding_type -> first line that has it (absent: every LLM-API line since 1.0).
+DECODING_TYPE_SINCE = {"Eagle3": "1.3", "Draft_Target": "1.3", "User_Provided": "1.3", "PARD": "1.3", "SA": "1.3",
+                       "DFlash": "1.4", "DSpark": "1.4"}
+# speculative_config keys by line: renamed to the field (from an alias), or dropped (marked for removal).
+SPECULATIVE_MODEL_FIELD = ("1.3", "speculative_model_dir", "speculative_model")  # the alias -> the field, from 1.3
+REMOVED_FIELDS = (("1.4", frozenset({"eagle3_one_model", "eagle_choices"})),)  # EagleDecodingConfig: "will be removed in release 1.4"
+FIELD_SINCE = {"sa_config": "1.4"}  # speculative_config keys a line must have (SAEnhancerConfig: 1.4 line)
+# MTPDecodingConfig 1.4: num_nextn_predict_layers is init=False, a deprecated key remapped to max_draft_len.
+MTP_DRAFT_LEN_FIELD = ("1.4", "num_nextn_predict_layers", "max_draft_len")
+
+
+def _at_least(version: str, line: str) -> bool:
+    return parse_version(version) >= parse_version(line)
+
+
+def decoding_type_error(method: str, version: str, source: str = "installed") -> str | None:
+    """Why TensorRT-LLM ``version``'s LLM API has no ``decoding_type`` for ``method`` (``None``: it has).
+
+    Example: ``SA`` on 1.2.1 -> "... needs TensorRT-LLM >= 1.3 ...".
+    """
+    from specbuild.methods import method_named
+
+    decoding_type = method_named(method).trtllm.decoding_type
+    if decoding_type is None:
+        return None
+    spelled = llm_api_decoding_type(decoding_type, version)
+    first = DECODING_TYPE_SINCE.get(spelled)
+    if first is not None and not _at_least(version, first):
+        return (f"method {method!r} (LLM API decoding_type {decoding_type}) needs TensorRT-LLM >= {first}; {source}: {version}. "
+                f"Set build.trtllm_version to {first} or later (the newest verified line is {NEWEST_VERIFIED_LINE})")
+    return None
+
+
+def unverified_error(version: str, source: str = "installed") -> str | None:
+    """A message when ``version`` is newer than the newest line whose sources specbuild was checked
+    against (``None``: it is not); the plan then needs an explicit override."""
+    if parse_version(version) <= NEWEST_VERIFIED:
+        return None
+    return (f"TensorRT-LLM {version} ({source}) is newer than the newest verified line, {NEWEST_VERIFIED_LINE}.x "
+            f"(llm_args.py read at NVIDIA/TensorRT-LLM main 0004396): its speculative_config names may differ. "
+            f"Plan for {NEWEST_VERIFIED_LINE} (build.trtllm_version / --trtllm-version), or pass --allow-unverified-trtllm "
+            f"to write the {NEWEST_VERIFIED_LINE} files anyway")
+
+
+def llm_api_config(config: dict, version: str) -> dict:
+    """A method's ``speculative_config`` (:meth:`~specbuild.methods.MethodParams.to_llm_api`) as
+    TensorRT-LLM ``version`` spells it: its ``decoding_type``, ``speculative_model`` (the field)
+    instead of the alias ``speculative_model_dir`` from 1.3, fields marked for removal dropped
+    (1.4: ``eagle3_one_model``, ``eagle_choices``), MTP's ``num_nextn_predict_layers`` as
+    ``max_draft_len`` (1.4).
+
+    Example: ``{"decoding_type": "Eagle3", "speculative_model_dir": "h", "eagle3_one_model": True}`` for
+    ``1.4.0`` -> ``{"decoding_type": "Eagle3", "speculative_model": "h"}``.
+    """
+    out = {**config, "decoding_type": llm_api_decoding_type(config["decoding_type"], version)}
+    first, alias, name = SPECULATIVE_MODEL_FIELD
+    if alias in out and _at_least(version, first):
+        out = {(name if k == alias else k): v for k, v in out.items()}
+    for line, removed in REMOVED_FIELDS:
+        if _at_least(version, line):
+            out = {k: v for k, v in out.items() if k not in removed}
+    first, old, new = MTP_DRAFT_LEN_FIELD
+    if out["decoding_type"] == "MTP" and old in out and _at_least(version, first):
+        out = {(new if k == old else k): v for k, v in out.items()}
+    return out
 
 
 def llm_api_decoding_type(decoding_type: str, version: str) -> str:
@@ -124,9 +207,9 @@ def llm_api_decoding_type(decoding_type: str, version: str) -> str:
 
 VersionSource = Literal["installed", "build.trtllm_version", "path default", "unknown"]
 ENGINE_PATH_DEFAULT = "1.2"  # the engine path's last line: plan for it when nothing says otherwise
-# One version per LLM-API line whose YAML differs (decoding_type "Eagle" vs "Eagle3"): a PyTorch-path
+# One version per LLM-API line whose YAML differs (decoding_type "Eagle" vs "Eagle3", removed fields): a PyTorch-path
 # plan whose output is the same for all of them needs no version.
-LLM_API_LINES = ("1.2.1", "1.3.0")
+LLM_API_LINES = ("1.2.1", "1.3.0", "1.4.0")
 
 
 @dataclass(frozen=True)

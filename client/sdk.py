@@ -128,6 +128,7 @@ class GenerateResult:
     total_accepted_draft_tokens: int | None = None
     total_draft_tokens: int | None = None
     finish_reason: str | None = None
+    acceptance_source: str | None = None  # perf_metrics / derived (PyTorch path on 1.2.1) / none; None: no counts
     logit_margin: list[float] | None = None  # [num_tokens] logit units
     runner_up_ids: list[int] | None = None  # [num_tokens]
 
@@ -268,6 +269,23 @@ class SpecClient(_Client):
                 self._thread_clients.append(client)
         return client
 
+    def _output_names(self, options: GenerateOptions) -> tuple[str, ...]:
+        """``options.output_names()`` plus the :data:`~specbuild.interface.PROBED_OUTPUTS` the model
+        declares (its metadata, read once)."""
+        names = options.output_names()
+        if not options.return_perf_metrics:
+            return names
+        declared = getattr(self, "_probed", None)
+        if declared is None:
+            try:
+                kwargs = {"as_json": True, "client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+                metadata = self._local_client().get_model_metadata(self.model_name, **kwargs)
+                declared = _declared_probes(metadata)
+            except Exception:  # noqa: BLE001 - no metadata (yet): the contract's outputs only, asked again next time
+                return names
+            self._probed = declared
+        return names + declared
+
     def wait_ready(self, timeout_s: float = 60.0, *, poll_s: float = 0.5) -> None:
         """Poll until the server is live and ``model_name`` is ready; give up after ``timeout_s`` seconds.
 
@@ -303,7 +321,7 @@ class SpecClient(_Client):
             (result,) = self._stream(prompt, options, stream=False)
             return dataclasses.replace(result, finish_reason=_finish_reason(result.token_ids, options.max_tokens, options.end_id))
         inputs = input_tensors(self._tc, options.tensor_values(prompt))
-        outputs = [self._tc.InferRequestedOutput(name) for name in options.output_names()]
+        outputs = [self._tc.InferRequestedOutput(name) for name in self._output_names(options)]
         start = time.perf_counter()
         response = self._call("inference", self._infer_fn(inputs, outputs))
         latency_s = time.perf_counter() - start
@@ -384,7 +402,7 @@ class SpecClient(_Client):
         if self.protocol != "grpc":
             raise ValueError("generate_stream needs protocol='grpc' (Triton streams over gRPC)")
         inputs = input_tensors(self._tc, {**options.tensor_values(prompt), "stream": stream})
-        outputs = [self._tc.InferRequestedOutput(name) for name in options.output_names()]
+        outputs = [self._tc.InferRequestedOutput(name) for name in self._output_names(options)]
         return self._stream_responses(inputs, outputs)
 
     def _stream_responses(self, inputs: list[Any], outputs: list[Any]) -> Iterator[GenerateResult]:
@@ -476,7 +494,16 @@ class AsyncSpecClient(_Client):
         """Generate for ``prompt``; the options, keyword fields and errors are :meth:`SpecClient.generate`'s."""
         options = GenerateOptions.of(options, **fields)
         inputs = input_tensors(self._tc, options.tensor_values(prompt))
-        outputs = [self._tc.InferRequestedOutput(name) for name in options.output_names()]
+        names = options.output_names()
+        if options.return_perf_metrics:
+            if getattr(self, "_probed", None) is None:
+                try:
+                    kwargs = {"as_json": True} if self.protocol == "grpc" else {}
+                    self._probed = _declared_probes(await self._aio().get_model_metadata(self.model_name, **kwargs))
+                except Exception:  # noqa: BLE001 - no metadata (yet): the contract's outputs only
+                    pass
+            names += getattr(self, "_probed", None) or ()
+        outputs = [self._tc.InferRequestedOutput(name) for name in names]
         start = time.perf_counter()
         response = await self._call("inference", lambda: self._infer(inputs, outputs))
         latency_s = time.perf_counter() - start
@@ -734,6 +761,7 @@ def parse_response(
         total_accepted_draft_tokens=_first_scalar(response.as_numpy("total_accepted_draft_tokens"), int),
         total_draft_tokens=_first_scalar(response.as_numpy("total_draft_tokens"), int),
         finish_reason=_finish_reason(output, max_tokens, end_id),
+        acceptance_source=_acceptance_source(response),
         logit_margin=margin,
         runner_up_ids=runner_up,
     )
@@ -775,6 +803,24 @@ def _per_token(array: np.ndarray | None, n: int, cast) -> list | None:
     if row.dtype.kind == "f" and np.isnan(row).all():
         return None
     return [cast(v) for v in row]
+
+
+def _declared_probes(metadata: Any) -> tuple[str, ...]:
+    """The :data:`~specbuild.interface.PROBED_OUTPUTS` among a model's metadata ``outputs``."""
+    from specbuild.interface import PROBED_OUTPUTS
+
+    names = {o.get("name") for o in (metadata or {}).get("outputs", [])}
+    return tuple(n for n in PROBED_OUTPUTS if n in names)
+
+
+def _acceptance_source(response) -> str | None:
+    """The deployment's ``acceptance_source`` (PyTorch path); else ``perf_metrics`` when the counts
+    came back (the engine's own counters), else ``None``."""
+    source = response.as_numpy("acceptance_source")
+    if source is not None and source.size:
+        return _first_text(source)
+    counts = response.as_numpy("total_draft_tokens")
+    return "perf_metrics" if counts is not None and counts.size else None
 
 
 def _first_text(array: np.ndarray | None) -> str:

@@ -168,6 +168,13 @@ class VerifyReport:
         return sum(g.total_accepted_draft_tokens for g in runs) / drafted if drafted else None
 
     @property
+    def acceptance_source(self) -> str | None:
+        """Where the speculative runs' counts came from (``perf_metrics``, ``derived``, ``none``; several
+        joined by ``+``); ``None`` when no run reported a source."""
+        sources = sorted({s for r in self.results if (s := getattr(r.speculative, "acceptance_source", None))})
+        return "+".join(sources) or None
+
+    @property
     def baseline_tokens_per_s(self) -> float:
         return _throughput([r.baseline for r in self.results])
 
@@ -193,7 +200,7 @@ class VerifyReport:
     def summary(self) -> dict[str, Any]:
         names = (
             "num_prompts", "num_match", "all_match", "num_near_ties", "passed",
-            "mean_acceptance_length", "mean_acceptance_rate",
+            "mean_acceptance_length", "mean_acceptance_rate", "acceptance_source",
             "total_draft_tokens", "total_accepted_draft_tokens",
             "baseline_tokens_per_s", "speculative_tokens_per_s", "speedup", "median_speedup",
         )  # fmt: skip

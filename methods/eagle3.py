@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
 from .eagle import check_sizes, locate_head
@@ -22,6 +22,17 @@ if TYPE_CHECKING:
     from specbuild.engine.methods.base import EngineMethod
 
 
+class SAEnhancer(BaseModel):
+    """TensorRT-LLM's ``SAEnhancerConfig`` (``sa_config``, 1.4 line): suffix-automaton drafts replace
+    the head's when the suffix match is at least ``threshold`` tokens long; ``enable_global_pool``
+    searches every active request's automaton, not only the request's own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: int = Field(4, ge=1)
+    enable_global_pool: bool = False
+
+
 class Eagle3Speculation(MethodParams):
     """EAGLE-3 (Li et al. 2025): the draft head fuses features from three target layers (``midlayer``
     format, optional draft vocabulary with ``d2t``). TensorRT-LLM PyTorch backend only."""
@@ -29,15 +40,42 @@ class Eagle3Speculation(MethodParams):
     method: Literal["eagle3"]
     eagle_model: str = Field(min_length=1)
     max_draft_len: int = Field(3, ge=1, le=32)
-    eagle3_one_model: bool = True
+    eagle3_one_model: bool = True  # TensorRT-LLM 1.4 drops it from the plan (the two-model path is removed)
+    # EAGLE-2's dynamic tree (TensorRT-LLM's PyTorch backend; the reference engine drafts a chain):
+    # each of the max_draft_len draft layers expands dynamic_tree_max_topK nodes, and the target
+    # verifies max_total_draft_tokens of them (default topK * max_draft_len), as EagleDecodingConfig checks.
+    use_dynamic_tree: bool = False
+    dynamic_tree_max_topK: int | None = Field(None, ge=1, le=64)
+    max_total_draft_tokens: int | None = Field(None, ge=1)
+    sa_config: SAEnhancer | None = None  # TensorRT-LLM >= 1.4 only (the reference engine has no SA enhancer)
+
+    @model_validator(mode="after")
+    def _dynamic_tree(self) -> Eagle3Speculation:
+        if not self.use_dynamic_tree:
+            if self.dynamic_tree_max_topK is not None or self.max_total_draft_tokens is not None:
+                raise ValueError("dynamic_tree_max_topK / max_total_draft_tokens need use_dynamic_tree: true (a chain drafts max_draft_len tokens)")
+            return self
+        if self.dynamic_tree_max_topK is None:
+            raise ValueError("use_dynamic_tree: true needs dynamic_tree_max_topK (nodes expanded per draft layer), e.g. 10")
+        most = self.dynamic_tree_max_topK * self.max_draft_len
+        if self.max_total_draft_tokens is not None and not self.max_draft_len <= self.max_total_draft_tokens <= most:
+            raise ValueError(f"max_total_draft_tokens must be in [max_draft_len, dynamic_tree_max_topK * max_draft_len] = "
+                             f"[{self.max_draft_len}, {most}], got {self.max_total_draft_tokens}")
+        return self
 
     def to_llm_api(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "decoding_type": self.decoding_type,
             "max_draft_len": self.max_draft_len,
             "speculative_model_dir": self.eagle_model,
             "eagle3_one_model": self.eagle3_one_model,
         }
+        if self.sa_config is not None:
+            config["sa_config"] = self.sa_config.model_dump()
+        if self.use_dynamic_tree:
+            config |= {"use_dynamic_tree": True, "dynamic_tree_max_topK": self.dynamic_tree_max_topK,
+                       "max_total_draft_tokens": self.max_total_draft_tokens or self.dynamic_tree_max_topK * self.max_draft_len}
+        return config
 
 
 # --- weights: the head directory -------------------------------------------------------------------

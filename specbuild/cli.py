@@ -7,6 +7,7 @@ Exit statuses (:mod:`specbuild.exit_codes`, ``docs/cli.md``): 0 ok, 1 failed, 2 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -121,7 +122,8 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
 @click.option("--output-dir", "-o", help="Deployment directory the plan refers to [./specbuild-out/NAME].")
 @click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (stages, warnings, speculative_config) on stdout.")
-def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None, as_json: bool) -> None:
+@click.option("--allow-unverified-trtllm", is_flag=True, help="Plan for a TensorRT-LLM newer than the newest verified line (1.4), with a warning.")
+def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None, as_json: bool, allow_unverified_trtllm: bool) -> None:
     """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run).
 
     Checks exactly what `recipe`, `build` and `train-draft` check before any work (schema,
@@ -134,12 +136,52 @@ def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None
     \b
     Examples:
       specbuild plan smollm2-ngram
-      specbuild plan llama-eagle -o /work/out/llama-eagle
+      specbuild plan llama-eagle -o out/llama-eagle
       specbuild plan llama-eagle3 --trtllm-version 1.3.0
       specbuild plan my-recipe.yaml --json | jq .warnings
     """
+    if allow_unverified_trtllm:
+        from specbuild.builder.trtllm_plan import ALLOW_UNVERIFIED_ENV
+
+        os.environ[ALLOW_UNVERIFIED_ENV] = "1"
+        click.echo("warning: --allow-unverified-trtllm: a TensorRT-LLM newer than the newest verified line (1.4) is planned "
+                   "with 1.4's speculative_config names", err=True)
     loaded = _with_trtllm_version(_load(recipe), trtllm_version)
     _plan(loaded, _paths(loaded, output_dir), as_json=as_json)
+
+
+@main.command("migrate")
+@click.argument("recipe")
+@click.option("--output", "-o", "output", required=True, help="Where to write the migrated recipe (YAML).")
+@click.option("--trtllm-version", default="1.3.0", show_default=True, help="TensorRT-LLM version the new recipe pins (>= 1.3).")
+@click.option("--eagle-model", help="EAGLE-3 head (Hugging Face id or directory) for EAGLE / Medusa / ReDrafter recipes.")
+@click.option("--to", "to", type=click.Choice(["ngram", "sa"]), default="ngram", show_default=True, help="What lookahead becomes.")
+def migrate_command(recipe: str, output: str, trtllm_version: str, eagle_model: str | None, to: str) -> None:
+    """Rewrite an engine-path RECIPE (build.backend: tensorrt, TensorRT-LLM <= 1.2) for the PyTorch path.
+
+    TensorRT-LLM 1.3 removed the engine path: EAGLE / Medusa / ReDrafter become EAGLE-3 (a head named
+    with --eagle-model, the published one for the target, or one to train), lookahead becomes n-gram
+    (or suffix automaton); draft-target and n-gram stay. The new recipe is checked with `plan`'s checks.
+
+    \b
+    Examples:
+      specbuild migrate llama-eagle -o llama-eagle3-migrated.yaml
+      specbuild migrate llama-medusa -o vicuna-eagle3.yaml --eagle-model ./my-eagle3-head
+    """
+    from specbuild.builder.migrate import migrate
+    from specbuild.builder.recipe import RecipeError, load_recipe
+
+    loaded = _load(recipe)
+    try:
+        migration = migrate(loaded, version=trtllm_version, eagle_model=eagle_model, to=to)
+        out = Path(output)
+        out.write_text(migration.yaml_text(loaded.path))
+        _check(load_recipe(str(out.resolve())))
+    except RecipeError as exc:
+        raise bad_input(str(exc)) from None
+    for note in migration.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"wrote {out}; review it with: specbuild plan {out}")
 
 
 def _with_trtllm_version(loaded, version: str | None):
@@ -413,8 +455,10 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         raise click.BadParameter("--http-port, --grpc-port and --metrics-port each need their own port (0 picks a free one)")
     launch = launch_lines(repo)
     if launch is not None:  # tensorrtllm backend models: served by the TensorRT-LLM Triton container
+        image = next((line.removeprefix("# container: ") for line in (repo / "launch.sh").read_text().splitlines()
+                      if line.startswith("# container: ")), "the one docs/deploy-trtllm.md names for its TensorRT-LLM")
         click.echo(f"{repo} is a TensorRT-LLM repository; serve it inside the TensorRT-LLM Triton container "
-                   f"(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3) with\n  bash {repo / 'launch.sh'}\nwhich runs:")
+                   f"({image}) with\n  bash {repo / 'launch.sh'}\nwhich runs:")
         for line in launch:
             click.echo(f"  {line}")
         return

@@ -134,7 +134,8 @@ def print_report(console: Console, report) -> None:
     console.print(
         f"{verdict}: {report.num_match}/{report.num_prompts} prompts token-identical; "
         f"mean acceptance length {fmt(report.mean_acceptance_length, '.2f')} "
-        f"(acceptance rate {fmt(report.mean_acceptance_rate, '.2f')}, {report.total_draft_tokens} draft tokens); "
+        f"(acceptance rate {fmt(report.mean_acceptance_rate, '.2f')}, {fmt(report.total_draft_tokens, 'd')} draft tokens, "
+        f"from {getattr(report, 'acceptance_source', None) or 'none'}); "
         f"speculative {report.speculative_tokens_per_s:.1f} vs non-speculative {report.baseline_tokens_per_s:.1f} "
         f"tokens/s: speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)"
     )

@@ -133,6 +133,9 @@ _ENGINE_MODEL = frozenset({REFERENCE, TRTLLM})  # the deployments with a tensorr
 LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")  # (w, n, g)
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 MARGIN_OUTPUTS = ("logit_margin", "runner_up_ids")
+# Outputs only some deployments declare and a client asks for only after reading the model's
+# metadata (asking a model for an output it lacks fails the request).
+PROBED_OUTPUTS = ("acceptance_source",)
 
 
 # --- ensemble: what clients send and receive -----------------------------------------------------
@@ -173,6 +176,8 @@ ENSEMBLE = ModelInterface(
                engine_name="total_accepted_draft_tokens", doc="draft tokens the target accepted"),
         Tensor("total_draft_tokens", "TYPE_INT32", (1,), asked_by="return_perf_metrics",
                engine_name="total_draft_tokens", doc="draft tokens proposed"),
+        Tensor("acceptance_source", "TYPE_STRING", (1,), served_by=frozenset({LLMAPI}), asked_by="return_perf_metrics",
+               doc="where the three counts came from: perf_metrics, derived (from decoding iterations) or none (counts left out)"),
         Tensor("logit_margin", "TYPE_FP32", (-1,), asked_by="return_logit_margin", served_by=_SPECBUILD,
                engine_name="logit_margin", doc="per generated token: the target's top-1 minus top-2 logit"),
         Tensor("runner_up_ids", "TYPE_INT32", (-1,), asked_by="return_logit_margin", served_by=_SPECBUILD,
@@ -396,7 +401,7 @@ class GenerateOptions:
         """The ``ensemble`` outputs this request asks for: those always sent, and those whose
         ``asked_by`` input it sets."""
         asked = {name for name in ("return_perf_metrics", "return_logit_margin", "return_generation_logits") if getattr(self, name)}
-        return tuple(t.name for t in ENSEMBLE.outputs if t.asked_by is None or t.asked_by in asked)
+        return tuple(t.name for t in ENSEMBLE.outputs if (t.asked_by is None or t.asked_by in asked) and t.name not in PROBED_OUTPUTS)
 
 
 def _check_fits(tensor: Tensor, value: Any) -> None:

@@ -202,7 +202,8 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
     return [
         f"recipe    {loaded.path} ({r.name})",
         f"target    {r.target.checkpoint} ({r.target.dtype})",
-        f"method    {spec.method}" + (f", max_draft_len={spec.max_draft_len}" if spec.max_draft_len else ""),
+        f"method    {spec.method}" + (f", max_draft_len={spec.max_draft_len}" if spec.max_draft_len else "")
+        + (f", {spec.definition.weights.field} {spec.weights_path}" if spec.weights_path else ""),
         *_token_map_lines(loaded),
         *train,
         *_draft_check_lines(loaded),
@@ -314,11 +315,16 @@ def run_trtllm_build(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = F
 
 def trtllm_next_steps(loaded: LoadedRecipe, result) -> list[str]:
     """How to serve and verify a TensorRT-LLM repository (inside the TensorRT-LLM Triton container)."""
+    from specbuild.triton_repo.tensorrtllm import container_address, container_ports
+
     v = loaded.recipe.verify
     s = loaded.recipe.serve
+    ports = container_ports(s)
+    host = container_address(s)
+    host = "127.0.0.1" if host == "0.0.0.0" else host  # reached through `docker run -p` on this host
     return [
         f"serve:  bash {result.launch_script}   (or: specbuild serve {result.repo_dir})",
-        f"verify: specbuild verify --url {s.host}:{s.grpc_port if v.protocol == 'grpc' else s.http_port} --protocol {v.protocol} "
+        f"verify: specbuild verify --url {host}:{ports['grpc_port'] if v.protocol == 'grpc' else ports['http_port']} --protocol {v.protocol} "
         f"--prompts {v.prompts} --max-tokens {v.max_tokens} --tokenizer {result.plan.tokenizer_dir}",
     ]
 

@@ -26,7 +26,7 @@ from specbuild.engine import target as target_model  # noqa: E402
 from specbuild.engine.scheduler import Scheduler  # noqa: E402
 from specbuild.engine.stream import collect  # noqa: E402
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")])]
 
 
 @pytest.fixture(scope="module", params=DEVICES)

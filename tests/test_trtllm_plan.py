@@ -3,6 +3,8 @@ against the argparse/LLM-API names TensorRT-LLM defines, validation errors, vers
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pytest
@@ -80,7 +82,8 @@ TRTLLM_SERVE_BACKENDS = {"pytorch", "tensorrt", "_autodeploy"}
 LLM_ARGS = {"max_batch_size", "max_seq_len", "kv_cache_config", "speculative_config"}
 KV_CACHE_CONFIG_FIELDS = {"free_gpu_memory_fraction", "enable_block_reuse"}
 # triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml (its LLM arguments; triton_config is that model's own)
-MODEL_YAML_KEYS = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size"} | LLM_ARGS
+MODEL_YAML_KEYS = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "triton_config"} | LLM_ARGS
+TRITON_CONFIG_KEYS = {"max_batch_size", "decoupled"}  # model.yaml's triton_config there
 
 
 def llama(name: str) -> LoadedRecipe:
@@ -96,10 +99,7 @@ def flags(argv: list[str]) -> set[str]:
 
 
 def download(repo: str, role: str) -> list[str]:
-    return ["python3", "-c", ("import sys; from huggingface_hub import snapshot_download; snapshot_download(sys.argv[1], "
-            "revision=sys.argv[2] or None, local_dir=sys.argv[3], ignore_patterns=['original/*', '*.pth']); "
-            "pathlib.Path(sys.argv[3], '.specbuild-download-complete').touch()").replace("import sys", "import pathlib, sys"),
-            repo, "", f"/out/hf/{role}"]
+    return ["hf", "download", repo, "--local-dir", f"/out/hf/{role}", "--exclude", "original/*", "--exclude", "*.pth"]
 
 
 def build(role: str, *extra: str, batch: int, inp: int, seq: int, dtype: str, workers: int = 1, tokens: int = 8192) -> list[str]:
@@ -162,9 +162,22 @@ def test_every_flag_is_one_tensorrt_llm_defines(name):
             assert flags(argv) <= TRTLLM_BUILD_FLAGS, argv
             if "--speculative_decoding_mode" in argv:
                 assert argv[argv.index("--speculative_decoding_mode") + 1] in SPECULATIVE_DECODING_MODES
-        elif argv[1] != "-c":
+        elif argv[0] == "hf":
+            assert argv[1] == "download" and flags(argv) <= hf_download_flags(), argv
+        else:
             reference = next(v for k, v in known.items() if k in argv[1])
             assert flags(argv) <= reference, argv
+
+
+def hf_download_flags() -> set[str]:
+    """The options of the installed huggingface_hub's ``hf download`` (its own --help)."""
+    import re
+    import subprocess
+    import sys
+
+    text = subprocess.run([sys.executable, "-m", "huggingface_hub.cli.hf", "download", "--help"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "COLUMNS": "200"}).stdout
+    return set(re.findall(r"--[a-z][a-z-]*", text))
 
 
 GOLDEN_PYTORCH = {  # planned for the recipes' build.trtllm_version 1.2.1: EAGLE-3 is decoding_type Eagle there
@@ -183,8 +196,8 @@ def test_pytorch_path_golden_configs(name, tmp_path):
     assert options == {"max_batch_size": 8, "max_seq_len": 4096, "kv_cache_config": {"free_gpu_memory_fraction": 0.9},
                        "speculative_config": golden}
     assert model == {"model": f"{tmp_path}/hf/target", "backend": "pytorch", "tensor_parallel_size": 1,
-                     "pipeline_parallel_size": 1, **options}
-    assert set(model) <= MODEL_YAML_KEYS and set(options) <= LLM_ARGS
+                     "pipeline_parallel_size": 1, **options, "triton_config": {"max_batch_size": 8, "decoupled": False}}
+    assert set(model) <= MODEL_YAML_KEYS and set(options) <= LLM_ARGS and set(model["triton_config"]) <= TRITON_CONFIG_KEYS
     assert set(options["kv_cache_config"]) <= KV_CACHE_CONFIG_FIELDS
     assert check_speculative_config(options["speculative_config"], "1.2.1") == []
     assert plan.trtllm_version.startswith("TensorRT-LLM 1.2.1 ")
@@ -401,7 +414,7 @@ def unpinned(name: str) -> LoadedRecipe:
 def test_pytorch_plan_refuses_when_its_output_depends_on_an_unknown_version(tmp_path):
     with pytest.raises(RecipeError, match=r"llama-eagle3.yaml:\d+: build.trtllm_version: the LLM-API configuration for method "
                                           r"'eagle3' differs by TensorRT-LLM version \(1.2.1: decoding_type Eagle, 1.3.0: decoding_type "
-                                          r"Eagle3\).*set build.trtllm_version .*--trtllm-version"):
+                                          r"Eagle3, 1.4.0: decoding_type Eagle3\).*set build.trtllm_version .*--trtllm-version"):
         plan_pytorch(unpinned("llama-eagle3"), tmp_path)
     ngram = plan_pytorch(unpinned("llama-ngram"), tmp_path)  # NGram's YAML is the same on every line
     assert "this plan's files are the same for every version" in ngram.lines()[1]

@@ -191,7 +191,7 @@ def test_engine_path_on_tensorrt_llm_1_3_stops_before_any_work(gpu_box):
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 2  # the recipe cannot be built by this version: bad input
     assert "build.backend 'tensorrt' needs TensorRT-LLM <= 1.2.x" in run.stderr and "installed: 1.3.0" in run.stderr
-    assert "use build.backend: pytorch" in run.stderr and not (out / "logs").exists()
+    assert "set build.backend: pytorch" in run.stderr and not (out / "logs").exists()
 
 
 def test_pytorch_path_writes_the_llmapi_repository_and_checks_the_draft(gpu_box):
@@ -209,27 +209,27 @@ def test_pytorch_path_writes_the_llmapi_repository_and_checks_the_draft(gpu_box)
         run_trtllm(loaded, plan_pytorch(loaded, root / "out", version="1.2.1"), root / "out/triton_repo", status=lambda _: None, log=lambda _: None, env=env)
 
 
-HUB_STUB = '''"""Stand-in huggingface_hub: snapshot_download copies $STUB_HUB/<org>--<name> into local_dir."""
-import os, shutil
+HUB_STUB = '''#!/usr/bin/env python3
+"""Stand-in for huggingface_hub's `hf download REPO --local-dir DIR --exclude ...`: copies $STUB_HUB/<org>--<name>."""
+import os, shutil, sys
 
-
-def snapshot_download(repo_id, revision=None, local_dir=None, ignore_patterns=None):
-    assert ignore_patterns == ["original/*", "*.pth"]
-    os.makedirs(local_dir, exist_ok=True)
-    with open(os.path.join(local_dir, "calls"), "a") as f:  # what a resumed download finds already there
-        f.write(",".join(sorted(os.listdir(local_dir))) + "\\n")
-    if os.environ.get("STUB_HUB_FAIL"):
-        open(os.path.join(local_dir, "model-00001.safetensors.incomplete"), "w").close()
-        raise ConnectionError("network down (stub)")
-    shutil.copytree(os.path.join(os.environ["STUB_HUB"], repo_id.replace("/", "--")), local_dir, dirs_exist_ok=True)
-    return local_dir
+args = sys.argv[1:]
+assert args[0] == "download" and args.count("--exclude") == 2 and "original/*" in args and "*.pth" in args, args
+repo_id, local_dir = args[1], args[args.index("--local-dir") + 1]
+os.makedirs(local_dir, exist_ok=True)
+with open(os.path.join(local_dir, "calls"), "a") as f:  # what a resumed download finds already there
+    f.write(",".join(sorted(os.listdir(local_dir))) + "\\n")
+if os.environ.get("STUB_HUB_FAIL"):
+    open(os.path.join(local_dir, "model-00001.safetensors.incomplete"), "w").close()
+    sys.exit("network down (stub)")
+shutil.copytree(os.path.join(os.environ["STUB_HUB"], repo_id.replace("/", "--")), local_dir, dirs_exist_ok=True)
 '''
 
 
 def test_downloads_resume_in_place_and_finish_only_with_their_marker(gpu_box):
     root, env = gpu_box
-    (root / "site/huggingface_hub").mkdir()
-    (root / "site/huggingface_hub/__init__.py").write_text(HUB_STUB)
+    (root / "bin/hf").write_text(HUB_STUB)
+    (root / "bin/hf").chmod(0o755)
     shutil.copytree(root / "recipe/target", root / "hub/org--target")
     env = {**env, "STUB_HUB": str(root / "hub")}
     text = RECIPE.replace("checkpoint: target", "checkpoint: org/target")
@@ -248,3 +248,15 @@ def test_downloads_resume_in_place_and_finish_only_with_their_marker(gpu_box):
     assert list(result.record.ran)[0] == "download-target" and (out / "hf/target/.specbuild-download-complete").exists()
     assert "model-00001.safetensors.incomplete" in (out / "hf/target/calls").read_text().splitlines()[-1]
     assert run_once({}).record.ran == {}
+
+
+def test_engine_path_launch_sh_names_its_image_and_is_reachable_through_docker_publish(gpu_box):
+    """launch_triton_server.py starts tritonserver with its default address, 0.0.0.0 (what `docker
+    run -p` forwards to); launch.sh says so and names the image that carries TensorRT-LLM 1.2.1."""
+    root, env = gpu_box
+    result, _ = run(root, env, root / "out")
+    text = result.launch_script.read_text()
+    assert "# container: nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3" in text
+    assert "binds 0.0.0.0 inside the container" in text and "importlib.metadata" in text
+    argv = text.splitlines()[-1].split()
+    assert "--http-address" not in argv and argv[argv.index("--http_port") + 1] == "8000"

@@ -3,7 +3,7 @@ sources, read with ``ast`` (never imported), and the readers themselves.
 
 On a GPU box, inside the NGC container, before building::
 
-    pip install -e /work pytest && cd /work && pytest -m trtllm_source tests/test_trtllm_source.py
+    pip install /work pytest && cd /work && pytest -m trtllm_source tests/test_trtllm_source.py
 
 Without TensorRT-LLM the ``trtllm_source`` tests skip, saying so; the reader tests below run
 everywhere, on source texts in the two layouts the LLM API has had. (The C++ Triton backend's
@@ -22,8 +22,17 @@ from specbuild.builder.recipe import load_recipe
 from specbuild.builder.trtllm_plan import plan_for
 from specbuild.builder.trtllm_version import installed_version, parse_version
 from specbuild.triton_repo.models.llmapi_front import sampling_arguments
-from trtllm_sources import class_fields, class_members, decoding_registry, draft_len_schedule_validator, package_dir, read
-from upstream_trtllm import LLM_API_1_2, LLM_API_1_3
+from trtllm_sources import (
+    accepted_keys,
+    class_aliases,
+    class_fields,
+    class_members,
+    decoding_registry,
+    draft_len_schedule_validator,
+    package_dir,
+    read,
+)
+from upstream_trtllm import LINES, NESTED, SPECULATIVE_MODEL_ALIASES, llm_api_classes
 
 ROOT = package_dir()
 source_truth = pytest.mark.skipif(
@@ -53,7 +62,7 @@ def test_planned_speculative_config_is_accepted_by_the_installed_llm_args(name, 
     for f in plan.files:
         config = yaml.safe_load(f.text)["speculative_config"]
         assert config["decoding_type"] in registry, (f.path.name, sorted(registry))
-        assert set(config) - {"decoding_type"} <= class_fields(source, registry[config["decoding_type"]]), f.path.name
+        assert set(config) - {"decoding_type"} <= accepted_keys(source, registry[config["decoding_type"]]), f.path.name
 
 
 @pytest.mark.trtllm_source
@@ -62,17 +71,19 @@ def test_test_data_matches_the_installed_llm_api():
     """The hand-kept registry (tests/upstream_trtllm.py) for the installed line is the source's."""
     source = read("llmapi/llm_args.py")
     registry = decoding_registry(source)
-    ours = LLM_API_1_2 if parse_version(installed_version() or "1.2") < parse_version("1.3") else LLM_API_1_3
+    ours = llm_api_classes(installed_version() or "1.2")
     assert set(ours) <= set(registry)
     for decoding_type, fields in ours.items():
         assert fields <= class_fields(source, registry[decoding_type]), decoding_type
+        assert class_aliases(source, registry[decoding_type]).items() <= SPECULATIVE_MODEL_ALIASES.items(), decoding_type
 
 
 @pytest.mark.trtllm_source
 @source_truth
 def test_sampling_params_has_every_keyword_the_pytorch_path_model_passes():
     fields = class_fields(read("sampling_params.py"), "SamplingParams")
-    every = sampling_arguments(8, end_id=2, pad_id=0, temperature=0.5, top_k=4, top_p=0.9, seed=1) | sampling_arguments(8, end_id=-1)
+    every = (sampling_arguments(8, end_id=2, pad_id=0, temperature=0.5, top_k=4, top_p=0.9, seed=1) | sampling_arguments(8, end_id=-1)
+             | sampling_arguments(8, end_ids=(128001, 128008, 128009)))
     assert set(every) <= fields
 
 
@@ -86,6 +97,8 @@ def test_request_output_has_what_the_pytorch_path_model_reads():
     request_output = next(n for n in ast.walk(ast.parse(read("llmapi/llm.py"))) if isinstance(n, ast.ClassDef) and n.name == "RequestOutput")
     # a field, property or attribute of RequestOutput or of the result classes it builds on
     assert "prompt_token_ids" in ast.unparse(request_output) or "self.prompt_token_ids" in source or "prompt_token_ids:" in source
+    # what derived acceptance counts read when the perf metrics are zero (llmapi_front.acceptance)
+    assert "self.decoding_iter" in source or "avg_decoded_tokens_per_iter" in source
 
 
 @pytest.mark.trtllm_source
@@ -165,7 +178,21 @@ def test_readers_on_the_1_2_layout():
 def test_readers_on_the_1_3_layout():
     assert decoding_registry(LLM_ARGS_1_3) == {"Eagle": "EagleDecodingConfig", "Eagle3": "Eagle3DecodingConfig"}
     assert class_fields(LLM_ARGS_1_3, "Eagle3DecodingConfig") == {"eagle3_one_model", "max_draft_len", "speculative_model"}
+    assert class_aliases(LLM_ARGS_1_3, "Eagle3DecodingConfig") == {"speculative_model_dir": "speculative_model"}
+    assert accepted_keys(LLM_ARGS_1_3, "Eagle3DecodingConfig") >= {"speculative_model", "speculative_model_dir"}
     assert draft_len_schedule_validator(LLM_ARGS_1_3) is None
+
+
+@pytest.mark.parametrize("line", sorted(LINES))
+def test_no_validation_alias_is_listed_as_a_field(line):
+    """N2: the stored data lists fields only; an alias listed as a field makes the source check fail
+    on a TensorRT-LLM whose reader is alias-aware (``speculative_model_dir`` is
+    ``speculative_model``'s alias, not a field)."""
+    for decoding_type, fields in LINES[line].items():
+        assert not fields & set(SPECULATIVE_MODEL_ALIASES), (line, decoding_type)
+        assert set(SPECULATIVE_MODEL_ALIASES.values()) <= fields, (line, decoding_type)
+    for nested in NESTED.values():
+        assert not nested & set(SPECULATIVE_MODEL_ALIASES)
 
 
 def test_our_schedule_rules_are_at_least_as_strict_as_the_sample_validator():

@@ -48,6 +48,45 @@ def class_fields(source: str, name: str) -> set[str]:
     return fields - {"decoding_type"}
 
 
+def _alias_names(call: ast.expr) -> list[str]:
+    """The names in ``alias="x"`` / ``validation_alias="x"`` / ``validation_alias=AliasChoices("a", "b")``
+    of a ``Field(...)`` call."""
+    if not isinstance(call, ast.Call):
+        return []
+    names = []
+    for kw in call.keywords:
+        if kw.arg not in ("alias", "validation_alias"):
+            continue
+        if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+            names.append(kw.value.value)
+        elif isinstance(kw.value, ast.Call):
+            names += [a.value for a in kw.value.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return names
+
+
+def class_aliases(source: str, name: str) -> dict[str, str]:
+    """Validation alias -> field name for class ``name`` and its same-module bases: the names pydantic
+    accepts in a field's place (``speculative_model_dir`` -> ``speculative_model``). A field's own
+    name, which ``AliasChoices`` usually repeats, is not an alias."""
+    classes = _classes(ast.parse(source))
+    aliases: dict[str, str] = {}
+    todo = [name]
+    while todo:
+        cls = classes.get(todo.pop())
+        if cls is None:
+            continue
+        for node in cls.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                aliases.update({a: node.target.id for a in _alias_names(node.value) if a != node.target.id})
+        todo += [b.id for b in cls.bases if isinstance(b, ast.Name)]
+    return aliases
+
+
+def accepted_keys(source: str, name: str) -> set[str]:
+    """The YAML keys class ``name`` accepts: its fields and their validation aliases."""
+    return class_fields(source, name) | set(class_aliases(source, name))
+
+
 def class_members(source: str, name: str) -> set[str]:
     """:func:`class_fields` plus the class's methods and properties (e.g. a ``token_ids`` property)."""
     cls = _classes(ast.parse(source)).get(name)
@@ -100,4 +139,4 @@ def read(relative: str) -> str:
     return (root / relative).read_text()
 
 
-__all__ = ["class_fields", "class_members", "decoding_registry", "draft_len_schedule_validator", "package_dir", "read"]
+__all__ = ["accepted_keys", "class_aliases", "class_fields", "class_members", "decoding_registry", "draft_len_schedule_validator", "package_dir", "read"]

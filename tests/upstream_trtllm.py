@@ -12,9 +12,11 @@ read):
 - ``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`` at
   0c8de69a1ca6213eebb20a51873890ff128666c2;
 - ``tensorrt_llm/llmapi/llm_args.py``: the 1.2 line's ``DecodingBaseConfig.from_dict`` registry
-  (no ``Eagle3``; EAGLE-3 is ``Eagle``), and the 1.3 line (the stored pre-release copy, and the
-  current line at 0004396720054fd8e205cbf616f21f0b57c6b412): per-class ``decoding_type:
-  Literal[...]``, ``Eagle3`` added, ``speculative_model`` with ``speculative_model_dir`` as an alias.
+  (no ``Eagle3``; EAGLE-3 is ``Eagle``); the 1.3 line (the stored pre-release copy): per-class
+  ``decoding_type: Literal[...]``, ``Eagle3`` added; the 1.4 line (main at
+  0004396720054fd8e205cbf616f21f0b57c6b412, read in full: SA, SAEnhancerConfig, PARD, DFlash,
+  DSpark, MTP, AUTO). Every line: ``speculative_model`` is the field, ``speculative_model_dir`` its
+  validation alias.
 
 On a machine with TensorRT-LLM installed, tests/test_trtllm_source.py (``pytest -m
 trtllm_source``) reads the installed ``llm_args.py`` / ``sampling_params.py`` instead.
@@ -197,8 +199,12 @@ def replay_parameter_reading(params: dict[str, str]) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------
 # LLM API (tensorrt_llm/llmapi/llm_args.py): decoding_type registry and each config class's fields.
+# Fields are pydantic field names only; a ``validation_alias`` is listed in the line's aliases
+# (alias -> field), never as a field (tests/test_trtllm_source.py checks both).
 
-_BASE_1_2 = frozenset({"max_draft_len", "max_total_draft_tokens", "speculative_model_dir", "max_concurrency", "draft_len_schedule",
+SPECULATIVE_MODEL_ALIASES = {"speculative_model_dir": "speculative_model"}  # AliasChoices("speculative_model", "speculative_model_dir")
+
+_BASE_1_2 = frozenset({"max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
                        "load_format", "acceptance_window", "acceptance_length_threshold"})
 _EAGLE_1_2 = frozenset({"eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
                         "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "eagle3_layers_to_capture"})
@@ -206,6 +212,8 @@ _EAGLE_1_2 = frozenset({"eagle_choices", "greedy_sampling", "posterior_threshold
 # accepted besides decoding_type (StrictBaseModel: any other key is an error). Field lists are the
 # ones read in the sources named above; a class may define more (MTP's relaxed-acceptance options,
 # for one), so these sets can only make a check stricter, never let an unknown key through.
+# ``speculative_model`` with its alias ``speculative_model_dir``: as the real 1.2.1 defines it
+# (issue 34's check of the 1.2.1 wheel; the stored copies read here differ in this one name).
 LLM_API_1_2: dict[str, frozenset[str]] = {
     "MTP": _BASE_1_2 | {"num_nextn_predict_layers"},
     "Medusa": _BASE_1_2 | {"medusa_choices", "num_medusa_heads"},
@@ -217,32 +225,118 @@ LLM_API_1_2: dict[str, frozenset[str]] = {
     "UserProvided": _BASE_1_2 | {"drafter", "resource_manager"},
     "AUTO": _BASE_1_2,
 }
-_BASE_1_3 = (_BASE_1_2 - {"speculative_model_dir"}) | {"speculative_model", "speculative_model_dir", "allow_advanced_sampling"}
+_BASE_1_3 = _BASE_1_2 | {"allow_advanced_sampling"}
 # The 1.3 line (llm_args.py as stored at the 1.3 pre-release stage, MTP's note "will do nothing in
-# release 1.3"; and at 0004396): one ``decoding_type: Literal[...]`` per class. Eagle3 and PARD are
-# new; DraftTarget and UserProvided are spelled Draft_Target and User_Provided there (the 1.2
-# spellings may be accepted as aliases, DecodingBaseConfig._decoding_type_alias; the alias table was
-# not read, so specbuild writes the canonical spelling for >= 1.3).
+# release 1.3"): one ``decoding_type: Literal[...]`` per class. Eagle3, PARD and SA (suffix automaton,
+# NVIDIA/TensorRT-LLM PR #11434, merged 2026-02 after the 1.2 branch) are new; DraftTarget and
+# UserProvided are spelled Draft_Target and User_Provided there (the 1.2 spellings may be accepted as
+# aliases, DecodingBaseConfig._decoding_type_alias; specbuild writes the canonical spelling for >= 1.3).
 _RENAMED_1_3 = {"DraftTarget": "Draft_Target", "UserProvided": "User_Provided"}
 LLM_API_1_3: dict[str, frozenset[str]] = {
     **{_RENAMED_1_3.get(name, name): (fields - _BASE_1_2) | _BASE_1_3 for name, fields in LLM_API_1_2.items()},
     "Eagle": _BASE_1_3 | _EAGLE_1_2 | {"eagle3_model_arch"},
     "Eagle3": _BASE_1_3 | _EAGLE_1_2 | {"eagle3_model_arch"},
     "PARD": _BASE_1_3 | {"mask_token_id"},
+    "SA": _BASE_1_3 | {"max_matching_ngram_size"},
 }
+LLM_API_1_4_COMMIT = "0004396720054fd8e205cbf616f21f0b57c6b412"
+# The 1.4 line: NVIDIA/TensorRT-LLM main at LLM_API_1_4_COMMIT, tensorrt_llm/llmapi/llm_args.py, every
+# DecodingBaseConfig subclass read in full. EagleDecodingConfig still defines eagle_choices ("will be
+# removed in release 1.4") and eagle3_one_model ("Setting False is ignored ... the two-model path is
+# deprecated"): listed in REMOVED_IN_1_4, which a 1.4 plan must not write. MTP's
+# num_nextn_predict_layers is init=False (a deprecated key remapped to max_draft_len before
+# validation): left out.
+_BASE_1_4 = frozenset({"max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
+                       "load_format", "acceptance_rate_window_size", "acceptance_rate_threshold", "use_rejection_sampling",
+                       "allow_advanced_sampling", "advanced_sampling_mode", "enable_penalty"})
+_EAGLE_1_4 = frozenset({"eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
+                        "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "eagle3_layers_to_capture",
+                        "eagle3_model_arch"})
+SA_ENHANCER_1_4 = frozenset({"threshold", "enable_global_pool"})  # SAEnhancerConfig: the sa_config of Eagle3, MTP and PARD
+LLM_API_1_4: dict[str, frozenset[str]] = {
+    "Eagle": _BASE_1_4 | _EAGLE_1_4,
+    "Eagle3": _BASE_1_4 | _EAGLE_1_4 | {"sa_config"},
+    "SaveState": _BASE_1_4 | {"output_directory", "write_interval", "file_prefix", "eagle3_layers_to_capture"},
+    "User_Provided": _BASE_1_4 | {"drafter", "resource_manager"},
+    "NGram": _BASE_1_4 | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"},
+    "SA": _BASE_1_4 | {"max_matching_ngram_size", "enable_global_pool", "global_pool_size"},
+    "Draft_Target": _BASE_1_4,
+    "MTP": _BASE_1_4 | {"use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta", "use_mtp_vanilla",
+                        "mtp_eagle_one_model", "use_dynamic_tree", "dynamic_tree_max_topK", "sa_config",
+                        "begin_thinking_phase_token", "end_thinking_phase_token"},
+    "PARD": _BASE_1_4 | {"mask_token_id", "sa_config"},
+    "DFlash": _BASE_1_4 | {"mask_token_id", "target_layer_ids", "attention_backend"},
+    "DSpark": _BASE_1_4 | {"mask_token_id", "target_layer_ids", "block_size", "markov_rank", "markov_head_type", "attention_backend"},
+    "AUTO": _BASE_1_4,
+}
+REMOVED_IN_1_4 = frozenset({"eagle_choices", "eagle3_one_model"})
+LINES = {"1.2": LLM_API_1_2, "1.3": LLM_API_1_3, "1.4": LLM_API_1_4}
+NESTED = {"sa_config": SA_ENHANCER_1_4}  # fields whose value is itself a strict config
+
+
+def llm_api_line(version: str) -> str:
+    """``"1.2.1"`` -> ``"1.2"``; the 1.x line of a version string (before 1.2: the 1.2 registry)."""
+    major, minor = (int(p) for p in re.match(r"^(\d+)\.(\d+)", version).groups())
+    return "1.2" if (major, minor) < (1, 3) else "1.3" if (major, minor) < (1, 4) else "1.4"
 
 
 def llm_api_classes(version: str) -> dict[str, frozenset[str]]:
     """The registry for a TensorRT-LLM version string (``"1.2.1"`` -> the 1.2 line)."""
-    major, minor = (int(p) for p in re.match(r"^(\d+)\.(\d+)", version).groups())
-    return LLM_API_1_2 if (major, minor) < (1, 3) else LLM_API_1_3
+    return LINES[llm_api_line(version)]
 
 
 def check_speculative_config(config: dict, version: str) -> list[str]:
     """What ``DecodingBaseConfig.from_dict`` / pydantic would reject in a YAML
-    ``speculative_config`` for ``version``: [] when it is accepted."""
+    ``speculative_config`` for ``version`` (a field's validation alias is accepted in its place),
+    plus, for 1.4, any field marked for removal there: [] when it is accepted."""
     classes = llm_api_classes(version)
     decoding_type = config.get("decoding_type")
     if decoding_type not in classes:
         return [f"Invalid decoding type: {decoding_type}"]
-    return [f"{decoding_type}: unknown field {key!r}" for key in config if key != "decoding_type" and key not in classes[decoding_type]]
+    fields = classes[decoding_type]
+    errors = []
+    for key, value in config.items():
+        name = SPECULATIVE_MODEL_ALIASES.get(key, key)
+        if key == "decoding_type":
+            continue
+        if name not in fields:
+            errors.append(f"{decoding_type}: unknown field {key!r}")
+        elif llm_api_line(version) == "1.4" and name in REMOVED_IN_1_4:
+            errors.append(f"{decoding_type}: {key!r} is marked for removal in 1.4")
+        elif name in NESTED and isinstance(value, dict):
+            errors += [f"{decoding_type}.{key}: unknown field {k!r}" for k in value if k not in NESTED[name]]
+    return errors
+
+
+# ----------------------------------------------------------------------------------------------
+# TensorRT-LLM's own LLM-API Triton model (the layout tensorrtllm_backend#858's README starts from):
+# triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt @ 0a71057313ec0626527e164a8fc0205c5822e2f5
+# and 1/model.yaml @ 0ebb1536ac12bbe27201185de960df3ab00bcecc (LLM() arguments + triton_config).
+UPSTREAM_LLMAPI_MODEL = "tensorrt_llm"
+UPSTREAM_LLMAPI_INPUTS = {
+    "text_input": "TYPE_STRING", "image_url": "TYPE_STRING", "streaming": "TYPE_BOOL", "sampling_param_best_of": "TYPE_INT32",
+    "sampling_param_temperature": "TYPE_FP32", "sampling_param_top_k": "TYPE_INT32", "sampling_param_top_p": "TYPE_FP32",
+    "sampling_param_frequency_penalty": "TYPE_FP32", "sampling_param_presence_penalty": "TYPE_FP32",
+    "sampling_param_max_tokens": "TYPE_INT32", "sampling_param_stop": "TYPE_STRING", "sampling_param_seed": "TYPE_UINT64",
+    "sampling_param_exclude_input_from_output": "TYPE_BOOL", "sampling_param_return_perf_metrics": "TYPE_BOOL",
+    "return_finish_reason": "TYPE_BOOL", "return_stop_reason": "TYPE_BOOL", "return_cumulative_logprob": "TYPE_BOOL",
+    "stop": "TYPE_BOOL", "lora_id": "TYPE_UINT64", "lora_name": "TYPE_STRING", "lora_path": "TYPE_STRING",
+    "lora_ckpt_source": "TYPE_STRING",
+}
+UPSTREAM_LLMAPI_OUTPUTS = {
+    "text_output": "TYPE_STRING", "finish_reason": "TYPE_STRING", "stop_reason": "TYPE_STRING", "cumulative_logprob": "TYPE_FP32",
+    "kv_cache_reused_block": "TYPE_INT32", "kv_cache_missed_block": "TYPE_INT32", "kv_cache_alloc_new_blocks": "TYPE_INT32",
+    "kv_cache_alloc_total_blocks": "TYPE_INT32", "kv_cache_hit_rate": "TYPE_FP32", "arrival_time_ns": "TYPE_INT64",
+    "first_scheduled_time_ns": "TYPE_INT64", "first_token_time_ns": "TYPE_INT64", "last_token_time_ns": "TYPE_INT64",
+    "acceptance_rate": "TYPE_FP32", "total_accepted_draft_tokens": "TYPE_INT32", "total_draft_tokens": "TYPE_INT32",
+}
+UPSTREAM_LLMAPI_YAML_KEYS = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "logits_post_processors", "triton_config"}
+UPSTREAM_TRITON_CONFIG_KEYS = {"max_batch_size", "decoupled"}
+# specbuild's ensemble name -> upstream's name for the same request field or result (docs/deploy-trtllm.md)
+LLMAPI_NAME_MAP = {
+    "text_input": "text_input", "max_tokens": "sampling_param_max_tokens", "temperature": "sampling_param_temperature",
+    "top_k": "sampling_param_top_k", "top_p": "sampling_param_top_p", "seed": "sampling_param_seed",
+    "exclude_input_in_output": "sampling_param_exclude_input_from_output", "return_perf_metrics": "sampling_param_return_perf_metrics",
+    "text_output": "text_output", "acceptance_rate": "acceptance_rate", "total_accepted_draft_tokens": "total_accepted_draft_tokens",
+    "total_draft_tokens": "total_draft_tokens",
+}

@@ -88,6 +88,7 @@ class PointResult:
     repeat_total_tok_s: list[float] = field(default_factory=list)
     # OpenAI targets: the server's own speculation figures over the point (openai_client.acceptance_over)
     server_acceptance: dict | None = None
+    acceptance_source: str | None = None  # where the requests' draft counts came from: perf_metrics / derived / none
 
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:

@@ -181,6 +181,10 @@ def notes(result: SweepResult) -> list[str]:
         if p.server_acceptance and p.draft_len and p.server_acceptance.get("acceptance_rate") is not None:
             lines.append(f"{p.deployment} {p.prompt_set} {load_label(p)} k={p.draft_len}: the server's {p.server_acceptance['source']} "
                          f"metrics say acceptance rate {p.server_acceptance['acceptance_rate']:.2f}")
+    sources = {(p.deployment, p.acceptance_source) for p in result.points if p.draft_len}
+    if sources:
+        lines.append("Acceptance counts from: " + ", ".join(f"{d} {s or 'none'}" for d, s in sorted(sources, key=str))
+                     + " (perf_metrics: the engine's counters; derived: from decoding iterations, PyTorch path on TensorRT-LLM 1.2.1)")
     problems = [q for p in result.points for q in p.problems]
     if problems:
         lines.append(f"{len(problems)} cross-check problems, first: {problems[0]}")

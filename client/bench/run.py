@@ -44,6 +44,7 @@ class RequestRecord:
     start_s: float = 0.0  # sent, seconds after the point (repeat) started
     repeat: int = 0
     max_tokens: int | None = None  # what the request asked for (None: the plan's)
+    acceptance_source: str | None = None  # perf_metrics / derived / none (GenerateResult.acceptance_source)
 
     @property
     def itl_s(self) -> list[float]:
@@ -123,6 +124,7 @@ def timed_request(
         finish_reason=getattr(result, "finish_reason", None),
         perf_reported=result.total_draft_tokens is not None,
         max_tokens=max_tokens,
+        acceptance_source=getattr(result, "acceptance_source", None),
     )
 
 
@@ -148,6 +150,7 @@ def _streamed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end
         perf_reported=last.total_draft_tokens is not None,
         chunk_times_s=tuple(chunk.latency_s for chunk in chunks),
         max_tokens=max_tokens,
+        acceptance_source=getattr(last, "acceptance_source", None),
     )
 
 
@@ -387,6 +390,7 @@ def _make_point(deployment, plan, source, load: Load, k, runs, counter_checks, c
         burstiness=plan.burstiness if load.request_rate is not None else None,
         ids_match_baseline=sum(matches) / len(matches) if matches else None,
         counters_checked=counters_checked,
+        acceptance_source="+".join(sorted({r.acceptance_source for r in records if r.acceptance_source})) or None,
         **summary,
     )
     rows += [request_row(point, r) for r in records]

@@ -72,6 +72,7 @@ class FrontConfig:
     decoupled: bool = False  # the engine models stream (model_transaction_policy decoupled)
     max_matching_ngram_size: int = 3  # ngram: longest context suffix looked up
     is_use_oldest: bool = True  # ngram: copy after the earliest match (else the latest)
+    end_ids: tuple[int, ...] = ()  # every end id the checkpoint declares (generation_config eos_token_id), end_id first
 
     @property
     def spec(self) -> SpeculationMethod:
@@ -90,7 +91,33 @@ class FrontConfig:
             decoupled=params.get("decoupled", "false") == "true",
             max_matching_ngram_size=int(params.get("max_matching_ngram_size", "3")),
             is_use_oldest=params.get("is_use_oldest", "true") == "true",
+            end_ids=tuple(int(v) for v in params["end_ids"].split(",")) if params.get("end_ids") else (),
         )
+
+
+def stop_words_list(words: Sequence[int]) -> np.ndarray:
+    """TensorRT-LLM's ``stop_words_list`` [1, 2, n] for one-token stop words: row 0 the tokens, row 1
+    each word's end offset into row 0 (tensorrt_llm/runtime: ``to_word_list_format``).
+
+    Example: ``[128008, 128009]`` -> ``[[[128008, 128009], [1, 2]]]``.
+    """
+    return np.array([[list(words), list(range(1, len(words) + 1))]], dtype=np.int32)
+
+
+def end_inputs(end_ids: Sequence[int], client_end_id: int | None, default_end_id: int) -> tuple[tuple[int, ...], dict]:
+    """(the ids that end the request, the engine inputs that stop it there).
+
+    The client's ``end_id`` (-1: never) is the only one when sent. Otherwise every end id the
+    checkpoint declares: ``end_id`` the first, the others as one-token ``stop_words_list`` entries,
+    so Llama-3.1-Instruct stops on ``<|eot_id|>`` (128009) as on 128001 and 128008.
+    """
+    if client_end_id is not None:
+        return (client_end_id,), {"end_id": client_end_id}
+    first, *others = end_ids or (default_end_id,)
+    extra: dict = {"end_id": first}
+    if others:
+        extra["stop_words_list"] = stop_words_list(others)
+    return (first, *others), extra
 
 
 def route(config: FrontConfig, num_draft_tokens: int | None) -> Route:
@@ -143,13 +170,14 @@ def proposer(generate: Generate, config: FrontConfig, extra: dict) -> Callable[[
 
 
 def draft_loop_generate(generate: Generate, config: FrontConfig, prompt: Sequence[int], max_tokens: int, k: int,
-                        end_id: int, extra: dict) -> Generation:
+                        end_id: int | Sequence[int], extra: dict) -> Generation:
     """The draft -> target loop for one request (greedy or sampled as ``extra`` says).
 
     Example (k = 3): the proposer offers [5, 6, 7] after the context; the target accepts [5, 6] and
     adds its own 9 -> the context grows by [5, 6, 9]: 2 of 3 draft tokens accepted in one target call.
     """
     propose = proposer(generate, config, extra)
+    stops = {end_id} if isinstance(end_id, int) else set(end_id)
     ids = list(prompt)
     out: list[int] = []
     accepted = drafted = 0
@@ -166,14 +194,15 @@ def draft_loop_generate(generate: Generate, config: FrontConfig, prompt: Sequenc
             accepted += result.accepted_draft_tokens if result.accepted_draft_tokens is not None else matched
         ids += step
         out += step
-        if end_id in step:
-            out = out[: out.index(end_id) + 1]
+        ended = next((i for i, t in enumerate(out) if t in stops), None)
+        if ended is not None:
+            out = out[: ended + 1]
             break
     return Generation(out, accepted, drafted)
 
 
 def generate_request(generate: Generate, config: FrontConfig, prompt: Sequence[int], max_tokens: int,
-                     num_draft_tokens: int | None, end_id: int, extra: dict) -> Generation:
+                     num_draft_tokens: int | None, end_id: int | Sequence[int], extra: dict) -> Generation:
     """One request, routed (:func:`route`); ``extra`` are inputs passed to every engine call.
 
     Raises:
@@ -233,9 +262,9 @@ class TritonPythonModel:
             raise ValueError("send one prompt per request (batch 1); the draft loop runs per request")
         max_tokens = int(per_row(required_input(pb, request, "max_tokens"), 1, "max_tokens")[0])
         end_id = self._scalar(request, "end_id")
-        end_id = self.end_id if end_id is None else int(end_id)
+        end_id, extra = end_inputs(self.config.end_ids, None if end_id is None else int(end_id), self.end_id)
         pad_id = self._scalar(request, "pad_id")
-        extra = {"end_id": end_id, "pad_id": self.pad_id if pad_id is None else int(pad_id)}
+        extra["pad_id"] = self.pad_id if pad_id is None else int(pad_id)
         for name, engine_name in PASSTHROUGH.items():
             value = self._scalar(request, name)
             if value is not None:
@@ -274,7 +303,8 @@ class TritonPythonModel:
         ]
         if draft:
             tensors.append(pb.Tensor("draft_input_ids", np.array([list(draft)], dtype=np.int32)))
-        tensors += [pb.Tensor(name, column(value, ENGINE.input(name).numpy_dtype)) for name, value in extra.items()]
+        tensors += [pb.Tensor(name, value if isinstance(value, np.ndarray) else column(value, ENGINE.input(name).numpy_dtype))
+                    for name, value in extra.items()]
         request = pb.InferenceRequest(
             model_name=model, inputs=tensors,
             requested_output_names=["output_ids", "sequence_length", "total_accepted_draft_tokens", "total_draft_tokens"],
