@@ -84,7 +84,11 @@ def main() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit without doing any work.")
 @click.option("--rebuild", is_flag=True, help="Rebuild the engine even if its inputs are unchanged.")
 @click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
-def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: bool, trtllm_version: str | None) -> None:
+@click.option("--http-port", type=click.IntRange(0, 65535), help="tritonserver's HTTP port; 0 = a free one [serve.http_port].")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), help="tritonserver's gRPC port; 0 = a free one [serve.grpc_port].")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="tritonserver's metrics port; 0 = a free one [serve.metrics_port].")
+def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: bool, trtllm_version: str | None,
+                   http_port: int | None, grpc_port: int | None, metrics_port: int | None) -> None:
     """Build, serve and verify RECIPE (a path or a bundled recipe name).
 
     Converts the target checkpoint, builds the engine with speculation enabled, generates a Triton
@@ -92,18 +96,25 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
     output token for token, measures the speed-up, and shuts the server down. Exits 4 on any
     mismatch, 2 on a bad recipe, 3 when the server does not come up.
 
+    The server listens on the recipe's serve ports unless --http-port, --grpc-port or
+    --metrics-port say otherwise (0: a free port; the ports chosen are printed). A port in use is
+    refused before the build.
+
     \b
     Examples:
       specbuild recipe smollm2-ngram
       specbuild recipe recipes/smollm2-ngram.yaml --dry-run
       specbuild recipe my-recipe.yaml -o /tmp/out
+      specbuild recipe smollm2-ngram --http-port 0 --grpc-port 0 --metrics-port 0
     """
     loaded = _with_trtllm_version(_load(recipe), trtllm_version)
+    loaded = _with_ports(loaded, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
     paths = _paths(loaded, output_dir)
     if dry_run:
         _plan(loaded, paths)
         return
     _check(loaded)  # what plan checks, before importing the server and display modules
+    _check_ports(loaded)
     _warn(loaded)
     from specbuild.cli_display import run_with_progress
     from specbuild.triton_repo.tritonserver import stop_signals_interrupt
@@ -150,6 +161,28 @@ def _with_trtllm_version(loaded, version: str | None):
         return with_trtllm_version(loaded, version)
     except RecipeError as exc:
         raise click.BadParameter(str(exc), param_hint="--trtllm-version") from None
+
+
+def _with_ports(loaded, **ports):
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.pipeline import with_serve_ports
+
+    try:
+        return with_serve_ports(loaded, **ports)
+    except RecipeError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _check_ports(loaded) -> None:
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.pipeline import check_ports
+
+    if loaded.recipe.build.backend != "reference":
+        return  # served in the TensorRT-LLM container, not here
+    try:
+        check_ports(loaded)
+    except RecipeError as exc:
+        raise bad_input(str(exc)) from None
 
 
 def _plan(loaded, paths, *, as_json: bool = False) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specbuild.builder.recipe import LoadedRecipe, RecipeError, load_recipe
-from specbuild.pipeline import RunPaths, check_runnable, default_output_dir, draft_from_train_stage
+from specbuild.pipeline import RunPaths, check_ports, check_runnable, default_output_dir, draft_from_train_stage
 
 if TYPE_CHECKING:
     from specbuild.prompts import Prompt
@@ -241,6 +241,8 @@ def deploy(
             f"{loaded.path}: build.backend {loaded.recipe.build.backend!r} is served inside the TensorRT-LLM Triton "
             "container; build it with `specbuild build` and run its launch.sh there"
         )
+    if not free_ports:
+        check_ports(loaded)  # a taken port fails now, not after the build
     if output_dir is None:
         output_dir = Path(output_root) / loaded.recipe.name if output_root is not None else default_output_dir(loaded)
     build = build_recipe(loaded, RunPaths(Path(output_dir)), rebuild=rebuild, decoupled=decoupled, stage=stage, log=log)

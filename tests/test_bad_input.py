@@ -117,6 +117,39 @@ def test_grpc_port_equal_to_http_port_points_at_the_second_one(tmp_path):
            "{path}:9: serve.grpc_port: 9000 is also http_port", "(0 picks a free one)")
 
 
+@pytest.fixture
+def taken_port():
+    """A port something listens on for the test's duration."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_port_in_use_is_refused_before_the_build_and_names_a_real_flag(tmp_path, taken_port):
+    path = write(tmp_path, GOOD + f"serve:\n  http_port: {taken_port}\n  grpc_port: 0\n  metrics_port: 0\n")
+    code, _, err, seconds = run("recipe", str(path), "-o", str(tmp_path / "out"))
+    assert code == ExitCode.BAD_INPUT and seconds < FAST_S, err
+    assert f"{path}:8: serve.http_port: port {taken_port} on 127.0.0.1 is already in use" in err
+    assert "--http-port N" in err and "--http-port 0 for a free one" in err
+    assert not (tmp_path / "out").exists()  # nothing was built
+    from specbuild.cli import recipe_command
+
+    assert {"--http-port", "--grpc-port", "--metrics-port"} <= {o for p in recipe_command.params for o in p.opts}
+
+
+def test_recipe_port_flags_override_the_recipe(tmp_path, taken_port):
+    path = write(tmp_path, GOOD)
+    code, _, err, _ = run("recipe", str(path), "-o", str(tmp_path / "out"), "--grpc-port", str(taken_port), "--metrics-port", "0")
+    assert code == ExitCode.BAD_INPUT and f"serve.grpc_port: port {taken_port}" in err and "--grpc-port N" in err
+    code, out, _, _ = run("recipe", str(path), "--dry-run", "--http-port", "9123", "--grpc-port", "0")
+    assert code == 0 and "http 9123, grpc 0, metrics 8002" in out
+    code, _, err, _ = run("recipe", str(path), "--dry-run", "--http-port", "9123", "--metrics-port", "9123")
+    assert code == ExitCode.BAD_INPUT and "--metrics-port 9123 is also the http port" in err
+
+
 @pytest.mark.parametrize("host", ["''", "'not a host'", "'-bad-'", "'999.1.1.1 '"])
 def test_empty_or_garbage_host(tmp_path, host):
     refuse(tmp_path, GOOD + f"serve:\n  host: {host}\n", "{path}:8: serve.host:", "neither an IP address nor a host name",
