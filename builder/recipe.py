@@ -312,8 +312,11 @@ class LoadedRecipe:
         return RecipeError(_format_error(self.path, self.line_of(*loc), loc, message))
 
     def resolve_path(self, value: str) -> Path:
-        """``value`` as a path; relative paths are relative to the recipe's directory."""
-        p = Path(value).expanduser()
+        """``value`` as a path: ``$SPECBUILD_CACHE/...`` under the cache (:func:`specbuild.cache.expand_cache_path`),
+        ``~`` expanded, relative paths relative to the recipe's directory."""
+        from specbuild.cache import expand_cache_path
+
+        p = Path(expand_cache_path(value))
         return p if p.is_absolute() else (self.path.parent / p)
 
 
