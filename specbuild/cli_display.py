@@ -22,27 +22,47 @@ def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths, warnings
         console.print(f"  [yellow]warning[/yellow]   {warning}", highlight=False, soft_wrap=True)
 
 
-def print_recipes(console: Console, rows: list[dict]) -> None:
-    """``specbuild recipes``: one row per bundled recipe (see :func:`specbuild.pipeline.recipe_summaries`)."""
+WIDE_COLUMNS = 120  # below this, ``specbuild recipes`` leaves the descriptions to --wide
+WIDE_LINE = 200
+
+
+def print_recipes(console: Console, rows: list[dict], *, wide: bool = False) -> None:
+    """``specbuild recipes``: one row per bundled recipe (see :func:`specbuild.pipeline.recipe_summaries`).
+
+    Names, methods and backends never wrap (a user copies them). Narrower than 120 columns the
+    descriptions are left out, unless ``wide``: then the table is printed at its full width.
+    """
+    described = wide or console.width >= WIDE_COLUMNS
     table = Table(show_header=True, box=None, pad_edge=False)
-    for column in ("recipe", "method", "backend", "runs on", "training", "description"):
-        table.add_column(column, overflow="fold")
+    for column in ("recipe", "method", "backend", "runs on"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("training", overflow="fold")
+    if described:
+        table.add_column("description", overflow="fold")
     for row in rows:
         if "error" in row:
-            table.add_row(row["name"], "", "", "", "", f"[red]invalid:[/red] {row['error']}")
-            continue
-        table.add_row(row["name"], row["method"], row["backend"], row["runs_on"], _training_cell(row["training"]), row["description"])
+            cells = [row["name"], "", "", "", "", f"[red]invalid:[/red] {row['error']}"]
+        else:
+            cells = [row["name"], row["method"], row["backend"], row["runs_on"], _training_cell(row["training"]), row["description"]]
+        table.add_row(*cells[: 6 if described else 5])
+    if wide and console.width < WIDE_LINE:  # lines longer than the terminal, as `ps -ww`
+        console = Console(width=WIDE_LINE, file=console.file, color_system=console.color_system, force_terminal=console.is_terminal)
     console.print(table)
+    if not described:
+        console.print("descriptions: specbuild recipes --wide (training times: estimates)", highlight=False)
 
 
 def _training_cell(info: dict | None) -> str:
-    """``no``; ``yes, not trained (3000 steps)``; ``trained: 3000 steps, 1501 s (+ 912 s data)``."""
+    """``no``; ``yes, ~30 min est.``; ``yes, 3000 steps``; ``trained, 25 min + 15 min data``."""
     if info is None:
         return "no"
     if not info["trained"]:
-        return f"yes, not trained yet ({info['steps']} steps)"
-    data = f" + {info['data_seconds']:.0f} s data" if isinstance(info.get("data_seconds"), (int, float)) else ""
-    return f"trained: {info['steps']} steps, {info['seconds']} s{data}"
+        estimate = info.get("estimated_seconds")
+        return f"yes, ~{max(1, round(estimate / 60))} min est." if estimate else f"yes, {info['steps']} steps"
+    minutes = lambda s: f"{max(1, round(s / 60))} min"  # noqa: E731
+    data = f" + {minutes(info['data_seconds'])} data" if isinstance(info.get("data_seconds"), (int, float)) else ""
+    seconds = info.get("seconds")
+    return f"trained, {minutes(seconds)}{data}" if isinstance(seconds, (int, float)) else f"trained, {info['steps']} steps"
 
 
 @contextmanager

@@ -410,6 +410,25 @@ def test_recipes_json_has_method_backend_device_and_training():
     assert rows["smollm2-eagle"]["training"]["steps"] > 0
 
 
+@pytest.mark.parametrize("columns", [80, 100, 200])
+def test_recipes_table_prints_every_name_whole_and_fits_the_terminal(columns, tmp_path, monkeypatch):
+    from specbuild.builder.recipe import bundled_recipes
+
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path))  # nothing trained: estimates
+    result = CliRunner().invoke(main, ["recipes"], env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    assert [line.split()[0] for line in lines[1:len(bundled_recipes()) + 1]] == sorted(bundled_recipes())
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert "~30 min est." in rows["smollm2-eagle"] and rows["smollm2-ngram"].split()[4] == "no"
+    assert ("SmolLM2-135M-Instruct + n-gram" in result.output) == (columns >= 120)
+    plan = CliRunner().invoke(main, ["plan", "smollm2-eagle"], env={"COLUMNS": "80"}).output
+    assert "estimate: about 30 min on a 2-core CPU (15 min of training at 3.3 steps/s" in " ".join(plan.split())
+    wide = CliRunner().invoke(main, ["recipes", "--wide"], env={"COLUMNS": "80"}).output
+    assert "SmolLM2-135M-Instruct + n-gram speculation on the CPU reference engine" in wide
+
+
 def test_plan_does_not_call_an_untrained_head_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path))
     monkeypatch.setenv("HOME", str(tmp_path))  # the recipe's eagle_model is under ~: no head trained on this machine counts
