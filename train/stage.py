@@ -88,7 +88,7 @@ class TrainingEstimate:
         """The estimate with its basis, for the plan."""
         return (
             f"estimate: about {_minutes(self.total_s)} on a 2-core CPU ({_minutes(self.train_s)} of training at "
-            f"{self.steps_per_s:.1f} steps/s as measured there + {_minutes(self.data_s)} making the data unless cached); "
+            f"{self.steps_per_s:.1f} steps/s as measured there + {_minutes(self.data_s)} making the data, once); "
             "up to twice that on a busy machine"
         )
 
