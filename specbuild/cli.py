@@ -349,9 +349,11 @@ def _model_repository(ctx, param, repo: Path) -> Path:
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), help="Server log [REPO/../logs/tritonserver.log].")
 @click.option("--openai-port", type=click.IntRange(min=0, max=65535), default=None, help="Also answer OpenAI's /v1/completions and /v1/chat/completions on this port (0 = a free one) [off].")
 @click.option("--openai-model", default=None, help="Model name the OpenAI front serves [the recipe's name].")
-@click.option("--openai-num-draft-tokens", type=click.IntRange(min=0), default=None, help="Draft length of OpenAI requests that send none; 0 = a speculation-off door (a verify baseline) [engine's max_draft_len].")
+@click.option("--num-draft-tokens", "openai_num_draft_tokens", type=click.IntRange(min=0), default=None, help="OpenAI front: num_draft_tokens of requests that send none; 0 = a speculation-off door (a verify baseline) [the engine's max_draft_len].")
+@click.option("--openai-num-draft-tokens", "openai_num_draft_tokens_old", type=click.IntRange(min=0), default=None, hidden=True)
 def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None,
-                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None) -> None:
+                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None,
+                  openai_num_draft_tokens_old: int | None) -> None:
     """Serve the model repository REPO with tritonserver until Ctrl-C.
 
     Uses `tritonserver` from PATH, else the one bundled in nvidia-pytriton
@@ -376,6 +378,11 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
     from specbuild.triton_repo.tensorrtllm import launch_lines
 
+    if openai_num_draft_tokens_old is not None:
+        _deprecated("--openai-num-draft-tokens", "--num-draft-tokens")
+        openai_num_draft_tokens = openai_num_draft_tokens_old if openai_num_draft_tokens is None else openai_num_draft_tokens
+    if openai_num_draft_tokens is not None and openai_port is None:
+        raise click.UsageError("--num-draft-tokens sets the OpenAI front's default; give --openai-port too")
     ports = [p for p in (http_port, grpc_port, metrics_port) if p]
     if len(set(ports)) != len(ports):
         raise click.BadParameter("--http-port, --grpc-port and --metrics-port each need their own port (0 picks a free one)")
@@ -652,7 +659,8 @@ def _sweep_options(f):
     them; docs/bench.md has the mapping). Deprecated spellings stay as hidden aliases."""
     options = [
         click.argument("targets", nargs=-1),
-        click.option("--draft-lengths", default="0,2,4", show_default=True, callback=_int_list, help="Draft tokens per step to sweep (comma list; 0 = speculation off, the baseline)."),
+        click.option("--num-draft-tokens", "draft_lengths", default="0,2,4", show_default=True, callback=_int_list, metavar="K,K,...", help="num_draft_tokens per request to sweep (comma list, each <= the deployment's max_draft_len; 0 = speculation off, the baseline)."),
+        click.option("--draft-lengths", "draft_lengths_old", default=None, callback=_int_list, hidden=True),
         click.option("--concurrency", "concurrency", default=None, metavar="N", help="Closed loop at N requests in flight (one level) [1,2,4,8,16 as a sweep]."),
         click.option("--concurrency-sweep", "concurrency_sweep", default=None, callback=_int_list, metavar="N,N,...", help="Closed loop at each of these concurrency levels."),
         click.option("--levels", "levels", default=None, callback=_int_list, hidden=True),
@@ -677,7 +685,8 @@ def _sweep_options(f):
         click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir of host:port targets (chat template)."),
         click.option("--openai", "openai_urls", multiple=True, metavar="URL", help="An OpenAI-compatible base URL to bench (repeatable): specbuild serve --openai-port, trtllm-serve, vLLM, SGLang."),
         click.option("--openai-chat", is_flag=True, help="OpenAI targets: send prompts to /chat/completions."),
-        click.option("--openai-draft-len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the draft length the server runs with (a label) [0]."),
+        click.option("--openai-max-draft-len", "openai_draft_len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the max_draft_len the server was deployed with (a label) [0]."),
+        click.option("--openai-draft-len", "openai_draft_len_old", type=click.IntRange(min=0), default=None, hidden=True),
         click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Where recipe engines and repositories go [./specbuild-out/NAME]."),
         click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
         click.option("--streaming/--no-streaming", "stream", default=None, help="Stream every request: measures TTFT, inter-token latency and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served; OpenAI: on]"),
@@ -695,8 +704,10 @@ def _resolve_sweep_options(options: dict) -> dict:
         _deprecated("--stream/--no-stream", "--streaming/--no-streaming")
         if options["stream"] is None:
             options["stream"] = stream_old
-    for old, new, key in (("--requests", "--request-count", "requests"), ("--warmup", "--warmup-request-count", "warmup")):
-        value = options.pop(f"{key}_old")
+    for old, new, key in (("--requests", "--request-count", "requests"), ("--warmup", "--warmup-request-count", "warmup"),
+                          ("--draft-lengths", "--num-draft-tokens", "draft_lengths"),
+                          ("--openai-draft-len", "--openai-max-draft-len", "openai_draft_len")):
+        value = options.pop(f"{key}_old", None)
         if value is not None:
             _deprecated(old, new)
             options[key] = value
@@ -781,7 +792,7 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, **optio
 
     \b
     Examples:
-      specbuild bench smollm2-ngram --draft-lengths 0,1,2,4 --concurrency-sweep 1,4,8 --prompts chat:8
+      specbuild bench smollm2-ngram --num-draft-tokens 0,1,2,4 --concurrency-sweep 1,4,8 --prompts chat:8
       specbuild bench smollm2-ngram --request-rate-sweep 0.2,0.5,1 --repeats 3 --slo ttft=2000,tpot=200
       specbuild bench smollm2-ngram smollm2-lookahead --prompts humaneval:4 --prompts summarize:4
       specbuild bench 127.0.0.1:8001 --label ngram --metrics-url 127.0.0.1:8002
@@ -817,7 +828,7 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
 
     \b
     Examples:
-      specbuild tune smollm2-ngram smollm2-lookahead --draft-lengths 0,1,2,3 --concurrency-sweep 1,4,8 --repeats 3
+      specbuild tune smollm2-ngram smollm2-lookahead --num-draft-tokens 0,1,2,3 --concurrency-sweep 1,4,8 --repeats 3
       specbuild tune --from specbuild-out/bench/bench.json --goal throughput --max-latency-ms 5000
     """
     from specbuild.client.bench import BenchError, load_result

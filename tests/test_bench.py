@@ -120,12 +120,12 @@ def test_draft_length_maps_to_the_request_fields_of_each_method():
     ngram = Deployment("ngram", "h:1", method="ngram", max_draft_len=4)
     assert ngram.request_fields(0) == {"num_draft_tokens": 0}
     assert ngram.request_fields(3) == {"num_draft_tokens": 3}
-    with pytest.raises(BenchError, match="max_draft_len 4; use --draft-lengths up to 4"):
+    with pytest.raises(BenchError, match="max_draft_len 4; use --num-draft-tokens up to 4"):
         ngram.request_fields(5)
     lookahead = Deployment("la", "h:1", method="lookahead", lookahead=(4, 3, 4))
     assert lookahead.request_fields(2) == {"lookahead_config": (4, 3, 4)}  # candidate length n - 1 = 2
     assert lookahead.request_fields(0) == {"num_draft_tokens": 0}
-    with pytest.raises(BenchError, match="built N = 3; use --draft-lengths up to 2"):
+    with pytest.raises(BenchError, match="built N = 3; use --num-draft-tokens up to 2"):
         lookahead.request_fields(3)
 
 
@@ -151,7 +151,7 @@ def test_plain_deployment_is_swept_at_draft_length_zero_only():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"draft_lengths": (0, -1)}, "draft-lengths"),
+        ({"draft_lengths": (0, -1)}, "num-draft-tokens"),
         ({"concurrencies": (0,)}, "concurrency"),
         ({"prompt_sets": ()}, "--prompts"),
         ({"max_tokens": 0}, "max-tokens"),
@@ -229,7 +229,7 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
     bench_dir = tmp_path / "bench"
     runner = CliRunner()
     result = runner.invoke(main, [
-        "bench", str(recipe), "--draft-lengths", "0,1,3", "--concurrency-sweep", "1,2", "--prompts", str(prompts),
+        "bench", str(recipe), "--num-draft-tokens", "0,1,3", "--concurrency-sweep", "1,2", "--prompts", str(prompts),
         "--max-tokens", "12", "--end-id", "-1", "--deploy-dir", str(tmp_path / "deploy"), "--results-dir", str(bench_dir),
         "--repeats", "2",
     ])
@@ -297,7 +297,7 @@ def test_bench_a_running_server_by_url_without_streaming(tiny_checkpoint, tmp_pa
     prompts.write_text("".join(json.dumps(p) + "\n" for p in E2E_PROMPTS))
     with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
         result = CliRunner().invoke(main, [
-            "bench", server.grpc_url, "--label", "tiny", "--metrics-url", server.metrics_url, "--draft-lengths", "0,2",
+            "bench", server.grpc_url, "--label", "tiny", "--metrics-url", server.metrics_url, "--num-draft-tokens", "0,2",
             "--concurrency", "1,3", "--prompts", str(prompts), "--max-tokens", "10", "--end-id", "-1",
             "-o", str(tmp_path / "out"),
         ])
@@ -327,7 +327,7 @@ def test_open_loop_at_two_rates_with_goodput(tiny_checkpoint, tmp_path):
     prompts.write_text("".join(json.dumps(p) + "\n" for p in E2E_PROMPTS))
     with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
         result = CliRunner().invoke(main, [
-            "bench", server.grpc_url, "--streaming", "--draft-lengths", "0,2", "--request-rate-sweep", "2,50",
+            "bench", server.grpc_url, "--streaming", "--num-draft-tokens", "0,2", "--request-rate-sweep", "2,50",
             "--max-concurrency", "3", "--request-count", "6", "--prompts", str(prompts), "--max-tokens", "8",
             "--end-id", "-1", "--slo", "e2el=600000,ttft=600000", "--results-dir", str(tmp_path / "out"),
         ])
@@ -361,7 +361,7 @@ def test_tune_cli_errors_are_one_line(tmp_path):
     bad.write_text("{}")
     result = runner.invoke(main, ["tune", "--from", str(bad)])
     assert result.exit_code == 2 and "not a bench.json" in result.output and "Traceback" not in result.output  # bad input
-    result = runner.invoke(main, ["bench", "--draft-lengths", "0,x", "127.0.0.1:1"])
+    result = runner.invoke(main, ["bench", "--num-draft-tokens", "0,x", "127.0.0.1:1"])
     assert result.exit_code == 2 and "comma-separated integers" in result.output
     result = runner.invoke(main, ["bench"])
     assert result.exit_code == 2 and "at least one target" in result.output
@@ -369,7 +369,7 @@ def test_tune_cli_errors_are_one_line(tmp_path):
 
 def test_bench_against_a_dead_url_fails_with_a_clear_error():
     result = CliRunner().invoke(main, ["bench", "127.0.0.1:9", "--prompts", "chat:1", "--concurrency", "1",
-                                       "--draft-lengths", "0", "--timeout-s", "2"])
+                                       "--num-draft-tokens", "0", "--timeout-s", "2"])
     assert result.exit_code == 3 and "127.0.0.1:9" in result.output and "Traceback" not in result.output  # unreachable
 
 
@@ -389,3 +389,47 @@ def test_deprecated_spellings_still_work_and_warn():
 
     with pytest.raises(click.UsageError, match="one at a time"):
         _resolve_sweep_options({**base, "concurrency": "2", "request_rate": 1.0})
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_deprecated_draft_length_flags_still_work_and_warn(command, monkeypatch):
+    import click
+
+    import specbuild.cli
+
+    seen = {}
+
+    def fake_run_bench(console, **options):
+        seen.update(options)
+        raise click.exceptions.Exit(0)
+
+    monkeypatch.setattr(specbuild.cli, "_run_bench", fake_run_bench)
+    result = CliRunner().invoke(main, [command, "127.0.0.1:1", "--draft-lengths", "0,3", "--openai-draft-len", "2"])
+    assert result.exit_code == 0, result.output
+    assert (seen["draft_lengths"], seen["openai_draft_len"]) == ((0, 3), 2)
+    assert "--draft-lengths is deprecated; use --num-draft-tokens" in result.stderr
+    assert "--openai-draft-len is deprecated; use --openai-max-draft-len" in result.stderr
+    result = CliRunner().invoke(main, [command, "127.0.0.1:1", "--num-draft-tokens", "0,1", "--openai-max-draft-len", "1"])
+    assert (seen["draft_lengths"], seen["openai_draft_len"]) == ((0, 1), 1) and "deprecated" not in result.stderr
+    shown = CliRunner().invoke(main, [command, "-h"]).output
+    assert "--num-draft-tokens" in shown and "--openai-max-draft-len" in shown
+    assert "--num-draft-tokens" not in shown and "--openai-draft-len " not in shown
+
+
+def test_serve_openai_num_draft_tokens_is_a_deprecated_alias(tmp_path, monkeypatch):
+    import specbuild.cli
+    import specbuild.triton_repo.tritonserver as tritonserver
+
+    (tmp_path / "repo" / "m").mkdir(parents=True)
+    (tmp_path / "repo" / "m" / "config.pbtxt").write_text('name: "m"\n')
+    seen = []
+    monkeypatch.setattr(specbuild.cli, "_openai_companion", lambda repo, host, port, model, k: seen.append(k))
+    monkeypatch.setattr(tritonserver, "serve_forever", lambda server, companion=None: 0)
+    repo = str(tmp_path / "repo")
+    result = CliRunner().invoke(main, ["serve", repo, "--openai-port", "0", "--openai-num-draft-tokens", "0"])
+    assert result.exit_code == 0 and seen == [0], result.output
+    assert "--openai-num-draft-tokens is deprecated; use --num-draft-tokens" in result.stderr
+    result = CliRunner().invoke(main, ["serve", repo, "--openai-port", "0", "--num-draft-tokens", "3"])
+    assert result.exit_code == 0 and seen == [0, 3] and "deprecated" not in result.stderr
+    assert CliRunner().invoke(main, ["serve", repo, "--num-draft-tokens", "3"]).exit_code == 2  # no OpenAI front to default
+    assert "--openai-num-draft-tokens" not in CliRunner().invoke(main, ["serve", "-h"]).output

@@ -171,7 +171,7 @@ def notes(result: SweepResult) -> list[str]:
     """What the table cannot say by itself: what was not measured, and any cross-check problem."""
     lines = []
     if not any(p.ttft_ms_p50 is not None for p in result.points):
-        lines.append("TTFT not measured: requests were not streamed (--no-stream); TPOT = latency / tokens includes the prefill.")
+        lines.append("TTFT not measured: requests were not streamed (pass --streaming to a decoupled deployment); TPOT = latency / tokens includes the prefill.")
     if not any(p.per_position_acceptance for p in result.points) and any(p.draft_len for p in result.points):
         lines.append(
             "Per-position acceptance: the server reports per-request totals only; `specbuild tune` derives "
