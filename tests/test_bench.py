@@ -433,3 +433,13 @@ def test_serve_openai_num_draft_tokens_is_a_deprecated_alias(tmp_path, monkeypat
     assert result.exit_code == 0 and seen == [0, 3] and "deprecated" not in result.stderr
     assert CliRunner().invoke(main, ["serve", repo, "--num-draft-tokens", "3"]).exit_code == 2  # no OpenAI front to default
     assert "--openai-num-draft-tokens" not in CliRunner().invoke(main, ["serve", "-h"]).output
+
+
+def test_deploy_dir_that_is_a_recipes_deployment_folder_is_not_nested(tmp_path):
+    from specbuild.deploy import recipe_output_dir
+
+    assert recipe_output_dir(tmp_path, "smollm2-ngram") == tmp_path / "smollm2-ngram"
+    (tmp_path / "triton_repo").mkdir()
+    (tmp_path / "triton_repo" / "specbuild-repo.json").write_text(json.dumps({"kind": "reference", "recipe": "smollm2-ngram"}))
+    assert recipe_output_dir(tmp_path, "smollm2-ngram") == tmp_path  # `specbuild recipe smollm2-ngram -o DIR`: reused
+    assert recipe_output_dir(tmp_path, "smollm2-lookahead") == tmp_path / "smollm2-lookahead"
