@@ -64,7 +64,19 @@ def _paths(loaded, output_dir: str | None):
     return RunPaths(Path(output_dir) if output_dir else default_output_dir(loaded))
 
 
-@click.group(context_settings=CONTEXT)
+class _Commands(click.Group):
+    """A group whose command list gives each command's whole first sentence, wrapped, where click
+    would cut it at the terminal's width with "..."."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        rows = [(name, command.get_short_help_str(limit=1000)) for name, command in commands if command and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_Commands, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="specbuild")
 def main() -> None:
     """Speculative decoding from one YAML recipe to a verified Triton deployment.

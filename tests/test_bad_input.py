@@ -342,6 +342,13 @@ def test_every_command_takes_h_and_shows_examples():
     assert "Examples:" in run("-h")[1]
 
 
+def test_command_list_gives_whole_summaries_at_80_columns():
+    out = CliRunner().invoke(main, ["--help"], env={"COLUMNS": "80"}).output
+    listed = " ".join(out.split("Commands:")[1].split())
+    assert "..." not in listed and max(len(line) for line in out.splitlines()) <= 80
+    assert "Sweep TARGETS x draft lengths x load x prompt sets; print a table, write JSON, CSV and JSONL." in listed
+
+
 def test_unreachable_server_exits_3(tmp_path):
     prompts = write(tmp_path, "def f():\n", "p.txt")
     code, _, err, _ = run("verify", "--url", "127.0.0.1:9", "--prompts", str(prompts), "--wait-s", "0", "--report",
