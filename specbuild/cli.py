@@ -86,9 +86,9 @@ def main() -> None:
 
     \b
     Examples:
-      specbuild recipe smollm2-ngram        # build, serve, verify (CPU, bundled SmolLM2-135M)
-      specbuild plan llama-eagle --json     # what a recipe would do, for a script
-      specbuild recipes                     # the bundled recipes
+      specbuild recipe smollm2-ngram     # build, serve, verify (CPU, SmolLM2)
+      specbuild plan llama-eagle --json  # what a recipe would do, for a script
+      specbuild recipes                  # the bundled recipes
     """
 
 
