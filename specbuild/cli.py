@@ -90,6 +90,11 @@ def main() -> None:
       specbuild plan llama-eagle --json  # what a recipe would do, for a script
       specbuild recipes                  # the bundled recipes
     """
+    if not sys.stderr.isatty():  # a log: no tqdm bars (checkpoint loading) redrawn with carriage returns
+        from specbuild.triton_repo.triton_install import QUIET_PROGRESS
+
+        for name, value in QUIET_PROGRESS.items():
+            os.environ.setdefault(name, value)
 
 
 @main.command("recipe")
@@ -342,6 +347,9 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
     click.echo(f"{'reused' if outcome.reused else 'trained'}: {outcome.artefact}")
 
 
+SERVE_LOG = "tritonserver-serve.log"  # not the recipe run's tritonserver.log, which it would overwrite
+
+
 def _model_repository(ctx, param, repo: Path) -> Path:
     """REPO must be a Triton model repository: a folder with at least one ``<model>/config.pbtxt``."""
     if any(repo.glob("*/config.pbtxt")):
@@ -358,7 +366,7 @@ def _model_repository(ctx, param, repo: Path) -> Path:
 @click.option("--http-port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--metrics-port", default=8002, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), help="Server log [REPO/../logs/tritonserver.log].")
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), help="Server log [REPO/../logs/tritonserver-serve.log, beside the recipe run's tritonserver.log].")
 @click.option("--openai-port", type=click.IntRange(min=0, max=65535), default=None, help="Also answer OpenAI's /v1/completions and /v1/chat/completions on this port (0 = a free one) [off].")
 @click.option("--openai-model", default=None, help="Model name the OpenAI front serves [the recipe's name].")
 @click.option("--num-draft-tokens", "openai_num_draft_tokens", type=click.IntRange(min=0), default=None, help="OpenAI front: num_draft_tokens of requests that send none; 0 = a speculation-off door (a verify baseline) [the engine's max_draft_len].")
@@ -414,7 +422,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         http_port=http_port,
         grpc_port=grpc_port,
         metrics_port=metrics_port,
-        log_file=log_file or repo.resolve().parent / "logs" / "tritonserver.log",
+        log_file=log_file or repo.resolve().parent / "logs" / SERVE_LOG,
     )
     companion = None
     if openai_port is not None:

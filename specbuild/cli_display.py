@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -22,6 +23,7 @@ def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths, warnings
         console.print(f"  [yellow]warning[/yellow]   {warning}", highlight=False, soft_wrap=True)
 
 
+LOG_PROGRESS_EVERY_S = 30.0  # piped or logged output: how often a progress line is printed
 WIDE_COLUMNS = 120  # below this, ``specbuild recipes`` leaves the descriptions to --wide
 WIDE_LINE = 200
 
@@ -99,9 +101,12 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
             if not console.is_terminal:
                 bar.console.print(f"{name} ...", highlight=False)
 
+        logged = [time.monotonic()]
+
         def progress(done: int, total: int) -> None:
             bar.update(stage, description="[bold]verify[/bold]", total=total, completed=done)
-            if not console.is_terminal:  # no live bar in a log: one line per prompt instead
+            if not console.is_terminal and (done == total or time.monotonic() - logged[0] >= LOG_PROGRESS_EVERY_S):
+                logged[0] = time.monotonic()  # no live bar in a log: a line every 30 s and one at the end
                 bar.console.print(f"  verified {done}/{total} prompts", highlight=False)
 
         try:
@@ -136,7 +141,12 @@ def print_summary(console: Console, summary: RunSummary) -> None:
         for line in summary.next_steps:
             console.print(f"  {line}", highlight=False)
         return
+    from specbuild.triton_repo.tritonserver import expected_error_lines
+
     console.print(f"engine: {p.engine_dir}\nrepository: {p.repo_dir}\nserver log: {p.log_file}\nreport: {p.report}", highlight=False)
+    expected = expected_error_lines(p.log_file)
+    if expected:
+        console.print(f"  (its {expected} CUDA 'E' lines are expected on a machine without a GPU)", highlight=False)
 
 
 def print_report(console: Console, report) -> None:
@@ -151,10 +161,11 @@ def print_report(console: Console, report) -> None:
     if not report.all_match and getattr(report, "passed", False):
         verdict = f"[yellow]NEAR-TIES ONLY[/yellow] ({report.num_near_ties} within --near-tie-margin {report.near_tie_margin:g})"
     fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
-    console.print(
-        f"{verdict}: {report.num_match}/{report.num_prompts} prompts token-identical; "
-        f"mean acceptance length {fmt(report.mean_acceptance_length, '.2f')} "
-        f"(acceptance rate {fmt(report.mean_acceptance_rate, '.2f')}, {report.total_draft_tokens} draft tokens); "
-        f"speculative {report.speculative_tokens_per_s:.1f} vs non-speculative {report.baseline_tokens_per_s:.1f} "
-        f"tokens/s: speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)"
-    )
+    lines = [  # short lines, one phrase each: nothing wraps mid-phrase in an 80-column terminal
+        f"{verdict}: {report.num_match}/{report.num_prompts} prompts token-identical",
+        f"  mean acceptance length {fmt(report.mean_acceptance_length, '.2f')} "
+        f"(acceptance rate {fmt(report.mean_acceptance_rate, '.2f')}, {report.total_draft_tokens} draft tokens)",
+        f"  speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)",
+        f"  tokens/s: speculative {report.speculative_tokens_per_s:.1f}, non-speculative {report.baseline_tokens_per_s:.1f}",
+    ]
+    console.print("\n".join(lines), highlight=False)

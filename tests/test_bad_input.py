@@ -560,3 +560,14 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         for case, code, first in table(Path(tmp)):
             print(f"| {case} | {code} | `{first.replace(tmp, '.')}` |")
+
+
+def test_serve_keeps_its_log_apart_from_the_recipe_runs(tmp_path, monkeypatch):
+    import specbuild.triton_repo.tritonserver as tritonserver
+
+    (tmp_path / "triton_repo" / "m").mkdir(parents=True)
+    (tmp_path / "triton_repo" / "m" / "config.pbtxt").write_text('name: "m"\n')
+    logs = []
+    monkeypatch.setattr(tritonserver, "serve_forever", lambda server, companion=None: logs.append(server.log_file) or 0)
+    code, _, err, _ = run("serve", str(tmp_path / "triton_repo"))
+    assert code == 0 and logs == [(tmp_path / "logs" / "tritonserver-serve.log").resolve()], err

@@ -44,6 +44,11 @@ INSTALL_HINT = "pip install 'specbuild[server]'"
 CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
 
 
+# Progress bars off (Hugging Face hub and transformers' "Loading weights", any tqdm >= 4.66): in a
+# log file each redraw is another carriage return on one ever-longer line.
+QUIET_PROGRESS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+
+
 class ServerNotFoundError(RuntimeError):
     """No ``tritonserver`` binary on PATH and no ``nvidia-pytriton`` installed."""
 
@@ -153,8 +158,11 @@ def _backend_key(files: Sequence[Path]) -> str:
 
 def server_environment(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment ``tritonserver`` runs with: ``base`` (default ``os.environ``) plus the install's
-    ``PATH``, ``LD_LIBRARY_PATH`` and ``PYTHONPATH`` entries in front of any existing value."""
+    ``PATH``, ``LD_LIBRARY_PATH`` and ``PYTHONPATH`` entries in front of any existing value, and no
+    progress bars (:data:`QUIET_PROGRESS`: the server's output is a log file) unless ``base`` sets them."""
     env = dict(os.environ if base is None else base)
+    for name, value in QUIET_PROGRESS.items():
+        env.setdefault(name, value)
     prepend = {"PATH": install.bin_path, "LD_LIBRARY_PATH": install.library_path, "PYTHONPATH": install.python_path}
     for name, entries in prepend.items():
         parts = [str(p) for p in entries] + ([env[name]] if env.get(name) else [])
