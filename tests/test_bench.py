@@ -306,6 +306,7 @@ def test_bench_a_running_server_by_url_without_streaming(tiny_checkpoint, tmp_pa
     assert len(points) == 4
     for p in points:
         assert p["deployment"] == "tiny" and p["problems"] == [] and p["counters_checked"]
+        assert p["method"] == loaded.recipe.speculation.method  # asked of the server, not "unknown"
         assert p["ids_match_baseline"] == 1.0
         assert p["ttft_ms_p50"] is None and p["per_position_acceptance"] is None  # not streamed: not measured
     assert "TTFT not measured" in result.output
@@ -443,3 +444,19 @@ def test_deploy_dir_that_is_a_recipes_deployment_folder_is_not_nested(tmp_path):
     (tmp_path / "triton_repo" / "specbuild-repo.json").write_text(json.dumps({"kind": "reference", "recipe": "smollm2-ngram"}))
     assert recipe_output_dir(tmp_path, "smollm2-ngram") == tmp_path  # `specbuild recipe smollm2-ngram -o DIR`: reused
     assert recipe_output_dir(tmp_path, "smollm2-lookahead") == tmp_path / "smollm2-lookahead"
+
+
+def test_host_port_target_method_comes_from_the_servers_model_config(tmp_path):
+    from specbuild.client.bench.probe import method_from_model_config
+
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    config = {"parameters": {"engine_dir": {"string_value": str(engine)}}}
+    lookahead = {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4}
+    for speculative, method in (({"decoding_type": "NGram", "max_draft_len": 4}, "ngram"), (lookahead, "lookahead"),
+                                ({"decoding_type": "DraftTarget", "max_draft_len": 2}, "draft_target"), (None, "none")):
+        (engine / "config.json").write_text(json.dumps({"speculative_config": speculative}))
+        assert method_from_model_config(config) == (method, speculative)
+    remote = {"parameters": {"engine_dir": {"string_value": "/not/here"}, "decoding_mode": {"string_value": "medusa"}}}
+    assert method_from_model_config(remote) == ("medusa", None)  # a TensorRT-LLM deployment elsewhere
+    assert method_from_model_config({"parameters": {}})[0] == "unknown"

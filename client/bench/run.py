@@ -472,7 +472,10 @@ def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: 
                                 draft_len=openai_draft_len, tokenizer_dir=url_options.get("tokenizer_dir"))
     log = lambda message: console.print(f"[dim]{message}[/dim]")  # noqa: E731
     with serve_recipes(recipes, output_root=output_root, stream=stream is not False, log=log) as served:
-        deployments = served + url_deployments(urls, stream=bool(stream), labels=list(labels)[: len(urls)], **url_options) + openai
+        from .probe import with_server_method
+
+        remote = url_deployments(urls, stream=bool(stream), labels=list(labels)[: len(urls)], **url_options)
+        deployments = served + [with_server_method(d) for d in remote] + openai
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
         with Progress(*columns, console=console, transient=False) as bar:
             task = bar.add_task("bench", total=sweep_size(plan, deployments, set_sizes))

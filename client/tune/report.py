@@ -3,6 +3,7 @@ writes ``tune.json`` and the plots."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -98,6 +99,40 @@ def _fmt_map(m: dict[int, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(m.items()))
 
 
+def tie_note(best, ties: Sequence) -> str:
+    """The recommendation and what it cannot be told apart from, naming the simpler choice: k=0
+    (speculation off) when it is among them, else the smallest draft length.
+
+    Example: ``"the recommendation ngram k=4 C=1 is not significantly different from ngram k=0 C=1
+    (95% intervals overlap); the simpler choice is ngram k=0 C=1: speculation off"``.
+    """
+    text = f"the recommendation {best.label} is not significantly different from {', '.join(o.label for o in ties)} (95% intervals overlap)"
+    simpler = min((o for o in ties if o.draft_len < best.draft_len), key=lambda o: o.draft_len, default=None)
+    if simpler is None:
+        return text + "; prefer the simpler or cheaper one"
+    return text + f"; the simpler choice is {simpler.label}" + (": speculation off" if simpler.draft_len == 0 else "")
+
+
+SMALL_SAMPLE = re.compile(r"^(?P<where>.+): (?P<n>\d+) requests \(< (?P<floor>\d+)\): (?P<what>.+)$")
+
+
+def summarize_warnings(lines: Sequence[str]) -> list[str]:
+    """The point warnings for the terminal: the "fewer than 20 requests" ones as one line (how many
+    points, their request counts), every other line as it is. tune.json keeps them all.
+
+    Example: six ``"ngram humaneval:8 k=0 C=1: 16 requests (< 20): percentiles and intervals are rough"``
+    -> ``"6 points have 16 requests (< 20): percentiles and intervals are rough; raise --request-count or --repeats"``.
+    """
+    small = [m for m in map(SMALL_SAMPLE.match, lines) if m]
+    others = [line for line in lines if not SMALL_SAMPLE.match(line)]
+    if not small:
+        return list(others)
+    counts = sorted({int(m["n"]) for m in small})
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    points = "1 point has" if len(small) == 1 else f"{len(small)} points have"
+    return others + [f"{points} {n} requests (< {small[0]['floor']}): {small[0]['what']}; raise --request-count or --repeats (tune.json lists them)"]
+
+
 def run_tune(points: Sequence, out_dir: str | Path, *, console, **goal) -> TuneReport:
     """``specbuild tune`` on bench points: print the tables, write tune.json, frontier.png, speedup.png.
 
@@ -111,10 +146,8 @@ def run_tune(points: Sequence, out_dir: str | Path, *, console, **goal) -> TuneR
     if any(r.speedup_ci for r in report.analytic + report.open_loop):
         console.print("(n.s.): the speed-up's 95% interval contains 1.0 -- not significantly different from speculation off")
     for prompt_set, ties in sorted(report.ties.items()):
-        best = report.recommendations[prompt_set]
-        console.print(f"note: {prompt_set}: the recommendation {best.label} is not significantly different from "
-                      + ", ".join(o.label for o in ties) + " (95% intervals overlap); prefer the simpler or cheaper one")
-    for line in report.warnings:
+        console.print(f"note: {prompt_set}: {tie_note(report.recommendations[prompt_set], ties)}", highlight=False)
+    for line in summarize_warnings(report.warnings):
         console.print(f"warning: {line}", highlight=False)
     json_path = report.write(out / "tune.json")
     console.print(f"wrote {json_path}, {', '.join(report.plots)}")
