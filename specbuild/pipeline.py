@@ -14,6 +14,7 @@ behind lives under one output directory::
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -177,7 +178,13 @@ def check_runnable(loaded: LoadedRecipe) -> CheckedInputs:
     ]
     if missing:
         extras = ",".join(sorted(set(missing)))
-        raise RecipeError(f"missing dependencies for this recipe; install them with: pip install 'specbuild[{extras}]'")
+        message = f"missing dependencies for this recipe; install them with: pip install 'specbuild[{extras}]'"
+        if "server" in missing:
+            from specbuild.triton_repo.triton_install import platform_problem
+
+            problem = platform_problem() if shutil.which("tritonserver") is None else None
+            message += f" (but {problem})" if problem else ""
+        raise RecipeError(message)
     return checked
 
 

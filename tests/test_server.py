@@ -312,3 +312,37 @@ def test_expected_cuda_error_lines_of_a_cpu_start_are_counted_apart(tmp_path):
         'E1204 17:03:41.000000 13683 model.cc:1] "failed to load model"\n'
     )
     assert expected_error_lines(log) == 2 and expected_error_lines(tmp_path / "missing.log") == 0
+
+
+@pytest.mark.parametrize("system, machine, libc, problem", [
+    ("Linux", "x86_64", ("glibc", "2.35"), None),
+    ("Linux", "x86_64", ("glibc", "2.39"), None),
+    ("Linux", "x86_64", ("glibc", "2.31"), "this Linux has glibc 2.31"),
+    ("Linux", "x86_64", ("", ""), "this Linux has no glibc"),  # musl (Alpine)
+    ("Linux", "aarch64", ("glibc", "2.39"), "this is Linux on aarch64"),
+    ("Darwin", "arm64", ("", ""), "this is Darwin on arm64"),
+    ("Windows", "AMD64", ("", ""), "this is Windows on AMD64"),
+])
+def test_platform_that_cannot_run_the_bundled_tritonserver_is_named(system, machine, libc, problem):
+    from specbuild.triton_repo.triton_install import platform_problem
+
+    found = platform_problem(system, machine, libc)
+    if problem is None:
+        assert found is None
+    else:
+        assert found.startswith(problem) and "Linux on x86-64 with glibc 2.35 or newer" in found
+
+
+def test_missing_server_on_an_unsupported_platform_says_why_pip_cannot_help(monkeypatch):
+    import importlib.util
+    import platform
+    import shutil
+
+    from specbuild.triton_repo import triton_install
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    with pytest.raises(ServerNotFoundError, match="this is Darwin on arm64; tritonserver from PyPI"):
+        triton_install.find_tritonserver()
