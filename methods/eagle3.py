@@ -27,9 +27,13 @@ class Eagle3Speculation(MethodParams):
     format, optional draft vocabulary with ``d2t``). TensorRT-LLM PyTorch backend only."""
 
     method: Literal["eagle3"]
+    """The speculation method: this section's settings are chosen by it."""
     eagle_model: str = Field(min_length=1)
+    """Folder with the EAGLE-3 head (relative to the recipe, may start with $SPECBUILD_CACHE)."""
     max_draft_len: int = Field(3, ge=1, le=32)
+    """Draft tokens per step (a chain)."""
     eagle3_one_model: bool = True
+    """TensorRT-LLM: run the head inside the target's model (one model) rather than as a second one."""
 
     def to_llm_api(self) -> dict[str, Any]:
         return {

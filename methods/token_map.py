@@ -56,6 +56,7 @@ class TokenMapParams(MethodParams):
     """
 
     speculative_token_map: str | None = Field(None, min_length=1)
+    """File of token ids the draft's vocabulary projection computes (FR-Spec); relative to the recipe, may start with $SPECBUILD_CACHE. Reference engine only; null: the full vocabulary."""
 
 
 def recipe_token_map(loaded) -> Path | None:

@@ -479,7 +479,7 @@ def _openai_options(f):
 @main.command("verify")
 @click.option("--url", default=None, help="Server address [127.0.0.1:8001 for grpc, :8000 for http].")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
-@click.option("--prompts", default="humaneval:20", show_default=True, help="humaneval:N, or a .jsonl / .txt file.")
+@click.option("--prompts", default="humaneval:20", show_default=True, help="humaneval:N, chat[:N] or summarize[:N] (bundled chat-style sets, in the chat template with --tokenizer), or a .jsonl / .txt file.")
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--num-draft-tokens", default=None, type=click.IntRange(min=0), help="Draft length for the speculative runs [engine's max_draft_len].")
 @click.option("--end-id", default=None, type=int, help="End token id; -1 never stops early [tokenizer's].")
