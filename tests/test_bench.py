@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -414,7 +415,7 @@ def test_deprecated_draft_length_flags_still_work_and_warn(command, monkeypatch)
     assert (seen["draft_lengths"], seen["openai_draft_len"]) == ((0, 1), 1) and "deprecated" not in result.stderr
     shown = CliRunner().invoke(main, [command, "-h"]).output
     assert "--num-draft-tokens" in shown and "--openai-max-draft-len" in shown
-    assert "--num-draft-tokens" not in shown and "--openai-draft-len " not in shown
+    assert "--draft-lengths" not in shown and "--openai-draft-len " not in shown
 
 
 def test_serve_openai_num_draft_tokens_is_a_deprecated_alias(tmp_path, monkeypatch):
@@ -460,3 +461,21 @@ def test_host_port_target_method_comes_from_the_servers_model_config(tmp_path):
     remote = {"parameters": {"engine_dir": {"string_value": "/not/here"}, "decoding_mode": {"string_value": "medusa"}}}
     assert method_from_model_config(remote) == ("medusa", None)  # a TensorRT-LLM deployment elsewhere
     assert method_from_model_config({"parameters": {}})[0] == "unknown"
+
+
+def test_bench_table_fits_80_columns_with_every_name_whole():
+    from rich.console import Console
+
+    from specbuild.client.bench import load_result, points_table
+
+    result = load_result(Path(__file__).parents[1] / "docs/results/2026-12-02-tune-ngram/bench.json")
+    console = Console(width=80, record=True)
+    console.print(points_table(result.points, width=console.width))
+    lines = console.export_text().splitlines()
+    assert max(map(len, lines)) <= 80
+    rows = [line.split() for line in lines if line.startswith(result.points[0].deployment)]
+    assert len(rows) == len(result.points) and all(row[1] == "humaneval:8" and row[2].startswith("C=") for row in rows)
+    assert {row[2] for row in rows} == {"C=1", "C=2", "C=4", "C=8", "C=16"}
+    wide = Console(width=200, record=True)
+    wide.print(points_table(result.points, width=wide.width))
+    assert "TTFT p50" in wide.export_text()  # a wide terminal keeps every column
