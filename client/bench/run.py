@@ -484,7 +484,7 @@ def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: 
                 progress=lambda description, advance: bar.update(task, description=description, advance=advance),
                 log=lambda line: bar.console.print(line, highlight=False),
             )
-    console.print(points_table(result.points))
+    console.print(points_table(result.points, width=console.width))
     for line in notes(result):
         console.print(f"note: {line}")
     return result
