@@ -326,3 +326,19 @@ def test_speedup_plot_marks_not_significant_points(tmp_path, monkeypatch):
     plot_speedup(points, report, tmp_path / "speedup.png")
     texts = [t.get_text() for ax in figures[0].axes for t in ax.texts]
     assert texts.count("n.s.") == 1
+
+
+def test_tune_tables_fit_80_columns_and_never_cut_a_name():
+    from rich.console import Console
+
+    from specbuild.client.tune import report_tables
+
+    points = synthetic_sweep(0.6, 0.1, batching_loss=0.5)
+    points = [p | {"deployment": "smollm2-lookahead-long", "prompt_set": "humaneval:8"} for p in points]
+    report = tune(points)
+    console = Console(width=80, record=True)
+    for table in report_tables(report, width=console.width):
+        console.print(table)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text and "smollm2-lookahead-long" in text and "draft_len_schedule" in text
