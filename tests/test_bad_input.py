@@ -142,7 +142,8 @@ def test_port_in_use_is_refused_before_the_build_and_names_a_real_flag(tmp_path,
 
 def test_recipe_port_flags_override_the_recipe(tmp_path, taken_port):
     path = write(tmp_path, GOOD)
-    code, _, err, _ = run("recipe", str(path), "-o", str(tmp_path / "out"), "--grpc-port", str(taken_port), "--metrics-port", "0")
+    code, _, err, _ = run("recipe", str(path), "-o", str(tmp_path / "out"), "--grpc-port", str(taken_port), "--http-port", "0",
+                          "--metrics-port", "0")
     assert code == ExitCode.BAD_INPUT and f"serve.grpc_port: port {taken_port}" in err and "--grpc-port N" in err
     code, out, _, _ = run("recipe", str(path), "--dry-run", "--http-port", "9123", "--grpc-port", "0")
     assert code == 0 and "http 9123, grpc 0, metrics 8002" in out

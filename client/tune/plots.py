@@ -52,7 +52,7 @@ def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Pat
             ax.scatter([recommended.latency_ms], [recommended.throughput], marker="*", s=260, color="gold",
                        edgecolors="k", zorder=5, transform=beside, label=f"recommended: {recommended.label}")
         ax.set_xlim(left=0)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # headroom: the star sits above and left of its point
         ax.set_title(f"{prompt_set}")
         ax.set_xlabel(f"request latency {report.latency_metric} (ms)  (lower is better)")
         ax.set_ylabel("total output tokens/s  (higher is better)")
