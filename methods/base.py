@@ -57,6 +57,7 @@ class MethodParams(StrictModel):
     ``max_draft_len`` (a field, or a property where TensorRT-LLM derives it)."""
 
     method: str
+    """The speculation method: this section's settings are chosen by it."""
 
     @property
     def definition(self) -> SpeculationMethod:

@@ -40,10 +40,15 @@ class DraftTargetSpeculation(TokenMapParams):
     token matching."""
 
     method: Literal["draft_target"]
+    """The speculation method: this section's settings are chosen by it."""
     draft_checkpoint: str = Field(min_length=1)
+    """The draft model: packaged, a local Hugging Face folder (relative to the recipe, may start with $SPECBUILD_CACHE) or a cached `org/name`; same vocabulary as the target."""
     draft_dtype: DType | None = None  # None: the target's dtype
+    """The draft's dtype; null: the target's."""
     max_draft_len: int = Field(4, ge=1, le=64)  # >= 1: the target needs a draft budget (tensorrtllm_backend#473)
+    """Most draft tokens the draft proposes per step."""
     use_draft_logits: bool = False
+    """Accept by rejection sampling on the draft's logits (sampling) instead of by token matching."""
 
     def to_llm_api(self) -> dict[str, Any]:
         return {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "speculative_model_dir": self.draft_checkpoint}

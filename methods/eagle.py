@@ -44,14 +44,23 @@ class EagleSpeculation(TokenMapParams):
     ``EagleDecodingConfig``; ``posterior_threshold`` enables typical acceptance."""
 
     method: Literal["eagle"]
+    """The speculation method: this section's settings are chosen by it."""
     eagle_model: str = Field(min_length=1)
+    """Folder with the EAGLE head (config.json and weights; relative to the recipe, may start with $SPECBUILD_CACHE)."""
     max_draft_len: int = Field(63, ge=1, le=256)  # examples/eagle: at most 256
+    """Tree nodes verified per step at most."""
     num_eagle_layers: int = Field(4, ge=1, le=16)
+    """Draft tree depth (EAGLE's draft steps); equals the depth of eagle_choices."""
     max_non_leaves_per_layer: int = Field(10, ge=1)
+    """Nodes expanded per tree level at most."""
     eagle_choices: Tree | None = None
+    """Static token tree as paths of top-k indices; null: the dynamic tree or TensorRT-LLM's default."""
     use_dynamic_tree: bool = False
+    """EAGLE-2: grow the tree by cumulative draft log-probability instead of a fixed shape."""
     dynamic_tree_max_topK: int | None = Field(None, ge=1)
+    """EAGLE-2: children considered per expanded node."""
     posterior_threshold: float | None = Field(None, gt=0, lt=1)
+    """Typical acceptance threshold (TensorRT-LLM engine path); null: exact matching."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "EagleSpeculation":

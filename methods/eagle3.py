@@ -27,10 +27,12 @@ class SAEnhancer(BaseModel):
     the head's when the suffix match is at least ``threshold`` tokens long; ``enable_global_pool``
     searches every active request's automaton, not only the request's own."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     threshold: int = Field(4, ge=1)
+    """Shortest suffix match (tokens) whose continuation replaces the head's drafts."""
     enable_global_pool: bool = False
+    """Search every active request's automaton, not only the request's own."""
 
 
 class Eagle3Speculation(MethodParams):
@@ -38,16 +40,24 @@ class Eagle3Speculation(MethodParams):
     format, optional draft vocabulary with ``d2t``). TensorRT-LLM PyTorch backend only."""
 
     method: Literal["eagle3"]
+    """The speculation method: this section's settings are chosen by it."""
     eagle_model: str = Field(min_length=1)
+    """Folder with the EAGLE-3 head (relative to the recipe, may start with $SPECBUILD_CACHE)."""
     max_draft_len: int = Field(3, ge=1, le=32)
-    eagle3_one_model: bool = True  # TensorRT-LLM 1.4 drops it from the plan (the two-model path is removed)
-    # EAGLE-2's dynamic tree (TensorRT-LLM's PyTorch backend; the reference engine drafts a chain):
-    # each of the max_draft_len draft layers expands dynamic_tree_max_topK nodes, and the target
-    # verifies max_total_draft_tokens of them (default topK * max_draft_len), as EagleDecodingConfig checks.
+    """Draft tokens per step (a chain)."""
+    eagle3_one_model: bool = True
+    """TensorRT-LLM: run the head inside the target's model (one model) rather than as a second one; 1.4 drops
+    it from the plan (the two-model path is removed)."""
     use_dynamic_tree: bool = False
+    """TensorRT-LLM PyTorch backend: EAGLE-2's dynamic tree; each of the max_draft_len draft layers expands
+    dynamic_tree_max_topK nodes (the reference engine drafts a chain and refuses it)."""
     dynamic_tree_max_topK: int | None = Field(None, ge=1, le=64)
+    """With use_dynamic_tree: nodes expanded per draft layer."""
     max_total_draft_tokens: int | None = Field(None, ge=1)
-    sa_config: SAEnhancer | None = None  # TensorRT-LLM >= 1.4 only (the reference engine has no SA enhancer)
+    """With use_dynamic_tree: tree nodes the target verifies (default topK * max_draft_len), as
+    EagleDecodingConfig checks."""
+    sa_config: SAEnhancer | None = None
+    """TensorRT-LLM >= 1.4 only: a suffix-automaton enhancer (SAEnhancerConfig); the reference engine has none."""
 
     @model_validator(mode="after")
     def _dynamic_tree(self) -> Eagle3Speculation:

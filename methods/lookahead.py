@@ -35,10 +35,15 @@ class LookaheadSpeculation(MethodParams):
     smaller; (1, 1, 0) is plain decoding."""
 
     method: Literal["lookahead"]
+    """The speculation method: this section's settings are chosen by it."""
     max_window_size: int = Field(4, ge=1, le=64)
+    """W: Jacobi window positions guessed per step."""
     max_ngram_size: int = Field(3, ge=1, le=64)
+    """N: n-gram size of the pool (draft length N - 1 per candidate)."""
     max_verification_set_size: int = Field(4, ge=0, le=64)
+    """G: matching n-grams verified per step at most."""
     max_draft_len: int | None = Field(None, ge=0)  # derived; if given, it must equal the formula
+    """Derived from (W, N, G); when given it must equal the formula."""
 
     @model_validator(mode="after")
     def _draft_len_matches_formula(self) -> "LookaheadSpeculation":

@@ -49,10 +49,15 @@ class MedusaSpeculation(TokenMapParams):
     most, at least the tree's node count (omitted: the node count)."""
 
     method: Literal["medusa"]
+    """The speculation method: this section's settings are chosen by it."""
     medusa_model: str = Field(min_length=1)
+    """Folder with the heads' config.json and medusa_lm_head.safetensors (relative to the recipe, may start with $SPECBUILD_CACHE)."""
     num_medusa_heads: int = Field(4, ge=1, le=16)  # TensorRT-LLM's convert_checkpoint default is 4
+    """Medusa heads; the tree's depth must not exceed it."""
     medusa_choices: Tree | None = None
+    """The token tree as paths of top-k indices; null: TensorRT-LLM's 63-node mc_sim_7b_63."""
     max_draft_len: int | None = Field(None, ge=1)
+    """Tree nodes verified per step at most; null: the tree's node count."""
 
     @model_validator(mode="after")
     def _depth_and_budget(self) -> "MedusaSpeculation":

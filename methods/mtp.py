@@ -17,7 +17,9 @@ class MTPSpeculation(MethodParams):
     TensorRT-LLM PyTorch backend only (``MTPDecodingConfig``)."""
 
     method: Literal["mtp"]
+    """The speculation method: this section's settings are chosen by it."""
     num_nextn_predict_layers: int = Field(1, ge=1, le=8)
+    """Multi-token-prediction layers of the checkpoint used as drafters (draft tokens per step)."""
 
     @property
     def max_draft_len(self) -> int:

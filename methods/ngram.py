@@ -27,9 +27,13 @@ class NGramSpeculation(MethodParams):
     """
 
     method: Literal["ngram"]
+    """The speculation method: this section's settings are chosen by it."""
     max_draft_len: int = Field(4, ge=1, le=64)  # >= 1: the target needs a draft budget (tensorrtllm_backend#473)
+    """Most draft tokens verified per step (TensorRT-LLM's per-deployment name; requests send num_draft_tokens <= it)."""
     max_matching_ngram_size: int = Field(3, ge=1, le=32)
+    """Longest suffix of the context looked up for an earlier occurrence."""
     is_use_oldest: bool = True
+    """Copy the draft after the oldest earlier occurrence instead of the most recent."""
 
     def to_llm_api(self) -> dict[str, Any]:
         """TensorRT-LLM LLM-API ``speculative_config`` (``decoding_type: NGram``)."""

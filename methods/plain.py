@@ -15,6 +15,7 @@ class NoSpeculation(MethodParams):
     """Plain decoding: the non-speculative engine."""
 
     method: Literal["none"]
+    """The speculation method: this section's settings are chosen by it."""
 
     @property
     def max_draft_len(self) -> int:

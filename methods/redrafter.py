@@ -32,10 +32,15 @@ class ReDrafterSpeculation(MethodParams):
     """
 
     method: Literal["redrafter"]
+    """The speculation method: this section's settings are chosen by it."""
     drafter_model: str = Field(min_length=1)
+    """Folder with the drafter's config.json and model.safetensors."""
     redrafter_num_beams: int = Field(5, ge=1, le=64)
+    """Candidate beams the drafter searches per step."""
     redrafter_draft_len_per_beam: int = Field(5, ge=1, le=64)
+    """Draft tokens per beam."""
     redrafter_greedy_search: bool = True
+    """Drafter beam search greedy (not sampled)."""
 
     @property
     def max_draft_len(self) -> int:

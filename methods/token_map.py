@@ -12,8 +12,8 @@ Recipe (methods with a draft-side vocabulary projection: ``eagle``, ``medusa``, 
 
     speculation:
       method: eagle
-      eagle_model: ~/.cache/specbuild/trained/smollm2-eagle
-      speculative_token_map: ~/.cache/specbuild/trained/smollm2-eagle/token_map.json
+      eagle_model: $SPECBUILD_CACHE/trained/smollm2-eagle
+      speculative_token_map: $SPECBUILD_CACHE/trained/smollm2-eagle/token_map.json
     train:
       token_map_size: 8192      # the train stage writes the map when the file is missing
 
@@ -56,6 +56,7 @@ class TokenMapParams(MethodParams):
     """
 
     speculative_token_map: str | None = Field(None, min_length=1)
+    """File of token ids the draft's vocabulary projection computes (FR-Spec); relative to the recipe, may start with $SPECBUILD_CACHE. Reference engine only; null: the full vocabulary."""
 
 
 def recipe_token_map(loaded) -> Path | None:

@@ -23,8 +23,9 @@ def _console(*, stderr: bool = False):
     from rich.console import Console
 
     console = Console(stderr=stderr)
-    # Piped or logged output: wide enough for the tables instead of rich's 80-column default.
-    return console if console.is_terminal else Console(width=160, stderr=stderr)
+    # Piped or logged output: wide enough for the tables instead of rich's 80-column default,
+    # unless $COLUMNS says how wide (rich reads it).
+    return console if console.is_terminal or os.environ.get("COLUMNS", "").isdigit() else Console(width=160, stderr=stderr)
 
 
 def _load(recipe: str):
@@ -63,7 +64,19 @@ def _paths(loaded, output_dir: str | None):
     return RunPaths(Path(output_dir) if output_dir else default_output_dir(loaded))
 
 
-@click.group(context_settings=CONTEXT)
+class _Commands(click.Group):
+    """A group whose command list gives each command's whole first sentence, wrapped, where click
+    would cut it at the terminal's width with "..."."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        rows = [(name, command.get_short_help_str(limit=1000)) for name, command in commands if command and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_Commands, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="specbuild")
 def main() -> None:
     """Speculative decoding from one YAML recipe to a verified Triton deployment.
@@ -73,10 +86,15 @@ def main() -> None:
 
     \b
     Examples:
-      specbuild recipe smollm2-ngram        # build, serve, verify (CPU, bundled SmolLM2-135M)
-      specbuild plan llama-eagle --json     # what a recipe would do, for a script
-      specbuild recipes                     # the bundled recipes
+      specbuild recipe smollm2-ngram     # build, serve, verify (CPU, SmolLM2)
+      specbuild plan llama-eagle --json  # what a recipe would do, for a script
+      specbuild recipes                  # the bundled recipes
     """
+    if not sys.stderr.isatty():  # a log: no tqdm bars (checkpoint loading) redrawn with carriage returns
+        from specbuild.triton_repo.triton_install import QUIET_PROGRESS
+
+        for name, value in QUIET_PROGRESS.items():
+            os.environ.setdefault(name, value)
 
 
 @main.command("recipe")
@@ -85,7 +103,11 @@ def main() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit without doing any work.")
 @click.option("--rebuild", is_flag=True, help="Rebuild the engine even if its inputs are unchanged.")
 @click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
-def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: bool, trtllm_version: str | None) -> None:
+@click.option("--http-port", type=click.IntRange(0, 65535), help="tritonserver's HTTP port; 0 = a free one [serve.http_port].")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), help="tritonserver's gRPC port; 0 = a free one [serve.grpc_port].")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="tritonserver's metrics port; 0 = a free one [serve.metrics_port].")
+def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: bool, trtllm_version: str | None,
+                   http_port: int | None, grpc_port: int | None, metrics_port: int | None) -> None:
     """Build, serve and verify RECIPE (a path or a bundled recipe name).
 
     Converts the target checkpoint, builds the engine with speculation enabled, generates a Triton
@@ -93,18 +115,25 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
     output token for token, measures the speed-up, and shuts the server down. Exits 4 on any
     mismatch, 2 on a bad recipe, 3 when the server does not come up.
 
+    The server listens on the recipe's serve ports unless --http-port, --grpc-port or
+    --metrics-port say otherwise (0: a free port; the ports chosen are printed). A port in use is
+    refused before the build.
+
     \b
     Examples:
       specbuild recipe smollm2-ngram
       specbuild recipe recipes/smollm2-ngram.yaml --dry-run
       specbuild recipe my-recipe.yaml -o /tmp/out
+      specbuild recipe smollm2-ngram --http-port 0 --grpc-port 0 --metrics-port 0
     """
     loaded = _with_trtllm_version(_load(recipe), trtllm_version)
+    loaded = _with_ports(loaded, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
     paths = _paths(loaded, output_dir)
     if dry_run:
         _plan(loaded, paths)
         return
     _check(loaded)  # what plan checks, before importing the server and display modules
+    _check_ports(loaded)
     _warn(loaded)
     from specbuild.cli_display import run_with_progress
     from specbuild.triton_repo.tritonserver import stop_signals_interrupt
@@ -194,6 +223,28 @@ def _with_trtllm_version(loaded, version: str | None):
         raise click.BadParameter(str(exc), param_hint="--trtllm-version") from None
 
 
+def _with_ports(loaded, **ports):
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.pipeline import with_serve_ports
+
+    try:
+        return with_serve_ports(loaded, **ports)
+    except RecipeError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _check_ports(loaded) -> None:
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.pipeline import check_ports
+
+    if loaded.recipe.build.backend != "reference":
+        return  # served in the TensorRT-LLM container, not here
+    try:
+        check_ports(loaded)
+    except RecipeError as exc:
+        raise bad_input(str(exc)) from None
+
+
 def _plan(loaded, paths, *, as_json: bool = False) -> None:
     from specbuild.builder.recipe import RecipeError
     from specbuild.cli_display import print_plan
@@ -259,15 +310,19 @@ def check_draft_command(draft: str, target: str, engine: str, method: str | None
 
 @main.command("recipes")
 @click.option("--json", "as_json", is_flag=True, help="Print the recipes as a JSON list on stdout.")
-def recipes_command(as_json: bool) -> None:
+@click.option("--wide", is_flag=True, help="Show the descriptions too, however narrow the terminal.")
+def recipes_command(as_json: bool, wide: bool) -> None:
     """List the bundled recipes: method, backend, where they run, and whether a draft must be trained.
 
     Training time comes from the draft's model card once it is trained; before that the column
-    shows the work to do (steps).
+    shows an estimate for a first run (training at the steps per second measured on a 2-core CPU,
+    plus making the data), or the steps where nothing comparable was measured. Narrower than 120
+    columns the descriptions are left out (--wide shows them).
 
     \b
     Examples:
       specbuild recipes
+      specbuild recipes --wide
       specbuild recipes --json | jq '.[] | select(.runs_on == "CPU") | .name'
     """
     from specbuild.cli_display import print_recipes
@@ -277,7 +332,7 @@ def recipes_command(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(summaries, indent=2))
     else:
-        print_recipes(_console(), summaries)
+        print_recipes(_console(), summaries, wide=wide)
 
 
 @main.command("build")
@@ -379,6 +434,9 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
     click.echo(f"{'reused' if outcome.reused else 'trained'}: {outcome.artefact}")
 
 
+SERVE_LOG = "tritonserver-serve.log"  # not the recipe run's tritonserver.log, which it would overwrite
+
+
 def _model_repository(ctx, param, repo: Path) -> Path:
     """REPO must be a Triton model repository: a folder with at least one ``<model>/config.pbtxt``."""
     if any(repo.glob("*/config.pbtxt")):
@@ -413,14 +471,15 @@ def _openai_access_options(f):
 @click.option("--http-port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--metrics-port", default=8002, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), help="Server log [REPO/../logs/tritonserver.log].")
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), help="Server log [REPO/../logs/tritonserver-serve.log, beside the recipe run's tritonserver.log].")
 @click.option("--openai-port", type=click.IntRange(min=0, max=65535), default=None, help="Also answer OpenAI's /v1/completions and /v1/chat/completions on this port (0 = a free one) [off].")
 @click.option("--openai-model", default=None, help="Model name the OpenAI front serves [the recipe's name].")
-@click.option("--openai-num-draft-tokens", type=click.IntRange(min=0), default=None, help="Draft length of OpenAI requests that send none; 0 = a speculation-off door (a verify baseline) [engine's max_draft_len].")
+@click.option("--num-draft-tokens", "openai_num_draft_tokens", type=click.IntRange(min=0), default=None, help="OpenAI front: num_draft_tokens of requests that send none; 0 = a speculation-off door (a verify baseline) [the engine's max_draft_len].")
+@click.option("--openai-num-draft-tokens", "openai_num_draft_tokens_old", type=click.IntRange(min=0), default=None, hidden=True)
 @_openai_access_options
 def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None,
-                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None, restart: str,
-                  max_restarts: int, **access) -> None:
+                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None,
+                  openai_num_draft_tokens_old: int | None, restart: str, max_restarts: int, **access) -> None:
     """Serve the model repository REPO with tritonserver until Ctrl-C.
 
     Uses `tritonserver` from PATH, else the one bundled in nvidia-pytriton
@@ -450,6 +509,11 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
     from specbuild.triton_repo.tensorrtllm import launch_lines
 
+    if openai_num_draft_tokens_old is not None:
+        _deprecated("--openai-num-draft-tokens", "--num-draft-tokens")
+        openai_num_draft_tokens = openai_num_draft_tokens_old if openai_num_draft_tokens is None else openai_num_draft_tokens
+    if openai_num_draft_tokens is not None and openai_port is None:
+        raise click.UsageError("--num-draft-tokens sets the OpenAI front's default; give --openai-port too")
     ports = [p for p in (http_port, grpc_port, metrics_port) if p]
     if len(set(ports)) != len(ports):
         raise click.BadParameter("--http-port, --grpc-port and --metrics-port each need their own port (0 picks a free one)")
@@ -473,7 +537,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         http_port=http_port,
         grpc_port=grpc_port,
         metrics_port=metrics_port,
-        log_file=log_file or repo.resolve().parent / "logs" / "tritonserver.log",
+        log_file=log_file or repo.resolve().parent / "logs" / SERVE_LOG,
     )
     companion = None
     if openai_port is not None:
@@ -556,7 +620,7 @@ def _openai_options(f):
 @main.command("verify")
 @click.option("--url", default=None, help="Server host:port (http:// or grpc:// dropped) [127.0.0.1:8001 for grpc, :8000 for http].")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
-@click.option("--prompts", default="humaneval:20", show_default=True, help="humaneval:N, or a .jsonl / .txt file.")
+@click.option("--prompts", default="humaneval:20", show_default=True, help="humaneval:N, chat[:N] or summarize[:N] (bundled chat-style sets, in the chat template with --tokenizer), or a .jsonl / .txt file.")
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--num-draft-tokens", default=None, type=click.IntRange(min=0), help="Draft length for the speculative runs [engine's max_draft_len].")
 @click.option("--end-id", default=None, type=int, help="End token id; -1 never stops early [tokenizer's].")
@@ -758,7 +822,8 @@ def _sweep_options(f):
     them; docs/bench.md has the mapping). Deprecated spellings stay as hidden aliases."""
     options = [
         click.argument("targets", nargs=-1),
-        click.option("--draft-lengths", default="0,2,4", show_default=True, callback=_int_list, help="Draft tokens per step to sweep (comma list; 0 = speculation off, the baseline)."),
+        click.option("--num-draft-tokens", "draft_lengths", default="0,2,4", show_default=True, callback=_int_list, metavar="K,K,...", help="num_draft_tokens per request to sweep (comma list, each <= the deployment's max_draft_len; 0 = speculation off, the baseline)."),
+        click.option("--draft-lengths", "draft_lengths_old", default=None, callback=_int_list, hidden=True),
         click.option("--concurrency", "concurrency", default=None, metavar="N", help="Closed loop at N requests in flight (one level) [1,2,4,8,16 as a sweep]."),
         click.option("--concurrency-sweep", "concurrency_sweep", default=None, callback=_int_list, metavar="N,N,...", help="Closed loop at each of these concurrency levels."),
         click.option("--levels", "levels", default=None, callback=_int_list, hidden=True),
@@ -783,8 +848,9 @@ def _sweep_options(f):
         click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir of host:port targets (chat template)."),
         click.option("--openai", "openai_urls", multiple=True, metavar="URL", help="An OpenAI-compatible base URL to bench (repeatable): specbuild serve --openai-port, trtllm-serve, vLLM, SGLang."),
         click.option("--openai-chat", is_flag=True, help="OpenAI targets: send prompts to /chat/completions."),
-        click.option("--openai-draft-len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the draft length the server runs with (a label) [0]."),
-        click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Where recipe engines and repositories go [./specbuild-out/NAME]."),
+        click.option("--openai-max-draft-len", "openai_draft_len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the max_draft_len the server was deployed with (a label) [0]."),
+        click.option("--openai-draft-len", "openai_draft_len_old", type=click.IntRange(min=0), default=None, hidden=True),
+        click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Recipe targets: the folder their deployment folders go in, as DIR/NAME, or one recipe's deployment folder (specbuild recipe -o DIR), reused as it is [./specbuild-out]."),
         click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
         click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for each server to be ready (seconds)."),
         click.option("--streaming/--no-streaming", "stream", default=None, help="Stream every request: measures TTFT, inter-token latency and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served; OpenAI: on]"),
@@ -802,8 +868,10 @@ def _resolve_sweep_options(options: dict) -> dict:
         _deprecated("--stream/--no-stream", "--streaming/--no-streaming")
         if options["stream"] is None:
             options["stream"] = stream_old
-    for old, new, key in (("--requests", "--request-count", "requests"), ("--warmup", "--warmup-request-count", "warmup")):
-        value = options.pop(f"{key}_old")
+    for old, new, key in (("--requests", "--request-count", "requests"), ("--warmup", "--warmup-request-count", "warmup"),
+                          ("--draft-lengths", "--num-draft-tokens", "draft_lengths"),
+                          ("--openai-draft-len", "--openai-max-draft-len", "openai_draft_len")):
+        value = options.pop(f"{key}_old", None)
         if value is not None:
             _deprecated(old, new)
             options[key] = value
@@ -888,7 +956,7 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, **optio
 
     \b
     Examples:
-      specbuild bench smollm2-ngram --draft-lengths 0,1,2,4 --concurrency-sweep 1,4,8 --prompts chat:8
+      specbuild bench smollm2-ngram --num-draft-tokens 0,1,2,4 --concurrency-sweep 1,4,8 --prompts chat:8
       specbuild bench smollm2-ngram --request-rate-sweep 0.2,0.5,1 --repeats 3 --slo ttft=2000,tpot=200
       specbuild bench smollm2-ngram smollm2-lookahead --prompts humaneval:4 --prompts summarize:4
       specbuild bench 127.0.0.1:8001 --label ngram --metrics-url 127.0.0.1:8002
@@ -924,7 +992,7 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
 
     \b
     Examples:
-      specbuild tune smollm2-ngram smollm2-lookahead --draft-lengths 0,1,2,3 --concurrency-sweep 1,4,8 --repeats 3
+      specbuild tune smollm2-ngram smollm2-lookahead --num-draft-tokens 0,1,2,3 --concurrency-sweep 1,4,8 --repeats 3
       specbuild tune --from specbuild-out/bench/bench.json --goal throughput --max-latency-ms 5000
     """
     from specbuild.client.bench import BenchError, load_result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -22,27 +23,48 @@ def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths, warnings
         console.print(f"  [yellow]warning[/yellow]   {warning}", highlight=False, soft_wrap=True)
 
 
-def print_recipes(console: Console, rows: list[dict]) -> None:
-    """``specbuild recipes``: one row per bundled recipe (see :func:`specbuild.pipeline.recipe_summaries`)."""
+LOG_PROGRESS_EVERY_S = 30.0  # piped or logged output: how often a progress line is printed
+WIDE_COLUMNS = 120  # below this, ``specbuild recipes`` leaves the descriptions to --wide
+WIDE_LINE = 200
+
+
+def print_recipes(console: Console, rows: list[dict], *, wide: bool = False) -> None:
+    """``specbuild recipes``: one row per bundled recipe (see :func:`specbuild.pipeline.recipe_summaries`).
+
+    Names, methods and backends never wrap (a user copies them). Narrower than 120 columns the
+    descriptions are left out, unless ``wide``: then the table is printed at its full width.
+    """
+    described = wide or console.width >= WIDE_COLUMNS
     table = Table(show_header=True, box=None, pad_edge=False)
-    for column in ("recipe", "method", "backend", "runs on", "training", "description"):
-        table.add_column(column, overflow="fold")
+    for column in ("recipe", "method", "backend", "runs on"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("training", overflow="fold")
+    if described:
+        table.add_column("description", overflow="fold")
     for row in rows:
         if "error" in row:
-            table.add_row(row["name"], "", "", "", "", f"[red]invalid:[/red] {row['error']}")
-            continue
-        table.add_row(row["name"], row["method"], row["backend"], row["runs_on"], _training_cell(row["training"]), row["description"])
+            cells = [row["name"], "", "", "", "", f"[red]invalid:[/red] {row['error']}"]
+        else:
+            cells = [row["name"], row["method"], row["backend"], row["runs_on"], _training_cell(row["training"]), row["description"]]
+        table.add_row(*cells[: 6 if described else 5])
+    if wide and console.width < WIDE_LINE:  # lines longer than the terminal, as `ps -ww`
+        console = Console(width=WIDE_LINE, file=console.file, color_system=console.color_system, force_terminal=console.is_terminal)
     console.print(table)
+    if not described:
+        console.print("descriptions: specbuild recipes --wide (training times: estimates)", highlight=False)
 
 
 def _training_cell(info: dict | None) -> str:
-    """``no``; ``yes, not trained (3000 steps)``; ``trained: 3000 steps, 1501 s (+ 912 s data)``."""
+    """``no``; ``yes, ~30 min est.``; ``yes, 3000 steps``; ``trained, 25 min + 15 min data``."""
     if info is None:
         return "no"
     if not info["trained"]:
-        return f"yes, not trained yet ({info['steps']} steps)"
-    data = f" + {info['data_seconds']:.0f} s data" if isinstance(info.get("data_seconds"), (int, float)) else ""
-    return f"trained: {info['steps']} steps, {info['seconds']} s{data}"
+        estimate = info.get("estimated_seconds")
+        return f"yes, ~{max(1, round(estimate / 60))} min est." if estimate else f"yes, {info['steps']} steps"
+    minutes = lambda s: f"{max(1, round(s / 60))} min"  # noqa: E731
+    data = f" + {minutes(info['data_seconds'])} data" if isinstance(info.get("data_seconds"), (int, float)) else ""
+    seconds = info.get("seconds")
+    return f"trained, {minutes(seconds)}{data}" if isinstance(seconds, (int, float)) else f"trained, {info['steps']} steps"
 
 
 @contextmanager
@@ -79,9 +101,12 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
             if not console.is_terminal:
                 bar.console.print(f"{name} ...", highlight=False)
 
+        logged = [time.monotonic()]
+
         def progress(done: int, total: int) -> None:
             bar.update(stage, description="[bold]verify[/bold]", total=total, completed=done)
-            if not console.is_terminal:  # no live bar in a log: one line per prompt instead
+            if not console.is_terminal and (done == total or time.monotonic() - logged[0] >= LOG_PROGRESS_EVERY_S):
+                logged[0] = time.monotonic()  # no live bar in a log: a line every 30 s and one at the end
                 bar.console.print(f"  verified {done}/{total} prompts", highlight=False)
 
         try:
@@ -116,7 +141,12 @@ def print_summary(console: Console, summary: RunSummary) -> None:
         for line in summary.next_steps:
             console.print(f"  {line}", highlight=False)
         return
+    from specbuild.triton_repo.tritonserver import expected_error_lines
+
     console.print(f"engine: {p.engine_dir}\nrepository: {p.repo_dir}\nserver log: {p.log_file}\nreport: {p.report}", highlight=False)
+    expected = expected_error_lines(p.log_file)
+    if expected:
+        console.print(f"  (its {expected} CUDA 'E' lines are expected on a machine without a GPU)", highlight=False)
 
 
 def print_report(console: Console, report) -> None:
@@ -131,14 +161,16 @@ def print_report(console: Console, report) -> None:
     if not report.all_match and getattr(report, "passed", False):
         verdict = f"[yellow]NEAR-TIES ONLY[/yellow] ({report.num_near_ties} within --near-tie-margin {report.near_tie_margin:g})"
     fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
-    console.print(
-        f"{verdict}: {report.num_match}/{report.num_prompts} prompts token-identical; "
-        f"mean acceptance length {fmt(report.mean_acceptance_length, '.2f')} "
-        f"(acceptance rate {fmt(report.mean_acceptance_rate, '.2f')}, {fmt(report.total_draft_tokens, 'd')} draft tokens, "
-        f"from {getattr(report, 'acceptance_source', None) or 'none'}); "
-        f"speculative {report.speculative_tokens_per_s:.1f} vs non-speculative {report.baseline_tokens_per_s:.1f} "
-        f"tokens/s: speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)"
-    )
+    lines = [  # short lines, one phrase each: nothing wraps mid-phrase in an 80-column terminal
+        f"{verdict}: {report.num_match}/{report.num_prompts} prompts token-identical",
+        f"  mean acceptance length {fmt(report.mean_acceptance_length, '.2f')} "
+        f"(acceptance rate {fmt(report.mean_acceptance_rate, '.2f')})",
+        f"  {fmt(report.total_draft_tokens, 'd')} draft tokens; acceptance from "
+        f"{getattr(report, 'acceptance_source', None) or 'none'}",
+        f"  speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)",
+        f"  tokens/s: speculative {report.speculative_tokens_per_s:.1f}, non-speculative {report.baseline_tokens_per_s:.1f}",
+    ]
+    console.print("\n".join(lines), highlight=False)
 
 
 def print_draft_check(console: Console, result) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specbuild.builder.recipe import LoadedRecipe, RecipeError, load_recipe
-from specbuild.pipeline import RunPaths, check_runnable, default_output_dir, draft_from_train_stage
+from specbuild.pipeline import RunPaths, check_ports, check_runnable, default_output_dir, draft_from_train_stage
 
 if TYPE_CHECKING:
     from specbuild.prompts import Prompt
@@ -203,6 +203,22 @@ def serve_build(
             server.stop()
 
 
+def recipe_output_dir(output_root: Path, name: str) -> Path:
+    """Recipe ``name``'s deployment folder under ``output_root``: ``output_root/name``, or
+    ``output_root`` itself when it is already that recipe's deployment folder (its
+    ``triton_repo/specbuild-repo.json`` names the recipe), so that ``bench --deploy-dir OUT`` reuses
+    what ``specbuild recipe -o OUT`` built instead of building again in ``OUT/name``."""
+    import json
+
+    from specbuild.triton_repo.reference_repository import REPO_METADATA
+
+    try:
+        built_for = json.loads((output_root / "triton_repo" / REPO_METADATA).read_text()).get("recipe")
+    except (OSError, ValueError, AttributeError):
+        built_for = None
+    return output_root if built_for == name else output_root / name
+
+
 @contextmanager
 def deploy(
     recipe: str | Path | LoadedRecipe, *, output_dir: Path | None = None, output_root: Path | None = None,
@@ -215,7 +231,8 @@ def deploy(
     Args:
         recipe: a bundled recipe's name, a recipe file, or a loaded recipe.
         output_dir: engine, repository, logs [``<output_root>/<recipe name>``].
-        output_root: where recipes' output directories go [``./specbuild-out``].
+        output_root: where recipes' output directories go [``./specbuild-out``]; a recipe's own
+            deployment folder is used as it is (:func:`recipe_output_dir`).
         rebuild: rebuild the engine even if its inputs are unchanged.
         decoupled: serve streaming (one response per decoding step); None = the recipe's
             ``serve.decoupled``.
@@ -241,8 +258,10 @@ def deploy(
             f"{loaded.path}: build.backend {loaded.recipe.build.backend!r} is served inside the TensorRT-LLM Triton "
             "container; build it with `specbuild build` and run its launch.sh there"
         )
+    if not free_ports:
+        check_ports(loaded)  # a taken port fails now, not after the build
     if output_dir is None:
-        output_dir = Path(output_root) / loaded.recipe.name if output_root is not None else default_output_dir(loaded)
+        output_dir = recipe_output_dir(Path(output_root), loaded.recipe.name) if output_root is not None else default_output_dir(loaded)
     build = build_recipe(loaded, RunPaths(Path(output_dir)), rebuild=rebuild, decoupled=decoupled, stage=stage, log=log)
     with serve_build(build, free_ports=free_ports, log_name=log_name, stage=stage) as served:
         yield served

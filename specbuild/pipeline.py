@@ -14,6 +14,7 @@ behind lives under one output directory::
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -177,8 +178,64 @@ def check_runnable(loaded: LoadedRecipe) -> CheckedInputs:
     ]
     if missing:
         extras = ",".join(sorted(set(missing)))
-        raise RecipeError(f"missing dependencies for this recipe; install them with: pip install 'specbuild[{extras}]'")
+        message = f"missing dependencies for this recipe; install them with: pip install 'specbuild[{extras}]'"
+        if "server" in missing:
+            from specbuild.triton_repo.triton_install import platform_problem
+
+            problem = platform_problem() if shutil.which("tritonserver") is None else None
+            message += f" (but {problem})" if problem else ""
+        raise RecipeError(message)
     return checked
+
+
+SERVE_PORTS = ("http_port", "grpc_port", "metrics_port")
+
+
+def with_serve_ports(loaded: LoadedRecipe, **ports: int | None) -> LoadedRecipe:
+    """``loaded`` with ``serve.http_port`` / ``grpc_port`` / ``metrics_port`` replaced where ``ports``
+    gives one (``specbuild recipe --http-port ...``; None: the recipe's; 0: a free port at start).
+
+    Raises:
+        RecipeError: two of the resulting ports are the same (0 excepted).
+    """
+    import dataclasses
+
+    update = {name: port for name, port in ports.items() if port is not None}
+    if not update:
+        return loaded
+    serve = loaded.recipe.serve.model_dump()
+    serve.update(update)
+    taken: dict[int, str] = {}
+    for name in SERVE_PORTS:
+        if serve[name] and serve[name] in taken:
+            raise RecipeError(
+                f"--{name.replace('_', '-')} {serve[name]} is also the {taken[serve[name]].replace('_', ' ')}; "
+                "http, grpc and metrics each need their own port (0 picks a free one)"
+            )
+        taken[serve[name]] = name
+    new = type(loaded.recipe.serve).model_validate(serve)
+    return dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"serve": new}))
+
+
+def check_ports(loaded: LoadedRecipe) -> None:
+    """The recipe's fixed serve ports (not 0) are free on ``serve.host`` now, checked in
+    milliseconds before any build (tritonserver itself would find out after loading the models).
+
+    Raises:
+        RecipeError: at the ``serve.<name>_port`` line; names ``specbuild recipe --<name>-port`` and 0.
+    """
+    from specbuild.triton_repo.tritonserver import port_in_use
+
+    serve = loaded.recipe.serve
+    for name in SERVE_PORTS:
+        port = getattr(serve, name)
+        if port and port_in_use(serve.host, port):
+            flag = "--" + name.replace("_", "-")
+            raise loaded.error(
+                ("serve", name),
+                f"port {port} on {serve.host} is already in use (another server running?); give `specbuild recipe` "
+                f"{flag} N for another port or {flag} 0 for a free one, or change serve.{name}",
+            )
 
 
 def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
@@ -363,6 +420,8 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
         return summary
     with deploy(loaded, output_dir=paths.output_dir, rebuild=rebuild, stage=timed, log=log) as served:
         summary.engine_rebuilt = served.engine_rebuilt
+        s = served.server
+        log(f"tritonserver on {served.loaded.recipe.serve.host}: http {s.http_port}, grpc {s.grpc_port}, metrics {s.metrics_port}")
         with timed("verify"):
             summary.report = _verify(served, progress=progress)
     summary.report.write(paths.report)

@@ -117,6 +117,40 @@ def test_grpc_port_equal_to_http_port_points_at_the_second_one(tmp_path):
            "{path}:9: serve.grpc_port: 9000 is also http_port", "(0 picks a free one)")
 
 
+@pytest.fixture
+def taken_port():
+    """A port something listens on for the test's duration."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_port_in_use_is_refused_before_the_build_and_names_a_real_flag(tmp_path, taken_port):
+    path = write(tmp_path, GOOD + f"serve:\n  http_port: {taken_port}\n  grpc_port: 0\n  metrics_port: 0\n")
+    code, _, err, seconds = run("recipe", str(path), "-o", str(tmp_path / "out"))
+    assert code == ExitCode.BAD_INPUT and seconds < FAST_S, err
+    assert f"{path}:8: serve.http_port: port {taken_port} on 127.0.0.1 is already in use" in err
+    assert "--http-port N" in err and "--http-port 0 for a free one" in err
+    assert not (tmp_path / "out").exists()  # nothing was built
+    from specbuild.cli import recipe_command
+
+    assert {"--http-port", "--grpc-port", "--metrics-port"} <= {o for p in recipe_command.params for o in p.opts}
+
+
+def test_recipe_port_flags_override_the_recipe(tmp_path, taken_port):
+    path = write(tmp_path, GOOD)
+    code, _, err, _ = run("recipe", str(path), "-o", str(tmp_path / "out"), "--grpc-port", str(taken_port), "--http-port", "0",
+                          "--metrics-port", "0")
+    assert code == ExitCode.BAD_INPUT and f"serve.grpc_port: port {taken_port}" in err and "--grpc-port N" in err
+    code, out, _, _ = run("recipe", str(path), "--dry-run", "--http-port", "9123", "--grpc-port", "0")
+    assert code == 0 and "http 9123, grpc 0, metrics 8002" in out
+    code, _, err, _ = run("recipe", str(path), "--dry-run", "--http-port", "9123", "--metrics-port", "9123")
+    assert code == ExitCode.BAD_INPUT and "--metrics-port 9123 is also the http port" in err
+
+
 @pytest.mark.parametrize("host", ["''", "'not a host'", "'-bad-'", "'999.1.1.1 '"])
 def test_empty_or_garbage_host(tmp_path, host):
     refuse(tmp_path, GOOD + f"serve:\n  host: {host}\n", "{path}:8: serve.host:", "neither an IP address nor a host name",
@@ -309,6 +343,13 @@ def test_every_command_takes_h_and_shows_examples():
     assert "Examples:" in run("-h")[1]
 
 
+def test_command_list_gives_whole_summaries_at_80_columns():
+    out = CliRunner().invoke(main, ["--help"], env={"COLUMNS": "80"}).output
+    listed = " ".join(out.split("Commands:")[1].split())
+    assert "..." not in listed and max(len(line) for line in out.splitlines()) <= 80
+    assert "Sweep TARGETS x draft lengths x load x prompt sets; print a table, write JSON, CSV and JSONL." in listed
+
+
 def test_unreachable_server_exits_3(tmp_path):
     prompts = write(tmp_path, "def f():\n", "p.txt")
     code, _, err, _ = run("verify", "--url", "127.0.0.1:9", "--prompts", str(prompts), "--wait-s", "0", "--report",
@@ -375,6 +416,25 @@ def test_recipes_json_has_method_backend_device_and_training():
                                                           "runs_on": "CPU", "training": None, "description": ""}
     assert rows["llama-eagle"]["runs_on"] == "GPU"
     assert rows["smollm2-eagle"]["training"]["steps"] > 0
+
+
+@pytest.mark.parametrize("columns", [80, 100, 200])
+def test_recipes_table_prints_every_name_whole_and_fits_the_terminal(columns, tmp_path, monkeypatch):
+    from specbuild.builder.recipe import bundled_recipes
+
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path))  # nothing trained: estimates
+    result = CliRunner().invoke(main, ["recipes"], env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    assert [line.split()[0] for line in lines[1:len(bundled_recipes()) + 1]] == sorted(bundled_recipes())
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert "~30 min est." in rows["smollm2-eagle"] and rows["smollm2-ngram"].split()[4] == "no"
+    assert ("SmolLM2-135M-Instruct + n-gram" in result.output) == (columns >= 120)
+    plan = CliRunner().invoke(main, ["plan", "smollm2-eagle"], env={"COLUMNS": "80"}).output
+    assert "estimate: about 30 min on a 2-core CPU (15 min of training at 3.3 steps/s" in " ".join(plan.split())
+    wide = CliRunner().invoke(main, ["recipes", "--wide"], env={"COLUMNS": "80"}).output
+    assert "SmolLM2-135M-Instruct + n-gram speculation on the CPU reference engine" in wide
 
 
 def test_plan_does_not_call_an_untrained_head_cached(tmp_path, monkeypatch):
@@ -501,3 +561,14 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         for case, code, first in table(Path(tmp)):
             print(f"| {case} | {code} | `{first.replace(tmp, '.')}` |")
+
+
+def test_serve_keeps_its_log_apart_from_the_recipe_runs(tmp_path, monkeypatch):
+    import specbuild.triton_repo.tritonserver as tritonserver
+
+    (tmp_path / "triton_repo" / "m").mkdir(parents=True)
+    (tmp_path / "triton_repo" / "m" / "config.pbtxt").write_text('name: "m"\n')
+    logs = []
+    monkeypatch.setattr(tritonserver, "serve_forever", lambda server, companion=None, **_: logs.append(server.log_file) or 0)
+    code, _, err, _ = run("serve", str(tmp_path / "triton_repo"))
+    assert code == 0 and logs == [(tmp_path / "logs" / "tritonserver-serve.log").resolve()], err

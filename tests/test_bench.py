@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -120,12 +121,12 @@ def test_draft_length_maps_to_the_request_fields_of_each_method():
     ngram = Deployment("ngram", "h:1", method="ngram", max_draft_len=4)
     assert ngram.request_fields(0) == {"num_draft_tokens": 0}
     assert ngram.request_fields(3) == {"num_draft_tokens": 3}
-    with pytest.raises(BenchError, match="max_draft_len 4; use --draft-lengths up to 4"):
+    with pytest.raises(BenchError, match="max_draft_len 4; use --num-draft-tokens up to 4"):
         ngram.request_fields(5)
     lookahead = Deployment("la", "h:1", method="lookahead", lookahead=(4, 3, 4))
     assert lookahead.request_fields(2) == {"lookahead_config": (4, 3, 4)}  # candidate length n - 1 = 2
     assert lookahead.request_fields(0) == {"num_draft_tokens": 0}
-    with pytest.raises(BenchError, match="built N = 3; use --draft-lengths up to 2"):
+    with pytest.raises(BenchError, match="built N = 3; use --num-draft-tokens up to 2"):
         lookahead.request_fields(3)
 
 
@@ -151,7 +152,7 @@ def test_plain_deployment_is_swept_at_draft_length_zero_only():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"draft_lengths": (0, -1)}, "draft-lengths"),
+        ({"draft_lengths": (0, -1)}, "num-draft-tokens"),
         ({"concurrencies": (0,)}, "concurrency"),
         ({"prompt_sets": ()}, "--prompts"),
         ({"max_tokens": 0}, "max-tokens"),
@@ -229,7 +230,7 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
     bench_dir = tmp_path / "bench"
     runner = CliRunner()
     result = runner.invoke(main, [
-        "bench", str(recipe), "--draft-lengths", "0,1,3", "--concurrency-sweep", "1,2", "--prompts", str(prompts),
+        "bench", str(recipe), "--num-draft-tokens", "0,1,3", "--concurrency-sweep", "1,2", "--prompts", str(prompts),
         "--max-tokens", "12", "--end-id", "-1", "--deploy-dir", str(tmp_path / "deploy"), "--results-dir", str(bench_dir),
         "--repeats", "2",
     ])
@@ -297,7 +298,7 @@ def test_bench_a_running_server_by_url_without_streaming(tiny_checkpoint, tmp_pa
     prompts.write_text("".join(json.dumps(p) + "\n" for p in E2E_PROMPTS))
     with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
         result = CliRunner().invoke(main, [
-            "bench", server.grpc_url, "--label", "tiny", "--metrics-url", server.metrics_url, "--draft-lengths", "0,2",
+            "bench", server.grpc_url, "--label", "tiny", "--metrics-url", server.metrics_url, "--num-draft-tokens", "0,2",
             "--concurrency", "1,3", "--prompts", str(prompts), "--max-tokens", "10", "--end-id", "-1",
             "-o", str(tmp_path / "out"),
         ])
@@ -306,6 +307,7 @@ def test_bench_a_running_server_by_url_without_streaming(tiny_checkpoint, tmp_pa
     assert len(points) == 4
     for p in points:
         assert p["deployment"] == "tiny" and p["problems"] == [] and p["counters_checked"]
+        assert p["method"] == loaded.recipe.speculation.method  # asked of the server, not "unknown"
         assert p["ids_match_baseline"] == 1.0
         assert p["ttft_ms_p50"] is None and p["per_position_acceptance"] is None  # not streamed: not measured
     assert "TTFT not measured" in result.output
@@ -327,7 +329,7 @@ def test_open_loop_at_two_rates_with_goodput(tiny_checkpoint, tmp_path):
     prompts.write_text("".join(json.dumps(p) + "\n" for p in E2E_PROMPTS))
     with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
         result = CliRunner().invoke(main, [
-            "bench", server.grpc_url, "--streaming", "--draft-lengths", "0,2", "--request-rate-sweep", "2,50",
+            "bench", server.grpc_url, "--streaming", "--num-draft-tokens", "0,2", "--request-rate-sweep", "2,50",
             "--max-concurrency", "3", "--request-count", "6", "--prompts", str(prompts), "--max-tokens", "8",
             "--end-id", "-1", "--slo", "e2el=600000,ttft=600000", "--results-dir", str(tmp_path / "out"),
         ])
@@ -361,7 +363,7 @@ def test_tune_cli_errors_are_one_line(tmp_path):
     bad.write_text("{}")
     result = runner.invoke(main, ["tune", "--from", str(bad)])
     assert result.exit_code == 2 and "not a bench.json" in result.output and "Traceback" not in result.output  # bad input
-    result = runner.invoke(main, ["bench", "--draft-lengths", "0,x", "127.0.0.1:1"])
+    result = runner.invoke(main, ["bench", "--num-draft-tokens", "0,x", "127.0.0.1:1"])
     assert result.exit_code == 2 and "comma-separated integers" in result.output
     result = runner.invoke(main, ["bench"])
     assert result.exit_code == 2 and "at least one target" in result.output
@@ -369,7 +371,7 @@ def test_tune_cli_errors_are_one_line(tmp_path):
 
 def test_bench_against_a_dead_url_fails_with_a_clear_error():
     result = CliRunner().invoke(main, ["bench", "127.0.0.1:9", "--prompts", "chat:1", "--concurrency", "1",
-                                       "--draft-lengths", "0", "--timeout-s", "2"])
+                                       "--num-draft-tokens", "0", "--timeout-s", "2"])
     assert result.exit_code == 3 and "127.0.0.1:9" in result.output and "Traceback" not in result.output  # unreachable
 
 
@@ -389,3 +391,91 @@ def test_deprecated_spellings_still_work_and_warn():
 
     with pytest.raises(click.UsageError, match="one at a time"):
         _resolve_sweep_options({**base, "concurrency": "2", "request_rate": 1.0})
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_deprecated_draft_length_flags_still_work_and_warn(command, monkeypatch):
+    import click
+
+    import specbuild.cli
+
+    seen = {}
+
+    def fake_run_bench(console, **options):
+        seen.update(options)
+        raise click.exceptions.Exit(0)
+
+    monkeypatch.setattr(specbuild.cli, "_run_bench", fake_run_bench)
+    result = CliRunner().invoke(main, [command, "127.0.0.1:1", "--draft-lengths", "0,3", "--openai-draft-len", "2"])
+    assert result.exit_code == 0, result.output
+    assert (seen["draft_lengths"], seen["openai_draft_len"]) == ((0, 3), 2)
+    assert "--draft-lengths is deprecated; use --num-draft-tokens" in result.stderr
+    assert "--openai-draft-len is deprecated; use --openai-max-draft-len" in result.stderr
+    result = CliRunner().invoke(main, [command, "127.0.0.1:1", "--num-draft-tokens", "0,1", "--openai-max-draft-len", "1"])
+    assert (seen["draft_lengths"], seen["openai_draft_len"]) == ((0, 1), 1) and "deprecated" not in result.stderr
+    shown = CliRunner().invoke(main, [command, "-h"]).output
+    assert "--num-draft-tokens" in shown and "--openai-max-draft-len" in shown
+    assert "--draft-lengths" not in shown and "--openai-draft-len " not in shown
+
+
+def test_serve_openai_num_draft_tokens_is_a_deprecated_alias(tmp_path, monkeypatch):
+    import specbuild.cli
+    import specbuild.triton_repo.tritonserver as tritonserver
+
+    (tmp_path / "repo" / "m").mkdir(parents=True)
+    (tmp_path / "repo" / "m" / "config.pbtxt").write_text('name: "m"\n')
+    seen = []
+    monkeypatch.setattr(specbuild.cli, "_openai_companion", lambda repo, host, port, model, k: seen.append(k))
+    monkeypatch.setattr(tritonserver, "serve_forever", lambda server, companion=None: 0)
+    repo = str(tmp_path / "repo")
+    result = CliRunner().invoke(main, ["serve", repo, "--openai-port", "0", "--openai-num-draft-tokens", "0"])
+    assert result.exit_code == 0 and seen == [0], result.output
+    assert "--openai-num-draft-tokens is deprecated; use --num-draft-tokens" in result.stderr
+    result = CliRunner().invoke(main, ["serve", repo, "--openai-port", "0", "--num-draft-tokens", "3"])
+    assert result.exit_code == 0 and seen == [0, 3] and "deprecated" not in result.stderr
+    assert CliRunner().invoke(main, ["serve", repo, "--num-draft-tokens", "3"]).exit_code == 2  # no OpenAI front to default
+    assert "--openai-num-draft-tokens" not in CliRunner().invoke(main, ["serve", "-h"]).output
+
+
+def test_deploy_dir_that_is_a_recipes_deployment_folder_is_not_nested(tmp_path):
+    from specbuild.deploy import recipe_output_dir
+
+    assert recipe_output_dir(tmp_path, "smollm2-ngram") == tmp_path / "smollm2-ngram"
+    (tmp_path / "triton_repo").mkdir()
+    (tmp_path / "triton_repo" / "specbuild-repo.json").write_text(json.dumps({"kind": "reference", "recipe": "smollm2-ngram"}))
+    assert recipe_output_dir(tmp_path, "smollm2-ngram") == tmp_path  # `specbuild recipe smollm2-ngram -o DIR`: reused
+    assert recipe_output_dir(tmp_path, "smollm2-lookahead") == tmp_path / "smollm2-lookahead"
+
+
+def test_host_port_target_method_comes_from_the_servers_model_config(tmp_path):
+    from specbuild.client.bench.probe import method_from_model_config
+
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    config = {"parameters": {"engine_dir": {"string_value": str(engine)}}}
+    lookahead = {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4}
+    for speculative, method in (({"decoding_type": "NGram", "max_draft_len": 4}, "ngram"), (lookahead, "lookahead"),
+                                ({"decoding_type": "DraftTarget", "max_draft_len": 2}, "draft_target"), (None, "none")):
+        (engine / "config.json").write_text(json.dumps({"speculative_config": speculative}))
+        assert method_from_model_config(config) == (method, speculative)
+    remote = {"parameters": {"engine_dir": {"string_value": "/not/here"}, "decoding_mode": {"string_value": "medusa"}}}
+    assert method_from_model_config(remote) == ("medusa", None)  # a TensorRT-LLM deployment elsewhere
+    assert method_from_model_config({"parameters": {}})[0] == "unknown"
+
+
+def test_bench_table_fits_80_columns_with_every_name_whole():
+    from rich.console import Console
+
+    from specbuild.client.bench import load_result, points_table
+
+    result = load_result(Path(__file__).parents[1] / "docs/results/2026-12-02-tune-ngram/bench.json")
+    console = Console(width=80, record=True)
+    console.print(points_table(result.points, width=console.width))
+    lines = console.export_text().splitlines()
+    assert max(map(len, lines)) <= 80
+    rows = [line.split() for line in lines if line.startswith(result.points[0].deployment)]
+    assert len(rows) == len(result.points) and all(row[1] == "humaneval:8" and row[2].startswith("C=") for row in rows)
+    assert {row[2] for row in rows} == {"C=1", "C=2", "C=4", "C=8", "C=16"}
+    wide = Console(width=200, record=True)
+    wide.print(points_table(result.points, width=wide.width))
+    assert "TTFT p50" in wide.export_text()  # a wide terminal keeps every column

@@ -172,6 +172,8 @@ def test_recipe_command_runs_the_main_job(tiny_checkpoint, tmp_path):
     assert report["summary"]["num_match"] == 3
     for part in ("engine/config.json", "triton_repo/ensemble/config.pbtxt", "logs/tritonserver.log"):
         assert (tmp_path / "out" / part).is_file(), part
+    log = (tmp_path / "out" / "logs" / "tritonserver.log").read_text()
+    assert "successfully loaded 'tensorrt_llm'" in log and "it/s]" not in log  # no tqdm bar drawn into the log
 
 
 @pytest.mark.slow

@@ -170,3 +170,31 @@ def test_the_reference_backend_refuses_build_fields_it_would_ignore():
     """A beam width on the reference engine would be accepted and do nothing."""
     with pytest.raises(RecipeError, match=r"demo.yaml:7: build.max_beam_width: the reference engine decodes one beam"):
         parse(GOOD.replace("ngram\n  max_draft_len: 3", "none") + "build:\n  max_beam_width: 4\n")
+
+
+@pytest.mark.parametrize("name", ["smollm2-eagle", "smollm2-medusa", "smollm2-draft"])
+def test_trained_drafts_and_token_maps_go_under_specbuild_cache(name, tmp_path, monkeypatch):
+    from specbuild.methods.token_map import recipe_token_map
+    from specbuild.train.stage import artefact_path, training_info
+
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
+    loaded = load_recipe(name)
+    trained = (tmp_path / "cache" / "trained" / name).resolve()
+    assert artefact_path(loaded) == trained
+    assert training_info(loaded)["artefact"] == str(trained)
+    assert recipe_token_map(loaded).resolve() == trained / "token_map.json"
+
+
+def test_cache_placeholder_in_any_recipe_path(tmp_path, monkeypatch):
+    from specbuild.builder.checkpoints import locate_checkpoint
+    from specbuild.cache import expand_cache_path
+
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    assert locate_checkpoint("${SPECBUILD_CACHE}/ckpt").path == (tmp_path / "ckpt").resolve()
+    assert parse("name: d\ntarget: {checkpoint: x}\n").resolve_path("$SPECBUILD_CACHE/a/b") == tmp_path / "a" / "b"
+    assert expand_cache_path("$SPECBUILD_CACHEX/a") == "$SPECBUILD_CACHEX/a"  # another variable: left alone
+    monkeypatch.delenv("SPECBUILD_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert expand_cache_path("$SPECBUILD_CACHE/trained/x") == str(Path.home() / ".cache" / "specbuild" / "trained" / "x")

@@ -37,6 +37,17 @@ def test_committed_reference_is_current(schema):
     )
 
 
+def test_every_recipe_field_has_a_description(schema):
+    """A method or setting added without a description (an attribute docstring under the field)
+    would be a bare name in docs/recipe-reference.md."""
+    models = [("Recipe", schema)] + list(schema["$defs"].items())
+    bare = [f"{name}.{field}" for name, model in models for field, prop in model.get("properties", {}).items()
+            if not prop.get("description")]
+    assert not bare, f"fields without a description (add a docstring under each): {bare}"
+    verify = schema["$defs"]["VerifyConfig"]["properties"]["prompts"]["description"]
+    assert "chat:N" in verify and "summarize:N" in verify
+
+
 def test_schema_is_a_valid_json_schema(schema):
     jsonschema.Draft202012Validator.check_schema(schema)
 

@@ -136,6 +136,8 @@ def test_find_tritonserver_locates_the_bundled_binary(install):
         env = server_environment(install, base={"LD_LIBRARY_PATH": "/existing", "PATH": "/usr/bin"})
         assert env["LD_LIBRARY_PATH"].split(os.pathsep)[-2:] == [str(install.library_path[-1]), "/existing"]
         assert env["PATH"].split(os.pathsep) == [str(install.bin_path[0]), "/usr/bin"]
+        assert env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"  # the log gets no tqdm bars
+        assert server_environment(install, base={"HF_HUB_DISABLE_PROGRESS_BARS": "0"})["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
         assert find_tritonserver() == install  # the cached backend directory is reused
 
 
@@ -296,3 +298,51 @@ def test_serve_forever_stops_on_sigterm(install, tmp_path, capsys):
     assert serve_forever(server) == 0
     assert server.returncode == 0
     assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == handlers_before
+
+
+def test_expected_cuda_error_lines_of_a_cpu_start_are_counted_apart(tmp_path):
+    from specbuild.triton_repo.tritonserver import expected_error_lines
+
+    log = tmp_path / "tritonserver.log"
+    log.write_text(
+        'E1204 17:03:11.589228 13683 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+        'I1204 17:03:11.591091 13683 model_lifecycle.cc:472] "loading: postprocessing:1"\n'
+        'E1204 17:03:40.110649 13683 ensemble_scheduler.cc:1468] "unable to create stream for ensemble: CUDA driver '
+        'version is insufficient for CUDA runtime version"\n'
+        'E1204 17:03:41.000000 13683 model.cc:1] "failed to load model"\n'
+    )
+    assert expected_error_lines(log) == 2 and expected_error_lines(tmp_path / "missing.log") == 0
+
+
+@pytest.mark.parametrize("system, machine, libc, problem", [
+    ("Linux", "x86_64", ("glibc", "2.35"), None),
+    ("Linux", "x86_64", ("glibc", "2.39"), None),
+    ("Linux", "x86_64", ("glibc", "2.31"), "this Linux has glibc 2.31"),
+    ("Linux", "x86_64", ("", ""), "this Linux has no glibc"),  # musl (Alpine)
+    ("Linux", "aarch64", ("glibc", "2.39"), "this is Linux on aarch64"),
+    ("Darwin", "arm64", ("", ""), "this is Darwin on arm64"),
+    ("Windows", "AMD64", ("", ""), "this is Windows on AMD64"),
+])
+def test_platform_that_cannot_run_the_bundled_tritonserver_is_named(system, machine, libc, problem):
+    from specbuild.triton_repo.triton_install import platform_problem
+
+    found = platform_problem(system, machine, libc)
+    if problem is None:
+        assert found is None
+    else:
+        assert found.startswith(problem) and "Linux on x86-64 with glibc 2.35 or newer" in found
+
+
+def test_missing_server_on_an_unsupported_platform_says_why_pip_cannot_help(monkeypatch):
+    import importlib.util
+    import platform
+    import shutil
+
+    from specbuild.triton_repo import triton_install
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    with pytest.raises(ServerNotFoundError, match="this is Darwin on arm64; tritonserver from PyPI"):
+        triton_install.find_tritonserver()

@@ -268,3 +268,77 @@ def test_schedule_ignores_gains_smaller_than_min_gain():
     (guarded,) = draft_len_schedule(cands, min_gain=0.05)  # 2 % at C=1 is within the margin, 20 % at C=4 is not
     assert guarded.best == {1: 0, 4: 2}
     assert guarded.max_concurrency is None
+
+
+def test_tie_note_names_k0_as_the_simpler_choice_when_it_is_one():
+    from specbuild.client.tune.report import tie_note
+
+    best = cand(10.0, 100.0, k=4)
+    assert tie_note(best, [cand(11.0, 95.0, k=2), cand(12.0, 90.0, k=0)]).endswith(
+        "; the simpler choice is d k=0 C=1: speculation off")
+    assert tie_note(best, [cand(11.0, 95.0, k=2)]).endswith("; the simpler choice is d k=2 C=1")
+    assert tie_note(cand(10.0, 100.0, k=0), [cand(11.0, 95.0, k=2)]).endswith("prefer the simpler or cheaper one")
+
+
+def test_repeated_small_sample_warnings_become_one_line():
+    from specbuild.client.tune.report import summarize_warnings
+
+    small = [f"ngram humaneval:8 k={k} C={c}: 16 requests (< 20): percentiles and intervals are rough" for k in (0, 2, 4) for c in (1, 2)]
+    unstable = "ngram humaneval:8 k=0 C=2: unstable: a repeat's tokens/s is 20% from the mean (> 10%)"
+    assert summarize_warnings(small + [unstable]) == [
+        unstable, "6 points have 16 requests (< 20): percentiles and intervals are rough; raise --request-count or --repeats "
+        "(tune.json lists them)"]
+    assert summarize_warnings([unstable]) == [unstable]
+
+
+def test_frontier_legend_matches_hollow_points_and_the_star_sits_beside_its_point(tmp_path, monkeypatch):
+    import specbuild.client.tune.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, plt, path: figures.append(fig) or path)
+    points = [p | {"small_sample": True} for p in synthetic_sweep(0.6, 0.1, batching_loss=0.5)]
+    report = tune(points)
+    plot_frontier(points, report, tmp_path / "frontier.png")
+    ax = figures[0].axes[0]
+    legend = {text.get_text(): handle for text, handle in zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles)}
+    k_entries = [handle for label, handle in legend.items() if label.startswith("k=")]
+    assert k_entries and all(h.get_markerfacecolor() == "white" for h in k_entries)  # every point is hollow: so are they
+    labels = {a.get_text() for a in ax.texts}
+    best = report.recommendations["s"]
+    assert f"k={best.draft_len}, C={best.concurrency}" in labels
+    star = next(c for c in ax.collections if c.get_label().startswith("recommended"))
+    at = ax.transData.transform((best.latency_ms, best.throughput))
+    drawn = star.get_transform().transform(star.get_offsets()[0])
+    assert math.dist(at, drawn) > 20  # pixels: beside the point, not over it
+
+
+def test_speedup_plot_marks_not_significant_points(tmp_path, monkeypatch):
+    import specbuild.client.tune.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, plt, path: figures.append(fig) or path)
+    points = synthetic_sweep(0.6, 0.1, batching_loss=0.5)
+    report = tune(points)
+    import dataclasses
+
+    row = report.analytic[0]
+    report.analytic[0] = dataclasses.replace(row, speedup_ci=[row.speedup - 0.5, max(row.speedup, 1.0) + 0.5])  # contains 1.0
+    plot_speedup(points, report, tmp_path / "speedup.png")
+    texts = [t.get_text() for ax in figures[0].axes for t in ax.texts]
+    assert texts.count("n.s.") == 1
+
+
+def test_tune_tables_fit_80_columns_and_never_cut_a_name():
+    from rich.console import Console
+
+    from specbuild.client.tune import report_tables
+
+    points = synthetic_sweep(0.6, 0.1, batching_loss=0.5)
+    points = [p | {"deployment": "smollm2-lookahead-long", "prompt_set": "humaneval:8"} for p in points]
+    report = tune(points)
+    console = Console(width=80, record=True)
+    for table in report_tables(report, width=console.width):
+        console.print(table)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text and "smollm2-lookahead-long" in text and "draft_len_schedule" in text

@@ -70,34 +70,63 @@ class TrainConfig(StrictModel):
         eval_prompts / eval_max_tokens / eval_draft_len: held-out acceptance measurement size.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     prompts: str = HUMANEVAL_TRAIN
+    """Training prompts: `humaneval-train` (HumanEval 40..163) or a .jsonl (`prompt` or `text`) / .txt file, relative to the recipe."""
     held_out: str = "humaneval:20"
+    """Prompts for the held-out acceptance measurement (`humaneval:N`, N <= 40, or a file); none may be a training prompt."""
     max_prompts: int | None = Field(None, ge=1)
+    """Use only the first N training prompts; null: all."""
     max_new_tokens: int = Field(256, ge=1, le=8192)
+    """Tokens the target generates per training response."""
     samples_per_prompt: int = Field(1, ge=1, le=64)
+    """Responses per training prompt: the first greedy, the others sampled at `temperature`."""
     temperature: float = Field(0.8, gt=0, le=4)
+    """Sampling temperature of the extra responses."""
     texts: str | None = None
+    """Extra teacher-forced text: `python-stdlib` or a .jsonl / .txt path; null: generated data only (Medusa skips it)."""
     text_tokens: int = Field(100_000, ge=1)
+    """Tokens taken from `texts`."""
     text_chunk_tokens: int = Field(512, ge=16, le=8192)
+    """Length of the pieces `texts` is cut into."""
     generation_batch_size: int = Field(16, ge=1, le=1024)
+    """Prompts per batched generate() call while making the data."""
     steps: int = Field(1000, ge=1)
+    """Optimizer steps."""
     batch_tokens: int = Field(1024, ge=8)
+    """Tokens per step (sequences packed, block-diagonal mask)."""
     learning_rate: float = Field(3e-4, gt=0, lt=1)
+    """AdamW peak learning rate (linear warm-up, cosine decay)."""
     warmup_steps: int = Field(20, ge=0)
+    """Steps of linear warm-up."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
     grad_clip: float = Field(1.0, gt=0)
+    """Gradient norm clip."""
     seed: int = Field(0, ge=0)
+    """Seeds initialisation, batch order and noise: the same seed gives the same weights."""
     checkpoint_every: int = Field(100, ge=1)
+    """Save a resumable checkpoint every N steps (and at the end)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto`: CUDA when available, else CPU."""
     num_layers: int | None = Field(None, ge=1, le=64)
+    """EAGLE decoder layers (1); Medusa residual blocks per head (1); draft model: target layers kept (4). null: those defaults."""
     feature_noise: float = Field(0.05, ge=0)
+    """EAGLE input-feature noise, uniform in ±feature_noise * std(features)."""
     token_loss_weight: float = Field(0.1, ge=0)
+    """EAGLE classification-loss weight (the paper's w_cls)."""
     loss_decay: float = Field(0.8, gt=0, le=1)
+    """Weight loss_decay**k of Medusa head k and of EAGLE-3's k-th training-time-test step."""
     ttt_steps: int = Field(3, ge=1, le=8)
+    """EAGLE-3 training-time-test depth."""
     distill_temperature: float = Field(1.0, gt=0)
+    """Draft model: KL distillation temperature."""
     token_map_size: int | None = Field(None, ge=1)
+    """Write speculation.speculative_token_map with the target's N most frequent predictions in the data; null: none."""
     eval_prompts: int = Field(10, ge=0)
+    """Held-out prompts for the model card's acceptance measurement."""
     eval_max_tokens: int = Field(128, ge=1)
+    """Tokens per held-out prompt."""
     eval_draft_len: int = Field(4, ge=1, le=64)
+    """Draft length of the held-out measurement."""

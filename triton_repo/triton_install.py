@@ -44,6 +44,11 @@ INSTALL_HINT = "pip install 'specbuild[server]'"
 CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
 
 
+# Progress bars off (Hugging Face hub and transformers' "Loading weights", any tqdm >= 4.66): in a
+# log file each redraw is another carriage return on one ever-longer line.
+QUIET_PROGRESS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+
+
 class ServerNotFoundError(RuntimeError):
     """No ``tritonserver`` binary on PATH and no ``nvidia-pytriton`` installed."""
 
@@ -65,6 +70,40 @@ class TritonInstall:
     bin_path: list[Path] = field(default_factory=list)
 
 
+# nvidia-pytriton's wheel, which carries the tritonserver specbuild runs on a CPU, is
+# manylinux_2_35_x86_64: Linux on x86-64 with glibc 2.35 or newer (Ubuntu 22.04, Debian 12, RHEL 10).
+PYTRITON_PLATFORM = ("Linux", ("x86_64", "AMD64"), (2, 35))
+
+
+def platform_problem(system: str | None = None, machine: str | None = None, libc: tuple[str, str] | None = None) -> str | None:
+    """Why this machine cannot run the tritonserver bundled in nvidia-pytriton, or None when it can.
+    Arguments default to this machine's (``platform.system()``, ``platform.machine()``,
+    ``platform.libc_ver()``).
+
+    Example: ``platform_problem("Darwin", "arm64", ("", ""))`` -> ``"this is Darwin on arm64; ..."``.
+    """
+    import platform
+
+    system = platform.system() if system is None else system
+    machine = platform.machine() if machine is None else machine
+    lib, version = platform.libc_ver() if libc is None else libc
+    want_system, want_machines, want_glibc = PYTRITON_PLATFORM
+    where = (
+        "tritonserver from PyPI (nvidia-pytriton) needs Linux on x86-64 with glibc 2.35 or newer; run specbuild "
+        "on such a machine (a VM, WSL2, or a container such as nvcr.io/nvidia/tritonserver:<yy.mm>-py3), or put a "
+        "tritonserver on PATH"
+    )
+    if system != want_system or machine not in want_machines:
+        return f"this is {system} on {machine}; {where}"
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        found = ()
+    if lib != "glibc" or len(found) < 2 or found < want_glibc:
+        return f"this Linux has {lib or 'no glibc'} {version}".rstrip() + f"; {where}"
+    return None
+
+
 def find_tritonserver(*, cache_dir: Path | None = None) -> TritonInstall:
     """Locate ``tritonserver``: on PATH first, else the one bundled in ``nvidia-pytriton``.
 
@@ -79,9 +118,10 @@ def find_tritonserver(*, cache_dir: Path | None = None) -> TritonInstall:
         return _container_install(Path(on_path))
     spec = importlib.util.find_spec("pytriton")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
+        problem = platform_problem()
         raise ServerNotFoundError(
-            f"tritonserver not found: it is not on PATH and nvidia-pytriton is not installed. "
-            f"Install a CPU-capable server with: {INSTALL_HINT}"
+            "tritonserver not found: it is not on PATH and nvidia-pytriton is not installed. "
+            + (problem if problem else f"Install a CPU-capable server with: {INSTALL_HINT}")
         )
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     return _pytriton_install(package_dir, cache_dir or specbuild_cache_dir() / "triton-backends")
@@ -153,8 +193,11 @@ def _backend_key(files: Sequence[Path]) -> str:
 
 def server_environment(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment ``tritonserver`` runs with: ``base`` (default ``os.environ``) plus the install's
-    ``PATH``, ``LD_LIBRARY_PATH`` and ``PYTHONPATH`` entries in front of any existing value."""
+    ``PATH``, ``LD_LIBRARY_PATH`` and ``PYTHONPATH`` entries in front of any existing value, and no
+    progress bars (:data:`QUIET_PROGRESS`: the server's output is a log file) unless ``base`` sets them."""
     env = dict(os.environ if base is None else base)
+    for name, value in QUIET_PROGRESS.items():
+        env.setdefault(name, value)
     prepend = {"PATH": install.bin_path, "LD_LIBRARY_PATH": install.library_path, "PYTHONPATH": install.python_path}
     for name, entries in prepend.items():
         parts = [str(p) for p in entries] + ([env[name]] if env.get(name) else [])

@@ -45,6 +45,16 @@ ERROR_LINE = re.compile(r"E\d{4} ")  # Triton's glog prefix: E1130 01:11:04.7098
 HARMLESS_ERRORS = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
 
 
+def expected_error_lines(log_file: Path) -> int:
+    """How many ``E`` lines of a server log are the ones every CPU-only start writes
+    (:data:`HARMLESS_ERRORS`: no CUDA driver), for a note beside the log's path; 0 without a log."""
+    try:
+        with open(log_file, encoding="utf-8", errors="replace") as log:
+            return sum(1 for line in log if ERROR_LINE.match(line) and any(h in line for h in HARMLESS_ERRORS))
+    except OSError:
+        return 0
+
+
 class ServerStartError(RuntimeError):
     """The server exited or did not become ready in time; the message quotes its log."""
 

@@ -68,7 +68,7 @@ class Deployment:
             if draft_len != (self.openai_draft_len or 0):
                 raise BenchError(
                     f"{self.name}: this OpenAI server takes no per-request draft length; it runs its own "
-                    f"(--openai-draft-len {self.openai_draft_len or 0}); start one server per draft length"
+                    f"(--openai-max-draft-len {self.openai_draft_len or 0}); start one server per max_draft_len"
                 )
             return {}
         if draft_len == 0:
@@ -78,13 +78,13 @@ class Deployment:
             if draft_len + 1 > n:
                 raise BenchError(
                     f"{self.name}: lookahead draft length {draft_len} needs ngram size {draft_len + 1} > the built "
-                    f"N = {n}; use --draft-lengths up to {n - 1}"
+                    f"N = {n}; use --num-draft-tokens up to {n - 1}"
                 )
             return {"lookahead_config": (w, draft_len + 1, g)}
         if self.max_draft_len is not None and draft_len > self.max_draft_len:
             raise BenchError(
                 f"{self.name}: draft length {draft_len} > the deployment's max_draft_len {self.max_draft_len}; "
-                f"use --draft-lengths up to {self.max_draft_len}"
+                f"use --num-draft-tokens up to {self.max_draft_len}"
             )
         return {"num_draft_tokens": draft_len}
 
@@ -140,7 +140,7 @@ class SweepPlan:
 
     def __post_init__(self) -> None:
         if not self.draft_lengths or any(k < 0 for k in self.draft_lengths):
-            raise BenchError(f"--draft-lengths must be integers >= 0 (0 = off), got {self.draft_lengths}")
+            raise BenchError(f"--num-draft-tokens must be integers >= 0 (0 = off), got {self.draft_lengths}")
         if not self.concurrencies or any(c < 1 for c in self.concurrencies):
             raise BenchError(f"--concurrency levels must be integers >= 1, got {self.concurrencies}")
         if not self.prompt_sets:

@@ -137,8 +137,17 @@ def _join(values: list[float] | None) -> str:
     return "" if values is None else " ".join(f"{v:.4f}" for v in values)
 
 
-def points_table(points: Sequence[PointResult]):
-    """A rich Table, one row per point; intervals and every other figure are in bench.json."""
+COMPACT_BELOW = 150  # terminal columns under which the bench table drops to COMPACT_COLUMNS
+
+
+def points_table(points: Sequence[PointResult], *, width: int | None = None):
+    """A rich Table, one row per point; intervals and every other figure are in bench.json.
+
+    ``width``: the terminal's columns; under :data:`COMPACT_BELOW` the compact layout
+    (:func:`compact_points_table`) that fits 80. Names are never cut.
+    """
+    if width is not None and width < COMPACT_BELOW:
+        return compact_points_table(points)
     from rich.table import Table
 
     table = Table(title="specbuild bench (flags: F = fewer than 20 requests, U = repeats disagree)", show_lines=False)
@@ -147,8 +156,7 @@ def points_table(points: Sequence[PointResult]):
     names += (["goodput"] if goodput else []) + ["tok/step", "acc", "lossless", "checks", "flags"]
     for name in names:
         left = name in ("deployment", "prompts", "load")
-        table.add_column(name, justify="left" if left else "right", no_wrap=True,
-                         max_width=22 if name in ("deployment", "prompts") else None, overflow="ellipsis")
+        table.add_column(name, justify="left" if left else "right", no_wrap=True)
     ms = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     for p in points:
         row = [p.deployment, p.prompt_set, load_label(p), str(p.draft_len), f"{p.latency_ms_p50:.0f}", f"{p.latency_ms_p99:.0f}",
@@ -167,11 +175,34 @@ def points_table(points: Sequence[PointResult]):
     return table
 
 
+def compact_points_table(points: Sequence[PointResult]):
+    """The bench table in 80 columns: where, latency p50, throughput, tokens per step, acceptance rate,
+    and one check column (``ok``; ``F``/``U`` flags; problems; outputs not equal to k=0). Every other
+    figure is in bench.csv and bench.json."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title="specbuild bench (k: num_draft_tokens; F: < 20 requests, U: repeats disagree)",
+                  caption="every column: bench.csv, bench.json, or a terminal 150 columns wide", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, collapse_padding=True)
+    for name in ("deployment", "prompts", "load", "k", "p50 ms", "tok/s", "tok/step", "acc", "checks"):
+        table.add_column(name, justify="left" if name in ("deployment", "prompts", "load", "checks") else "right", no_wrap=True)
+    for p in points:
+        check = "ok" if not p.problems else f"[red]{len(p.problems)} problems[/red]"
+        if p.ids_match_baseline is not None and p.ids_match_baseline < 1:
+            check += f" [red]{100 * p.ids_match_baseline:.0f}% = k=0[/red]"
+        flags = ("F" if p.small_sample else "") + ("U" if p.unstable else "")
+        table.add_row(p.deployment, p.prompt_set, load_label(p), str(p.draft_len), f"{p.latency_ms_p50:.0f}", f"{p.total_tok_s:.1f}",
+                      f"{p.tokens_per_step:.2f}", "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}",
+                      check + (f" {flags}" if flags else ""))
+    return table
+
+
 def notes(result: SweepResult) -> list[str]:
     """What the table cannot say by itself: what was not measured, and any cross-check problem."""
     lines = []
     if not any(p.ttft_ms_p50 is not None for p in result.points):
-        lines.append("TTFT not measured: requests were not streamed (--no-stream); TPOT = latency / tokens includes the prefill.")
+        lines.append("TTFT not measured: requests were not streamed (pass --streaming to a decoupled deployment); TPOT = latency / tokens includes the prefill.")
     if not any(p.per_position_acceptance for p in result.points) and any(p.draft_len for p in result.points):
         lines.append(
             "Per-position acceptance: the server reports per-request totals only; `specbuild tune` derives "

@@ -479,7 +479,10 @@ def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: 
                                 draft_len=openai_draft_len, tokenizer_dir=url_options.get("tokenizer_dir"))
     log = lambda message: console.print(f"[dim]{message}[/dim]")  # noqa: E731
     with serve_recipes(recipes, output_root=output_root, stream=stream is not False, log=log) as served:
-        deployments = served + url_deployments(urls, stream=bool(stream), labels=list(labels)[: len(urls)], **url_options) + openai
+        from .probe import with_server_method
+
+        remote = url_deployments(urls, stream=bool(stream), labels=list(labels)[: len(urls)], **url_options)
+        deployments = served + [with_server_method(d) for d in remote] + openai
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
         with Progress(*columns, console=console, transient=False) as bar:
             task = bar.add_task("bench", total=sweep_size(plan, deployments, set_sizes))
@@ -488,7 +491,7 @@ def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: 
                 progress=lambda description, advance: bar.update(task, description=description, advance=advance),
                 log=lambda line: bar.console.print(line, highlight=False),
             )
-    console.print(points_table(result.points))
+    console.print(points_table(result.points, width=console.width))
     for line in notes(result):
         console.print(f"note: {line}")
     return result

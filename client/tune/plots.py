@@ -12,12 +12,16 @@ from .analysis import TuneError, TuneReport, candidates
 def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Path:
     """PNG: total output tokens/s vs latency, one panel per prompt set.
 
-    Every measured point is drawn (colour: deployment, marker: draft length) with its 95 % intervals as
-    error bars and its load (``C=4`` or ``2/s``) written next to it; the frontier is the staircase
-    through the points no other point beats on both axes (only points that exist; a step, not a
-    straight line, between them). Both axes start at zero.
+    Every measured point is drawn (colour: deployment and its method, marker: draft length k; hollow:
+    fewer requests than its percentiles need) with its 95 % intervals as error bars and labelled
+    ``k=4, C=1`` (or ``k=4, 2/s``); the legend draws the markers as the points are drawn. The
+    frontier is the staircase through the points no other point beats on both axes (only points that
+    exist; a step, not a straight line, between them); the recommendation's star sits beside its
+    point, an arrow to it. Both axes start at zero.
     """
     plt = _pyplot()
+    from matplotlib import transforms
+
     cands = candidates(points, report.latency_metric)
     sets = sorted({c.prompt_set for c in cands})
     deployments = sorted({c.deployment for c in cands})
@@ -32,8 +36,8 @@ def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Pat
             ax.errorbar(c.latency_ms, c.throughput, xerr=xerr, yerr=yerr, color=colors[c.deployment],
                         marker=markers[c.draft_len], ms=8, capsize=2, lw=0.8, elinewidth=0.8, mew=1.6,
                         mfc="white" if c.small_sample else colors[c.deployment], zorder=3)
-            ax.annotate(c.load, (c.latency_ms, c.throughput), textcoords="offset points", xytext=(4, 4), fontsize=7,
-                        color=colors[c.deployment])
+            ax.annotate(f"k={c.draft_len}, {c.load}", (c.latency_ms, c.throughput), textcoords="offset points",
+                        xytext=(5, 4), fontsize=6.5, color=colors[c.deployment])
         front = report.frontiers.get(prompt_set, [])
         if front:
             xs = [c.latency_ms for c in front]
@@ -41,21 +45,29 @@ def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Pat
             ax.step(xs, ys, where="post", color="k", lw=1.2, ls="--", label="frontier (measured points only)")
             ax.scatter(xs, ys, s=160, facecolors="none", edgecolors="k", lw=1.2, zorder=3)
         recommended = report.recommendations.get(prompt_set)
-        if recommended is not None:
+        if recommended is not None:  # beside its point (up and to the left), not over it
+            ax.annotate("", (recommended.latency_ms, recommended.throughput), xytext=(-22, 16), textcoords="offset points",
+                        arrowprops={"arrowstyle": "->", "color": "k", "lw": 0.8}, zorder=4)
+            beside = transforms.offset_copy(ax.transData, fig=fig, x=-24, y=18, units="points")
             ax.scatter([recommended.latency_ms], [recommended.throughput], marker="*", s=260, color="gold",
-                       edgecolors="k", zorder=4, label=f"recommended: {recommended.label}")
+                       edgecolors="k", zorder=5, transform=beside, label=f"recommended: {recommended.label}")
         ax.set_xlim(left=0)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # headroom: the star sits above and left of its point
         ax.set_title(f"{prompt_set}")
         ax.set_xlabel(f"request latency {report.latency_metric} (ms)  (lower is better)")
         ax.set_ylabel("total output tokens/s  (higher is better)")
         ax.grid(alpha=0.3)
-        for d in deployments:
-            ax.plot([], [], color=colors[d], marker="o", ls="", label=d)
+        methods = {c.deployment: c.method for c in cands}
+        for d in deployments:  # colour swatches: the marker shape is the draft length's alone
+            ax.plot([], [], color=colors[d], lw=6, label=d if methods[d] in (d, "unknown") or methods[d] in d else f"{d} ({methods[d]})")
+        hollow = all(c.small_sample for c in group)
         for k, m in markers.items():
-            ax.plot([], [], color="grey", marker=m, ls="", label=f"k={k}" + (" (speculation off)" if k == 0 else ""))
-        if any(c.small_sample for c in group):
-            ax.plot([], [], color="grey", marker="o", mfc="none", ls="", label="hollow: few requests")
+            ax.plot([], [], color="grey", marker=m, ls="", mew=1.6, mfc="white" if hollow else "grey",
+                    label=f"k={k}" + (" (speculation off)" if k == 0 else ""))
+        if hollow:
+            ax.plot([], [], ls="", label="(all hollow: < 20 requests per point)")
+        elif any(c.small_sample for c in group):
+            ax.plot([], [], color="grey", marker="o", mfc="white", mew=1.6, ls="", label="hollow: < 20 requests")
         ax.legend(fontsize=7, loc="lower right")
     fig.suptitle("Throughput vs latency per load level\n(error bars: 95% bootstrap intervals; dashed: the frontier)")
     fig.tight_layout()
@@ -64,9 +76,10 @@ def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Pat
 
 def plot_speedup(points: Sequence, report: TuneReport, path: str | Path) -> Path:
     """PNG: speed-up vs k = 0 (time per output token) against concurrency, one panel per deployment
-    (rows: prompt sets). Measured speed-ups are lines with their 95 % intervals; Leviathan et al.'s
-    expectation for the fitted (a, c) is drawn as hollow markers of the same colour; 1.0 (no gain)
-    is the black line and the y axis starts at zero."""
+    (rows: prompt sets). Measured speed-ups are lines with their 95 % intervals, a point whose
+    interval contains 1.0 (not significantly different from k = 0) drawn hollow and marked ``n.s.``;
+    Leviathan et al.'s expectation for the fitted (a, c) is drawn as hollow diamonds of the same
+    colour; 1.0 (no gain) is the black line and the y axis starts at zero."""
     plt = _pyplot()
     rows_all = report.analytic + report.open_loop  # open-loop rows: x is the arrival rate, no model markers
     sets = sorted({r.prompt_set for r in rows_all}) or ["(no speculative points)"]
@@ -88,6 +101,10 @@ def plot_speedup(points: Sequence, report: TuneReport, path: str | Path) -> Path
                 errors = [_err(r.speedup, r.speedup_ci) for r in line]
                 yerr = None if any(e is None for e in errors) else [[e[0][0] for e in errors], [e[1][0] for e in errors]]
                 ax.errorbar(xs, ys, yerr=yerr, marker="o", color=f"C{n}", capsize=3, label=f"k={k} measured")
+                for x, r in zip(xs, line):
+                    if _not_significant(r):
+                        ax.plot([x], [r.speedup], ls="", marker="o", mfc="white", mec=f"C{n}", mew=1.5, zorder=4)
+                        ax.annotate("n.s.", (x, r.speedup), textcoords="offset points", xytext=(5, -10), fontsize=7, color=f"C{n}")
                 if not open_loop:
                     ax.plot(xs, [r.expected_speedup for r in line], ls="", marker="D", mfc="none", mec=f"C{n}", ms=8,
                             label=f"k={k} expected (Leviathan et al.)")
@@ -104,6 +121,8 @@ def plot_speedup(points: Sequence, report: TuneReport, path: str | Path) -> Path
             ax.set_xlabel("arrival rate (requests/s)" if open_loop else "concurrency (requests in flight)")
             ax.set_ylabel("speed-up vs k=0 (time per output token)")
             ax.grid(alpha=0.3)
+            if any(_not_significant(r) for r in rows):
+                ax.plot([], [], ls="", marker="o", mfc="white", mec="grey", mew=1.5, label="hollow, n.s.: interval contains 1.0")
             if rows:
                 ax.legend(fontsize=7)
     model = any(r.request_rate is None for r in rows_all)
@@ -111,6 +130,11 @@ def plot_speedup(points: Sequence, report: TuneReport, path: str | Path) -> Path
                  + (" vs the analytic expectation (hollow diamonds)" if model else ""))
     fig.tight_layout()
     return _save(fig, plt, path)
+
+
+def _not_significant(row) -> bool:
+    """The speed-up's 95 % interval contains 1.0: not significantly different from speculation off."""
+    return row.speedup_ci is not None and row.speedup_ci[0] <= 1.0 <= row.speedup_ci[1]
 
 
 def _err(value: float, interval: list[float] | None):
