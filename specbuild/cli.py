@@ -766,7 +766,8 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, **optio
 @click.option("--min-gain", default=0.05, show_default=True, type=click.FloatRange(0, 1), help="Schedule: speculate at a concurrency only when at least this much faster than k=0 (0.05 = 5%).")
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where tune.json, the PNG plots (and bench.json/csv/jsonl of a sweep) go [specbuild-out/tune].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
-def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, results_dir, output_dir_old, **options) -> None:
+@click.option("--write-recipe", "write_recipe", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the recommended deployment's recipe with its schedule (build.draft_len_schedule) to this YAML file.")
+def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, results_dir, output_dir_old, write_recipe, **options) -> None:
     """Pick a method and draft length: frontier, recommendation, schedule, analytic model, plots.
 
     Runs the sweep of `specbuild bench` on TARGETS (same options), or reads --from bench.json, then
@@ -780,6 +781,7 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
     Examples:
       specbuild tune smollm2-ngram smollm2-lookahead --draft-lengths 0,1,2,3 --concurrency-sweep 1,4,8 --repeats 3
       specbuild tune --from specbuild-out/bench/bench.json --goal throughput --max-latency-ms 5000
+      specbuild tune smollm2-ngram --concurrency-sweep 1,4,8,16 --write-recipe ngram-scheduled.yaml
     """
     from specbuild.client.bench import BenchError, load_result
     from specbuild.client.tune import TuneError, run_tune
@@ -799,10 +801,25 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
         json_path, _ = result.write(output_dir)
         console.print(f"wrote {json_path} ({result.wall_s:.0f} s of sweep)")
     try:
-        run_tune(result.points, output_dir, console=console, goal=goal, concurrency=goal_concurrency,
-                 max_latency_ms=max_latency_ms, latency=latency_metric, min_gain=min_gain)
+        report = run_tune(result.points, output_dir, console=console, goal=goal, concurrency=goal_concurrency,
+                          max_latency_ms=max_latency_ms, latency=latency_metric, min_gain=min_gain)
     except TuneError as exc:
         raise bad_input(str(exc)) from None
+    if write_recipe is not None:
+        _write_tuned_recipe(console, report, write_recipe)
+
+
+def _write_tuned_recipe(console, report, out: Path) -> None:
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.client.tune.write_recipe import WriteRecipeError, pick_schedule, write_scheduled_recipe
+
+    try:
+        schedule, engines = pick_schedule(report)
+        path = write_scheduled_recipe(out, schedule.deployment, schedule, engines)
+    except (WriteRecipeError, RecipeError) as exc:
+        raise bad_input(str(exc)) from None
+    console.print(f"wrote {path}: {schedule.deployment} with draft_len_schedule {schedule.draft_len_schedule}; "
+                  f"check it with: specbuild plan {path}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 from .analysis import TuneReport, tune
 from .analytic import AnalyticRow
 from .plots import plot_frontier, plot_speedup
+from .schedules import engine_schedule_table
 
 
 def report_tables(report: TuneReport) -> list:
@@ -43,6 +44,8 @@ def report_tables(report: TuneReport) -> list:
         mc = "always on" if s.max_concurrency is None else ("always off" if s.max_concurrency == 0 else str(s.max_concurrency))
         t.add_row(s.deployment, s.prompt_set, _fmt_map(s.best), _fmt_map(s.draft_len_schedule) or f"- ({s.note})", mc)
     out.append(t)
+    if report.engine_schedules:
+        out.append(engine_schedule_table(report.engine_schedules))
     t = Table(title="Against Leviathan et al. 2023: E[tokens/step] = (1-a^(k+1))/(1-a), speed-up = E/(kc+1); speed-up [95% interval]")
     for name in ("deployment", "prompts", "k", "C", "a", "c", "tok/step", "expected", "speed-up", "expected", "meas/exp"):
         t.add_column(name, justify="left" if name in ("deployment", "prompts") else "right")
