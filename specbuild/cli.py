@@ -435,11 +435,12 @@ def _openai_options(f):
 @click.option("--top-p", default=None, type=click.FloatRange(min=0, max=1, min_open=True), help="Sampling top_p [off].")
 @click.option("--alpha", default=0.01, show_default=True, type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), help="Sampling: significance level of the whole family of tests.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
-@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
+@click.option("--concurrency", default=None, callback=lambda ctx, param, value: _int_list(ctx, param, value), metavar="N[,N,...]", help="Greedy: check under load at each of these levels, e.g. 1,4,8,16 (staggered arrivals; each output against its prompt run alone). Sampling: requests in flight [8].")
+@click.option("--stagger-s", default=None, type=click.FloatRange(min=0), help="Greedy under load: seconds between request releases [median plain latency / C].")
 @_openai_options
 def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, wait_s,
                    streaming, decoupled_alias, as_json, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts,
-                   temperature, top_k, top_p, alpha, seed, concurrency, **openai) -> None:
+                   temperature, top_k, top_p, alpha, seed, concurrency, stagger_s, **openai) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
 
     Sends each prompt with num_draft_tokens=0 (the non-speculative baseline) and with speculation,
@@ -466,6 +467,12 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --streaming --json > verify.json
       specbuild verify --openai http://127.0.0.1:9000/v1 --prompts humaneval:20 --max-tokens 128
       specbuild verify --openai http://gpu:8000/v1 --openai-baseline http://gpu:8001/v1 --tokenizer DIR
+      specbuild verify --concurrency 1,4,8,16 --prompts humaneval:8 --max-tokens 64
+
+    With --concurrency A,B,... (greedy): every prompt runs alone with num_draft_tokens=0, then the
+    speculative requests run at each level with staggered arrivals, so they decode while the number
+    in flight changes (crossing a draft-length schedule's thresholds); every output is compared with
+    its prompt's plain run; a table per level. Exits 4 on any mismatch.
     """
     from specbuild.cli_display import print_report
     from specbuild.prompts import PromptSourceError, apply_chat_template, load_prompts
@@ -481,8 +488,19 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
         if openai["openai_url"] and sampling:
             raise click.UsageError("--sampling runs through the Triton client; not with --openai")
-        client_cm = (_openai_client(tokenizer=tokenizer, **openai) if openai["openai_url"]
-                     else SpecClient(url, protocol=protocol, decoupled=streaming or decoupled_alias))
+        if sampling and concurrency and len(concurrency) > 1:
+            raise click.UsageError("--sampling takes one --concurrency (requests in flight), not a list")
+        make_client = lambda: (_openai_client(tokenizer=tokenizer, **openai) if openai["openai_url"]  # noqa: E731
+                               else SpecClient(url, protocol=protocol, decoupled=streaming or decoupled_alias))
+        if concurrency and not sampling:
+            with make_client() as client:
+                client.wait_ready(timeout_s=wait_s)
+            _verify_under_load(console, make_client, prompt_list, report_path, levels=concurrency, max_tokens=max_tokens,
+                               num_draft_tokens=num_draft_tokens, end_id=end_id, tokenizer=tokenizer, stagger_s=stagger_s,
+                               near_tie_margin=near_tie_margin, as_json=as_json)
+            return
+        concurrency = concurrency[0] if concurrency else 8
+        client_cm = make_client()
         with client_cm as client:
             client.wait_ready(timeout_s=wait_s)
             if sampling:
@@ -510,6 +528,31 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     if near_tie_margin is not None:
         console.print(f"tolerance: divergences where speculation took the target's runner-up within {near_tie_margin:g} logits pass ({report.num_near_ties} such)")
     if not report.passed or not oracle_ok:
+        sys.exit(ExitCode.NOT_LOSSLESS)
+
+
+def _verify_under_load(console, make_client, prompt_list, report_path: Path, *, as_json: bool, **options) -> None:
+    from specbuild.cli_display import verification_progress
+    from specbuild.client.verify import describe_divergence
+    from specbuild.client.verify_load import render_load_tables, verify_under_load
+
+    total = len(prompt_list) + sum(max(len(prompt_list), c) for c in options["levels"])
+    with verification_progress(console, total) as progress:
+        report = verify_under_load(make_client, prompt_list, progress=progress, **options)
+    report.write(report_path)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    for table in render_load_tables(report):
+        console.print(table)
+    for level in report.levels:
+        for run in level.runs:
+            if run.divergence is not None:
+                console.print(f"[red]C={level.concurrency} {run.prompt_id}[/red] (in flight {run.in_flight[0]}-{run.in_flight[1]}): "
+                              f"{describe_divergence(run.divergence)}", highlight=False)
+    verdict = "[green]LOSSLESS UNDER LOAD[/green]" if report.all_match else (
+        "[yellow]NEAR-TIES ONLY[/yellow]" if report.passed else "[red]MISMATCH[/red]")
+    console.print(f"{verdict}: levels {', '.join(str(lv.concurrency) for lv in report.levels)}; report: {report_path}")
+    if not report.passed:
         sys.exit(ExitCode.NOT_LOSSLESS)
 
 
