@@ -771,7 +771,9 @@ def _results_dir(results_dir: Path | None, output_dir_old: Path | None, default:
 @_sweep_options
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where bench.json, bench.csv and requests.jsonl go [specbuild-out/bench].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
-def bench_command(results_dir: Path | None, output_dir_old: Path | None, **options) -> None:
+@click.option("--ramp", default=None, callback=lambda ctx, param, value: _int_list(ctx, param, value), metavar="C,C,...", help="Instead of the sweep: step the load through these concurrency levels (e.g. 1,2,4,8,16,8,4,2,1) with the deployment's own draft length or schedule; writes ramp.json and ramp.png.")
+@click.option("--ramp-step-s", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Seconds per --ramp level.")
+def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, ramp_step_s, **options) -> None:
     """Sweep TARGETS x draft lengths x load x prompt sets; print a table, write JSON, CSV and JSONL.
 
     A TARGET is a recipe (name or path: built, served on free ports, stopped after) or a running
@@ -790,13 +792,42 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, **optio
       specbuild bench smollm2-ngram smollm2-lookahead --prompts humaneval:4 --prompts summarize:4
       specbuild bench 127.0.0.1:8001 --label ngram --metrics-url 127.0.0.1:8002
       specbuild bench --openai http://127.0.0.1:9000/v1 --concurrency 4
+      specbuild bench smollm2-ngram --ramp 1,2,4,8,16,8,4,2,1 --ramp-step-s 30
+
+    With --ramp: per level, total tokens/s, the draft length in use (derived from the engine's draft
+    counters) and the acceptance, as a table, ramp.json and ramp.png; flags a throughput cliff (tokens/s
+    down > 20% as load rises) and acceptance after speculation returns below its interval before.
     """
     console = _console()
+    if ramp:
+        _run_ramp(console, ramp, ramp_step_s, _results_dir(results_dir, output_dir_old, "specbuild-out/bench"), options)
+        return
     result = _run_bench(console, **_resolve_sweep_options(options))
     json_path, csv_path = result.write(_results_dir(results_dir, output_dir_old, "specbuild-out/bench"))
     console.print(f"wrote {json_path}, {csv_path} and {json_path.with_name('requests.jsonl')} ({result.wall_s:.0f} s)")
     if any(p.problems for p in result.points):
         sys.exit(int(ExitCode.CROSS_CHECK_FAILED))
+
+
+def _run_ramp(console, levels, step_s: float, results_dir: Path, options: dict) -> None:
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.client.bench import BenchError
+    from specbuild.client.bench.ramp import run_ramp_bench
+    from specbuild.client.sdk import ClientError
+    from specbuild.prompts import PromptSourceError
+    from specbuild.triton_repo.tritonserver import ServerStartError, stop_signals_interrupt
+
+    o = _resolve_sweep_options(options)
+    keep = ("targets", "prompt_sets", "max_tokens", "end_id", "chat_template", "timeout_s", "openai_urls", "openai_chat",
+            "labels", "protocol", "metrics_urls", "tokenizer_dir")
+    try:
+        with stop_signals_interrupt():
+            run_ramp_bench(levels=levels, step_s=step_s, console=console, results_dir=results_dir, output_root=o["deploy_dir"],
+                           stream=o["stream"], **{k: o[k] for k in keep})
+    except (BenchError, RecipeError, PromptSourceError) as exc:
+        raise bad_input(str(exc)) from None
+    except (ClientError, ServerStartError) as exc:
+        raise CommandError(str(exc), ExitCode.SERVER_UNAVAILABLE) from None
 
 
 @main.command("tune")
