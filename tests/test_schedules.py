@@ -83,6 +83,12 @@ def test_one_engine_methods_keep_drafting_at_one_and_say_why():
     assert ngram.sglang is None and "no batch-size schedule for ngram" in ngram.notes["sglang"][0]
 
 
+def test_an_engine_without_the_method_gets_no_schedule_and_says_so():
+    out = engine_schedules(SCHEDULE, "lookahead")
+    assert (out.trtllm, out.vllm, out.sglang) == (None, None, None)
+    assert "engine path only" in out.notes["tensorrt-llm"][0] and "no lookahead method" in out.notes["vllm"][0]
+
+
 def test_no_schedule_gives_nothing_for_any_engine_with_the_reason():
     out = engine_schedules(Schedule("d", "s", {1: 0}, {}, 0, None, "speculation off"), "ngram")
     assert (out.trtllm, out.vllm, out.sglang) == (None, None, None)

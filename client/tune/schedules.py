@@ -50,6 +50,10 @@ PR_16888_FIRST_RELEASE: str | None = None  # no TensorRT-LLM release has the K=0
 # TensorRT-LLM's min_runtime_draft_len per method of this project's PyTorch path (PR #16888's
 # tests/unittest/_torch/speculative/hw_agnostic/test_min_runtime_draft_len.py): 1 for one-engine modes.
 ONE_ENGINE_METHODS = frozenset({"eagle3", "eagle", "mtp", "draft_target"})
+# Which of this project's methods each engine runs (TensorRT-LLM: the PyTorch path, where draft_len_schedule
+# lives, llm_args.py; vLLM: config/speculative.py SpeculativeMethod; SGLang: below).
+TRTLLM_PYTORCH_METHODS = frozenset({"ngram", "draft_target", "eagle", "eagle3", "mtp"})
+VLLM_METHODS = frozenset({"ngram", "draft_target", "eagle", "eagle3", "medusa", "mtp"})
 VLLM_MAX_NUM_SEQS = 256  # the last range's end; vLLM carries the last range's k past it anyway
 SGLANG_METHODS = frozenset({"eagle", "eagle3"})  # adaptive_unsupported_reason: EAGLE/EAGLE3 only
 
@@ -92,12 +96,19 @@ def engine_schedules(schedule: Schedule, method: str) -> EngineSchedules:
         for lines in notes.values():
             lines.append(why)
         return EngineSchedules(schedule.deployment, method, None, None, None, notes=notes)
-    trtllm = trtllm_config(schedule.draft_len_schedule, schedule.max_concurrency, method, notes["tensorrt-llm"])
-    ranges = vllm_ranges(schedule.draft_len_schedule, schedule.max_concurrency)
-    vllm = {"num_speculative_tokens": schedule.max_draft_len, "num_speculative_tokens_per_batch_size": ranges}
-    check_vllm_schedule(ranges, schedule.max_draft_len)
-    notes["vllm"].append("vLLM ignores num_speculative_tokens_per_batch_size when data_parallel_size > 1 and runs "
-                         f"num_speculative_tokens={schedule.max_draft_len} at every batch size (vllm-project/vllm PR #45963)")
+    trtllm = vllm = None
+    if method in TRTLLM_PYTORCH_METHODS:
+        trtllm = trtllm_config(schedule.draft_len_schedule, schedule.max_concurrency, method, notes["tensorrt-llm"])
+    else:
+        notes["tensorrt-llm"].append(f"TensorRT-LLM runs {method} on its engine path only, which has no draft_len_schedule")
+    if method in VLLM_METHODS:
+        ranges = vllm_ranges(schedule.draft_len_schedule, schedule.max_concurrency)
+        vllm = {"num_speculative_tokens": schedule.max_draft_len, "num_speculative_tokens_per_batch_size": ranges}
+        check_vllm_schedule(ranges, schedule.max_draft_len)
+        notes["vllm"].append("vLLM ignores num_speculative_tokens_per_batch_size when data_parallel_size > 1 and runs "
+                             f"num_speculative_tokens={schedule.max_draft_len} at every batch size (vllm-project/vllm PR #45963)")
+    else:
+        notes["vllm"].append(f"vLLM has no {method} method")
     sglang, sglang_args = None, []
     if method in SGLANG_METHODS:
         sglang = sglang_adaptive_config(schedule.draft_len_schedule, schedule.max_concurrency)
