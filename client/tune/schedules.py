@@ -141,10 +141,12 @@ def trtllm_config(schedule: Mapping[int, int], max_concurrency: int | None, meth
 
 
 def vllm_ranges(schedule: Mapping[int, int], max_concurrency: int | None, max_num_seqs: int = VLLM_MAX_NUM_SEQS) -> list[list[int]]:
-    """Thresholds as vLLM's inclusive ranges: ``{1: 4, 4: 2}``, 8 -> ``[[1, 3, 4], [4, 8, 2], [9, 256, 0]]``."""
+    """Thresholds as vLLM's inclusive ranges, equal neighbours merged: ``{1: 4, 4: 2}``, 8 ->
+    ``[[1, 3, 4], [4, 8, 2], [9, 256, 0]]``; ``{1: 4, 2: 4}``, 2 -> ``[[1, 2, 4], [3, 256, 0]]``."""
     steps = sorted(schedule.items())
     if max_concurrency is not None:
         steps.append((max_concurrency + 1, 0))
+    steps = [(start, k) for i, (start, k) in enumerate(steps) if i == 0 or k != steps[i - 1][1]]  # {1: 4, 2: 4} is one range
     ends = [start - 1 for start, _ in steps[1:]] + [max(max_num_seqs, steps[-1][0])]
     return [[start, end, k] for (start, k), end in zip(steps, ends)]
 
