@@ -77,12 +77,26 @@ def speculation_methods() -> Mapping[str, SpeculationMethod]:
 Speculation = Annotated[Union[tuple(m.params for m in registered().values())], Field(discriminator="method")]
 
 
+RUNTIME_CONTROLS = ("draft_len_schedule", "max_concurrency", "acceptance_window", "acceptance_length_threshold")
+"""``build`` fields that are TensorRT-LLM ``speculative_config`` runtime controls (engine/spec_controls.py)."""
+
+
 class BuildConfig(_Strict):
     """Engine limits and which engine builder to use.
 
     ``backend``: ``reference`` (this project's PyTorch engine, CPU or CUDA), ``tensorrt``
     (TensorRT-LLM engines via ``trtllm-build``, TensorRT-LLM <= 1.2) or ``pytorch``
     (TensorRT-LLM's LLM API, >= 1.0). Lengths are in tokens.
+
+    Runtime controls (``reference`` and ``pytorch``; TensorRT-LLM's ``speculative_config`` names):
+    ``draft_len_schedule`` ``{1: 4, 4: 2, 8: 0}`` drafts 4 tokens while 1-3 requests are active, 2 at
+    4-7, none from 8 (the entry of the largest threshold <= the active batch size, chosen every
+    iteration; ``schedule[1]`` must equal ``speculation.max_draft_len``); ``max_concurrency`` turns
+    speculation off while ``min(active requests, max_batch_size, max_num_tokens // (1 + K))`` exceeds
+    it; ``acceptance_window`` N with ``acceptance_length_threshold`` T turns it off for good once the
+    mean accepted draft tokens per iteration of the last N finished requests falls below T. A
+    request's ``num_draft_tokens`` still caps its own drafts. As TensorRT-LLM 1.2 reads them (1.3
+    reads schedule keys as "up to" batch sizes).
     """
 
     backend: Literal["reference", "tensorrt", "pytorch"] = "reference"
@@ -114,9 +128,16 @@ class BuildConfig(_Strict):
     # TensorRT-LLM paths: the version to plan for when TensorRT-LLM is not installed here (an
     # installed one always wins), e.g. '1.2.1' (quoted: YAML reads 1.3 as a number).
     trtllm_version: str | None = Field(None, pattern=r"^\d+\.\d+(\.\d+)?(rc\d+)?$")
-    # PyTorch path: TensorRT-LLM's speculative_config.draft_len_schedule {batch-size threshold:
-    # draft length} (e.g. from `specbuild tune`), checked against llm_args.py's rules when planning.
+    # PyTorch path and reference backend: TensorRT-LLM's speculative_config.draft_len_schedule
+    # {batch-size threshold: draft length} (e.g. from `specbuild tune`), checked against llm_args.py's
+    # rules; the reference engine applies it every iteration as TensorRT-LLM 1.2's executor does.
     draft_len_schedule: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]] | None = None
+    # Same paths: speculative_config.max_concurrency (speculation off while more requests than this
+    # can run in one iteration) and the acceptance gate (off for good once the mean accepted tokens per
+    # iteration over the last acceptance_window finished requests is below acceptance_length_threshold).
+    max_concurrency: int | None = Field(None, ge=0)
+    acceptance_window: int | None = Field(None, ge=0)
+    acceptance_length_threshold: float | None = Field(None, ge=0)
 
     @field_validator("trtllm_version", mode="before")
     @classmethod
@@ -248,9 +269,6 @@ class Recipe(_Strict):
         if b.backend == "reference" and (world > 1 or b.quantization != "none"):
             raise ValueError("build.backend: the reference backend runs on one device unquantized: set build.tp_size/pp_size to 1 and build.quantization to none")
         if b.backend == "reference":
-            if b.draft_len_schedule:
-                raise ValueError("build.draft_len_schedule: the reference engine has no batch-size schedule (TensorRT-LLM's "
-                                 "PyTorch path has); send num_draft_tokens per request instead, or set build.backend: pytorch")
             if b.max_beam_width > 1:
                 raise ValueError("build.max_beam_width: the reference engine decodes one beam (greedy or sampled); set it to 1")
         if b.backend != "reference":
@@ -267,6 +285,24 @@ class Recipe(_Strict):
         for ids in self.serve.gpu_device_ids or []:
             if len(ids) != world:
                 raise ValueError(f"serve.gpu_device_ids: entry {ids} must list tp_size * pp_size = {world} devices")
+        return self
+
+    @model_validator(mode="after")
+    def _runtime_controls(self) -> "Recipe":
+        b = self.build
+        if b.backend != "reference":
+            return self  # the TensorRT-LLM paths check them when planning (builder/trtllm_plan.py)
+        for name in RUNTIME_CONTROLS:
+            if getattr(b, name) is not None and not self.speculation.definition.speculates:
+                raise ValueError(f"build.{name}: there is no speculation to control (speculation.method: "
+                                 f"{self.speculation.method}); remove it")
+        if b.draft_len_schedule:
+            from specbuild.builder.draft_len_schedule import check_draft_len_schedule
+
+            try:
+                check_draft_len_schedule(b.draft_len_schedule, self.speculation.max_draft_len)
+            except ValueError as exc:
+                raise ValueError(f"build.draft_len_schedule: {exc} (speculation.max_draft_len: {self.speculation.max_draft_len})") from None
         return self
 
     @model_validator(mode="after")

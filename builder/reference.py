@@ -5,7 +5,9 @@ Layout, shaped like a TensorRT-LLM engine directory so tools read both alike::
     engine/
       config.json   {"version", "pretrained_config": {...}, "build_config": {max_batch_size,
                      max_input_len, max_seq_len, max_num_tokens, max_beam_width, max_draft_len,
-                     speculative_decoding_mode}, "speculative_config": {...} | null,
+                     speculative_decoding_mode}, "speculative_config": {...} | null (with the
+                     runtime controls draft_len_schedule, max_concurrency, acceptance_window,
+                     acceptance_length_threshold when the recipe sets them),
                      "specbuild": {fingerprint, end_id, pad_id, ...}}
       target/       Hugging Face checkpoint (config.json, model.safetensors) in the recipe's dtype
       tokenizer/    tokenizer files
@@ -188,7 +190,9 @@ def engine_fingerprint(loaded: LoadedRecipe, source: CheckpointSource, weights: 
         "format": ENGINE_FORMAT,
         "target": r.target.model_dump(),
         "speculation": r.speculation.model_dump(),
-        "build": r.build.model_dump(),
+        # runtime controls added later count only when set: engines built before stay valid
+        "build": {k: v for k, v in r.build.model_dump().items()
+                  if v is not None or k not in ("max_concurrency", "acceptance_window", "acceptance_length_threshold")},
         "checkpoint": source.fingerprint(),
         "draft": None,
     }
@@ -269,7 +273,7 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
         "pretrained_config": _pretrained_config(model.config, r.target.dtype),
         "build_config": _build_config(loaded),
         # Paths inside the engine directory are implicit (the draft is engine_dir/draft).
-        "speculative_config": _without_paths(r.speculation.to_llm_api()),
+        "speculative_config": _with_runtime_controls(_without_paths(r.speculation.to_llm_api()), r.build),
         "specbuild": {
             "version": __version__,
             "recipe": r.name,
@@ -306,6 +310,17 @@ def _write_token_map(loaded: LoadedRecipe, config: dict, out: Path, *, log) -> N
     write_token_map(out / ENGINE_FILE, ids, source=str(path))
     config["speculative_config"][FIELD] = ENGINE_FILE
     log(f"draft vocabulary: {len(ids)} of {vocab} tokens ({path.name})")
+
+
+def _with_runtime_controls(config: dict | None, build) -> dict | None:
+    """``config`` plus the recipe's ``build.draft_len_schedule`` / ``max_concurrency`` /
+    ``acceptance_window`` / ``acceptance_length_threshold`` that are set, under TensorRT-LLM's names
+    (the engine applies them every iteration: engine/spec_controls.py)."""
+    from specbuild.builder.recipe import RUNTIME_CONTROLS
+
+    if config is None:
+        return None
+    return {**config, **{name: getattr(build, name) for name in RUNTIME_CONTROLS if getattr(build, name) is not None}}
 
 
 def _without_paths(config: dict | None) -> dict | None:

@@ -212,9 +212,10 @@ def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, sou
         else:
             loc = ("build", "trtllm_version") if source == "build.trtllm_version" else ("build", "backend")
         raise loaded.error(loc, problem)
-    if _build_field(r, "draft_len_schedule", None) and (path != "pytorch" or not method.speculates):
-        why = "there is no speculation to schedule" if not method.speculates else "the engine path has no such option"
-        raise loaded.error(("build", "draft_len_schedule"), f"draft_len_schedule is a PyTorch-path (LLM API) speculative_config option and {why}; remove it")
+    for name in ("draft_len_schedule", "max_concurrency", "acceptance_window", "acceptance_length_threshold"):
+        if _build_field(r, name, None) not in (None, {}) and (path != "pytorch" or not method.speculates):
+            why = "there is no speculation to control" if not method.speculates else "the engine path has no such option"
+            raise loaded.error(("build", name), f"{name} is a PyTorch-path (LLM API) speculative_config option and {why}; remove it")
     if getattr(spec, "speculative_token_map", None) is not None:
         raise loaded.error(("speculation", "speculative_token_map"),
                            "TensorRT-LLM has no hot-token map for the draft (SGLang's --speculative-token-map; EAGLE-3 "
@@ -439,7 +440,8 @@ def speculative_config(recipe: Recipe, version: str) -> dict[str, Any] | None:
 
 def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) -> dict[str, Any]:
     """``extra_llm_api_options.yaml`` contents: LLM(...) keyword arguments beyond the model;
-    ``build.draft_len_schedule`` goes to ``speculative_config.draft_len_schedule``.
+    ``build.draft_len_schedule`` goes to ``speculative_config.draft_len_schedule``, and so do
+    ``build.max_concurrency``, ``acceptance_window`` and ``acceptance_length_threshold`` when set.
 
     Raises:
         RecipeError: the schedule breaks a TensorRT-LLM rule
@@ -462,6 +464,9 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
                 spec["draft_len_schedule"] = check_draft_len_schedule(schedule, r.speculation.max_draft_len)
             except DraftLenScheduleError as exc:
                 raise loaded.error(("build", "draft_len_schedule"), f"{exc} (speculation.max_draft_len: {r.speculation.max_draft_len})") from None
+        for name in ("max_concurrency", "acceptance_window", "acceptance_length_threshold"):
+            if _build_field(r, name, None) is not None:
+                spec[name] = _build_field(r, name, None)
         options["speculative_config"] = spec
     return options
 

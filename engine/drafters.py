@@ -286,6 +286,9 @@ class LookaheadDrafter(PlainDrafter):
         from .tree import SpecTree
 
         last = context[-1]
+        if max_accept <= 0:  # K = 0: a plain step; update() still feeds the pool and re-anchors the window
+            self.layout = None
+            return Block.chain(last)
         layout = build_step_layout(last, self.state.levels, self.state.candidates(last, max_accept), self.params)
         self.layout = layout
         # candidate c, token i  <->  tree path (c, 0, .., 0) of depth i + 1
@@ -294,6 +297,9 @@ class LookaheadDrafter(PlainDrafter):
         return Block(layout.tokens, tree, layout.positions, layout.allowed, tree_index, None, layout.num_draft_tokens)
 
     def update(self, context, step) -> None:
+        if self.layout is None:  # a plain step: no window rows ran; the window keeps its levels
+            self.state.keep_up(context[-(len(step.emitted) + self.params.ngram - 1) :], context[-1])
+            return
         top = self.layout.lookahead_index[-1] if self.layout.lookahead_index else []
         new_level = [step.target_tokens[i] for i in top]
         emitted = len(step.emitted)

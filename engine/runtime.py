@@ -59,6 +59,7 @@ from .kernels import pack_linears, resolve_kernels
 from .methods import method_for
 from .methods.base import EngineMethod, MethodContext, draft_weight_dtype
 from .sampling import Sampler
+from .spec_controls import CONTROL_KEYS, RuntimeControls, SpeculationGate
 from .stream import Steps, collect
 from .threads import on_fresh_thread
 from .types import GenerationRequest, GenerationResult, InvalidRequestError
@@ -120,13 +121,17 @@ class ReferenceEngine:
 
         Args:
             speculative_config: TensorRT-LLM LLM-API keys, validated by the method's recipe settings model
-                (:meth:`specbuild.methods.SpeculationMethod.parse_speculative_config`); None for none.
+                (:meth:`specbuild.methods.SpeculationMethod.parse_speculative_config`); None for none. Its
+                runtime controls (``draft_len_schedule``, ``max_concurrency``, ``acceptance_window``,
+                ``acceptance_length_threshold``; :mod:`~specbuild.engine.spec_controls`) set each
+                iteration's draft length as TensorRT-LLM's PyTorch executor does.
             base_dir: where relative paths of ``speculative_config`` resolve (the engine directory).
             draft_weights: what the draft side's packed weights hold where the engine's float32 kernel
                 runs them: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (:func:`~specbuild.engine.methods.base.draft_weight_dtype`).
 
         Raises:
-            ValueError: an unknown ``draft_weights``; bad speculative_config, settings the reference engine does not implement
+            ValueError: an unknown ``draft_weights``; bad speculative_config (a ``draft_len_schedule``
+                TensorRT-LLM refuses, with the rule it breaks), settings the reference engine does not implement
                 (``posterior_threshold``), ``max_draft_len`` past the build (for Medusa: more tree
                 nodes than the build's max_draft_len), or a draft / Medusa heads that do not fit the
                 target (e.g. a different vocab_size or hidden_size).
@@ -138,10 +143,13 @@ class ReferenceEngine:
         self._decoding_type: str | None = None
         self._method: EngineMethod | None = None
         self._method_state: Any = None
+        self._controls: RuntimeControls | None = None
+        self._gate: SpeculationGate | None = None
         weight_dtype = draft_weight_dtype(draft_weights, model)  # raises on an unknown setting, with or without a method
         if self._speculative_config is not None:
             method = method_for(self._speculative_config)
-            params = method.parse_speculative_config(self._speculative_config, base_dir=None if base_dir is None else Path(base_dir))
+            method_config = {k: v for k, v in self._speculative_config.items() if k not in CONTROL_KEYS}
+            params = method.parse_speculative_config(method_config, base_dir=None if base_dir is None else Path(base_dir))
             refusal = method.reference_check(params) if method.reference_check is not None else None
             if refusal is not None:
                 raise ValueError(f"speculative_config.{refusal[0]}: {refusal[1]}")
@@ -152,6 +160,11 @@ class ReferenceEngine:
                 params, MethodContext(model, trust_remote_code, limits.max_batch_size, limits.max_seq_len,
                                       weight_dtype)
             )
+            if any(self._speculative_config.get(k) is not None for k in CONTROL_KEYS):
+                method_draft_len = getattr(params, "max_draft_len", None)
+                self._controls = RuntimeControls.from_config(
+                    self._speculative_config, limits.max_draft_len if method_draft_len is None else method_draft_len)
+                self._gate = self._controls.new_gate()
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         check_mask_attention(model)
 
@@ -270,6 +283,18 @@ class ReferenceEngine:
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    @property
+    def runtime_controls(self) -> RuntimeControls | None:
+        """The runtime controls of ``speculative_config`` (None: none set; every step drafts the request's
+        ``num_draft_tokens``)."""
+        return self._controls
+
+    @property
+    def speculation_gate(self) -> SpeculationGate | None:
+        """The engine's acceptance gate (``acceptance_window`` / ``acceptance_length_threshold``), shared
+        by every request it serves; None without one."""
+        return self._gate
+
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate for one request: greedy, or sampled when ``temperature > 0``; speculative when
         ``num_draft_tokens > 0``. The same steps as :meth:`generate_stream`, collected.
@@ -307,7 +332,8 @@ class ReferenceEngine:
             InvalidRequestError: as :meth:`prepare`.
         """
         seq = self.prepare(request)
-        return run_alone(self._model, seq, max_block=self._limits.max_block)
+        return run_alone(self._model, seq, max_block=self._limits.max_block, controls=self._controls, gate=self._gate,
+                         max_num_tokens=self._limits.tokens_per_iteration)
 
     def prepare(self, request: GenerationRequest) -> InflightRequest:
         """Validate ``request`` and make its :class:`~specbuild.engine.worker.InflightRequest` (drafter, sampler),

@@ -79,6 +79,8 @@ class Scheduler:
             max_seq_len=limits.max_seq_len,
             max_block=limits.max_block,
             max_num_tokens=limits.tokens_per_iteration,  # >= max_block (EngineLimits checks it)
+            controls=getattr(engine, "runtime_controls", None),
+            gate=getattr(engine, "speculation_gate", None),
         )
         self._pending: deque[_Entry] = deque()
         self._entries: dict[int, _Entry] = {}  # id(seq) -> entry, running ones

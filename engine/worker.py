@@ -43,6 +43,7 @@ from .drafters import Drafter, StepResult
 from .forward import RowBlock, forward_blocks
 from .kv_pool import KVPool, KVShape
 from .sampling import Sampler
+from .spec_controls import RuntimeControls, SpeculationGate, runtime_draft_len
 from .stream import DecodeState, StepOutput
 
 
@@ -86,11 +87,18 @@ class Worker:
         max_num_tokens: tokens per iteration (TensorRT-LLM ``max_num_tokens``): context and generation
             rows together; a request waits for the next iteration rather than exceed it, except that
             every iteration runs at least one row.
+        controls: the engine's runtime controls (``draft_len_schedule``, ``max_concurrency``, the
+            acceptance gate; :mod:`~specbuild.engine.spec_controls`), None for none: each iteration's
+            draft length K (:attr:`runtime_draft_len`) then caps every row's drafts, 0 drafting none.
+        gate: the engine's acceptance gate (shared by its workers), fed by every request that finishes.
     """
 
-    def __init__(self, model: Any, *, max_batch_size: int, max_seq_len: int, max_block: int, max_num_tokens: int) -> None:
+    def __init__(self, model: Any, *, max_batch_size: int, max_seq_len: int, max_block: int, max_num_tokens: int,
+                 controls: RuntimeControls | None = None, gate: SpeculationGate | None = None) -> None:
         self.model = model
         self.max_num_tokens = max_num_tokens
+        self.controls, self.gate = controls, gate
+        self.runtime_draft_len: int | None = None  # the latest iteration's K; None: no controls, no cap
         self.pool = KVPool(
             KVShape.of(model), num_slots=max_batch_size, capacity=max_seq_len + max_block, dtype=model.dtype,
             device=model.device,
@@ -122,6 +130,7 @@ class Worker:
 
         Finished and failed rows are removed (their slots freed) before this returns.
         """
+        self.runtime_draft_len = self._choose_draft_len()
         with torch.inference_mode():
             budget = self.max_num_tokens
             events, budget = self._generate([s for s in self.running if s.prefilled], budget)
@@ -133,7 +142,22 @@ class Worker:
         for seq, item in events:
             if isinstance(item, BaseException) or item.is_final:
                 self.remove(seq)
+            if self.gate is not None and not isinstance(item, BaseException) and item.is_final:
+                self.gate.record(_avg_decoded_tokens_per_iter(seq))
         return events
+
+    def _choose_draft_len(self) -> int | None:
+        """This iteration's K from the controls over the running requests (None: no controls)."""
+        if self.controls is None:
+            return None
+        return runtime_draft_len(self.controls, self.gate, num_active=len(self.running),
+                                 max_batch_size=self.pool.num_slots, max_num_tokens=self.max_num_tokens)
+
+    def _max_accept(self, seq: InflightRequest) -> int:
+        """Drafts ``seq`` may have accepted this iteration: what it may still emit, less the bonus token,
+        capped at the iteration's K."""
+        room = seq.state.remaining - 1
+        return room if self.runtime_draft_len is None else min(room, self.runtime_draft_len)
 
     def _guarded(self, seq: InflightRequest, work) -> Event:
         try:
@@ -159,31 +183,33 @@ class Worker:
     def _generate(self, rows: list[InflightRequest], budget: int) -> tuple[list[Event], int]:
         """Draft every row that fits ``budget``, one target pass, then accept and emit per row.
 
-        A generation row reserves the widest block (``max_block`` tokens) when it is scheduled, as
-        TensorRT-LLM's scheduler reserves a request's draft tokens; what its block leaves unused goes
+        A generation row reserves the widest block (``max_block`` tokens; ``1 + K`` under the runtime
+        controls' K) when it is scheduled, as TensorRT-LLM's scheduler reserves a request's draft
+        tokens; what its block leaves unused goes
         to this iteration's context rows. Rows left out wait at the front of the queue for the next
         iteration. Rows whose drafters share a batched proposer draft together (:func:`draft_rows`).
         """
         if not rows:
             return [], budget
+        reserve = self.max_block if self.runtime_draft_len is None else min(self.max_block, 1 + self.runtime_draft_len)
         scheduled: list[InflightRequest] = []
         waiting: list[InflightRequest] = []
         for seq in rows:
-            if scheduled and budget < self.max_block:
+            if scheduled and budget < reserve:
                 waiting.append(seq)  # no room in this iteration: it goes first next time
                 continue
             scheduled.append(seq)
-            budget -= self.max_block
+            budget -= reserve
         if waiting:
             self.running = waiting + [s for s in self.running if s not in waiting]
         events: list[Event] = []
         drafted: list[tuple[InflightRequest, Block]] = []
         for seq, item in zip(scheduled, self._draft_all(scheduled)):
             if isinstance(item, BaseException):
-                budget += self.max_block
+                budget += reserve
                 events.append((seq, item))
             else:
-                budget += self.max_block - len(item.tokens)
+                budget += reserve - len(item.tokens)
                 drafted.append((seq, item))
         if not drafted:
             return events, budget
@@ -222,7 +248,7 @@ class Worker:
             try:
                 blocks = kind.draft_rows(
                     [s.drafter for s in seqs], [s.state.context for s in seqs],
-                    max_accepts=[s.state.remaining - 1 for s in seqs], samplers=[s.sampler for s in seqs],
+                    max_accepts=[self._max_accept(s) for s in seqs], samplers=[s.sampler for s in seqs],
                 )
                 for block in blocks:
                     self._check_block(block)
@@ -233,7 +259,7 @@ class Worker:
         return results  # type: ignore[return-value]
 
     def _draft(self, seq: InflightRequest) -> Block:
-        return self._check_block(seq.drafter.draft(seq.state.context, max_accept=seq.state.remaining - 1, sampler=seq.sampler))
+        return self._check_block(seq.drafter.draft(seq.state.context, max_accept=self._max_accept(seq), sampler=seq.sampler))
 
     def _check_block(self, block: Block) -> Block:
         if len(block.tokens) > self.max_block:
@@ -262,14 +288,25 @@ class Worker:
         return step
 
 
-def run_alone(model: Any, seq: InflightRequest, *, max_block: int) -> Iterator[StepOutput]:
+def _avg_decoded_tokens_per_iter(seq: InflightRequest) -> float:
+    """Tokens a finished request emitted per target pass, its prefill included (plain decoding: 1.0);
+    what the acceptance gate records: TensorRT-LLM's ``avg_decoded_tokens_per_iter``
+    (``LlmRequest::getAvgDecodedTokensPerIter``, generated tokens / decoding iterations, "for standard
+    model it is 1")."""
+    return len(seq.state.output) / (seq.state.iterations + 1)
+
+
+def run_alone(model: Any, seq: InflightRequest, *, max_block: int, controls: RuntimeControls | None = None,
+              gate: SpeculationGate | None = None, max_num_tokens: int | None = None) -> Iterator[StepOutput]:
     """``seq``'s steps in a worker of its own (batch of one): the prefill's token, then one step per pass.
 
+    ``controls`` / ``gate`` as :class:`Worker` (a batch of one: the schedule's entry for batch size 1);
+    ``max_num_tokens``: the build's, for ``max_concurrency``'s count (None: the prompt or one step).
     Each step runs when the iterator is advanced. Raises what the step raised.
     """
     worker = Worker(
         model, max_batch_size=1, max_seq_len=len(seq.input_ids) + seq.max_tokens, max_block=max_block,
-        max_num_tokens=max(len(seq.input_ids), max_block),
+        max_num_tokens=max(len(seq.input_ids), max_block, max_num_tokens or 0), controls=controls, gate=gate,
     )
     worker.add(seq)
     while True:

@@ -148,9 +148,25 @@ def test_every_method_maps_to_a_tensorrt_llm_decoding_type():
     assert {m: model.decoding_type for m, model in speculation_methods().items() if m != "none"} == expected
 
 
-def test_the_reference_backend_refuses_build_fields_it_would_ignore():
-    """A TensorRT-LLM schedule or beam width on the reference engine would be accepted and do nothing."""
-    with pytest.raises(RecipeError, match=r"demo.yaml:8: build.draft_len_schedule: the reference engine has no batch-size schedule"):
+def test_the_reference_backend_takes_tensorrt_llms_runtime_controls_and_refuses_bad_ones():
+    """draft_len_schedule, max_concurrency and the acceptance gate run in the reference engine; a schedule
+    TensorRT-LLM would refuse is refused at its line, before any build, with the rule it breaks."""
+    loaded = parse(GOOD + "build:\n  draft_len_schedule: {4: 1, 1: 3}\n  max_concurrency: 8\n  acceptance_window: 4\n"
+                          "  acceptance_length_threshold: 0.5\n")
+    build = loaded.recipe.build
+    assert (build.draft_len_schedule, build.max_concurrency, build.acceptance_window, build.acceptance_length_threshold) == (
+        {4: 1, 1: 3}, 8, 4, 0.5)
+    with pytest.raises(RecipeError, match=r"demo.yaml:8: build.draft_len_schedule: draft_len_schedule: draft lengths must be <= max_draft_len 3"):
         parse(GOOD + "build:\n  draft_len_schedule: {1: 3, 8: 9}\n")
+    with pytest.raises(RecipeError, match=r"demo.yaml:8: build.draft_len_schedule: draft_len_schedule\[1\] must equal max_draft_len"):
+        parse(GOOD + "build:\n  draft_len_schedule: {1: 2}\n")
+    with pytest.raises(RecipeError, match=r"demo.yaml:8: build.max_concurrency"):
+        parse(GOOD + "build:\n  max_concurrency: -1\n")
+    with pytest.raises(RecipeError, match=r"build.max_concurrency: there is no speculation to control"):
+        parse(GOOD.replace("ngram\n  max_draft_len: 3", "none") + "build:\n  max_concurrency: 4\n")
+
+
+def test_the_reference_backend_refuses_build_fields_it_would_ignore():
+    """A beam width on the reference engine would be accepted and do nothing."""
     with pytest.raises(RecipeError, match=r"demo.yaml:7: build.max_beam_width: the reference engine decodes one beam"):
         parse(GOOD.replace("ngram\n  max_draft_len: 3", "none") + "build:\n  max_beam_width: 4\n")

@@ -330,3 +330,11 @@ class LookaheadState:
             self.levels.append(list(new_level))
         self.pool.add_all(emitted_context)
         self.levels[0][0] = int(next_last_token)
+
+    def keep_up(self, emitted_context: Sequence[int], next_last_token: int) -> None:
+        """After a step that ran without the window (draft length 0): the emitted tokens' n-grams join the
+        pool and level 0 re-anchors on the new last token, so lookahead resumes from the current context."""
+        if self.pool is None:
+            return
+        self.pool.add_all(emitted_context)
+        self.levels[0][0] = int(next_last_token)
