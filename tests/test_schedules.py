@@ -102,7 +102,7 @@ build: {backend: pytorch, trtllm_version: '1.2.1'}
 """
 
 
-@pytest.mark.parametrize(("method", "written"), [("ngram", {1: 4, 4: 2, 5: 0}), ("mtp", {1: 4, 4: 2, 5: 1})])
+@pytest.mark.parametrize(("method", "written"), [("ngram", {1: 4, 4: 2}), ("mtp", {1: 4, 4: 2, 5: 1})])
 def test_write_recipe_gives_a_recipe_plan_accepts_with_the_schedule(tmp_path, method, written):
     import yaml
     from click.testing import CliRunner
@@ -115,10 +115,26 @@ def test_write_recipe_gives_a_recipe_plan_accepts_with_the_schedule(tmp_path, me
     data = yaml.safe_load(out.read_text())
     assert data["name"] == "t-scheduled" and data["speculation"].get("max_draft_len", 4) == 4
     assert data["build"]["draft_len_schedule"] == written
+    assert data["build"].get("max_concurrency") == (4 if method == "ngram" else None)  # mtp: floored at 1 instead
     result = CliRunner().invoke(main, ["plan", str(out)])
     assert result.exit_code == 0, result.output
     for f in plan_pytorch(parse_recipe(out.read_text(), out), tmp_path).files:
         assert yaml.safe_load(f.text)["speculative_config"]["draft_len_schedule"] == written
+
+
+def test_write_recipe_for_the_reference_engine_keeps_max_concurrency(tmp_path):
+    import yaml
+    from click.testing import CliRunner
+    from specbuild.cli import main
+    from specbuild.client.tune.write_recipe import write_scheduled_recipe
+
+    schedule = Schedule("smollm2-ngram", "humaneval", {1: 3, 4: 2, 8: 0}, {1: 3, 4: 2}, 4, 3)
+    out = write_scheduled_recipe(tmp_path / "s.yaml", "smollm2-ngram", schedule, engine_schedules(schedule, "ngram"))
+    data = yaml.safe_load(out.read_text())
+    assert data["build"]["draft_len_schedule"] == {1: 3, 4: 2} and data["build"]["max_concurrency"] == 4
+    assert data["speculation"]["max_draft_len"] == 3 and data["build"]["backend"] == "reference"
+    result = CliRunner().invoke(main, ["plan", str(out)])
+    assert result.exit_code == 0, result.output
 
 
 def test_write_recipe_refuses_a_deployment_without_a_schedule(tmp_path):

@@ -103,3 +103,40 @@ def test_verify_under_load_through_triton_and_the_openai_front(decoupled_server,
         result = runner.invoke(main, [*common, "--openai", front.url, "--report", str(tmp_path / "o.json")])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "o.json").read_text())["passed"]
+
+
+@pytest.mark.e2e
+def test_lossless_under_load_with_a_schedule_and_the_ramp_sees_drafting_stop(tiny_checkpoint, tmp_path):
+    """The tiny n-gram engine with draft_len_schedule {1: 4, 2: 2} and max_concurrency 2: requests cross
+    K=4 -> 2 -> 0 and back while they decode; every output still equals its plain run, and the ramp's
+    derived draft length follows the schedule (0 at C=3)."""
+    from conftest import write_recipe
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine
+    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
+    from specbuild.triton_repo.tritonserver import TritonServer
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra="")
+    text = recipe.read_text().replace("build:\n", "build:\n  draft_len_schedule: {1: 4, 2: 2}\n  max_concurrency: 2\n")
+    recipe.write_text(text)
+    engine_dir = build_reference_engine(load_recipe(str(recipe)), tmp_path / "engine", log=lambda m: None).engine_dir
+    repo = write_reference_repository(spec_from_engine_dir(engine_dir, decoupled=True), tmp_path / "repo")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in (
+        "for i in range(10):\n    print(i, i * i)\nfor i in range(10):\n    print(i", "def fib(n):\n    if n < 2:\n",
+        "x = [1, 2, 3]\nx = [1, 2, 3]\nx = [")))
+    runner = CliRunner()
+    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=tmp_path / "server.log") as server:
+        result = runner.invoke(main, ["verify", "--url", server.grpc_url, "--streaming", "--prompts", str(prompts), "--max-tokens", "24",
+                                      "--end-id", "-1", "--concurrency", "1,2,3", "--report", str(tmp_path / "v.json")])
+        assert result.exit_code == 0, result.output
+        levels = json.loads((tmp_path / "v.json").read_text())["levels"]
+        assert all(lv["num_match"] == lv["requests"] for lv in levels)
+        assert levels[2]["num_crossed"] > 0  # requests decoded while the load (and so K) changed
+        ramp = runner.invoke(main, ["bench", server.grpc_url, "--streaming", "--tokenizer", str(engine_dir / "tokenizer"),
+                                    "--prompts", str(prompts), "--max-tokens", "24", "--end-id", "-1", "--chat-template", "never",
+                                    "--ramp", "1,3,1", "--ramp-step-s", "4", "--results-dir", str(tmp_path / "ramp")])
+    assert ramp.exit_code == 0, ramp.output
+    ivs = json.loads((tmp_path / "ramp" / "ramp.json").read_text())["intervals"]
+    assert ivs[0]["draft_len_max"] and ivs[0]["draft_len_max"] <= 4
+    assert ivs[1]["draft_lens"].get("0", 0) > sum(ivs[1]["draft_lens"].values()) / 2  # above max_concurrency the engine drafts nothing

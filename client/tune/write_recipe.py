@@ -4,10 +4,9 @@ The source recipe (the deployment's own, by name or path) is copied with:
 
 - ``speculation.max_draft_len`` = ``schedule[1]`` where the recipe sets it (TensorRT-LLM's rule:
   batch size 1 drafts the most; MTP's ``num_nextn_predict_layers`` is left as it is);
-- ``build.draft_len_schedule`` = the schedule; ``max_concurrency`` as ``build.max_concurrency`` where
-  the recipe has that field, else as the entry ``{max_concurrency + 1: 0}``, which is what
-  TensorRT-LLM turns ``max_concurrency`` into; on the PyTorch path, the TensorRT-LLM form of
-  :mod:`.schedules` (floored at 1 for one-engine methods);
+- ``build.draft_len_schedule`` = the schedule and ``build.max_concurrency`` (speculation off above
+  it), which the reference engine and TensorRT-LLM's PyTorch path both run; on the PyTorch path, the
+  TensorRT-LLM form of :mod:`.schedules` (floored at 1 for one-engine methods, no max_concurrency);
 - ``name`` suffixed ``-scheduled``, so its deployment directory does not overwrite the source's;
 - relative paths that exist next to the source recipe made absolute, so they still resolve.
 
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from specbuild.builder.recipe import BuildConfig, RecipeError, find_recipe, parse_recipe
+from specbuild.builder.recipe import RecipeError, find_recipe, parse_recipe
 
 from .analysis import Schedule
 from .schedules import EngineSchedules
@@ -48,9 +47,7 @@ def scheduled_recipe(source: str | Path, schedule: Schedule, engines: EngineSche
     entries, max_concurrency = dict(schedule.draft_len_schedule), schedule.max_concurrency
     if build.get("backend") == "pytorch" and engines is not None and engines.trtllm is not None:
         entries, max_concurrency = dict(engines.trtllm["draft_len_schedule"]), engines.trtllm.get("max_concurrency")
-    if max_concurrency is not None and "max_concurrency" not in BuildConfig.model_fields:
-        entries[max_concurrency + 1] = 0
-    elif max_concurrency is not None:
+    if max_concurrency is not None:
         build["max_concurrency"] = max_concurrency
     build["draft_len_schedule"] = dict(sorted(entries.items()))
     if "max_draft_len" in data["speculation"]:
