@@ -35,7 +35,7 @@ def test_a_throughput_drop_as_load_rises_is_a_cliff_and_a_drop_as_it_falls_is_no
 
 def test_acceptance_below_the_interval_before_speculation_went_off_is_flagged():
     before = [e for k in range(4) for e in steps(k * 0.25, 3, 4, 3 if k % 2 else 4, width=0.25)]  # acceptance ~0.875, varied
-    off = [StepEvent(1.0 + i / 10, 0, 1, 0, 0) for i in range(5)]
+    off = [StepEvent(1.0 + i / 100, 0, 1, 0, 0) for i in range(50)] + [StepEvent(1.9, 0, 1, 2, 1)]  # one drafted step
     stale = [StepEvent(2.0 + i / 10, 0, 1, 4, 0) for i in range(5)]  # drafts all rejected after re-enabling
     ivs = intervals_of(before + off + stale, [], [1, 8, 1], 1.0)
     flag_intervals(ivs)

@@ -1,7 +1,7 @@
 """``specbuild bench --ramp 1,2,4,8,16,8,4,2,1 --ramp-step-s 30``: load steps up and down across a
 draft-length schedule's thresholds, and what happens to throughput, draft length and acceptance.
 
-Closed loop: ``max(levels)`` worker threads; during step i the first ``levels[i]`` of them send
+Closed loop, after one untimed warm-up request: ``max(levels)`` worker threads; during step i the first ``levels[i]`` of them send
 streamed requests back to back (prompts cycled); a worker that is switched off finishes the request
 it has in flight, so load falls as requests end, as it does on a real server. Requests carry no
 draft length: the deployment runs its own (its ``max_draft_len``, or its schedule).
@@ -23,7 +23,8 @@ Flags (definitions):
 - **throughput cliff**: load rises from one interval to the next and total tokens/s falls by more
   than ``cliff_drop`` (default 20 %) of the previous interval's. Batching should hold or raise total
   throughput as load rises (vLLM #49548: 232 -> 24-157 tok/s at a schedule threshold);
-- **acceptance after re-enabling**: speculation was on, went off (derived draft length 0) and came
+- **acceptance after re-enabling**: speculation was on, went off (mean derived draft length below
+  0.1 token per step) and came
   back; the acceptance of the first interval with it back is below the 95 % interval of the last
   interval before it went off (TensorRT-LLM PR #16888: stale drafter state after K=0).
 
@@ -49,6 +50,7 @@ from .plan import BenchError, Deployment
 from .points import ratio_of_sums_ci
 
 CLIFF_DROP = 0.2  # a >20 % fall of total tokens/s while load rises is a cliff
+OFF_BELOW = 0.1  # an interval drafting fewer tokens per step than this has speculation off
 DRAFT_LEN_NOTE = ("draft length derived from the per-step change of the engine's cumulative total_draft_tokens "
                   "(the engine does not report the length it chose); a step with nothing to propose lowers the mean")
 
@@ -88,7 +90,9 @@ class RampInterval:
 
     @property
     def speculating(self) -> bool:
-        return bool(self.draft_len_max)
+        """At least one draft token per ten steps (:data:`OFF_BELOW`): a few drafted steps while the
+        load falls through a threshold do not make an interval "on"."""
+        return self.draft_len_mean is not None and self.draft_len_mean >= OFF_BELOW
 
 
 @dataclass
@@ -146,6 +150,11 @@ def run_ramp(
     from .run import make_client as default_make_client
 
     make = make_client or (lambda: default_make_client(deployment, timeout_s))
+    warm = make()
+    try:  # untimed: the first request's set-up would otherwise land in the first interval
+        _one_request(warm, 0, _RampState(levels), deployment, prompts[0][1], max_tokens=4, end_id=end_id)
+    finally:
+        warm.close()
     state = _RampState(levels)
     workers = [threading.Thread(target=_worker, args=(w, state, make, deployment, prompts, max_tokens, end_id), daemon=True)
                for w in range(max(levels))]
