@@ -488,6 +488,8 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
         if openai["openai_url"] and sampling:
             raise click.UsageError("--sampling runs through the Triton client; not with --openai")
+        if concurrency is not None and (not concurrency or min(concurrency) < 1):
+            raise click.BadParameter(f"levels must be integers >= 1, got {','.join(map(str, concurrency))}", param_hint="--concurrency")
         if sampling and concurrency and len(concurrency) > 1:
             raise click.UsageError("--sampling takes one --concurrency (requests in flight), not a list")
         make_client = lambda: (_openai_client(tokenizer=tokenizer, **openai) if openai["openai_url"]  # noqa: E731
