@@ -643,11 +643,12 @@ def _openai_options(f):
 @click.option("--top-p", default=None, type=click.FloatRange(min=0, max=1, min_open=True), help="Sampling top_p [off].")
 @click.option("--alpha", default=0.01, show_default=True, type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), help="Sampling: significance level of the whole family of tests.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
-@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
+@click.option("--concurrency", default=None, callback=lambda ctx, param, value: _int_list(ctx, param, value), metavar="N[,N,...]", help="Greedy: check under load at each of these levels, e.g. 1,4,8,16 (staggered arrivals; each output against its prompt run alone). Sampling: requests in flight [8].")
+@click.option("--stagger-s", default=None, type=click.FloatRange(min=0), help="Greedy under load: seconds between request releases [median plain latency / C].")
 @_openai_options
 def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, results_dir, wait_s,
                    streaming, decoupled_alias, as_json, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts,
-                   temperature, top_k, top_p, alpha, seed, concurrency, **openai) -> None:
+                   temperature, top_k, top_p, alpha, seed, concurrency, stagger_s, **openai) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
 
     Sends each prompt with num_draft_tokens=0 (the non-speculative baseline) and with speculation,
@@ -674,6 +675,12 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --streaming --json > verify.json
       specbuild verify --openai http://127.0.0.1:9000/v1 --prompts humaneval:20 --max-tokens 128
       specbuild verify --openai http://gpu:8000/v1 --openai-baseline http://gpu:8001/v1 --tokenizer DIR
+      specbuild verify --concurrency 1,4,8,16 --prompts humaneval:8 --max-tokens 64
+
+    With --concurrency A,B,... (greedy): every prompt runs alone with num_draft_tokens=0, then the
+    speculative requests run at each level with staggered arrivals, so they decode while the number
+    in flight changes (crossing a draft-length schedule's thresholds); every output is compared with
+    its prompt's plain run; a table per level. Exits 4 on any mismatch.
     """
     from specbuild.cli_display import print_report
     from specbuild.prompts import PromptSourceError, apply_chat_template, load_prompts
@@ -690,8 +697,21 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
         if openai["openai_url"] and sampling:
             raise click.UsageError("--sampling runs through the Triton client; not with --openai")
-        client_cm = (_openai_client(tokenizer=tokenizer, **openai) if openai["openai_url"]
-                     else SpecClient(url, protocol=protocol, decoupled=streaming or decoupled_alias))
+        if concurrency is not None and (not concurrency or min(concurrency) < 1):
+            raise click.BadParameter(f"levels must be integers >= 1, got {','.join(map(str, concurrency))}", param_hint="--concurrency")
+        if sampling and concurrency and len(concurrency) > 1:
+            raise click.UsageError("--sampling takes one --concurrency (requests in flight), not a list")
+        make_client = lambda: (_openai_client(tokenizer=tokenizer, **openai) if openai["openai_url"]  # noqa: E731
+                               else SpecClient(url, protocol=protocol, decoupled=streaming or decoupled_alias))
+        if concurrency and not sampling:
+            with make_client() as client:
+                client.wait_ready(timeout_s=wait_s)
+            _verify_under_load(console, make_client, prompt_list, report_path, levels=concurrency, max_tokens=max_tokens,
+                               num_draft_tokens=num_draft_tokens, end_id=end_id, tokenizer=tokenizer, stagger_s=stagger_s,
+                               near_tie_margin=near_tie_margin, as_json=as_json)
+            return
+        concurrency = concurrency[0] if concurrency else 8
+        client_cm = make_client()
         with client_cm as client:
             client.wait_ready(timeout_s=wait_s)
             if sampling:
@@ -719,6 +739,31 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     if near_tie_margin is not None:
         console.print(f"tolerance: divergences where speculation took the target's runner-up within {near_tie_margin:g} logits pass ({report.num_near_ties} such)")
     if not report.passed or not oracle_ok:
+        sys.exit(ExitCode.NOT_LOSSLESS)
+
+
+def _verify_under_load(console, make_client, prompt_list, report_path: Path, *, as_json: bool, **options) -> None:
+    from specbuild.cli_display import verification_progress
+    from specbuild.client.verify import describe_divergence
+    from specbuild.client.verify_load import render_load_tables, verify_under_load
+
+    total = len(prompt_list) + sum(max(len(prompt_list), c) for c in options["levels"])
+    with verification_progress(console, total) as progress:
+        report = verify_under_load(make_client, prompt_list, progress=progress, **options)
+    report.write(report_path)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    for table in render_load_tables(report):
+        console.print(table)
+    for level in report.levels:
+        for run in level.runs:
+            if run.divergence is not None:
+                console.print(f"[red]C={level.concurrency} {run.prompt_id}[/red] (in flight {run.in_flight[0]}-{run.in_flight[1]}): "
+                              f"{describe_divergence(run.divergence)}", highlight=False)
+    verdict = "[green]LOSSLESS UNDER LOAD[/green]" if report.all_match else (
+        "[yellow]NEAR-TIES ONLY[/yellow]" if report.passed else "[red]MISMATCH[/red]")
+    console.print(f"{verdict}: levels {', '.join(str(lv.concurrency) for lv in report.levels)}; report: {report_path}")
+    if not report.passed:
         sys.exit(ExitCode.NOT_LOSSLESS)
 
 
@@ -942,7 +987,9 @@ def _results_dir(results_dir: Path | None, output_dir_old: Path | None, default:
 @_sweep_options
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where bench.json, bench.csv and requests.jsonl go [specbuild-out/bench].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
-def bench_command(results_dir: Path | None, output_dir_old: Path | None, **options) -> None:
+@click.option("--ramp", default=None, callback=lambda ctx, param, value: _int_list(ctx, param, value), metavar="C,C,...", help="Instead of the sweep: step the load through these concurrency levels (e.g. 1,2,4,8,16,8,4,2,1) with the deployment's own draft length or schedule; writes ramp.json and ramp.png.")
+@click.option("--ramp-step-s", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Seconds per --ramp level.")
+def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, ramp_step_s, **options) -> None:
     """Sweep TARGETS x draft lengths x load x prompt sets; print a table, write JSON, CSV and JSONL.
 
     A TARGET is a recipe (name or path: built, served on free ports, stopped after) or a running
@@ -961,13 +1008,42 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, **optio
       specbuild bench smollm2-ngram smollm2-lookahead --prompts humaneval:4 --prompts summarize:4
       specbuild bench 127.0.0.1:8001 --label ngram --metrics-url 127.0.0.1:8002
       specbuild bench --openai http://127.0.0.1:9000/v1 --concurrency 4
+      specbuild bench smollm2-ngram --ramp 1,2,4,8,16,8,4,2,1 --ramp-step-s 30
+
+    With --ramp: per level, total tokens/s, the draft length in use (derived from the engine's draft
+    counters) and the acceptance, as a table, ramp.json and ramp.png; flags a throughput cliff (tokens/s
+    down > 20% as load rises) and acceptance after speculation returns below its interval before.
     """
     console = _console()
+    if ramp:
+        _run_ramp(console, ramp, ramp_step_s, _results_dir(results_dir, output_dir_old, "specbuild-out/bench"), options)
+        return
     result = _run_bench(console, **_resolve_sweep_options(options))
     json_path, csv_path = result.write(_results_dir(results_dir, output_dir_old, "specbuild-out/bench"))
     console.print(f"wrote {json_path}, {csv_path} and {json_path.with_name('requests.jsonl')} ({result.wall_s:.0f} s)")
     if any(p.problems for p in result.points):
         sys.exit(int(ExitCode.CROSS_CHECK_FAILED))
+
+
+def _run_ramp(console, levels, step_s: float, results_dir: Path, options: dict) -> None:
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.client.bench import BenchError
+    from specbuild.client.bench.ramp import run_ramp_bench
+    from specbuild.client.sdk import ClientError
+    from specbuild.prompts import PromptSourceError
+    from specbuild.triton_repo.tritonserver import ServerStartError, stop_signals_interrupt
+
+    o = _resolve_sweep_options(options)
+    keep = ("targets", "prompt_sets", "max_tokens", "end_id", "chat_template", "timeout_s", "openai_urls", "openai_chat",
+            "labels", "protocol", "metrics_urls", "tokenizer_dir")
+    try:
+        with stop_signals_interrupt():
+            run_ramp_bench(levels=levels, step_s=step_s, console=console, results_dir=results_dir, output_root=o["deploy_dir"],
+                           stream=o["stream"], **{k: o[k] for k in keep})
+    except (BenchError, RecipeError, PromptSourceError) as exc:
+        raise bad_input(str(exc)) from None
+    except (ClientError, ServerStartError) as exc:
+        raise CommandError(str(exc), ExitCode.SERVER_UNAVAILABLE) from None
 
 
 @main.command("tune")
@@ -980,7 +1056,8 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, **optio
 @click.option("--min-gain", default=0.05, show_default=True, type=click.FloatRange(0, 1), help="Schedule: speculate at a concurrency only when at least this much faster than k=0 (0.05 = 5%).")
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where tune.json, the PNG plots (and bench.json/csv/jsonl of a sweep) go [specbuild-out/tune].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
-def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, results_dir, output_dir_old, **options) -> None:
+@click.option("--write-recipe", "write_recipe", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the recommended deployment's recipe with its schedule (build.draft_len_schedule) to this YAML file.")
+def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, results_dir, output_dir_old, write_recipe, **options) -> None:
     """Pick a method and draft length: frontier, recommendation, schedule, analytic model, plots.
 
     Runs the sweep of `specbuild bench` on TARGETS (same options), or reads --from bench.json, then
@@ -994,6 +1071,7 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
     Examples:
       specbuild tune smollm2-ngram smollm2-lookahead --num-draft-tokens 0,1,2,3 --concurrency-sweep 1,4,8 --repeats 3
       specbuild tune --from specbuild-out/bench/bench.json --goal throughput --max-latency-ms 5000
+      specbuild tune smollm2-ngram --concurrency-sweep 1,4,8,16 --write-recipe ngram-scheduled.yaml
     """
     from specbuild.client.bench import BenchError, load_result
     from specbuild.client.tune import TuneError, run_tune
@@ -1013,10 +1091,25 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
         json_path, _ = result.write(output_dir)
         console.print(f"wrote {json_path} ({result.wall_s:.0f} s of sweep)")
     try:
-        run_tune(result.points, output_dir, console=console, goal=goal, concurrency=goal_concurrency,
-                 max_latency_ms=max_latency_ms, latency=latency_metric, min_gain=min_gain)
+        report = run_tune(result.points, output_dir, console=console, goal=goal, concurrency=goal_concurrency,
+                          max_latency_ms=max_latency_ms, latency=latency_metric, min_gain=min_gain)
     except TuneError as exc:
         raise bad_input(str(exc)) from None
+    if write_recipe is not None:
+        _write_tuned_recipe(console, report, write_recipe)
+
+
+def _write_tuned_recipe(console, report, out: Path) -> None:
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.client.tune.write_recipe import WriteRecipeError, pick_schedule, write_scheduled_recipe
+
+    try:
+        schedule, engines = pick_schedule(report)
+        path = write_scheduled_recipe(out, schedule.deployment, schedule, engines)
+    except (WriteRecipeError, RecipeError) as exc:
+        raise bad_input(str(exc)) from None
+    console.print(f"wrote {path}: {schedule.deployment} with draft_len_schedule {schedule.draft_len_schedule}; "
+                  f"check it with: specbuild plan {path}", highlight=False)
 
 
 if __name__ == "__main__":

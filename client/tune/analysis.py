@@ -21,6 +21,7 @@ from .analytic import (
     per_position_from_sweep,
     per_position_warnings,
 )
+from .schedules import engine_schedules
 
 
 LATENCY_METRICS = {
@@ -257,6 +258,7 @@ class TuneReport:
     ties: dict[str, list[Candidate]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # unreliable estimates, small samples, unstable points
     open_loop: list[AnalyticRow] = field(default_factory=list)  # speed-ups of open-loop points by rate
+    engine_schedules: list = field(default_factory=list)  # schedules.EngineSchedules per schedule: TensorRT-LLM, vLLM, SGLang
 
     def to_json(self) -> dict:
         return {
@@ -270,6 +272,7 @@ class TuneReport:
             "recommendations": {s: asdict(c) for s, c in self.recommendations.items()},
             "recommendation_errors": self.errors,
             "schedules": [asdict(s) for s in self.schedules],
+            "engine_schedules": [e.to_json() for e in self.engine_schedules],
             "analytic": [asdict(r) | {"closeness": r.closeness} for r in self.analytic],
             "per_position_acceptance_derived": [
                 {"deployment": d, "prompt_set": s, "positions": [{"from": a, "to": b, "p": p} for a, b, p in v]}
@@ -329,14 +332,17 @@ def tune(
         if goal == "latency"
         else f"highest throughput with {latency} latency <= {max_latency_ms:g} ms"
     )
+    schedules = draft_len_schedule(cands, min_gain=min_gain, speedup_ci={
+        (r.deployment, r.prompt_set, r.draft_len, r.concurrency): r.speedup_ci for r in analytic if r.speedup_ci
+    })
+    methods = {c.deployment: c.method for c in cands}
     return TuneReport(
         latency_metric=latency,
         frontiers={s: pareto_front(g) for s, g in by_set.items()},
         recommendations=recommendations,
         goal=goal_text,
-        schedules=draft_len_schedule(cands, min_gain=min_gain, speedup_ci={
-            (r.deployment, r.prompt_set, r.draft_len, r.concurrency): r.speedup_ci for r in analytic if r.speedup_ci
-        }),
+        schedules=schedules,
+        engine_schedules=[engine_schedules(s, methods[s.deployment]) for s in schedules],
         analytic=analytic,
         per_position=per_position_from_sweep(points),
         errors=errors,

@@ -10,6 +10,7 @@ from pathlib import Path
 from .analysis import TuneReport, tune
 from .analytic import AnalyticRow
 from .plots import plot_frontier, plot_speedup
+from .schedules import engine_schedule_table
 
 
 NAME_COLUMNS = ("deployment", "prompts", "method", "load", "source", "draft_len_schedule", "max_concurrency")  # never cut
@@ -58,6 +59,8 @@ def report_tables(report: TuneReport, *, width: int | None = None) -> list:
         mc = "always on" if s.max_concurrency is None else ("always off" if s.max_concurrency == 0 else str(s.max_concurrency))
         t.add_row(s.deployment, s.prompt_set, _fmt_map(s.best), _fmt_map(s.draft_len_schedule) or f"- ({s.note})", mc)
     out.append(t)
+    if report.engine_schedules:
+        out.append(engine_schedule_table(report.engine_schedules))
     out.append(_analytic_table(report.analytic, narrow=narrow))
     if report.open_loop:
         t = _table("Open loop: speed-up vs k=0 at the same arrival rate (time per output token) [95% interval]",

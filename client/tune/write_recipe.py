@@ -1,0 +1,100 @@
+"""``specbuild tune ... --write-recipe OUT.yaml``: the tuned schedule as a deployable recipe.
+
+The source recipe (the deployment's own, by name or path) is copied with:
+
+- ``speculation.max_draft_len`` = ``schedule[1]`` where the recipe sets it (TensorRT-LLM's rule:
+  batch size 1 drafts the most; MTP's ``num_nextn_predict_layers`` is left as it is);
+- ``build.draft_len_schedule`` = the schedule and ``build.max_concurrency`` (speculation off above
+  it), which the reference engine and TensorRT-LLM's PyTorch path both run; on the PyTorch path, the
+  TensorRT-LLM form of :mod:`.schedules` (floored at 1 for one-engine methods, no max_concurrency);
+- ``name`` suffixed ``-scheduled``, so its deployment directory does not overwrite the source's;
+- relative paths that exist next to the source recipe made absolute, so they still resolve.
+
+The result is parsed with the recipe schema before it is written. Comments are not kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from specbuild.builder.recipe import RecipeError, find_recipe, parse_recipe
+
+from .analysis import Schedule
+from .schedules import EngineSchedules
+
+
+class WriteRecipeError(ValueError):
+    """No schedule to write, or a source recipe that cannot be found or parsed; says which."""
+
+
+def scheduled_recipe(source: str | Path, schedule: Schedule, engines: EngineSchedules | None = None) -> str:
+    """The YAML text of ``source`` (a recipe name or path) with ``schedule`` deployed in it.
+
+    Raises:
+        WriteRecipeError: ``schedule`` has no draft_len_schedule, or the source is not a recipe.
+        RecipeError: the written recipe does not validate (the message names file, line and field).
+    """
+    if not schedule.draft_len_schedule:
+        raise WriteRecipeError(f"{schedule.deployment}: no schedule to write ({schedule.note or 'speculation off'})")
+    try:
+        path = find_recipe(str(source))
+    except RecipeError as exc:
+        raise WriteRecipeError(f"--write-recipe needs the deployment's recipe: {exc}") from None
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    build = data.setdefault("build", {})
+    entries, max_concurrency = dict(schedule.draft_len_schedule), schedule.max_concurrency
+    if build.get("backend") == "pytorch" and engines is not None and engines.trtllm is not None:
+        entries, max_concurrency = dict(engines.trtllm["draft_len_schedule"]), engines.trtllm.get("max_concurrency")
+    if max_concurrency is not None:
+        build["max_concurrency"] = max_concurrency
+    build["draft_len_schedule"] = dict(sorted(entries.items()))
+    if "max_draft_len" in data["speculation"]:
+        data["speculation"]["max_draft_len"] = entries[1]
+    data["name"] = f"{data.get('name', path.stem)}-scheduled"
+    data = _absolute_paths(data, path.parent)
+    text = f"# {data['name']}: {path.name} with the draft-length schedule `specbuild tune` measured for {schedule.deployment}\n"
+    text += yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+    return text
+
+
+def write_scheduled_recipe(out: str | Path, source: str | Path, schedule: Schedule, engines: EngineSchedules | None = None) -> Path:
+    """:func:`scheduled_recipe` validated with the recipe schema at ``out``, then written there."""
+    out = Path(out)
+    text = scheduled_recipe(source, schedule, engines)
+    parse_recipe(text, out.resolve())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
+def _absolute_paths(value, base: Path):
+    """Strings that name an existing file or folder relative to ``base``, made absolute."""
+    if isinstance(value, dict):
+        return {k: _absolute_paths(v, base) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_absolute_paths(v, base) for v in value]
+    if isinstance(value, str) and ("/" in value or value.startswith(".")) and not Path(value).expanduser().is_absolute():
+        candidate = base / value
+        return str(candidate.resolve()) if candidate.exists() else value
+    return value
+
+
+def pick_schedule(report) -> tuple[Schedule, EngineSchedules | None]:
+    """The schedule to deploy from a :class:`~.analysis.TuneReport`: that of the recommended deployment
+    and prompt set (the first prompt set when there are several), else the only schedule there is.
+
+    Raises:
+        WriteRecipeError: no schedule, or several and no recommendation to choose by.
+    """
+    pairs = list(zip(report.schedules, report.engine_schedules or [None] * len(report.schedules)))
+    for prompt_set, best in sorted(report.recommendations.items()):
+        for schedule, engines in pairs:
+            if (schedule.deployment, schedule.prompt_set) == (best.deployment, prompt_set) and schedule.draft_len_schedule:
+                return schedule, engines
+    usable = [(s, e) for s, e in pairs if s.draft_len_schedule]
+    if len(usable) == 1:
+        return usable[0]
+    notes = "; ".join(f"{s.deployment} {s.prompt_set}: {s.note or 'has one'}" for s in report.schedules)
+    raise WriteRecipeError(f"--write-recipe: no single schedule to write ({notes or 'no schedules'})")

@@ -1,0 +1,147 @@
+"""The tuner's schedule written for TensorRT-LLM, vLLM and SGLang, each checked by that engine's own
+rules (kept as test data in tests/upstream_schedules.py with the commits they were read at)."""
+
+from __future__ import annotations
+
+import pytest
+from specbuild.builder.draft_len_schedule import check_draft_len_schedule, draft_len_for
+from specbuild.builder.recipe import parse_recipe
+from specbuild.builder.trtllm_plan import plan_pytorch
+from specbuild.client.tune import Schedule
+from specbuild.client.tune.schedules import (
+    EngineScheduleError,
+    check_sglang_adaptive_config,
+    check_vllm_schedule,
+    engine_schedules,
+    sglang_draft_len_for,
+    vllm_draft_len_for,
+)
+from upstream_schedules import (
+    SGLANG_DEFAULT_SLOTS,
+    SGLANG_REFUSED,
+    SGLANG_SLOT_OF,
+    TRTLLM_CONFIG_CLASS,
+    TRTLLM_MIN_RUNTIME_DRAFT_LEN,
+    VLLM_LOOKUP,
+    VLLM_REFUSED,
+)
+
+
+@pytest.mark.parametrize(("ranges", "k", "rule"), VLLM_REFUSED)
+def test_vllm_refusals_name_upstreams_rule(ranges, k, rule):
+    with pytest.raises(EngineScheduleError, match=rule):
+        check_vllm_schedule(ranges, k)
+
+
+@pytest.mark.parametrize(("ranges", "k", "batch", "expected"), VLLM_LOOKUP)
+def test_vllm_lookup_is_upstreams(ranges, k, batch, expected):
+    assert vllm_draft_len_for(ranges, k, batch) == expected
+
+
+@pytest.mark.parametrize(("config", "steps", "rule"), SGLANG_REFUSED)
+def test_sglang_refusals_name_upstreams_rule(config, steps, rule):
+    with pytest.raises(EngineScheduleError, match=rule):
+        check_sglang_adaptive_config(config, steps)
+
+
+def test_sglang_default_config_passes_and_routes_by_largest_key_not_above_the_batch():
+    check_sglang_adaptive_config(SGLANG_DEFAULT_SLOTS, 3)
+    single = {key: {"candidate_steps": [int(key)]} for key in SGLANG_DEFAULT_SLOTS}
+    assert [str(sglang_draft_len_for(single, b)) for b, _ in SGLANG_SLOT_OF] == [slot for _, slot in SGLANG_SLOT_OF]
+
+
+SCHEDULE = Schedule("smollm2-eagle", "humaneval", {1: 4, 4: 2, 8: 0, 16: 0}, {1: 4, 4: 2}, 4, 4)
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle3"])
+def test_every_engine_runs_the_same_draft_length_at_every_batch_size(method):
+    out = engine_schedules(SCHEDULE, method)
+    trt, vllm = out.trtllm, out.vllm
+    check_draft_len_schedule(trt["draft_len_schedule"], trt["max_draft_len"])
+    check_vllm_schedule(vllm["num_speculative_tokens_per_batch_size"], vllm["num_speculative_tokens"])
+    floor = TRTLLM_MIN_RUNTIME_DRAFT_LEN[TRTLLM_CONFIG_CLASS[method]]
+    for batch in range(1, 65):
+        wanted = 0 if batch > 4 else draft_len_for({1: 4, 4: 2}, batch)
+        mc = trt.get("max_concurrency")
+        trt_k = 0 if mc is not None and batch > mc else draft_len_for(trt["draft_len_schedule"], batch)
+        assert trt_k == max(wanted, floor), batch
+        assert vllm_draft_len_for(vllm["num_speculative_tokens_per_batch_size"], vllm["num_speculative_tokens"], batch) == wanted
+        if out.sglang is not None:
+            assert sglang_draft_len_for(out.sglang, batch) == wanted
+    assert any("data_parallel_size > 1" in n for n in out.notes["vllm"])
+
+
+def test_one_engine_methods_keep_drafting_at_one_and_say_why():
+    out = engine_schedules(SCHEDULE, "eagle3")
+    assert out.trtllm == {"max_draft_len": 4, "draft_len_schedule": {1: 4, 4: 2, 5: 1}}
+    assert "PR #16888" in out.notes["tensorrt-llm"][0]
+    assert out.sglang == {"1": {"candidate_steps": [4]}, "4": {"candidate_steps": [2]}, "5": {"candidate_steps": [0]}}
+    assert "--speculative-adaptive" in out.sglang_args
+    ngram = engine_schedules(SCHEDULE, "ngram")
+    assert ngram.trtllm == {"max_draft_len": 4, "draft_len_schedule": {1: 4, 4: 2}, "max_concurrency": 4}
+    assert ngram.vllm == {"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 3, 4], [4, 4, 2], [5, 256, 0]]}
+    assert ngram.sglang is None and "no batch-size schedule for ngram" in ngram.notes["sglang"][0]
+
+
+def test_an_engine_without_the_method_gets_no_schedule_and_says_so():
+    out = engine_schedules(SCHEDULE, "lookahead")
+    assert (out.trtllm, out.vllm, out.sglang) == (None, None, None)
+    assert "engine path only" in out.notes["tensorrt-llm"][0] and "no lookahead method" in out.notes["vllm"][0]
+
+
+def test_no_schedule_gives_nothing_for_any_engine_with_the_reason():
+    out = engine_schedules(Schedule("d", "s", {1: 0}, {}, 0, None, "speculation off"), "ngram")
+    assert (out.trtllm, out.vllm, out.sglang) == (None, None, None)
+    assert out.notes["vllm"] == ["speculation off"]
+
+
+PYTORCH_RECIPE = """name: t
+target: {checkpoint: meta-llama/Llama-3.1-8B-Instruct, dtype: bfloat16}
+speculation: {method: METHOD}
+build: {backend: pytorch, trtllm_version: '1.2.1'}
+"""
+
+
+@pytest.mark.parametrize(("method", "written"), [("ngram", {1: 4, 4: 2}), ("mtp", {1: 4, 4: 2, 5: 1})])
+def test_write_recipe_gives_a_recipe_plan_accepts_with_the_schedule(tmp_path, method, written):
+    import yaml
+    from click.testing import CliRunner
+    from specbuild.cli import main
+    from specbuild.client.tune.write_recipe import write_scheduled_recipe
+
+    source = tmp_path / "src.yaml"
+    source.write_text(PYTORCH_RECIPE.replace("METHOD", "ngram, max_draft_len: 6" if method == "ngram" else "mtp, num_nextn_predict_layers: 4"))
+    out = write_scheduled_recipe(tmp_path / "out" / "scheduled.yaml", source, SCHEDULE, engine_schedules(SCHEDULE, method))
+    data = yaml.safe_load(out.read_text())
+    assert data["name"] == "t-scheduled" and data["speculation"].get("max_draft_len", 4) == 4
+    assert data["build"]["draft_len_schedule"] == written
+    assert data["build"].get("max_concurrency") == (4 if method == "ngram" else None)  # mtp: floored at 1 instead
+    result = CliRunner().invoke(main, ["plan", str(out)])
+    assert result.exit_code == 0, result.output
+    for f in plan_pytorch(parse_recipe(out.read_text(), out), tmp_path).files:
+        assert yaml.safe_load(f.text)["speculative_config"]["draft_len_schedule"] == written
+
+
+def test_write_recipe_for_the_reference_engine_keeps_max_concurrency(tmp_path):
+    import yaml
+    from click.testing import CliRunner
+    from specbuild.cli import main
+    from specbuild.client.tune.write_recipe import write_scheduled_recipe
+
+    schedule = Schedule("smollm2-ngram", "humaneval", {1: 3, 4: 2, 8: 0}, {1: 3, 4: 2}, 4, 3)
+    out = write_scheduled_recipe(tmp_path / "s.yaml", "smollm2-ngram", schedule, engine_schedules(schedule, "ngram"))
+    data = yaml.safe_load(out.read_text())
+    assert data["build"]["draft_len_schedule"] == {1: 3, 4: 2} and data["build"]["max_concurrency"] == 4
+    assert data["speculation"]["max_draft_len"] == 3 and data["build"]["backend"] == "reference"
+    result = CliRunner().invoke(main, ["plan", str(out)])
+    assert result.exit_code == 0, result.output
+
+
+def test_write_recipe_refuses_a_deployment_without_a_schedule(tmp_path):
+    from specbuild.client.tune.write_recipe import WriteRecipeError, write_scheduled_recipe
+
+    none = Schedule("d", "s", {1: 0}, {}, 0, None, "speculation off at every measured concurrency")
+    with pytest.raises(WriteRecipeError, match="no schedule to write .speculation off"):
+        write_scheduled_recipe(tmp_path / "o.yaml", "smollm2-ngram", none)
+    with pytest.raises(WriteRecipeError, match="needs the deployment's recipe"):
+        write_scheduled_recipe(tmp_path / "o.yaml", tmp_path / "missing.yaml", SCHEDULE)
