@@ -31,6 +31,7 @@ object; other servers publish them only as server-wide metrics (see :func:`read_
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class OpenAIClient:
         tokenizer: a tokenizer (``encode``/``__call__``) for ``token_ids="tokenizer"``.
         draft_field: send ``num_draft_tokens`` (specbuild's front only).
         timeout_s: per-request timeout, seconds.
+        api_key: sent as ``Authorization: Bearer KEY``; ``None`` = ``$SPECBUILD_API_KEY`` if set.
 
     Raises ``ValueError`` for ``token_ids="tokenizer"`` without a tokenizer.
     """
@@ -69,6 +71,7 @@ class OpenAIClient:
         self.base_url = normalize_base_url(base_url)
         self.chat, self.token_ids, self.tokenizer, self.draft_field = chat, token_ids, tokenizer, draft_field
         self.timeout_s = timeout_s
+        api_key = api_key if api_key is not None else os.environ.get("SPECBUILD_API_KEY")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)), headers=headers)
         self._model = model

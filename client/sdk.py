@@ -219,7 +219,7 @@ class _Client:
 class SpecClient(_Client):
     """Typed wrapper over ``tritonclient.grpc`` / ``tritonclient.http`` for the ``ensemble`` model.
 
-    ``url`` is ``host:port`` without a scheme; it defaults to 127.0.0.1:8001 for gRPC and
+    ``url`` is ``host:port`` (``http://`` / ``grpc://`` and a path are dropped); it defaults to 127.0.0.1:8001 for gRPC and
     127.0.0.1:8000 for HTTP. ``timeout_s`` (seconds) bounds each request (gRPC ``client_timeout``;
     HTTP ``connection_timeout`` / ``network_timeout``). A call that finds no server (refused, reset,
     model not ready) is tried ``1 + retries`` times, ``retry_backoff_s * 2**i`` seconds apart plus
@@ -232,7 +232,9 @@ class SpecClient(_Client):
     Thread-safe: one client may serve many threads at once (gRPC shares one channel, which
     tritonclient documents as thread-safe for ``infer``; HTTP, whose tritonclient object is
     single-threaded, gets one connection per thread). For asyncio use :class:`AsyncSpecClient`.
-    Raises ``ValueError`` for an unknown protocol, a url with a scheme, or negative retry settings.
+    Raises ``ValueError`` for an unknown protocol, an ``https://`` or other scheme, or negative retry settings.
+    :meth:`wait_ready` on a port that speaks the other protocol (gRPC to Triton's HTTP port) fails at
+    once with a ``ServerUnavailableError`` saying which protocol or port to use.
     """
 
     def _connect(self) -> None:
@@ -277,7 +279,7 @@ class SpecClient(_Client):
             problem = self._readiness_problem(poll_timeout_s=max(poll_s, 1.0))
             if problem is None:
                 return
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or ": use --protocol " in problem[1]:  # the port speaks the other protocol
                 raise problem[0](f"{problem[1]} (waited {timeout_s:g} s)")
             time.sleep(poll_s)
 
@@ -333,7 +335,9 @@ class SpecClient(_Client):
                 "readiness", lambda: client.is_model_ready(self.model_name, **timeout), retry=False
             )
         except ClientError as e:
-            return ServerUnavailableError, f"server at {self.url} ({self.protocol}) is not reachable: {e}"
+            from .connect import protocol_hint
+
+            return ServerUnavailableError, f"server at {self.url} ({self.protocol}) is not reachable: {e}{protocol_hint(self.url, self.protocol)}"
         if not live:
             return ServerUnavailableError, f"server at {self.url} ({self.protocol}) answers but is not live"
         if not ready:
@@ -665,10 +669,9 @@ def describe_repository(index: list[dict[str, Any]]) -> str:
 def _check_url(url: str | None, protocol: str) -> tuple[str, Protocol]:
     if protocol not in DEFAULT_URLS:
         raise ValueError(f"protocol must be one of {sorted(DEFAULT_URLS)}, got {protocol!r}")
-    url = url or DEFAULT_URLS[protocol]
-    if "://" in url:
-        raise ValueError(f"url must be host:port without a scheme, got {url!r}")
-    return url, protocol  # type: ignore[return-value]
+    from .connect import host_port
+
+    return host_port(url or DEFAULT_URLS[protocol]), protocol  # type: ignore[return-value]
 
 
 def _check_timeout(timeout_s: float) -> None:

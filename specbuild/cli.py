@@ -347,6 +347,24 @@ def _model_repository(ctx, param, repo: Path) -> Path:
     raise click.BadParameter(f"{repo} is not a Triton model repository: no <model>/config.pbtxt in it{hint}", ctx=ctx, param=param)
 
 
+def _openai_access_options(f):
+    """serve's supervision (--restart) and the OpenAI front's API key and request limits (docs/openai.md)."""
+    from specbuild.triton_repo.openai_access import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
+
+    options = [
+        click.option("--restart", type=click.Choice(["no", "on-failure"]), default="no", show_default=True, help="on-failure: start tritonserver again (same ports, backoff 1, 2, 4 ... 30 s) when it exits with an error or is killed; exit 3 after --max-restarts."),
+        click.option("--max-restarts", type=click.IntRange(min=0), default=5, show_default=True, help="With --restart on-failure: restarts before giving up."),
+        click.option("--api-key", envvar=API_KEY_ENV, default=None, show_envvar=True, help="OpenAI front: answer only requests that send 'Authorization: Bearer KEY' (401 otherwise) [no key]."),
+        click.option("--openai-max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY_BYTES, show_default=True, help="OpenAI front: largest request body (413 above)."),
+        click.option("--openai-max-prompt-tokens", type=click.IntRange(min=1), default=None, help="OpenAI front: most prompt tokens (400 above) [the deployment's limit]."),
+        click.option("--openai-max-tokens", type=click.IntRange(min=1), default=None, help="OpenAI front: largest max_tokens (400 above) [the deployment's limit]."),
+        click.option("--openai-max-concurrency-per-client", type=click.IntRange(min=1), default=None, help="OpenAI front: requests one client address may have in flight (429 with Retry-After above) [no limit]."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
 @main.command("serve")
 @click.argument("repo", type=click.Path(exists=True, file_okay=False, path_type=Path), callback=_model_repository)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (HTTP and gRPC); 0.0.0.0 opens it to the network, unauthenticated.")
@@ -357,8 +375,10 @@ def _model_repository(ctx, param, repo: Path) -> Path:
 @click.option("--openai-port", type=click.IntRange(min=0, max=65535), default=None, help="Also answer OpenAI's /v1/completions and /v1/chat/completions on this port (0 = a free one) [off].")
 @click.option("--openai-model", default=None, help="Model name the OpenAI front serves [the recipe's name].")
 @click.option("--openai-num-draft-tokens", type=click.IntRange(min=0), default=None, help="Draft length of OpenAI requests that send none; 0 = a speculation-off door (a verify baseline) [engine's max_draft_len].")
+@_openai_access_options
 def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, log_file: Path | None,
-                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None) -> None:
+                  openai_port: int | None, openai_model: str | None, openai_num_draft_tokens: int | None, restart: str,
+                  max_restarts: int, **access) -> None:
     """Serve the model repository REPO with tritonserver until Ctrl-C.
 
     Uses `tritonserver` from PATH, else the one bundled in nvidia-pytriton
@@ -369,6 +389,10 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     /v1/chat/completions (streaming: serve a decoupled repository), token ids with
     return_token_ids, speculation figures in the spec_decode extension field (docs/openai.md).
 
+    --api-key KEY (or SPECBUILD_API_KEY): the front answers only requests that send it; its
+    --openai-max-* options bound body size, prompt tokens, max_tokens and requests per client.
+    --restart on-failure starts tritonserver again when it dies (exit 3 after --max-restarts).
+
     A TensorRT-LLM repository (one with launch.sh) is not started here: the command prints its
     launch command (scripts/launch_triton_server.py) to run in the TensorRT-LLM Triton container.
     Exits 3 when the server does not come up.
@@ -378,6 +402,7 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
       specbuild serve specbuild-out/smollm2-ngram/triton_repo
       specbuild serve specbuild-out/smollm2-ngram/triton_repo --openai-port 9000
       specbuild serve OUT/triton_repo --http-port 9000 --grpc-port 9001 --metrics-port 9002
+      specbuild serve OUT/triton_repo --openai-port 9000 --api-key "$KEY" --restart on-failure
     """
     from specbuild.builder.recipe import is_loopback
     from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
@@ -396,6 +421,8 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     if not is_loopback(host):
         click.secho(f"warning: --host {host} serves beyond this machine with no authentication; anyone who reaches the ports can send requests",
                     fg="yellow", err=True)
+    if (warning := _openai_key_warning(host, openai_port, access["api_key"])) is not None:
+        click.secho(warning, fg="yellow", err=True)
     server = TritonServer(
         repo,
         host=host,
@@ -406,9 +433,12 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     )
     companion = None
     if openai_port is not None:
-        companion = _openai_companion(repo, host, openai_port, openai_model, openai_num_draft_tokens)
+        companion = _openai_companion(repo, host, openai_port, openai_model, openai_num_draft_tokens, **access)
     try:
-        sys.exit(serve_forever(server, companion=companion))
+        from specbuild.triton_repo.supervise import RestartPolicy
+
+        policy = RestartPolicy(max_restarts=max_restarts) if restart == "on-failure" else None
+        sys.exit(serve_forever(server, companion=companion, restart=policy))
     except ServerNotFoundError as exc:
         raise CommandError(str(exc), ExitCode.FAILED) from None
     except ServerStartError as exc:
@@ -421,9 +451,27 @@ def _deprecated_decoupled(ctx, param, value: bool) -> bool:
     return value
 
 
-def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_draft_tokens: int | None):
+def _openai_key_warning(host: str, openai_port: int | None, api_key: str | None) -> str | None:
+    """The warning for an OpenAI front reachable beyond this machine that asks no key; None when none is due."""
+    from specbuild.builder.recipe import is_loopback
+
+    if openai_port is None or api_key or is_loopback(host):
+        return None
+    return (f"warning: the OpenAI front on {host}:{openai_port} asks no API key; give --api-key KEY "
+            "(or SPECBUILD_API_KEY) to refuse requests without it")
+
+
+def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_draft_tokens: int | None, *,
+                      api_key: str | None = None, openai_max_body_bytes: int, openai_max_prompt_tokens: int | None,
+                      openai_max_tokens: int | None, openai_max_concurrency_per_client: int | None):
     """serve_forever's companion: the OpenAI front on ``host:port`` once tritonserver is ready."""
+    import dataclasses
     import json
+
+    from specbuild.triton_repo.openai_access import FrontLimits
+
+    limits = FrontLimits(max_body_bytes=openai_max_body_bytes, max_prompt_tokens=openai_max_prompt_tokens,
+                         max_tokens=openai_max_tokens, max_concurrency_per_client=openai_max_concurrency_per_client)
 
     def start(server):
         from specbuild.triton_repo.openai_frontend import FrontendError, OpenAIServer, config_from_deployment
@@ -436,7 +484,12 @@ def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_d
             config = config_from_deployment(server.grpc_url, model=name, num_draft_tokens=num_draft_tokens)
         except FrontendError as exc:
             raise RuntimeError(f"OpenAI front: {exc}") from None
-        front = OpenAIServer(config, host=host, port=port)
+        config = dataclasses.replace(config, api_key=api_key or None, limits=limits)
+        if not config.decoupled:
+            click.secho(f"warning: {repo} is not decoupled, so the OpenAI front answers stream=true with the whole answer "
+                        "in one event (header X-Specbuild-Streaming: one-event); for one event per decoding step build "
+                        "with serve.decoupled: true (docs/openai.md)", fg="yellow", err=True)
+        front = OpenAIServer(config, host=host, port=port, restarts=lambda: server.restarts)
         return front, lambda: f"  OpenAI {front.url} (model {config.model!r})"
 
     return start
@@ -457,7 +510,7 @@ def _openai_options(f):
 
 
 @main.command("verify")
-@click.option("--url", default=None, help="Server address [127.0.0.1:8001 for grpc, :8000 for http].")
+@click.option("--url", default=None, help="Server host:port (http:// or grpc:// dropped) [127.0.0.1:8001 for grpc, :8000 for http].")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
 @click.option("--prompts", default="humaneval:20", show_default=True, help="humaneval:N, or a .jsonl / .txt file.")
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
@@ -465,7 +518,8 @@ def _openai_options(f):
 @click.option("--end-id", default=None, type=int, help="End token id; -1 never stops early [tokenizer's].")
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="The deployment's tokenizer dir (e.g. OUT/engine/tokenizer): chat template, divergences shown as text.")
 @click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets; needs --tokenizer).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.json"), show_default=True)
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The JSON report [RESULTS_DIR/report.json].")
+@click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-out/verify"), show_default=True, help="Where the report goes (with --hf-oracle also report.oracle.json).")
 @click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for the server to be ready (seconds).")
 @click.option("--streaming", is_flag=True, help="Send each request over a gRPC stream (a decoupled deployment: recipe serve.decoupled: true).")
 @click.option("--decoupled", "decoupled_alias", is_flag=True, hidden=True, callback=_deprecated_decoupled, help="Deprecated name of --streaming.")
@@ -483,7 +537,7 @@ def _openai_options(f):
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Sampling: requests in flight.")
 @_openai_options
-def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, wait_s,
+def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, results_dir, wait_s,
                    streaming, decoupled_alias, as_json, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts,
                    temperature, top_k, top_p, alpha, seed, concurrency, **openai) -> None:
     """Check a running deployment: speculative vs non-speculative output, token ids.
@@ -522,6 +576,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         from specbuild.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_dir)
+    report_path = report_path or results_dir / "report.json"
     console = _console(stderr=as_json)
     try:
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
@@ -687,6 +742,7 @@ def _sweep_options(f):
         click.option("--openai-draft-len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the draft length the server runs with (a label) [0]."),
         click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Where recipe engines and repositories go [./specbuild-out/NAME]."),
         click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
+        click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for each server to be ready (seconds)."),
         click.option("--streaming/--no-streaming", "stream", default=None, help="Stream every request: measures TTFT, inter-token latency and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served; OpenAI: on]"),
         click.option("--stream/--no-stream", "stream_old", default=None, hidden=True),
     ]
@@ -735,7 +791,7 @@ def _resolve_sweep_options(options: dict) -> dict:
 
 def _run_bench(console, targets, *, draft_lengths, levels, request_rates, burstiness, max_concurrency, repeats, slo,
                stability_percentage, prompt_sets, max_tokens, requests, end_id, warmup, chat_template, protocol, labels,
-               metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream):
+               metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream, wait_s=30.0):
     from specbuild.builder.recipe import RecipeError
     from specbuild.client.bench import BenchError, SweepPlan, run_bench
     from specbuild.prompts import PromptSourceError
@@ -751,7 +807,7 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
         )
         with stop_signals_interrupt():  # SIGTERM/SIGHUP stop the servers like Ctrl-C
             return run_bench(
-                targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, stream=stream,
+                targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, wait_s=wait_s, stream=stream,
                 labels=labels, metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
                 openai_urls=openai_urls, openai_chat=openai_chat, openai_draft_len=openai_draft_len,
             )

@@ -292,8 +292,10 @@ def test_default_urls_and_argument_checks():
     assert SpecClient(protocol="http").url == "127.0.0.1:8000"
     with pytest.raises(ValueError, match="protocol"):
         SpecClient(protocol="tcp")
-    with pytest.raises(ValueError, match="without a scheme"):
-        SpecClient("http://127.0.0.1:8000", protocol="http")
+    assert SpecClient("http://127.0.0.1:8000/", protocol="http").url == "127.0.0.1:8000"  # what a browser shows
+    assert SpecClient("grpc://127.0.0.1:8001").url == "127.0.0.1:8001"
+    with pytest.raises(ValueError, match="TLS"):
+        SpecClient("https://127.0.0.1:8000", protocol="http")
     with SpecClient(f"127.0.0.1:{free_port()}") as client:
         with pytest.raises(ValueError, match="max_tokens"):
             client.generate("x", max_tokens=0)

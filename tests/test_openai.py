@@ -117,6 +117,8 @@ def test_errors_are_openai_shaped(deployment):
         ({"prompt": "hi", "n": 2}, 400, "n"),
         ({"prompt": "hi", "n": 0}, 400, "n"),
         ({"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+        ({"prompt": "hi", "top_logprobs": 2}, 400, "top_logprobs"),
+        ({"prompt": "hi", "stop": ["ok", ""]}, 400, "stop"),
         ({"prompt": "hi", "model": "other"}, 404, "model"),
     ]
     for body, status, param in cases:
@@ -137,6 +139,91 @@ def test_values_the_tensors_cannot_carry_are_refused_by_name(deployment, body, n
     assert response.status_code == 400, response.text
     error = strict_loads(response.text)["error"]
     assert error["type"] == "invalid_request_error" and f"{name}=" in error["message"] and "does not fit" in error["message"]
+
+
+def test_logprobs_refusal_says_what_is_supported(deployment):
+    _, front, _ = deployment
+    response = _post(front.url + "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True})
+    error = strict_loads(response.text)["error"]
+    assert response.status_code == 400 and error["param"] == "logprobs"
+    assert "no log probabilities" in error["message"] and "return_token_ids" in error["message"]
+    ok = _post(front.url + "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                 "logprobs": False, "top_logprobs": 0})
+    assert ok.status_code == 200, ok.text
+
+
+def test_created_is_stamped_per_response(deployment):
+    import time
+
+    _, front, _ = deployment
+    body = {"prompt": "hi", "max_tokens": 1, "temperature": 0}
+    first = strict_loads(_post(front.url + "/completions", body).text)["created"]
+    time.sleep(1.1)
+    second = strict_loads(_post(front.url + "/completions", body).text)["created"]
+    events = _events(_post(front.url + "/completions", {**body, "stream": True}))
+    assert second > first and events[0]["created"] >= second
+    assert abs(second - time.time()) < 30
+
+
+def _events(response: httpx.Response) -> list[dict]:
+    lines = [line for line in response.text.splitlines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"
+    return [strict_loads(line[5:]) for line in lines[:-1]]
+
+
+def _stop_case(front, chat: bool = False):
+    """A route, a greedy request, its answer's ids and a stop string from the answer's middle, on a token boundary."""
+    route = "/chat/completions" if chat else "/completions"
+    body = {"max_tokens": 12, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
+            **({"messages": [{"role": "user", "content": PROMPTS[0]}]} if chat else {"prompt": PROMPTS[0]})}
+    ids = strict_loads(_post(front.url + route, body).text)["choices"][0]["token_ids"]
+    tokenizer = front_tokenizer(front)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    piece = lambda k: decode(ids[:k + 1])[len(decode(ids[:k])):]  # noqa: E731 - the text token k adds
+    cut = next(k for k in range(3, len(ids)) if piece(k).strip() and piece(k) not in decode(ids[:k]))
+    return route, body, ids, decode, piece(cut)
+
+
+def front_tokenizer(front):
+    from specbuild.triton_repo.models.tokenization import load_tokenizer
+
+    return load_tokenizer(front.config.tokenizer_dir)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_stop_cuts_text_ids_and_finish_reason(deployment, chat):
+    _, front, _ = deployment
+    route, body, ids, decode, stop = _stop_case(front, chat)
+    text = decode(ids)
+    expected_text = text[:text.index(stop)]
+    expected_ids = ids[:next(k for k in range(len(ids) + 1) if decode(ids[:k]).startswith(expected_text))]
+    assert decode(expected_ids) == expected_text and 0 < len(expected_ids) < len(ids)
+    for stops in (stop, [stop, "never-generated-zzz"]):
+        data = strict_loads(_post(front.url + route, {**body, "stop": stops}).text)
+        choice = data["choices"][0]
+        got_text = choice["message"]["content"] if chat else choice["text"]
+        assert (got_text, choice["token_ids"]) == (expected_text, expected_ids)
+        assert choice["finish_reason"] == "stop" and data["usage"]["completion_tokens"] == len(expected_ids)
+        events = _events(_post(front.url + route, {**body, "stop": stops, "stream": True,
+                                                    "stream_options": {"include_usage": True}}))
+        pieces = [e["choices"][0] for e in events if e["choices"]]
+        streamed_text = "".join(p.get("text") or (p.get("delta") or {}).get("content") or "" for p in pieces)
+        streamed_ids = [t for p in pieces for t in p.get("token_ids", [])]
+        assert (streamed_text, streamed_ids) == (expected_text, expected_ids)
+        assert pieces[-1]["finish_reason"] == "stop" and events[-1]["usage"]["completion_tokens"] == len(expected_ids)
+
+
+def test_a_stop_never_generated_changes_nothing(deployment):
+    _, front, _ = deployment
+    route, body, ids, decode, _ = _stop_case(front)
+    data = strict_loads(_post(front.url + route, {**body, "stop": "never-generated-zzz"}).text)["choices"][0]
+    assert (data["text"], data["token_ids"], data["finish_reason"]) == (decode(ids), ids, "length")
+
+
+def test_streaming_mode_is_in_a_header(deployment):
+    _, front, _ = deployment
+    response = _post(front.url + "/completions", {"prompt": "hi", "max_tokens": 2, "stream": True})
+    assert response.headers["x-specbuild-streaming"] == "per-step"
 
 
 def test_metrics_count_what_the_responses_said(deployment):

@@ -13,9 +13,11 @@ sits in front of an in-process server::
 
 Request fields (OpenAI's): ``model``, ``prompt`` (a string, or a list of one string) or ``messages``,
 ``max_tokens`` (chat also ``max_completion_tokens``; default 16), ``temperature`` (default 1.0, OpenAI's;
-0 = greedy), ``top_p``, ``seed``, ``stream``, ``stream_options.include_usage``, ``n`` (1 only). Not
-supported, answered with 400 rather than ignored: ``n > 1``, ``logprobs``, ``echo``, ``best_of``,
-``stop``, tools. Extension fields, named as vLLM names them where vLLM has one:
+0 = greedy), ``top_p``, ``seed``, ``stream``, ``stream_options.include_usage``, ``n`` (1 only), ``stop``
+(a string or a list: the text is cut before the first one, ``finish_reason: "stop"``; see
+:mod:`specbuild.triton_repo.openai_stop`). Not supported, answered with 400 rather than ignored:
+``n > 1``, ``logprobs`` / ``top_logprobs`` (the deployment returns no log probabilities), ``echo``,
+``best_of``, tools. Extension fields, named as vLLM names them where vLLM has one:
 
 - ``top_k`` (int, 0 or -1 = off), ``ignore_eos`` (bool: generate ``max_tokens`` tokens; Triton's
   ``end_id = -1``) -- vLLM's sampling extensions;
@@ -32,7 +34,11 @@ tokens - accepted) and ``acceptance_length`` (tokens per target pass, bonus toke
 Every body is strict JSON: no NaN or Infinity.
 
 Streaming needs a decoupled deployment (recipe ``serve.decoupled: true``) for one event per decoding
-step; on a deployment that is not decoupled a streamed request gets its whole answer as one event.
+step; on a deployment that is not decoupled a streamed request gets its whole answer as one event, and
+the response says so in its ``X-Specbuild-Streaming: one-event`` header (``per-step`` otherwise).
+
+Access and limits (API key, body size, prompt tokens, ``max_tokens``, concurrency per client):
+:mod:`specbuild.triton_repo.openai_access`.
 """
 
 from __future__ import annotations
@@ -42,11 +48,14 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from specbuild.triton_repo.openai_access import AccessGuard, FrontLimits
+from specbuild.triton_repo.openai_stop import Piece, StopCutter, cut_whole, parse_stop
 
 # Counters on /metrics, the same names the Triton model publishes (reference_engine._Counters), so a
 # bench's counter cross-check reads either.
@@ -78,6 +87,8 @@ class FrontendConfig:
         num_draft_tokens: draft length of requests that do not send ``num_draft_tokens``; ``None`` =
             the engine's max_draft_len, 0 = a door with speculation off (a baseline URL for
             ``specbuild verify --openai-baseline``).
+        api_key: the key requests must send as ``Authorization: Bearer KEY``; None = none asked.
+        limits: body size, prompt tokens, ``max_tokens`` and concurrency limits (:class:`FrontLimits`).
     """
 
     triton_url: str
@@ -86,6 +97,8 @@ class FrontendConfig:
     decoupled: bool = False
     timeout_s: float = 600.0
     num_draft_tokens: int | None = None
+    api_key: str | None = field(default=None, repr=False)
+    limits: FrontLimits = FrontLimits()
 
 
 class _Request(BaseModel):
@@ -107,17 +120,32 @@ class _Request(BaseModel):
     num_draft_tokens: int | None = Field(default=None, ge=0)
     logprobs: Any = None
     stop: Any = None
+    _stop: tuple[str, ...] = PrivateAttr(default=())
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("echo", "best_of", "tools", "tool_choice", "functions", "suffix", "logit_bias", "top_logprobs")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("echo", "best_of", "tools", "tool_choice", "functions", "suffix", "logit_bias")
+    NO_LOGPROBS: ClassVar[str] = (
+        "{name} is not supported: specbuild's deployments return no log probabilities (the reference engine's "
+        "interface has no output_log_probs tensor); per token this server returns the ids (return_token_ids: true). "
+        "Send {name}: null")
 
-    def check(self) -> None:
-        """Raise :class:`FrontendError` for what this front does not do (rather than ignore it)."""
+    def check(self, limits: FrontLimits = FrontLimits()) -> None:
+        """Raise :class:`FrontendError` for what this front does not do (rather than ignore it) and for a
+        ``max_tokens`` over ``limits.max_tokens``."""
         if self.n != 1:
             raise FrontendError(f"n must be 1 (one choice per request), got {self.n}: send one request per choice", param="n")
-        if self.logprobs not in (None, False):
-            raise FrontendError("logprobs are not supported by specbuild deployments", param="logprobs")
-        if self.stop not in (None, [], ""):
-            raise FrontendError("stop sequences are not supported; use max_tokens (and the model's end token)", param="stop")
+        top = (self.model_extra or {}).get("top_logprobs")
+        for name, value, off in (("logprobs", self.logprobs, (None, False)), ("top_logprobs", top, (None, 0))):
+            if not any(value is v or (type(value) is type(v) and value == v) for v in off):
+                raise FrontendError(self.NO_LOGPROBS.format(name=name), param=name)
+        try:
+            self._stop = parse_stop(self.stop)
+        except ValueError as exc:
+            raise FrontendError(str(exc), param="stop") from None
+        wanted = _max_tokens(self)
+        if limits.max_tokens is not None and wanted > limits.max_tokens:
+            name = "max_completion_tokens" if getattr(self, "max_completion_tokens", None) else "max_tokens"
+            raise FrontendError(f"{name}={wanted} is more than this server allows ({limits.max_tokens}, "
+                                "specbuild serve --openai-max-tokens)", param=name)
         for name in self.UNSUPPORTED:
             if (self.model_extra or {}).get(name) not in (None, False, [], {}):
                 raise FrontendError(f"{name!r} is not supported by specbuild's OpenAI front", param=name)
@@ -130,6 +158,11 @@ class _Request(BaseModel):
             options.update(temperature=self.temperature, seed=self.seed)
             options.update(top_p=self.top_p, top_k=None if self.top_k in (None, -1) else self.top_k)
         return options
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """The checked ``stop`` strings (after :meth:`check`)."""
+        return self._stop
 
     @property
     def include_usage(self) -> bool:
@@ -171,15 +204,16 @@ class Frontend:
     """The request logic, apart from FastAPI: one :class:`~specbuild.client.sdk.SpecClient` (thread-safe
     gRPC) towards the deployment, the tokenizer, and the counters behind ``/metrics``."""
 
-    def __init__(self, config: FrontendConfig) -> None:
+    def __init__(self, config: FrontendConfig, restarts: Callable[[], int] | None = None) -> None:
         from specbuild.client.sdk import SpecClient
         from specbuild.triton_repo.models.tokenization import load_tokenizer
 
-        self.config = config
+        self.config, self.restarts = config, restarts
         self.client = SpecClient(config.triton_url, protocol="grpc", timeout_s=config.timeout_s, retries=0,
                                  decoupled=config.decoupled)
         self.tokenizer = load_tokenizer(config.tokenizer_dir)
         self._lock = threading.Lock()
+        self._longest: int | None = None
         self.totals = dict.fromkeys((name for name, _ in COUNTERS), 0)
         self.created = int(time.time())
 
@@ -204,9 +238,32 @@ class Frontend:
         messages = [{"role": m.role, "content": _text_content(m.content)} for m in request.messages]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def prompt_token_ids(self, text: str) -> list[int]:
-        """The prompt as the deployment's preprocessing model tokenizes it (special tokens added)."""
-        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+    def prompt_token_ids(self, text: str, param: str = "prompt") -> list[int]:
+        """The prompt as the deployment's preprocessing model tokenizes it (special tokens added).
+
+        Raises :class:`FrontendError` (400, ``param``) for more than ``limits.max_prompt_tokens``
+        tokens; a text too long for any tokenization within the limit (more characters than the
+        limit times the longest vocabulary entry) is refused before tokenising.
+        """
+        limit = self.config.limits.max_prompt_tokens
+        if limit is not None and len(text) > limit * self._longest_token_chars():
+            raise FrontendError(f"prompt is {len(text)} characters: more than {limit} tokens can hold; this server takes at most "
+                                f"{limit} prompt tokens (specbuild serve --openai-max-prompt-tokens)", param=param)
+        ids = list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        if limit is not None and len(ids) > limit:
+            raise FrontendError(f"prompt is {len(ids)} tokens; this server takes at most {limit} prompt tokens "
+                                "(specbuild serve --openai-max-prompt-tokens)", param=param)
+        return ids
+
+    def _longest_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry (a byte-level token covers at most that many characters)."""
+        if self._longest is None:
+            self._longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1) or 1
+        return self._longest
+
+    def decode(self, ids) -> str:
+        """``ids`` as the deployment's postprocessing model decodes them (special tokens skipped)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -228,12 +285,15 @@ class Frontend:
             return
         chunks = self._guard(lambda: self.client.generate_stream(text, max_tokens=max_tokens, **request.sampling(self.config.num_draft_tokens)))
         num_tokens, last = 0, None
-        for chunk in self._guard_iter(chunks):
-            num_tokens += chunk.num_tokens
-            last = chunk
-            yield chunk
-        if last is not None:
-            self._count(num_tokens, last.total_accepted_draft_tokens, last.total_draft_tokens)
+        try:
+            for chunk in self._guard_iter(chunks):
+                num_tokens += chunk.num_tokens
+                last = chunk
+                yield chunk
+        finally:
+            chunks.close()  # a stop string ended it early: cancel the rest on the server
+            if last is not None:
+                self._count(num_tokens, last.total_accepted_draft_tokens, last.total_draft_tokens)
 
     def _count(self, tokens: int, accepted: int | None, drafted: int | None) -> None:
         with self._lock:
@@ -251,6 +311,9 @@ class Frontend:
         for name, text in COUNTERS:
             counter = Counter(name.removesuffix("_total"), text, ["model"], registry=registry)
             counter.labels(model=self.config.model).inc(totals[name])
+        if self.restarts is not None:
+            Counter("specbuild_server_restarts", "Times specbuild serve --restart brought tritonserver back",
+                    registry=registry).inc(self.restarts())
         return generate_latest(registry).decode()
 
     def ready(self) -> bool:
@@ -303,14 +366,15 @@ def _finish_reason(result, max_tokens: int, ignore_eos: bool) -> str:
     return "length" if ignore_eos or result.num_tokens >= max_tokens else "stop"
 
 
-def create_app(config: FrontendConfig):
-    """The FastAPI application for ``config`` (the deployment need not be up yet: /health says when)."""
+def create_app(config: FrontendConfig, *, restarts: Callable[[], int] | None = None):
+    """The FastAPI application for ``config`` (the deployment need not be up yet: /health says when).
+    ``restarts``: the supervisor's restart count, published as ``specbuild_server_restarts_total``."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.concurrency import run_in_threadpool
 
-    front = Frontend(config)
+    front = Frontend(config, restarts)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -319,6 +383,7 @@ def create_app(config: FrontendConfig):
 
     app = FastAPI(title="specbuild OpenAI-compatible front", version="1", lifespan=lifespan)
     app.state.front = front
+    app.add_middleware(AccessGuard, api_key=config.api_key, limits=config.limits)
 
     @app.exception_handler(FrontendError)
     async def _frontend_error(request: Request, exc: FrontendError):
@@ -345,27 +410,30 @@ def create_app(config: FrontendConfig):
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest):
-        request.check()
+        request.check(config.limits)
         front.check_model(request)
         text = front.completion_prompt(request)
         return await _answer(request, text, kind="text_completion")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest):
-        request.check()
+        request.check(config.limits)
         front.check_model(request)
         text = await run_in_threadpool(front.chat_prompt, request)
         return await _answer(request, text, kind="chat.completion")
 
     async def _answer(request: _Request, text: str, *, kind: str):
         max_tokens = _max_tokens(request)
-        prompt_ids = await run_in_threadpool(front.prompt_token_ids, text)
+        param = "messages" if kind == "chat.completion" else "prompt"
+        prompt_ids = await run_in_threadpool(front.prompt_token_ids, text, param)
         response_id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}"
         if request.stream:
             events = _stream_events(front, request, text, max_tokens, prompt_ids, response_id, kind)
-            return StreamingResponse(events, media_type="text/event-stream")
+            mode = "per-step" if config.decoupled else "one-event"
+            return StreamingResponse(events, media_type="text/event-stream", headers={"X-Specbuild-Streaming": mode})
         result = await run_in_threadpool(front.generate, text, request, max_tokens)
-        return JSONResponse(_whole_body(request, result, max_tokens, prompt_ids, response_id, kind, config.model, front.created))
+        piece = await run_in_threadpool(_whole_piece, front, request, result)
+        return JSONResponse(_whole_body(request, result, piece, max_tokens, prompt_ids, response_id, kind, config.model))
 
     return app
 
@@ -379,22 +447,49 @@ def _usage(prompt_ids: list[int], completion_tokens: int) -> dict[str, int]:
             "total_tokens": len(prompt_ids) + completion_tokens}
 
 
-def _whole_body(request, result, max_tokens, prompt_ids, response_id, kind, model, created) -> dict:
-    finish = _finish_reason(result, max_tokens, request.ignore_eos)
+def _whole_piece(front: Frontend, request: _Request, result) -> Piece:
+    """The answer's text and ids, cut before the first stop string when the request has any."""
+    if not request.stop_strings:
+        return Piece(result.text, list(result.output_ids))
+    return cut_whole(request.stop_strings, front.decode, result.text, result.output_ids)
+
+
+def _whole_body(request, result, piece: Piece, max_tokens, prompt_ids, response_id, kind, model) -> dict:
+    finish = "stop" if piece.stopped else _finish_reason(result, max_tokens, request.ignore_eos)
     if kind == "chat.completion":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": result.text}, "finish_reason": finish, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": piece.text}, "finish_reason": finish, "logprobs": None}
     else:
-        choice = {"index": 0, "text": result.text, "finish_reason": finish, "logprobs": None}
-    body: dict[str, Any] = {"id": response_id, "object": kind, "created": created, "model": model, "choices": [choice],
-                            "usage": _usage(prompt_ids, result.num_tokens),
+        choice = {"index": 0, "text": piece.text, "finish_reason": finish, "logprobs": None}
+    body: dict[str, Any] = {"id": response_id, "object": kind, "created": int(time.time()), "model": model, "choices": [choice],
+                            "usage": _usage(prompt_ids, len(piece.ids)),
                             "spec_decode": spec_decode_fields(result.num_tokens, result.total_accepted_draft_tokens, result.total_draft_tokens)}
     if request.return_token_ids:
-        choice["token_ids"] = list(result.output_ids)
+        choice["token_ids"] = piece.ids
         if kind == "chat.completion":
             body["prompt_token_ids"] = prompt_ids
         else:
             choice["prompt_token_ids"] = prompt_ids
     return body
+
+
+def _pieces(front: Frontend, request: _Request, text: str, max_tokens: int) -> Iterator[tuple[Piece, Any]]:
+    """``(piece to send, the chunk it came with)`` for each chunk of a streamed generation; with stop
+    strings, text that may start one is held back (sent at the end with chunk ``None`` when no stop
+    string came), and the generation is cancelled at the first one."""
+    chunks = front.generate_stream(text, request, max_tokens)
+    with contextlib.closing(chunks):
+        if not request.stop_strings:
+            for chunk in chunks:
+                yield Piece(chunk.text, list(chunk.output_ids)), chunk
+            return
+        cutter, chunk = StopCutter(request.stop_strings, front.decode), None
+        for chunk in chunks:
+            piece = cutter.feed(chunk.text, chunk.output_ids)
+            yield piece, chunk
+            if piece.stopped:
+                return
+        if chunk is not None:
+            yield cutter.finish(), None
 
 
 def _stream_events(front: Frontend, request, text, max_tokens, prompt_ids, response_id, kind) -> Iterator[str]:
@@ -403,33 +498,38 @@ def _stream_events(front: Frontend, request, text, max_tokens, prompt_ids, respo
     Errors after the first byte cannot change the HTTP status, so they go out as an ``error`` event.
     """
     chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
-    base = {"id": response_id, "object": chunk_kind, "created": front.created, "model": front.config.model}
-    tokens, first = 0, True
+    base = {"id": response_id, "object": chunk_kind, "created": int(time.time()), "model": front.config.model}
+    tokens, sent, first, stopped, last = 0, 0, True, False, None
     try:
         if kind == "chat.completion":
             yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-        for chunk in front.generate_stream(text, request, max_tokens):
-            tokens += chunk.num_tokens
+        for piece, chunk in _pieces(front, request, text, max_tokens):
+            if chunk is not None:
+                tokens, last = tokens + chunk.num_tokens, chunk
+            stopped = piece.stopped
+            if not piece.text and not piece.ids:
+                continue
+            sent += len(piece.ids)
             choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": None}
             if kind == "chat.completion":
-                choice["delta"] = {"content": chunk.text}
+                choice["delta"] = {"content": piece.text}
             else:
-                choice["text"] = chunk.text
+                choice["text"] = piece.text
             if request.return_token_ids:
-                choice["token_ids"] = list(chunk.output_ids)
+                choice["token_ids"] = piece.ids
                 if first:
                     (base if kind == "chat.completion" else choice)["prompt_token_ids"] = prompt_ids
             event = {**base, "choices": [choice],
-                     "spec_decode": spec_decode_fields(tokens, chunk.total_accepted_draft_tokens, chunk.total_draft_tokens)}
+                     "spec_decode": spec_decode_fields(tokens, last.total_accepted_draft_tokens, last.total_draft_tokens)}
             base.pop("prompt_token_ids", None)
             first = False
             yield _sse(event)
-        finish = "length" if request.ignore_eos or tokens >= max_tokens else "stop"
+        finish = "stop" if stopped else "length" if request.ignore_eos or tokens >= max_tokens else "stop"
         end_choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
         end_choice["delta" if kind == "chat.completion" else "text"] = {} if kind == "chat.completion" else ""
         yield _sse({**base, "choices": [end_choice]})
         if request.include_usage:
-            yield _sse({**base, "choices": [], "usage": _usage(prompt_ids, tokens)})
+            yield _sse({**base, "choices": [], "usage": _usage(prompt_ids, sent)})
     except FrontendError as exc:
         yield _sse({"error": {"message": str(exc), "type": exc.kind, "param": exc.param, "code": exc.status}})
     yield "data: [DONE]\n\n"
@@ -477,8 +577,10 @@ class OpenAIServer:
     ``startup_timeout_s``.
     """
 
-    def __init__(self, config: FrontendConfig, *, host: str = "127.0.0.1", port: int = 9000, startup_timeout_s: float = 60.0):
+    def __init__(self, config: FrontendConfig, *, host: str = "127.0.0.1", port: int = 9000, startup_timeout_s: float = 60.0,
+                 restarts: Callable[[], int] | None = None):
         self.config, self.host, self.port, self.startup_timeout_s = config, host, port, startup_timeout_s
+        self.restarts = restarts
         self._server = None
         self._thread: threading.Thread | None = None
 
@@ -494,7 +596,7 @@ class OpenAIServer:
 
         if self.port == 0:
             self.port = free_port(self.host)
-        app = create_app(self.config)
+        app = create_app(self.config, restarts=self.restarts)
         self._server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False))
         self._thread = threading.Thread(target=self._server.run, name="openai-front", daemon=True)
         self._thread.start()

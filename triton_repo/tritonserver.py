@@ -103,6 +103,8 @@ class TritonServer:
         self._install = install
         self._process: subprocess.Popen[bytes] | None = None
         self._group_reaped = False
+        self._append_log = False
+        self.restarts = 0  # times restart() brought it back (specbuild serve --restart)
 
     @property
     def install(self) -> TritonInstall:
@@ -228,7 +230,7 @@ class TritonServer:
         self._log_file.parent.mkdir(parents=True, exist_ok=True)
         command = self.command
         env = server_environment(self.install)
-        with open(self._log_file, "wb") as log:
+        with open(self._log_file, "ab" if self._append_log else "wb") as log:
             log.write(f"$ {' '.join(command)}\n".encode())
             log.flush()
             # Own session: a terminal's Ctrl-C reaches only us, and stop() shuts the server down in order.
@@ -273,6 +275,16 @@ class TritonServer:
             return ""
         with open(self._log_file, encoding="utf-8", errors="replace") as log:
             return "".join(deque(log, maxlen=lines))
+
+    def restart(self) -> TritonServer:
+        """Stop what is left of the server (its process group) and start it again on the same ports,
+        appending to the same log; counts :attr:`restarts`. Raises as :meth:`start`."""
+        self.stop()
+        self.restarts += 1
+        self._append_log = True
+        with open(self.log_file, "ab") as log:
+            log.write(f"\n--- specbuild: restart {self.restarts} ---\n".encode())
+        return self.start()
 
     def wait(self, timeout_s: float | None = None) -> int:
         """Block until the process ends (at most ``timeout_s`` seconds) and return its exit status.
@@ -335,7 +347,7 @@ def _answers_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def serve_forever(server: TritonServer, *, companion=None) -> int:
+def serve_forever(server: TritonServer, *, companion=None, restart=None) -> int:
     """Start ``server``, print its URLs, and block until Ctrl-C, SIGINT, SIGTERM or SIGHUP; then stop it.
 
     ``companion(server)``: called once the server is ready; returns a context manager (e.g. the
@@ -344,12 +356,15 @@ def serve_forever(server: TritonServer, *, companion=None) -> int:
     itself for the duration (SIGINT too, since a shell starts background jobs with it ignored).
     Returns an exit code for the CLI: 0 after a signal, 1 if the server (or the companion) failed to
     start, else the server's own status if it ended by itself (128 + N if signal N killed it).
+    ``restart``: a :class:`~specbuild.triton_repo.supervise.RestartPolicy`: a server that fails is
+    started again with backoff (:func:`~specbuild.triton_repo.supervise.supervise`), and when it has
+    failed more than ``max_restarts`` times the exit code is 3 (``ExitCode.SERVER_UNAVAILABLE``).
     """
     with stop_signals_interrupt():
-        return _serve_until_interrupted(server, companion)
+        return _serve_until_interrupted(server, companion, restart)
 
 
-def _serve_until_interrupted(server: TritonServer, companion=None) -> int:
+def _serve_until_interrupted(server: TritonServer, companion=None, restart=None) -> int:
     stack = ExitStack()
     try:
         server.start()
@@ -363,6 +378,10 @@ def _serve_until_interrupted(server: TritonServer, companion=None) -> int:
             f"metrics {server.metrics_url}{extra}\nlog: {server.log_file}\nCtrl-C to stop",
             flush=True,
         )
+        if restart is not None:
+            from specbuild.triton_repo.supervise import supervise
+
+            return supervise(server, restart)
         code = server.wait()
         print(f"tritonserver exited by itself with status {code}; see {server.log_file}", file=sys.stderr)
         return code if code >= 0 else 128 - code

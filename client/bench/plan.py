@@ -14,7 +14,7 @@ from specbuild.prompts import CHAT_TEMPLATE_MODES
 from .stats import parse_slo
 
 
-URL = re.compile(r"^[\w.-]+:\d+$")  # host:port
+URL = re.compile(r"^(?:(?:http|grpc)://)?[\w.-]+:\d+/?$")  # host:port, http://host:port/, grpc://host:port
 
 
 class BenchError(ValueError):
@@ -222,8 +222,11 @@ def url_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), metrics_
                     protocol: str = "grpc", tokenizer_dir: str | None = None, stream: bool = False) -> list[Deployment]:
     """Deployments for servers already running at ``urls``; ``labels`` / ``metrics_urls`` pair up with
     them in order. Raises ``BenchError`` when more labels or metrics urls than urls are given."""
+    from specbuild.client.connect import host_port
+
     if len(labels) > len(urls) or len(metrics_urls) > len(urls):
         raise BenchError(f"{len(urls)} url targets but {len(labels)} --label and {len(metrics_urls)} --metrics-url")
+    urls, metrics_urls = [host_port(u) for u in urls], [host_port(u) for u in metrics_urls]
     return [
         Deployment(
             name=labels[i] if i < len(labels) else url,

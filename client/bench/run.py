@@ -246,8 +246,11 @@ def run_sweep(
     timeout_s: float = 600.0,
     progress: Callable[[str, int], None] = lambda description, advance: None,
     log: Callable[[str], None] = lambda message: None,
+    wait_s: float = 30.0,
 ) -> SweepResult:
     """Run ``plan`` on each deployment in turn (deployments must already answer; see :func:`serve_recipes`).
+
+    ``timeout_s``: per request (seconds); ``wait_s``: how long each deployment may take to be ready.
 
     ``progress(description, advance)`` is called as each request finishes. Order per deployment:
     prompt set -> load level -> repeat -> draft length, so the draft lengths compared at one load are
@@ -267,19 +270,19 @@ def run_sweep(
     points: list[PointResult] = []
     rows: list[dict] = []
     for deployment in deployments:
-        points += _sweep_deployment(deployment, plan, rows, timeout_s=timeout_s, progress=progress, log=log)
+        points += _sweep_deployment(deployment, plan, rows, timeout_s=timeout_s, wait_s=wait_s, progress=progress, log=log)
     env["cpu"]["load_average_1_5_15_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return SweepResult(plan, list(deployments), points, started_at, time.perf_counter() - start, requests=rows,
                        environment=env)
 
 
-def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict], *, timeout_s, progress, log) -> list[PointResult]:
+def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict], *, timeout_s, wait_s=30.0, progress, log) -> list[PointResult]:
     synthetic = any(s.startswith("synthetic") for s in plan.prompt_sets)
     tokenizer = _tokenizer(deployment) if plan.chat_template != "never" or synthetic else None
     clients = _Clients(deployment, timeout_s)
     points = []
     try:
-        clients.get().wait_ready(timeout_s=min(60.0, timeout_s))
+        clients.get().wait_ready(timeout_s=min(wait_s, timeout_s))
         for source in plan.prompt_sets:
             prompts = prepare_prompts(source, deployment, plan.chat_template, tokenizer)
             for prompt, text in prompts[: plan.warmup]:
@@ -448,7 +451,7 @@ def _announce_server(recipe: str, log):
 
 
 def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: Path | None = None,
-              timeout_s: float = 600.0, stream: bool | None = None, openai_urls: Sequence[str] = (),
+              timeout_s: float = 600.0, wait_s: float = 30.0, stream: bool | None = None, openai_urls: Sequence[str] = (),
               openai_chat: bool = False, openai_draft_len: int | None = None, labels: Sequence[str] = (),
               **url_options) -> SweepResult:
     """``specbuild bench``: serve the recipe targets, sweep every target with a progress bar, print
@@ -477,7 +480,7 @@ def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: 
         with Progress(*columns, console=console, transient=False) as bar:
             task = bar.add_task("bench", total=sweep_size(plan, deployments, set_sizes))
             result = run_sweep(
-                deployments, plan, timeout_s=timeout_s,
+                deployments, plan, timeout_s=timeout_s, wait_s=wait_s,
                 progress=lambda description, advance: bar.update(task, description=description, advance=advance),
                 log=lambda line: bar.console.print(line, highlight=False),
             )
