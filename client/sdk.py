@@ -416,6 +416,7 @@ class SpecClient(_Client):
                     yield parse_response(result, time.perf_counter() - start, source=self._where)
         finally:
             client.stop_stream(cancel_requests=not finished)
+            client.close()
 
     def _broken_stream(self, exc: InferenceServerException, arrivals) -> ClientError:
         """The error for a stream tritonclient found broken when sending: the reason its callback got
@@ -429,7 +430,6 @@ class SpecClient(_Client):
         if isinstance(reason, InferenceServerException) and reason.status() is not None:
             return translate_error(reason, what="streaming inference", where=self._where, timeout_s=self.timeout_s)
         return ServerUnavailableError(f"streaming inference: no answer from {self._where}: {exc.message() or exc}")
-            client.close()
 
 
 class AsyncSpecClient(_Client):

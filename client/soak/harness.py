@@ -216,6 +216,7 @@ class Soak:
         self.disk: fault_mod.SmallDisk | None = None
         self.calibration: dict = {}
         self.rate_per_s = 0.0
+        self.faults_done_at: float | None = None
 
     def clock(self) -> float:
         return time.monotonic() - self.t0
@@ -267,12 +268,29 @@ class Soak:
 
     # --- faults ---
 
+    def load_end(self) -> float:
+        """The load runs ``duration_s``, and with faults on until one interval after the last fault
+        has recovered (at most ``recovery_give_up_s`` beyond), so requests after each fault are seen."""
+        c = self.config
+        if not c.faults:
+            return c.duration_s
+        hard = c.duration_s + c.recovery_give_up_s + c.interval_s
+        if self.faults_done_at is None:
+            return min(hard, max(c.duration_s, self.clock() + c.interval_s))
+        return min(hard, max(c.duration_s, self.faults_done_at + c.interval_s))
+
     def fault_times(self) -> list[tuple[float, str]]:
         names = list(self.config.faults)
         span = self.config.duration_s - self.config.warmup
         return [(self.config.warmup + (i + 0.5) * span / len(names), name) for i, name in enumerate(names)]
 
     def run_faults(self) -> None:
+        try:
+            self._run_faults()
+        finally:
+            self.faults_done_at = self.clock()
+
+    def _run_faults(self) -> None:
         for at, name in self.fault_times():
             if self.done.wait(max(0.0, at - self.clock())):
                 return
@@ -357,7 +375,7 @@ class Soak:
                        threading.Thread(target=self.run_faults, name="soak-faults", daemon=True)]
             for t in threads:
                 t.start()
-            requests = loop.run(self.send, self.clock)
+            requests = loop.run(self.send, self.clock, self.load_end)
             deadline = time.monotonic() + c.timeout_s + c.grace_s
             for t in requests:
                 t.join(max(0.0, deadline - time.monotonic()))

@@ -318,15 +318,18 @@ class OpenLoop:
     sent: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
 
-    def run(self, send: Callable[[int], None], clock: Callable[[], float]) -> list[threading.Thread]:
-        """Send until the end; returns the request threads (the caller joins them with its own deadline)."""
+    def run(self, send: Callable[[int], None], clock: Callable[[], float],
+            end_at: Callable[[], float] | None = None) -> list[threading.Thread]:
+        """Send until the end (``end_at()``, seconds on ``clock``, asked at every arrival; default
+        ``duration_s``); returns the request threads (the caller joins them with its own deadline)."""
+        end_at = end_at or (lambda: self.duration_s)
         rng = random.Random(self.seed)
         slots = threading.BoundedSemaphore(self.max_in_flight)
         threads: list[threading.Thread] = []
         next_at = clock()
         while not self.stop.is_set() and self.sent < self.max_requests:
             next_at += rng.expovariate(self.rate_per_s)
-            if next_at >= self.duration_s:
+            if next_at >= end_at():
                 break
             if self.stop.wait(max(0.0, next_at - clock())):
                 break
