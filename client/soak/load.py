@@ -110,11 +110,12 @@ def draw(rng: random.Random, pool: Sequence[SoakPrompt], mix: Mix) -> RequestPla
 
 
 class Clients:
-    """A Triton and an OpenAI client per thread, reused; ``fresh()`` makes a new pair (a reconnect)."""
+    """Pools of Triton and OpenAI clients shared by the request threads: a request takes one (or makes
+    one when none is free) and gives it back; a reconnecting request makes a new one and closes it."""
 
     def __init__(self, endpoints: Endpoints) -> None:
         self.endpoints = endpoints
-        self._local = threading.local()
+        self._free: dict[str, list] = {"triton": [], "openai": []}
         self._all: list = []
         self._lock = threading.Lock()
 
@@ -128,27 +129,38 @@ class Clients:
 
         return OpenAIClient(self.endpoints.openai_url, model=self.endpoints.model, draft_field=True, timeout_s=self.endpoints.timeout_s)
 
-    def get(self, which: str, reconnect: bool):
-        """The thread's client of ``which`` (``triton``/``openai``), or a new one the caller closes when ``reconnect``."""
+    def take(self, which: str, reconnect: bool):
+        """A client of ``which`` (``triton``/``openai``): a pooled one, or a new one when ``reconnect``."""
         make = self.make_triton if which == "triton" else self.make_openai
-        if reconnect:
-            return make()
-        client = getattr(self._local, which, None)
-        if client is None:
-            client = make()
-            setattr(self._local, which, client)
+        if not reconnect:
+            with self._lock:
+                if self._free[which]:
+                    return self._free[which].pop()
+        client = make()
+        if not reconnect:
             with self._lock:
                 self._all.append(client)
         return client
 
+    def give_back(self, which: str, client, reconnect: bool) -> None:
+        if reconnect:
+            _close(client)
+            return
+        with self._lock:
+            self._free[which].append(client)
+
     def close(self) -> None:
         with self._lock:
-            clients, self._all = self._all, []
+            clients, self._all, self._free = self._all, [], {"triton": [], "openai": []}
         for client in clients:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - closing after a fault may fail; nothing to keep
-                pass
+            _close(client)
+
+
+def _close(client) -> None:
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001 - closing after a fault may fail; nothing to keep
+        pass
 
 
 def execute(plan: RequestPlan, record: RequestRecord, clients: Clients, references: dict[str, list[int]],
@@ -158,7 +170,7 @@ def execute(plan: RequestPlan, record: RequestRecord, clients: Clients, referenc
     from specbuild.client.sdk import ClientError, RequestError
 
     which = plan.kind.split("-")[0]
-    client = clients.get(which, plan.reconnect)
+    client = clients.take(which, plan.reconnect)
     try:
         if plan.bad:
             _send_bad(plan, client, clients.endpoints)
@@ -174,11 +186,7 @@ def execute(plan: RequestPlan, record: RequestRecord, clients: Clients, referenc
         record.status, record.error = "error", f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
         record.end = clock()
-        if plan.reconnect:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001
-                pass
+        clients.give_back(which, client, plan.reconnect)
     if record.status == "ok" and plan.sample and record.output_ids is not None:
         reference = references.get(plan.prompt.name)
         if reference is not None:
