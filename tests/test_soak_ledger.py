@@ -158,3 +158,50 @@ def test_live_results_on_a_full_disk_keep_the_last_complete_file(tmp_path):
     assert live.failures == ["ENOSPC: No space left on device"]
     assert json.loads((tmp_path / "soak-live.json").read_text()) == {"n": 1}
     assert check_complete(tmp_path) == {"json_files": 1, "incomplete": [], "temporaries": []}
+
+
+def test_open_loop_is_bounded_in_count_and_sheds_beyond_max_in_flight():
+    import threading
+    import time
+
+    from specbuild.client.soak.load import OpenLoop
+
+    release = threading.Event()
+    sent: list[int] = []
+    t0 = time.monotonic()
+    loop = OpenLoop(rate_per_s=500.0, duration_s=5.0, max_requests=30, max_in_flight=4, seed=1)
+
+    def send(i):
+        sent.append(i)
+        release.wait(5)
+
+    clock = lambda: time.monotonic() - t0  # noqa: E731
+    runner = threading.Thread(target=lambda: loop.run(send, clock, end_at=lambda: 0.3))
+    runner.start()
+    runner.join(3)
+    release.set()
+    assert not runner.is_alive()
+    assert loop.sent == len(sent) == 4  # the other arrivals found 4 in flight
+    assert loop.shed > 0
+    loop = OpenLoop(rate_per_s=500.0, duration_s=5.0, max_requests=30, max_in_flight=100, seed=1)
+    loop.run(lambda i: None, clock)
+    assert loop.sent == 30
+
+
+def test_fault_criterion_needs_recovery_errors_in_time_and_completions_after():
+    from specbuild.client.soak.faults import FaultResult
+    from specbuild.client.soak.harness import fault_clients, fault_criterion
+
+    fault = FaultResult("kill", start=50.0, end=70.0, recovery_s=20.0)
+    windows = [FaultWindow("kill", 50.0, 70.0)]
+    records = [rec(48, 51, status="error", error="ServerUnavailableError: no answer", id=1),
+               rec(55, 55.1, status="error", error="ServerUnavailableError: refused", id=2),
+               rec(80, 81, id=3)]
+    fault.clients = fault_clients(records, fault, now=100, faults=windows, **LIMITS)
+    assert fault.clients["during"] == {"fault_error": 2}
+    assert fault.clients["completed_after"] == 1 and fault.clients["slowest_error_s"] == pytest.approx(3.0)
+    assert fault_criterion(fault, 15.0).passed
+    fault.clients = fault_clients(records[:2], fault, now=100, faults=windows, **LIMITS)
+    assert not fault_criterion(fault, 15.0).passed  # nothing succeeded after the restart
+    fault.recovery_s = None
+    assert not fault_criterion(fault, 15.0).passed
