@@ -23,7 +23,7 @@ def test_short_soak_with_a_killed_server_loses_nothing_and_recovers(tiny_checkpo
     recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint)
     config = SoakConfig(
         recipe=str(recipe), results_dir=tmp_path / "soak", output_root=tmp_path / "build",
-        duration_s=30, interval_s=10, warmup_s=5, fraction=0.3, concurrency=2, calibrate_s=3,
+        duration_s=30, interval_s=10, warmup_s=5, fraction=0.15, concurrency=2, calibrate_s=3,
         timeout_s=15, grace_s=5, faults=("kill",), recovery_give_up_s=150,
         mix=Mix(max_tokens=(8, 16), sample=1.0),
     )

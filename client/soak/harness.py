@@ -452,6 +452,8 @@ def fault_clients(records: list[RequestRecord], fault: fault_mod.FaultResult, *,
         "during": dict(Counter(o.value if (o := classify(r, now=now, timeout_s=timeout_s, grace_s=grace_s, faults=faults)) else "in_flight"
                                for r in during)),
         "errors": dict(Counter((r.error or "").split(":")[0] for r in errored)),
+        "examples": {kind: next(r.error[:200] for r in errored if (r.error or "").split(":")[0] == kind)
+                     for kind in {(r.error or "").split(":")[0] for r in errored}},
         "slowest_error_s": max((r.end - r.start for r in errored), default=None),
         "completed_after": sum(1 for r in after if classify(r, now=now, timeout_s=timeout_s, grace_s=grace_s, faults=faults) is Outcome.COMPLETED),
         "sent_after": len(after),
