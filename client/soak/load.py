@@ -175,7 +175,7 @@ def execute(plan: RequestPlan, record: RequestRecord, clients: Clients, referenc
         if plan.bad:
             _send_bad(plan, client, clients.endpoints)
         elif plan.kind.endswith("stream"):
-            _stream(plan, record, client, clock)
+            _stream(plan, record, client, clock, clients.endpoints.timeout_s)
         else:
             _unary(plan, record, client)
         record.status = record.status or "ok"
@@ -204,7 +204,11 @@ def _unary(plan: RequestPlan, record: RequestRecord, client) -> None:
     _finish(record, result.output_ids, result.total_accepted_draft_tokens)
 
 
-def _stream(plan: RequestPlan, record: RequestRecord, client, clock) -> None:
+def _stream(plan: RequestPlan, record: RequestRecord, client, clock, timeout_s: float) -> None:
+    """Read the stream; the clients' timeout bounds each chunk, so the whole stream is bounded here:
+    past ``timeout_s`` seconds in all it is closed (cancelled on the server) with a timeout error."""
+    from specbuild.client.sdk import RequestTimeoutError
+
     chunks = client.generate_stream(plan.prompt.text, **_options(plan))
     ids: list[int] = []
     accepted = None
@@ -221,6 +225,8 @@ def _stream(plan: RequestPlan, record: RequestRecord, client, clock) -> None:
             if plan.cancel:
                 record.status = "cancelled"
                 break
+            if now - record.start > timeout_s:
+                raise RequestTimeoutError(f"stream still running after {timeout_s:g} s ({len(ids)} tokens); closed")
     finally:
         chunks.close()
     if len(ids) > 1 and first_at is not None:
