@@ -66,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=float, default=0.5, help="fraction of completed outputs compared with the reference [0.5]")
     p.add_argument("--max-requests", type=int, default=100_000, help="stop sending after this many [100000]")
     p.add_argument("--max-in-flight", type=int, default=64, help="arrivals beyond this many running are shed (counted) [64]")
+    p.add_argument("--no-fill-slots", dest="fill_slots", action="store_false",
+                   help="skip writing every KV slot once before the load (the RSS baseline then includes first-touch growth)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-root", type=Path, default=None, help="where the recipe is built [./specbuild-out]")
     p.add_argument("--url", default=None, help="soak a running deployment's gRPC host:port instead of serving the recipe")
@@ -82,7 +84,7 @@ def config_from(args: argparse.Namespace) -> SoakConfig:
         timeout_s=args.timeout, grace_s=args.grace, faults=args.fault, stall_s=args.stall,
         mix=Mix(max_tokens=max_tokens, sample=args.sample), max_requests=args.max_requests,
         max_in_flight=args.max_in_flight, seed=args.seed, output_root=args.output_root,
-        grpc_url=args.url, openai_url=args.openai, server_pid=args.server_pid,
+        grpc_url=args.url, openai_url=args.openai, server_pid=args.server_pid, fill_slots=args.fill_slots,
     )
 
 

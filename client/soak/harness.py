@@ -49,6 +49,7 @@ from specbuild.client.soak.load import (
     calibrate,
     draw,
     execute,
+    fill_slots,
     new_record,
     prompt_pool,
 )
@@ -82,6 +83,7 @@ class SoakConfig:
     server_pid: int | None = None
     output_root: Path | None = None
     drift_window_s: float = 600.0
+    fill_slots: bool = True  # write every KV slot once before the load (load.fill_slots)
 
     @property
     def warmup(self) -> float:
@@ -527,9 +529,11 @@ def run_soak(config: SoakConfig, log: Callable[[str], None] = print) -> dict:
         log("prompts: " + ", ".join(f"{p.name} ({p.tokens} tokens)" for p in pool))
         calibration, references = calibrate(dep.endpoints, pool, max_tokens=max(config.mix.max_tokens),
                                             concurrency=config.concurrency, min_s=config.calibrate_s, log=log)
+        slots_s = fill_slots(dep.endpoints, max(pool, key=lambda p: p.tokens), slots=dep.max_batch_size,
+                             max_tokens=max(config.mix.max_tokens), log=log) if config.fill_slots else None
         soak = Soak(config, dep, pool, references, log)
         soak.calibration = {**asdict(calibration), "tokens_per_s": calibration.tokens_per_s,
-                            "requests_per_s": calibration.requests_per_s}
+                            "requests_per_s": calibration.requests_per_s, "fill_slots_s": slots_s}
         report = soak.run()
         report["prompts"] = [asdict(p) | {"text": None} for p in pool]
         if dep.serve_log is not None:

@@ -314,6 +314,26 @@ def calibrate(endpoints: Endpoints, pool: Sequence[SoakPrompt], *, max_tokens: i
     return calibration, references
 
 
+def fill_slots(endpoints: Endpoints, prompt: SoakPrompt, *, slots: int, max_tokens: int,
+               log: Callable[[str], None] = print) -> float:
+    """``slots`` requests of ``prompt`` at once (speculative, as the load runs): every KV slot of the
+    engine gets written as far as the soak's longest request reaches, so the pages the OS commits on
+    first write are in RSS before the RSS baseline is taken. Returns the seconds it took; raises the
+    SDK's ``ClientError`` when one fails."""
+    from specbuild.client.sdk import SpecClient
+
+    def one(_: int) -> None:
+        with SpecClient(endpoints.grpc_url, timeout_s=max(endpoints.timeout_s, 600.0), decoupled=True) as client:
+            client.generate(prompt.text, max_tokens=max_tokens, end_id=-1)
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(slots) as pool:
+        list(pool.map(one, range(slots)))
+    elapsed = time.monotonic() - start
+    log(f"KV slots: {slots} requests of {prompt.tokens} + {max_tokens} tokens at once in {elapsed:.0f} s")
+    return elapsed
+
+
 # --- open loop ----------------------------------------------------------------------------------------
 
 
