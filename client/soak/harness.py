@@ -303,7 +303,8 @@ class Soak:
                 self.fault_errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 self.log(f"  could not inject {name}: {exc}")
                 continue
-            self.fault_results.append(result)
+            if result not in self.fault_results:
+                self.fault_results.append(result)
             self.log(f"  {name}: recovered in {_fmt(result.recovery_s)} s; {json.dumps(result.detail)[:300]}")
 
     def inject(self, name: str) -> fault_mod.FaultResult:
