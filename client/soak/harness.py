@@ -450,7 +450,7 @@ def fault_clients(records: list[RequestRecord], fault: fault_mod.FaultResult, *,
     end = fault.end if fault.end is not None else now
     during = [r for r in records if r.start <= end + grace_s and (r.end is None or r.end >= fault.start)]
     after = [r for r in records if r.start > end]
-    errored = [r for r in during if r.status == "error" and r.end is not None]
+    errored = [r for r in during if r.status == "error" and r.end is not None and not r.bad]  # bad: rejected as meant
     return {
         "during": dict(Counter(o.value if (o := classify(r, now=now, timeout_s=timeout_s, grace_s=grace_s, faults=faults)) else "in_flight"
                                for r in during)),
