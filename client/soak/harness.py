@@ -586,6 +586,7 @@ def plot(report: dict) -> bytes:
     axes[3].set_xlabel("minutes")
     for f in report["faults"]:
         for ax in axes:
+            ax.axvspan(f["start"] / 60, (f["end"] if f["end"] is not None else f["start"]) / 60, color="red", alpha=0.12)
             ax.axvline(f["start"] / 60, color="red", alpha=0.4)
         axes[0].annotate(f["name"], (f["start"] / 60, 0), fontsize=7, color="red")
     fig.suptitle(f"soak: {report['config']['recipe']}, {report['rate_per_s']:.2f} req/s, "
