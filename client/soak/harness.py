@@ -335,7 +335,8 @@ class Soak:
 
     def kv_exhaust(self) -> fault_mod.FaultResult:
         """``max_batch_size + 2`` requests at once of the near-max prompt, each up to ``max_seq_len``
-        (capped at 4x the mix's longest output), on their own threads beside the normal load."""
+        (capped at 4x the mix's longest output), on their own threads beside the normal load; recovered
+        when, after they ended (answered or timed out), a probe request succeeds."""
         near = max(self.pool, key=lambda p: p.tokens)
         n = self.dep.max_batch_size + 2
         max_tokens = max(1, min(self.dep.max_seq_len - near.tokens, 4 * max(self.config.mix.max_tokens)))
@@ -349,8 +350,10 @@ class Soak:
             t.start()
         for t in threads:
             t.join(self.config.timeout_s + self.config.grace_s)
+        result.detail["long_done_s"] = self.clock() - result.start
+        result.recovery_s = fault_mod.probe_until_ok(self.dep.endpoints.grpc_url, since=result.start, clock=self.clock,
+                                                     give_up_s=self.config.recovery_give_up_s)
         result.end = self.clock()
-        result.recovery_s = result.end - result.start
         longs = [r for r in self.ledger.snapshot() if r.id in set(ids)]
         result.detail["long_outcomes"] = dict(Counter(r.status or "in flight" for r in longs))
         result.detail["long_errors"] = sorted({r.error.split(":")[0] for r in longs if r.error})
