@@ -4,6 +4,10 @@
 when the block ends without an exception it replaces ``final`` by renaming (``os.replace``), and on
 an exception it is deleted. A process killed outright leaves only its hidden staging directory,
 which the next ``staging_dir`` for the same ``final`` removes once its process is gone.
+
+``write_file_atomic(final, data)`` does the same for one file: a hidden sibling written and fsynced,
+then renamed over ``final``; on any error (a full disk: ``OSError`` ENOSPC) the sibling is removed
+and ``final`` is left as it was.
 """
 
 from __future__ import annotations
@@ -29,6 +33,25 @@ def staging_dir(final: Path) -> Iterator[Path]:
         publish_dir(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_file_atomic(final: Path, data: bytes) -> Path:
+    """Replace ``final`` by a file holding ``data``, or leave it untouched: a reader sees the old file
+    or the whole new one, never part. Raises the ``OSError`` of a failed write (ENOSPC) after removing
+    the hidden ``.<name>.tmp-<pid>-<random>`` sibling it wrote to."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
 
 
 def publish_dir(tmp: Path, final: Path) -> None:

@@ -414,7 +414,10 @@ class SpecClient(_Client):
         start, finished = time.perf_counter(), False
         try:
             self._call("streaming", lambda: client.start_stream(callback=lambda result, error: arrivals.put((result, error))))
-            client.async_stream_infer(self.model_name, inputs, outputs=outputs, enable_empty_final_response=True)
+            try:
+                client.async_stream_infer(self.model_name, inputs, outputs=outputs, enable_empty_final_response=True)
+            except InferenceServerException as exc:  # the stream broke before the request went out (server gone)
+                raise self._broken_stream(exc, arrivals) from None
             while not finished:
                 try:
                     result, error = arrivals.get(timeout=self.timeout_s)
@@ -432,6 +435,19 @@ class SpecClient(_Client):
         finally:
             client.stop_stream(cancel_requests=not finished)
             client.close()
+
+    def _broken_stream(self, exc: InferenceServerException, arrivals) -> ClientError:
+        """The error for a stream tritonclient found broken when sending: the reason its callback got
+        (a connection failure: :class:`ServerUnavailableError`), else ``exc`` as no answer."""
+        import queue
+
+        try:
+            _, reason = arrivals.get(timeout=1.0)
+        except queue.Empty:
+            reason = None
+        if isinstance(reason, InferenceServerException) and reason.status() is not None:
+            return translate_error(reason, what="streaming inference", where=self._where, timeout_s=self.timeout_s)
+        return ServerUnavailableError(f"streaming inference: no answer from {self._where}: {exc.message() or exc}")
 
 
 class AsyncSpecClient(_Client):
