@@ -728,7 +728,8 @@ def _results_dir(results_dir: Path | None, output_dir_old: Path | None, default:
 @_sweep_options
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where bench.json, bench.csv and requests.jsonl go [specbuild-out/bench].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
-def bench_command(results_dir: Path | None, output_dir_old: Path | None, **options) -> None:
+@click.option("--serving-overhead", is_flag=True, help="Recipe targets: after the sweep, run each k=0 closed-loop point again on the same engine in-process and report served against in-process tokens/s (serving_overhead.json).")
+def bench_command(results_dir: Path | None, output_dir_old: Path | None, serving_overhead: bool, **options) -> None:
     """Sweep TARGETS x draft lengths x load x prompt sets; print a table, write JSON, CSV and JSONL.
 
     A TARGET is a recipe (name or path: built, served on free ports, stopped after) or a running
@@ -752,8 +753,26 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, **optio
     result = _run_bench(console, **_resolve_sweep_options(options))
     json_path, csv_path = result.write(_results_dir(results_dir, output_dir_old, "specbuild-out/bench"))
     console.print(f"wrote {json_path}, {csv_path} and {json_path.with_name('requests.jsonl')} ({result.wall_s:.0f} s)")
+    if serving_overhead:
+        _report_serving_overhead(console, result, json_path.parent)
     if any(p.problems for p in result.points):
         sys.exit(int(ExitCode.CROSS_CHECK_FAILED))
+
+
+def _report_serving_overhead(console, result, results_dir: Path) -> None:
+    """`bench --serving-overhead`: the k=0 points again on each recipe's engine in-process (client/bench/overhead.py)."""
+    import json
+
+    from specbuild.client.bench.overhead import OVERHEAD_FILE, measure_serving_overhead, overhead_table
+
+    rows = measure_serving_overhead(result, log=lambda message: console.print(f"[dim]{message}[/dim]"))
+    if not rows:
+        console.print("note: --serving-overhead compares recipe targets of the reference backend at k=0 in closed loop; none here")
+        return
+    console.print(overhead_table(rows))
+    path = results_dir / OVERHEAD_FILE
+    path.write_text(json.dumps({"rows": [r.to_json() for r in rows]}, indent=1, allow_nan=False) + "\n")
+    console.print(f"wrote {path}")
 
 
 @main.command("tune")
