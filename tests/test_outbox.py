@@ -53,12 +53,14 @@ def test_a_failing_delivery_leaves_the_other_mailboxes_served():
 
 
 class FakeModel:
-    """What a reply needs of TritonPythonModel: the outbox, send / send_error (recorded), metrics."""
+    """What a reply needs of TritonPythonModel: the outbox, send / send_error (recorded), metrics,
+    stream_interval."""
 
     def __init__(self, send_gate: threading.Event | None = None) -> None:
         self.outbox = Outbox()
         self.sent: list[tuple[str, object, bool]] = []
         self.gate = send_gate
+        self.stream_interval = 1
         self.metrics = type("Metrics", (), {"record": lambda self, results: None})()
 
     def send(self, sender, outputs, *, final: bool) -> None:
@@ -139,3 +141,23 @@ def test_a_batch_reply_sends_one_final_response_when_every_row_is_done():
     reply.on_step(1, StepOutput([3], 0, 0, 0, "stop"))
     fake.outbox.close()
     assert fake.sent == [("response", [5, 6, 7, 8, 9, 4], True)]
+
+
+def test_stream_interval_merges_the_iterations_between_responses():
+    """TensorRT-LLM's stream_interval = 2: responses at iteration 1 (the prefill), 2, 4 and the last (5)."""
+    fake = FakeModel()
+    fake.stream_interval = 2
+    reply = model._StreamReply(fake, FakeRequest(), _row(), sender=None)
+    steps = [StepOutput([5], 0, 0, 0), StepOutput([6], 0, 0, 1), StepOutput([7, 8], 1, 1, 2), StepOutput([9], 1, 1, 3),
+             StepOutput([4], 1, 1, 4, "length")]
+    for step in steps:
+        reply.on_step(0, step)
+    fake.outbox.close()
+    assert fake.sent == [("response", [5], False), ("response", [6], False), ("response", [7, 8, 9], False),
+                         ("response", [4], True)]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_a_bad_stream_interval_is_refused_with_its_name(value):
+    with pytest.raises(ValueError, match="stream_interval must be an integer >= 1"):
+        model._stream_interval(value)

@@ -49,6 +49,7 @@ class ReferenceRepoSpec:
     recipe: str = ""
     fingerprint: str = ""
     decoupled: bool = False  # tensorrt_llm streams (model_transaction_policy { decoupled: true })
+    stream_interval: int = 1  # decoding iterations per streamed response (TensorRT-LLM's stream_interval)
 
 
 def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
@@ -72,6 +73,7 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
             "device": spec.device,
             "exclude_input_in_output": "true",
             "pad_id": str(spec.pad_id),
+            "stream_interval": str(spec.stream_interval),
         },
         instance_count=spec.instance_count,
         decoupled=spec.decoupled,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specbuild.engine.scheduler import DropRequest
-from specbuild.engine.stream import StepOutput, collect
+from specbuild.engine.stream import StepOutput, collect, merge
 from specbuild.engine.types import GenerationRequest, GenerationResult
 from specbuild.interface import ENGINE, LOOKAHEAD_INPUTS, REFERENCE
 from specbuild.triton_repo.models.common import (
@@ -252,6 +252,7 @@ class TritonPythonModel:
         self.engine = ReferenceEngine.from_engine_dir(params["engine_dir"], device=device)
         self.exclude_input = as_bool(params.get("exclude_input_in_output", "true"))
         self.pad_id = int(params.get("pad_id", self.engine.end_id))
+        self.stream_interval = _stream_interval(params.get("stream_interval", "1"))
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.metrics = _Counters(pb_utils, args["model_name"])
         self.outbox = Outbox()
@@ -382,12 +383,16 @@ class _BatchReply(_Reply):
 
 
 class _StreamReply(_Reply):
-    """One response per decoding step of a single-row streaming request."""
+    """The responses of a single-row streaming request: one per decoding step, or with the model's
+    ``stream_interval`` N > 1 as TensorRT-LLM's PyTorch executor streams (``PyExecutor._handle_responses``):
+    a response at the request's first iteration (the prefill), its last, and every N-th, each carrying
+    the tokens of the iterations since the previous one (:func:`~specbuild.engine.stream.merge`)."""
 
     def __init__(self, model: TritonPythonModel, request, row: Row, sender) -> None:
         super().__init__(model, request, sender)
         self.row = row
         self.steps: list[StepOutput] = []
+        self.unsent: list[StepOutput] = []
         self.sent: list[int] = []
 
     def on_step(self, b: int, step: StepOutput) -> None:
@@ -396,12 +401,29 @@ class _StreamReply(_Reply):
         self.put(step)
 
     def deliver_step(self, step: StepOutput) -> None:
-        outputs = pack_step(self.row, step, sent=self.sent)
-        self.sent += outputs["output_ids"][0, 0].tolist()
         self.steps.append(step)
+        self.unsent.append(step)
+        iteration = len(self.steps)  # 1 = the prefill
+        if not (iteration == 1 or step.is_final or iteration % self.model.stream_interval == 0):
+            return
+        outputs = pack_step(self.row, merge(self.unsent), sent=self.sent)
+        self.unsent = []
+        self.sent += outputs["output_ids"][0, 0].tolist()
         if step.is_final:
             self.model.metrics.record([collect(self.steps)])
         self.model.send(self.sender, outputs, final=step.is_final)
+
+
+def _stream_interval(value: str) -> int:
+    """The ``stream_interval`` parameter (TensorRT-LLM's ``LlmArgs.stream_interval``: iterations per
+    streamed response). Raises ValueError unless it is an integer >= 1."""
+    try:
+        interval = int(value)
+    except ValueError:
+        interval = 0
+    if interval < 1:
+        raise ValueError(f"parameter stream_interval must be an integer >= 1 (iterations per streamed response), got {value!r}")
+    return interval
 
 
 class _Counters:
