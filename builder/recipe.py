@@ -170,6 +170,9 @@ class ServeConfig(_Strict):
     gpu_device_ids: list[list[Annotated[int, Field(ge=0)]]] | None = None
     kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, lt=1)
     decoupled: bool = False  # stream responses (Triton decoupled transaction policy)
+    # Decoding iterations per streamed response (TensorRT-LLM's LlmArgs.stream_interval): the first,
+    # the last and every N-th iteration answer, with the tokens since the previous response.
+    stream_interval: int = Field(1, ge=1)
 
     @field_validator("host")
     @classmethod
@@ -276,6 +279,13 @@ class Recipe(_Strict):
                 "verify.protocol: a decoupled deployment (serve.decoupled: true) answers over gRPC streams only; "
                 "set verify.protocol to grpc or serve.decoupled to false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _stream_interval(self) -> "Recipe":
+        if self.serve.stream_interval != 1 and self.build.backend != "reference":
+            raise ValueError(f"serve.stream_interval: set it in the LLM API options of a {self.build.backend} deployment "
+                             "(TensorRT-LLM's stream_interval); here it applies to the reference backend only")
         return self
 
     @model_validator(mode="after")

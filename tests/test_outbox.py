@@ -161,3 +161,19 @@ def test_stream_interval_merges_the_iterations_between_responses():
 def test_a_bad_stream_interval_is_refused_with_its_name(value):
     with pytest.raises(ValueError, match="stream_interval must be an integer >= 1"):
         model._stream_interval(value)
+
+
+def test_recipe_stream_interval_reaches_the_engine_model_parameters(tmp_path, tiny_checkpoint):
+    from conftest import write_recipe
+
+    from specbuild.builder.recipe import RecipeError, load_recipe
+    from specbuild.triton_repo.reference_repository import ReferenceRepoSpec, reference_models
+
+    path = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, method="none")
+    path.write_text(path.read_text().replace("serve:\n", "serve:\n  decoupled: true\n  stream_interval: 4\n"))
+    assert load_recipe(str(path)).recipe.serve.stream_interval == 4
+    (engine,) = [m for m in reference_models(ReferenceRepoSpec(tmp_path, 0, 0, 4, stream_interval=4)) if m.name == "tensorrt_llm"]
+    assert engine.parameters["stream_interval"] == "4"
+    path.write_text(path.read_text().replace("stream_interval: 4", "stream_interval: 0"))
+    with pytest.raises(RecipeError, match="stream_interval"):
+        load_recipe(str(path))
