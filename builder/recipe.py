@@ -224,6 +224,9 @@ class ServeConfig(_Strict):
     """TensorRT-LLM: share of free GPU memory the KV cache takes."""
     decoupled: bool = False  # stream responses (Triton decoupled transaction policy)
     """Stream responses, one per decoding step (Triton's decoupled transaction policy); clients then use gRPC streams."""
+    stream_interval: int = Field(1, ge=1)
+    """Decoding iterations per streamed response (TensorRT-LLM's `LlmArgs.stream_interval`): the first, the
+    last and every N-th iteration answer, with the tokens since the previous response (reference backend)."""
 
     @field_validator("host")
     @classmethod
@@ -366,6 +369,13 @@ class Recipe(_Strict):
                 "verify.protocol: a decoupled deployment (serve.decoupled: true) answers over gRPC streams only; "
                 "set verify.protocol to grpc or serve.decoupled to false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _stream_interval(self) -> "Recipe":
+        if self.serve.stream_interval != 1 and self.build.backend != "reference":
+            raise ValueError(f"serve.stream_interval: set it in the LLM API options of a {self.build.backend} deployment "
+                             "(TensorRT-LLM's stream_interval); here it applies to the reference backend only")
         return self
 
     @model_validator(mode="after")

@@ -119,6 +119,21 @@ def collect(steps: Iterable[StepOutput]) -> GenerationResult:
     )
 
 
+def merge(steps: Sequence[StepOutput]) -> StepOutput:
+    """Consecutive steps of one request as one: their tokens concatenated, the last one's counters and
+    finish reason (a streamed response that covers several iterations, e.g. TensorRT-LLM's
+    ``stream_interval``). ``merge`` of steps ``[5], [6 7], [8]`` -> ``[5 6 7 8]`` with step 3's counters.
+
+    Raises:
+        ValueError: ``steps`` is empty.
+    """
+    if not steps:
+        raise ValueError("no decoding step to merge")
+    last = steps[-1]
+    return StepOutput([t for s in steps for t in s.token_ids], last.total_draft_tokens, last.total_accepted_draft_tokens,
+                      last.num_decoding_iterations, last.finish_reason)
+
+
 def check_prompt_and_length(input_ids: Sequence[int], max_tokens: int) -> None:
     """The standalone loops' argument check.
 
@@ -132,4 +147,4 @@ def check_prompt_and_length(input_ids: Sequence[int], max_tokens: int) -> None:
 Steps = Iterator[StepOutput]
 """A request's decoding steps (a generator: the prefill, then one item per verification step)."""
 
-__all__ = ["DecodeState", "StepOutput", "Steps", "check_prompt_and_length", "collect"]
+__all__ = ["DecodeState", "StepOutput", "Steps", "check_prompt_and_length", "collect", "merge"]

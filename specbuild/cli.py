@@ -989,7 +989,9 @@ def _results_dir(results_dir: Path | None, output_dir_old: Path | None, default:
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
 @click.option("--ramp", default=None, callback=lambda ctx, param, value: _int_list(ctx, param, value), metavar="C,C,...", help="Instead of the sweep: step the load through these concurrency levels (e.g. 1,2,4,8,16,8,4,2,1) with the deployment's own draft length or schedule; writes ramp.json and ramp.png.")
 @click.option("--ramp-step-s", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Seconds per --ramp level.")
-def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, ramp_step_s, **options) -> None:
+@click.option("--serving-overhead", is_flag=True, help="Recipe targets: after the sweep, run each k=0 closed-loop point again on the same engine in-process and report served against in-process tokens/s (serving_overhead.json).")
+def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, ramp_step_s, serving_overhead: bool,
+                  **options) -> None:
     """Sweep TARGETS x draft lengths x load x prompt sets; print a table, write JSON, CSV and JSONL.
 
     A TARGET is a recipe (name or path: built, served on free ports, stopped after) or a running
@@ -1021,6 +1023,8 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, r
     result = _run_bench(console, **_resolve_sweep_options(options))
     json_path, csv_path = result.write(_results_dir(results_dir, output_dir_old, "specbuild-out/bench"))
     console.print(f"wrote {json_path}, {csv_path} and {json_path.with_name('requests.jsonl')} ({result.wall_s:.0f} s)")
+    if serving_overhead:
+        _report_serving_overhead(console, result, json_path.parent)
     if any(p.problems for p in result.points):
         sys.exit(int(ExitCode.CROSS_CHECK_FAILED))
 
@@ -1044,6 +1048,22 @@ def _run_ramp(console, levels, step_s: float, results_dir: Path, options: dict) 
         raise bad_input(str(exc)) from None
     except (ClientError, ServerStartError) as exc:
         raise CommandError(str(exc), ExitCode.SERVER_UNAVAILABLE) from None
+
+
+def _report_serving_overhead(console, result, results_dir: Path) -> None:
+    """`bench --serving-overhead`: the k=0 points again on each recipe's engine in-process (client/bench/overhead.py)."""
+    import json
+
+    from specbuild.client.bench.overhead import OVERHEAD_FILE, measure_serving_overhead, overhead_table
+
+    rows = measure_serving_overhead(result, log=lambda message: console.print(f"[dim]{message}[/dim]"))
+    if not rows:
+        console.print("note: --serving-overhead compares recipe targets of the reference backend at k=0 in closed loop; none here")
+        return
+    console.print(overhead_table(rows))
+    path = results_dir / OVERHEAD_FILE
+    path.write_text(json.dumps({"rows": [r.to_json() for r in rows]}, indent=1, allow_nan=False) + "\n")
+    console.print(f"wrote {path}")
 
 
 @main.command("tune")

@@ -160,7 +160,8 @@ def build_recipe(
     with stage("build"):
         engine = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log, inputs=checked.reference)
     with stage("repository"):
-        spec = spec_from_engine_dir(paths.engine_dir, instance_count=serve.instance_count, decoupled=decoupled)
+        spec = spec_from_engine_dir(paths.engine_dir, instance_count=serve.instance_count, decoupled=decoupled,
+                                    stream_interval=serve.stream_interval)
         write_reference_repository(spec, paths.repo_dir)
     return Build(loaded, paths, checked.prompts, engine.rebuilt, decoupled)
 

@@ -49,6 +49,7 @@ class ReferenceRepoSpec:
     recipe: str = ""
     fingerprint: str = ""
     decoupled: bool = False  # tensorrt_llm streams (model_transaction_policy { decoupled: true })
+    stream_interval: int = 1  # decoding iterations per streamed response (TensorRT-LLM's stream_interval)
 
 
 def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
@@ -72,6 +73,7 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
             "device": spec.device,
             "exclude_input_in_output": "true",
             "pad_id": str(spec.pad_id),
+            "stream_interval": str(spec.stream_interval),
         },
         instance_count=spec.instance_count,
         decoupled=spec.decoupled,
@@ -153,11 +155,13 @@ def write_reference_repository(spec: ReferenceRepoSpec, repo_dir: Path) -> Path:
     return repo_dir
 
 
-def spec_from_engine_dir(engine_dir: Path, *, instance_count: int = 1, decoupled: bool = False) -> ReferenceRepoSpec:
+def spec_from_engine_dir(engine_dir: Path, *, instance_count: int = 1, decoupled: bool = False,
+                         stream_interval: int = 1) -> ReferenceRepoSpec:
     """A :class:`ReferenceRepoSpec` read from a built engine directory's config.json.
 
     ``decoupled`` (recipe ``serve.decoupled``): the ``tensorrt_llm`` model may stream; clients then use
-    gRPC streaming (``start_stream`` / ``async_stream_infer``) for every request, as with TensorRT-LLM."""
+    gRPC streaming (``start_stream`` / ``async_stream_infer``) for every request, as with TensorRT-LLM.
+    ``stream_interval`` (recipe ``serve.stream_interval``): decoding iterations per streamed response."""
     config = json.loads((engine_dir / "config.json").read_text())
     meta = config["specbuild"]
     return ReferenceRepoSpec(
@@ -167,6 +171,7 @@ def spec_from_engine_dir(engine_dir: Path, *, instance_count: int = 1, decoupled
         max_batch_size=int(config["build_config"]["max_batch_size"]),
         instance_count=instance_count,
         decoupled=decoupled,
+        stream_interval=stream_interval,
         device=meta.get("device", "cpu"),
         recipe=meta.get("recipe", ""),
         fingerprint=meta.get("fingerprint", ""),

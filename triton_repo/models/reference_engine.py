@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specbuild.engine.scheduler import DropRequest
-from specbuild.engine.stream import StepOutput, collect
+from specbuild.engine.stream import StepOutput, collect, merge
 from specbuild.engine.types import GenerationRequest, GenerationResult
 from specbuild.interface import ENGINE, LOOKAHEAD_INPUTS, REFERENCE
 from specbuild.triton_repo.models.common import (
@@ -39,6 +39,7 @@ from specbuild.triton_repo.models.common import (
     per_row,
     required_input,
 )
+from specbuild.triton_repo.models.outbox import CancellationPoll, Mailbox, Outbox
 
 # The tensorrt_llm inputs this model serves (the contract's, specbuild.interface), read per request.
 INPUTS = ENGINE.served_by(REFERENCE).input_names
@@ -231,9 +232,10 @@ class TritonPythonModel:
     serves it with in-flight batching (:class:`~specbuild.engine.scheduler.Scheduler`, up to the build's
     ``max_batch_size`` requests in flight, new ones joining between steps).
 
-    ``execute`` validates each request and hands it to the scheduler; the scheduler's thread answers
-    through the request's response sender (so ``execute`` returns at once and Triton can deliver the
-    next requests while earlier ones decode). Decoupled deployments (``serve.decoupled``) answer a
+    ``execute`` validates each request and hands it to the scheduler (so ``execute`` returns at once
+    and Triton can deliver the next requests while earlier ones decode); the scheduler's thread queues
+    each step and an :class:`~specbuild.triton_repo.models.outbox.Outbox` thread answers through the
+    request's response sender, so sending never holds up the next decoding iteration. Decoupled deployments (``serve.decoupled``) answer a
     ``streaming`` request with one response per decoding step, the last flagged
     ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; every other request gets exactly one final response.
     """
@@ -250,8 +252,10 @@ class TritonPythonModel:
         self.engine = ReferenceEngine.from_engine_dir(params["engine_dir"], device=device)
         self.exclude_input = as_bool(params.get("exclude_input_in_output", "true"))
         self.pad_id = int(params.get("pad_id", self.engine.end_id))
+        self.stream_interval = _stream_interval(params.get("stream_interval", "1"))
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.metrics = _Counters(pb_utils, args["model_name"])
+        self.outbox = Outbox()
         self.scheduler = Scheduler(self.engine)
 
     def execute(self, requests):
@@ -268,6 +272,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.scheduler.close()
+        self.outbox.close()
 
     def _submit(self, request, sender) -> None:
         """Parse and validate every row, then queue them; raises ValueError for a bad request."""
@@ -299,25 +304,56 @@ class TritonPythonModel:
         sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
-class _Reply:
-    """Answers one Triton request from the scheduler's thread; a failed or cancelled request is
-    answered once with an error (final flag) and its remaining steps are dropped."""
+_CHECK_CANCELLATION = object()  # a mailbox item: ask the server whether the client cancelled
+
+
+class _Reply(Mailbox):
+    """Answers one Triton request. The scheduler's thread calls :meth:`on_step` / :meth:`on_error`, which
+    only queue (:mod:`~specbuild.triton_repo.models.outbox`); the outbox thread sends the responses and
+    checks for cancellation (at most every :data:`CANCELLATION_CHECK_PERIOD_S`). A failed or cancelled
+    request is answered once with an error (final flag) and its remaining steps are dropped."""
 
     def __init__(self, model: TritonPythonModel, request, sender) -> None:
+        super().__init__(model.outbox)
         self.model, self.request, self.sender = model, request, sender
         self.failed = False
+        self.cancellation = CancellationPoll()
 
     def check(self) -> None:
-        """Raise DropRequest once the request is answered with an error or the client cancelled it."""
-        if not self.failed and getattr(self.request, "is_cancelled", lambda: False)():
-            self.on_error(RuntimeError("the client cancelled the request"))
+        """Raise DropRequest once the request is answered with an error or the client cancelled it;
+        queue a cancellation check when one is due."""
         if self.failed:
             raise DropRequest("request already answered")
+        if self.cancellation.due():
+            self.put(_CHECK_CANCELLATION)
 
     def on_error(self, exc: BaseException) -> None:
-        if not self.failed:
-            self.failed = True
-            self.model.send_error(self.sender, exc)
+        self.put(exc)
+
+    def deliver(self, items: list) -> None:
+        """Send ``items`` in order (outbox thread): a step (:meth:`deliver_step`), an error (final), a
+        cancellation check; nothing once the request has failed or was cancelled."""
+        for item in items:
+            if self.failed:
+                return
+            if item is _CHECK_CANCELLATION:
+                if getattr(self.request, "is_cancelled", lambda: False)():
+                    self._fail(RuntimeError("the client cancelled the request"))
+            elif isinstance(item, BaseException):
+                self._fail(item)
+            else:
+                try:
+                    self.deliver_step(item)
+                except Exception:
+                    self.failed = True
+                    raise
+
+    def deliver_step(self, step: StepOutput) -> None:
+        raise NotImplementedError
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failed = True
+        self.model.send_error(self.sender, exc)
 
 
 class _BatchReply(_Reply):
@@ -327,39 +363,67 @@ class _BatchReply(_Reply):
         super().__init__(model, request, sender)
         self.rows = rows
         self.steps: list[list[StepOutput]] = [[] for _ in rows]
+        self.margins: list[Margins | None] = [None] * len(rows)
 
     def on_step(self, b: int, step: StepOutput) -> None:
         self.check()
         self.steps[b].append(step)
         if all(s and s[-1].is_final for s in self.steps):
-            results = [collect(s) for s in self.steps]
-            self.model.metrics.record(results)
-            wanted = any(row.return_logit_margin for row in self.rows)  # one response: every row or none
-            margins = [
-                logit_margins(self.model.engine, row.request.input_ids, r.output_ids) if wanted else None
-                for row, r in zip(self.rows, results)
-            ]
-            self.model.send(self.sender, pack_outputs(self.rows, results, margins), final=True)
+            if any(row.return_logit_margin for row in self.rows):  # one response: every row or none
+                # a pass of the engine's model: on the engine's own thread (engine/threads.py)
+                self.margins = [logit_margins(self.model.engine, row.request.input_ids, collect(s).output_ids)
+                                for row, s in zip(self.rows, self.steps)]
+            self.put(step)
+
+    def deliver_step(self, step: StepOutput) -> None:
+        del step
+        results = [collect(s) for s in self.steps]
+        self.model.metrics.record(results)
+        self.model.send(self.sender, pack_outputs(self.rows, results, self.margins), final=True)
 
 
 class _StreamReply(_Reply):
-    """One response per decoding step of a single-row streaming request."""
+    """The responses of a single-row streaming request: one per decoding step, or with the model's
+    ``stream_interval`` N > 1 as TensorRT-LLM's PyTorch executor streams (``PyExecutor._handle_responses``):
+    a response at the request's first iteration (the prefill), its last, and every N-th, each carrying
+    the tokens of the iterations since the previous one (:func:`~specbuild.engine.stream.merge`)."""
 
     def __init__(self, model: TritonPythonModel, request, row: Row, sender) -> None:
         super().__init__(model, request, sender)
         self.row = row
         self.steps: list[StepOutput] = []
+        self.unsent: list[StepOutput] = []
         self.sent: list[int] = []
 
     def on_step(self, b: int, step: StepOutput) -> None:
         del b
         self.check()
-        outputs = pack_step(self.row, step, sent=self.sent)
-        self.sent += outputs["output_ids"][0, 0].tolist()
+        self.put(step)
+
+    def deliver_step(self, step: StepOutput) -> None:
         self.steps.append(step)
+        self.unsent.append(step)
+        iteration = len(self.steps)  # 1 = the prefill
+        if not (iteration == 1 or step.is_final or iteration % self.model.stream_interval == 0):
+            return
+        outputs = pack_step(self.row, merge(self.unsent), sent=self.sent)
+        self.unsent = []
+        self.sent += outputs["output_ids"][0, 0].tolist()
         if step.is_final:
             self.model.metrics.record([collect(self.steps)])
         self.model.send(self.sender, outputs, final=step.is_final)
+
+
+def _stream_interval(value: str) -> int:
+    """The ``stream_interval`` parameter (TensorRT-LLM's ``LlmArgs.stream_interval``: iterations per
+    streamed response). Raises ValueError unless it is an integer >= 1."""
+    try:
+        interval = int(value)
+    except ValueError:
+        interval = 0
+    if interval < 1:
+        raise ValueError(f"parameter stream_interval must be an integer >= 1 (iterations per streamed response), got {value!r}")
+    return interval
 
 
 class _Counters:
