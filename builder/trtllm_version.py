@@ -103,6 +103,11 @@ def capability_error(method: str, path: BuildPath, version: str | None, source: 
         )
     if path == "pytorch" and v < PYTORCH_PATH_FIRST:
         return f"build.backend 'pytorch' needs TensorRT-LLM >= 1.0; {source}: {version}. Upgrade, or use build.backend: tensorrt"
+    from specbuild.methods import method_named
+
+    since = method_named(method).trtllm.since
+    if since is not None and v < parse_version(since):
+        return f"method {method!r} needs TensorRT-LLM >= {since} (its LLM API has no such decoding_type before); {source}: {version}. Upgrade"
     return None
 
 

@@ -159,6 +159,7 @@ class TrtllmMapping:
         speculative_decoding_mode: ``trtllm-build --speculative_decoding_mode`` (``none``: not on the engine path).
         decoding_mode: the ``tensorrtllm`` Triton backend's ``decoding_mode`` parameter.
         unavailable: build path -> why TensorRT-LLM cannot run the method there.
+        since: the first TensorRT-LLM line whose LLM API has the method, e.g. ``"1.3"`` (None: every line).
         renamed: ``(first TensorRT-LLM version, decoding_type)`` pairs for LLM-API lines that spell
             the name differently, oldest first, e.g. ``(("1.0", "Eagle"), ("1.3", "Eagle3"))``.
         paged_context_fmha: ``trtllm-build --use_paged_context_fmha enable`` on the target.
@@ -181,6 +182,7 @@ class TrtllmMapping:
     speculative_decoding_mode: str = "none"
     decoding_mode: str = "top_k_top_p"
     unavailable: Mapping[str, str] = field(default_factory=dict)
+    since: str | None = None
     renamed: tuple[tuple[str, str], ...] = ()
     paged_context_fmha: bool = False
     conversion: Conversion | None = None
