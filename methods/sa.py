@@ -31,11 +31,13 @@ GLOBAL_NGRAM_LIMIT = 64
 
 
 class SASpeculation(MethodParams):
-    """Suffix-automaton speculation, TensorRT-LLM ``SADecodingConfig``.
-
-    Validation as TensorRT-LLM's ``validate_sa_config`` (tensorrt_llm/llmapi/llm_args.py), plus
-    ``max_matching_ngram_size >= -1`` (TensorRT-LLM's kernel drafts nothing below -1) and
-    ``max_draft_len <= 64`` (the schema's bound for every chain method).
+    """Suffix-automaton speculation, TensorRT-LLM ``SADecodingConfig``: each request drafts up to
+    ``max_draft_len`` tokens continuing the first earlier occurrence of the longest suffix of its context
+    (``max_matching_ngram_size: -1``) or of its last ``n`` tokens at most (``n > 0``). With
+    ``enable_global_pool`` it also searches the other requests' automata (in flight and recently
+    finished, ``global_pool_size`` in all, default ``max(64, max_batch_size)``, at least
+    ``max_batch_size``; the longest match wins, then the request's own). Validation as TensorRT-LLM's
+    ``validate_sa_config``, plus ``max_matching_ngram_size >= -1``.
     """
 
     method: Literal["sa"]

@@ -191,10 +191,11 @@ class SAPool:
         return self.params.enable_global_pool
 
     def join(self, automaton: SuffixAutomaton) -> int:
-        """Add a request's automaton (active); returns its id."""
+        """Add a request's automaton (active), evicting the oldest finished ones past ``pool_size``; returns its id."""
         with self.lock:
             entry_id, self._next_id = self._next_id, self._next_id + 1
             self._entries[entry_id] = _Entry(automaton)
+            self._evict()
             return entry_id
 
     def leave(self, entry_id: int) -> None:
@@ -203,9 +204,12 @@ class SAPool:
             entry = self._entries.get(entry_id)
             if entry is not None:
                 entry.active = False
-            finished = [i for i, e in self._entries.items() if not e.active]
-            for i in finished[: max(0, len(self._entries) - self.pool_size)]:
-                del self._entries[i]
+            self._evict()
+
+    def _evict(self) -> None:
+        finished = [i for i, e in self._entries.items() if not e.active]
+        for i in finished[: max(0, len(self._entries) - self.pool_size)]:
+            del self._entries[i]
 
     def entries(self) -> list[tuple[int, SuffixAutomaton]]:
         """``(id, automaton)`` of every automaton in the pool, oldest first (call with :attr:`lock` held)."""
