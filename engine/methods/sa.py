@@ -217,8 +217,8 @@ class SAPool:
 
 
 def global_match(own_id: int, own: SuffixAutomaton, pool: SAPool, max_ngram: int) -> tuple[SuffixAutomaton, Match] | None:
-    """The best match for the last ``min(max_ngram > 0 ? max_ngram : 64, len(own))`` tokens of ``own``
-    among the pool's automata (``own`` included: its earlier occurrences), as TensorRT-LLM's global
+    """The best match for the last ``max_ngram`` tokens of ``own`` (``max_ngram`` -1: the last 64) among
+    the pool's automata (``own`` included: its earlier occurrences), as TensorRT-LLM's global
     search ranks them: the longest match, then the request's own automaton, then the longest
     continuation, then the oldest automaton. Call with ``pool.lock`` held.
     """
