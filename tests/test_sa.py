@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from method_engines import PROMPTS, check_mixed_batch, check_sampled_batch, greedy, limits  # noqa: E402
 
-from specbuild.builder.recipe import RecipeError, load_recipe  # noqa: E402
+from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe  # noqa: E402
 from specbuild.engine import ReferenceEngine  # noqa: E402
 from specbuild.engine.drafters import ChainDrafter  # noqa: E402
 from specbuild.engine.methods import find_ngram_draft, method_for  # noqa: E402
@@ -166,6 +166,9 @@ def test_the_recipe_validates_and_plans_for_the_pytorch_path_from_1_3(tmp_path):
     assert "decoding_type: SA" in plan.files[0].text
     with pytest.raises(RecipeError, match=r"method 'sa' needs TensorRT-LLM >= 1.3 .*1.2.1"):
         plan_pytorch(loaded, tmp_path, version="1.2.1", source="build.trtllm_version")
+    text = loaded.path.read_text()
+    with pytest.raises(RecipeError, match=r"x.yaml:12: speculation.max_matching_ngram_size: max_matching_ngram_size must be > 0"):
+        parse_recipe(text.replace("max_matching_ngram_size: -1", "max_matching_ngram_size: 0"), Path("x.yaml"))
 
 
 @pytest.fixture(scope="module")
