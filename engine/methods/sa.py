@@ -182,7 +182,9 @@ class SAPool:
                 "every request in flight needs a slot; raise it or leave it unset (default max(64, max_batch_size))"
             )
         self.pool_size = params.global_pool_size or max(GLOBAL_POOL_FLOOR, batch)
-        self.lock = threading.Lock()
+        # re-entrant: a dropped proposer's finalizer (leave) may run inside a locked section when the
+        # garbage collector frees it there
+        self.lock = threading.RLock()
         self._entries: dict[int, _Entry] = {}  # insertion order = arrival order
         self._next_id = 0
 
