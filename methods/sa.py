@@ -23,6 +23,7 @@ from specbuild.builder.strict import FieldProblem
 from .base import MethodParams, SpeculationMethod, TrtllmMapping
 
 if TYPE_CHECKING:
+    from specbuild.builder.recipe import LoadedRecipe
     from specbuild.engine.methods.base import EngineMethod
 
 # TensorRT-LLM's global search: "max_matching_ngram_size must be -1 (longest match) or in [1, 64] when
@@ -74,6 +75,15 @@ class SASpeculation(MethodParams):
         return config
 
 
+def _check(loaded: LoadedRecipe, path: str) -> None:
+    """TensorRT-LLM's rule for an explicit pool: ``global_pool_size >= max_batch_size`` (raises RecipeError)."""
+    del path
+    spec, batch = loaded.recipe.speculation, loaded.recipe.build.max_batch_size
+    if spec.global_pool_size is not None and spec.global_pool_size < batch:
+        raise loaded.error(("speculation", "global_pool_size"), f"global_pool_size {spec.global_pool_size} is below build.max_batch_size "
+                           f"{batch}: every request in flight needs a slot; raise it or remove it (default max(64, max_batch_size))")
+
+
 def engine() -> EngineMethod:
     """Per-request suffix automata (and the global pool), verified as a chain."""
     from specbuild.engine.methods.base import EngineMethod
@@ -90,6 +100,7 @@ METHOD = SpeculationMethod(
         decoding_type="SA",
         unavailable={"tensorrt": "SA (suffix automaton) exists only on TensorRT-LLM's PyTorch backend, from 1.3"},
         since="1.3",
+        check=_check,
     ),
     engine=engine,
 )

@@ -167,6 +167,9 @@ def test_the_recipe_validates_and_plans_for_the_pytorch_path_from_1_3(tmp_path):
     with pytest.raises(RecipeError, match=r"method 'sa' needs TensorRT-LLM >= 1.3 .*1.2.1"):
         plan_pytorch(loaded, tmp_path, version="1.2.1", source="build.trtllm_version")
     text = loaded.path.read_text()
+    small_pool = parse_recipe(text.replace("enable_global_pool: false", "enable_global_pool: true\n  global_pool_size: 8"), Path("x.yaml"))
+    with pytest.raises(RecipeError, match=r"x.yaml:14: speculation.global_pool_size: global_pool_size 8 is below build.max_batch_size 16"):
+        plan_pytorch(small_pool, tmp_path, version="1.3.0", source="build.trtllm_version")
     with pytest.raises(RecipeError, match=r"x.yaml:12: speculation.max_matching_ngram_size: max_matching_ngram_size must be > 0"):
         parse_recipe(text.replace("max_matching_ngram_size: -1", "max_matching_ngram_size: 0"), Path("x.yaml"))
 
