@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from method_engines import PROMPTS, check_mixed_batch, check_sampled_batch, greedy, limits  # noqa: E402
+from method_engines import NEW_TOKENS, PROMPTS, check_mixed_batch, check_sampled_batch, greedy, limits  # noqa: E402
 
 from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe  # noqa: E402
 from specbuild.engine import ReferenceEngine  # noqa: E402
@@ -211,3 +211,15 @@ def test_the_global_pool_keeps_outputs_equal_to_plain_in_a_batch(engines, plain)
     with Scheduler(engine, max_batch_size=4) as scheduler:
         results = [collect(s) for s in [scheduler.stream(greedy(p, num_draft_tokens=k)) for p, k in zip(PROMPTS * 2, [4, 0, 2, 4, 1, 4, 3, 4])]]
     assert [r.output_ids for r in results] == [plain[tuple(p)] for p in PROMPTS * 2]
+
+
+def test_replaying_a_plain_output_gives_the_engines_own_counters(engines, plain):
+    """benchmarks/replay_acceptance.py measures model-free methods from one plain run per prompt."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from replay_acceptance import Replay, replay
+
+    for name, config in (("sa", settings()), ("sa_ngram", settings(max_matching_ngram_size=2))):
+        for prompt in PROMPTS:
+            ran = engines[name].generate(greedy(prompt))
+            replayed = replay(SAProposer(SAPool(config)), prompt, plain[tuple(prompt)], k=4, max_tokens=NEW_TOKENS)
+            assert replayed == Replay(ran.num_decoding_iterations, ran.total_draft_tokens, ran.total_accepted_draft_tokens)
