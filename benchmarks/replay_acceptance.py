@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild.engine.methods.ngram import NGramProposer
@@ -71,8 +71,9 @@ def replay_lockstep(make: Callable[[], object], prompts, outputs, *, k: int, max
     return [Replay(s[2], s[3], s[4]) for s in states]
 
 
-def plain_outputs(engine_dir: Path, sources: list[str], max_tokens: int, batch: int) -> dict[str, list[tuple[list[int], list[int]]]]:
-    """``source -> [(prompt ids, plain greedy output ids)]``, the prompts tokenized as the bench sends them."""
+def plain_outputs(engine_dir: Path, sources: list[str], max_tokens: int, batch: int):
+    """Yield ``(source, [(prompt ids, plain greedy output ids)])`` set by set, the prompts tokenized as the
+    bench sends them (chat template where the bench applies it, special tokens added)."""
     from transformers import AutoTokenizer
 
     from specbuild.engine import GenerationRequest, ReferenceEngine
@@ -82,15 +83,12 @@ def plain_outputs(engine_dir: Path, sources: list[str], max_tokens: int, batch: 
 
     engine = ReferenceEngine.from_engine_dir(engine_dir)
     tokenizer = AutoTokenizer.from_pretrained(engine_dir / "tokenizer")
-    sets = {}
     with Scheduler(engine, max_batch_size=batch) as scheduler:
         for source in expand_prompt_sets(sources):
             prompts = apply_chat_template(load_prompts(source), source, "auto", tokenizer)
             ids = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]  # as the preprocessing model
             streams = [scheduler.stream(GenerationRequest(i, max_tokens, num_draft_tokens=0)) for i in ids]
-            sets[source] = [(i, collect(s).output_ids) for i, s in zip(ids, streams)]
-            print(f"generated {source}: {len(ids)} prompts", flush=True)
-    return sets
+            yield source, [(i, collect(s).output_ids) for i, s in zip(ids, streams)]
 
 
 def summarize(replays: list[Replay], outputs) -> dict[str, float]:
@@ -110,14 +108,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    sets = plain_outputs(args.engine_dir, args.prompts, args.max_tokens, args.batch)
     k = args.k
     methods: dict[str, Callable[[], object]] = {
         "ngram": lambda: NGramProposer(NGramSpeculation(method="ngram", max_draft_len=k, max_matching_ngram_size=3)),
         "sa": lambda: SAProposer(SAPool(SASpeculation(method="sa", max_draft_len=k))),
     }
     results: dict[str, dict[str, dict[str, float]]] = {}
-    for source, pairs in sets.items():
+    for source, pairs in plain_outputs(args.engine_dir, args.prompts, args.max_tokens, args.batch):
         prompts, outputs = [p for p, _ in pairs], [o for _, o in pairs]
         row = {name: summarize([replay(make(), p, o, k=k, max_tokens=args.max_tokens) for p, o in pairs], outputs)
                for name, make in methods.items()}
@@ -125,8 +122,8 @@ def main() -> None:
         row["sa_global_pool"] = summarize(replay_lockstep(lambda: SAProposer(pool), prompts, outputs, k=k, max_tokens=args.max_tokens), outputs)
         results[source] = row
         print(f"{source:32s} " + "  ".join(f"{n} {v['tokens_per_step']:.2f} tok/step acc {v['acceptance_rate']:.2f}" for n, v in row.items()), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps({"k": k, "max_tokens": args.max_tokens, "prompts": args.prompts, "results": results}, indent=1))
+        if args.json:  # after every set: a long run leaves what it has measured
+            args.json.write_text(json.dumps({"k": k, "max_tokens": args.max_tokens, "prompts": args.prompts, "results": results}, indent=1))
 
 
 if __name__ == "__main__":
