@@ -41,11 +41,11 @@ ENTRY_POINT_GROUP = "specbuild.methods"
 
 def builtin_methods() -> tuple[SpeculationMethod, ...]:
     """specbuild's own methods, in the order the schema and the docs list them."""
-    from . import draft_target, eagle, eagle3, lookahead, medusa, mtp, ngram, plain, redrafter
+    from . import draft_target, eagle, eagle3, lookahead, medusa, mtp, ngram, plain, redrafter, sa
 
     return (
         plain.METHOD, ngram.METHOD, draft_target.METHOD, lookahead.METHOD, medusa.METHOD, eagle.METHOD,
-        eagle3.METHOD, mtp.METHOD, redrafter.METHOD,
+        eagle3.METHOD, mtp.METHOD, redrafter.METHOD, sa.METHOD,
     )
 
 

@@ -30,7 +30,7 @@ from tiny_models import make_tiny_llama
 
 VOCAB, HIDDEN = 384, 64
 # The build's max_draft_len per method (a request's default num_draft_tokens).
-DRAFT_LEN = {"plain": 0, "ngram": 4, "draft_target": 4, "lookahead": 15, "medusa": 7, "eagle": 7, "eagle3": 4}
+DRAFT_LEN = {"plain": 0, "ngram": 4, "sa": 4, "draft_target": 4, "lookahead": 15, "medusa": 7, "eagle": 7, "eagle3": 4}
 
 
 def limits(method: str) -> EngineLimits:

@@ -113,6 +113,7 @@ EXAMPLES = {
     "medusa": {"medusa_model": "/w", "num_medusa_heads": 3, "medusa_choices": [[0], [0, 0], [1]]},
     "eagle": {"eagle_model": "/w", "max_draft_len": 6, "num_eagle_layers": 2, "eagle_choices": [[0], [0, 0], [1]]},
     "eagle3": {"eagle_model": "/w", "max_draft_len": 2, "eagle3_one_model": False},
+    "sa": {"max_draft_len": 3, "max_matching_ngram_size": 2, "enable_global_pool": True, "global_pool_size": 8},
 }
 
 

@@ -47,7 +47,7 @@ def test_unknown_key_names_file_line_field_and_allowed_keys():
 
 
 def test_wrong_method_lists_valid_methods_at_its_line():
-    with pytest.raises(RecipeError, match=r"demo.yaml:5: speculation.method: unknown method 'eagel' \(did you mean 'eagle' or 'eagle3'\?\); valid methods: none, ngram, draft_target, lookahead, medusa, eagle, eagle3, mtp, redrafter$"):
+    with pytest.raises(RecipeError, match=r"demo.yaml:5: speculation.method: unknown method 'eagel' \(did you mean 'eagle' or 'eagle3'\?\); valid methods: none, ngram, draft_target, lookahead, medusa, eagle, eagle3, mtp, redrafter, sa$"):
         parse(GOOD.replace("method: ngram", "method: eagel"))
 
 
@@ -144,7 +144,7 @@ def test_every_method_maps_to_a_tensorrt_llm_decoding_type():
     assert speculation_methods()["none"].decoding_type is None
     expected = {"ngram": "NGram", "draft_target": "DraftTarget", "lookahead": "Lookahead", "medusa": "Medusa",
                 "eagle": "Eagle", "eagle3": "Eagle3", "mtp": "MTP",
-                "redrafter": "ReDrafter"}  # engine path only: TensorRT-LLM's LLM API has no ReDrafter config
+                "redrafter": "ReDrafter", "sa": "SA"}  # engine path only: TensorRT-LLM's LLM API has no ReDrafter config
     assert {m: model.decoding_type for m, model in speculation_methods().items() if m != "none"} == expected
 
 
