@@ -41,11 +41,11 @@ PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], 
 NEW_TOKENS = 16
 # Every method of the reference engine; a new method is covered by the equivalence, streaming and
 # batching suites once it is added here (and to _configs and build_engines' oracles below).
-METHODS = ("plain", "ngram", "draft_target", "lookahead", "medusa", "eagle", "eagle3")
+METHODS = ("plain", "ngram", "sa", "draft_target", "lookahead", "medusa", "eagle", "eagle3")
 # (method, kind) pairs that exist: plain never speculates and lookahead has no draft to swap for an oracle.
 CASES = [(m, k) for m in METHODS for k in ("same", "random") if not (k == "same" and m in ("plain", "lookahead"))]
 # Drafts a "same" engine gets accepted per step at most (chain length, or the tree's depth).
-DEPTH = {"ngram": 4, "draft_target": 4, "eagle3": 4, "medusa": 3, "eagle": 3}
+DEPTH = {"ngram": 4, "sa": 4, "draft_target": 4, "eagle3": 4, "medusa": 3, "eagle": 3}
 
 
 def greedy(prompt: list[int], max_tokens: int = NEW_TOKENS, **kwargs) -> GenerationRequest:
@@ -166,6 +166,7 @@ def _configs(root: Path) -> dict[str, dict | None]:
     return {
         "plain": None,
         "ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2},
+        "sa": {"decoding_type": "SA", "max_draft_len": 4},
         "draft_target": {"decoding_type": "DraftTarget", "max_draft_len": 4,
                          "speculative_model_dir": str(make_tiny_llama(root / "draft", seed=1, num_hidden_layers=1))},
         "lookahead": {"decoding_type": "Lookahead", "max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4},
@@ -189,10 +190,12 @@ def build_engines(model, root: Path) -> dict[tuple[str, str], ReferenceEngine]:
         engines[method, "random"] = ReferenceEngine(model, limits=limits(method), end_id=-1, speculative_config=config)
     plain_engine = engines["plain", "random"]
     truth = Truth({tuple(p): plain_engine.generate(greedy(p, NEW_TOKENS + 8)).output_ids for p in PROMPTS})
-    engines["ngram", "random"]._method = dataclasses.replace(engines["ngram", "random"]._method, make_proposer=lambda _: RandomChain())
+    for chain in ("ngram", "sa"):  # their real drafts are tested in their own files; here random chains are rejected
+        engines[chain, "random"]._method = dataclasses.replace(engines[chain, "random"]._method, make_proposer=lambda _: RandomChain())
     tree = SpecTree.from_choices(CHOICES)
     oracles = {
         "ngram": lambda loaded: ChainOracle(truth),
+        "sa": lambda loaded: ChainOracle(truth),
         "draft_target": lambda loaded: ChainOracle(truth),
         "medusa": lambda loaded: TreeOracle(truth, tree),
         "eagle": lambda loaded: FeatureTreeOracle(truth, tree),

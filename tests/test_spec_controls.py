@@ -152,7 +152,7 @@ def _record_steps(engine: ReferenceEngine, request, pattern: list[int | None] | 
 
 def _engine(method_engines, method: str, kind: str) -> ReferenceEngine:
     engine = method_engines[method, kind]
-    if (method, kind) == ("ngram", "random"):  # the real n-gram proposer: drafts that depend on the context only
+    if kind == "random" and method in ("ngram", "sa"):  # the real n-gram / suffix-automaton proposer: drafts from the context only
         return ReferenceEngine(engine.model, limits=engine.limits, end_id=-1, speculative_config=engine.speculative_config)
     return engine
 
