@@ -514,9 +514,10 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         openai_num_draft_tokens = openai_num_draft_tokens_old if openai_num_draft_tokens is None else openai_num_draft_tokens
     if openai_num_draft_tokens is not None and openai_port is None:
         raise click.UsageError("--num-draft-tokens sets the OpenAI front's default; give --openai-port too")
-    ports = [p for p in (http_port, grpc_port, metrics_port) if p]
+    flags = {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port, "--openai-port": openai_port}
+    ports = [p for p in flags.values() if p]
     if len(set(ports)) != len(ports):
-        raise click.BadParameter("--http-port, --grpc-port and --metrics-port each need their own port (0 picks a free one)")
+        raise click.BadParameter("--http-port, --grpc-port, --metrics-port and --openai-port each need their own port (0 picks a free one)")
     launch = launch_lines(repo)
     if launch is not None:  # tensorrtllm backend models: served by the TensorRT-LLM Triton container
         image = next((line.removeprefix("# container: ") for line in (repo / "launch.sh").read_text().splitlines()
@@ -526,6 +527,12 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         for line in launch:
             click.echo(f"  {line}")
         return
+    from specbuild.triton_repo.tritonserver import port_in_use
+
+    for flag, port in flags.items():  # before tritonserver loads the models (tens of seconds) and finds out
+        if port and port_in_use(host, port):
+            raise bad_input(f"port {port} on {host} is already in use (another server running?); give {flag} N for "
+                            f"another port or {flag} 0 for a free one")
     if not is_loopback(host):
         click.secho(f"warning: --host {host} serves beyond this machine with no authentication; anyone who reaches the ports can send requests",
                     fg="yellow", err=True)

@@ -165,12 +165,23 @@ def print_report(console: Console, report) -> None:
         f"{verdict}: {report.num_match}/{report.num_prompts} prompts token-identical",
         f"  mean acceptance length {fmt(report.mean_acceptance_length, '.2f')} "
         f"(acceptance rate {fmt(report.mean_acceptance_rate, '.2f')})",
-        f"  {fmt(report.total_draft_tokens, 'd')} draft tokens; acceptance from "
-        f"{getattr(report, 'acceptance_source', None) or 'none'}",
+        f"  {fmt(report.total_draft_tokens, 'd')} draft tokens"
+        + (f"; acceptance from {source}" if (source := getattr(report, "acceptance_source", None)) not in (None, "none") else ""),
         f"  speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)",
         f"  tokens/s: speculative {report.speculative_tokens_per_s:.1f}, non-speculative {report.baseline_tokens_per_s:.1f}",
     ]
+    if implausible_speedup(report.speedup, report.mean_acceptance_length):
+        lines += ["[yellow]  note: the speed-up exceeds the tokens per step (acceptance length),[/yellow]",
+                  "[yellow]  which bounds it (a step is at least one target pass): the timing[/yellow]",
+                  "[yellow]  is noisy (a busy machine?); measure again on a quiet one[/yellow]"]
     console.print("\n".join(lines), highlight=False)
+
+
+def implausible_speedup(speedup: float | None, acceptance_length: float | None, *, slack: float = 1.1) -> bool:
+    """Whether a measured ``speedup`` exceeds ``acceptance_length`` (tokens per step) by more than ``slack``:
+    each speculative step costs at least one target pass, so tokens per step bounds the speed-up over
+    plain decoding on the same deployment; beyond it, the timing was disturbed (a busy machine)."""
+    return speedup is not None and acceptance_length is not None and speedup > slack * acceptance_length
 
 
 def print_draft_check(console: Console, result) -> None:

@@ -572,3 +572,24 @@ def test_serve_keeps_its_log_apart_from_the_recipe_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(tritonserver, "serve_forever", lambda server, companion=None, **_: logs.append(server.log_file) or 0)
     code, _, err, _ = run("serve", str(tmp_path / "triton_repo"))
     assert code == 0 and logs == [(tmp_path / "logs" / "tritonserver-serve.log").resolve()], err
+
+
+def test_serve_refuses_a_taken_openai_port_before_starting_tritonserver(tmp_path, monkeypatch):
+    import socket
+    import time
+
+    import specbuild.triton_repo.tritonserver as tritonserver
+
+    (tmp_path / "triton_repo" / "m").mkdir(parents=True)
+    (tmp_path / "triton_repo" / "m" / "config.pbtxt").write_text('name: "m"\n')
+    started = []
+    monkeypatch.setattr(tritonserver, "serve_forever", lambda server, **_: started.append(server) or 0)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        t0 = time.perf_counter()
+        code, _, err, _ = run("serve", str(tmp_path / "triton_repo"), "--http-port", "0", "--grpc-port", "0",
+                              "--metrics-port", "0", "--openai-port", str(port))
+    assert time.perf_counter() - t0 < 1.0 and not started
+    assert code == 2 and f"port {port} on 127.0.0.1 is already in use" in err and "--openai-port 0" in err, err

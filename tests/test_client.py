@@ -422,3 +422,17 @@ def test_margins_from_tensorrt_llm_generation_logits():
     assert margin == [3.0, 0.5] and runner_up == [0, 0]
     assert margins_from_logits(None, 3) == (None, None)
     assert margins_from_logits(logits[0], 3)[0] == [3.0, 0.5, 0.0]  # without the batch dimension too
+
+
+def test_printed_report_flags_a_speedup_beyond_tokens_per_step():
+    import dataclasses
+
+    from specbuild.cli_display import print_report
+
+    report = make_report()  # speed-up 2.00x at 30 tokens in 14 steps (2.14 tokens per step): plausible
+    nothing_accepted = dataclasses.replace(report, results=[  # 1.00 token per step: 2.00x cannot be
+        dataclasses.replace(r, speculative=dataclasses.replace(r.speculative, total_accepted_draft_tokens=0)) for r in report.results])
+    for case, flagged in ((report, False), (nothing_accepted, True)):
+        console = Console(record=True, width=80)
+        print_report(console, case)
+        assert ("exceeds the tokens per step" in console.export_text()) is flagged, case.mean_acceptance_length

@@ -94,11 +94,14 @@ def _with_ci(value: float, interval: list[float] | None, fmt: str) -> str:
     return text if interval is None else f"{text} [{fmt.format(interval[0])}, {fmt.format(interval[1])}]"
 
 
+def _not_significant(r: AnalyticRow) -> bool:
+    """The speed-up's interval contains 1: not significantly different from speculation off."""
+    return r.speedup_ci is not None and r.speedup_ci[0] <= 1.0 <= r.speedup_ci[1]
+
+
 def _speedup_text(r: AnalyticRow) -> str:
     text = _with_ci(r.speedup, r.speedup_ci, "{:.2f}")
-    if r.speedup_ci is not None and r.speedup_ci[0] <= 1.0 <= r.speedup_ci[1]:
-        text += " (n.s.)"  # the interval contains 1: not significantly different from speculation off
-    return text
+    return text + " (n.s.)" if _not_significant(r) else text
 
 
 def per_position_table(report: TuneReport):
@@ -166,7 +169,7 @@ def run_tune(points: Sequence, out_dir: str | Path, *, console, **goal) -> TuneR
     report.plots = [str(plot_frontier(points, report, out / "frontier.png")), str(plot_speedup(points, report, out / "speedup.png"))]
     for table in report_tables(report, width=console.width):
         console.print(table)
-    if any(r.speedup_ci for r in report.analytic + report.open_loop):
+    if any(_not_significant(r) for r in report.analytic + report.open_loop):  # the legend of a mark shown
         console.print("(n.s.): the speed-up's 95% interval contains 1.0 -- not significantly different from speculation off")
     for prompt_set, ties in sorted(report.ties.items()):
         console.print(f"note: {prompt_set}: {tie_note(report.recommendations[prompt_set], ties)}", highlight=False)
