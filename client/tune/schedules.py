@@ -242,7 +242,7 @@ def engine_schedule_table(engines: Sequence[EngineSchedules]):
     t.add_column("deployment", no_wrap=True)
     t.add_column("engine", no_wrap=True)
     t.add_column("config", overflow="fold", ratio=2)
-    t.add_column("notes", ratio=1)
+    t.add_column("notes", overflow="fold", ratio=1)
     for e in engines:
         rows = (("TensorRT-LLM", e.trtllm, "tensorrt-llm"), ("vLLM", e.vllm, "vllm"), ("SGLang", e.sglang, "sglang"))
         for label, config, key in rows:
