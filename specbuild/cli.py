@@ -560,6 +560,11 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         raise CommandError(str(exc), ExitCode.SERVER_UNAVAILABLE) from None
 
 
+def _scheme_protocol(url: str | None) -> str:
+    """The protocol a ``--url`` names by its scheme (``http://`` -> http); grpc without one."""
+    return "http" if url is not None and url.strip().lower().startswith("http://") else "grpc"
+
+
 def _deprecated_decoupled(ctx, param, value: bool) -> bool:
     if value:
         click.secho("warning: --decoupled is deprecated; use --streaming (the name trtllm-bench and genai-perf use)", fg="yellow", err=True)
@@ -625,8 +630,8 @@ def _openai_options(f):
 
 
 @main.command("verify")
-@click.option("--url", default=None, help="Server host:port (http:// or grpc:// dropped) [127.0.0.1:8001 for grpc, :8000 for http].")
-@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
+@click.option("--url", default=None, help="Server host:port; http:// or grpc:// also picks --protocol [127.0.0.1:8001 for grpc, :8000 for http].")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default=None, help="[the --url scheme's, else grpc]")
 @click.option("--prompts", default="humaneval:20", show_default=True, help="humaneval:N, chat[:N] or summarize[:N] (bundled chat-style sets, in the chat template with --tokenizer), or a .jsonl / .txt file.")
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--num-draft-tokens", default=None, type=click.IntRange(min=0), help="Draft length for the speculative runs [engine's max_draft_len].")
@@ -693,6 +698,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     from specbuild.prompts import PromptSourceError, apply_chat_template, load_prompts
     from specbuild.client.sdk import ClientError, ServerUnavailableError, SpecClient
 
+    protocol = protocol or _scheme_protocol(url)
     tokenizer = None
     if tokenizer_dir:
         from specbuild.tokenizer import load_tokenizer

@@ -593,3 +593,11 @@ def test_serve_refuses_a_taken_openai_port_before_starting_tritonserver(tmp_path
                               "--metrics-port", "0", "--openai-port", str(port))
     assert time.perf_counter() - t0 < 1.0 and not started
     assert code == 2 and f"port {port} on 127.0.0.1 is already in use" in err and "--openai-port 0" in err, err
+
+
+@pytest.mark.parametrize("url, protocol", [("http://127.0.0.1:1", "http"), ("grpc://127.0.0.1:1", "grpc"), ("127.0.0.1:1", "grpc")])
+def test_verify_takes_the_protocol_from_the_url_scheme(url, protocol):
+    code, _, err, _ = run("verify", "--url", url, "--wait-s", "0", "--prompts", "humaneval:1")
+    assert code == 3 and f"server at 127.0.0.1:1 ({protocol}) is not reachable" in err, err
+    code, _, err, _ = run("verify", "--url", url, "--protocol", "grpc", "--wait-s", "0", "--prompts", "humaneval:1")
+    assert code == 3 and "(grpc) is not reachable" in err, err  # an explicit --protocol wins
