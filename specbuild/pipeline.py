@@ -238,6 +238,11 @@ def check_ports(loaded: LoadedRecipe) -> None:
             )
 
 
+def _ports_text(serve) -> str:
+    """``http 8000, grpc 8001, metrics 8002``; a port of 0 reads "a free port" (chosen when the server starts)."""
+    return ", ".join(f"{name} {getattr(serve, name + '_port') or 'a free port'}" for name in ("http", "grpc", "metrics"))
+
+
 def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
     """The stages a run performs, one human-readable line each (``--dry-run``)."""
     r = loaded.recipe
@@ -267,7 +272,7 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         f"build     {r.build.backend} engine -> {paths.engine_dir} "
         f"(max_batch_size={r.build.max_batch_size}, max_input_len={r.build.max_input_len}, max_seq_len={r.build.max_seq_len})",
         f"repo      ensemble/preprocessing/tensorrt_llm/postprocessing -> {paths.repo_dir}",
-        f"serve     tritonserver on {s.host} (http {s.http_port}, grpc {s.grpc_port}, metrics {s.metrics_port}), log {paths.log_file}",
+        f"serve     tritonserver on {s.host} ({_ports_text(s)}), log {paths.log_file}",
         f"verify    {r.verify.prompts}, max_tokens={r.verify.max_tokens}, {r.verify.protocol}: "
         "speculative vs num_draft_tokens=0, token ids",
         f"report    {paths.report}",

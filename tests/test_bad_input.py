@@ -146,7 +146,7 @@ def test_recipe_port_flags_override_the_recipe(tmp_path, taken_port):
                           "--metrics-port", "0")
     assert code == ExitCode.BAD_INPUT and f"serve.grpc_port: port {taken_port}" in err and "--grpc-port N" in err
     code, out, _, _ = run("recipe", str(path), "--dry-run", "--http-port", "9123", "--grpc-port", "0")
-    assert code == 0 and "http 9123, grpc 0, metrics 8002" in out
+    assert code == 0 and "http 9123, grpc a free port, metrics 8002" in out
     code, _, err, _ = run("recipe", str(path), "--dry-run", "--http-port", "9123", "--metrics-port", "9123")
     assert code == ExitCode.BAD_INPUT and "--metrics-port 9123 is also the http port" in err
 
