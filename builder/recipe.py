@@ -322,12 +322,6 @@ class Recipe(_Strict):
         if b.backend == "reference":
             if b.max_beam_width > 1:
                 raise ValueError("build.max_beam_width: the reference engine decodes one beam (greedy or sampled); set it to 1")
-            if self.speculation.method == "eagle3" and getattr(self.speculation, "sa_config", None) is not None:
-                raise ValueError("speculation.sa_config: the SA enhancer is TensorRT-LLM's (1.4 line, build.backend: pytorch); "
-                                 "the reference engine's EAGLE-3 has none")
-            if self.speculation.method == "eagle3" and getattr(self.speculation, "use_dynamic_tree", False):
-                raise ValueError("speculation.use_dynamic_tree: the reference engine's EAGLE-3 drafts a chain; "
-                                 "the dynamic tree is TensorRT-LLM's (build.backend: pytorch)")
         if b.backend != "reference":
             for name in ("kernels", "draft_weights"):
                 if getattr(b, name) != "auto":

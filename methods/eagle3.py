@@ -160,6 +160,17 @@ def _train(spec: Eagle3Speculation, target, tokenizer, data, config, out, ckpt_d
     return train_eagle3(target, data, config, out, ckpt_dir, **common)
 
 
+def _reference_check(spec: Eagle3Speculation) -> tuple[str, str] | None:
+    """TensorRT-LLM-only settings: the reference engine drafts EAGLE-3 as a chain, with no SA enhancer."""
+    if spec.use_dynamic_tree:
+        return ("use_dynamic_tree", "the reference engine's EAGLE-3 drafts a chain; the dynamic tree is TensorRT-LLM's "
+                                    "(build.backend: pytorch): remove use_dynamic_tree / dynamic_tree_max_topK / max_total_draft_tokens")
+    if spec.sa_config is not None:
+        return ("sa_config", "the SA enhancer is TensorRT-LLM's (1.4 line, build.backend: pytorch); the reference engine's "
+                             "EAGLE-3 has none: remove sa_config, or use method: sa for suffix-automaton drafts")
+    return None
+
+
 METHOD = SpeculationMethod(
     name="eagle3",
     title="EAGLE-3",
@@ -179,4 +190,5 @@ METHOD = SpeculationMethod(
     training=Training(train=_train, held_out_config=chain_of),
     ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here
     unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain)",
+    reference_check=_reference_check,
 )

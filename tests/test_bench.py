@@ -425,8 +425,8 @@ def test_serve_openai_num_draft_tokens_is_a_deprecated_alias(tmp_path, monkeypat
     (tmp_path / "repo" / "m").mkdir(parents=True)
     (tmp_path / "repo" / "m" / "config.pbtxt").write_text('name: "m"\n')
     seen = []
-    monkeypatch.setattr(specbuild.cli, "_openai_companion", lambda repo, host, port, model, k: seen.append(k))
-    monkeypatch.setattr(tritonserver, "serve_forever", lambda server, companion=None: 0)
+    monkeypatch.setattr(specbuild.cli, "_openai_companion", lambda repo, host, port, model, k, **_: seen.append(k))
+    monkeypatch.setattr(tritonserver, "serve_forever", lambda server, companion=None, **_: 0)
     repo = str(tmp_path / "repo")
     result = CliRunner().invoke(main, ["serve", repo, "--openai-port", "0", "--openai-num-draft-tokens", "0"])
     assert result.exit_code == 0 and seen == [0], result.output

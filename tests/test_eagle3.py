@@ -341,3 +341,22 @@ def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
     assert engine_fingerprint(loaded, locate_target(loaded), locate_weights(loaded)) != build.fingerprint
     with served(engine_dir, tmp_path) as client:
         verify_lossless(client)
+
+
+@pytest.mark.parametrize("extra, yaml_lines, field", [
+    ({"use_dynamic_tree": True, "dynamic_tree_max_topK": 4}, "  use_dynamic_tree: true\n  dynamic_tree_max_topK: 4\n", "use_dynamic_tree"),
+    ({"sa_config": {"threshold": 4}}, "  sa_config: {threshold: 4}\n", "sa_config"),
+])
+def test_tensorrt_llm_only_eagle3_settings_are_refused_by_the_reference_engine(model, head_dirs, checkpoint, tmp_path, extra,
+                                                                                yaml_lines, field):
+    """Dynamic trees and the SA enhancer are TensorRT-LLM's: refused at the recipe's line before any build,
+    and by the engine itself when handed such a speculative_config."""
+    from specbuild.builder.recipe import RecipeError, load_recipe
+    from specbuild.pipeline import check_inputs
+
+    save_eagle3_head(tmp_path / "head", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
+    path = write_recipe(tmp_path / "r.yaml", checkpoint, speculation=f"  method: eagle3\n  eagle_model: head\n  max_draft_len: 3\n{yaml_lines}")
+    with pytest.raises(RecipeError, match=rf"r.yaml:\d+: speculation.{field}: .*TensorRT-LLM's"):
+        check_inputs(load_recipe(str(path)))
+    with pytest.raises(ValueError, match=rf"speculative_config.{field}: .*TensorRT-LLM's"):
+        ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=eagle3_config(head_dirs["random"], **extra))

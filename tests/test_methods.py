@@ -146,8 +146,9 @@ def test_the_recipe_union_is_the_registry():
 
 
 def test_unknown_speculative_config_keys_are_listed_with_the_allowed_ones():
-    message = (r"^unknown Eagle3 speculative_config keys \['b', 'c'\]; allowed: \['decoding_type', 'eagle3_one_model', "
-               r"'greedy_sampling', 'max_draft_len', 'speculative_model_dir'\] \(the reference engine drafts EAGLE-3 as a chain\)$")
+    message = (r"^unknown Eagle3 speculative_config keys \['b', 'c'\]; allowed: \['decoding_type', 'dynamic_tree_max_topK', "
+               r"'eagle3_one_model', 'greedy_sampling', 'max_draft_len', 'max_total_draft_tokens', 'sa_config', "
+               r"'speculative_model_dir', 'use_dynamic_tree'\] \(the reference engine drafts EAGLE-3 as a chain\)$")
     with pytest.raises(ValueError, match=message):
         registered()["eagle3"].parse_speculative_config({"decoding_type": "Eagle3", "c": 2, "b": 3, "speculative_model_dir": "h"})
 

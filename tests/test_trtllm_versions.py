@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe
+from specbuild.builder.reference import check_reference_speculation
 from specbuild.builder.trtllm_plan import ALLOW_UNVERIFIED_ENV, plan_for, with_trtllm_version
 from specbuild.builder.trtllm_version import DECODING_TYPE_SINCE, NEWEST_VERIFIED_LINE, llm_api_config, parse_version
 from upstream_trtllm import LINES, REMOVED_IN_1_4, check_speculative_config
@@ -69,9 +70,9 @@ def test_dynamic_tree_fields_are_checked_as_tensorrt_llm_checks_them():
     with pytest.raises(RecipeError, match=r"max_total_draft_tokens must be in .* = \[3, 12\], got 13"):
         parse_recipe(f"name: t\n{TARGET}speculation: {{method: eagle3, eagle_model: e/h, use_dynamic_tree: true, "
                      "dynamic_tree_max_topK: 4, max_total_draft_tokens: 13}\nbuild: {backend: pytorch}\n", Path("t.yaml"))
-    with pytest.raises(RecipeError, match="reference engine's EAGLE-3 drafts a chain"):
-        parse_recipe(f"name: t\n{TARGET}speculation: {{method: eagle3, eagle_model: e/h, use_dynamic_tree: true, "
-                     "dynamic_tree_max_topK: 4}\nbuild: {backend: reference}\n", Path("t.yaml"))
+    with pytest.raises(RecipeError, match=r"t.yaml:\d+: speculation.use_dynamic_tree: the reference engine's EAGLE-3 drafts a chain"):
+        check_reference_speculation(parse_recipe(f"name: t\n{TARGET}speculation: {{method: eagle3, eagle_model: e/h, use_dynamic_tree: true, "
+                                                 "dynamic_tree_max_topK: 4}\nbuild: {backend: reference}\n", Path("t.yaml")))
 
 
 def test_sa_standalone_and_as_an_enhancer_in_the_1_4_names():
@@ -136,7 +137,7 @@ def test_eagle3_with_an_sa_enhancer_plans_for_1_4_only(tmp_path):
     for version in ("1.2.1", "1.3.0"):
         with pytest.raises(RecipeError, match=rf"t.yaml:\d+: speculation.sa_config: sa_config needs TensorRT-LLM >= 1.4 \(planned for {version}\)"):
             plan_for(with_trtllm_version(loaded, version), tmp_path)
-    with pytest.raises(RecipeError, match="sa_config: the SA enhancer is TensorRT-LLM's"):
-        parse_recipe(text.replace("backend: pytorch", "backend: reference"), Path("t.yaml"))
+    with pytest.raises(RecipeError, match=r"t.yaml:\d+: speculation.sa_config: the SA enhancer is TensorRT-LLM's"):
+        check_reference_speculation(parse_recipe(text.replace("backend: pytorch", "backend: reference"), Path("t.yaml")))
     with pytest.raises(RecipeError, match="sa_config"):
         parse_recipe(text.replace("threshold: 5", "window: 5"), Path("t.yaml"))
