@@ -53,7 +53,12 @@ class LoadScriptedClient:
         with self.lock:
             type(self).in_flight += 1
             crowded = type(self).in_flight > 1
-        time.sleep(0.3)
+        deadline = time.monotonic() + 2.0  # decode until a neighbour arrives (or 2 s): overlap, not timing luck
+        while not crowded and time.monotonic() < deadline:
+            time.sleep(0.02)
+            with self.lock:
+                crowded = type(self).in_flight > 1
+        time.sleep(0.05)
         with self.lock:
             crowded = crowded or type(self).in_flight > 1
             type(self).in_flight -= 1
