@@ -30,21 +30,23 @@ def _is_classvar(annotation: ast.expr) -> bool:
     return "ClassVar" in ast.unparse(annotation)
 
 
-def class_fields(source: str, name: str) -> set[str]:
-    """The annotated fields of class ``name`` and of its bases defined in the same module
-    (pydantic / dataclass fields: no ``ClassVar``, no ``_private``), ``decoding_type`` excluded."""
+def _annotated(source: str, name: str):
+    """The ``name: type [= value]`` statements of class ``name`` and of its bases defined in the same module."""
     classes = _classes(ast.parse(source))
-    fields: set[str] = set()
     todo = [name]
     while todo:
         cls = classes.get(todo.pop())
         if cls is None:
             continue
-        for node in cls.body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if not node.target.id.startswith("_") and not _is_classvar(node.annotation):
-                    fields.add(node.target.id)
+        yield from (n for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
         todo += [b.id for b in cls.bases if isinstance(b, ast.Name)]
+
+
+def class_fields(source: str, name: str) -> set[str]:
+    """The annotated fields of class ``name`` and of its bases defined in the same module
+    (pydantic / dataclass fields: no ``ClassVar``, no ``_private``), ``decoding_type`` excluded."""
+    fields = {n.target.id for n in _annotated(source, name)
+              if not n.target.id.startswith("_") and not _is_classvar(n.annotation)}
     return fields - {"decoding_type"}
 
 
@@ -68,17 +70,10 @@ def class_aliases(source: str, name: str) -> dict[str, str]:
     """Validation alias -> field name for class ``name`` and its same-module bases: the names pydantic
     accepts in a field's place (``speculative_model_dir`` -> ``speculative_model``). A field's own
     name, which ``AliasChoices`` usually repeats, is not an alias."""
-    classes = _classes(ast.parse(source))
     aliases: dict[str, str] = {}
-    todo = [name]
-    while todo:
-        cls = classes.get(todo.pop())
-        if cls is None:
-            continue
-        for node in cls.body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-                aliases.update({a: node.target.id for a in _alias_names(node.value) if a != node.target.id})
-        todo += [b.id for b in cls.bases if isinstance(b, ast.Name)]
+    for node in _annotated(source, name):
+        if node.value is not None:
+            aliases.update({a: node.target.id for a in _alias_names(node.value) if a != node.target.id})
     return aliases
 
 
