@@ -330,14 +330,27 @@ def _strict_json(text: str, where: str) -> dict:
 
 
 def _status_error(response, where: str) -> RequestError | ServerUnavailableError:
+    openai_error = False  # the body is an OpenAI error object: an OpenAI-compatible server answered
     try:
-        message = json.loads(response.text).get("error", {}).get("message") or response.text
+        message = json.loads(response.text).get("error", {}).get("message")
+        openai_error = bool(message)
+        message = message or response.text
     except (ValueError, AttributeError):
         message = response.text
     status = str(response.status_code)
     if response.status_code in (502, 503):
         return ServerUnavailableError(f"{where} unavailable ({status}): {message}")
-    return RequestError(f"{where} rejected the request ({status}): {message}", status=status, server_message=str(message))
+    hint = ""
+    if response.status_code == 404 and not openai_error:
+        try:
+            path = response.request.url.path
+        except RuntimeError:  # a response built without its request
+            path = "that path"
+        hint = (f". Nothing answers {path} there: is this an OpenAI-compatible "
+                   "front's base URL (specbuild serve --openai-port P gives http://127.0.0.1:P/v1)? A Triton "
+                   "HTTP port answers only /v2/...; point --url at Triton instead")
+    return RequestError(f"{where} rejected the request ({status}): {message}{hint}", status=status,
+                        server_message=str(message))
 
 
 # --- server-wide acceptance figures (Prometheus / iteration stats) -----------------------------------

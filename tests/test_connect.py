@@ -71,3 +71,44 @@ def test_verify_takes_a_url_with_a_scheme_and_writes_under_its_results_dir(decou
     assert result.exit_code == 0, result.output
     report = tmp_path / "specbuild-out" / "verify" / "report.json"
     assert json.loads(report.read_text())["summary"]["num_match"] == 1 and not (tmp_path / "report.json").exists()
+
+
+class _NotFound(__import__("http.server").server.BaseHTTPRequestHandler):
+    """Answers every GET with 404: a plain body (as a Triton HTTP port does for /v1/...) on /plain, an OpenAI
+    error object (as an OpenAI server does for an unknown model) elsewhere."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = (b"Not Found" if self.path.startswith("/plain")
+                else json.dumps({"error": {"message": "The model `x` does not exist.", "type": "NotFoundError"}}).encode())
+        self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_openai_url_that_is_not_an_openai_server_gets_a_hint():
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from specbuild.client.openai_client import OpenAIClient
+    from specbuild.client.sdk import RequestError
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        with OpenAIClient(f"http://127.0.0.1:{port}/plain/v1", timeout_s=5) as client:
+            with pytest.raises(RequestError, match=r"\(404\): Not Found\. Nothing answers /plain/v1/models there: "
+                                                   r"is this an OpenAI-compatible front's base URL") as info:
+                client.models()
+            assert info.value.server_message == "Not Found"
+        with OpenAIClient(f"http://127.0.0.1:{port}/v1", timeout_s=5) as client:
+            with pytest.raises(RequestError) as info:  # an OpenAI server's own 404: its message, no hint
+                client.models()
+            assert "does not exist" in str(info.value) and "Nothing answers" not in str(info.value)
+    finally:
+        server.shutdown()
+        server.server_close()
