@@ -24,6 +24,7 @@ import importlib.resources
 import ipaddress
 import re
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -396,13 +397,21 @@ class LoadedRecipe:
     recipe: Recipe
     path: Path
     lines: dict[tuple[str | int, ...], int]
+    # fields a command-line option replaced (loc -> the option as typed, e.g. ``--trtllm-version 1.3.0``):
+    # an error about one names the option, not the recipe line it overrode
+    overrides: dict[tuple[str | int, ...], str] = dataclasses.field(default_factory=dict)
 
     def line_of(self, *loc: str | int) -> int | None:
         """1-based line of the YAML node at ``loc`` (or its closest present parent)."""
         return _line_for(self.lines, loc)
 
     def error(self, loc: tuple[str | int, ...], message: str) -> RecipeError:
-        """A RecipeError for field ``loc`` of this recipe, located at its line."""
+        """A RecipeError for field ``loc`` of this recipe, located at its line (or, where a command-line
+        option replaced the field, at that option)."""
+        option = self.overrides.get(tuple(loc))
+        if option is not None:
+            field = ".".join(str(p) for p in loc)
+            return RecipeError(f"{option} (replaces {field} of {self.path}): {message}")
         return RecipeError(_format_error(self.path, self.line_of(*loc), loc, message))
 
     def resolve_path(self, value: str) -> Path:

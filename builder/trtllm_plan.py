@@ -703,7 +703,8 @@ def with_trtllm_version(loaded: LoadedRecipe, version: str | None) -> LoadedReci
         build = BuildConfig.model_validate({**loaded.recipe.build.model_dump(), "trtllm_version": version})
     except ValidationError:
         raise RecipeError(f"--trtllm-version {version!r}: expected a TensorRT-LLM version such as 1.2.1 or 1.3.0rc2") from None
-    return dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"build": build}))
+    return dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"build": build}),
+                               overrides={**loaded.overrides, ("build", "trtllm_version"): f"--trtllm-version {version}"})
 
 
 def require_installed(loaded: LoadedRecipe, version: str | None) -> None:

@@ -455,3 +455,15 @@ def test_draft_target_decoding_type_follows_the_version(tmp_path):
         assert config["decoding_type"] == expected and check_speculative_config(config, version) == []
     with pytest.raises(RecipeError, match="differs by TensorRT-LLM version"):
         plan_pytorch(loaded, tmp_path)
+
+
+def test_a_version_from_the_command_line_is_blamed_on_the_option_not_the_recipe_line():
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    result = CliRunner().invoke(main, ["plan", "llama-eagle", "--trtllm-version", "1.3.0"])
+    assert result.exit_code != 0
+    assert "--trtllm-version 1.3.0 (replaces build.trtllm_version of " in result.output, result.output
+    assert "llama-eagle.yaml:" not in result.output  # the recipe's own line says 1.2.1: it is not what is wrong
+    assert "needs TensorRT-LLM <= 1.2.x" in result.output

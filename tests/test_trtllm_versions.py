@@ -106,7 +106,7 @@ def test_mtp_on_1_4_writes_max_draft_len():
 
 def test_a_version_newer_than_the_newest_verified_is_refused_unless_overridden(tmp_path, monkeypatch):
     loaded = with_trtllm_version(load_recipe("llama-ngram"), "1.5.0")
-    with pytest.raises(RecipeError, match=rf"llama-ngram.yaml:\d+: build.trtllm_version: TensorRT-LLM 1.5.0 .* newer than the newest "
+    with pytest.raises(RecipeError, match=rf"--trtllm-version 1.5.0 \(replaces build.trtllm_version of .*llama-ngram.yaml\): TensorRT-LLM 1.5.0 .* newer than the newest "
                                           rf"verified line, {NEWEST_VERIFIED_LINE}.x.*--allow-unverified-trtllm"):
         plan_for(loaded, tmp_path)
     plan = plan_for(loaded, tmp_path, allow_unverified=True)
