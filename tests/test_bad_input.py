@@ -350,6 +350,13 @@ def test_command_list_gives_whole_summaries_at_80_columns():
     assert "Sweep TARGETS x draft lengths x load x prompt sets; print a table, write JSON, CSV and JSONL." in listed
 
 
+def test_every_command_help_fits_80_columns():
+    for name in main.commands:
+        out = CliRunner().invoke(main, [name, "--help"], env={"COLUMNS": "80"}).output
+        wide = [line for line in out.splitlines() if len(line) > 80]
+        assert not wide, f"`specbuild {name} --help` at COLUMNS=80: {wide}"
+
+
 def test_unreachable_server_exits_3(tmp_path):
     prompts = write(tmp_path, "def f():\n", "p.txt")
     code, _, err, _ = run("verify", "--url", "127.0.0.1:9", "--prompts", str(prompts), "--wait-s", "0", "--report",
