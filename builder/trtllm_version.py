@@ -118,16 +118,23 @@ def capability_error(method: str, path: BuildPath, version: str | None, source: 
 
 # --- the LLM-API lines specbuild writes for -----------------------------------------------------
 # Read from NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py: the 1.2 line (DecodingBaseConfig.from_dict's
-# registry), the 1.3 pre-release line and the 1.4 line (main at 0004396720054fd8e205cbf616f21f0b57c6b412);
-# the names and fields are test data in tests/upstream_trtllm.py, which checks every plan against them.
-NEWEST_VERIFIED = TrtllmVersion(1, 4, 99)  # the newest line whose llm_args.py was read: 1.4.x
+# registry), the 1.3 line (main at 0004396720054fd8e205cbf616f21f0b57c6b412, in the 1.3 pre-release series,
+# and the 1.3.0rc27 API reference) and the 1.4 line (the 1.4.0rc1 and 1.4.0rc4 API references); the
+# names and fields, with the commits that could be pinned, are test data in tests/upstream_trtllm.py,
+# which checks every plan against them.
+NEWEST_VERIFIED = TrtllmVersion(1, 4, 99)  # the newest line whose llm_args.py fields were read: 1.4.x
 NEWEST_VERIFIED_LINE = "1.4"
 # decoding_type -> first line that has it (absent: every LLM-API line since 1.0).
 DECODING_TYPE_SINCE = {"Eagle3": "1.3", "Draft_Target": "1.3", "User_Provided": "1.3", "PARD": "1.3", "SA": "1.3",
                        "DFlash": "1.4", "DSpark": "1.4"}
-# speculative_config keys by line: renamed to the field (from an alias), or dropped (marked for removal).
+# speculative_config keys by line: renamed to the field (from an alias), or dropped (removed).
 SPECULATIVE_MODEL_FIELD = ("1.3", "speculative_model_dir", "speculative_model")  # the alias -> the field, from 1.3
-REMOVED_FIELDS = (("1.4", frozenset({"eagle3_one_model", "eagle_choices"})),)  # EagleDecodingConfig: "will be removed in release 1.4"
+# EagleDecodingConfig fields a line no longer has. eagle3_one_model: gone by 1.3.0rc27 (its default,
+# the one-model path, is the only path), so it is never written from 1.3 on; 1.4 also drops the static
+# tree (eagle_choices, "will be removed in release 1.4"), greedy_sampling, posterior_threshold and
+# num_eagle_layers (absent from the 1.4.0rc4 reference).
+REMOVED_FIELDS = (("1.3", frozenset({"eagle3_one_model", "greedy_sampling", "posterior_threshold"})),
+                  ("1.4", frozenset({"eagle_choices", "num_eagle_layers"})))
 FIELD_SINCE = {"sa_config": "1.4"}  # speculative_config keys a line must have (SAEnhancerConfig: 1.4 line)
 # MTPDecodingConfig 1.4: num_nextn_predict_layers is init=False, a deprecated key remapped to max_draft_len.
 MTP_DRAFT_LEN_FIELD = ("1.4", "num_nextn_predict_layers", "max_draft_len")
@@ -161,7 +168,7 @@ def unverified_error(version: str, source: str = "installed") -> str | None:
     if parse_version(version) <= NEWEST_VERIFIED:
         return None
     return (f"TensorRT-LLM {version} ({source}) is newer than the newest verified line, {NEWEST_VERIFIED_LINE}.x "
-            f"(llm_args.py read at NVIDIA/TensorRT-LLM main 0004396): its speculative_config names may differ. "
+            f"(fields read from the 1.4.0rc1 / 1.4.0rc4 llm_args.py): its speculative_config names may differ. "
             f"Plan for {NEWEST_VERIFIED_LINE} (build.trtllm_version / --trtllm-version), or pass --allow-unverified-trtllm "
             f"to write the {NEWEST_VERIFIED_LINE} files anyway")
 
@@ -169,9 +176,9 @@ def unverified_error(version: str, source: str = "installed") -> str | None:
 def llm_api_config(config: dict, version: str) -> dict:
     """A method's ``speculative_config`` (:meth:`~specbuild.methods.MethodParams.to_llm_api`) as
     TensorRT-LLM ``version`` spells it: its ``decoding_type``, ``speculative_model`` (the field)
-    instead of the alias ``speculative_model_dir`` from 1.3, fields marked for removal dropped
-    (1.4: ``eagle3_one_model``, ``eagle_choices``), MTP's ``num_nextn_predict_layers`` as
-    ``max_draft_len`` (1.4).
+    instead of the alias ``speculative_model_dir`` from 1.3, fields a line no longer has dropped
+    (:data:`REMOVED_FIELDS`: ``eagle3_one_model`` from 1.3, ``eagle_choices`` from 1.4), MTP's
+    ``num_nextn_predict_layers`` as ``max_draft_len`` (1.4).
 
     Example: ``{"decoding_type": "Eagle3", "speculative_model_dir": "h", "eagle3_one_model": True}`` for
     ``1.4.0`` -> ``{"decoding_type": "Eagle3", "speculative_model": "h"}``.

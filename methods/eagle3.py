@@ -46,8 +46,9 @@ class Eagle3Speculation(MethodParams):
     max_draft_len: int = Field(3, ge=1, le=32)
     """Draft tokens per step (a chain)."""
     eagle3_one_model: bool = True
-    """TensorRT-LLM: run the head inside the target's model (one model) rather than as a second one; 1.4 drops
-    it from the plan (the two-model path is removed)."""
+    """TensorRT-LLM: run the head inside the target's model (one model) rather than as a second one; written for
+    1.2.x only: from 1.3 the plan leaves it out (the 1.3.0rc27 and 1.4 LLM APIs have no such field; one model
+    is the only path)."""
     use_dynamic_tree: bool = False
     """TensorRT-LLM PyTorch backend: EAGLE-2's dynamic tree; each of the max_draft_len draft layers expands
     dynamic_tree_max_topK nodes (the reference engine drafts a chain and refuses it)."""

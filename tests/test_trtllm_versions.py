@@ -1,8 +1,10 @@
 """The TensorRT-LLM lines a PyTorch-path plan is written for: 1.2.1, the 1.3 line and the 1.4 line.
 
 Every plan's ``speculative_config`` is checked against that line's own ``llm_args.py`` names
-(tests/upstream_trtllm.py: the 1.2 registry, the 1.3 pre-release, main at 0004396 for 1.4), for
-every bundled llama recipe on the PyTorch path and every decoding type a recipe can ask for.
+(tests/upstream_trtllm.py, ``LINE_SOURCES``: the 1.2 registry; NVIDIA/TensorRT-LLM main at 0004396
+and the 1.3.0rc27 API reference for 1.3; the 1.4.0rc1 and 1.4.0rc4 API references for 1.4), for
+every bundled llama recipe (the engine-path ones through ``specbuild migrate`` from 1.3 on) and
+every decoding type a recipe can ask for.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe
 from specbuild.builder.reference import check_reference_speculation
 from specbuild.builder.trtllm_plan import ALLOW_UNVERIFIED_ENV, plan_for, with_trtllm_version
 from specbuild.builder.trtllm_version import DECODING_TYPE_SINCE, NEWEST_VERIFIED_LINE, llm_api_config, parse_version
-from upstream_trtllm import LINES, REMOVED_IN_1_4, check_speculative_config
+from specbuild.builder.migrate import migrate
+from upstream_trtllm import LINE_SOURCES, LINES, REMOVED_IN_1_4, check_speculative_config, llm_api_line
 
 VERSIONS = ("1.2.1", "1.3.0", "1.4.0")
-RECIPES = ("llama-eagle3", "llama-ngram")
+RECIPES = tuple(sorted(p.stem for p in (Path(__file__).parents[1] / "recipes").glob("llama-*.yaml")))
 TARGET = "target: {checkpoint: meta-llama/Llama-3.1-8B-Instruct, dtype: bfloat16}\n"
 # one speculation per decoding type a recipe can ask for on the PyTorch path
 SPECULATIONS = {
@@ -38,11 +41,24 @@ def _config(loaded, version: str, tmp_path: Path) -> dict:
     return configs[0]
 
 
+def test_the_recipe_list_is_every_llama_recipe():
+    assert {"llama-eagle3", "llama-ngram", "llama-eagle", "llama-medusa", "llama-lookahead"} <= set(RECIPES)
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("name", RECIPES)
-def test_every_llama_pytorch_recipe_passes_its_versions_llm_args(name, version, tmp_path):
-    config = _config(load_recipe(name), version, tmp_path)
-    assert check_speculative_config(config, version) == [], config
+def test_every_llama_recipe_passes_its_versions_llm_args(name, version, tmp_path):
+    """A PyTorch-path recipe is planned as it is; an engine-path recipe is planned for the PyTorch
+    path where the version has no engine path (1.3 on: ``specbuild migrate``'s recipe), and on
+    1.2.1 its migrated recipe is planned too, so every llama recipe's LLM-API YAML meets every line."""
+    loaded = load_recipe(name)
+    if loaded.recipe.build.backend == "tensorrt":
+        migration = migrate(loaded, eagle_model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", version=version)
+        out = tmp_path / f"{name}-pytorch.yaml"
+        out.write_text(yaml.safe_dump(migration.recipe, sort_keys=False))
+        loaded = load_recipe(str(out))
+    config = _config(loaded, version, tmp_path)
+    assert check_speculative_config(config, version) == [], (LINE_SOURCES[llm_api_line(version)], config)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -59,8 +75,17 @@ def test_eagle3_on_1_4_carries_no_removed_field_and_names_the_model_by_its_field
     assert "speculative_model" in config and "speculative_model_dir" not in config
     old = _config(load_recipe("llama-eagle3"), "1.2.1", tmp_path)
     assert old["decoding_type"] == "Eagle" and old["eagle3_one_model"] is True and "speculative_model_dir" in old
-    with_removed = {**config, "eagle3_one_model": True}
-    assert check_speculative_config(with_removed, "1.4.0") == ["Eagle3: 'eagle3_one_model' is marked for removal in 1.4"]
+    for name in sorted(REMOVED_IN_1_4):
+        assert check_speculative_config({**config, name: None}, "1.4.0") == [f"Eagle3: {name!r} was removed in the 1.4 line"]
+    assert {"eagle3_one_model", "eagle_choices", "greedy_sampling", "posterior_threshold"} <= REMOVED_IN_1_4
+
+
+def test_eagle3_on_1_3_leaves_out_eagle3_one_model_which_1_3_0rc27_has_not(tmp_path):
+    """The 1.3.0rc27 reference's Eagle3DecodingConfig has no eagle3_one_model (main at 0004396 still
+    had it, ignoring False): a 1.3 plan that wrote it would fail ``extra = "forbid"`` there."""
+    config = _config(load_recipe("llama-eagle3"), "1.3.0", tmp_path)
+    assert config["decoding_type"] == "Eagle3" and "eagle3_one_model" not in config
+    assert check_speculative_config({**config, "eagle3_one_model": True}, "1.3.0") == ["Eagle3: unknown field 'eagle3_one_model'"]
 
 
 def test_dynamic_tree_fields_are_checked_as_tensorrt_llm_checks_them():

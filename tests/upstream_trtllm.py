@@ -11,12 +11,11 @@ read):
   (``src/model_state.cc``);
 - ``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`` at
   0c8de69a1ca6213eebb20a51873890ff128666c2;
-- ``tensorrt_llm/llmapi/llm_args.py``: the 1.2 line's ``DecodingBaseConfig.from_dict`` registry
-  (no ``Eagle3``; EAGLE-3 is ``Eagle``); the 1.3 line (the stored pre-release copy): per-class
-  ``decoding_type: Literal[...]``, ``Eagle3`` added; the 1.4 line (main at
-  0004396720054fd8e205cbf616f21f0b57c6b412, read in full: SA, SAEnhancerConfig, PARD, DFlash,
-  DSpark, MTP, AUTO). Every line: ``speculative_model`` is the field, ``speculative_model_dir`` its
-  validation alias.
+- ``tensorrt_llm/llmapi/llm_args.py`` by LLM-API line (the 1.2 registry; main at
+  0004396720054fd8e205cbf616f21f0b57c6b412, read in full; the published 1.3.0rc27, 1.4.0rc1 and
+  1.4.0rc4 API references) and the tag commits that could be pinned: see the comment above
+  ``LLM_API_1_2`` below. Every line: ``speculative_model`` is the field, ``speculative_model_dir``
+  its validation alias.
 
 On a machine with TensorRT-LLM installed, tests/test_trtllm_source.py (``pytest -m
 trtllm_source``) reads the installed ``llm_args.py`` / ``sampling_params.py`` instead.
@@ -204,16 +203,46 @@ def replay_parameter_reading(params: dict[str, str]) -> list[str]:
 
 SPECULATIVE_MODEL_ALIASES = {"speculative_model_dir": "speculative_model"}  # AliasChoices("speculative_model", "speculative_model_dir")
 
+# Where each line's names come from (issue 34; what could and could not be pinned):
+#
+# - Tag commits, from triton-inference-server/tensorrtllm_backend's ``tensorrt_llm`` submodule (its
+#   release commits pin the TensorRT-LLM tag; checked on v0.10.0 -> 9bd15f1937f5..., the commit NVIDIA's
+#   0.10.0 release page names): v1.3.0rc1 = TRTLLM_V1_3_0RC1_COMMIT. 1.2.1: the backend's r26.05-r26.07
+#   branches build ``TENSORRTLLM_REPO_TAG=release/1.2.1`` / ``TENSORRTLLM_VER=1.2.1``
+#   (dockerfile/Dockerfile.triton.trt_llm_backend) with the submodule at TRTLLM_1_2_1_SUBMODULE_COMMIT
+#   (r26.04: 2fdb9e66302b15db9a9b5e71d3ac45d5921ea45d). The llm_args.py text at these commits could
+#   not be read here: the stored copies of NVIDIA/TensorRT-LLM hold other commits ("not at that
+#   commit"), and the repository snapshots (2.5 GB; the triton-inference-server fork 2.0 GB) are over
+#   the 500 MB fetch limit.
+# - Text read at a pinned commit: NVIDIA/TensorRT-LLM main at MAIN_COMMIT (tensorrt_llm/llmapi/llm_args.py,
+#   read in full). Its fields place it in the 1.3 pre-release series, before 1.3.0rc27: EagleDecodingConfig
+#   still has greedy_sampling / posterior_threshold / eagle3_one_model (gone from the 1.3.0rc27 and
+#   1.4 references) and eagle_choices says "will be removed in release 1.4"; DecodingBaseConfig has no
+#   moe_backend / spec_dec_variant (both in every 1.4 reference).
+# - Per-release field lists: NVIDIA's published API reference for each release,
+#   nvidia.github.io/TensorRT-LLM/<release>/llm-api/reference/<Class>.html, whose class signature
+#   Sphinx generates from that release's own llm_args.py (every pydantic field, in order; validation
+#   aliases are not shown). Read for 1.3.0rc27 (EagleDecodingConfig, Eagle3DecodingConfig,
+#   MTPDecodingConfig), 1.4.0rc1 (Eagle3DecodingConfig, MTPDecodingConfig) and 1.4.0rc4
+#   (Eagle3DecodingConfig, MTPDecodingConfig, NGramDecodingConfig, SADecodingConfig).
+#
+# A line's registry is the intersection over its sources (a key accepted by it is accepted by every
+# release read for that line); a class no reference page was read for keeps the pinned commit's
+# class fields on the line's base.
+TRTLLM_V1_3_0RC1_COMMIT = "45d7022cc33903509fd8045bbc577d77dd1d3e2f"
+TRTLLM_1_2_1_SUBMODULE_COMMIT = "ca88df0a400515b8206a19eb30cd047eb7661035"
+MAIN_COMMIT = "0004396720054fd8e205cbf616f21f0b57c6b412"
+
+# 1.2.x: DecodingBaseConfig.from_dict's config_classes (the YAML ``decoding_type`` values) -> fields
+# accepted besides decoding_type (StrictBaseModel: any other key is an error). Read from the stored
+# 1.2-layout copies (registry dict in from_dict; their commits could not be resolved, see above);
+# ``speculative_model`` with its alias ``speculative_model_dir`` as 1.2.1 defines it (issue 34's check
+# of the 1.2.1 wheel). A class may define more (MTP's relaxed-acceptance options), so these sets can
+# only make a check stricter, never let an unknown key through.
 _BASE_1_2 = frozenset({"max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
                        "load_format", "acceptance_window", "acceptance_length_threshold"})
 _EAGLE_1_2 = frozenset({"eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
                         "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "eagle3_layers_to_capture"})
-# 1.2.x: DecodingBaseConfig.from_dict's config_classes (the YAML ``decoding_type`` values) -> fields
-# accepted besides decoding_type (StrictBaseModel: any other key is an error). Field lists are the
-# ones read in the sources named above; a class may define more (MTP's relaxed-acceptance options,
-# for one), so these sets can only make a check stricter, never let an unknown key through.
-# ``speculative_model`` with its alias ``speculative_model_dir``: as the real 1.2.1 defines it
-# (issue 34's check of the 1.2.1 wheel; the stored copies read here differ in this one name).
 LLM_API_1_2: dict[str, frozenset[str]] = {
     "MTP": _BASE_1_2 | {"num_nextn_predict_layers"},
     "Medusa": _BASE_1_2 | {"medusa_choices", "num_medusa_heads"},
@@ -225,53 +254,97 @@ LLM_API_1_2: dict[str, frozenset[str]] = {
     "UserProvided": _BASE_1_2 | {"drafter", "resource_manager"},
     "AUTO": _BASE_1_2,
 }
-_BASE_1_3 = _BASE_1_2 | {"allow_advanced_sampling"}
-# The 1.3 line (llm_args.py as stored at the 1.3 pre-release stage, MTP's note "will do nothing in
-# release 1.3"): one ``decoding_type: Literal[...]`` per class. Eagle3, PARD and SA (suffix automaton,
-# NVIDIA/TensorRT-LLM PR #11434, merged 2026-02 after the 1.2 branch) are new; DraftTarget and
-# UserProvided are spelled Draft_Target and User_Provided there (the 1.2 spellings may be accepted as
-# aliases, DecodingBaseConfig._decoding_type_alias; specbuild writes the canonical spelling for >= 1.3).
-_RENAMED_1_3 = {"DraftTarget": "Draft_Target", "UserProvided": "User_Provided"}
-LLM_API_1_3: dict[str, frozenset[str]] = {
-    **{_RENAMED_1_3.get(name, name): (fields - _BASE_1_2) | _BASE_1_3 for name, fields in LLM_API_1_2.items()},
-    "Eagle": _BASE_1_3 | _EAGLE_1_2 | {"eagle3_model_arch"},
-    "Eagle3": _BASE_1_3 | _EAGLE_1_2 | {"eagle3_model_arch"},
-    "PARD": _BASE_1_3 | {"mask_token_id"},
-    "SA": _BASE_1_3 | {"max_matching_ngram_size"},
+
+# NVIDIA/TensorRT-LLM main at MAIN_COMMIT: every DecodingBaseConfig subclass (decoding_type literal ->
+# fields). MTP's num_nextn_predict_layers is init=False there but accepted (a deprecated key remapped
+# to max_draft_len before validation), as every 1.3/1.4 reference lists it.
+_BASE_MAIN = frozenset({"max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
+                        "load_format", "acceptance_rate_window_size", "acceptance_rate_threshold", "use_rejection_sampling",
+                        "allow_advanced_sampling", "advanced_sampling_mode", "enable_penalty"})
+_EAGLE_MAIN = frozenset({"eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
+                         "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "eagle3_layers_to_capture",
+                         "eagle3_model_arch"})
+_MTP_MAIN = frozenset({"use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta", "use_mtp_vanilla", "mtp_eagle_one_model",
+                       "use_dynamic_tree", "dynamic_tree_max_topK", "sa_config", "begin_thinking_phase_token",
+                       "end_thinking_phase_token", "num_nextn_predict_layers"})
+LLM_API_MAIN: dict[str, frozenset[str]] = {
+    "Eagle": _BASE_MAIN | _EAGLE_MAIN,
+    "Eagle3": _BASE_MAIN | _EAGLE_MAIN | {"sa_config"},
+    "SaveState": _BASE_MAIN | {"output_directory", "write_interval", "file_prefix", "eagle3_layers_to_capture"},
+    "User_Provided": _BASE_MAIN | {"drafter", "resource_manager"},
+    "NGram": _BASE_MAIN | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"},
+    "SA": _BASE_MAIN | {"max_matching_ngram_size", "enable_global_pool", "global_pool_size"},
+    "Draft_Target": _BASE_MAIN,
+    "MTP": _BASE_MAIN | _MTP_MAIN,
+    "PARD": _BASE_MAIN | {"mask_token_id", "sa_config"},
+    "DFlash": _BASE_MAIN | {"mask_token_id", "target_layer_ids", "attention_backend"},
+    "DSpark": _BASE_MAIN | {"mask_token_id", "target_layer_ids", "block_size", "markov_rank", "markov_head_type", "attention_backend"},
+    "AUTO": _BASE_MAIN,
 }
-LLM_API_1_4_COMMIT = "0004396720054fd8e205cbf616f21f0b57c6b412"
-# The 1.4 line: NVIDIA/TensorRT-LLM main at LLM_API_1_4_COMMIT, tensorrt_llm/llmapi/llm_args.py, every
-# DecodingBaseConfig subclass read in full. EagleDecodingConfig still defines eagle_choices ("will be
-# removed in release 1.4") and eagle3_one_model ("Setting False is ignored ... the two-model path is
-# deprecated"): listed in REMOVED_IN_1_4, which a 1.4 plan must not write. MTP's
-# num_nextn_predict_layers is init=False (a deprecated key remapped to max_draft_len before
-# validation): left out.
-_BASE_1_4 = frozenset({"max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
-                       "load_format", "acceptance_rate_window_size", "acceptance_rate_threshold", "use_rejection_sampling",
-                       "allow_advanced_sampling", "advanced_sampling_mode", "enable_penalty"})
-_EAGLE_1_4 = frozenset({"eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
-                        "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "eagle3_layers_to_capture",
-                        "eagle3_model_arch"})
-SA_ENHANCER_1_4 = frozenset({"threshold", "enable_global_pool"})  # SAEnhancerConfig: the sa_config of Eagle3, MTP and PARD
-LLM_API_1_4: dict[str, frozenset[str]] = {
-    "Eagle": _BASE_1_4 | _EAGLE_1_4,
-    "Eagle3": _BASE_1_4 | _EAGLE_1_4 | {"sa_config"},
-    "SaveState": _BASE_1_4 | {"output_directory", "write_interval", "file_prefix", "eagle3_layers_to_capture"},
-    "User_Provided": _BASE_1_4 | {"drafter", "resource_manager"},
-    "NGram": _BASE_1_4 | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"},
-    "SA": _BASE_1_4 | {"max_matching_ngram_size", "enable_global_pool", "global_pool_size"},
-    "Draft_Target": _BASE_1_4,
-    "MTP": _BASE_1_4 | {"use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta", "use_mtp_vanilla",
-                        "mtp_eagle_one_model", "use_dynamic_tree", "dynamic_tree_max_topK", "sa_config",
-                        "begin_thinking_phase_token", "end_thinking_phase_token"},
-    "PARD": _BASE_1_4 | {"mask_token_id", "sa_config"},
-    "DFlash": _BASE_1_4 | {"mask_token_id", "target_layer_ids", "attention_backend"},
-    "DSpark": _BASE_1_4 | {"mask_token_id", "target_layer_ids", "block_size", "markov_rank", "markov_head_type", "attention_backend"},
-    "AUTO": _BASE_1_4,
+SA_ENHANCER = frozenset({"threshold", "enable_global_pool"})  # SAEnhancerConfig at MAIN_COMMIT: the sa_config of Eagle3, MTP and PARD
+
+# The published 1.3.0rc27 API reference (the newest 1.3 release whose reference was read).
+_BASE_1_3_RC27 = _BASE_MAIN  # the DecodingBaseConfig part of every 1.3.0rc27 signature read
+_EAGLE_1_3_RC27 = frozenset({"eagle_choices", "use_dynamic_tree", "dynamic_tree_max_topK", "num_eagle_layers", "max_non_leaves_per_layer",
+                             "eagle3_layers_to_capture", "eagle3_model_arch"})
+_MTP_REFERENCE = frozenset({"use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta", "use_mtp_vanilla", "use_dynamic_tree",
+                            "dynamic_tree_max_topK", "sa_config", "num_nextn_predict_layers", "begin_thinking_phase_token",
+                            "end_thinking_phase_token"})
+REFERENCE_1_3_0RC27: dict[str, frozenset[str]] = {
+    "Eagle": _BASE_1_3_RC27 | _EAGLE_1_3_RC27,
+    "Eagle3": _BASE_1_3_RC27 | _EAGLE_1_3_RC27 | {"sa_config"},
+    "MTP": _BASE_1_3_RC27 | _MTP_REFERENCE,
 }
-REMOVED_IN_1_4 = frozenset({"eagle_choices", "eagle3_one_model"})
+# The published 1.4.0rc1 and 1.4.0rc4 API references.
+_BASE_1_4_RC1 = _BASE_MAIN | {"moe_backend", "spec_dec_variant"}
+_BASE_1_4_RC4 = _BASE_1_4_RC1 | {"moe_tactic"}
+_EAGLE3_1_4 = frozenset({"use_dynamic_tree", "dynamic_tree_max_topK", "max_non_leaves_per_layer", "eagle3_layers_to_capture",
+                         "eagle3_model_arch", "sa_config"})
+REFERENCE_1_4_0RC1: dict[str, frozenset[str]] = {
+    "Eagle3": _BASE_1_4_RC1 | _EAGLE3_1_4 | {"num_eagle_layers"},
+    "MTP": _BASE_1_4_RC1 | _MTP_REFERENCE,
+}
+REFERENCE_1_4_0RC4: dict[str, frozenset[str]] = {
+    "Eagle3": _BASE_1_4_RC4 | _EAGLE3_1_4,
+    "MTP": _BASE_1_4_RC4 | _MTP_REFERENCE | {"draft_lm_head_dtype", "draft_moe_dtype"},
+    "NGram": _BASE_1_4_RC4 | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"},
+    "SA": _BASE_1_4_RC4 | {"max_matching_ngram_size", "enable_global_pool", "global_pool_size"},
+}
+
+
+def _line(base: frozenset[str], pinned: dict[str, frozenset[str]], *references: dict[str, frozenset[str]],
+          types: frozenset[str]) -> dict[str, frozenset[str]]:
+    """A line's registry: for each decoding type in ``types``, the fields every reference read for
+    it has (intersection), else the pinned commit's class fields on the line's ``base``."""
+    out = {}
+    for decoding_type in sorted(types):
+        read = [r[decoding_type] for r in references if decoding_type in r]
+        if read:
+            out[decoding_type] = frozenset.intersection(*read)
+        else:
+            out[decoding_type] = (pinned[decoding_type] - _BASE_MAIN) | base
+    return out
+
+
+_TYPES_1_3 = frozenset(LLM_API_MAIN) - {"DFlash", "DSpark"}  # DFlash / DSpark: first in the 1.4 line (DECODING_TYPE_SINCE)
+# The 1.3 line: main at MAIN_COMMIT (in the 1.3 pre-release series) and the 1.3.0rc27 reference. What the
+# later 1.3 releases dropped (EagleDecodingConfig's greedy_sampling, posterior_threshold, eagle3_one_model)
+# is out, so a 1.3 plan must not write eagle3_one_model.
+LLM_API_1_3 = _line(_BASE_MAIN, LLM_API_MAIN, LLM_API_MAIN, REFERENCE_1_3_0RC27, types=_TYPES_1_3)
+# The 1.4 line: the 1.4.0rc1 and 1.4.0rc4 references; other classes: MAIN_COMMIT's class fields on the 1.4 base.
+LLM_API_1_4 = _line(_BASE_1_4_RC1, LLM_API_MAIN, REFERENCE_1_4_0RC1, REFERENCE_1_4_0RC4, types=frozenset(LLM_API_MAIN))
+# Fields the 1.3 line's Eagle3 had somewhere in its series (MAIN_COMMIT) that the 1.4 line's Eagle3 has not.
+REMOVED_IN_1_4 = LLM_API_MAIN["Eagle3"] - LLM_API_1_4["Eagle3"]
 LINES = {"1.2": LLM_API_1_2, "1.3": LLM_API_1_3, "1.4": LLM_API_1_4}
-NESTED = {"sa_config": SA_ENHANCER_1_4}  # fields whose value is itself a strict config
+# Where each line's names were read, for messages and docs.
+LINE_SOURCES = {
+    "1.2": "the 1.2 registry (DecodingBaseConfig.from_dict) in stored copies; 1.2.1 builds from release/1.2.1 "
+           f"(tensorrtllm_backend r26.05-r26.07, submodule {TRTLLM_1_2_1_SUBMODULE_COMMIT[:9]}), text at that commit not readable",
+    "1.3": f"NVIDIA/TensorRT-LLM main {MAIN_COMMIT[:9]} (1.3 pre-release series) and the 1.3.0rc27 API reference; "
+           f"v1.3.0rc1 is {TRTLLM_V1_3_0RC1_COMMIT[:9]}",
+    "1.4": f"the 1.4.0rc1 and 1.4.0rc4 API references (class fields of other classes: main {MAIN_COMMIT[:9]})",
+}
+NESTED = {"sa_config": SA_ENHANCER}  # fields whose value is itself a strict config
 
 
 def llm_api_line(version: str) -> str:
@@ -288,7 +361,7 @@ def llm_api_classes(version: str) -> dict[str, frozenset[str]]:
 def check_speculative_config(config: dict, version: str) -> list[str]:
     """What ``DecodingBaseConfig.from_dict`` / pydantic would reject in a YAML
     ``speculative_config`` for ``version`` (a field's validation alias is accepted in its place),
-    plus, for 1.4, any field marked for removal there: [] when it is accepted."""
+    checked against every source read for that line (:data:`LINE_SOURCES`): [] when it is accepted."""
     classes = llm_api_classes(version)
     decoding_type = config.get("decoding_type")
     if decoding_type not in classes:
@@ -300,9 +373,8 @@ def check_speculative_config(config: dict, version: str) -> list[str]:
         if key == "decoding_type":
             continue
         if name not in fields:
-            errors.append(f"{decoding_type}: unknown field {key!r}")
-        elif llm_api_line(version) == "1.4" and name in REMOVED_IN_1_4:
-            errors.append(f"{decoding_type}: {key!r} is marked for removal in 1.4")
+            gone = llm_api_line(version) == "1.4" and name in REMOVED_IN_1_4
+            errors.append(f"{decoding_type}: {key!r} was removed in the 1.4 line" if gone else f"{decoding_type}: unknown field {key!r}")
         elif name in NESTED and isinstance(value, dict):
             errors += [f"{decoding_type}.{key}: unknown field {k!r}" for k in value if k not in NESTED[name]]
     return errors
