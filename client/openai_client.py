@@ -306,6 +306,7 @@ def _result(ids: list[int], text: str, latency_s: float, spec: dict | None, fini
         total_accepted_draft_tokens=None if metrics is None else metrics.total_accepted_draft_tokens,
         total_draft_tokens=None if metrics is None else metrics.total_draft_tokens,
         finish_reason=finish,
+        acceptance_source=(spec or {}).get("acceptance_source"),
     )
 
 

@@ -32,7 +32,9 @@ as the extension object ``spec_decode``, in the vocabulary of :class:`specbuild.
 ``total_draft_tokens``, ``total_accepted_draft_tokens`` (the Triton outputs' names),
 ``acceptance_rate`` (accepted / drafted; ``null`` when nothing was drafted), ``num_spec_steps``
 (verification steps after the prefill: tokens - 1 - accepted) and ``mean_acceptance_length``
-(1 + accepted / steps: tokens per step, bonus token included; AIPerf's names). specbuild 0.1's keys
+(1 + accepted / steps: tokens per step, bonus token included; AIPerf's names), and
+``acceptance_source`` (``perf_metrics``, ``derived``, or ``none`` with every figure null when the
+deployment left the counts out). specbuild 0.1's keys
 ``draft_tokens``, ``accepted_draft_tokens``, ``decode_steps`` and ``acceptance_length`` are sent too,
 with the same values, for one more release.
 Every body is strict JSON: no NaN or Infinity.
@@ -189,13 +191,16 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
 
-def spec_decode_fields(num_tokens: int, accepted: int | None, drafted: int | None) -> dict[str, Any]:
+def spec_decode_fields(num_tokens: int, accepted: int | None, drafted: int | None, source: str | None = None) -> dict[str, Any]:
     """The ``spec_decode`` extension object (:meth:`SpecDecodeMetrics.fields`); ``None`` figures
-    become JSON null, never NaN. A response without counts reads as nothing drafted.
+    become JSON null, never NaN. ``source``: the deployment's ``acceptance_source``. Counts the
+    deployment left out (``acceptance_source`` ``none``) give null figures, not zeros.
 
     Example: 10 tokens, 6 of 8 drafts accepted -> rate 0.75, 3 steps, length 3.0.
     """
-    return SpecDecodeMetrics(num_tokens, drafted or 0, accepted or 0).fields()
+    if accepted is None:
+        return SpecDecodeMetrics.unreported_fields(source or "none")
+    return SpecDecodeMetrics(num_tokens, drafted, accepted, acceptance_source=source).fields()
 
 
 class Frontend:
@@ -460,7 +465,8 @@ def _whole_body(request, result, piece: Piece, max_tokens, prompt_ids, response_
         choice = {"index": 0, "text": piece.text, "finish_reason": finish, "logprobs": None}
     body: dict[str, Any] = {"id": response_id, "object": kind, "created": int(time.time()), "model": model, "choices": [choice],
                             "usage": _usage(prompt_ids, len(piece.ids)),
-                            SPEC_DECODE_KEY: spec_decode_fields(result.num_tokens, result.total_accepted_draft_tokens, result.total_draft_tokens)}
+                            SPEC_DECODE_KEY: spec_decode_fields(result.num_tokens, result.total_accepted_draft_tokens, result.total_draft_tokens,
+                                                                result.acceptance_source)}
     if request.return_token_ids:
         choice["token_ids"] = piece.ids
         if kind == "chat.completion":
@@ -518,7 +524,8 @@ def _stream_events(front: Frontend, request, text, max_tokens, prompt_ids, respo
                 if first:
                     (base if kind == "chat.completion" else choice)["prompt_token_ids"] = prompt_ids
             event = {**base, "choices": [choice],
-                     SPEC_DECODE_KEY: spec_decode_fields(tokens, last.total_accepted_draft_tokens, last.total_draft_tokens)}
+                     SPEC_DECODE_KEY: spec_decode_fields(tokens, last.total_accepted_draft_tokens, last.total_draft_tokens,
+                                                          last.acceptance_source)}
             base.pop("prompt_token_ids", None)
             first = False
             yield _sse(event)

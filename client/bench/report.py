@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specbuild.interface import SpecDecodeMetrics
+
 from .plan import BenchError, Deployment, Load, SweepPlan
 from .points import PointResult
 
@@ -115,7 +117,7 @@ def request_row(point: PointResult, r: RequestRecord) -> dict:
         "concurrency": point.concurrency, "request_rate": point.request_rate, "repeat": r.repeat, "prompt_id": r.prompt_id,
         "start_ms": 1000 * r.start_s, "ttft_ms": None if r.ttft_s is None else 1000 * r.ttft_s, "e2e_ms": 1000 * r.latency_s,
         "itl_ms": [1000 * g for g in r.itl_s], "tpot_ms": 1000 * r.tpot_s, "output_tokens": r.num_tokens,
-        **(r.metrics.fields() if r.perf_reported else dict.fromkeys(r.metrics.fields())),
+        **(r.metrics.fields() if r.perf_reported else SpecDecodeMetrics.unreported_fields(r.metrics.acceptance_source)),
         "step_tokens": list(r.step_tokens) if r.step_tokens else None, "finish_reason": r.finish_reason,
     }
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specbuild.interface import SpecDecodeMetrics
+from specbuild.interface import ACCEPTANCE_SOURCES, SpecDecodeMetrics
 from specbuild.prompts import Prompt, apply_chat_template, load_prompts
 
 from ..environment import environment
@@ -66,7 +66,8 @@ class RequestRecord:
     def metrics(self) -> SpecDecodeMetrics:
         """This request's speculation figures (:class:`specbuild.interface.SpecDecodeMetrics`; a server
         that reported no counts reads as nothing drafted or accepted)."""
-        return SpecDecodeMetrics(self.num_tokens, self.drafts, self.accepted)
+        source = self.acceptance_source if self.acceptance_source in ACCEPTANCE_SOURCES else None
+        return SpecDecodeMetrics(self.num_tokens, self.drafts, self.accepted, acceptance_source=source)
 
     @property
     def decode_steps(self) -> int:
