@@ -43,6 +43,7 @@ from specbuild.engine.runtime import ReferenceEngine
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect
 from specbuild.engine.types import GenerationRequest
+from specbuild.interface import mean_acceptance_length
 from specbuild.prompts import load_prompts
 
 
@@ -117,8 +118,8 @@ def main() -> None:
         rows = []
         for kind, b in configs:
             same = sum(a == c for a, c in zip(outputs[kind, b], reference))
-            # tokens per target pass after the prefill: (max_tokens - 1) per request over its iterations
-            length = (tokens - len(prompts)) / steps[kind, b] if steps[kind, b] else 0.0
+            # tokens per verification step after the prefill, bonus included (specbuild.interface)
+            length = mean_acceptance_length(accepted[kind, b], steps[kind, b]) or 0.0
             row = {"batch_size": b, "config": kind, "tokens_per_s": rate[kind, b], "vs_plain": rate[kind, b] / rate["plain", b],
                    "plain_vs_batch_1": rate["plain", b] / rate["plain", args.batch_sizes[0]], "acceptance_length": length,
                    "accepted_draft_tokens": accepted[kind, b], "same_as_plain": same, "seconds": seconds[kind, b]}

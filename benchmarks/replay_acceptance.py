@@ -47,7 +47,7 @@ def replay(proposer, prompt: Sequence[int], output: Sequence[int], *, k: int, ma
         emitted = min(hits + 1, len(output) - pos)
         context += output[pos : pos + emitted]
         pos += emitted
-        steps, drafted, accepted = steps + 1, drafted + len(draft), accepted + hits
+        steps, drafted, accepted = steps + 1, drafted + len(draft), accepted + emitted - 1  # the last kept token is the target's
         proposer.update(context, hits)
     return Replay(steps, drafted, accepted)
 
@@ -92,10 +92,12 @@ def plain_outputs(engine_dir: Path, sources: list[str], max_tokens: int, batch: 
 
 
 def summarize(replays: list[Replay], outputs) -> dict[str, float]:
+    from specbuild.interface import acceptance_rate, mean_acceptance_length
+
+    del outputs  # each replayed step emits its accepted drafts + 1: 1 + accepted / steps is the tokens per step
     steps = sum(r.steps for r in replays)
-    tokens = sum(len(o) - 1 for o in outputs)
     drafted, accepted = sum(r.drafted for r in replays), sum(r.accepted for r in replays)
-    return {"tokens_per_step": tokens / steps if steps else 1.0, "acceptance_rate": accepted / drafted if drafted else 0.0,
+    return {"tokens_per_step": mean_acceptance_length(accepted, steps) or 1.0, "acceptance_rate": acceptance_rate(accepted, drafted) or 0.0,
             "drafted": drafted, "accepted": accepted, "steps": steps}
 
 

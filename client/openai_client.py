@@ -37,6 +37,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from specbuild.interface import (
+    SPEC_DECODE_KEY,
+    SpecDecodeMetrics,
+    acceptance_rate,
+    mean_acceptance_length,
+    steps_from_avg_decoded_tokens_per_iter,
+)
+
 from .sdk import GenerateResult, RequestError, RequestTimeoutError, ResponseError, ServerUnavailableError
 
 TokenIds = Literal["return-token-ids", "response", "tokenizer"]
@@ -169,7 +177,7 @@ class OpenAIClient:
         choice = choices[0]
         text = choice["message"]["content"] if self.chat else choice.get("text", "")
         ids = self._ids(choice.get("token_ids"), text or "")
-        spec = data.get("spec_decode") or _from_decoded_per_iter(len(ids), choice.get("avg_decoded_tokens_per_iter"))
+        spec = data.get(SPEC_DECODE_KEY) or _from_decoded_per_iter(len(ids), choice.get("avg_decoded_tokens_per_iter"))
         return _result(ids, text or "", latency_s, spec, choice.get("finish_reason"))
 
     def generate_stream(self, prompt: str, *, max_tokens: int, **options: Any) -> Iterator[GenerateResult]:
@@ -201,7 +209,7 @@ class OpenAIClient:
                     text, token_ids, finish = chunk
                     ids = self._ids(token_ids, text)
                     if ids or text:
-                        yield _result(ids, text, time.perf_counter() - start, event.get("spec_decode"), finish)
+                        yield _result(ids, text, time.perf_counter() - start, event.get(SPEC_DECODE_KEY), finish)
         except httpx.TimeoutException:
             raise RequestTimeoutError(f"no answer from {self.base_url} within {self.timeout_s:g} s") from None
         except httpx.TransportError as exc:
@@ -286,25 +294,30 @@ def normalize_base_url(url: str) -> str:
 
 
 def _result(ids: list[int], text: str, latency_s: float, spec: dict | None, finish: str | None) -> GenerateResult:
-    spec = spec or {}
+    """A :class:`GenerateResult` from a choice's ids and text and the response's ``spec_decode`` object
+    (read by :meth:`SpecDecodeMetrics.from_fields <specbuild.interface.SpecDecodeMetrics.from_fields>`:
+    its keys, or specbuild 0.1's)."""
+    metrics = SpecDecodeMetrics.from_fields(spec, len(ids))
     return GenerateResult(
         output_ids=ids,
         text=text,
         latency_s=latency_s,
-        acceptance_rate=spec.get("acceptance_rate"),
-        total_accepted_draft_tokens=spec.get("accepted_draft_tokens"),
-        total_draft_tokens=spec.get("draft_tokens"),
+        acceptance_rate=None if metrics is None else metrics.acceptance_rate,
+        total_accepted_draft_tokens=None if metrics is None else metrics.total_accepted_draft_tokens,
+        total_draft_tokens=None if metrics is None else metrics.total_draft_tokens,
         finish_reason=finish,
+        acceptance_source=(spec or {}).get("acceptance_source"),
     )
 
 
 def _from_decoded_per_iter(num_tokens: int, per_iter: float | None) -> dict | None:
-    """trtllm-serve's per-choice ``avg_decoded_tokens_per_iter`` (tokens per decoding iteration) as
-    ``spec_decode`` figures: steps = tokens / per_iter, accepted = tokens - steps; drafts unknown."""
+    """trtllm-serve's per-choice ``avg_decoded_tokens_per_iter`` as ``spec_decode`` figures: steps
+    from :func:`~specbuild.interface.steps_from_avg_decoded_tokens_per_iter` (the prefill counts as an
+    iteration there), accepted = tokens - 1 - steps; drafts unknown."""
     if not per_iter or per_iter <= 0 or not num_tokens:
         return None
-    steps = max(1, round(num_tokens / per_iter))
-    return {"accepted_draft_tokens": num_tokens - steps, "draft_tokens": None, "acceptance_rate": None}
+    steps = steps_from_avg_decoded_tokens_per_iter(num_tokens, per_iter)
+    return SpecDecodeMetrics(num_tokens, None, max(0, num_tokens - 1 - steps), steps).fields(deprecated=False)
 
 
 def _chunk(event: dict, chat: bool) -> tuple[str, list[int] | None, str | None] | None:
@@ -449,11 +462,20 @@ def acceptance_over(before: ServerAcceptance | None, after: ServerAcceptance | N
         values = {k: v - before.values.get(k, 0.0) for k, v in after.values.items()}
     else:
         values = dict(after.values)
+    return {"source": after.source, **with_server_figures(values, after.source)}
+
+
+def with_server_figures(values: dict, source: str) -> dict:
+    """``values`` (server-wide counters) with ``acceptance_rate`` (accepted / draft tokens) and, for
+    vLLM, ``acceptance_length`` = :func:`~specbuild.interface.mean_acceptance_length` over its
+    ``num_drafts`` (vLLM counts a step only when it drafted), added where defined. SGLang's gauges
+    are kept as the server reports them."""
+    values = dict(values)
     if values.get("draft_tokens"):
-        values["acceptance_rate"] = values.get("accepted_tokens", 0.0) / values["draft_tokens"]
-    if after.source == "vllm" and values.get("drafts"):
-        values["acceptance_length"] = 1.0 + values.get("accepted_tokens", 0.0) / values["drafts"]
-    return {"source": after.source, **values}
+        values["acceptance_rate"] = acceptance_rate(values.get("accepted_tokens", 0.0), values["draft_tokens"])
+    if source == "vllm" and values.get("drafts"):
+        values["acceptance_length"] = mean_acceptance_length(values.get("accepted_tokens", 0.0), values["drafts"])
+    return values
 
 
 def metrics_url_of(base_url: str) -> str:

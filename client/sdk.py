@@ -44,7 +44,7 @@ import numpy as np
 import tenacity
 from tritonclient.utils import InferenceServerException
 
-from specbuild.interface import ENSEMBLE, GenerateOptions
+from specbuild.interface import ENSEMBLE, GenerateOptions, SpecDecodeMetrics
 
 Protocol = Literal["grpc", "http"]
 DEFAULT_URLS: dict[str, str] = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
@@ -142,15 +142,28 @@ class GenerateResult:
         return len(self.output_ids)
 
     @property
-    def num_iterations(self) -> int | None:
-        """Target forward passes (verify steps, prefill included): ``num_tokens - accepted``.
+    def metrics(self) -> SpecDecodeMetrics | None:
+        """The speculation figures of this result (:class:`specbuild.interface.SpecDecodeMetrics`):
+        steps derived as ``num_tokens - 1 - accepted``. ``None`` without perf metrics.
 
-        Every step emits its accepted drafts plus one bonus token, so 10 tokens with 6 accepted
-        drafts took 4 passes. ``None`` without perf metrics.
-        """
+        With ``exclude_input_in_output=False`` ``output_ids`` hold the prompt too, so the derived
+        steps are not the generation's."""
         if self.total_accepted_draft_tokens is None:
             return None
-        return max(1, self.num_tokens - self.total_accepted_draft_tokens) if self.num_tokens else 0
+        return SpecDecodeMetrics(self.num_tokens, self.total_draft_tokens, self.total_accepted_draft_tokens)
+
+    @property
+    def num_iterations(self) -> int | None:
+        """Target forward passes, prefill included: ``num_spec_steps + 1``.
+
+        Every verification step emits its accepted drafts plus one target token and the prefill the
+        first token, so 10 tokens with 6 accepted drafts took 1 + 3 passes. ``None`` without perf
+        metrics, 0 without tokens.
+        """
+        metrics = self.metrics
+        if metrics is None:
+            return None
+        return metrics.num_spec_steps + 1 if self.num_tokens else 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -159,21 +172,15 @@ class GenerateResult:
 
     @property
     def acceptance_length(self) -> float | None:
-        """Mean tokens emitted per target forward (verify step), bonus token included.
+        """Mean tokens per verification step after the prefill, bonus token included:
+        ``1 + accepted / num_spec_steps`` (:func:`specbuild.interface.mean_acceptance_length`; the
+        engine's and the OpenAI front's value for the same request).
 
-        Each verify step emits its accepted draft tokens plus exactly one bonus/correction token
-        sampled from the target, so over a whole generation of n tokens::
-
-            target steps = n - total_accepted_draft_tokens
-            acceptance length = n / max(1, n - total_accepted_draft_tokens)
-
-        Example: n = 10 tokens in 4 steps with 6 drafts accepted -> 10 / (10 - 6) = 2.5.
-        Plain decoding (nothing accepted) gives 1.0. ``None`` without perf metrics.
+        Example: 10 tokens with 6 drafts accepted -> 3 steps -> 1 + 6 / 3 = 3.0. Plain decoding
+        (nothing accepted) gives 1.0. ``None`` without perf metrics or without a step.
         """
-        if self.total_accepted_draft_tokens is None:
-            return None
-        n = self.num_tokens
-        return n / max(1, n - self.total_accepted_draft_tokens)
+        metrics = self.metrics
+        return None if metrics is None else metrics.mean_acceptance_length
 
 
 class _Client:

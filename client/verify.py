@@ -34,7 +34,9 @@ from typing import Any, Protocol
 
 from rich.table import Table
 
+from specbuild.interface import SpecDecodeMetrics, acceptance_rate
 from specbuild.prompts import Prompt
+
 from .sdk import GenerateResult, RequestError, SpecClient
 
 CONTINUATION_TOKENS = 20  # tokens shown after the divergence, on each side
@@ -153,19 +155,17 @@ class VerifyReport:
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        """Tokens per target forward over all speculative runs: sum(n) / sum(max(1, n - accepted))."""
-        runs = [r.speculative for r in self.results if r.speculative.total_accepted_draft_tokens is not None]
-        if not runs:
-            return None
-        steps = sum(max(1, g.num_tokens - g.total_accepted_draft_tokens) for g in runs)
-        return sum(g.num_tokens for g in runs) / steps
+        """Tokens per verification step over all speculative runs, bonus token included:
+        ``1 + sum(accepted) / sum(steps)`` (:class:`specbuild.interface.SpecDecodeMetrics` pooled);
+        ``None`` without perf metrics or without a step."""
+        pooled = SpecDecodeMetrics.pooled(m for r in self.results if (m := r.speculative.metrics) is not None)
+        return None if pooled is None else pooled.mean_acceptance_length
 
     @property
     def mean_acceptance_rate(self) -> float | None:
         """Accepted draft tokens / draft tokens over all speculative runs; None without drafts."""
         runs = [r.speculative for r in self.results if None not in _counters(r.speculative)]
-        drafted = sum(g.total_draft_tokens for g in runs)
-        return sum(g.total_accepted_draft_tokens for g in runs) / drafted if drafted else None
+        return acceptance_rate(sum(g.total_accepted_draft_tokens for g in runs), sum(g.total_draft_tokens for g in runs))
 
     @property
     def acceptance_source(self) -> str | None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specbuild.interface import acceptance_rate
 from specbuild.prompts import Prompt
 
 from .sdk import GenerateResult
@@ -103,8 +104,7 @@ class LoadLevel:
     def acceptance_rate(self) -> float | None:
         """Accepted / proposed draft tokens over the level's requests; ``None`` without counters or drafts."""
         known = [r.result for r in self.runs if r.result.total_draft_tokens is not None and r.result.total_accepted_draft_tokens is not None]
-        drafted = sum(g.total_draft_tokens for g in known)
-        return sum(g.total_accepted_draft_tokens for g in known) / drafted if drafted else None
+        return acceptance_rate(sum(g.total_accepted_draft_tokens for g in known), sum(g.total_draft_tokens for g in known))
 
     @property
     def tokens_per_s(self) -> float:

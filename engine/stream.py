@@ -75,13 +75,16 @@ class DecodeState:
         return self._output(self._emit([token]))
 
     def step(self, emitted: list[int], *, drafted: int, accepted: int) -> StepOutput:
-        """Record one verification step: ``drafted`` draft tokens verified, ``accepted`` of them accepted
-        (tokens accepted past ``max_tokens`` or after the end token are not counted), ``emitted`` =
-        accepted + bonus, clipped here."""
+        """Record one verification step: ``drafted`` draft tokens verified, ``accepted`` of them accepted,
+        ``emitted`` = accepted + bonus, clipped here. Every kept token but the step's last counts as
+        accepted, the last as the target's own (the bonus, or the end token where the step was cut),
+        so a request always has ``1 + steps + accepted`` tokens, the identity a client uses to derive
+        its steps from the Triton outputs (:func:`specbuild.interface.spec_steps`). Example: drafts
+        [a b c] all accepted, bonus d, end token b: kept [a b], 1 accepted."""
         kept = self._emit(emitted)
         self.iterations += 1
         self.total_draft_tokens += drafted
-        self.total_accepted += min(accepted, len(kept))
+        self.total_accepted += min(accepted, len(kept) - 1)
         return self._output(kept)
 
     def _emit(self, tokens: list[int]) -> list[int]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specbuild.interface import SpecDecodeMetrics
+
 SEED_RANGE = 2**64  # TensorRT-LLM ``seed`` is UINT64
 
 
@@ -71,16 +73,18 @@ FINISH_REASONS = ("length", "stop")
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """Tokens generated for one request and the speculation counters.
+    """Tokens generated for one request and the speculation counters (the vocabulary of
+    :class:`specbuild.interface.SpecDecodeMetrics`).
 
     Attributes:
         output_ids: generated tokens only (no prompt). If the end token was hit it is the last token.
         finish_reason: ``"stop"`` (end token emitted) or ``"length"`` (``max_tokens`` emitted).
         total_draft_tokens: draft tokens proposed and sent to verification.
-        total_accepted_draft_tokens: draft tokens the target accepted AND that were emitted (tokens
-            accepted after an end token, or past ``max_tokens``, are not counted).
-        num_decoding_iterations: target forward passes after the prefill. The prefill emits the first
-            token, so ``len(output_ids) - 1`` tokens come from these passes.
+        total_accepted_draft_tokens: draft tokens the target accepted AND that were emitted, the bonus
+            (target) token of each step excluded; a step cut at the end token counts its last kept
+            token as the target's, so ``len(output_ids) == 1 + num_decoding_iterations + accepted``.
+        num_decoding_iterations: target forward passes after the prefill (``num_spec_steps``). The
+            prefill emits the first token, so ``len(output_ids) - 1`` tokens come from these passes.
     """
 
     output_ids: list[int]
@@ -90,20 +94,23 @@ class GenerationResult:
     num_decoding_iterations: int
 
     @property
-    def acceptance_rate(self) -> float:
-        """Accepted draft tokens / draft tokens; 0.0 when no draft token was proposed."""
-        if self.total_draft_tokens == 0:
-            return 0.0
-        return self.total_accepted_draft_tokens / self.total_draft_tokens
+    def metrics(self) -> SpecDecodeMetrics:
+        """The counters as the shared vocabulary's record (steps: this engine's own count)."""
+        return SpecDecodeMetrics(len(self.output_ids), self.total_draft_tokens, self.total_accepted_draft_tokens,
+                                 self.num_decoding_iterations)
 
     @property
-    def acceptance_length(self) -> float:
-        """Mean tokens emitted per target forward pass after the prefill, bonus token included.
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft tokens; 0.0 when no draft token was proposed (the value the
+        ``acceptance_rate`` output tensor carries, as TensorRT-LLM's does)."""
+        return self.metrics.acceptance_rate or 0.0
 
-        ``(len(output_ids) - 1) / num_decoding_iterations``: the prefill's token is left out, so plain
-        decoding gives exactly 1.0 and speculation gives ``1 + accepted drafts per step``. 0.0 when there
-        was no decoding iteration (``max_tokens == 1`` or the prefill emitted the end token).
+    @property
+    def acceptance_length(self) -> float | None:
+        """Mean tokens per verification step after the prefill, bonus token included:
+        ``1 + total_accepted_draft_tokens / num_decoding_iterations`` (``mean_acceptance_length``).
+
+        Plain decoding gives exactly 1.0. ``None`` when there was no decoding iteration
+        (``max_tokens == 1`` or the prefill emitted the end token).
         """
-        if self.num_decoding_iterations == 0:
-            return 0.0
-        return (len(self.output_ids) - 1) / self.num_decoding_iterations
+        return self.metrics.mean_acceptance_length

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from specbuild.interface import avg_decoded_tokens_per_iter
+
 from .acceptance import accept_speculative, accept_tree_greedy
 from .block import Block
 from .drafters import Drafter, PlainDrafter, StepResult
@@ -295,7 +297,7 @@ def _avg_decoded_tokens_per_iter(seq: InflightRequest) -> float:
     what the acceptance gate records: TensorRT-LLM's ``avg_decoded_tokens_per_iter``
     (``LlmRequest::getAvgDecodedTokensPerIter``, generated tokens / decoding iterations, "for standard
     model it is 1")."""
-    return len(seq.state.output) / (seq.state.iterations + 1)
+    return avg_decoded_tokens_per_iter(len(seq.state.output), seq.state.iterations)
 
 
 def run_alone(model: Any, seq: InflightRequest, *, max_block: int, controls: RuntimeControls | None = None,

@@ -14,6 +14,10 @@ deployment      repository                                     ``ensemble``
 ``llmapi``      ``triton_repo/tensorrtllm.py`` (PyTorch path)  Python model over ``tensorrt_llm.LLM``
 ==============  =============================================  ==========================================
 
+It also holds the speculation metrics vocabulary (:class:`SpecDecodeMetrics`: drafted and accepted
+tokens, verification steps, acceptance rate and length, and their keys on the OpenAI side), which
+every component computes acceptance from.
+
 Everything that names a tensor derives from here: the repositories' ``config.pbtxt``, the
 Python-backend models' request parsing, and the client SDK's requests (:class:`GenerateOptions`).
 ``tests/test_interface.py`` parses the generated configs of every deployment and fails when one of
@@ -427,6 +431,221 @@ def _check_fits(tensor: Tensor, value: Any) -> None:
         raise ValueError(f"{tensor.name} must be true or false, got {value!r}")
 
 
+# --- speculation metrics: one vocabulary ----------------------------------------------------------
+# Every figure about acceptance is computed here and nowhere else: the engine's GenerationResult, the
+# SDK's GenerateResult, the OpenAI front's ``spec_decode`` object, bench's records and points, tune
+# (which reads bench's points), verify's and the soak's reports.
+#
+# Counters keep TensorRT-LLM's names (the Triton outputs above): ``total_draft_tokens``,
+# ``total_accepted_draft_tokens``, ``acceptance_rate``. The derived figures take the names of NVIDIA
+# AIPerf's engine-neutral per-request record (``SpecDecodeAcceptanceRecord``,
+# ai-dynamo/aiperf src/aiperf/common/models/spec_decode_models.py; docs/reference/spec-decode-acceptance.md):
+# ``num_spec_steps`` and ``mean_acceptance_length``. Definitions, as AIPerf's:
+#
+#   drafted   total_draft_tokens           draft tokens actually proposed and verified (a step
+#                                          that proposes nothing adds 0; a tree counts its nodes)
+#   accepted  total_accepted_draft_tokens  drafts the target accepted and that were emitted; the
+#                                          bonus (target) token is never counted
+#   steps     num_spec_steps               target verification passes after the prefill; each
+#                                          emits its accepted drafts + exactly one target token
+#   rate      acceptance_rate              accepted / drafted (AIPerf: draft_acceptance_rate)
+#   length    mean_acceptance_length       1 + accepted / steps = (accepted + steps) / steps:
+#                                          tokens per verification step, bonus included
+#
+# Per request, ``completion_tokens = 1 + steps + accepted`` (the prefill emits the first token), so
+# a client that sees only the Triton outputs derives ``steps = completion_tokens - 1 - accepted``
+# (:func:`spec_steps`); the engine counts so that this identity holds exactly (engine/stream.py).
+# Where others differ: vLLM (vllm/v1/spec_decode/metrics.py, ``SpecDecodingStats.observe_draft``)
+# and AIPerf's vLLM adapter count a step only when it drafted at least one token (``num_drafts``),
+# so for a drafter that sometimes proposes nothing (n-gram without a match) their length is above
+# ours, which counts every target pass after the prefill: ours is the tokens-per-pass that bounds the
+# speed-up. With drafts on every step (draft model, EAGLE, Medusa) the two are the same number.
+
+SPEC_DECODE_KEY = "spec_decode"  # the OpenAI responses' extension object (specbuild's front)
+# Where a request's counts came from (the ``acceptance_source`` output): the engine's own counters,
+# derived from its decoding iterations (TensorRT-LLM's PyTorch path on 1.2.1), or not reported.
+ACCEPTANCE_SOURCES = ("perf_metrics", "derived", "none")
+SPEC_DECODE_FIELDS = ("total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate", "num_spec_steps",
+                      "mean_acceptance_length")
+# Keys of specbuild 0.1's ``spec_decode`` object and bench's requests.jsonl, still written (with the
+# new keys' values) and read for one release; removed in 0.2.
+DEPRECATED_SPEC_DECODE_FIELDS = {
+    "draft_tokens": "total_draft_tokens",
+    "accepted_draft_tokens": "total_accepted_draft_tokens",
+    "decode_steps": "num_spec_steps",
+    "acceptance_length": "mean_acceptance_length",
+}
+METRIC_DOCS = {
+    "total_draft_tokens": "draft tokens actually proposed and verified (Triton output; AIPerf num_draft_tokens)",
+    "total_accepted_draft_tokens": "draft tokens accepted and emitted, bonus token excluded (Triton output; AIPerf "
+                                   "num_accepted_draft_tokens)",
+    "acceptance_rate": "accepted / drafted; null when nothing was drafted (Triton output: 0.0 then; AIPerf "
+                       "draft_acceptance_rate)",
+    "num_spec_steps": "target verification passes after the prefill: completion tokens - 1 - accepted (AIPerf "
+                      "num_spec_steps)",
+    "mean_acceptance_length": "1 + accepted / steps: tokens per verification step, bonus included; null without "
+                              "a step (AIPerf mean_acceptance_length)",
+    "acceptance_source": "where the counts came from: perf_metrics, derived (from decoding iterations) or none "
+                         "(not reported: every figure null); null when the deployment does not say",
+}
+
+
+def _count(name: str, value: Any) -> int:
+    """``value`` as an int (numpy integers too); ``ValueError`` naming ``name`` otherwise or when negative."""
+    import operator
+
+    try:
+        count = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        count = None
+    if count is None:
+        raise ValueError(f"{name} must be an integer count, got {value!r}")
+    if count < 0:
+        raise ValueError(f"{name} must be >= 0, got {count}")
+    return count
+
+
+def acceptance_rate(accepted: float, drafted: float) -> float | None:
+    """Accepted / drafted draft tokens (AIPerf's ``draft_acceptance_rate``); ``None`` when nothing
+    was drafted. Example: 6 of 8 -> 0.75."""
+    return accepted / drafted if drafted else None
+
+
+def mean_acceptance_length(accepted: float, steps: float) -> float | None:
+    """Tokens per verification step, bonus token included: ``1 + accepted / steps`` (AIPerf's and
+    vLLM's ``mean_acceptance_length``); ``None`` without a step. Example: 6 accepted in 3 steps -> 3.0.
+
+    Pooled over requests, pass the sums (a ratio of sums, as vLLM's and AIPerf's aggregates)."""
+    return 1.0 + accepted / steps if steps else None
+
+
+def spec_steps(completion_tokens: int, accepted: int) -> int:
+    """Verification steps after the prefill, from what a Triton response carries:
+    ``completion_tokens - 1 - accepted`` (each step emits its accepted drafts + one target token, the
+    prefill the first token); 0 for a response without tokens, or counts that cannot be a whole
+    generation (accepted >= tokens). Example: 10 tokens, 6 accepted -> 3 steps."""
+    return max(0, completion_tokens - 1 - accepted)
+
+
+def avg_decoded_tokens_per_iter(completion_tokens: int, steps: int) -> float:
+    """TensorRT-LLM's ``avg_decoded_tokens_per_iter`` (``LlmRequest::getAvgDecodedTokensPerIter``,
+    trtllm-serve's per-choice figure, what ``acceptance_length_threshold`` compares against): tokens
+    per iteration with the prefill counted as one, ``completion_tokens / (steps + 1)``. Not
+    :func:`mean_acceptance_length`: 10 tokens in 3 steps -> 2.5 here, 3.0 there."""
+    return completion_tokens / (steps + 1)
+
+
+def steps_from_avg_decoded_tokens_per_iter(completion_tokens: int, per_iter: float) -> int:
+    """The inverse of :func:`avg_decoded_tokens_per_iter`: ``round(tokens / per_iter) - 1`` steps
+    (at least 0). Raises ``ValueError`` for ``per_iter <= 0``."""
+    if not per_iter > 0:
+        raise ValueError(f"avg_decoded_tokens_per_iter must be > 0, got {per_iter!r}")
+    return max(0, round(completion_tokens / per_iter) - 1)
+
+
+@dataclass(frozen=True)
+class SpecDecodeMetrics:
+    """One request's speculation figures (or several requests' pooled, :meth:`pooled`), by the
+    vocabulary above. Counts are non-negative integers.
+
+    ``completion_tokens``: generated tokens, the prefill's included. ``total_draft_tokens``: ``None``
+    when the server did not say (trtllm-serve's per-choice ``avg_decoded_tokens_per_iter`` gives
+    steps, not drafts). ``num_spec_steps``: ``None`` = derived by :func:`spec_steps` (what a client
+    does); the engine passes its own count.
+
+    ``acceptance_source``: one of :data:`ACCEPTANCE_SOURCES` or ``None`` (not said).
+
+    Raises ``ValueError`` naming the field for a count that is negative or not an integer, or an
+    unknown ``acceptance_source``.
+
+    Example: 10 tokens, 6 of 8 drafts accepted -> 3 steps, acceptance_rate 0.75, mean_acceptance_length 3.0.
+    """
+
+    completion_tokens: int
+    total_draft_tokens: int | None
+    total_accepted_draft_tokens: int
+    num_spec_steps: int | None = None
+    acceptance_source: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("completion_tokens", "total_draft_tokens", "total_accepted_draft_tokens", "num_spec_steps"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _count(name, value))
+        if self.acceptance_source not in (None, *ACCEPTANCE_SOURCES):
+            raise ValueError(f"acceptance_source must be one of {ACCEPTANCE_SOURCES} or None, got {self.acceptance_source!r}")
+        if self.num_spec_steps is None:
+            object.__setattr__(self, "num_spec_steps", spec_steps(self.completion_tokens, self.total_accepted_draft_tokens))
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted; ``None`` when nothing was drafted or drafts are unknown."""
+        return None if self.total_draft_tokens is None else acceptance_rate(self.total_accepted_draft_tokens, self.total_draft_tokens)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """``1 + accepted / steps``; ``None`` without a verification step."""
+        return mean_acceptance_length(self.total_accepted_draft_tokens, self.num_spec_steps)
+
+    @classmethod
+    def pooled(cls, items: Any) -> SpecDecodeMetrics | None:
+        """The sums of several requests' counts (``None`` for none; drafts unknown if any is)."""
+        items = list(items)
+        if not items:
+            return None
+        drafts = [m.total_draft_tokens for m in items]
+        return cls(sum(m.completion_tokens for m in items), None if None in drafts else sum(drafts),
+                   sum(m.total_accepted_draft_tokens for m in items), sum(m.num_spec_steps for m in items))
+
+    def fields(self, *, deprecated: bool = True) -> dict[str, Any]:
+        """The JSON object of :data:`SPEC_DECODE_FIELDS` (OpenAI ``spec_decode``, bench's records),
+        with the :data:`DEPRECATED_SPEC_DECODE_FIELDS` aliases unless ``deprecated=False``. Undefined
+        figures are ``None`` (JSON null), never NaN."""
+        out = {name: getattr(self, name) for name in SPEC_DECODE_FIELDS}
+        if deprecated:
+            out |= {old: out[new] for old, new in DEPRECATED_SPEC_DECODE_FIELDS.items()}
+        return out | {"acceptance_source": self.acceptance_source}
+
+    @staticmethod
+    def unreported_fields(acceptance_source: str | None = "none", *, deprecated: bool = True) -> dict[str, Any]:
+        """The :meth:`fields` of a request whose counts were not reported: every figure ``None``
+        (never 0, which would read as nothing drafted)."""
+        names = SPEC_DECODE_FIELDS + (tuple(DEPRECATED_SPEC_DECODE_FIELDS) if deprecated else ())
+        return dict.fromkeys(names) | {"acceptance_source": acceptance_source}
+
+    @classmethod
+    def from_fields(cls, fields: Any, completion_tokens: int) -> SpecDecodeMetrics | None:
+        """Read a ``spec_decode`` object (its keys or the deprecated ones); ``None`` when it carries no
+        accepted count. ``completion_tokens``: the tokens of the response it came with.
+        Raises ``ValueError`` as the constructor does."""
+        if not fields:
+            return None
+
+        def get(name: str) -> Any:
+            if fields.get(name) is not None:
+                return fields[name]
+            old = next((o for o, n in DEPRECATED_SPEC_DECODE_FIELDS.items() if n == name), None)
+            return fields.get(old) if old else None
+
+        accepted = get("total_accepted_draft_tokens")
+        if accepted is None:
+            return None
+        return cls(completion_tokens, get("total_draft_tokens"), accepted, get("num_spec_steps"), fields.get("acceptance_source"))
+
+
+METRICS_BEGIN = "<!-- metrics table: generated by `python -m specbuild.interface docs/interface.md` -->"
+METRICS_END = "<!-- end of metrics table -->"
+
+
+def metrics_markdown_table() -> str:
+    """The speculation figures as a Markdown table: name, meaning, deprecated alias."""
+    aliases = {new: old for old, new in DEPRECATED_SPEC_DECODE_FIELDS.items()}
+    rows = ["| figure | meaning | deprecated alias (OpenAI `spec_decode`, bench requests.jsonl) |", "|---|---|---|"]
+    rows += [f"| `{name}` | {METRIC_DOCS[name]} | " + (f"`{aliases[name]}`" if name in aliases else "") + " |"
+             for name in (*SPEC_DECODE_FIELDS, "acceptance_source")]
+    return "\n".join(rows) + "\n"
+
+
 # --- docs/interface.md -----------------------------------------------------------------------------
 
 TABLE_BEGIN = "<!-- tensor table: generated by `python -m specbuild.interface docs/interface.md` -->"
@@ -447,16 +666,21 @@ def markdown_table() -> str:
 
 def with_table(text: str) -> str:
     """``text`` (a Markdown document) with the part between :data:`TABLE_BEGIN` and :data:`TABLE_END`
-    replaced by :func:`markdown_table`. Raises ``ValueError`` when the markers are missing."""
-    head, begin, rest = text.partition(TABLE_BEGIN)
-    _, end, tail = rest.partition(TABLE_END)
-    if not begin or not end:
-        raise ValueError(f"the document has no {TABLE_BEGIN!r} ... {TABLE_END!r} section")
-    return f"{head}{TABLE_BEGIN}\n{markdown_table()}{TABLE_END}{tail}"
+    replaced by :func:`markdown_table`, and the part between :data:`METRICS_BEGIN` and
+    :data:`METRICS_END` by :func:`metrics_markdown_table`. Raises ``ValueError`` when the markers of
+    either are missing."""
+    for begin_marker, end_marker, table in ((TABLE_BEGIN, TABLE_END, markdown_table),
+                                            (METRICS_BEGIN, METRICS_END, metrics_markdown_table)):
+        head, begin, rest = text.partition(begin_marker)
+        _, end, tail = rest.partition(end_marker)
+        if not begin or not end:
+            raise ValueError(f"the document has no {begin_marker!r} ... {end_marker!r} section")
+        text = f"{head}{begin_marker}\n{table()}{end_marker}{tail}"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m specbuild.interface DOC.md``: rewrite the tensor table in DOC.md."""
+    """``python -m specbuild.interface DOC.md``: rewrite the tensor and metrics tables in DOC.md."""
     import argparse
     from pathlib import Path
 

@@ -88,11 +88,13 @@ def test_continuations_are_capped_at_twenty_tokens():
 
 
 def test_acceptance_length_counts_the_bonus_token():
-    # 10 tokens, 6 of them accepted drafts -> 4 target forwards -> 2.5 tokens per forward
-    assert result(range(10), accepted=6, drafted=12).acceptance_length == 2.5
+    # 10 tokens: the prefill's, then 6 accepted drafts + 3 target tokens in 3 verification steps
+    r = result(range(10), accepted=6, drafted=12)
+    assert (r.acceptance_length, r.num_iterations, r.metrics.num_spec_steps) == (3.0, 4, 3)
     assert result(range(10), accepted=0, drafted=0).acceptance_length == 1.0
-    assert result(range(3), accepted=5, drafted=5).acceptance_length == 3.0  # guarded by max(1, ...)
-    assert result(range(10)).acceptance_length is None
+    assert result(range(3), accepted=5, drafted=5).acceptance_length is None  # counts no generation can have: no step
+    assert result(range(1), accepted=0, drafted=0).acceptance_length is None  # the prefill's token only
+    assert result(range(10)).acceptance_length is None and result(range(10)).metrics is None
 
 
 def test_tokens_per_s():
@@ -135,8 +137,8 @@ def test_report_aggregates():
     assert (report.num_prompts, report.num_match, report.all_match) == (2, 1, False)
     assert report.total_draft_tokens == 24 and report.total_accepted_draft_tokens == 16
     assert report.mean_acceptance_rate == pytest.approx(16 / 24)
-    # (10 + 20) tokens in (10 - 6) + (20 - 10) target forwards
-    assert report.mean_acceptance_length == pytest.approx(30 / 14)
+    # 6 + 10 accepted drafts in (10 - 1 - 6) + (20 - 1 - 10) verification steps
+    assert report.mean_acceptance_length == pytest.approx(1 + 16 / 12)
     assert report.median_speedup == pytest.approx(2.0)
     assert report.baseline_tokens_per_s == pytest.approx(30 / 4.0)
     assert report.speculative_tokens_per_s == pytest.approx(30 / 2.0)
@@ -164,7 +166,7 @@ def test_report_json_round_trips(tmp_path):
     first, second = data["prompts"]
     assert first["id"] == "a" and first["match"] and first["divergence"] is None
     assert first["baseline"]["output_ids"] == list(range(10))
-    assert first["speculative"]["acceptance_length"] == 2.5
+    assert first["speculative"]["acceptance_length"] == 3.0  # 6 accepted in 10 - 1 - 6 steps
     assert second["first_divergence"] == 5
     assert second["divergence"]["baseline_token"] == 5 and second["divergence"]["speculative_token"] == 99
     assert second["divergence"]["speculative_continuation"] == [99] * 15

@@ -189,8 +189,8 @@ def test_result_rates():
     result = GenerationResult([1, 2, 3, 4, 5], "length", 6, 3, 1)
     assert result.acceptance_rate == 0.5
     assert result.acceptance_length == 4.0
-    assert GenerationResult([1], "stop", 0, 0, 0).acceptance_rate == 0.0
-    assert GenerationResult([1], "stop", 0, 0, 0).acceptance_length == 0.0
+    assert GenerationResult([1], "stop", 0, 0, 0).acceptance_rate == 0.0  # the output tensor's value
+    assert GenerationResult([1], "stop", 0, 0, 0).acceptance_length is None  # no verification step
 
 
 # --- validation ----------------------------------------------------------------------------------

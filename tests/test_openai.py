@@ -76,10 +76,15 @@ def test_completion_ids_equal_the_triton_ids_and_carry_acceptance(deployment):
     assert choice["finish_reason"] == "length" and data["usage"]["completion_tokens"] == 12
     assert data["usage"]["prompt_tokens"] == len(choice["prompt_token_ids"]) > 0
     spec = data["spec_decode"]
-    assert spec["draft_tokens"] == expected.total_draft_tokens and spec["accepted_draft_tokens"] == expected.total_accepted_draft_tokens
-    assert spec["decode_steps"] == 12 - spec["accepted_draft_tokens"]
+    assert spec["total_draft_tokens"] == expected.total_draft_tokens
+    assert spec["total_accepted_draft_tokens"] == expected.total_accepted_draft_tokens
+    assert spec["num_spec_steps"] == 12 - 1 - spec["total_accepted_draft_tokens"]
+    assert spec["mean_acceptance_length"] == expected.acceptance_length and spec["acceptance_source"] == "perf_metrics"
+    # specbuild 0.1's keys, kept one release with the same values
+    assert (spec["draft_tokens"], spec["accepted_draft_tokens"], spec["decode_steps"], spec["acceptance_length"]) == (
+        spec["total_draft_tokens"], spec["total_accepted_draft_tokens"], spec["num_spec_steps"], spec["mean_acceptance_length"])
     off = strict_loads(_post(front.url + "/completions", {**body, "num_draft_tokens": 0}).text)
-    assert off["choices"][0]["token_ids"] == expected.output_ids and off["spec_decode"]["draft_tokens"] == 0
+    assert off["choices"][0]["token_ids"] == expected.output_ids and off["spec_decode"]["total_draft_tokens"] == 0
     assert off["spec_decode"]["acceptance_rate"] is None  # nothing drafted: null, never NaN
 
 
@@ -284,7 +289,7 @@ def test_bench_sweeps_an_openai_target(deployment, tmp_path):
     assert all(p.counters_checked for p in result.points)  # the front's /metrics rose by the client's sums
     for p in result.points:  # the server-side figures read the way a foreign server's are
         assert p.server_acceptance["source"] == "specbuild"
-        assert p.server_acceptance["draft_tokens"] == sum(r["draft_tokens"] for r in result.requests if r["draft_len"] == p.draft_len)
+        assert p.server_acceptance["draft_tokens"] == sum(r["total_draft_tokens"] for r in result.requests if r["draft_len"] == p.draft_len)
 
 
 def test_base_url_normalization():

@@ -82,7 +82,7 @@ def test_summary_latency_percentiles_and_acceptance_use_completed_requests_only(
     s = summarize(records, t0=0, t1=200, now=300, timeout_s=200, grace_s=0)
     assert s["e2e_s"]["p50"] == pytest.approx(50.5)
     assert s["e2e_s"]["p99"] == pytest.approx(99.01)
-    assert s["acceptance_length"] == pytest.approx(10 / 4)
+    assert s["acceptance_length"] == pytest.approx(1 + 6 / 3)  # 10 tokens: 6 accepted in 10 - 1 - 6 steps
 
 
 def test_percentiles_of_nothing_are_none():

@@ -202,8 +202,10 @@ def test_result_counters_survive_collect():
 
     state = DecodeState([1, 2], max_tokens=5, end_id=-1)
     steps = [state.first(7), state.step([3, 4, 9], drafted=3, accepted=2), state.step([8, 6], drafted=2, accepted=1)]
-    assert collect(steps) == GenerationResult([7, 3, 4, 9, 8], "length", 5, 3, 2)
-    assert steps[-1].token_ids == [8] and steps[-1].is_final  # clipped at max_tokens: the accepted 8 kept, the bonus 6 dropped
+    # clipped at max_tokens: the accepted 8 kept, the bonus 6 dropped; the step's last kept token counts as the
+    # target's (not accepted), so tokens = 1 + steps + accepted (specbuild.interface.spec_steps)
+    assert collect(steps) == GenerationResult([7, 3, 4, 9, 8], "length", 5, 2, 2)
+    assert steps[-1].token_ids == [8] and steps[-1].is_final
 
 
 

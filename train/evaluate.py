@@ -1,8 +1,9 @@
 """Held-out acceptance of a trained draft, measured with the reference engine in this process.
 
-Mean acceptance length = tokens emitted per target forward pass after the prefill, bonus token included
-(1.0 for plain decoding), summed over the held-out prompts before dividing (``sum(len(output) - 1) /
-sum(num_decoding_iterations)``, the engine's :attr:`GenerationResult.acceptance_length` pooled). The draft
+Mean acceptance length = tokens per verification step after the prefill, bonus token included
+(1.0 for plain decoding), summed over the held-out prompts before dividing (``1 + sum(accepted) /
+sum(num_decoding_iterations)``, :func:`specbuild.interface.mean_acceptance_length`, the engine's
+:attr:`GenerationResult.acceptance_length` pooled). The draft
 is measured as a chain of ``draft_len`` tokens: EAGLE and Medusa with the tree ``[[0], [0, 0], ...]``,
 draft-target with ``max_draft_len = draft_len``. With ``timing`` each prompt also runs plain decoding
 right after the speculative run (interleaved, same process), giving a side-by-side speed-up.
@@ -14,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from specbuild.interface import acceptance_rate, mean_acceptance_length
 
 if TYPE_CHECKING:
     from specbuild.methods import MethodParams
@@ -68,7 +71,7 @@ def measure_acceptance(
     k = speculative_config["max_draft_len"]
     limits = EngineLimits(max_batch_size=1, max_input_len=8192, max_seq_len=16384, max_draft_len=k)
     engine = ReferenceEngine(target, limits=limits, end_id=end_id, speculative_config=speculative_config, draft_weights=draft_weights)
-    emitted = iterations = drafted = accepted = 0
+    iterations = drafted = accepted = 0
     spec_s = plain_s = 0.0
     spec_tokens = plain_tokens = 0
     identical = True if timing else None
@@ -77,7 +80,6 @@ def measure_acceptance(
         result = engine.generate(GenerationRequest(input_ids=ids, max_tokens=max_tokens))
         spec_s += time.perf_counter() - start
         spec_tokens += len(result.output_ids)
-        emitted += len(result.output_ids) - 1
         iterations += result.num_decoding_iterations
         drafted += result.total_draft_tokens
         accepted += result.total_accepted_draft_tokens
@@ -92,7 +94,7 @@ def measure_acceptance(
     speed_up = (spec_tokens / spec_s) / (plain_tokens / plain_s) if timing and plain_s > 0 and spec_s > 0 else None
     return HeldOutAcceptance(
         prompts=len(prompts), max_tokens=max_tokens, draft_len=k,
-        mean_acceptance_length=emitted / iterations if iterations else 1.0,
-        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_acceptance_length=mean_acceptance_length(accepted, iterations) or 1.0,
+        acceptance_rate=acceptance_rate(accepted, drafted) or 0.0,
         draft_tokens=drafted, accepted_tokens=accepted, identical_to_plain=identical, speed_up=speed_up,
     )

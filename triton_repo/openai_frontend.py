@@ -27,10 +27,16 @@ Request fields (OpenAI's): ``model``, ``prompt`` (a string, or a list of one str
 - ``num_draft_tokens`` (int >= 0; specbuild): draft length of this request, 0 = speculation off on
   the same deployment (the non-speculative baseline ``specbuild verify`` compares against).
 
-Every response (streamed: the last chunk with content) carries the speculation figures as the
-extension object ``spec_decode``: ``draft_tokens``, ``accepted_draft_tokens``, ``acceptance_rate``
-(accepted / drafted; ``null`` when nothing was drafted), ``decode_steps`` (target passes:
-tokens - accepted) and ``acceptance_length`` (tokens per target pass, bonus token included).
+Every response (streamed: every chunk with content, totals so far) carries the speculation figures
+as the extension object ``spec_decode``, in the vocabulary of :class:`specbuild.interface.SpecDecodeMetrics`:
+``total_draft_tokens``, ``total_accepted_draft_tokens`` (the Triton outputs' names),
+``acceptance_rate`` (accepted / drafted; ``null`` when nothing was drafted), ``num_spec_steps``
+(verification steps after the prefill: tokens - 1 - accepted) and ``mean_acceptance_length``
+(1 + accepted / steps: tokens per step, bonus token included; AIPerf's names), and
+``acceptance_source`` (``perf_metrics``, ``derived``, or ``none`` with every figure null when the
+deployment left the counts out). specbuild 0.1's keys
+``draft_tokens``, ``accepted_draft_tokens``, ``decode_steps`` and ``acceptance_length`` are sent too,
+with the same values, for one more release.
 Every body is strict JSON: no NaN or Infinity.
 
 Streaming needs a decoupled deployment (recipe ``serve.decoupled: true``) for one event per decoding
@@ -54,6 +60,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from specbuild.interface import SPEC_DECODE_KEY, SpecDecodeMetrics
 from specbuild.triton_repo.openai_access import AccessGuard, FrontLimits
 from specbuild.triton_repo.openai_stop import Piece, StopCutter, cut_whole, parse_stop
 
@@ -184,20 +191,16 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
 
-def spec_decode_fields(num_tokens: int, accepted: int | None, drafted: int | None) -> dict[str, Any]:
-    """The ``spec_decode`` extension object; ``None`` figures become JSON null, never NaN.
+def spec_decode_fields(num_tokens: int, accepted: int | None, drafted: int | None, source: str | None = None) -> dict[str, Any]:
+    """The ``spec_decode`` extension object (:meth:`SpecDecodeMetrics.fields`); ``None`` figures
+    become JSON null, never NaN. ``source``: the deployment's ``acceptance_source``. Counts the
+    deployment left out (``acceptance_source`` ``none``) give null figures, not zeros.
 
-    Example: 10 tokens, 6 of 8 drafts accepted -> rate 0.75, 4 target passes, length 2.5.
+    Example: 10 tokens, 6 of 8 drafts accepted -> rate 0.75, 3 steps, length 3.0.
     """
-    accepted, drafted = accepted or 0, drafted or 0
-    steps = max(0, num_tokens - accepted)
-    return {
-        "draft_tokens": drafted,
-        "accepted_draft_tokens": accepted,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "decode_steps": steps,
-        "acceptance_length": num_tokens / steps if steps else None,
-    }
+    if accepted is None:
+        return SpecDecodeMetrics.unreported_fields(source or "none")
+    return SpecDecodeMetrics(num_tokens, drafted, accepted, acceptance_source=source).fields()
 
 
 class Frontend:
@@ -462,7 +465,8 @@ def _whole_body(request, result, piece: Piece, max_tokens, prompt_ids, response_
         choice = {"index": 0, "text": piece.text, "finish_reason": finish, "logprobs": None}
     body: dict[str, Any] = {"id": response_id, "object": kind, "created": int(time.time()), "model": model, "choices": [choice],
                             "usage": _usage(prompt_ids, len(piece.ids)),
-                            "spec_decode": spec_decode_fields(result.num_tokens, result.total_accepted_draft_tokens, result.total_draft_tokens)}
+                            SPEC_DECODE_KEY: spec_decode_fields(result.num_tokens, result.total_accepted_draft_tokens, result.total_draft_tokens,
+                                                                result.acceptance_source)}
     if request.return_token_ids:
         choice["token_ids"] = piece.ids
         if kind == "chat.completion":
@@ -520,7 +524,8 @@ def _stream_events(front: Frontend, request, text, max_tokens, prompt_ids, respo
                 if first:
                     (base if kind == "chat.completion" else choice)["prompt_token_ids"] = prompt_ids
             event = {**base, "choices": [choice],
-                     "spec_decode": spec_decode_fields(tokens, last.total_accepted_draft_tokens, last.total_draft_tokens)}
+                     SPEC_DECODE_KEY: spec_decode_fields(tokens, last.total_accepted_draft_tokens, last.total_draft_tokens,
+                                                          last.acceptance_source)}
             base.pop("prompt_token_ids", None)
             first = False
             yield _sse(event)

@@ -8,8 +8,10 @@
                              when streamed, else latency / tokens (prefill included)
     user_tok_s               output tokens/s per user: mean over requests of tokens / latency
     total_tok_s              output tokens/s of the point: all output tokens / wall time of the point
-    tokens_per_step          mean acceptance length: tokens emitted per target verification step after
-                             the prefill, bonus token included, ``sum(n - 1) / sum(n - 1 - accepted)``
+    tokens_per_step          mean acceptance length (``mean_acceptance_length`` of
+                             :class:`specbuild.interface.SpecDecodeMetrics`, pooled over the point's
+                             requests): tokens per verification step after the prefill, bonus token
+                             included, ``1 + sum(accepted) / sum(steps)`` with ``steps = n - 1 - accepted``
                              (1.0 for plain decoding; Leviathan et al.'s "expected tokens per step")
     acceptance_rate          accepted draft tokens / draft tokens, summed over the point's requests
     accepted_per_step, drafts_per_step
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from specbuild.interface import SpecDecodeMetrics
 
 from .checks import check_request
 from .stats import MIN_REQUESTS, bootstrap_ci, meets_slo, parse_slo, percentile_statistic
@@ -112,9 +116,8 @@ def summarize_point(
         raise ValueError("a point needs at least one request and a positive wall time")
     latencies = [r.latency_s for r in records]
     tokens = sum(r.num_tokens for r in records)
-    accepted = sum(r.accepted for r in records)
-    drafts = sum(r.drafts for r in records)
-    steps = sum(r.decode_steps for r in records)
+    pooled = SpecDecodeMetrics.pooled(r.metrics for r in records)
+    accepted, drafts, steps = pooled.total_accepted_draft_tokens, pooled.total_draft_tokens, pooled.num_spec_steps
     streamed = all(r.ttft_s is not None for r in records)
     ttfts = [r.ttft_s for r in records] if streamed else []
     itls = [gap for r in records for gap in r.itl_s]
@@ -143,8 +146,8 @@ def summarize_point(
         "total_tok_s": float(np.mean([t for t, _, _ in per_repeat])),
         "request_throughput": float(np.mean([q for _, q, _ in per_repeat])),
         "goodput": float(np.mean([g for _, _, g in per_repeat])) if slo_ms else None,
-        "tokens_per_step": (tokens - len(records)) / steps if steps else 1.0,
-        "acceptance_rate": accepted / drafts if drafts else None,
+        "tokens_per_step": pooled.mean_acceptance_length or 1.0,
+        "acceptance_rate": pooled.acceptance_rate,
         "accepted_per_step": accepted / steps if steps else 0.0,
         "drafts_per_step": drafts / steps if steps else 0.0,
         "step_ms": _step_ms(records, streamed),
@@ -187,8 +190,8 @@ def _intervals(records, per_repeat, ttfts, tpots, with_goodput: bool) -> dict[st
     if with_goodput:
         ci["goodput"] = bootstrap_ci([g for _, _, g in per_repeat])
     steps = np.array([r.decode_steps for r in records], dtype=float)
-    if steps.sum() > 0:
-        ci["tokens_per_step"] = ratio_of_sums_ci([r.num_tokens - 1 for r in records], steps)
+    if steps.sum() > 0:  # 1 + accepted / steps = (accepted + steps) / steps, resampled by request
+        ci["tokens_per_step"] = ratio_of_sums_ci([r.accepted + r.decode_steps for r in records], steps)
     drafts = np.array([r.drafts for r in records], dtype=float)
     if drafts.sum() > 0:
         ci["acceptance_rate"] = ratio_of_sums_ci([r.accepted for r in records], drafts)

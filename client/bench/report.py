@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specbuild.interface import SpecDecodeMetrics
+
 from .plan import BenchError, Deployment, Load, SweepPlan
 from .points import PointResult
 
@@ -106,15 +108,16 @@ def request_row(point: PointResult, r: RequestRecord) -> dict:
     """One line of ``requests.jsonl``: the point's coordinates and the request's timings and counts.
 
     Times in milliseconds: ``start_ms`` (sent, after its repeat began), ``ttft_ms``, ``e2e_ms``,
-    ``itl_ms`` (gaps between streamed chunks), ``tpot_ms``.
+    ``itl_ms`` (gaps between streamed chunks), ``tpot_ms``. Speculation figures by
+    :meth:`SpecDecodeMetrics.fields <specbuild.interface.SpecDecodeMetrics.fields>` (the OpenAI
+    front's ``spec_decode`` keys, deprecated aliases included), null when the server reported no counts.
     """
     return {
         "deployment": point.deployment, "method": point.method, "prompt_set": point.prompt_set, "draft_len": point.draft_len,
         "concurrency": point.concurrency, "request_rate": point.request_rate, "repeat": r.repeat, "prompt_id": r.prompt_id,
         "start_ms": 1000 * r.start_s, "ttft_ms": None if r.ttft_s is None else 1000 * r.ttft_s, "e2e_ms": 1000 * r.latency_s,
         "itl_ms": [1000 * g for g in r.itl_s], "tpot_ms": 1000 * r.tpot_s, "output_tokens": r.num_tokens,
-        "accepted_draft_tokens": r.accepted if r.perf_reported else None, "draft_tokens": r.drafts if r.perf_reported else None,
-        "decode_steps": r.decode_steps if r.perf_reported else None,
+        **(r.metrics.fields() if r.perf_reported else SpecDecodeMetrics.unreported_fields(r.metrics.acceptance_source)),
         "step_tokens": list(r.step_tokens) if r.step_tokens else None, "finish_reason": r.finish_reason,
     }
 

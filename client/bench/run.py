@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specbuild.interface import ACCEPTANCE_SOURCES, SpecDecodeMetrics
 from specbuild.prompts import Prompt, apply_chat_template, load_prompts
 
 from ..environment import environment
@@ -62,9 +63,16 @@ class RequestRecord:
         return self.latency_s / max(1, self.num_tokens)
 
     @property
+    def metrics(self) -> SpecDecodeMetrics:
+        """This request's speculation figures (:class:`specbuild.interface.SpecDecodeMetrics`; a server
+        that reported no counts reads as nothing drafted or accepted)."""
+        source = self.acceptance_source if self.acceptance_source in ACCEPTANCE_SOURCES else None
+        return SpecDecodeMetrics(self.num_tokens, self.drafts, self.accepted, acceptance_source=source)
+
+    @property
     def decode_steps(self) -> int:
-        """Target verification steps after the prefill: each emits its accepted drafts + 1 token."""
-        return max(0, self.num_tokens - 1 - self.accepted)
+        """Verification steps after the prefill (``num_spec_steps``): each emits its accepted drafts + 1 token."""
+        return self.metrics.num_spec_steps
 
 
 class _Clients:
@@ -349,7 +357,7 @@ def _server_acceptance(deployment: Deployment):
 
 def _sum_over_repeats(readings) -> dict | None:
     """acceptance_over each repeat, counters summed over repeats (gauges: the last repeat's)."""
-    from ..openai_client import acceptance_over
+    from ..openai_client import acceptance_over, with_server_figures
 
     per_repeat = [acceptance_over(before, after) for before, after in readings]
     per_repeat = [r for r in per_repeat if r]
@@ -361,11 +369,7 @@ def _sum_over_repeats(readings) -> dict | None:
     for key in ("drafts", "draft_tokens", "accepted_tokens", "generated_tokens"):
         if any(key in r for r in per_repeat):
             total[key] = sum(r.get(key, 0.0) for r in per_repeat)
-    if total.get("draft_tokens"):
-        total["acceptance_rate"] = total.get("accepted_tokens", 0.0) / total["draft_tokens"]
-    if total.get("drafts"):
-        total["acceptance_length"] = 1.0 + total.get("accepted_tokens", 0.0) / total["drafts"]
-    return total
+    return {"source": total["source"], **with_server_figures({k: v for k, v in total.items() if k != "source"}, total["source"])}
 
 
 def _make_point(deployment, plan, source, load: Load, k, runs, counter_checks, counters_checked, baseline, rows) -> PointResult:

@@ -25,6 +25,8 @@ from enum import Enum
 
 import numpy as np
 
+from specbuild.interface import SpecDecodeMetrics
+
 
 class Outcome(str, Enum):
     COMPLETED = "completed"
@@ -148,16 +150,14 @@ def summarize(records: Sequence[RequestRecord], *, t0: float, t1: float, now: fl
         counts[outcome.value] += 1
         if outcome is Outcome.COMPLETED:
             done.append(r)
-    accepted = [r for r in done if r.accepted is not None]
-    tokens = sum(r.tokens for r in accepted)
-    steps = sum(max(1, r.tokens - r.accepted) for r in accepted if r.tokens)
+    pooled = SpecDecodeMetrics.pooled(SpecDecodeMetrics(r.tokens, None, r.accepted) for r in done if r.accepted is not None)
     sampled = [r for r in done if r.match is not None]
     return {
         "t0_s": t0, "t1_s": t1, **counts,
         "e2e_s": percentiles(r.e2e_s for r in done),
         "ttft_s": percentiles(r.ttft_s for r in done),
         "itl_s": percentiles(r.itl_s for r in done),
-        "acceptance_length": tokens / steps if steps else None,
+        "acceptance_length": None if pooled is None else pooled.mean_acceptance_length,
         "sampled": len(sampled),
         "mismatches": sum(1 for r in sampled if not r.match),
     }

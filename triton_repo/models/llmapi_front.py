@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from specbuild.interface import acceptance_rate
 from specbuild.triton_repo.models.common import as_bool, error_response, model_parameters, optional_input, per_row, required_input
 
 SPECULATIVE, BASELINE = "speculative", "baseline"
@@ -161,8 +162,8 @@ class Acceptance:
 
     @property
     def rate(self) -> float:
-        """accepted / drafted; 0.0 without drafts."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        """accepted / drafted (:func:`specbuild.interface.acceptance_rate`); 0.0 without drafts, the tensor's value."""
+        return acceptance_rate(self.accepted, self.drafted) or 0.0
 
 
 NOT_REPORTED = Acceptance(0, 0, "none")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specbuild.interface import ENGINE, ENSEMBLE, TRTLLM
+from specbuild.interface import ENGINE, ENSEMBLE, TRTLLM, acceptance_rate
 from specbuild.methods import SpeculationMethod, method_named
 from specbuild.triton_repo.models.common import model_parameters, optional_input, per_row, required_input, run_each
 
@@ -282,7 +282,7 @@ class TritonPythonModel:
             pb.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
         ]
         if self._scalar(request, "return_perf_metrics") and gen.draft_tokens is not None:
-            rate = gen.accepted_draft_tokens / gen.draft_tokens if gen.draft_tokens else 0.0
+            rate = acceptance_rate(gen.accepted_draft_tokens, gen.draft_tokens) or 0.0  # the tensor's 0.0: nothing drafted
             outputs += [
                 pb.Tensor("acceptance_rate", np.array([[rate]], dtype=np.float32)),
                 pb.Tensor("total_accepted_draft_tokens", np.array([[gen.accepted_draft_tokens]], dtype=np.int32)),
