@@ -95,7 +95,7 @@ with ExitStack() as stack:
                 t = grpcclient.InferInput(name, list(v.shape), "BOOL" if v.dtype == bool else "INT32")
                 t.set_data_from_numpy(v); inputs.append(t)
             outputs = [grpcclient.InferRequestedOutput("output_ids"), grpcclient.InferRequestedOutput("sequence_length")]
-            c.start_stream(callback=lambda r, e: arrivals.put((r, e)))
+            c.start_stream(callback=lambda result, error: arrivals.put((result, error)))
             n, final = 0, False
             try:
                 c.async_stream_infer("tensorrt_llm", inputs, outputs=outputs, enable_empty_final_response=True)
