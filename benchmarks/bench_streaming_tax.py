@@ -9,13 +9,19 @@ less than wall time.
     python benchmarks/bench_streaming_tax.py --engine-dir specbuild-out/smollm2-greedy/engine \
         --repos new=specbuild-out/smollm2-greedy/triton_repo --conc 1 8 --rounds 2 --json out.json
 
+Modes (--modes): ``stream`` (the ensemble, streamed, SpecClient), ``unary`` (the ensemble, one
+response), ``engine`` (streamed ids read straight from the ``tensorrt_llm`` model, prompts tokenized
+here: no pre/postprocessing hop, as TensorRT-LLM backend users call its ``tensorrt_llm`` model).
+
 The repositories must be decoupled (recipe serve.decoupled: true, or `specbuild bench` builds them so).
 Results: docs/results/2026-12-04-streaming-tax.md."""
-import argparse, json, os, statistics, time
+import argparse, json, os, queue, statistics, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+import numpy as np
 import psutil
+import tritonclient.grpc as grpcclient
 from specbuild.prompts import load_prompts
 from specbuild.tokenizer import load_tokenizer
 from specbuild.engine.runtime import ReferenceEngine
@@ -73,8 +79,42 @@ with ExitStack() as stack:
                 return sum(len(c.output_ids) for c in client.generate_stream(pr.text, max_tokens=a.max_tokens, end_id=-1, **f))
             return len(client.generate(pr.text, max_tokens=a.max_tokens, end_id=-1, **f).output_ids)
         return go
+    def engine_stream(url):
+        """Streamed ids from the tensorrt_llm model: one gRPC client (channel) per worker thread."""
+        local = threading.local()
+        def go(x):
+            c = getattr(local, "c", None)
+            if c is None:
+                c = local.c = grpcclient.InferenceServerClient(url)
+            arrivals = queue.Queue()
+            values = {"input_ids": np.array([x], np.int32), "input_lengths": np.array([[len(x)]], np.int32),
+                      "request_output_len": np.array([[a.max_tokens]], np.int32), "end_id": np.array([[-1]], np.int32),
+                      "num_draft_tokens": np.array([[a.k]], np.int32), "streaming": np.array([[True]])}
+            inputs = []
+            for name, v in values.items():
+                t = grpcclient.InferInput(name, list(v.shape), "BOOL" if v.dtype == bool else "INT32")
+                t.set_data_from_numpy(v); inputs.append(t)
+            outputs = [grpcclient.InferRequestedOutput("output_ids"), grpcclient.InferRequestedOutput("sequence_length")]
+            c.start_stream(callback=lambda result, error: arrivals.put((result, error)))
+            n, final = 0, False
+            try:
+                c.async_stream_infer("tensorrt_llm", inputs, outputs=outputs, enable_empty_final_response=True)
+                while not final:
+                    r, e = arrivals.get(timeout=600)
+                    if e is not None:
+                        raise e
+                    resp = r.get_response()
+                    final = resp.parameters["triton_final_response"].bool_param
+                    if resp.outputs:
+                        n += int(r.as_numpy("sequence_length").reshape(-1)[0])
+            finally:
+                c.stop_stream()
+            return n
+        return go
     for n, c in clients.items():
         c.wait_ready(120); one(c, True)(prompts[0]); one(c, False)(prompts[0])
+        if "engine" in a.modes:
+            engine_stream(servers[n][0].grpc_url)(ids[0])
     configs = [("inproc", None)] + [(f"{m}-{n}", n) for n in clients for m in a.modes]
     res, cpus = {}, {}
     for r in range(a.rounds):
@@ -86,6 +126,9 @@ with ExitStack() as stack:
                         s.generate(GenerationRequest(ids[0], 2, end_id=-1, num_draft_tokens=a.k))
                         before = cpu(procs)
                         k, w = closed_loop(lambda x: len(s.generate(GenerationRequest(x, a.max_tokens, end_id=-1, num_draft_tokens=a.k)).output_ids), ids, c)
+                elif cfg.startswith("engine"):
+                    before = cpu(procs)
+                    k, w = closed_loop(engine_stream(servers[n][0].grpc_url), ids, c)
                 else:
                     before = cpu(procs)
                     k, w = closed_loop(one(clients[n], cfg.startswith("stream")), prompts, c)

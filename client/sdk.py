@@ -413,12 +413,16 @@ class SpecClient(_Client):
         return self._stream_responses(inputs, outputs)
 
     def _stream_responses(self, inputs: list[Any], outputs: list[Any]) -> Iterator[GenerateResult]:
-        """Send one request over a new gRPC stream; yield a result per response until the final one."""
+        """Send one request over a gRPC stream; yield a result per response until the final one.
+
+        The stream runs on this thread's stream connection (:meth:`_stream_connection`), kept for the
+        thread's next request when this one finished cleanly, so a worker sending request after
+        request opens one gRPC channel, not one per request."""
         import queue
 
         arrivals: queue.Queue = queue.Queue()
-        client = _make_client(self._tc, "grpc", self.url, self.timeout_s)  # one stream per connection
-        start, finished = time.perf_counter(), False
+        client = self._stream_connection()
+        start, finished, clean = time.perf_counter(), False, False
         try:
             self._call("streaming", lambda: client.start_stream(callback=lambda result, error: arrivals.put((result, error))))
             try:
@@ -436,12 +440,40 @@ class SpecClient(_Client):
                         message = error.message() or str(error)
                         raise RequestError(f"streaming inference on {self._where} rejected: {message}", server_message=message)
                     raise translate_error(error, what="streaming inference", where=self._where, timeout_s=self.timeout_s)
-                finished = result.get_response().parameters["triton_final_response"].bool_param
-                if result.as_numpy("output_ids") is not None:  # the empty final response carries no tensors
+                response = result.get_response()
+                finished = response.parameters["triton_final_response"].bool_param
+                if any(o.name == "output_ids" for o in response.outputs):  # the empty final response carries none
                     yield parse_response(result, time.perf_counter() - start, source=self._where)
+            clean = True
         finally:
             client.stop_stream(cancel_requests=not finished)
-            client.close()
+            self._release_stream_connection(client, reuse=clean)
+
+    def _stream_connection(self) -> Any:
+        """This thread's idle gRPC client for a stream (tritonclient runs one stream per client at a
+        time), or a new one while the thread's is busy (a generator of this thread not yet done)."""
+        client = getattr(self._local, "stream_client", None)
+        if client is not None and not self._local.stream_busy:
+            self._local.stream_busy = True
+            return client
+        return _make_client(self._tc, "grpc", self.url, self.timeout_s)
+
+    def _release_stream_connection(self, client: Any, *, reuse: bool) -> None:
+        """Keep ``client`` as the thread's stream connection after a clean request; close it otherwise
+        (a broken or abandoned stream starts the next request on a fresh channel)."""
+        mine = client is getattr(self._local, "stream_client", None)
+        if reuse and (mine or getattr(self._local, "stream_client", None) is None):
+            if not mine:
+                with self._lock:
+                    self._thread_clients.append(client)
+            self._local.stream_client, self._local.stream_busy = client, False
+            return
+        if mine:
+            self._local.stream_client, self._local.stream_busy = None, False
+            with self._lock:
+                if client in self._thread_clients:
+                    self._thread_clients.remove(client)
+        client.close()
 
     def _broken_stream(self, exc: InferenceServerException, arrivals) -> ClientError:
         """The error for a stream tritonclient found broken when sending: the reason its callback got
@@ -752,10 +784,11 @@ def parse_response(
     Raises ``ResponseError`` (naming ``source``) when ``output_ids`` is missing, not integer, or
     ``sequence_length`` is outside ``[0, n]``.
     """
+    read = _output_reader(response)
     try:
-        output_ids = response.as_numpy("output_ids")  # [1, beam, n]
-        sequence_length = response.as_numpy("sequence_length")  # [1, beam]
-        text = response.as_numpy("text_output")  # [1, 1]
+        output_ids = read("output_ids")  # [1, beam, n]
+        sequence_length = read("sequence_length")  # [1, beam]
+        text = read("text_output")  # [1, 1]
     except Exception as e:  # noqa: BLE001 - tritonclient decoding a malformed body
         raise ResponseError(f"malformed response from {source}: {type(e).__name__}: {e}") from e
     if output_ids is None:
@@ -772,22 +805,32 @@ def parse_response(
             raise ResponseError(f"response from {source}: sequence_length {n} is outside [0, {len(ids)}] output ids")
         ids = ids[:n]
     output = [int(t) for t in ids]
-    margin = _per_token(response.as_numpy("logit_margin"), len(output), float)
-    runner_up = _per_token(response.as_numpy("runner_up_ids"), len(output), int) if margin is not None else None
+    margin = _per_token(read("logit_margin"), len(output), float)
+    runner_up = _per_token(read("runner_up_ids"), len(output), int) if margin is not None else None
     if margin is None:
-        margin, runner_up = margins_from_logits(response.as_numpy("generation_logits"), len(output))
+        margin, runner_up = margins_from_logits(read("generation_logits"), len(output))
     return GenerateResult(
         output_ids=output,
         text=_first_text(text),
         latency_s=latency_s,
-        acceptance_rate=_first_scalar(response.as_numpy("acceptance_rate"), float),
-        total_accepted_draft_tokens=_first_scalar(response.as_numpy("total_accepted_draft_tokens"), int),
-        total_draft_tokens=_first_scalar(response.as_numpy("total_draft_tokens"), int),
+        acceptance_rate=_first_scalar(read("acceptance_rate"), float),
+        total_accepted_draft_tokens=_first_scalar(read("total_accepted_draft_tokens"), int),
+        total_draft_tokens=_first_scalar(read("total_draft_tokens"), int),
         finish_reason=_finish_reason(output, max_tokens, end_id),
-        acceptance_source=_acceptance_source(response),
+        acceptance_source=_acceptance_source(read),
         logit_margin=margin,
         runner_up_ids=runner_up,
     )
+
+
+def _output_reader(response) -> Callable[[str], np.ndarray | None]:
+    """``name -> response.as_numpy(name)``, answering None at once for an output the response does not
+    carry (a gRPC response lists its outputs; tritonclient's ``as_numpy`` scans them on every call)."""
+    try:
+        present = {o.name for o in response.get_response().outputs}
+    except Exception:  # noqa: BLE001 - an HTTP result (a dict) or a stand-in: ask as_numpy for each name
+        return response.as_numpy
+    return lambda name: response.as_numpy(name) if name in present else None
 
 
 def margins_from_logits(logits: np.ndarray | None, n: int) -> tuple[list[float] | None, list[int] | None]:
@@ -836,13 +879,13 @@ def _declared_probes(metadata: Any) -> tuple[str, ...]:
     return tuple(n for n in PROBED_OUTPUTS if n in names)
 
 
-def _acceptance_source(response) -> str | None:
+def _acceptance_source(read: Callable[[str], np.ndarray | None]) -> str | None:
     """The deployment's ``acceptance_source`` (PyTorch path); else ``perf_metrics`` when the counts
-    came back (the engine's own counters), else ``None``."""
-    source = response.as_numpy("acceptance_source")
+    came back (the engine's own counters), else ``None``. ``read``: :func:`_output_reader`."""
+    source = read("acceptance_source")
     if source is not None and source.size:
         return _first_text(source)
-    counts = response.as_numpy("total_draft_tokens")
+    counts = read("total_draft_tokens")
     return "perf_metrics" if counts is not None and counts.size else None
 
 

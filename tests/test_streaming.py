@@ -196,6 +196,30 @@ def test_four_concurrent_streams_equal_each_alone(decoupled_server):
     assert together == alone
 
 
+@pytest.mark.e2e
+def test_a_thread_streams_request_after_request_on_one_connection(decoupled_server):
+    """A worker's requests share its gRPC stream connection; one left half-read is cancelled and its
+    connection dropped, and a stream opened while another of the thread is unfinished gets its own."""
+    from specbuild.client.sdk import SpecClient
+
+    server, _ = decoupled_server
+    with SpecClient(server.grpc_url) as client:
+        first = _streamed(client, TEXT_PROMPTS[1])[:2]
+        connection = client._local.stream_client
+        assert _streamed(client, TEXT_PROMPTS[1])[:2] == first and client._local.stream_client is connection
+        outer = client.generate_stream(TEXT_PROMPTS[2], max_tokens=24, end_id=-1)
+        head = next(outer)  # the thread's connection is busy with this stream
+        assert _streamed(client, TEXT_PROMPTS[1])[:2] == first  # a second connection, closed afterwards
+        rest = list(outer)
+        assert [t for c in [head, *rest] for t in c.output_ids] == [t for s in _streamed(client, TEXT_PROMPTS[2])[0] for t in s]
+        abandoned = client.generate_stream(TEXT_PROMPTS[0], max_tokens=24, end_id=-1)
+        next(abandoned)
+        reused = client._local.stream_client
+        abandoned.close()  # cancelled: its connection is not reused
+        assert client._local.stream_client is None and reused is not None
+        assert _streamed(client, TEXT_PROMPTS[1])[:2] == first
+
+
 def test_result_counters_survive_collect():
     """collect() keeps the last step's counters (the non-streamed result is the collected stream)."""
     from specbuild.engine.stream import DecodeState

@@ -6,6 +6,7 @@ Tensor names follow TensorRT-LLM's ``inflight_batcher_llm`` preprocessing/postpr
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,25 +61,63 @@ def detokenize(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray
     return out
 
 
-def detokenize_step(tokenizer, sent_ids: list[int], new_ids: list[int], *, final: bool) -> str:
-    """The text a streamed step adds: ``decode(sent + new)`` minus ``decode(sent)``, so the steps'
-    texts concatenate to ``decode(all ids)`` exactly (incremental detokenization, as vLLM does).
+# Tokens decoded before the sent/new boundary (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET).
+DETOKENIZE_CONTEXT = 5
 
-    A token may hold part of a UTF-8 character that a later token completes; until the last step,
-    trailing replacement characters (U+FFFD) are held back. Example (byte-level BPE): "é" = bytes
-    C3 A9 as two tokens -> step 1 adds "", step 2 adds "é" (not "\ufffd" then "\ufffd").
+# transformers' ``clean_up_tokenization`` rewrites " .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's",
+# " 've", " 're"; a text ending in a proper prefix of one may still change when the next token comes.
+_CLEANUP_PREFIXES = (" n'", " 'v", " 'r", " n", " '", " ")
+
+
+def detokenize_step(tokenizer, sent_ids: list[int], new_ids: list[int], *, final: bool) -> str:
+    """The text a streamed step adds, so the steps' texts concatenate to ``decode(all ids)`` exactly.
+
+    Incremental detokenization with a bounded window, the prefix_offset / read_offset scheme of vLLM
+    (``vllm/transformers_utils/detokenizer_utils.py``) and HF TGI: only the last
+    :data:`DETOKENIZE_CONTEXT` sent ids (more where needed, see below) are decoded, once alone and once
+    with ``new_ids``, and the step adds the difference. Decoding starts at the same token in both, so a
+    tokenizer that drops the first token's leading space (SentencePiece ``▁``, byte-level ``Ġ`` with
+    ``add_prefix_space``) drops it in both, and the difference is what the full decode adds. Cost per
+    step: O(window + new), not O(all ids).
+
+    Held back until a later step (or the last one): trailing replacement characters (U+FFFD: a token
+    holds part of a UTF-8 character that a later token completes) and, for a tokenizer with
+    ``clean_up_tokenization_spaces``, a trailing " ", " '", " n"... that the cleanup may still rewrite.
+    Example (byte-level BPE): "é" = bytes C3 A9 as two tokens -> step 1 adds "", step 2 adds "é".
+
+    The window grows (doubling) until its text starts at a character boundary: not empty and not
+    starting with U+FFFD (the window began inside a character, or a run of invalid bytes that the
+    held-back text must cover whole). Stateless: the ids alone decide, so any postprocessing
+    instance can take any step.
 
     Args:
-        sent_ids: the ids of the earlier steps; new_ids: this step's ids; final: the last step.
+        sent_ids: the ids of the earlier steps (all of them or at least their tail);
+        new_ids: this step's ids; final: the last step (nothing is held back).
     """
-    before = _held_back(tokenizer.decode(sent_ids, skip_special_tokens=True)) if sent_ids else ""
-    after = tokenizer.decode([*sent_ids, *new_ids], skip_special_tokens=True)
-    after = after if final else _held_back(after)
+    cleanup = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+    decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
+    start, before = len(sent_ids), ""
+    if sent_ids:
+        context = DETOKENIZE_CONTEXT
+        while True:
+            start = max(0, len(sent_ids) - context)
+            text = decode(sent_ids[start:])
+            if start == 0 or (text and not text.startswith("\ufffd")):
+                break
+            context *= 2
+        before = _held_back(text, cleanup)
+    after = decode([*sent_ids[start:], *new_ids])
+    after = after if final else _held_back(after, cleanup)
     return after[len(before) :] if after.startswith(before) else after[_common_prefix(before, after) :]
 
 
-def _held_back(text: str) -> str:
-    return text.rstrip("\ufffd")
+def _held_back(text: str, cleanup: bool = False) -> str:
+    text = text.rstrip("\ufffd")
+    if cleanup:
+        for suffix in _CLEANUP_PREFIXES:
+            if text.endswith(suffix):
+                return text[: -len(suffix)]
+    return text
 
 
 def _common_prefix(a: str, b: str) -> int:
