@@ -12,7 +12,7 @@ Unlike Medusa, the EAGLE head needs the target's feature of EVERY accepted token
     slot       = keep prefix + root + accepted path
     head state += (features at [root, *accepted], [*accepted tokens, bonus])
 
-Features are the target's final-norm hidden states (see :mod:`specbuild.engine.methods.eagle` for why).
+Features are the target's final-norm hidden states (see :mod:`specbuild.methods.eagle.engine` for why).
 The output is the target's own greedy output token for token (fp32; up to rounding between a tree pass
 and a one-token pass); ``max_tokens`` is never exceeded (the tree is cut to the depth that can still be
 emitted, every chunk is clipped) and decoding stops at ``end_id`` even inside an accepted chunk.
@@ -21,37 +21,16 @@ emitted, every chunk is clipped) and decoding stops at ``end_id`` even inside an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-import torch
 from transformers import PreTrainedModel
 
-from .drafters import FeatureTreeDrafter
-from .methods.eagle import EagleHead, EagleProposer, EagleTreeConfig, TreeDraft
+from specbuild.methods.eagle.engine import FeatureTreeDrafter, FeatureTreeProposer
+from specbuild.methods.eagle.engine import EagleHead, EagleProposer, EagleTreeConfig
 from .stream import check_prompt_and_length, collect
 from .types import GenerationResult
 from .worker import InflightRequest
 from .worker import run_alone
-
-
-class FeatureTreeProposer(Protocol):
-    """A tree proposer fed with the target's features of every position (EAGLE; :class:`EagleProposer`)."""
-
-    def new_state(self) -> Any:
-        """Per-request state, empty."""
-        ...
-
-    def update(self, state: Any, next_tokens: Sequence[int], features: torch.Tensor) -> None:
-        """Feed ``features [m, H]`` and the ``m`` tokens they produced."""
-        ...
-
-    def propose(self, state: Any, root: int, max_depth: int) -> TreeDraft:
-        """A tree at most ``max_depth`` deep and its ``[1 + n]`` tokens, ``root`` first."""
-        ...
-
-    def capped(self, num_draft_tokens: int) -> FeatureTreeProposer:
-        """The same proposer growing trees of at most ``num_draft_tokens`` nodes (a request's cap)."""
-        ...
 
 
 def generate_feature_tree_greedy(

@@ -23,8 +23,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel
 
-from .drafters import LookaheadDrafter
-from .methods.lookahead import LookaheadConfig
+from specbuild.methods.lookahead.engine import LookaheadConfig, LookaheadDrafter
 from .stream import check_prompt_and_length, collect
 from .types import GenerationResult
 from .worker import InflightRequest, run_alone

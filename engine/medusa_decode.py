@@ -19,37 +19,15 @@ emitted, and every chunk is clipped) and decoding stops at ``end_id`` even insid
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
-import torch
 from transformers import PreTrainedModel
 
-from .drafters import TreeDrafter
-from .methods.medusa import MedusaHeads, MedusaProposer
+from specbuild.methods.medusa.engine import MedusaHeads, MedusaProposer, TreeDrafter, TreeProposer
 from .stream import check_prompt_and_length, collect
 from .tree import SpecTree
 from .types import GenerationResult
 from .worker import InflightRequest
 from .worker import run_alone
-
-
-class TreeProposer(Protocol):
-    """Fills a speculation tree from the target's last hidden state (Medusa heads; EAGLE later).
-
-    Attributes:
-        tree: the full tree this proposer fills; :class:`~specbuild.engine.runtime.ReferenceEngine` cuts
-            it per request (``num_draft_tokens``: :meth:`SpecTree.first`) and per step (the depth that
-            ``max_tokens`` still allows: :meth:`SpecTree.truncated`).
-    """
-
-    tree: SpecTree
-
-    def propose_tree(self, context: Sequence[int], hidden: torch.Tensor, tree: SpecTree) -> list[int]:
-        """``[1 + tree.num_nodes]`` tokens, ``context[-1]`` (the root) first.
-
-        ``hidden`` is ``[hidden_size]``, the target's final-norm state that produced ``context[-1]``.
-        """
-        ...
 
 
 def generate_tree_greedy(

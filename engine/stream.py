@@ -2,7 +2,7 @@
 
 Each method's loop (chain in :mod:`~specbuild.engine.runtime`, tree in
 :mod:`~specbuild.engine.medusa_decode`, feature tree in :mod:`~specbuild.engine.eagle_decode`, feature
-chain in :mod:`~specbuild.engine.methods.eagle3`, lookahead in :mod:`~specbuild.engine.lookahead_decode`)
+chain in :mod:`~specbuild.methods.eagle3.engine`, lookahead in :mod:`~specbuild.engine.lookahead_decode`)
 yields once after the prefill and once per verification step. Streaming sends each step's tokens as
 they come; non-streamed generation is :func:`collect` over the same steps, so the concatenated stream
 equals the non-streamed output by construction::

@@ -52,43 +52,6 @@ def load_target(
     return model.to(device).eval()
 
 
-class DraftLMHead(torch.nn.Module):
-    """A draft model's ``lm_head`` (``nn.Linear [vocab, hidden]``) projected by :class:`~specbuild.engine.methods.base.DraftProjection`.
-
-    A draft-target step projects one row (``logits_to_keep=1``); on CPU that is faster against the
-    transposed copy ``DraftProjection`` keeps (one more weight's memory). With ``token_ids`` (a hot-token
-    map) only those rows are computed and every other token's logit is ``-inf``. ``weight`` and ``bias``
-    are the linear's own parameters (tied embeddings stay tied). Call with ``x [..., hidden]``; returns
-    ``[..., vocab]``.
-    """
-
-    def __init__(self, linear: torch.nn.Linear, token_ids: Sequence[int] | None = None, weight_dtype: torch.dtype | None = None) -> None:
-        from .methods.base import DraftProjection
-
-        super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias
-        self.project = DraftProjection(linear, token_ids, weight_dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.project(x)
-
-
-def use_draft_lm_head(model: PreTrainedModel, token_ids: Sequence[int] | None = None,
-                      weight_dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """Swap a draft model's ``nn.Linear`` lm_head for a :class:`DraftLMHead` (in place; returns it): on CPU,
-    and on any device with a hot-token map ``token_ids``.
-
-    Only for a draft the engine owns and never trains or saves: the target's logits always come from its
-    own unchanged forward, so verification never depends on this kernel choice. Anything but a plain
-    ``nn.Linear`` (custom heads), or CUDA without a map, is left as it is; a second call changes nothing.
-    ``weight_dtype``: as :class:`~specbuild.engine.methods.base.DraftProjection`'s.
-    """
-    head = model.get_output_embeddings()
-    if type(head) is torch.nn.Linear and (head.weight.device.type == "cpu" or token_ids is not None):
-        model.set_output_embeddings(DraftLMHead(head, token_ids, weight_dtype))
-    return model
-
-
 def cache_keyword(model: PreTrainedModel) -> str:
     """The forward() keyword for the KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``.
 

@@ -274,7 +274,7 @@ def test_draft_projection_matches_the_layer_it_copies():
     from torch import nn
 
     from specbuild.engine.kernels import onednn_supports
-    from specbuild.engine.methods.base import DraftProjection
+    from specbuild.engine.draft_linear import DraftProjection
 
     torch.manual_seed(0)
     for bias in (False, True):
@@ -288,7 +288,8 @@ def test_draft_projection_matches_the_layer_it_copies():
 
 
 def test_draft_lm_head_computes_the_same_logits_and_keeps_the_weights_tied(tiny_checkpoint):
-    from specbuild.engine.target import DraftLMHead, load_target, use_draft_lm_head
+    from specbuild.engine.target import load_target
+    from specbuild.methods.draft_target.engine import DraftLMHead, use_draft_lm_head
 
     model = load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
     prompt = torch.tensor([[1, 5, 9, 2, 7]])

@@ -1,4 +1,6 @@
-"""A speculation method as a plugin writes one: its settings model and its ``SpeculationMethod``.
+"""A speculation method as a plugin writes one, in one folder as the built-ins are laid out
+(``specbuild/methods/<m>/``): this ``__init__.py`` declares it (settings model, TensorRT-LLM mapping,
+``METHOD``; torch-free), ``engine.py`` brings its own drafter, named by an entry string.
 
 tests/test_methods.py installs it the way a plugin distribution would (an ``entry_points.txt`` naming
 ``toy = toy_method:METHOD`` in the ``specbuild.methods`` group) and checks that it reaches the recipe
@@ -8,7 +10,6 @@ schema, recipe validation and the reference engine. "Toy" drafts the last token 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field
@@ -27,27 +28,6 @@ class ToySpeculation(MethodParams):
         return {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "repeats_of": self.repeats_of}
 
 
-class RepeatProposer:
-    """Proposes ``k`` copies of the context's last (or first) token."""
-
-    def __init__(self, spec: ToySpeculation) -> None:
-        self.spec = spec
-
-    def propose(self, context: Sequence[int], num_draft_tokens: int, sampler: object = None) -> list[int]:
-        del sampler
-        token = context[-1] if self.spec.repeats_of == "last" else context[0]
-        return [token] * min(num_draft_tokens, self.spec.max_draft_len)
-
-    def update(self, context: Sequence[int], num_accepted: int) -> None:
-        del context, num_accepted
-
-
-def engine():
-    from specbuild.engine.methods.base import EngineMethod
-
-    return EngineMethod(make_proposer=RepeatProposer, verification="chain")
-
-
 METHOD = SpeculationMethod(
     name="toy",
     title="toy",
@@ -56,5 +36,5 @@ METHOD = SpeculationMethod(
         decoding_type="Toy",
         unavailable={"tensorrt": "TensorRT-LLM has no toy method", "pytorch": "TensorRT-LLM has no toy method"},
     ),
-    engine=engine,
+    engine="toy_method.engine:ENGINE",
 )

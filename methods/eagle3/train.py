@@ -11,8 +11,8 @@ position ``j + d``; its queries see the true (step 0) keys up to ``j`` and the c
 
 Every step is trained to the target's greedy token: ``CE(lm_head(norm(o_{j,d})), argmax lm_head(f_{j+1+d}))``,
 weighted ``loss_decay ** d`` (EAGLE-3's code uses 0.8). The head uses the target's ``lm_head`` (no draft
-vocabulary, no ``d2t``), frozen; it is the engine's :class:`~specbuild.engine.methods.eagle3.Eagle3Head`,
-saved with :func:`~specbuild.engine.methods.eagle3.save_eagle3_head`.
+vocabulary, no ``d2t``), frozen; it is the engine's :class:`~specbuild.methods.eagle3.engine.Eagle3Head`,
+saved with :func:`~specbuild.methods.eagle3.engine.save_eagle3_head`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbuild.engine.methods.eagle3 import Eagle3Config, Eagle3Head, capture_layers_for, save_eagle3_head
+from specbuild.methods.eagle3.engine import Eagle3Config, Eagle3Head, capture_layers_for, save_eagle3_head
 
-from .config import TrainConfig
-from .data import DistillData, ensure_aux_features
-from .eagle import eagle_config_for
-from .loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, train
+from specbuild.train.config import TrainConfig
+from specbuild.train.data import DistillData, ensure_aux_features
+from specbuild.methods.eagle.train import eagle_config_for
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, train
 
 
 def eagle3_config_for(target_config) -> Eagle3Config:
@@ -98,3 +98,9 @@ def train_eagle3(
                    show_progress=show_progress, on_step=on_step)
     save_eagle3_head(out_dir, head.state_dict(), head_config)
     return result
+
+
+def train_for(spec, target, tokenizer, data: DistillData, config: TrainConfig, out_dir: Path, ckpt_dir: Path, **common) -> TrainResult:
+    """:attr:`~specbuild.methods.Training.train` of EAGLE-3: :func:`train_eagle3` (the settings choose nothing)."""
+    del spec, tokenizer
+    return train_eagle3(target, data, config, out_dir, ckpt_dir, **common)

@@ -34,9 +34,17 @@ Trees:
   log-probability each get their top-K children; finally keep the ``max_draft_len`` best nodes of all
   generated (reranking), which is a connected tree because a child never scores above its parent.
 
-In an engine, the requests of one head draft together (:func:`update_batch`, :func:`propose_batch`):
-per tree depth one head call over every request's frontier, each request attending to its own cache
-(:class:`Segment`), and one draft projection; each request gets the tree it gets alone.
+In an engine, the requests of one head draft together (:class:`EagleDrafter`; :func:`update_batch`,
+:func:`propose_batch`): per tree depth one head call over every request's frontier, each request
+attending to its own cache (:class:`Segment`), and one draft projection; each request gets the tree it
+gets alone. One step of a request::
+
+    slot holds context[:-1]; head state holds (f_j, c_{j+1}) for j < len(context) - 1
+    draft      = proposer.propose(state, root=context[-1])        static or EAGLE-2 dynamic tree, 1 + n tokens
+    target     = one pass over the tree (ancestor mask)
+    accepted   = longest root-to-node path matching the target's argmax; bonus = argmax at its end
+    slot       = keep prefix + root + accepted path
+    head state += (features at [root, *accepted], [*accepted tokens, bonus])
 
 On disk (a directory; TensorRT-LLM ``examples/eagle/convert_checkpoint.py --eagle_model_dir``)::
 
@@ -59,7 +67,7 @@ import json
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from safetensors.torch import save_file
@@ -70,11 +78,19 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from specbuild.methods.eagle import WEIGHT_FILES, EagleSpeculation
+from specbuild.engine.block import Block
+from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
+from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
+from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
 
-from ..tree import MC_SIM_7B_63, SpecTree
-from .base import DraftProjection, MethodContext, load_token_ids, pack_draft_linears
-from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, known_keys, read_config_json
+from ..head_files import HeadFiles, LoadedHead, check_state, check_tree_attention, known_keys, read_config_json
+from ..heads import refuse_unreadable, torch_dtype
+from ..token_map import load_token_ids
+from . import WEIGHT_FILES, EagleSpeculation
+
+if TYPE_CHECKING:
+    from specbuild.builder.recipe import LoadedRecipe
+    from specbuild.engine.validation import ResolvedRequest
 
 SAFETENSORS_NAME, PT_NAMES = WEIGHT_FILES[0], WEIGHT_FILES[1:]
 EAGLE_FILES = HeadFiles(SAFETENSORS_NAME, PT_NAMES)
@@ -502,7 +518,7 @@ class EagleProposer:
         weight_dtype: torch.dtype | None = None,
     ) -> None:
         """``token_ids``: a hot-token map for the draft's lm_head (:class:`DraftProjection`); None: the full vocabulary.
-        ``weight_dtype``: what that projection's packed weight holds (:func:`~specbuild.engine.methods.base.draft_weight_dtype`;
+        ``weight_dtype``: what that projection's packed weight holds (:func:`~specbuild.engine.draft_linear.draft_weight_dtype`;
         None: the target's dtype).
 
         Raises: ValueError if the head's hidden size or vocabulary differs from the target's, or the tree
@@ -852,11 +868,6 @@ def load_eagle(config: EagleSpeculation, context: MethodContext) -> LoadedEagle:
     return LoadedHead(config, proposer, path)
 
 
-def make_eagle_proposer(loaded: LoadedEagle) -> EagleProposer:
-    """The engine's proposer (stateless; each request holds its own :class:`EagleState`)."""
-    return loaded.proposer
-
-
 def capped_proposer(proposer: EagleProposer, num_draft_tokens: int) -> EagleProposer:
     """``proposer`` verifying at most ``num_draft_tokens`` nodes per step, sharing its head.
 
@@ -876,3 +887,113 @@ def capped_proposer(proposer: EagleProposer, num_draft_tokens: int) -> EagleProp
         capped.tree_config = copy.copy(config)  # static_tree is derived (init=False): set it on the copy
         object.__setattr__(capped.tree_config, "static_tree", config.static_tree.first(num_draft_tokens))
     return capped
+
+
+# --- drafting: a request's trees, fed the target's features of every accepted position ---------------
+
+
+class FeatureTreeProposer(Protocol):
+    """A tree proposer fed with the target's features of every position (:class:`EagleProposer`)."""
+
+    def new_state(self) -> Any:
+        """Per-request state, empty."""
+        ...
+
+    def update(self, state: Any, next_tokens: Sequence[int], features: torch.Tensor) -> None:
+        """Feed ``features [m, H]`` and the ``m`` tokens they produced."""
+        ...
+
+    def propose(self, state: Any, root: int, max_depth: int) -> TreeDraft:
+        """A tree at most ``max_depth`` deep and its ``[1 + n]`` tokens, ``root`` first."""
+        ...
+
+
+class FeatureTreeDrafter(PlainDrafter):
+    """A :class:`FeatureTreeProposer`'s trees, the proposer fed the target's final-norm features of every
+    accepted position; drafts alone.
+
+    The features of a step wait in :attr:`pending` until the next draft, so that the requests of one
+    head feed theirs and grow their trees in shared head calls (:class:`EagleDrafter`).
+    """
+
+    wants_hidden = True
+
+    def __init__(self, proposer: FeatureTreeProposer) -> None:
+        self.proposer = proposer
+        self.state = proposer.new_state()
+        self.pending: tuple[list[int], torch.Tensor] | None = None  # (tokens, features [m, H]) not yet fed
+
+    def start(self, prompt, first_token, hidden_states) -> None:
+        self.pending = ([*prompt[1:], first_token], hidden_states[-1])
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        if self.pending is not None:
+            self.proposer.update(self.state, *self.pending)
+            self.pending = None
+        proposal = self.proposer.propose(self.state, context[-1], max_accept)
+        return Block.of_tree(proposal.tree, proposal.tokens)
+
+    def update(self, context, step) -> None:
+        self.pending = (step.emitted, step.hidden_states[-1][step.keep])
+
+
+def feed_pending(drafters: Sequence[Any], update_batch: Callable[..., None]) -> None:
+    """Feed every drafter's ``pending`` (tokens, features) to its head in one ``update_batch`` call
+    (EAGLE-1/2's or EAGLE-3's, the drafters sharing one proposer's head), and clear them."""
+    feeding = [d for d in drafters if d.pending is not None]
+    if feeding:
+        update_batch(feeding[0].proposer, [d.state for d in feeding], [d.pending[0] for d in feeding],
+                     [d.pending[1] for d in feeding])
+        for d in feeding:
+            d.pending = None
+
+
+class EagleDrafter(FeatureTreeDrafter):
+    """The engine's head (an :class:`EagleProposer`): the requests of one head feed their features and
+    grow their trees in shared head calls (a :class:`~specbuild.engine.drafters.BatchDrafter`)."""
+
+    proposer: EagleProposer
+
+    @property
+    def batch_key(self) -> EagleHead:
+        return self.proposer.batch_key
+
+    @classmethod
+    def draft_batch(cls, drafters: Sequence[EagleDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+        """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
+        head call and one draft projection per tree depth for all of them."""
+        del samplers
+        feed_pending(drafters, update_batch)
+        proposals = propose_batch([d.proposer for d in drafters], [d.state for d in drafters],
+                                  [c[-1] for c in contexts], list(max_accepts))
+        return [Block.of_tree(p.tree, p.tokens) for p in proposals]
+
+
+def make_drafter(loaded: LoadedEagle, request: ResolvedRequest) -> EagleDrafter:
+    """A request's drafter: the engine's head growing trees of at most ``num_draft_tokens`` nodes."""
+    return EagleDrafter(loaded.proposer.capped(request.num_draft_tokens))
+
+
+ENGINE = EngineMethod(make_drafter=make_drafter, load=load_eagle, greedy_only=True)
+"""The head loaded once per engine; trees of at most ``num_draft_tokens`` nodes per request."""
+
+
+# --- the builder: the head checked and written into the engine directory -----------------------------
+
+
+def read_for_build(loaded: LoadedRecipe, head_dir: Path, target_dir: Path):
+    """:attr:`~specbuild.methods.ReferenceWeights.load`: the ``EagleHead`` in the target's dtype (a ``.pt`` / ``.bin`` read with ``weights_only=True``).
+
+    Raises:
+        RecipeError: a malformed head directory (located at ``speculation.eagle_model``).
+    """
+    del target_dir
+    return refuse_unreadable(loaded, "eagle_model", lambda: load_eagle_head(head_dir, dtype=torch_dtype(loaded.recipe.target.dtype)))
+
+
+def write_for_build(loaded: LoadedRecipe, head, out: Path, *, log) -> None:
+    """:attr:`~specbuild.methods.ReferenceWeights.write`: the head into the engine directory."""
+    del loaded
+    c = head.config
+    log(f"writing the EAGLE head ({c.num_hidden_layers} decoder layer(s), hidden_size={c.hidden_size})")
+    save_eagle_head(out, head.state_dict(), c)

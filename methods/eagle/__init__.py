@@ -2,8 +2,8 @@
 token tree, static (``eagle_choices``) or EAGLE-2's dynamic tree. Greedy only, as in TensorRT-LLM.
 
 TensorRT-LLM: ``EagleDecodingConfig``; engine path ``examples/eagle/convert_checkpoint.py`` and
-``trtllm-build --speculative_decoding_mode eagle``. Reference engine: :mod:`specbuild.engine.methods.eagle`
-(with :mod:`specbuild.engine.eagle_decode`). Training: :mod:`specbuild.train.eagle`.
+``trtllm-build --speculative_decoding_mode eagle``. Reference engine: :mod:`specbuild.methods.eagle.engine`.
+Training: :mod:`specbuild.methods.eagle.train`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from specbuild.builder.strict import FieldProblem
 
-from .base import (
+from ..base import (
     Conversion,
     ReferenceWeights,
     SpeculationMethod,
@@ -26,13 +26,12 @@ from .base import (
     chain,
     tree_depth,
 )
-from .heads import check_head_sizes, locate_head_dir, refuse_unreadable, torch_dtype
-from .token_map import TokenMapParams
+from ..heads import check_head_sizes, locate_head_dir
+from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
     from specbuild.builder.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
-    from specbuild.engine.methods.base import EngineMethod
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt")  # EAGLE's and EAGLE-3's; pickles read weights_only
 
@@ -128,36 +127,7 @@ def check_sizes(loaded: LoadedRecipe, target_dir: Path, head_dir: Path) -> None:
     check_head_sizes(loaded, "eagle_model", "EAGLE head", head_dir, target_dir)
 
 
-def _load(loaded: LoadedRecipe, head_dir: Path, target_dir: Path):
-    """The ``EagleHead`` in the target's dtype (a ``.pt`` / ``.bin`` read with ``weights_only=True``).
-
-    Raises:
-        RecipeError: a malformed head directory (located at ``speculation.eagle_model``).
-    """
-    from specbuild.engine.methods.eagle import load_eagle_head
-
-    del target_dir
-    return refuse_unreadable(loaded, "eagle_model", lambda: load_eagle_head(head_dir, dtype=torch_dtype(loaded.recipe.target.dtype)))
-
-
-def _write(loaded: LoadedRecipe, head, out: Path, *, log) -> None:
-    from specbuild.engine.methods.eagle import save_eagle_head
-
-    del loaded
-    c = head.config
-    log(f"writing the EAGLE head ({c.num_hidden_layers} decoder layer(s), hidden_size={c.hidden_size})")
-    save_eagle_head(out, head.state_dict(), c)
-
-
 # --- reference engine, TensorRT-LLM, training ------------------------------------------------------
-
-
-def engine() -> EngineMethod:
-    """The head loaded once per engine; trees of at most ``k`` nodes per request."""
-    from specbuild.engine.methods.base import EngineMethod
-    from specbuild.engine.methods.eagle import load_eagle, make_eagle_proposer
-
-    return EngineMethod(make_proposer=make_eagle_proposer, load=load_eagle, verification="feature_tree", greedy_only=True)
 
 
 def _reference_check(spec: EagleSpeculation) -> tuple[str, str] | None:
@@ -189,13 +159,6 @@ def _engine_model(spec: EagleSpeculation) -> dict[str, Any]:
     return {"eagle_choices": spec.eagle_choices}
 
 
-def _train(spec: EagleSpeculation, target, tokenizer, data, config, out, ckpt_dir, **common):
-    from specbuild.train.eagle import train_eagle
-
-    del spec, tokenizer
-    return train_eagle(target, data, config, out, ckpt_dir, **common)
-
-
 def _held_out_config(spec: EagleSpeculation, artefact: Path, draft_len: int) -> dict[str, Any]:
     """The head measured with the static chain ``[[0], [0, 0], ...]`` of ``draft_len`` nodes."""
     return {"decoding_type": spec.decoding_type, "max_draft_len": draft_len, "num_eagle_layers": draft_len,
@@ -219,10 +182,11 @@ METHOD = SpeculationMethod(
     ),
     weights=Weights(
         field="eagle_model", what="the EAGLE head directory", role="eagle", check_fit=check_sizes,
-        reference=ReferenceWeights(subdir="eagle", locate=locate_head, load=_load, write=_write, fingerprint_key="eagle"),
+        reference=ReferenceWeights(subdir="eagle", locate=locate_head, load="specbuild.methods.eagle.engine:read_for_build",
+                                   write="specbuild.methods.eagle.engine:write_for_build", fingerprint_key="eagle"),
     ),
-    engine=engine,
-    training=Training(train=_train, held_out_config=_held_out_config),
+    engine="specbuild.methods.eagle.engine:ENGINE",  # the head loaded once; trees of at most k nodes per request
+    training=Training(train="specbuild.methods.eagle.train:train_for", held_out_config=_held_out_config),
     # EagleDecodingConfig keys that change nothing in a greedy, single-process engine.
     ignored_config_keys=("greedy_sampling", "eagle3_one_model"),
     reference_check=_reference_check,

@@ -1,23 +1,19 @@
 """Lookahead decoding (Fu et al. 2024), TensorRT-LLM ``LookaheadDecodingConfig``.
 
 Jacobi iterations over a window of W future positions build an n-gram pool (n = N); up to G matching
-n-grams are verified per step. Reference engine: :mod:`specbuild.engine.methods.lookahead` (with
-:mod:`specbuild.engine.lookahead_decode`). TensorRT-LLM engine path only.
+n-grams are verified per step. Reference engine: :mod:`specbuild.methods.lookahead.engine`. TensorRT-LLM
+engine path only.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from specbuild.builder.strict import FieldProblem
 
-from .base import MethodParams, SpeculationMethod, TrtllmMapping
-
-if TYPE_CHECKING:
-    from specbuild.engine.methods.base import EngineMethod
-
+from ..base import MethodParams, SpeculationMethod, TrtllmMapping
 
 def lookahead_max_draft_len(window: int, ngram: int, verification_set: int) -> int:
     """TensorRT-LLM's engine budget for lookahead (W, N, G): (0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1).
@@ -73,18 +69,6 @@ class LookaheadSpeculation(MethodParams):
         }
 
 
-def engine() -> EngineMethod:
-    """No proposer object: the loaded (W, N, G) resolves each request's (w, n, g) in its decode loop."""
-    from specbuild.engine.methods.base import EngineMethod
-    from specbuild.engine.methods.lookahead import load_lookahead
-
-    return EngineMethod(make_proposer=_loaded_itself, load=load_lookahead, verification="lookahead", greedy_only=True)
-
-
-def _loaded_itself(loaded: Any) -> Any:
-    return loaded
-
-
 def _engine_model(spec: LookaheadSpeculation) -> dict[str, Any]:
     return {"lookahead": spec.maxima}
 
@@ -103,5 +87,5 @@ METHOD = SpeculationMethod(
         # lookahead_config; tensorrtllm_backend's lookahead_window_size / _ngram_size / _verification_set_size)
         off_switch={"lookahead_window_size": 1, "lookahead_ngram_size": 1, "lookahead_verification_set_size": 0},
     ),
-    engine=engine,
+    engine="specbuild.methods.lookahead.engine:ENGINE",  # the built (W, N, G) resolves each request's (w, n, g)
 )

@@ -1,7 +1,9 @@
-"""What the draft-head methods (Medusa, EAGLE, EAGLE-3) share: the head directory's files, reading and
-checking its weights, the loaded head an engine keeps, and the target-attention check of tree methods.
+"""What the draft-head methods (Medusa, EAGLE, EAGLE-3) share on their engine side (torch): the head
+directory's files, reading and checking its weights, the loaded head an engine keeps, and the
+target-attention check of tree methods. (Their torch-free checks before any weights load are
+:mod:`specbuild.methods.heads`.)
 
-Each method module keeps its own format (config.json keys, tensor names and shapes, the head's forward)
+Each method's ``engine.py`` keeps its own format (config.json keys, tensor names and shapes, the head's forward)
 and describes its directory with one :class:`HeadFiles`::
 
     EAGLE_FILES = HeadFiles(safetensors="model.safetensors", pickles=("pytorch_model.bin", "model.pt"))
@@ -22,6 +24,8 @@ from typing import Any, Generic, TypeVar
 
 import torch
 from safetensors.torch import load_file
+
+from specbuild.engine.forward import MASK_ATTENTION
 
 
 ConfigT = TypeVar("ConfigT")
@@ -134,8 +138,6 @@ def check_tree_attention(target: Any, method: str) -> None:
         ValueError: ``"{method} tree verification needs the target's attn_implementation in ('eager',
             'sdpa'), it uses 'flash_attention_2'"``.
     """
-    from ..forward import MASK_ATTENTION
-
     attention = getattr(target.config, "_attn_implementation", None)
     if attention not in MASK_ATTENTION:
         raise ValueError(f"{method} tree verification needs the target's attn_implementation in {MASK_ATTENTION}, it uses {attention!r}")

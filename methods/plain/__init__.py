@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .base import MethodParams, SpeculationMethod, TrtllmMapping
+from ..base import MethodParams, SpeculationMethod, TrtllmMapping
 
 
 class NoSpeculation(MethodParams):

@@ -3,7 +3,7 @@ one pass with a tree attention mask. Greedy only, as in TensorRT-LLM.
 
 TensorRT-LLM: ``MedusaDecodingConfig``; engine path ``examples/medusa/convert_checkpoint.py`` and
 ``trtllm-build --speculative_decoding_mode medusa``. Reference engine:
-:mod:`specbuild.engine.methods.medusa`. Training: :mod:`specbuild.train.medusa`.
+:mod:`specbuild.methods.medusa.engine`. Training: :mod:`specbuild.methods.medusa.train`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from specbuild.builder.strict import FieldProblem
 
-from .base import (
+from ..base import (
     MC_SIM_7B_63,
     Conversion,
     ReferenceWeights,
@@ -27,13 +27,12 @@ from .base import (
     chain,
     tree_depth,
 )
-from .heads import check_head_sizes, locate_head_dir, refuse_unreadable, target_config, torch_dtype
-from .token_map import TokenMapParams
+from ..heads import check_head_sizes, locate_head_dir
+from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
     from specbuild.builder.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
-    from specbuild.engine.methods.base import EngineMethod
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # FasterDecoding's; the .pt read weights_only
 
@@ -112,45 +111,7 @@ def check_sizes(loaded: LoadedRecipe, target_dir: Path, heads_dir: Path) -> None
     check_head_sizes(loaded, "medusa_model", "Medusa heads", heads_dir, target_dir)
 
 
-def _load(loaded: LoadedRecipe, heads_dir: Path, target_dir: Path):
-    """The heads (``MedusaHeads``) in the target's dtype, ``num_medusa_heads`` of them, checked against
-    the target's sizes. Seconds at most: it runs before the target is written.
-
-    Raises:
-        RecipeError: a malformed head directory, a head count other than ``num_medusa_heads``, or sizes
-            that differ from the target's (located at ``speculation.medusa_model``).
-    """
-    from specbuild.engine.methods.medusa import check_heads_fit, load_medusa_heads
-
-    r = loaded.recipe
-    target = target_config(target_dir)
-
-    def read():
-        heads = load_medusa_heads(heads_dir, num_heads=r.speculation.num_medusa_heads, dtype=torch_dtype(r.target.dtype))
-        check_heads_fit(heads.config, hidden_size=target.get("hidden_size"), vocab_size=target.get("vocab_size"), where=heads_dir)
-        return heads
-
-    return refuse_unreadable(loaded, "medusa_model", read)
-
-
-def _write(loaded: LoadedRecipe, heads, out: Path, *, log) -> None:
-    from specbuild.engine.methods.medusa import save_medusa_heads
-
-    del loaded
-    c = heads.config
-    log(f"writing {c.medusa_num_heads} Medusa heads ({c.medusa_num_layers} layer(s) each)")
-    save_medusa_heads(out, heads.heads.state_dict(), c)
-
-
-# --- reference engine, TensorRT-LLM, training ------------------------------------------------------
-
-
-def engine() -> EngineMethod:
-    """Heads loaded once per engine; their tree cut to each request's first ``k`` nodes."""
-    from specbuild.engine.methods.base import EngineMethod
-    from specbuild.engine.methods.medusa import load_medusa, make_medusa_proposer
-
-    return EngineMethod(make_proposer=make_medusa_proposer, load=load_medusa, verification="tree", greedy_only=True)
+# --- TensorRT-LLM, training ------------------------------------------------------------------------
 
 
 def _convert_flags(spec: MedusaSpeculation) -> tuple[str, ...]:
@@ -159,13 +120,6 @@ def _convert_flags(spec: MedusaSpeculation) -> tuple[str, ...]:
 
 def _engine_model(spec: MedusaSpeculation) -> dict[str, Any]:
     return {"medusa_choices": spec.medusa_choices}
-
-
-def _train(spec: MedusaSpeculation, target, tokenizer, data, config, out, ckpt_dir, **common):
-    from specbuild.train.medusa import train_medusa
-
-    del tokenizer
-    return train_medusa(target, data, config, out, ckpt_dir, num_heads=spec.num_medusa_heads, **common)
 
 
 def _held_out_config(spec: MedusaSpeculation, artefact: Path, draft_len: int) -> dict[str, Any]:
@@ -196,8 +150,9 @@ METHOD = SpeculationMethod(
     ),
     weights=Weights(
         field="medusa_model", what="the Medusa head directory", role="medusa", check_fit=check_sizes,
-        reference=ReferenceWeights(subdir="medusa", locate=locate_heads, load=_load, write=_write, fingerprint_key="medusa"),
+        reference=ReferenceWeights(subdir="medusa", locate=locate_heads, load="specbuild.methods.medusa.engine:read_for_build",
+                                   write="specbuild.methods.medusa.engine:write_for_build", fingerprint_key="medusa"),
     ),
-    engine=engine,
-    training=Training(train=_train, held_out_config=_held_out_config),
+    engine="specbuild.methods.medusa.engine:ENGINE",  # heads loaded once; their tree cut to each request's first k nodes
+    training=Training(train="specbuild.methods.medusa.train:train_for", held_out_config=_held_out_config),
 )

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .base import MethodParams, SpeculationMethod, TrtllmMapping
+from ..base import MethodParams, SpeculationMethod, TrtllmMapping
 
 
 class MTPSpeculation(MethodParams):

@@ -4,30 +4,40 @@ Leviathan et al. 2023 (§2.3) and Chen et al. 2023 (Algorithm 2); TensorRT-LLM's
 ``DraftTargetDecodingConfig`` names the knobs (``max_draft_len``, ``speculative_model_dir``). The draft
 runs autoregressively with its own KV cache; greedy requests take its argmax tokens, sampled requests
 draw from its distributions ``q`` under the request's own sampling parameters and return them for
-rejection sampling (:func:`specbuild.engine.acceptance.accept_speculative`).
-
-torch and transformers are imported inside the functions that run the draft: the recipe validator imports
-the method registry and must stay torch-free.
+rejection sampling (:func:`specbuild.engine.acceptance.accept_speculative`). The requests of one engine
+draft together (:class:`DraftModelDrafter`, a :class:`~specbuild.engine.drafters.BatchDrafter`): one
+draft forward per draft token for all of them.
 """
 
 from __future__ import annotations
 
-import json
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import threading
-import weakref
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from ..types import InvalidRequestError
-from .base import Draft, MethodContext, load_token_ids, pack_draft_linears
+from specbuild.engine import target as target_model
+from specbuild.engine.block import Block
+from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
+from specbuild.engine.drafters import ChainDrafter, Draft, EngineMethod, MethodContext
+from specbuild.engine.forward import RowBlock, forward_blocks
+from specbuild.engine.kv_cache import rollback
+from specbuild.engine.kv_pool import KVCacheFullError, KVPool, KVShape
+from specbuild.engine.types import InvalidRequestError
+
+from ..heads import torch_dtype
+from ..token_map import load_token_ids
+from . import DraftTargetSpeculation, check_draft_vocab
 
 if TYPE_CHECKING:
-    from specbuild.methods.draft_target import DraftTargetSpeculation
-
-    from ..sampling import Sampler
+    from specbuild.builder.recipe import LoadedRecipe
+    from specbuild.engine.sampling import Sampler
+    from specbuild.engine.validation import ResolvedRequest
 
 @dataclass(frozen=True)
 class DraftModel:
@@ -55,15 +65,11 @@ class DraftSlots:
     """
 
     def __init__(self, model: Any, *, num_slots: int, capacity: int) -> None:
-        from ..kv_pool import KVPool, KVShape
-
         self.pool = KVPool(KVShape.of(model), num_slots=num_slots, capacity=capacity, dtype=model.dtype, device=model.device)
         self._lock = threading.Lock()
 
     def take(self) -> int | None:
         """A free slot (emptied), or None when every slot is held."""
-        from ..kv_pool import KVCacheFullError
-
         with self._lock:
             try:
                 return self.pool.allocate()
@@ -75,38 +81,6 @@ class DraftSlots:
             self.pool.release(slot)
 
 
-def read_vocab_size(checkpoint_dir: str | Path) -> int:
-    """``vocab_size`` from a Hugging Face ``config.json`` (top level, else ``text_config``), without torch.
-
-    Raises:
-        FileNotFoundError: no ``config.json``.
-        ValueError: it names no vocab_size.
-    """
-    config_path = Path(checkpoint_dir) / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"no Hugging Face checkpoint at {checkpoint_dir} (config.json missing)")
-    config = json.loads(config_path.read_text())
-    vocab_size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
-    if vocab_size is None:
-        raise ValueError(f"{config_path}: no vocab_size")
-    return int(vocab_size)
-
-
-def check_draft_vocab(draft_dir: str | Path, target_vocab_size: int) -> None:
-    """Refuse a draft whose vocabulary size differs from the target's (before loading any weights).
-
-    Raises:
-        ValueError: the sizes differ; the message names both.
-    """
-    draft_vocab_size = read_vocab_size(draft_dir)
-    if draft_vocab_size != target_vocab_size:
-        raise ValueError(
-            f"draft model {draft_dir} has vocab_size={draft_vocab_size} but the target has "
-            f"vocab_size={target_vocab_size}; draft-target speculation needs a draft that shares the "
-            "target's vocabulary"
-        )
-
-
 def load_draft(config: DraftTargetSpeculation, context: MethodContext) -> DraftModel:
     """Load the draft (``config.draft_checkpoint``) with the target's dtype and device, after checking the vocabulary.
 
@@ -114,15 +88,13 @@ def load_draft(config: DraftTargetSpeculation, context: MethodContext) -> DraftM
         FileNotFoundError: no checkpoint at the draft directory.
         ValueError: vocabulary size mismatch; a bad ``speculative_token_map`` (:func:`load_token_ids`).
     """
-    from .. import target as target_model
-
     path = Path(config.draft_checkpoint)
     check_draft_vocab(path, int(context.target.config.get_text_config().vocab_size))
     model = target_model.load_target(
         path, dtype=context.target.dtype, device=str(context.target.device), trust_remote_code=context.trust_remote_code
     )
     token_ids = load_token_ids(config, int(context.target.config.get_text_config().vocab_size))
-    target_model.use_draft_lm_head(model, token_ids, context.draft_weight_dtype)  # CPU: each draft step projects one row
+    use_draft_lm_head(model, token_ids, context.draft_weight_dtype)  # CPU: each draft step projects one row
     pack_draft_linears(model, context.draft_weight_dtype)  # its layers' linears (the lm_head is the DraftLMHead's now)
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     slots = None
@@ -146,7 +118,7 @@ def check_prompt(draft: DraftModel, input_ids: Sequence[int]) -> None:
 
 
 class DraftTargetProposer:
-    """:class:`~specbuild.engine.methods.base.Proposer` running the draft model with its own KV cache.
+    """:class:`~specbuild.engine.drafters.Proposer` running the draft model with its own KV cache.
 
     The cache holds ``cached`` = the context prefix the draft has seen plus the drafts it fed itself.
     Each step keeps the longest prefix of ``cached`` that is still in the context (accepted drafts stay,
@@ -178,8 +150,6 @@ class DraftTargetProposer:
         if self._slot is not None:
             weakref.finalize(self, slots.give_back, self._slot)
         else:
-            from .. import target as target_model
-
             self._cache = target_model.new_cache(self._draft.model)
 
     @property
@@ -198,10 +168,6 @@ class DraftTargetProposer:
         self._take_cache()
         if self._slot is not None:
             return propose_batch([self], [context], [num_draft_tokens], [sampler])[0]
-        import torch
-
-        from .. import target as target_model
-
         k = self._num_drafts(len(context), num_draft_tokens)
         if k <= 0:
             return Draft()
@@ -244,8 +210,6 @@ class DraftTargetProposer:
 
     def _sync_cache(self, context: Sequence[int]) -> list[int]:
         """Roll the cache back to its longest prefix still in ``context``; return the tokens to feed (>= 1)."""
-        from ..kv_cache import rollback
-
         keep = self._kept_prefix(context)
         if self._slot is None:
             rollback(self._cache, keep)
@@ -270,10 +234,6 @@ def propose_batch(
     Raises:
         ValueError: a proposer holds no slot, or the proposers belong to different drafts.
     """
-    import torch
-
-    from ..forward import RowBlock, forward_blocks
-
     draft = proposers[0]._draft
     for p in proposers:
         p._take_cache()
@@ -298,3 +258,87 @@ def propose_batch(
                 tokens[i].append(proposers[i]._choose(logits, samplers[i], probs[i]))
                 feeds[i] = [tokens[i][-1]]
     return [Draft(t, torch.stack(q) if q else None) for t, q in zip(tokens, probs)]
+
+
+class DraftModelDrafter(ChainDrafter):
+    """A :class:`DraftTargetProposer`'s chains; the requests holding slots of one draft's :class:`DraftSlots`
+    draft together (a :class:`~specbuild.engine.drafters.BatchDrafter`)."""
+
+    proposer: DraftTargetProposer
+
+    @property
+    def batch_key(self) -> DraftSlots | None:
+        """The draft's slots when this request holds one, else None (a private cache: it drafts alone)."""
+        return self.proposer.batch_key
+
+    @classmethod
+    def draft_batch(cls, drafters: Sequence[DraftModelDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+        """:meth:`draft` for requests of one draft model: one draft forward per draft token for all of them."""
+        rows = [i for i, (d, m) in enumerate(zip(drafters, max_accepts)) if min(d.k, m) > 0]
+        blocks = [Block.chain(context[-1]) for context in contexts]
+        if rows:
+            drafts = propose_batch([drafters[i].proposer for i in rows], [contexts[i] for i in rows],
+                                   [min(drafters[i].k, max_accepts[i]) for i in rows], [samplers[i] for i in rows])
+            for i, draft in zip(rows, drafts):
+                blocks[i] = Block.chain(contexts[i][-1], draft.tokens, draft.probs)
+        return blocks
+
+
+def make_drafter(draft: DraftModel, request: ResolvedRequest) -> DraftModelDrafter:
+    """A request's drafter: its own proposer (cache) over the engine's draft, chains of at most ``num_draft_tokens``."""
+    return DraftModelDrafter(DraftTargetProposer(draft), request.num_draft_tokens)
+
+
+ENGINE = EngineMethod(make_drafter=make_drafter, load=load_draft, check_prompt=check_prompt)
+"""The draft runs with its own KV cache (a slot of the engine's draft pool); greedy or speculative sampling on its chain."""
+
+
+# --- the draft's lm_head ----------------------------------------------------------------------------
+
+
+class DraftLMHead(torch.nn.Module):
+    """A draft model's ``lm_head`` (``nn.Linear [vocab, hidden]``) projected by :class:`~specbuild.engine.draft_linear.DraftProjection`.
+
+    A draft-target step projects one row (``logits_to_keep=1``); on CPU that is faster against the
+    packed copy ``DraftProjection`` keeps (one more weight's memory). With ``token_ids`` (a hot-token
+    map) only those rows are computed and every other token's logit is ``-inf``. ``weight`` and ``bias``
+    are the linear's own parameters (tied embeddings stay tied). Call with ``x [..., hidden]``; returns
+    ``[..., vocab]``.
+    """
+
+    def __init__(self, linear: torch.nn.Linear, token_ids: Sequence[int] | None = None, weight_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.project = DraftProjection(linear, token_ids, weight_dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.project(x)
+
+
+def use_draft_lm_head(model: PreTrainedModel, token_ids: Sequence[int] | None = None,
+                      weight_dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """Swap a draft model's ``nn.Linear`` lm_head for a :class:`DraftLMHead` (in place; returns it): on CPU,
+    and on any device with a hot-token map ``token_ids``.
+
+    Only for a draft the engine owns and never trains or saves: the target's logits always come from its
+    own unchanged forward, so verification never depends on this kernel choice. Anything but a plain
+    ``nn.Linear`` (custom heads), or CUDA without a map, is left as it is; a second call changes nothing.
+    ``weight_dtype``: as :class:`~specbuild.engine.draft_linear.DraftProjection`'s.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is torch.nn.Linear and (head.weight.device.type == "cpu" or token_ids is not None):
+        model.set_output_embeddings(DraftLMHead(head, token_ids, weight_dtype))
+    return model
+
+
+# --- the builder: the draft written into the engine directory -----------------------------------------
+
+
+def write_draft(loaded: LoadedRecipe, draft_dir: Path, out: Path, *, log) -> None:
+    """:attr:`~specbuild.methods.ReferenceWeights.write`: the draft as a Hugging Face checkpoint in
+    ``draft_dtype`` (or the target's)."""
+    r = loaded.recipe
+    dtype = r.speculation.draft_dtype or r.target.dtype
+    model = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch_dtype(dtype), trust_remote_code=r.target.trust_remote_code)
+    log(f"writing draft {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {dtype})")
+    model.save_pretrained(out, safe_serialization=True)

@@ -2,18 +2,19 @@
 
 Leviathan et al. 2023; Chen et al. 2023. TensorRT-LLM: ``DraftTargetDecodingConfig`` (LLM API), or two
 engines with ``draft_tokens_external`` on the target (engine path; specbuild's ensemble front runs the
-draft -> target loop). Reference engine: :mod:`specbuild.engine.methods.draft_target`. Training:
-:mod:`specbuild.train.draft` (distils a few of the target's layers).
+draft -> target loop). Reference engine: :mod:`specbuild.methods.draft_target.engine`. Training:
+:mod:`specbuild.methods.draft_target.train` (distils a few of the target's layers).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from .base import (
+from ..base import (
     DraftEngine,
     DType,
     ReferenceWeights,
@@ -23,13 +24,11 @@ from .base import (
     Weights,
     chain_of,
 )
-from .heads import torch_dtype
-from .token_map import TokenMapParams
+from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
     from specbuild.builder.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
-    from specbuild.engine.methods.base import EngineMethod
 
 
 class DraftTargetSpeculation(TokenMapParams):
@@ -72,6 +71,38 @@ def locate_draft(loaded: LoadedRecipe) -> CheckpointSource:
         raise loaded.error(("speculation", "draft_checkpoint"), str(exc)) from None
 
 
+def read_vocab_size(checkpoint_dir: str | Path) -> int:
+    """``vocab_size`` from a Hugging Face ``config.json`` (top level, else ``text_config``), without torch.
+
+    Raises:
+        FileNotFoundError: no ``config.json``.
+        ValueError: it names no vocab_size.
+    """
+    config_path = Path(checkpoint_dir) / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no Hugging Face checkpoint at {checkpoint_dir} (config.json missing)")
+    config = json.loads(config_path.read_text())
+    vocab_size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    if vocab_size is None:
+        raise ValueError(f"{config_path}: no vocab_size")
+    return int(vocab_size)
+
+
+def check_draft_vocab(draft_dir: str | Path, target_vocab_size: int) -> None:
+    """Refuse a draft whose vocabulary size differs from the target's (before loading any weights).
+
+    Raises:
+        ValueError: the sizes differ; the message names both.
+    """
+    draft_vocab_size = read_vocab_size(draft_dir)
+    if draft_vocab_size != target_vocab_size:
+        raise ValueError(
+            f"draft model {draft_dir} has vocab_size={draft_vocab_size} but the target has "
+            f"vocab_size={target_vocab_size}; draft-target speculation needs a draft that shares the "
+            "target's vocabulary"
+        )
+
+
 def check_draft_vocabulary(loaded: LoadedRecipe, target_dir: Path, draft_dir: Path) -> None:
     """Refuse a draft whose vocabulary differs from the target's: the ``vocab_size`` of the two
     config.json files, then the tokenizers' id -> token tables
@@ -81,7 +112,6 @@ def check_draft_vocabulary(loaded: LoadedRecipe, target_dir: Path, draft_dir: Pa
         RecipeError: the sizes or a token differ (located at ``speculation.draft_checkpoint``).
     """
     from specbuild.builder.tokenizer_identity import read_token_table, token_table_difference
-    from specbuild.engine.methods.draft_target import check_draft_vocab, read_vocab_size
 
     try:
         check_draft_vocab(draft_dir, read_vocab_size(target_dir))
@@ -103,37 +133,8 @@ def _load(loaded: LoadedRecipe, draft_dir: Path, target_dir: Path) -> Path:
     return draft_dir
 
 
-def _write(loaded: LoadedRecipe, draft_dir: Path, out: Path, *, log) -> None:
-    """The draft as a Hugging Face checkpoint in ``draft_dtype`` (or the target's)."""
-    from transformers import AutoModelForCausalLM
-
-    r = loaded.recipe
-    dtype = r.speculation.draft_dtype or r.target.dtype
-    model = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch_dtype(dtype), trust_remote_code=r.target.trust_remote_code)
-    log(f"writing draft {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {dtype})")
-    model.save_pretrained(out, safe_serialization=True)
-
-
-# --- reference engine, TensorRT-LLM, training ------------------------------------------------------
-
-
-def engine() -> EngineMethod:
-    """The draft runs with its own KV cache; greedy or speculative sampling on its chain."""
-    from specbuild.engine.methods.base import EngineMethod
-    from specbuild.engine.methods.draft_target import DraftTargetProposer, check_prompt, load_draft
-
-    return EngineMethod(make_proposer=DraftTargetProposer, load=load_draft, check_prompt=check_prompt, verification="chain")
-
-
 def _draft_engine(spec: DraftTargetSpeculation) -> DraftEngine:
     return DraftEngine(spec.draft_checkpoint, spec.draft_dtype, gather_generation_logits=spec.use_draft_logits)
-
-
-def _train(spec: DraftTargetSpeculation, target, tokenizer, data, config, out, ckpt_dir, **common):
-    from specbuild.train.draft import train_draft
-
-    del spec
-    return train_draft(target, tokenizer, data, config, out, ckpt_dir, **common)
 
 
 METHOD = SpeculationMethod(
@@ -149,8 +150,9 @@ METHOD = SpeculationMethod(
     ),
     weights=Weights(
         field="draft_checkpoint", what="the draft checkpoint", role="draft", draft_model=True, check_fit=check_draft_vocabulary,
-        reference=ReferenceWeights(subdir="draft", locate=locate_draft, load=_load, write=_write, fingerprint_key="draft"),
+        reference=ReferenceWeights(subdir="draft", locate=locate_draft, load=_load, write="specbuild.methods.draft_target.engine:write_draft",
+                                   fingerprint_key="draft"),
     ),
-    engine=engine,
-    training=Training(train=_train, held_out_config=chain_of),
+    engine="specbuild.methods.draft_target.engine:ENGINE",  # the draft with its own KV cache; greedy or sampled chains
+    training=Training(train="specbuild.methods.draft_target.train:train_for", held_out_config=chain_of),
 )

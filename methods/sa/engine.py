@@ -13,7 +13,7 @@ it first ended, is a walk of at most a few suffix links::
 
 With ``max_matching_ngram_size = n > 0`` the suffix is at most ``n`` tokens (TensorRT-LLM tries sizes
 ``n`` down to 1), which drafts exactly what prompt lookup with ``is_use_oldest=True`` drafts
-(:func:`~specbuild.engine.methods.ngram.find_ngram_draft`). With ``enable_global_pool`` a request also
+(:func:`~specbuild.methods.ngram.find_ngram_draft`). With ``enable_global_pool`` a request also
 searches the automata of the other requests in flight and of finished ones kept in the pool
 (:class:`SAPool`), as TensorRT-LLM's global search kernel does.
 
@@ -27,12 +27,10 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from specbuild.methods.sa import SASpeculation
+from specbuild.engine.drafters import EngineMethod, MethodContext, chain_drafter
 
-    from .base import MethodContext
+from . import SASpeculation
 
 # TensorRT-LLM's global search compares at most this many trailing tokens of a request
 # (``kMaxGlobalSuffixLen``; SADecodingConfig.enable_global_pool: "suffix matching is capped at 64 tokens").
@@ -238,7 +236,7 @@ def global_match(own_id: int, own: SuffixAutomaton, pool: SAPool, max_ngram: int
 
 
 class SAProposer:
-    """:class:`~specbuild.engine.methods.base.Proposer` for SA: one request's suffix automaton.
+    """:class:`~specbuild.engine.drafters.Proposer` for SA: one request's suffix automaton.
 
     The automaton follows the request's context (prompt + emitted tokens), never its draft tokens: each
     :meth:`propose` and :meth:`update` first appends the context tokens it has not seen, so steps
@@ -294,5 +292,9 @@ class SAProposer:
 
 
 def load(params: SASpeculation, context: MethodContext) -> SAPool:
-    """:attr:`~specbuild.engine.methods.base.EngineMethod.load`: the engine's pool (raises ValueError, see :class:`SAPool`)."""
+    """:attr:`~specbuild.engine.drafters.EngineMethod.load`: the engine's pool (raises ValueError, see :class:`SAPool`)."""
     return SAPool(params, context.max_batch_size)
+
+
+ENGINE = EngineMethod(make_drafter=chain_drafter(SAProposer), load=load)
+"""Per-request suffix automata (and the global pool), a chain of at most ``num_draft_tokens`` per step."""

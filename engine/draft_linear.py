@@ -1,50 +1,20 @@
-"""The proposer interface every speculative method implements (one module per method), and a method's engine side."""
+"""Draft-side linear layers: the packed vocabulary projection and packed layers of draft heads and draft
+models, and the dtype their weights are packed as (``build.draft_weights``).
+
+Only drafts run through these: the target's logits always come from the model's own forward, so
+verification, and greedy equality with plain decoding, never depend on them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
-    from ..sampling import Sampler
-
-
-@dataclass(frozen=True)
-class Draft:
-    """What a proposer proposes: draft tokens and, for a draft model, the distributions they came from.
-
-    Attributes:
-        tokens: ``k`` draft token ids.
-        probs: ``[k, vocab]`` the draft distributions ``q`` the tokens were sampled from, or None for
-            deterministic drafts (n-gram; any greedy proposal). Only sampled requests use it.
-    """
-
-    tokens: list[int] = field(default_factory=list)
-    probs: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class MethodContext:
-    """What a method may need when the engine loads it (once per engine, not per request).
-
-    Attributes:
-        target: the loaded target model (its vocabulary, dtype and device).
-        trust_remote_code: passed to Hugging Face loaders of extra checkpoints.
-        max_batch_size: requests in flight at most (the build's); None outside an engine.
-        max_seq_len: prompt + generated tokens of one request at most (the build's); None outside an engine.
-        draft_weight_dtype: what draft-side packed weights hold (:func:`draft_weight_dtype`); None: as loaded.
-    """
-
-    target: Any
-    trust_remote_code: bool = False
-    max_batch_size: int | None = None
-    max_seq_len: int | None = None
-    draft_weight_dtype: Any = None
-
+from . import rowgemm
+from .kernels import PackedLinear, onednn_supports, pack_linears, resolve_kernels
 
 DRAFT_WEIGHTS = ("auto", "float32", "bfloat16")
 
@@ -66,92 +36,15 @@ def draft_weight_dtype(setting: str, target: Any) -> Any:
     Raises:
         ValueError: ``setting`` is not one of :data:`DRAFT_WEIGHTS`.
     """
-    import torch
-
     if setting not in DRAFT_WEIGHTS:
         raise ValueError(f"draft_weights={setting!r} is not one of {DRAFT_WEIGHTS}")
     if setting == "float32":
         return None
     if setting == "bfloat16":
         return torch.bfloat16
-    from .. import rowgemm
-
     param = next(target.parameters())
     on_kernel = param.device.type == "cpu" and param.dtype == torch.float32 and rowgemm.library() is not None
     return torch.bfloat16 if on_kernel else None
-
-
-def _settings_themselves(params: Any, context: MethodContext) -> Any:
-    del context
-    return params
-
-
-def _any_prompt(loaded: Any, input_ids: Sequence[int]) -> None:
-    del loaded, input_ids
-
-
-Verification = Literal["chain", "tree", "feature_tree", "feature_chain", "lookahead"]
-
-
-@dataclass(frozen=True)
-class EngineMethod:
-    """A method's side in the reference engine: load what it needs, make each request's proposer.
-
-    The engine validates ``speculative_config`` with the method's settings model
-    (:meth:`specbuild.methods.SpeculationMethod.parse_speculative_config`), then calls ``load`` once
-    (it returns what ``make_proposer`` and ``check_prompt`` take: the settings themselves, or e.g. a
-    loaded draft model), ``check_prompt`` before a speculative request (raises InvalidRequestError),
-    and ``make_proposer`` per request.
-
-    Attributes:
-        verification: ``"chain"``: the proposer is a :class:`Proposer` (k tokens in a row, verified by
-            token matching or speculative sampling); ``"tree"``: a
-            :class:`~specbuild.engine.medusa_decode.TreeProposer` filling a token tree from the target's
-            hidden state, verified in one pass with a tree attention mask; ``"feature_tree"``: a
-            :class:`~specbuild.engine.eagle_decode.FeatureTreeProposer` (EAGLE) fed with the target's
-            features of every accepted position, verified like ``"tree"``; ``"feature_chain"``: an
-            :class:`~specbuild.engine.methods.eagle3.Eagle3Proposer` (EAGLE-3) drafting a chain from features
-            it captures from several target layers; ``"lookahead"``: no proposer, the loaded config
-            resolves each request's ``(w, n, g)``. :meth:`ReferenceEngine._drafter
-            <specbuild.engine.runtime.ReferenceEngine>` wraps each kind in its
-            :class:`~specbuild.engine.drafters.Drafter`.
-        greedy_only: sampled requests (``temperature > 0``) are refused, as TensorRT-LLM refuses them.
-    """
-
-    make_proposer: Callable[[Any], Any]
-    verification: Verification
-    load: Callable[[Any, MethodContext], Any] = _settings_themselves
-    check_prompt: Callable[[Any, Sequence[int]], None] = _any_prompt
-    greedy_only: bool = False
-
-
-class Proposer(Protocol):
-    """Proposes draft tokens for one request; the engine verifies them with the target.
-
-    The engine makes a new proposer per request, so a proposer may keep per-request state (a draft
-    model's KV cache, a lookahead pool) and drop it with the request.
-    """
-
-    def propose(
-        self, context: Sequence[int], num_draft_tokens: int, sampler: Sampler | None = None
-    ) -> list[int] | Draft:
-        """Return at most ``num_draft_tokens`` draft tokens to follow ``context`` (prompt + emitted tokens).
-
-        An empty draft means "no guess": the engine then runs a plain one-token step. ``sampler`` is the
-        request's sampler for sampled requests; the engine leaves it out for greedy ones, so a greedy
-        proposer may take just ``(context, num_draft_tokens)``. A proposer that samples its drafts
-        returns a :class:`Draft` with their ``[k, vocab]`` distributions.
-        """
-        ...
-
-    def update(self, context: Sequence[int], num_accepted: int) -> None:
-        """Called after each verification with the new context and how many draft tokens were accepted."""
-        ...
-
-
-def as_draft(proposal: list[int] | Draft) -> Draft:
-    """A proposer's return value as a :class:`Draft` (a plain list is a deterministic draft)."""
-    return proposal if isinstance(proposal, Draft) else Draft(list(proposal))
 
 
 class DraftProjection:
@@ -191,11 +84,6 @@ class DraftProjection:
     """
 
     def __init__(self, linear: Any, token_ids: Sequence[int] | None = None, weight_dtype: Any = None) -> None:
-        import torch
-
-        from .. import rowgemm
-        from ..kernels import PackedLinear, onednn_supports
-
         weight = linear.weight.detach()
         bias = None if getattr(linear, "bias", None) is None else linear.bias.detach()
         self.linear = linear
@@ -228,8 +116,6 @@ class DraftProjection:
             self.weight_t = weight.t().contiguous()  # [hidden, V']
 
     def __call__(self, x: Any) -> Any:
-        import torch
-
         x = x.to(self.dtype)
         if self.packed is not None:
             logits = self.packed(x)
@@ -256,25 +142,8 @@ def pack_draft_linears(module: Any, weight_dtype: Any = None) -> Any:
     ``weight_dtype=torch.bfloat16`` packs the weights as bfloat16 where the float32 kernel runs
     (:func:`draft_weight_dtype`); None keeps them as they are.
     """
-    import torch
-
-    from ..kernels import pack_linears, resolve_kernels
-
     if next(module.parameters(), None) is not None:  # e.g. Medusa heads without residual blocks have none
         kernels = resolve_kernels("auto", module)
         dtype = weight_dtype if kernels == "rowgemm" and weight_dtype is not None else torch.float32
         pack_linears(module, kernels, weight_dtype=dtype)
     return module
-
-
-def load_token_ids(params: Any, vocab_size: int) -> list[int] | None:
-    """The hot-token map the method's settings name (``speculative_token_map``), read and checked; None
-    without one.
-
-    Raises:
-        FileNotFoundError / ValueError: as :func:`specbuild.methods.token_map.read_token_ids`.
-    """
-    from specbuild.methods.token_map import FIELD, read_token_ids
-
-    path = getattr(params, FIELD, None)
-    return None if path is None else read_token_ids(path, vocab_size)

@@ -2,7 +2,7 @@
 format, optional draft vocabulary with ``d2t``) and drafts a chain. Greedy only.
 
 TensorRT-LLM: the PyTorch backend's ``Eagle3DecodingConfig`` (decoding_type ``Eagle`` before 1.3).
-Reference engine: :mod:`specbuild.engine.methods.eagle3`. Training: :mod:`specbuild.train.eagle3`.
+Reference engine: :mod:`specbuild.methods.eagle3.engine`. Training: :mod:`specbuild.methods.eagle3.train`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
-from .eagle import check_sizes, locate_head
-from .heads import read_json, refuse_unreadable, target_config, torch_dtype
+from ..base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
+from ..eagle import check_sizes, locate_head
+from ..heads import read_json, target_config
 
 if TYPE_CHECKING:
     from specbuild.builder.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
-    from specbuild.engine.methods.base import EngineMethod
 
 
 class SAEnhancer(BaseModel):
@@ -102,7 +101,7 @@ def check_fit(loaded: LoadedRecipe, target_dir: Path, head_dir: Path) -> None:
     Raises:
         RecipeError: located at ``speculation.eagle_model``.
     """
-    from specbuild.engine.methods.eagle3 import Eagle3Config, capture_layers_for
+    from .engine import Eagle3Config, capture_layers_for  # torch: the head's config rules live with the head
 
     check_sizes(loaded, target_dir, head_dir)
     head, num_layers = read_json(head_dir / "config.json"), target_config(target_dir).get("num_hidden_layers")
@@ -114,50 +113,7 @@ def check_fit(loaded: LoadedRecipe, target_dir: Path, head_dir: Path) -> None:
         raise loaded.error(("speculation", "eagle_model"), str(exc)) from None
 
 
-def _load(loaded: LoadedRecipe, head_dir: Path, target_dir: Path):
-    """The ``Eagle3Head`` in the target's dtype, its draft vocabulary's ``d2t`` checked against the target's.
-
-    Raises:
-        RecipeError: a malformed head directory or a ``d2t`` outside the target's vocabulary.
-    """
-    from specbuild.engine.methods.eagle3 import check_vocab_fits, load_eagle3_head
-
-    vocab = target_config(target_dir).get("vocab_size")
-
-    def read():
-        head = load_eagle3_head(head_dir, dtype=torch_dtype(loaded.recipe.target.dtype))
-        if vocab is not None:
-            check_vocab_fits(head, vocab)
-        return head
-
-    return refuse_unreadable(loaded, "eagle_model", read)
-
-
-def _write(loaded: LoadedRecipe, head, out: Path, *, log) -> None:
-    from specbuild.engine.methods.eagle3 import save_eagle3_head
-
-    del loaded
-    c = head.config
-    log(f"writing the EAGLE-3 head (midlayer, hidden_size={c.hidden_size}, draft vocabulary {c.draft_vocab_size or c.vocab_size})")
-    save_eagle3_head(out, head.state_dict(), c)
-
-
-# --- reference engine, training ----------------------------------------------------------------------
-
-
-def engine() -> EngineMethod:
-    """The head loaded once per engine; chains of at most ``k`` drafts from captured target layers."""
-    from specbuild.engine.methods.base import EngineMethod
-    from specbuild.engine.methods.eagle3 import load_eagle3, make_eagle3_proposer
-
-    return EngineMethod(make_proposer=make_eagle3_proposer, load=load_eagle3, verification="feature_chain", greedy_only=True)
-
-
-def _train(spec: Eagle3Speculation, target, tokenizer, data, config, out, ckpt_dir, **common):
-    from specbuild.train.eagle3 import train_eagle3
-
-    del spec, tokenizer
-    return train_eagle3(target, data, config, out, ckpt_dir, **common)
+# --- the reference engine's refusals ------------------------------------------------------------------
 
 
 def _reference_check(spec: Eagle3Speculation) -> tuple[str, str] | None:
@@ -184,10 +140,11 @@ METHOD = SpeculationMethod(
     ),
     weights=Weights(
         field="eagle_model", what="the EAGLE-3 head directory", role="eagle3", check_fit=check_fit,
-        reference=ReferenceWeights(subdir="eagle3", locate=_locate, load=_load, write=_write, fingerprint_key="eagle"),
+        reference=ReferenceWeights(subdir="eagle3", locate=_locate, load="specbuild.methods.eagle3.engine:read_for_build",
+                                   write="specbuild.methods.eagle3.engine:write_for_build", fingerprint_key="eagle"),
     ),
-    engine=engine,
-    training=Training(train=_train, held_out_config=chain_of),
+    engine="specbuild.methods.eagle3.engine:ENGINE",  # the head loaded once; chains of at most k drafts per request
+    training=Training(train="specbuild.methods.eagle3.train:train_for", held_out_config=chain_of),
     ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here
     unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain)",
     reference_check=_reference_check,

@@ -11,7 +11,8 @@ No draft model. Each step is ONE target forward over three parts (§3.1-§3.3):
   that new guess is an n-gram of the Jacobi trajectory and goes into the pool (§3.1, Fig. 2b);
 * the *verification branch*: up to ``g`` pool n-grams whose first token is the last token, each
   contributing its ``n - 1`` following tokens (§3.2). They are the draft tokens; the longest prefix the
-  target agrees with is accepted (:func:`specbuild.engine.acceptance.accept_greedy`).
+  target agrees with is accepted (:func:`specbuild.engine.acceptance.accept_tree_greedy`; the candidates
+  form a trie from the last token).
 
 Token budget (TensorRT-LLM, ``lookahead_max_draft_len``): one step runs
 ``1 + (w * (n - 1) - 1) + g * (n - 1) = (w + g) * (n - 1)`` tokens, which for ``n > 1`` equals
@@ -29,12 +30,18 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from specbuild.methods.lookahead import LookaheadSpeculation, lookahead_max_draft_len
+from specbuild.engine.block import Block
+from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
+from specbuild.engine.tree import SpecTree
 
-from .base import MethodContext
+from . import LookaheadSpeculation, lookahead_max_draft_len
+
+if TYPE_CHECKING:
+    from specbuild.engine.validation import ResolvedRequest
 
 
 @dataclass(frozen=True)
@@ -338,3 +345,59 @@ class LookaheadState:
             return
         self.pool.add_all(emitted_context)
         self.levels[0][0] = int(next_last_token)
+
+
+# --- drafting: the request's window and pool as one block ---------------------------------------------
+
+
+class LookaheadDrafter(PlainDrafter):
+    """Lookahead (Fu et al. 2024, §3): candidates from the n-gram pool, the Jacobi window as extra rows.
+
+    One step of a request::
+
+        slot holds context[:-1]; last = context[-1]
+        block      = [last] + window (w x (n-1) Jacobi guesses, minus the slot `last` fills)
+                     + up to g pool n-grams starting with `last`                 (w + g) * (n - 1) tokens
+        target     = one pass over the block with the 4D lookahead mask (build_step_layout)
+        accepted   = the candidate with the longest prefix equal to the target's argmax; bonus after it
+        slot       = keep prefix + last + accepted
+        window     = argmax after the top window level becomes the next level; full columns -> pool
+    """
+
+    def __init__(self, params: LookaheadParams) -> None:
+        self.params = params
+        self.state: LookaheadState | None = None
+        self.layout: StepLayout | None = None
+
+    def start(self, prompt, first_token, hidden_states) -> None:
+        self.state = LookaheadState.start(prompt, self.params)
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        last = context[-1]
+        if max_accept <= 0:  # K = 0: a plain step; update() still feeds the pool and re-anchors the window
+            self.layout = None
+            return Block.chain(last)
+        layout = build_step_layout(last, self.state.levels, self.state.candidates(last, max_accept), self.params)
+        self.layout = layout
+        # candidate c, token i  <->  tree path (c, 0, .., 0) of depth i + 1
+        tree = SpecTree.from_choices([[c] + [0] * i for c, cand in enumerate(layout.candidates) for i in range(len(cand))])
+        tree_index = (0, *(layout.candidate_index[path[0]][len(path) - 1] for path in tree.paths))
+        return Block(layout.tokens, tree, layout.positions, layout.allowed, tree_index, None, layout.num_draft_tokens)
+
+    def update(self, context, step) -> None:
+        if self.layout is None:  # a plain step: no window rows ran; the window keeps its levels
+            self.state.keep_up(context[-(len(step.emitted) + self.params.ngram - 1) :], context[-1])
+            return
+        top = self.layout.lookahead_index[-1] if self.layout.lookahead_index else []
+        new_level = [step.target_tokens[i] for i in top]
+        emitted = len(step.emitted)
+        self.state.advance(new_level, context[-(emitted + self.params.ngram - 1) :], context[-1])
+
+
+def make_drafter(config: LookaheadConfig, request: ResolvedRequest) -> LookaheadDrafter:
+    """A request's drafter for its ``lookahead_config`` ``(w, n, g)`` (None: the built ``(W, N, G)``)."""
+    return LookaheadDrafter(config.resolve(request.lookahead_config))
+
+
+ENGINE = EngineMethod(make_drafter=make_drafter, load=load_lookahead, resolve_window=LookaheadConfig.resolve, greedy_only=True)
+"""No draft model: the built ``(W, N, G)``, each request's ``(w, n, g)`` resolved when its drafter is made."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from .base import Conversion, MethodParams, SpeculationMethod, TrtllmMapping, Weights
+from ..base import Conversion, MethodParams, SpeculationMethod, TrtllmMapping, Weights
 
 if TYPE_CHECKING:
     from specbuild.builder.recipe import LoadedRecipe

@@ -3,7 +3,7 @@
 Each request keeps the suffix automaton of its context; the draft continues the longest earlier match
 of the context's suffix (``max_matching_ngram_size: -1``) or of its last ``n`` tokens at most (``n > 0``).
 With ``enable_global_pool`` a request also searches the automata of the other requests in flight and of
-recently finished ones (at most ``global_pool_size``). Reference engine: :mod:`specbuild.engine.methods.sa`.
+recently finished ones (at most ``global_pool_size``). Reference engine: :mod:`specbuild.methods.sa.engine`.
 
 TensorRT-LLM runs SA on its PyTorch backend only, from the 1.3 line (1.2.1's
 ``DecodingBaseConfig.from_dict`` has no ``SA`` key; ``SADecodingConfig`` is in the 1.3.0rc and 1.4.0rc
@@ -20,11 +20,10 @@ from pydantic import Field, model_validator
 
 from specbuild.builder.strict import FieldProblem
 
-from .base import MethodParams, SpeculationMethod, TrtllmMapping
+from ..base import MethodParams, SpeculationMethod, TrtllmMapping
 
 if TYPE_CHECKING:
     from specbuild.builder.recipe import LoadedRecipe
-    from specbuild.engine.methods.base import EngineMethod
 
 # TensorRT-LLM's global search: "max_matching_ngram_size must be -1 (longest match) or in [1, 64] when
 # enable_global_pool is True" (SADecodingConfig.validate_sa_config).
@@ -89,14 +88,6 @@ def _check(loaded: LoadedRecipe, path: str) -> None:
                            f"{batch}: every request in flight needs a slot; raise it or remove it (default max(64, max_batch_size))")
 
 
-def engine() -> EngineMethod:
-    """Per-request suffix automata (and the global pool), verified as a chain."""
-    from specbuild.engine.methods.base import EngineMethod
-    from specbuild.engine.methods.sa import SAProposer, load
-
-    return EngineMethod(make_proposer=SAProposer, verification="chain", load=load)
-
-
 METHOD = SpeculationMethod(
     name="sa",
     title="suffix automaton",
@@ -106,5 +97,5 @@ METHOD = SpeculationMethod(
         unavailable={"tensorrt": "SA (suffix automaton) exists only on TensorRT-LLM's PyTorch backend, from 1.3"},
         check=_check,
     ),
-    engine=engine,
+    engine="specbuild.methods.sa.engine:ENGINE",  # per-request suffix automata (and the global pool), a chain
 )

@@ -18,8 +18,16 @@ gets the ``c``-th most likely token of head ``d - 1``. Example: tree ``[[0], [1]
 
 As the reference engine's side of the ``medusa`` method (:mod:`specbuild.methods.medusa`, whose
 settings model validates the speculative_config): :func:`load_medusa` loads the heads (and their
-stateless proposer) once per engine, :func:`make_medusa_proposer` hands that proposer to each request.
-Greedy only, as in TensorRT-LLM.
+stateless proposer) once per engine, :func:`make_drafter` gives each request a :class:`MedusaDrafter`
+over that proposer and the tree's first ``num_draft_tokens`` nodes. Greedy only, as in TensorRT-LLM.
+One step of a request::
+
+    slot holds context[:-1]; root = context[-1]; hidden = target's final-norm state that produced root
+    block       = [root, head candidates per node]                       1 + n tokens, ancestor mask
+    target      = one pass over the block
+    accepted    = longest root-to-node path matching the target's argmax; bonus = argmax at its end
+    slot        = keep prefix + root + accepted path
+    next root   = bonus, next hidden = hidden at the last accepted index
 """
 
 from __future__ import annotations
@@ -28,16 +36,25 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from specbuild.methods.medusa import WEIGHT_FILES, MedusaSpeculation
+from specbuild.engine.block import Block
+from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
+from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
+from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
 
-from ..tree import MC_SIM_7B_63, SpecTree
-from .base import DraftProjection, MethodContext, load_token_ids, pack_draft_linears
-from .heads import HeadFiles, LoadedHead, check_state, check_tree_attention, read_config_json
+from ..head_files import HeadFiles, LoadedHead, check_state, check_tree_attention, read_config_json
+from ..heads import refuse_unreadable, target_config, torch_dtype
+from ..token_map import load_token_ids
+from . import WEIGHT_FILES, MedusaSpeculation
+
+if TYPE_CHECKING:
+    from specbuild.builder.recipe import LoadedRecipe
+    from specbuild.engine.validation import ResolvedRequest
 
 SAFETENSORS_NAME, PT_NAME = WEIGHT_FILES
 MEDUSA_FILES = HeadFiles(SAFETENSORS_NAME, (PT_NAME,))
@@ -188,7 +205,7 @@ class MedusaProposer:
                  weight_dtype: torch.dtype | None = None) -> None:
         """``token_ids``: a hot-token map for every head's vocabulary projection (:class:`DraftProjection`);
         None: the full vocabulary. ``weight_dtype``: what those projections' packed weights hold
-        (:func:`~specbuild.engine.methods.base.draft_weight_dtype`; None: the heads' dtype).
+        (:func:`~specbuild.engine.draft_linear.draft_weight_dtype`; None: the heads' dtype).
 
         Raises: ValueError if the tree is deeper than the head count or wants more candidates than the
         vocabulary (or the token map)."""
@@ -301,6 +318,102 @@ def load_medusa(config: MedusaSpeculation, context: MethodContext) -> LoadedMedu
     return LoadedHead(config, proposer, path)
 
 
-def make_medusa_proposer(loaded: LoadedMedusa) -> MedusaProposer:
-    """A request's proposer over the engine's heads and full tree (stateless: one per engine, shared)."""
-    return loaded.proposer
+# --- drafting: a request's tree from the target's hidden state -----------------------------------------
+
+
+class TreeProposer(Protocol):
+    """Fills a speculation tree from the target's last hidden state (:class:`MedusaProposer`).
+
+    Attributes:
+        tree: the full tree this proposer fills; a request keeps its first ``num_draft_tokens`` nodes
+            (:meth:`SpecTree.first`), a step the depth ``max_tokens`` still allows (:meth:`SpecTree.truncated`).
+    """
+
+    tree: SpecTree
+
+    def propose_tree(self, context: Sequence[int], hidden: torch.Tensor, tree: SpecTree) -> list[int]:
+        """``[1 + tree.num_nodes]`` tokens, ``context[-1]`` (the root) first; ``hidden [hidden_size]`` is the
+        target's final-norm state that produced ``context[-1]``."""
+        ...
+
+
+class TreeDrafter(PlainDrafter):
+    """A :class:`TreeProposer`'s trees, filled from the target's final-norm hidden state at the root's
+    producer; drafts alone."""
+
+    wants_hidden = True
+
+    def __init__(self, proposer: TreeProposer, tree: SpecTree) -> None:
+        self.proposer, self.tree = proposer, tree
+        self.hidden: torch.Tensor | None = None  # [H]
+
+    def start(self, prompt, first_token, hidden_states) -> None:
+        self.hidden = hidden_states[-1][-1]
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        tree = self.tree.truncated(max_accept)
+        return Block.of_tree(tree, self.proposer.propose_tree(context, self.hidden, tree))
+
+    def update(self, context, step) -> None:
+        self.hidden = step.hidden_states[-1][step.keep[-1]]
+
+
+class MedusaDrafter(TreeDrafter):
+    """The engine's heads (:class:`MedusaProposer`, shared by every request): the requests of one engine
+    draft together, the heads running once per depth for all of them (a
+    :class:`~specbuild.engine.drafters.BatchDrafter`)."""
+
+    proposer: MedusaProposer
+
+    @property
+    def batch_key(self) -> MedusaProposer:
+        return self.proposer
+
+    @classmethod
+    def draft_batch(cls, drafters: Sequence[MedusaDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+        """:meth:`draft` for requests sharing one proposer: the heads run once for all of them."""
+        del samplers
+        trees = [d.tree.truncated(m) for d, m in zip(drafters, max_accepts)]
+        tokens = drafters[0].proposer.propose_trees(contexts, [d.hidden for d in drafters], trees)
+        return [Block.of_tree(tree, t) for tree, t in zip(trees, tokens)]
+
+
+def make_drafter(loaded: LoadedMedusa, request: ResolvedRequest) -> MedusaDrafter:
+    """A request's drafter: the engine's heads over the tree's first ``num_draft_tokens`` nodes."""
+    return MedusaDrafter(loaded.proposer, loaded.proposer.tree.first(request.num_draft_tokens))
+
+
+ENGINE = EngineMethod(make_drafter=make_drafter, load=load_medusa, greedy_only=True)
+"""Heads loaded once per engine; their tree cut to each request's first ``num_draft_tokens`` nodes."""
+
+
+# --- the builder: the heads checked and written into the engine directory ----------------------------
+
+
+def read_for_build(loaded: LoadedRecipe, heads_dir: Path, target_dir: Path):
+    """:attr:`~specbuild.methods.ReferenceWeights.load`: the heads (``MedusaHeads``) in the target's dtype,
+    ``num_medusa_heads`` of them, checked against the target's sizes. Seconds at most: it runs before the
+    target is written.
+
+    Raises:
+        RecipeError: a malformed head directory, a head count other than ``num_medusa_heads``, or sizes
+            that differ from the target's (located at ``speculation.medusa_model``).
+    """
+    r = loaded.recipe
+    target = target_config(target_dir)
+
+    def read():
+        heads = load_medusa_heads(heads_dir, num_heads=r.speculation.num_medusa_heads, dtype=torch_dtype(r.target.dtype))
+        check_heads_fit(heads.config, hidden_size=target.get("hidden_size"), vocab_size=target.get("vocab_size"), where=heads_dir)
+        return heads
+
+    return refuse_unreadable(loaded, "medusa_model", read)
+
+
+def write_for_build(loaded: LoadedRecipe, heads, out: Path, *, log) -> None:
+    """:attr:`~specbuild.methods.ReferenceWeights.write`: the heads into the engine directory."""
+    del loaded
+    c = heads.config
+    log(f"writing {c.medusa_num_heads} Medusa heads ({c.medusa_num_layers} layer(s) each)")
+    save_medusa_heads(out, heads.heads.state_dict(), c)
+

@@ -8,7 +8,7 @@ Only positions whose labels are target-generated are used (``p >= prompt_len - 1
 Initialisation follows the Medusa code: residual blocks start at zero (identity) and each head's vocab
 projection starts as a copy of the target's ``lm_head``. By default the projections stay frozen (the
 CPU-affordable setting: only the residual blocks train); the saved file still holds every head's
-projection, in the FasterDecoding / TensorRT-LLM layout of :mod:`specbuild.engine.methods.medusa`.
+projection, in the FasterDecoding / TensorRT-LLM layout of :mod:`specbuild.methods.medusa.engine`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
+from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, save_medusa_heads
 
-from .config import TrainConfig
-from .data import DistillData
-from .loop import PackedBatches, StepOutput, TrainResult, train
+from specbuild.train.config import TrainConfig
+from specbuild.train.data import DistillData
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, train
 
 
 def init_medusa_heads(target, num_heads: int, num_layers: int) -> MedusaHeads:
@@ -83,3 +83,9 @@ def train_medusa(
     state = {k: v.detach().clone() for k, v in heads.heads.state_dict().items()}
     save_medusa_heads(out_dir, state, heads.config)
     return result
+
+
+def train_for(spec, target, tokenizer, data: DistillData, config: TrainConfig, out_dir: Path, ckpt_dir: Path, **common) -> TrainResult:
+    """:attr:`~specbuild.methods.Training.train` of Medusa: :func:`train_medusa` with ``num_medusa_heads`` heads."""
+    del tokenizer
+    return train_medusa(target, data, config, out_dir, ckpt_dir, num_heads=spec.num_medusa_heads, **common)

@@ -11,8 +11,8 @@ verification accepts exactly the argmax, and the hard label saves one vocabulary
 (a third of the step on a CPU); ``f_j`` gets uniform noise (EAGLE §4.3) so the head
 tolerates its own imperfect features at depth >= 2. Sequences are packed ``batch_tokens`` head
 positions per step with a block-diagonal causal mask and their own rotary positions, through the
-engine's :class:`~specbuild.engine.methods.eagle.EagleHead` itself, so the trained weights are saved
-with :func:`~specbuild.engine.methods.eagle.save_eagle_head` under exactly the names the engine loads.
+engine's :class:`~specbuild.methods.eagle.engine.EagleHead` itself, so the trained weights are saved
+with :func:`~specbuild.methods.eagle.engine.save_eagle_head` under exactly the names the engine loads.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbuild.engine.methods.eagle import EagleConfig, EagleHead, save_eagle_head
+from specbuild.methods.eagle.engine import EagleConfig, EagleHead, save_eagle_head
 
-from .config import TrainConfig
-from .data import DistillData
-from .loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, step_generator, train
+from specbuild.train.config import TrainConfig
+from specbuild.train.data import DistillData
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, step_generator, train
 
 
 def eagle_config_for(target_config, *, num_layers: int = 1) -> EagleConfig:
@@ -105,3 +105,9 @@ def train_eagle(
                    show_progress=show_progress, on_step=on_step)
     save_eagle_head(out_dir, head.state_dict(), head_config)
     return result
+
+
+def train_for(spec, target, tokenizer, data: DistillData, config: TrainConfig, out_dir: Path, ckpt_dir: Path, **common) -> TrainResult:
+    """:attr:`~specbuild.methods.Training.train` of EAGLE: :func:`train_eagle` (the settings choose nothing)."""
+    del spec, tokenizer
+    return train_eagle(target, data, config, out_dir, ckpt_dir, **common)

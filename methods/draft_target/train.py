@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import TrainConfig
-from .data import DistillData
-from .loop import PackedBatches, StepOutput, TrainResult, train
+from specbuild.train.config import TrainConfig
+from specbuild.train.data import DistillData
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, train
 
 
 def init_draft(target, num_layers: int):
@@ -100,3 +100,9 @@ def train_draft(
     draft.save_pretrained(str(out_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(out_dir))
     return result
+
+
+def train_for(spec, target, tokenizer, data: DistillData, config: TrainConfig, out_dir: Path, ckpt_dir: Path, **common) -> TrainResult:
+    """:attr:`~specbuild.methods.Training.train` of draft-target: :func:`train_draft` (the settings choose nothing)."""
+    del spec
+    return train_draft(target, tokenizer, data, config, out_dir, ckpt_dir, **common)

@@ -1,4 +1,4 @@
-"""EAGLE-3 draft heads (Li et al. 2025): the on-disk format, the head forward, chain drafting and decoding.
+"""EAGLE-3 draft heads (Li et al. 2025): the on-disk format, the head forward and chain drafting.
 
 EAGLE-3 drafts from a FUSION of three target layers instead of the last feature, and its head feeds its
 own output back after the first draft step (training-time test, §3)::
@@ -21,7 +21,7 @@ captured layer ``i`` is its output, i.e. ``hidden_states[i + 1]`` in transformer
 embedding). Head configs may name their own layers (``eagle_config.eagle_aux_hidden_state_layer_ids``,
 as NVIDIA's EAGLE-3 checkpoints do).
 
-Alignment (as EAGLE-1, :mod:`specbuild.engine.methods.eagle`): head position ``j`` reads ``g_j`` and token
+Alignment (as EAGLE-1, :mod:`specbuild.methods.eagle.engine`): head position ``j`` reads ``g_j`` and token
 ``c_{j+1}`` and predicts ``c_{j+2}``; context ``c_0 .. c_{N-1}`` -> the head holds ``N - 1`` true
 positions and its last output predicts ``c_N``. Drafting is a CHAIN of ``max_draft_len`` tokens, as
 TensorRT-LLM's PyTorch backend drafts EAGLE-3 (a linear tree); draft positions are dropped after each
@@ -48,7 +48,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
@@ -56,13 +56,18 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from specbuild.methods.eagle3 import Eagle3Speculation
+from specbuild.engine.block import Block
+from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
+from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
 
-from ..stream import check_prompt_and_length, collect
-from ..types import GenerationResult
-from .base import DraftProjection, MethodContext, pack_draft_linears
-from .eagle import MLP, PT_NAMES, SAFETENSORS_NAME, Attention, EagleConfig, LayerKV, RMSNorm, Segment
-from .heads import HeadFiles, LoadedHead, check_state, known_keys, read_config_json
+from ..eagle.engine import MLP, PT_NAMES, SAFETENSORS_NAME, Attention, EagleConfig, LayerKV, RMSNorm, Segment, feed_pending
+from ..head_files import HeadFiles, LoadedHead, check_state, known_keys, read_config_json
+from ..heads import refuse_unreadable, target_config, torch_dtype
+from . import Eagle3Speculation
+
+if TYPE_CHECKING:
+    from specbuild.builder.recipe import LoadedRecipe
+    from specbuild.engine.validation import ResolvedRequest
 
 EAGLE3_FILES = HeadFiles(SAFETENSORS_NAME, PT_NAMES)
 IGNORED_TENSORS = ("embed_tokens.weight", "t2d")
@@ -399,7 +404,7 @@ class Eagle3Proposer:
 
     def __init__(self, target: PreTrainedModel, head: Eagle3Head, *, max_draft_len: int, weight_dtype: torch.dtype | None = None) -> None:
         """``weight_dtype``: what the draft's vocabulary projection (the head's own lm_head, else the target's)
-        packs its weight as (:class:`~specbuild.engine.methods.base.DraftProjection`, a copy of its own, as
+        packs its weight as (:class:`~specbuild.engine.draft_linear.DraftProjection`, a copy of its own, as
         EAGLE's: one more ``[Vd, H]`` weight in memory); None: its own dtype.
 
         Raises: ValueError if the head does not fit the target (hidden size, vocabulary, captured layers)."""
@@ -529,35 +534,6 @@ def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_d
     return chains
 
 
-# --- decoding: chain verification with captured features ----------------------------------------
-
-
-def generate_feature_chain_greedy(
-    model: PreTrainedModel,
-    proposer: Eagle3Proposer,
-    input_ids: Sequence[int],
-    *,
-    max_tokens: int,
-    num_draft_tokens: int,
-    end_id: int = -1,
-) -> GenerationResult:
-    """Greedy EAGLE-3 decoding of one prompt (the batched worker with a :class:`~specbuild.engine.drafters.FeatureChainDrafter`, alone): the target's own
-    greedy output, in fewer target passes.
-
-    Counters: ``total_draft_tokens`` counts drafts verified, ``num_decoding_iterations`` target passes
-    after the prefill. Stops at ``end_id`` even inside an accepted chunk; never exceeds ``max_tokens``.
-
-    Raises:
-        ValueError: empty prompt or ``max_tokens < 1``.
-    """
-    from ..drafters import FeatureChainDrafter
-    from ..worker import InflightRequest, run_alone
-
-    check_prompt_and_length(input_ids, max_tokens)
-    request = InflightRequest(list(input_ids), max_tokens, end_id, FeatureChainDrafter(proposer, num_draft_tokens))
-    return collect(run_alone(model, request, max_block=1 + min(num_draft_tokens, proposer.max_draft_len)))
-
-
 # --- the reference engine's side of "eagle3": settings -> head loaded once -> proposer ----------------
 
 LoadedEagle3 = LoadedHead[Eagle3Speculation, Eagle3Proposer]  # the engine state of "Eagle3"
@@ -583,6 +559,94 @@ def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagl
     return LoadedHead(config, proposer, path)
 
 
-def make_eagle3_proposer(loaded: LoadedEagle3) -> Eagle3Proposer:
-    """The engine's proposer (stateless; each request holds its own :class:`Eagle3State`)."""
-    return loaded.proposer
+# --- drafting: a request's chains from the fusion of captured target layers ---------------------------
+
+
+class FeatureChainDrafter(PlainDrafter):
+    """An EAGLE-3 proposer's chains (:class:`Eagle3Proposer`, or one with its ``capture`` / ``new_state`` /
+    ``update`` / ``propose``), fed the fusion of captured target layers after every step; drafts alone.
+
+    A step's captured features wait in :attr:`pending` until the next draft, so that the requests of
+    one head feed them and draft their chains in shared head calls (:class:`Eagle3Drafter`).
+    """
+
+    wants_hidden = True
+
+    def __init__(self, proposer: Any, num_draft_tokens: int) -> None:
+        self.proposer, self.k = proposer, num_draft_tokens
+        self.state = proposer.new_state()
+        self.pending: tuple[list[int], torch.Tensor] | None = None  # (tokens, fused features [m, 3 Ht]) not yet fed
+
+    def _features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self.proposer.capture([h[None] for h in hidden_states])  # [T, 3 Ht]
+
+    def start(self, prompt, first_token, hidden_states) -> None:
+        self.pending = ([*prompt[1:], first_token], self._features(hidden_states))
+
+    def draft(self, context, *, max_accept, sampler) -> Block:
+        if self.pending is not None:
+            self.proposer.update(self.state, *self.pending)
+            self.pending = None
+        return Block.chain(context[-1], self.proposer.propose(self.state, min(self.k, max_accept)))
+
+    def update(self, context, step) -> None:
+        self.pending = (step.emitted, self._features(step.hidden_states)[step.keep])
+
+
+class Eagle3Drafter(FeatureChainDrafter):
+    """The engine's head (an :class:`Eagle3Proposer`): the requests of one head feed their features and
+    draft their chains in shared head calls (a :class:`~specbuild.engine.drafters.BatchDrafter`)."""
+
+    proposer: Eagle3Proposer
+
+    @property
+    def batch_key(self) -> Eagle3Head:
+        return self.proposer.batch_key
+
+    @classmethod
+    def draft_batch(cls, drafters: Sequence[Eagle3Drafter], contexts, *, max_accepts, samplers) -> list[Block]:
+        """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
+        draft projection and one head call per chain depth for all of them."""
+        del samplers
+        feed_pending(drafters, update_batch)
+        chains = propose_batch(drafters[0].proposer, [d.state for d in drafters],
+                               [min(d.k, m) for d, m in zip(drafters, max_accepts)])
+        return [Block.chain(c[-1], chain) for c, chain in zip(contexts, chains)]
+
+
+def make_drafter(loaded: LoadedEagle3, request: ResolvedRequest) -> Eagle3Drafter:
+    """A request's drafter: the engine's head drafting chains of at most ``num_draft_tokens``."""
+    return Eagle3Drafter(loaded.proposer, request.num_draft_tokens)
+
+
+ENGINE = EngineMethod(make_drafter=make_drafter, load=load_eagle3, greedy_only=True)
+"""The head loaded once per engine; chains of at most ``num_draft_tokens`` drafts per request."""
+
+
+# --- the builder: the head checked and written into the engine directory -----------------------------
+
+
+def read_for_build(loaded: LoadedRecipe, head_dir: Path, target_dir: Path):
+    """:attr:`~specbuild.methods.ReferenceWeights.load`: the ``Eagle3Head`` in the target's dtype, its draft vocabulary's ``d2t`` checked against the target's.
+
+    Raises:
+        RecipeError: a malformed head directory or a ``d2t`` outside the target's vocabulary.
+    """
+    vocab = target_config(target_dir).get("vocab_size")
+
+    def read():
+        head = load_eagle3_head(head_dir, dtype=torch_dtype(loaded.recipe.target.dtype))
+        if vocab is not None:
+            check_vocab_fits(head, vocab)
+        return head
+
+    return refuse_unreadable(loaded, "eagle_model", read)
+
+
+def write_for_build(loaded: LoadedRecipe, head, out: Path, *, log) -> None:
+    """:attr:`~specbuild.methods.ReferenceWeights.write`: the head into the engine directory."""
+    del loaded
+    c = head.config
+    log(f"writing the EAGLE-3 head (midlayer, hidden_size={c.hidden_size}, draft vocabulary {c.draft_vocab_size or c.vocab_size})")
+    save_eagle3_head(out, head.state_dict(), c)
+
