@@ -1,6 +1,8 @@
-"""The target model: loading and the two forward steps of the speculation loop (gpt-fast style).
+"""The target model: loading, and a forward over a transformers ``DynamicCache`` (a draft model's private
+cache; the engine's teacher-forced logit margins).
 
-The forward pass is transformers' own model implementation; the engine owns the cache and the loop.
+The forward pass is transformers' own model implementation; the engine's batched steps run through
+:func:`specbuild.engine.forward.forward_blocks` over its KV pool.
 """
 
 from __future__ import annotations
@@ -90,31 +92,3 @@ def forward_logits(
     kwargs = {cache_keyword(model): cache, "use_cache": True, "logits_to_keep": num_logits}
     logits = model(input_ids=input_ids, **kwargs).logits  # [1, num_logits, vocab]
     return logits[0]
-
-
-def forward_argmax(model: PreTrainedModel, tokens: Sequence[int], cache: DynamicCache, *, num_logits: int) -> list[int]:
-    """:func:`forward_logits`, then the greedy token of each of the ``num_logits`` rows."""
-    return forward_logits(model, tokens, cache, num_logits=num_logits).argmax(dim=-1).tolist()
-
-
-def prefill(model: PreTrainedModel, prompt: Sequence[int], cache: DynamicCache) -> int:
-    """Fill ``cache`` with the prompt (``len(prompt)`` positions) and return the first greedy token."""
-    return forward_argmax(model, prompt, cache, num_logits=1)[0]
-
-
-def verify(model: PreTrainedModel, last_token: int, draft_tokens: Sequence[int], cache: DynamicCache) -> list[int]:
-    """One decoding iteration: score ``[last_token, *draft_tokens]`` in a single forward pass.
-
-    The cache holds every context position except ``last_token``; it grows by ``k + 1``.
-
-    Returns:
-        ``k + 1`` target tokens for :func:`specbuild.engine.acceptance.accept_greedy`.
-    """
-    return forward_argmax(model, [last_token, *draft_tokens], cache, num_logits=len(draft_tokens) + 1)
-
-
-def verify_logits(
-    model: PreTrainedModel, last_token: int, draft_tokens: Sequence[int], cache: DynamicCache
-) -> torch.Tensor:
-    """:func:`verify` for sampling: the ``[k + 1, vocab]`` target logits instead of their argmax."""
-    return forward_logits(model, [last_token, *draft_tokens], cache, num_logits=len(draft_tokens) + 1)
