@@ -38,7 +38,7 @@ from rich.table import Table
 from specbuild.builder.checkpoints import quiet_transformers
 from specbuild.builder.recipe import load_recipe
 from specbuild.builder.reference import build_reference_engine
-from specbuild.engine import drafters
+from specbuild.engine import worker
 from specbuild.engine.runtime import ReferenceEngine
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect
@@ -49,16 +49,14 @@ from specbuild.prompts import load_prompts
 
 @contextlib.contextmanager
 def rows_draft_alone():
-    """Every drafter drafts its row alone for the duration (no ``batch_key``)."""
-    kinds = [k for k in vars(drafters).values() if isinstance(k, type) and isinstance(vars(k).get("batch_key"), property)]
-    saved = {k: vars(k)["batch_key"] for k in kinds}
-    for k in kinds:
-        k.batch_key = property(lambda self: None)
+    """Every drafter drafts its row alone for the duration: the worker sees no group key
+    (:func:`specbuild.engine.drafters.batch_key`)."""
+    saved = worker.batch_key
+    worker.batch_key = lambda drafter: None
     try:
         yield
     finally:
-        for k, prop in saved.items():
-            k.batch_key = prop
+        worker.batch_key = saved
 
 
 def run_round(engine: ReferenceEngine, prompts: list[list[int]], max_tokens: int, batch_size: int, *, plain: bool,

@@ -60,7 +60,7 @@ from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpo
 from specbuild.prompts import load_prompts
 from specbuild.engine import target as target_model
 from specbuild.engine.kernels import KERNELS, pack_linears, resolve_kernels
-from specbuild.engine.methods import method_for
+from specbuild.methods import method_for
 from specbuild.engine.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.types import GenerationRequest
 

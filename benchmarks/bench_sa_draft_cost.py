@@ -16,8 +16,8 @@ import random
 import statistics
 import time
 
-from specbuild.engine.methods.ngram import NGramProposer
-from specbuild.engine.methods.sa import SAPool, SAProposer
+from specbuild.methods.ngram.engine import NGramProposer
+from specbuild.methods.sa.engine import SAPool, SAProposer
 from specbuild.methods.ngram import NGramSpeculation
 from specbuild.methods.sa import SASpeculation
 

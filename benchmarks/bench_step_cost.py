@@ -44,7 +44,8 @@ from specbuild.engine import target as target_model
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kernels import KERNELS, pack_linears, resolve_kernels
 from specbuild.engine.kv_pool import KVPool, KVShape
-from specbuild.engine.methods.base import DRAFT_WEIGHTS, draft_weight_dtype, pack_draft_linears
+from specbuild.engine.draft_linear import DRAFT_WEIGHTS, draft_weight_dtype, pack_draft_linears
+from specbuild.methods.draft_target.engine import use_draft_lm_head
 from specbuild.methods.token_map import read_token_ids
 
 
@@ -99,7 +100,7 @@ def main() -> None:
     vocab = target.config.get_text_config().vocab_size
     context = torch.randint(0, vocab, (args.context,)).tolist()
     pool = KVPool(KVShape.of(target), num_slots=1, capacity=args.context + args.max_k + 1, dtype=target.dtype, device="cpu")
-    # the draft as engine/methods/draft_target.py loads it (hot-token lm_head, packed linears), with its weights
+    # the draft as methods/draft_target/engine.py loads it (hot-token lm_head, packed linears), with its weights
     # packed as --draft-weights says and, side by side, as float32 when that rounds them
     drafts: dict[str, tuple] = {}
     chosen = None
@@ -110,7 +111,7 @@ def main() -> None:
             draft = load(args.draft)
             token_map = Path(args.draft) / "token_map.json"
             token_ids = read_token_ids(token_map, draft.config.get_text_config().vocab_size) if token_map.is_file() else None
-            pack_draft_linears(target_model.use_draft_lm_head(draft, token_ids, dtype), dtype)
+            pack_draft_linears(use_draft_lm_head(draft, token_ids, dtype), dtype)
             drafts[label] = (draft, KVPool(KVShape.of(draft), num_slots=1, capacity=args.context + 1, dtype=draft.dtype, device="cpu"))
     with torch.inference_mode():
         forward_blocks(target, pool, [RowBlock(pool.allocate(), context, logits_from=len(context) - 1)])

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbuild.engine.methods.ngram import NGramProposer
-from specbuild.engine.methods.sa import SAPool, SAProposer
+from specbuild.methods.ngram.engine import NGramProposer
+from specbuild.methods.sa.engine import SAPool, SAProposer
 from specbuild.methods.ngram import NGramSpeculation
 from specbuild.methods.sa import SASpeculation
 

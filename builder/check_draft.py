@@ -104,7 +104,7 @@ class Eagle3Loader:
 
 
 EAGLE3_LOADERS: dict[str, Eagle3Loader] = {
-    "reference": Eagle3Loader(EAGLE3_NAMES[:2], False, "always", False, True, "specbuild engine/methods/eagle3.py"),
+    "reference": Eagle3Loader(EAGLE3_NAMES[:2], False, "always", False, True, "specbuild methods/eagle3/engine.py"),
     "trtllm": Eagle3Loader(None, False, "always", False, False,
                            "NVIDIA/TensorRT-LLM@00679c6 tensorrt_llm/_torch/models/modeling_speculative.py"),
     "vllm": Eagle3Loader(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM"), True, "always", True, False,

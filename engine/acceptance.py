@@ -5,10 +5,10 @@ Vocabulary: the proposer's *draft tokens* ``d[0:k]`` are verified by one target 
 the longest draft prefix equal to the target's tokens; the *bonus token* is the target's token right
 after it. The step emits accepted + bonus, i.e. its *acceptance length* is ``num_accepted + 1``.
 
-Greedy requests use :func:`accept_greedy` (token matching); sampled requests use
+Greedy requests use :func:`accept_tree_greedy` (token matching; a chain is a one-path tree, so with
+greedy decoding the output is the target's own, Leviathan et al. 2023, §2.3): the accepted tokens are
+the longest root-to-node path the target agrees with. Sampled requests verify chains with
 :func:`accept_speculative` (rejection sampling), which emits tokens distributed exactly as the target's.
-Tree methods (Medusa) verify a whole token tree in one pass and use :func:`accept_tree_greedy`: the
-accepted tokens are the longest root-to-node path the target agrees with, same vocabulary otherwise.
 """
 
 from __future__ import annotations
@@ -45,34 +45,6 @@ class Acceptance:
     def emitted_tokens(self) -> list[int]:
         """Accepted tokens followed by the bonus token (acceptance length = ``num_accepted + 1``)."""
         return [*self.accepted_tokens, self.bonus_token]
-
-
-def accept_greedy(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> Acceptance:
-    """Greedy verification: accept the longest draft prefix that matches the target's argmax tokens.
-
-    With greedy decoding the output is exactly the target's own greedy output (Leviathan et al. 2023,
-    "Fast Inference from Transformers via Speculative Decoding", §2.3, temperature-0 case).
-
-    Example: draft [5, 7, 9], target [5, 7, 4, 8] -> accepted [5, 7], bonus 4.
-
-    Args:
-        draft_tokens: ``k`` draft token ids.
-        target_tokens: ``k + 1`` target argmax ids; ``target_tokens[i]`` is the target's choice for the
-            position of ``draft_tokens[i]``, the last one follows the whole draft.
-
-    Raises:
-        ValueError: if ``len(target_tokens) != len(draft_tokens) + 1``.
-    """
-    if len(target_tokens) != len(draft_tokens) + 1:
-        raise ValueError(
-            f"need len(draft_tokens) + 1 target tokens, got {len(target_tokens)} for {len(draft_tokens)} drafts"
-        )
-    num_accepted = 0
-    for draft, target in zip(draft_tokens, target_tokens):
-        if draft != target:
-            break
-        num_accepted += 1
-    return Acceptance(list(draft_tokens[:num_accepted]), int(target_tokens[num_accepted]))
 
 
 def accept_speculative(

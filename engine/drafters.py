@@ -1,6 +1,10 @@
-"""One drafting interface for every method: a per-request :class:`Drafter` turns a method's proposer into blocks.
+"""The drafter contract: what a speculation method gives the engine, and what the engine asks of it.
 
-The worker (:mod:`specbuild.engine.worker`) drives every request the same way, whatever its method::
+A method's engine side is one :class:`EngineMethod` (named by its registered
+:class:`~specbuild.methods.SpeculationMethod`'s ``engine`` entry string, e.g.
+``"specbuild.methods.medusa.engine:ENGINE"``). The engine calls ``load`` once, then ``make_drafter`` per
+speculative request; the worker (:mod:`specbuild.engine.worker`) drives every :class:`Drafter` the same
+way, whatever its method::
 
     prefill      first token (+ target hidden states if drafter.wants_hidden) -> drafter.start(...)
     each step    block = drafter.draft(context, ...)        root + drafts (+ extra rows), see engine.block
@@ -8,26 +12,28 @@ The worker (:mod:`specbuild.engine.worker`) drives every request the same way, w
                  accepted path + bonus token (engine.acceptance), KV cache keeps root + path
                  drafter.update(context, step)              feed what the target produced
 
-The method-specific proposers stay in their modules (n-gram, draft model, Medusa heads, EAGLE and
-EAGLE-3 heads, lookahead's window and pool); a drafter only adapts one to this interface. A chain is a
-one-path tree; lookahead's window rows are extra rows of its block.
+A drafter that can draft many requests in one call also implements :class:`BatchDrafter` (a group key
+and a group draft call), as vLLM's proposers take the whole batch (``vllm/v1/spec_decode``). Nothing
+here names a method: :class:`ChainDrafter` adapts any :class:`Proposer` of token chains (n-gram, SA, a
+plugin's), and each method's own drafters live in its folder (``specbuild/methods/<m>/engine.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from .block import Block
-from .methods.base import Proposer, as_draft
 
 if TYPE_CHECKING:
-    from .methods.lookahead import LookaheadParams
     from .sampling import Sampler
-    from .tree import SpecTree
+    from .validation import ResolvedRequest
+
+
+# --- what the engine gives a drafter back -----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -50,16 +56,14 @@ class StepResult:
     hidden_states: tuple[torch.Tensor, ...] | None
 
 
+# --- drafters ----------------------------------------------------------------------------------------
+
+
 class Drafter(Protocol):
     """A request's drafting state.
 
     Attributes:
         wants_hidden: the drafter reads the target's hidden states (prefill and every step).
-
-    A drafter may also draft many requests at once: requests whose drafters have the same non-None
-    ``batch_key`` (e.g. the engine's shared proposer) are drafted by one call of their class's
-    ``draft_rows(drafters, contexts, *, max_accepts, samplers) -> list[Block]``, which must give every
-    request the block that :meth:`draft` gives it alone.
     """
 
     wants_hidden: bool
@@ -78,6 +82,33 @@ class Drafter(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchDrafter(Drafter, Protocol):
+    """A :class:`Drafter` that drafts many requests in one call (optional).
+
+    The worker groups the rows of an iteration whose drafters are of one class and have the same
+    non-None :attr:`batch_key` (e.g. the engine's one draft head), and calls :meth:`draft_batch` once per
+    group. A row whose key is None drafts alone through :meth:`Drafter.draft`.
+    """
+
+    @property
+    def batch_key(self) -> Hashable | None:
+        """What the rows of one group share (their head, their draft model's KV slots); None: draft alone."""
+        ...
+
+    @classmethod
+    def draft_batch(cls, drafters: Sequence[Any], contexts: Sequence[Sequence[int]], *, max_accepts: Sequence[int],
+                    samplers: Sequence[Sampler | None]) -> list[Block]:
+        """:meth:`Drafter.draft` of every drafter in one call: ``[i]`` is the block that ``drafters[i]``
+        drafts alone for ``contexts[i]`` (token for token), in the order given."""
+        ...
+
+
+def batch_key(drafter: Drafter) -> Hashable | None:
+    """``drafter``'s group key if it is a :class:`BatchDrafter`, else None (it drafts alone)."""
+    return drafter.batch_key if isinstance(drafter, BatchDrafter) else None
+
+
 class PlainDrafter:
     """No speculation (``num_draft_tokens == 0``): a one-token block every step."""
 
@@ -94,16 +125,59 @@ class PlainDrafter:
         del context, step
 
 
+# --- chains from a proposer --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a proposer proposes: draft tokens and, for a draft model, the distributions they came from.
+
+    Attributes:
+        tokens: ``k`` draft token ids.
+        probs: ``[k, vocab]`` the draft distributions ``q`` the tokens were sampled from, or None for
+            deterministic drafts (n-gram; any greedy proposal). Only sampled requests use it.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    probs: torch.Tensor | None = None
+
+
+class Proposer(Protocol):
+    """Proposes a chain of draft tokens for one request; :class:`ChainDrafter` makes it a drafter.
+
+    A method makes a new proposer per request, so a proposer may keep per-request state (a draft
+    model's KV cache, a suffix automaton) and drop it with the request.
+    """
+
+    def propose(
+        self, context: Sequence[int], num_draft_tokens: int, sampler: Sampler | None = None
+    ) -> list[int] | Draft:
+        """Return at most ``num_draft_tokens`` draft tokens to follow ``context`` (prompt + emitted tokens).
+
+        An empty draft means "no guess": the engine then runs a plain one-token step. ``sampler`` is the
+        request's sampler for sampled requests; the engine leaves it out for greedy ones, so a greedy
+        proposer may take just ``(context, num_draft_tokens)``. A proposer that samples its drafts
+        returns a :class:`Draft` with their ``[k, vocab]`` distributions.
+        """
+        ...
+
+    def update(self, context: Sequence[int], num_accepted: int) -> None:
+        """Called after each verification with the new context and how many draft tokens were accepted."""
+        ...
+
+
+def as_draft(proposal: list[int] | Draft) -> Draft:
+    """A proposer's return value as a :class:`Draft` (a plain list is a deterministic draft)."""
+    return proposal if isinstance(proposal, Draft) else Draft(list(proposal))
+
+
 class ChainDrafter(PlainDrafter):
-    """A :class:`~specbuild.engine.methods.base.Proposer` (n-gram, draft model): chains of at most ``k`` drafts."""
+    """A :class:`Proposer`'s chains of at most ``num_draft_tokens`` drafts, verified by token matching
+    (greedy) or speculative sampling (sampled requests). Drafts alone; a method whose proposers draft
+    together subclasses it as a :class:`BatchDrafter` (draft-target)."""
 
     def __init__(self, proposer: Proposer, num_draft_tokens: int) -> None:
         self.proposer, self.k = proposer, num_draft_tokens
-
-    @property
-    def batch_key(self) -> Any:
-        """The proposer's ``batch_key`` (a draft model's shared KV slots), else None: n-gram rows draft alone."""
-        return getattr(self.proposer, "batch_key", None)
 
     def draft(self, context, *, max_accept, sampler) -> Block:
         k = min(self.k, max_accept)
@@ -113,194 +187,83 @@ class ChainDrafter(PlainDrafter):
         draft = as_draft(proposal)
         return Block.chain(context[-1], draft.tokens, draft.probs)
 
-    @classmethod
-    def draft_rows(cls, drafters: Sequence[ChainDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
-        """:meth:`draft` for requests of one draft model: one draft forward per draft token for all of them."""
-        from .methods.draft_target import propose_batch
-
-        rows = [i for i, (d, m) in enumerate(zip(drafters, max_accepts)) if min(d.k, m) > 0]
-        blocks = [Block.chain(context[-1]) for context in contexts]
-        if rows:
-            drafts = propose_batch([drafters[i].proposer for i in rows], [contexts[i] for i in rows],
-                                   [min(drafters[i].k, max_accepts[i]) for i in rows], [samplers[i] for i in rows])
-            for i, draft in zip(rows, drafts):
-                blocks[i] = Block.chain(contexts[i][-1], draft.tokens, draft.probs)
-        return blocks
-
     def update(self, context, step) -> None:
         self.proposer.update(context, len(step.keep) - 1)
 
 
-class TreeDrafter(PlainDrafter):
-    """Medusa: the heads fill ``tree`` from the target's final-norm hidden state at the root's producer."""
+def chain_drafter(make_proposer: Callable[[Any], Proposer]) -> Callable[[Any, ResolvedRequest], Drafter]:
+    """An :attr:`EngineMethod.make_drafter` for a method that proposes chains: a :class:`ChainDrafter` over
+    ``make_proposer(loaded)`` capped at the request's ``num_draft_tokens``."""
 
-    wants_hidden = True
+    def make_drafter(loaded: Any, request: ResolvedRequest) -> Drafter:
+        return ChainDrafter(make_proposer(loaded), request.num_draft_tokens)
 
-    def __init__(self, proposer: Any, tree: SpecTree) -> None:
-        self.proposer, self.tree = proposer, tree
-        self.hidden: torch.Tensor | None = None  # [H]
-
-    def start(self, prompt, first_token, hidden_states) -> None:
-        self.hidden = hidden_states[-1][-1]
-
-    @property
-    def batch_key(self) -> Any:
-        """The shared proposer when it drafts many requests at once (``propose_trees``), else None."""
-        return self.proposer if hasattr(self.proposer, "propose_trees") else None
-
-    def draft(self, context, *, max_accept, sampler) -> Block:
-        tree = self.tree.truncated(max_accept)
-        return Block.of_tree(tree, self.proposer.propose_tree(context, self.hidden, tree))
-
-    @classmethod
-    def draft_rows(cls, drafters: Sequence[TreeDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
-        """:meth:`draft` for requests sharing one proposer: the heads run once for all of them."""
-        del samplers
-        trees = [d.tree.truncated(m) for d, m in zip(drafters, max_accepts)]
-        tokens = drafters[0].proposer.propose_trees(contexts, [d.hidden for d in drafters], trees)
-        return [Block.of_tree(tree, t) for tree, t in zip(trees, tokens)]
-
-    def update(self, context, step) -> None:
-        self.hidden = step.hidden_states[-1][step.keep[-1]]
+    return make_drafter
 
 
-def _feed_pending(drafters: Sequence[Any], update_batch: Any) -> None:
-    """Feed every drafter's ``pending`` (tokens, features) to its head in one ``update_batch`` call
-    (EAGLE-1/2 or EAGLE-3, the drafters sharing one proposer's head), and clear them."""
-    feeding = [d for d in drafters if d.pending is not None]
-    if feeding:
-        update_batch(feeding[0].proposer, [d.state for d in feeding], [d.pending[0] for d in feeding],
-                     [d.pending[1] for d in feeding])
-        for d in feeding:
-            d.pending = None
+# --- a method's engine side --------------------------------------------------------------------------
 
 
-class FeatureTreeDrafter(PlainDrafter):
-    """EAGLE-1/2: the head is fed the target's final-norm features of every accepted position.
+@dataclass(frozen=True)
+class MethodContext:
+    """What a method may need when the engine loads it (once per engine, not per request).
 
-    The features of a step wait in :attr:`pending` until the next draft, so that the requests of one
-    head feed theirs and grow their trees in shared head calls (:meth:`draft_rows`).
+    Attributes:
+        target: the loaded target model (its vocabulary, dtype and device).
+        trust_remote_code: passed to Hugging Face loaders of extra checkpoints.
+        max_batch_size: requests in flight at most (the build's); None outside an engine.
+        max_seq_len: prompt + generated tokens of one request at most (the build's); None outside an engine.
+        draft_weight_dtype: what draft-side packed weights hold
+            (:func:`~specbuild.engine.draft_linear.draft_weight_dtype`); None: as loaded.
     """
 
-    wants_hidden = True
-
-    def __init__(self, proposer: Any) -> None:
-        self.proposer = proposer
-        self.state = proposer.new_state()
-        self.pending: tuple[list[int], torch.Tensor] | None = None  # (tokens, features [m, H]) not yet fed
-
-    @property
-    def batch_key(self) -> Any:
-        """The proposer's head when its proposers draft together (``batch_key``), else None."""
-        return getattr(self.proposer, "batch_key", None)
-
-    def start(self, prompt, first_token, hidden_states) -> None:
-        self.pending = ([*prompt[1:], first_token], hidden_states[-1])
-
-    def draft(self, context, *, max_accept, sampler) -> Block:
-        if self.pending is not None:
-            self.proposer.update(self.state, *self.pending)
-            self.pending = None
-        proposal = self.proposer.propose(self.state, context[-1], max_accept)
-        return Block.of_tree(proposal.tree, proposal.tokens)
-
-    @classmethod
-    def draft_rows(cls, drafters: Sequence[FeatureTreeDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
-        """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
-        head call and one draft projection per tree depth for all of them."""
-        from .methods.eagle import propose_batch, update_batch
-
-        del samplers
-        _feed_pending(drafters, update_batch)
-        proposals = propose_batch([d.proposer for d in drafters], [d.state for d in drafters],
-                                  [c[-1] for c in contexts], list(max_accepts))
-        return [Block.of_tree(p.tree, p.tokens) for p in proposals]
-
-    def update(self, context, step) -> None:
-        self.pending = (step.emitted, step.hidden_states[-1][step.keep])
+    target: Any
+    trust_remote_code: bool = False
+    max_batch_size: int | None = None
+    max_seq_len: int | None = None
+    draft_weight_dtype: Any = None
 
 
-class FeatureChainDrafter(PlainDrafter):
-    """EAGLE-3: chains from the fusion of captured target layers, fed after every step.
+def _settings_themselves(params: Any, context: MethodContext) -> Any:
+    del context
+    return params
 
-    As :class:`FeatureTreeDrafter`, a step's captured features wait in :attr:`pending` until the next
-    draft, so that the requests of one head feed them and draft their chains in shared head calls
-    (:meth:`draft_rows`).
+
+def _any_prompt(loaded: Any, input_ids: Sequence[int]) -> None:
+    del loaded, input_ids
+
+
+@dataclass(frozen=True)
+class EngineMethod:
+    """A method's side in the reference engine: load what it needs, make each request's drafter.
+
+    The engine validates ``speculative_config`` with the method's settings model
+    (:meth:`specbuild.methods.SpeculationMethod.parse_speculative_config`), then calls ``load`` once
+    (it returns what the other callables take: the settings themselves, or e.g. a loaded draft head),
+    ``check_prompt`` before a speculative request, and ``make_drafter`` per speculative request
+    (``num_draft_tokens >= 1``; requests with 0 get a :class:`PlainDrafter`).
+
+    Attributes:
+        make_drafter: ``(loaded, request) -> Drafter`` for a validated request
+            (:class:`~specbuild.engine.validation.ResolvedRequest`: its ``num_draft_tokens`` caps the
+            drafts or tree nodes per step). :func:`chain_drafter` makes one from a :class:`Proposer`.
+        load: ``(settings, MethodContext) -> loaded``; raises ValueError / FileNotFoundError.
+        check_prompt: ``(loaded, input_ids)``; raises InvalidRequestError for a prompt the method cannot
+            serve (e.g. longer than a draft model's context).
+        resolve_window: ``(loaded, (w, n, g))``: the method reads a request's ``lookahead_config``
+            (Lookahead) and checks it here, raising ValueError outside the built ``(W, N, G)``; None: the
+            engine refuses requests that send one.
+        greedy_only: sampled requests (``temperature > 0``) are refused, as TensorRT-LLM refuses them.
     """
 
-    wants_hidden = True
-
-    def __init__(self, proposer: Any, num_draft_tokens: int) -> None:
-        self.proposer, self.k = proposer, num_draft_tokens
-        self.state = proposer.new_state()
-        self.pending: tuple[list[int], torch.Tensor] | None = None  # (tokens, fused features [m, 3 Ht]) not yet fed
-
-    @property
-    def batch_key(self) -> Any:
-        """The proposer's head when its proposers draft together (``batch_key``), else None."""
-        return getattr(self.proposer, "batch_key", None)
-
-    def _features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        return self.proposer.capture([h[None] for h in hidden_states])  # [T, 3 Ht]
-
-    def start(self, prompt, first_token, hidden_states) -> None:
-        self.pending = ([*prompt[1:], first_token], self._features(hidden_states))
-
-    def draft(self, context, *, max_accept, sampler) -> Block:
-        if self.pending is not None:
-            self.proposer.update(self.state, *self.pending)
-            self.pending = None
-        return Block.chain(context[-1], self.proposer.propose(self.state, min(self.k, max_accept)))
-
-    @classmethod
-    def draft_rows(cls, drafters: Sequence[FeatureChainDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
-        """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
-        draft projection and one head call per chain depth for all of them."""
-        from .methods.eagle3 import propose_batch, update_batch
-
-        del samplers
-        _feed_pending(drafters, update_batch)
-        chains = propose_batch(drafters[0].proposer, [d.state for d in drafters],
-                               [min(d.k, m) for d, m in zip(drafters, max_accepts)])
-        return [Block.chain(c[-1], chain) for c, chain in zip(contexts, chains)]
-
-    def update(self, context, step) -> None:
-        self.pending = (step.emitted, self._features(step.hidden_states)[step.keep])
+    make_drafter: Callable[[Any, ResolvedRequest], Drafter]
+    load: Callable[[Any, MethodContext], Any] = _settings_themselves
+    check_prompt: Callable[[Any, Sequence[int]], None] = _any_prompt
+    resolve_window: Callable[[Any, tuple[int, int, int]], Any] | None = None
+    greedy_only: bool = False
 
 
-class LookaheadDrafter(PlainDrafter):
-    """Lookahead (Fu et al. 2024, §3): candidates from the n-gram pool, the Jacobi window as extra rows."""
-
-    def __init__(self, params: LookaheadParams) -> None:
-        self.params = params
-        self.state = None
-        self.layout = None
-
-    def start(self, prompt, first_token, hidden_states) -> None:
-        from .methods.lookahead import LookaheadState
-
-        self.state = LookaheadState.start(prompt, self.params)
-
-    def draft(self, context, *, max_accept, sampler) -> Block:
-        from .methods.lookahead import build_step_layout
-        from .tree import SpecTree
-
-        last = context[-1]
-        if max_accept <= 0:  # K = 0: a plain step; update() still feeds the pool and re-anchors the window
-            self.layout = None
-            return Block.chain(last)
-        layout = build_step_layout(last, self.state.levels, self.state.candidates(last, max_accept), self.params)
-        self.layout = layout
-        # candidate c, token i  <->  tree path (c, 0, .., 0) of depth i + 1
-        tree = SpecTree.from_choices([[c] + [0] * i for c, cand in enumerate(layout.candidates) for i in range(len(cand))])
-        tree_index = (0, *(layout.candidate_index[path[0]][len(path) - 1] for path in tree.paths))
-        return Block(layout.tokens, tree, layout.positions, layout.allowed, tree_index, None, layout.num_draft_tokens)
-
-    def update(self, context, step) -> None:
-        if self.layout is None:  # a plain step: no window rows ran; the window keeps its levels
-            self.state.keep_up(context[-(len(step.emitted) + self.params.ngram - 1) :], context[-1])
-            return
-        top = self.layout.lookahead_index[-1] if self.layout.lookahead_index else []
-        new_level = [step.target_tokens[i] for i in top]
-        emitted = len(step.emitted)
-        self.state.advance(new_level, context[-(emitted + self.params.ngram - 1) :], context[-1])
+__all__ = [
+    "BatchDrafter", "ChainDrafter", "Draft", "Drafter", "EngineMethod", "MethodContext", "PlainDrafter", "Proposer",
+    "StepResult", "as_draft", "batch_key", "chain_drafter",
+]

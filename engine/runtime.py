@@ -2,7 +2,7 @@
 
 The engine loads the target (transformers' own model) and the method's extra weights once; every
 request becomes a :class:`~specbuild.engine.worker.InflightRequest` (validated fields, a per-request
-:class:`~specbuild.engine.drafters.Drafter`, a seeded sampler) that a
+:class:`~specbuild.engine.drafters.Drafter` from the method's ``make_drafter``, a seeded sampler) that a
 :class:`~specbuild.engine.worker.Worker` advances together with the other requests in flight: one
 target forward per iteration over every row's block (:func:`~specbuild.engine.forward.forward_blocks`),
 each row with its own KV slot (:mod:`~specbuild.engine.kv_pool`). :meth:`ReferenceEngine.generate_stream`
@@ -24,10 +24,12 @@ al. 2024, §4 for trees)::
     slot after verify:  len(context) + 3   ->  keep len(context) + 2
     emitted: d0 d1 t2 (t2 = bonus, not yet in the cache: it is the next step's root)
 
-The blocks by method (:mod:`~specbuild.engine.drafters`): plain decoding and ``num_draft_tokens=0``
-a one-token block; n-gram and draft-target a chain of ``k`` drafts; EAGLE-3 (Li et al. 2025) a chain
-from fused target layers; Medusa (Cai et al. 2024) and EAGLE-1/2 (Li et al. 2024) a token tree cut to
-``k`` nodes; lookahead (Fu et al. 2024) its n-gram candidates plus the Jacobi window as extra rows.
+The blocks by method (each method's drafter, ``specbuild/methods/<m>/engine.py``): plain decoding and
+``num_draft_tokens=0`` a one-token block; n-gram, SA and draft-target a chain of ``k`` drafts; EAGLE-3
+(Li et al. 2025) a chain from fused target layers; Medusa (Cai et al. 2024) and EAGLE-1/2 (Li et al.
+2024) a token tree cut to ``k`` nodes; lookahead (Fu et al. 2024) its n-gram candidates plus the Jacobi
+window as extra rows. The engine names no method: it finds the one ``speculative_config`` names in the
+registry (:func:`specbuild.methods.method_for`) and asks it for drafters.
 
 Sampled requests (``temperature > 0``) verify chains with speculative sampling
 (:func:`~specbuild.engine.acceptance.accept_speculative`): the output is distributed exactly as plain
@@ -44,20 +46,13 @@ from typing import Any
 
 import torch
 
+from specbuild.methods import method_for
+
 from . import target as target_model
-from .drafters import (
-    ChainDrafter,
-    Drafter,
-    FeatureChainDrafter,
-    FeatureTreeDrafter,
-    LookaheadDrafter,
-    PlainDrafter,
-    TreeDrafter,
-)
+from .draft_linear import draft_weight_dtype
+from .drafters import Drafter, EngineMethod, MethodContext, PlainDrafter
 from .forward import check_mask_attention
 from .kernels import pack_linears, resolve_kernels
-from .methods import method_for
-from .methods.base import EngineMethod, MethodContext, draft_weight_dtype
 from .sampling import Sampler
 from .spec_controls import CONTROL_KEYS, RuntimeControls, SpeculationGate
 from .stream import Steps, collect
@@ -127,7 +122,7 @@ class ReferenceEngine:
                 iteration's draft length as TensorRT-LLM's PyTorch executor does.
             base_dir: where relative paths of ``speculative_config`` resolve (the engine directory).
             draft_weights: what the draft side's packed weights hold where the engine's float32 kernel
-                runs them: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (:func:`~specbuild.engine.methods.base.draft_weight_dtype`).
+                runs them: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (:func:`~specbuild.engine.draft_linear.draft_weight_dtype`).
 
         Raises:
             ValueError: an unknown ``draft_weights``; bad speculative_config (a ``draft_len_schedule``
@@ -155,7 +150,7 @@ class ReferenceEngine:
                 raise ValueError(f"speculative_config.{refusal[0]}: {refusal[1]}")
             _check_draft_len(params.max_draft_len, limits.max_draft_len)
             self._decoding_type = method.decoding_type
-            self._method = method.engine()
+            self._method = method.engine_method()
             self._method_state = self._method.load(
                 params, MethodContext(model, trust_remote_code, limits.max_batch_size, limits.max_seq_len,
                                       weight_dtype)
@@ -397,34 +392,23 @@ class ReferenceEngine:
         """Refuse a ``lookahead_config`` outside the built ``(W, N, G)``, or on an engine without Lookahead."""
         if window is None:
             return
-        if self._method is None or self._method.verification != "lookahead":
+        if self._method is None or self._method.resolve_window is None:
             running = "no speculation" if self._method is None else self._decoding_type
             raise InvalidRequestError(
                 f"lookahead_config={window!r}: this engine runs {running}, not Lookahead; send lookahead_config=None"
             )
         try:
-            self._method_state.resolve(window)
+            self._method.resolve_window(self._method_state, window)
         except ValueError as exc:
             raise InvalidRequestError(f"lookahead_config={window!r} is out of range: {exc}") from None
 
     def _drafter(self, request: ResolvedRequest) -> Drafter:
-        """The request's drafter: plain for ``num_draft_tokens == 0``, else the method's, capped at ``k``."""
-        k = request.num_draft_tokens
-        if k == 0:
+        """The request's drafter: plain for ``num_draft_tokens == 0``, else the method's
+        (:attr:`EngineMethod.make_drafter`, which caps it at ``num_draft_tokens``)."""
+        if request.num_draft_tokens == 0:
             return PlainDrafter()
         assert self._method is not None
-        verification = self._method.verification
-        if verification == "lookahead":  # the request's (w, n, g), None -> the built (W, N, G)
-            return LookaheadDrafter(self._method_state.resolve(request.lookahead_config))
-        proposer = self._method.make_proposer(self._method_state)
-        if verification == "chain":
-            return ChainDrafter(proposer, k)
-        if verification == "tree":  # Medusa: the tree's first k nodes
-            return TreeDrafter(proposer, proposer.tree.first(k))
-        if verification == "feature_tree":  # EAGLE: trees of at most k nodes
-            return FeatureTreeDrafter(proposer.capped(k))
-        assert verification == "feature_chain"  # EAGLE-3: chains of at most k drafts
-        return FeatureChainDrafter(proposer, k)
+        return self._method.make_drafter(self._method_state, request)
 
 
 def _check_draft_len(method_draft_len: int, built_draft_len: int) -> None:

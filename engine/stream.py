@@ -1,11 +1,9 @@
-"""Step-wise decoding: every decode loop of the engine is a generator of :class:`StepOutput`.
+"""Step-wise decoding: a request's steps are a generator of :class:`StepOutput`.
 
-Each method's loop (chain in :mod:`~specbuild.engine.runtime`, tree in
-:mod:`~specbuild.engine.medusa_decode`, feature tree in :mod:`~specbuild.engine.eagle_decode`, feature
-chain in :mod:`~specbuild.engine.methods.eagle3`, lookahead in :mod:`~specbuild.engine.lookahead_decode`)
-yields once after the prefill and once per verification step. Streaming sends each step's tokens as
-they come; non-streamed generation is :func:`collect` over the same steps, so the concatenated stream
-equals the non-streamed output by construction::
+The engine has one decoding loop, the batched worker (:mod:`~specbuild.engine.worker`), for every
+method; it yields a request's step once after the prefill and once per verification step. Streaming
+sends each step's tokens as they come; non-streamed generation is :func:`collect` over the same steps,
+so the concatenated stream equals the non-streamed output by construction::
 
     step       0 (prefill)   1            2                 3 (final)
     token_ids  [t0]          [d0 d1 t3]   [t4]              [d4 t6]       (accepted drafts + bonus)
@@ -137,17 +135,7 @@ def merge(steps: Sequence[StepOutput]) -> StepOutput:
                       last.num_decoding_iterations, last.finish_reason)
 
 
-def check_prompt_and_length(input_ids: Sequence[int], max_tokens: int) -> None:
-    """The standalone loops' argument check.
-
-    Raises:
-        ValueError: empty prompt or ``max_tokens < 1``.
-    """
-    if not input_ids or max_tokens < 1:
-        raise ValueError(f"need a non-empty prompt and max_tokens >= 1, got {len(input_ids)} tokens, {max_tokens}")
-
-
 Steps = Iterator[StepOutput]
 """A request's decoding steps (a generator: the prefill, then one item per verification step)."""
 
-__all__ = ["DecodeState", "StepOutput", "Steps", "check_prompt_and_length", "collect", "merge"]
+__all__ = ["DecodeState", "StepOutput", "Steps", "collect", "merge"]

@@ -1,6 +1,8 @@
-"""The target model: loading and the two forward steps of the speculation loop (gpt-fast style).
+"""The target model: loading, and a forward over a transformers ``DynamicCache`` (a draft model's private
+cache; the engine's teacher-forced logit margins).
 
-The forward pass is transformers' own model implementation; the engine owns the cache and the loop.
+The forward pass is transformers' own model implementation; the engine's batched steps run through
+:func:`specbuild.engine.forward.forward_blocks` over its KV pool.
 """
 
 from __future__ import annotations
@@ -52,43 +54,6 @@ def load_target(
     return model.to(device).eval()
 
 
-class DraftLMHead(torch.nn.Module):
-    """A draft model's ``lm_head`` (``nn.Linear [vocab, hidden]``) projected by :class:`~specbuild.engine.methods.base.DraftProjection`.
-
-    A draft-target step projects one row (``logits_to_keep=1``); on CPU that is faster against the
-    transposed copy ``DraftProjection`` keeps (one more weight's memory). With ``token_ids`` (a hot-token
-    map) only those rows are computed and every other token's logit is ``-inf``. ``weight`` and ``bias``
-    are the linear's own parameters (tied embeddings stay tied). Call with ``x [..., hidden]``; returns
-    ``[..., vocab]``.
-    """
-
-    def __init__(self, linear: torch.nn.Linear, token_ids: Sequence[int] | None = None, weight_dtype: torch.dtype | None = None) -> None:
-        from .methods.base import DraftProjection
-
-        super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias
-        self.project = DraftProjection(linear, token_ids, weight_dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.project(x)
-
-
-def use_draft_lm_head(model: PreTrainedModel, token_ids: Sequence[int] | None = None,
-                      weight_dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """Swap a draft model's ``nn.Linear`` lm_head for a :class:`DraftLMHead` (in place; returns it): on CPU,
-    and on any device with a hot-token map ``token_ids``.
-
-    Only for a draft the engine owns and never trains or saves: the target's logits always come from its
-    own unchanged forward, so verification never depends on this kernel choice. Anything but a plain
-    ``nn.Linear`` (custom heads), or CUDA without a map, is left as it is; a second call changes nothing.
-    ``weight_dtype``: as :class:`~specbuild.engine.methods.base.DraftProjection`'s.
-    """
-    head = model.get_output_embeddings()
-    if type(head) is torch.nn.Linear and (head.weight.device.type == "cpu" or token_ids is not None):
-        model.set_output_embeddings(DraftLMHead(head, token_ids, weight_dtype))
-    return model
-
-
 def cache_keyword(model: PreTrainedModel) -> str:
     """The forward() keyword for the KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``.
 
@@ -127,31 +92,3 @@ def forward_logits(
     kwargs = {cache_keyword(model): cache, "use_cache": True, "logits_to_keep": num_logits}
     logits = model(input_ids=input_ids, **kwargs).logits  # [1, num_logits, vocab]
     return logits[0]
-
-
-def forward_argmax(model: PreTrainedModel, tokens: Sequence[int], cache: DynamicCache, *, num_logits: int) -> list[int]:
-    """:func:`forward_logits`, then the greedy token of each of the ``num_logits`` rows."""
-    return forward_logits(model, tokens, cache, num_logits=num_logits).argmax(dim=-1).tolist()
-
-
-def prefill(model: PreTrainedModel, prompt: Sequence[int], cache: DynamicCache) -> int:
-    """Fill ``cache`` with the prompt (``len(prompt)`` positions) and return the first greedy token."""
-    return forward_argmax(model, prompt, cache, num_logits=1)[0]
-
-
-def verify(model: PreTrainedModel, last_token: int, draft_tokens: Sequence[int], cache: DynamicCache) -> list[int]:
-    """One decoding iteration: score ``[last_token, *draft_tokens]`` in a single forward pass.
-
-    The cache holds every context position except ``last_token``; it grows by ``k + 1``.
-
-    Returns:
-        ``k + 1`` target tokens for :func:`specbuild.engine.acceptance.accept_greedy`.
-    """
-    return forward_argmax(model, [last_token, *draft_tokens], cache, num_logits=len(draft_tokens) + 1)
-
-
-def verify_logits(
-    model: PreTrainedModel, last_token: int, draft_tokens: Sequence[int], cache: DynamicCache
-) -> torch.Tensor:
-    """:func:`verify` for sampling: the ``[k + 1, vocab]`` target logits instead of their argmax."""
-    return forward_logits(model, [last_token, *draft_tokens], cache, num_logits=len(draft_tokens) + 1)

@@ -41,7 +41,7 @@ from specbuild.interface import avg_decoded_tokens_per_iter
 
 from .acceptance import accept_speculative, accept_tree_greedy
 from .block import Block
-from .drafters import Drafter, PlainDrafter, StepResult
+from .drafters import Drafter, PlainDrafter, StepResult, batch_key
 from .forward import RowBlock, forward_blocks
 from .kv_pool import KVPool, KVShape
 from .sampling import Sampler
@@ -53,8 +53,8 @@ from .stream import DecodeState, StepOutput
 class InflightRequest:
     """One request in the worker: its validated fields, drafter, sampler, output so far and KV slot.
 
-    Build it with :meth:`specbuild.engine.runtime.ReferenceEngine.prepare` (validated) or directly for a
-    standalone loop.
+    Build it with :meth:`specbuild.engine.runtime.ReferenceEngine.prepare` (validated), or directly around
+    one drafter to run it through :func:`run_alone`.
     """
 
     input_ids: list[int]
@@ -191,7 +191,7 @@ class Worker:
         controls' K) when it is scheduled, as TensorRT-LLM's scheduler reserves a request's draft
         tokens; what its block leaves unused goes
         to this iteration's context rows. Rows left out wait at the front of the queue for the next
-        iteration. Rows whose drafters share a batched proposer draft together (:func:`draft_rows`).
+        iteration. Rows whose drafters share a batched proposer draft together (:meth:`_draft_all`).
         """
         if not rows:
             return [], budget
@@ -235,14 +235,15 @@ class Worker:
     def _draft_all(self, rows: list[InflightRequest]) -> list[Block | BaseException]:
         """Each row's block (or the error that ends it), in the order of ``rows``.
 
-        Rows whose drafters have the same ``batch_key`` draft in one call of their class's
-        ``draft_rows`` (one draft-model pass per draft depth for all of them); if that call fails, each
-        row of the group drafts alone, so only a row that fails alone fails.
+        Rows whose drafters are :class:`~specbuild.engine.drafters.BatchDrafter` s of one class with the
+        same ``batch_key`` draft in one call of their class's ``draft_batch`` (one draft-model pass per
+        draft depth for all of them); if that call fails, each row of the group drafts alone, so only a
+        row that fails alone fails.
         """
         results: list[Block | BaseException | None] = [None] * len(rows)
         groups: dict[Any, list[int]] = {}
         for i, seq in enumerate(rows):
-            key = getattr(seq.drafter, "batch_key", None)
+            key = batch_key(seq.drafter)
             if key is None:
                 results[i] = self._guarded(seq, self._draft)[1]
             else:
@@ -250,7 +251,7 @@ class Worker:
         for (kind, _), members in groups.items():
             seqs = [rows[i] for i in members]
             try:
-                blocks = kind.draft_rows(
+                blocks = kind.draft_batch(
                     [s.drafter for s in seqs], [s.state.context for s in seqs],
                     max_accepts=[self._max_accept(s) for s in seqs], samplers=[s.sampler for s in seqs],
                 )

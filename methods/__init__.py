@@ -1,9 +1,15 @@
-"""The speculation methods: one module per method, each a :class:`SpeculationMethod`, in one registry.
+"""The speculation methods: one folder per method, each declaring a :class:`SpeculationMethod`, in one registry.
 
-A method module (``methods/medusa.py``) defines the method's settings model and its ``METHOD``; the
-recipe schema, the reference engine, the TensorRT-LLM planner, training and the docs all read the
-registry, so a new method is one module plus its tests (and, for the reference engine, its proposer
-under ``engine/methods/``).
+A method's folder (``methods/medusa/``, the package ``specbuild.methods.medusa``) holds::
+
+    __init__.py   the torch-free declaration: settings model, TensorRT-LLM mapping, weights checks, METHOD
+    engine.py     the reference engine's side (torch): head model, proposer, drafter, ENGINE
+    train.py      ``train-draft``'s trainer of its weights, where it has weights to train
+
+The declaration names its torch side by entry strings (``engine="specbuild.methods.medusa.engine:ENGINE"``,
+:class:`Entry`), imported when an engine or a trainer first needs it, so ``import specbuild.methods``
+stays torch-free. The recipe schema, the reference engine, the TensorRT-LLM planner, training and the
+docs all read the registry, so a new method is one folder plus its tests.
 
 Built-in methods and plugins register the same way (simonw/llm's pattern: ``pm.register`` of the
 default plugins, then ``pm.load_setuptools_entrypoints("llm")``): :func:`registered` adds the
@@ -15,7 +21,8 @@ distributions, each checked by :func:`add`. A plugin declares its method in its 
     my_method = "my_plugin.method:METHOD"      # a SpeculationMethod
 
 and ``method: my_method`` then validates in recipes, appears in the recipe schema and, when the
-method has an ``engine``, runs in the reference engine.
+method has an ``engine`` entry (an :class:`~specbuild.engine.drafters.EngineMethod` whose
+``make_drafter`` may return a drafter of the plugin's own), runs in the reference engine.
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ import functools
 from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
 from types import MappingProxyType
+from typing import Any
 
 from .base import (
     Conversion,
     DraftEngine,
+    Entry,
     MethodParams,
     ReferenceWeights,
     SpeculationMethod,
@@ -73,7 +82,7 @@ def _entry_point_methods() -> Iterable[tuple[object, str]]:
 
 @functools.cache
 def registered() -> Mapping[str, SpeculationMethod]:
-    """Every method, built-ins first: ``name -> SpeculationMethod``, e.g. ``registered()["ngram"].decoding_type == "NGram"``.
+    """Every method, built-ins first: ``name -> SpeculationMethod``, e.g. ``registered()["ngram"].decoding_type`` is ``"NGram"``.
 
     Read once per process (entry points are looked up on the first call).
     """
@@ -102,7 +111,30 @@ def method_for_decoding_type(decoding_type: object) -> SpeculationMethod | None:
     return next((m for m in registered().values() if m.decoding_type is not None and m.decoding_type == decoding_type), None)
 
 
+def reference_methods() -> dict[str, SpeculationMethod]:
+    """``decoding_type`` -> method, for every registered method the reference engine runs,
+    e.g. ``{"NGram": <ngram>, "DraftTarget": <draft_target>, ...}``."""
+    return {m.decoding_type: m for m in registered().values() if m.engine is not None and m.decoding_type is not None}
+
+
+def method_for(speculative_config: Mapping[str, Any]) -> SpeculationMethod:
+    """The method the reference engine runs for ``speculative_config["decoding_type"]``.
+
+    Raises:
+        ValueError: ``decoding_type`` is missing or names no method the reference engine runs.
+    """
+    decoding_type = speculative_config.get("decoding_type")
+    methods = reference_methods()
+    if decoding_type not in methods:
+        raise ValueError(
+            f"speculative_config.decoding_type {decoding_type!r} is not supported by the reference engine; "
+            f"use one of {sorted(methods)}"
+        )
+    return methods[decoding_type]
+
+
 __all__ = [
-    "ENTRY_POINT_GROUP", "Conversion", "DraftEngine", "MethodParams", "ReferenceWeights", "SpeculationMethod", "Training",
-    "TrtllmMapping", "Weights", "add", "builtin_methods", "method_for_decoding_type", "method_named", "registered",
+    "ENTRY_POINT_GROUP", "Conversion", "DraftEngine", "Entry", "MethodParams", "ReferenceWeights", "SpeculationMethod",
+    "Training", "TrtllmMapping", "Weights", "add", "builtin_methods", "method_for", "method_for_decoding_type",
+    "method_named", "reference_methods", "registered",
 ]

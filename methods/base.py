@@ -11,14 +11,19 @@ Every part of specbuild reads the method through this object, never through ``if
                                            builder/trtllm_version.py, triton_repo/tensorrtllm.py)
       weights     (Weights)                the draft / head files: located and checked once, copied
                                            into the engine directory (builder/reference.py)
-      engine()    -> EngineMethod          the reference engine's side, imported on call (torch)
-      training    (Training)               ``train-draft``: the trainer and the held-out measurement
+      engine      (Entry)                  the reference engine's side: "specbuild.methods.<m>.engine:ENGINE",
+                                           an :class:`~specbuild.engine.drafters.EngineMethod` imported on first use
+      training    (Training)               ``train-draft``: the trainer (an Entry) and the held-out measurement
 
-Torch-free at import: the recipe validator imports every method.
+Torch-free at import: the recipe validator imports every method. The torch side of a method is named by
+:class:`Entry` strings (the ``module:attribute`` syntax of Python entry points), so nothing forwards to
+it by hand and nothing imports it before it runs.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +36,7 @@ from specbuild.builder.strict import FieldProblem, StrictModel
 if TYPE_CHECKING:
     from specbuild.builder.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
-    from specbuild.engine.methods.base import EngineMethod
+    from specbuild.engine.drafters import EngineMethod
 
 BuildPath = Literal["tensorrt", "pytorch"]
 DType = Literal["float32", "float16", "bfloat16"]
@@ -111,6 +116,60 @@ Tree = Annotated[Choices, AfterValidator(check_choices)]
 def tree_depth(choices: Choices | tuple[tuple[int, ...], ...]) -> int:
     """Longest path of a tree, e.g. ``[[0], [0, 0], [1]]`` -> 2."""
     return max((len(c) for c in choices), default=0)
+
+
+# --- entry strings: the torch side, imported on first use ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An object of a module that may import torch, named ``"package.module:attribute"`` (the syntax of
+    Python entry points, ``importlib.metadata``; simonw/llm names its plugins' hooks the same way) and
+    imported on first use, so that declaring a method imports nothing heavy.
+
+    Calling an Entry calls the object it names: ``Entry("specbuild.methods.eagle.train:train")(spec, ...)``.
+
+    Raises (on construction):
+        ValueError: ``ref`` is not ``module:attribute``.
+    """
+
+    ref: str
+
+    def __post_init__(self) -> None:
+        module, sep, attribute = self.ref.partition(":")
+        if not (sep and module and attribute and all(p.isidentifier() for p in (*module.split("."), *attribute.split(".")))):
+            raise ValueError(f"entry {self.ref!r} must be 'package.module:attribute', e.g. 'my_plugin.engine:ENGINE'")
+
+    def load(self) -> Any:
+        """The object, its module imported on the first call.
+
+        Raises:
+            ImportError: the module does not import (the message names the entry).
+            AttributeError: the module has no such attribute.
+        """
+        return _load_entry(self.ref)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load()(*args, **kwargs)
+
+
+@functools.cache
+def _load_entry(ref: str) -> Any:
+    module_name, _, attribute = ref.partition(":")
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(f"entry {ref!r}: cannot import {module_name}: {exc}") from exc
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise AttributeError(f"entry {ref!r}: {module_name} has no attribute {attribute!r}")
+        found = getattr(found, part)
+    return found
+
+
+def as_entry(value: Entry | str | None) -> Entry | None:
+    """``value`` as an :class:`Entry` (a string is parsed; None stays None)."""
+    return Entry(value) if isinstance(value, str) else value
 
 
 # --- TensorRT-LLM ------------------------------------------------------------------------------
@@ -212,17 +271,23 @@ class ReferenceWeights:
             when ``speculative_config`` has no ``speculative_model_dir``).
         locate: find them without loading (milliseconds): exists, holds the files it must; raises
             RecipeError at the weights field.
-        load: read and check every tensor (seconds; torch), before the target is written; returns what
-            ``write`` takes. Raises RecipeError.
-        write: write them into ``engine_dir / subdir``.
+        load: ``(loaded, weights_dir, target_dir)``: read and check every tensor (seconds; torch), before
+            the target is written; returns what ``write`` takes. Raises RecipeError. An :class:`Entry`
+            (a ``"module:attribute"`` string is taken as one).
+        write: ``(loaded, what load returned, out_dir, *, log)``: write them into ``engine_dir / subdir``;
+            an :class:`Entry` too.
         fingerprint_key: their entry in the engine fingerprint.
     """
 
     subdir: str
     locate: Callable[[LoadedRecipe], CheckpointSource]
-    load: Callable[[LoadedRecipe, Path, Path], Any]
-    write: Callable[..., None]
+    load: Entry
+    write: Entry
     fingerprint_key: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "load", as_entry(self.load))
+        object.__setattr__(self, "write", as_entry(self.write))
 
 
 @dataclass(frozen=True)
@@ -258,13 +323,17 @@ class Training:
 
     Attributes:
         train: ``train(params, target, tokenizer, data, config, out, ckpt_dir, **common)`` writes the
-            weights to ``out`` and returns the loop's ``TrainResult`` (:mod:`specbuild.train.loop`).
+            weights to ``out`` and returns the loop's ``TrainResult`` (:mod:`specbuild.train.loop`): an
+            :class:`Entry` (``"specbuild.methods.<m>.train:train"``; a string is taken as one).
         held_out_config: ``(params, artefact, k)`` -> the reference engine's speculative_config that
             measures ``artefact`` as a chain of ``k`` draft tokens.
     """
 
-    train: Callable[..., Any]
+    train: Entry
     held_out_config: Callable[[Any, Path, int], dict[str, Any]]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "train", as_entry(self.train))
 
 
 def chain(draft_len: int) -> list[list[int]]:
@@ -291,8 +360,9 @@ class SpeculationMethod:
         params: its settings model (the recipe section and the engine's speculative_config).
         trtllm: how TensorRT-LLM names and builds it.
         weights: its draft / head files (None: none).
-        engine: returns the reference engine's side (imports torch-side modules); None: not in the
-            reference engine.
+        engine: the reference engine's side, an :class:`Entry` naming an
+            :class:`~specbuild.engine.drafters.EngineMethod` (``"specbuild.methods.<m>.engine:ENGINE"``; a
+            string is taken as one) that :meth:`engine_method` imports; None: not in the reference engine.
         training: how ``train-draft`` makes its weights (None: nothing to train).
         ignored_config_keys: TensorRT-LLM speculative_config keys the reference engine accepts and
             ignores (they change nothing in a greedy, single-process engine), e.g. ``greedy_sampling``.
@@ -305,18 +375,35 @@ class SpeculationMethod:
     params: type[MethodParams]
     trtllm: TrtllmMapping
     weights: Weights | None = None
-    engine: Callable[[], EngineMethod] | None = None
+    engine: Entry | None = None
     training: Training | None = None
     ignored_config_keys: tuple[str, ...] = ()
     reference_check: Callable[[Any], tuple[str, str] | None] | None = None
     unknown_keys_hint: str = ""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "engine", as_entry(self.engine))
         annotation = self.params.model_fields["method"].annotation
         if getattr(annotation, "__args__", None) != (self.name,):
             raise ValueError(f"method {self.name!r}: {self.params.__name__}.method must be Literal[{self.name!r}]")
         if self.engine is not None and not self.speculates:
             raise ValueError(f"method {self.name!r}: the engine's speculative_config names it by decoding_type; give one")
+
+    def engine_method(self) -> EngineMethod:
+        """The reference engine's side, imported now (torch).
+
+        Raises:
+            ValueError: the method has no engine side.
+            TypeError: its entry names something other than an ``EngineMethod``.
+        """
+        from specbuild.engine.drafters import EngineMethod  # torch: only when an engine loads the method
+
+        if self.engine is None:
+            raise ValueError(f"method {self.name!r} does not run in the reference engine")
+        found = self.engine.load()
+        if not isinstance(found, EngineMethod):
+            raise TypeError(f"method {self.name!r}: engine entry {self.engine.ref!r} names a {type(found).__name__}, not an EngineMethod")
+        return found
 
     @property
     def decoding_type(self) -> str | None:

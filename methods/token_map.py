@@ -101,6 +101,17 @@ def read_token_ids(path: str | Path, vocab_size: int | None = None) -> list[int]
     return check_token_ids(ids, vocab_size, where=str(path))
 
 
+def load_token_ids(params: object, vocab_size: int) -> list[int] | None:
+    """The hot-token map a method's settings name (``speculative_token_map``), read and checked; None
+    without one (what the engine side of a method with a draft vocabulary projection loads).
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`read_token_ids`.
+    """
+    path = getattr(params, FIELD, None)
+    return None if path is None else read_token_ids(path, vocab_size)
+
+
 def check_token_ids(ids: Sequence[object], vocab_size: int | None, *, where: str) -> list[int]:
     """``ids`` as ints, checked: non-empty, integers, unique, in ``[0, vocab_size)``.
 

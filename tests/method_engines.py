@@ -4,8 +4,9 @@ oracle that proposes the target's own greedy continuation: everything accepted) 
 streaming and in-flight batching.
 
 The oracles know the plain greedy output of each prompt (``truth``), find which prompt a context
-belongs to, and propose what comes next; they stand in for the method's proposer through the same
-interface, so the engine's verification, cache compaction and stopping run unchanged.
+belongs to, and propose what comes next; they stand in for the method's proposer behind the method's
+own drafter class (an engine's ``make_drafter`` is swapped), so the engine's verification, cache
+compaction and stopping run unchanged. Oracle drafters draft alone (they are no BatchDrafter).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import pytest
 import torch
 
 from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
-from specbuild.engine.methods.eagle import EagleConfig, EagleHead, TreeDraft, save_eagle_head
-from specbuild.engine.methods.eagle3 import Eagle3Config, Eagle3Head, save_eagle3_head
-from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
+from specbuild.engine.drafters import ChainDrafter
+from specbuild.methods.eagle.engine import EagleConfig, EagleHead, FeatureTreeDrafter, TreeDraft, save_eagle_head
+from specbuild.methods.eagle3.engine import Eagle3Config, Eagle3Head, FeatureChainDrafter, save_eagle3_head
+from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, TreeDrafter, save_medusa_heads
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect
 from specbuild.engine.tree import SpecTree
@@ -70,7 +72,7 @@ class Truth:
 
 
 class ChainOracle:
-    """A :class:`~specbuild.engine.methods.base.Proposer` proposing the true continuation."""
+    """A :class:`~specbuild.engine.drafters.Proposer` proposing the true continuation."""
 
     def __init__(self, truth: Truth) -> None:
         self.truth = truth
@@ -102,7 +104,7 @@ def _tree_tokens(truth: list[int], tree) -> list[int]:
 
 
 class TreeOracle:
-    """A Medusa :class:`~specbuild.engine.medusa_decode.TreeProposer` filling the true path."""
+    """A Medusa :class:`~specbuild.methods.medusa.engine.TreeProposer` filling the true path."""
 
     def __init__(self, truth: Truth, tree) -> None:
         self.truth, self.tree = truth, tree
@@ -113,7 +115,7 @@ class TreeOracle:
 
 
 class FeatureTreeOracle:
-    """An EAGLE :class:`~specbuild.engine.eagle_decode.FeatureTreeProposer` filling the true path."""
+    """An EAGLE :class:`~specbuild.methods.eagle.engine.FeatureTreeProposer` filling the true path."""
 
     def __init__(self, truth: Truth, tree, cap: int | None = None) -> None:
         self.truth, self.tree = truth, tree if cap is None else tree.first(cap)
@@ -135,7 +137,7 @@ class FeatureTreeOracle:
 
 
 class FeatureChainOracle:
-    """An :class:`~specbuild.engine.methods.eagle3.Eagle3Proposer` stand-in proposing the truth (it still
+    """An :class:`~specbuild.methods.eagle3.engine.Eagle3Proposer` stand-in proposing the truth (it still
     captures the target's features through the real proposer)."""
 
     def __init__(self, truth: Truth, real) -> None:
@@ -191,19 +193,20 @@ def build_engines(model, root: Path) -> dict[tuple[str, str], ReferenceEngine]:
     plain_engine = engines["plain", "random"]
     truth = Truth({tuple(p): plain_engine.generate(greedy(p, NEW_TOKENS + 8)).output_ids for p in PROMPTS})
     for chain in ("ngram", "sa"):  # their real drafts are tested in their own files; here random chains are rejected
-        engines[chain, "random"]._method = dataclasses.replace(engines[chain, "random"]._method, make_proposer=lambda _: RandomChain())
+        engines[chain, "random"]._method = dataclasses.replace(
+            engines[chain, "random"]._method, make_drafter=lambda _, request: ChainDrafter(RandomChain(), request.num_draft_tokens))
     tree = SpecTree.from_choices(CHOICES)
-    oracles = {
-        "ngram": lambda loaded: ChainOracle(truth),
-        "sa": lambda loaded: ChainOracle(truth),
-        "draft_target": lambda loaded: ChainOracle(truth),
-        "medusa": lambda loaded: TreeOracle(truth, tree),
-        "eagle": lambda loaded: FeatureTreeOracle(truth, tree),
-        "eagle3": lambda loaded: FeatureChainOracle(truth, loaded.proposer),
+    oracles = {  # (loaded, request) -> the method's drafter class over an oracle
+        "ngram": lambda loaded, request: ChainDrafter(ChainOracle(truth), request.num_draft_tokens),
+        "sa": lambda loaded, request: ChainDrafter(ChainOracle(truth), request.num_draft_tokens),
+        "draft_target": lambda loaded, request: ChainDrafter(ChainOracle(truth), request.num_draft_tokens),
+        "medusa": lambda loaded, request: TreeDrafter(TreeOracle(truth, tree), tree.first(request.num_draft_tokens)),
+        "eagle": lambda loaded, request: FeatureTreeDrafter(FeatureTreeOracle(truth, tree).capped(request.num_draft_tokens)),
+        "eagle3": lambda loaded, request: FeatureChainDrafter(FeatureChainOracle(truth, loaded.proposer), request.num_draft_tokens),
     }
     for method, make in oracles.items():
         engine = ReferenceEngine(model, limits=limits(method), end_id=-1, speculative_config=engines[method, "random"].speculative_config)
-        engine._method = dataclasses.replace(engine._method, make_proposer=make)
+        engine._method = dataclasses.replace(engine._method, make_drafter=make)
         engines[method, "same"] = engine
     return engines
 

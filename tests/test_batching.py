@@ -125,18 +125,18 @@ def test_a_failing_request_fails_alone_in_its_batch(method_engines, plain):
 
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 def test_requests_of_one_head_draft_together_and_a_broken_one_fails_alone(method_engines, plain, monkeypatch, method):
-    """The worker drafts the rows of one Medusa / EAGLE / EAGLE-3 head in one call (draft_rows); when that call
+    """The worker drafts the rows of one Medusa / EAGLE / EAGLE-3 head in one call (draft_batch); when that call
     fails because of one row, each row drafts alone: that row fails, the others go on unchanged."""
     engine = method_engines[method, "random"]
     kind = type(engine.prepare(greedy(PROMPTS[0])).drafter)
     widths = []
-    real = kind.draft_rows.__func__
+    real = kind.draft_batch.__func__
 
     def counting(cls, drafters, *args, **kwargs):
         widths.append(len(drafters))
         return real(cls, drafters, *args, **kwargs)
 
-    monkeypatch.setattr(kind, "draft_rows", classmethod(counting))
+    monkeypatch.setattr(kind, "draft_batch", classmethod(counting))
     errors, steps = [], []
     with Scheduler(engine, max_batch_size=4) as scheduler:
         bad = engine.prepare(greedy(PROMPTS[1]))

@@ -22,11 +22,11 @@ from specbuild.builder.check_draft import EAGLE3_LOADERS, ENGINES, check_draft, 
 from specbuild.builder.draft_export import export_eagle3
 from specbuild.builder.draft_files import CheckpointFiles, DraftFileError
 from specbuild.cli import main
-from specbuild.engine.methods.eagle import EagleHead, save_eagle_head
-from specbuild.engine.methods.eagle3 import Eagle3Config, Eagle3Head, load_eagle3_head, save_eagle3_head
-from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
-from specbuild.train.eagle import eagle_config_for
-from specbuild.train.eagle3 import eagle3_config_for
+from specbuild.methods.eagle.engine import EagleHead, save_eagle_head
+from specbuild.methods.eagle3.engine import Eagle3Config, Eagle3Head, load_eagle3_head, save_eagle3_head
+from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, save_medusa_heads
+from specbuild.methods.eagle.train import eagle_config_for
+from specbuild.methods.eagle3.train import eagle3_config_for
 from conftest import write_recipe
 from tiny_models import make_tiny_llama
 
@@ -46,7 +46,7 @@ def target_config(target):
 
 @pytest.fixture(scope="module")
 def project_eagle3(tmp_path_factory, target_config) -> Path:
-    """The EAGLE-3 head as train/eagle3.py writes it: the target's lm_head (none of its own), no d2t."""
+    """The EAGLE-3 head as methods/eagle3/train.py writes it: the target's lm_head (none of its own), no d2t."""
     config = eagle3_config_for(target_config)
     torch.manual_seed(3)
     return save_eagle3_head(tmp_path_factory.mktemp("e3") / "head", Eagle3Head(config, lm_head=False).state_dict(), config)

@@ -20,7 +20,7 @@ from specbuild.engine import (
 )
 from specbuild.engine import rowgemm
 from specbuild.engine import target as target_model
-from specbuild.engine.methods import method_for
+from specbuild.methods import method_for
 from specbuild.methods.draft_target import DraftTargetSpeculation
 from specbuild.engine.sampling import sampling_probs
 from specbuild.engine.types import SamplingParams
@@ -289,8 +289,8 @@ def test_config_from_trtllm_dict(checkpoints, tmp_path):
 
 
 def _loaded_draft(checkpoints, *, max_batch_size: int | None):
-    from specbuild.engine.methods.base import MethodContext
-    from specbuild.engine.methods.draft_target import load_draft
+    from specbuild.engine.drafters import MethodContext
+    from specbuild.methods.draft_target.engine import load_draft
 
     target = target_model.load_target(checkpoints["target"], dtype="float32", device="cpu", trust_remote_code=False)
     config = DraftTargetSpeculation.model_validate({"method": "draft_target", "max_draft_len": MAX_DRAFT_LEN,
@@ -303,7 +303,7 @@ def test_requests_drafted_together_get_the_drafts_they_get_alone(checkpoints):
     apart) gives each request, greedy or sampled, over several steps, the drafts it gets alone."""
     import random
 
-    from specbuild.engine.methods.draft_target import DraftTargetProposer, propose_batch
+    from specbuild.methods.draft_target.engine import DraftTargetProposer, propose_batch
     from specbuild.engine.sampling import Sampler
 
     draft = _loaded_draft(checkpoints, max_batch_size=8)
@@ -331,7 +331,7 @@ def test_draft_slots_are_shared_and_given_back(checkpoints):
     slots drafts from a private cache (same drafts), and a dropped proposer's slot goes back to the pool."""
     import gc
 
-    from specbuild.engine.methods.draft_target import DraftTargetProposer
+    from specbuild.methods.draft_target.engine import DraftTargetProposer
 
     draft = _loaded_draft(checkpoints, max_batch_size=2)
     held = [DraftTargetProposer(draft) for _ in range(3)]

@@ -10,19 +10,17 @@ import pytest
 import torch
 
 from conftest import hf_greedy
+from drive import generate_alone
 from tiny_models import make_pass_through
-from specbuild.engine.eagle_decode import (
-    eagle_generate_greedy,
-    generate_feature_tree_greedy,
-)
-from specbuild.engine.methods.base import MethodContext
-from specbuild.engine.methods.eagle import (
+from specbuild.engine.drafters import MethodContext
+from specbuild.methods.eagle.engine import (
     DecoderLayer,
     DraftKV,
     EagleConfig,
     EagleHead,
     EagleProposer,
     EagleTreeConfig,
+    FeatureTreeDrafter,
     TreeDraft,
     load_eagle,
     load_eagle_head,
@@ -247,8 +245,8 @@ def test_pruned_dynamic_tree_is_the_unpruned_tree_with_fewer_head_rows(model, to
 def test_requests_drafted_together_get_the_trees_they_get_alone(model, tree):
     """propose_batch / update_batch (one head call per depth for every request, as the worker drafts a
     batch) give each request, with its own cap and context, bit for bit what it gets alone."""
-    from specbuild.engine.methods.base import pack_draft_linears
-    from specbuild.engine.methods.eagle import capped_proposer, propose_batch, update_batch
+    from specbuild.engine.draft_linear import pack_draft_linears
+    from specbuild.methods.eagle.engine import capped_proposer, propose_batch, update_batch
 
     head = _random_head(seed=9)
     config = (EagleTreeConfig(num_eagle_layers=3, eagle_choices=tuple(map(tuple, USER_CHOICES))) if tree == "static"
@@ -290,13 +288,28 @@ TREES = {
 }
 
 
+def _generate(model, proposer, prompt, *, max_tokens: int, max_draft_len: int = 63):
+    """Greedy decoding of ``prompt`` with a feature-tree ``proposer`` (trees of at most ``max_draft_len``
+    nodes), through the worker alone."""
+    return generate_alone(model, FeatureTreeDrafter(proposer), prompt, max_tokens=max_tokens, max_block=1 + max_draft_len)
+
+
+def _eagle(model, head, prompt, *, max_tokens: int, choices=None, dynamic_top_k=None, num_eagle_layers=4, max_draft_len=63):
+    """Greedy EAGLE decoding: a static tree (``choices``, default EAGLE-1's mc_sim_7b_63) or EAGLE-2's dynamic
+    tree (``dynamic_top_k``), as the engine builds the proposer from its settings."""
+    tree = EagleTreeConfig(num_eagle_layers=num_eagle_layers, max_draft_len=max_draft_len,
+                           eagle_choices=None if choices is None else tuple(tuple(c) for c in choices),
+                           dynamic_tree_max_topK=dynamic_top_k)
+    return _generate(model, EagleProposer(model, head, tree), prompt, max_tokens=max_tokens, max_draft_len=max_draft_len)
+
+
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("kind", ["random", "pass_through"])
 def test_eagle_equals_plain_greedy(model, plain_outputs, tree, kind):
     head = _random_head(seed=3) if kind == "random" else _pass_through_head()
     accepted = 0
     for prompt, plain in zip(PROMPTS, plain_outputs):
-        result = eagle_generate_greedy(model, head, prompt, max_tokens=NEW_TOKENS, **TREES[tree])
+        result = _eagle(model, head, prompt, max_tokens=NEW_TOKENS, **TREES[tree])
         assert result.output_ids == plain, f"prompt {prompt}"
         assert result.finish_reason == "length"
         assert result.num_decoding_iterations >= 2
@@ -353,7 +366,7 @@ def test_head_state_after_steps_equals_a_fresh_pass(model, plain_outputs):
     head = _random_head(seed=7)
     eagle = EagleProposer(model, head, EagleTreeConfig(num_eagle_layers=3, eagle_choices=tuple(map(tuple, USER_CHOICES))))
     proposer = _OracleOverEagle(eagle, prompt, plain, tree)
-    result = generate_feature_tree_greedy(model, proposer, prompt, max_tokens=14)  # steps of 4: 1 + 4 + 4 + 4 + 1
+    result = _generate(model, proposer, prompt, max_tokens=14)  # steps of 4: 1 + 4 + 4 + 4 + 1
     assert result.output_ids == plain[:14] and result.num_decoding_iterations == 4
     state, sequence = proposer.state, [*prompt, *plain[:14]]
     n = state.length  # updated after steps 1..3: (f_j, c_{j+1}) for j < n
@@ -374,7 +387,7 @@ def test_head_state_after_steps_equals_a_fresh_pass(model, plain_outputs):
 
 def test_choices_depth_must_equal_num_eagle_layers(model):
     with pytest.raises(ValueError, match=r"eagle_choices are 3 deep but num_eagle_layers is 4.*TensorRT-LLM#2588"):
-        eagle_generate_greedy(model, _random_head(), [1, 2], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=4)
+        _eagle(model, _random_head(), [1, 2], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=4)
     settings = _settings({"decoding_type": "Eagle", "num_eagle_layers": 3, "speculative_model_dir": "h"})
     with pytest.raises(ValueError, match="eagle_choices are 4 deep but num_eagle_layers is 3"):
         tree_config(settings)  # default tree: depth 4
@@ -382,16 +395,12 @@ def test_choices_depth_must_equal_num_eagle_layers(model):
 
 def test_invalid_arguments(model):
     head = _random_head()
-    with pytest.raises(ValueError, match="non-empty prompt"):
-        eagle_generate_greedy(model, head, [], max_tokens=4)
-    with pytest.raises(ValueError, match="max_tokens >= 1"):
-        eagle_generate_greedy(model, head, [1], max_tokens=0)
     with pytest.raises(ValueError, match="remove eagle_choices"):
-        eagle_generate_greedy(model, head, [1], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=3, dynamic_top_k=2)
+        _eagle(model, head, [1], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=3, dynamic_top_k=2)
     with pytest.raises(ValueError, match="7 nodes, more than max_draft_len 5"):
-        eagle_generate_greedy(model, head, [1], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=3, max_draft_len=5)
+        _eagle(model, head, [1], max_tokens=4, choices=USER_CHOICES, num_eagle_layers=3, max_draft_len=5)
     with pytest.raises(ValueError, match="hidden_size 32 != target hidden_size 64"):
-        eagle_generate_greedy(model, EagleHead(EagleConfig(**{**CONFIG.__dict__, "hidden_size": 32})), [1], max_tokens=4)
+        _eagle(model, EagleHead(EagleConfig(**{**CONFIG.__dict__, "hidden_size": 32})), [1], max_tokens=4)
 
 
 # --- engine method -------------------------------------------------------------------------------
@@ -411,7 +420,7 @@ def test_speculative_config_and_load_from_engine_dir(model, plain_outputs, tmp_p
     )
     loaded = load_eagle(config, MethodContext(target=model))
     assert loaded.path == tmp_path / "eagle"
-    result = generate_feature_tree_greedy(model, loaded.proposer, PROMPTS[1], max_tokens=NEW_TOKENS)
+    result = _generate(model, loaded.proposer, PROMPTS[1], max_tokens=NEW_TOKENS, max_draft_len=16)
     assert result.output_ids == plain_outputs[1]
     with pytest.raises(ValueError, match="use_dynamic_tree needs dynamic_tree_max_topK"):
         _settings({"use_dynamic_tree": True}, base_dir=tmp_path)

@@ -19,7 +19,7 @@ import torch
 from conftest import served, verify_lossless, write_recipe
 from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
 from specbuild.engine import target as target_model
-from specbuild.engine.methods.eagle3 import (
+from specbuild.methods.eagle3.engine import (
     Eagle3Config,
     Eagle3Head,
     Eagle3Proposer,
@@ -188,8 +188,8 @@ def test_requests_drafted_together_get_the_chains_they_get_alone(model, kind):
     """update_batch / propose_batch (one head call for every request's features, then one per chain
     depth, as the worker drafts a batch) leave each request's state and chain bit for bit as alone,
     with its own context length and draft length."""
-    from specbuild.engine.methods.base import pack_draft_linears
-    from specbuild.engine.methods.eagle3 import propose_batch, update_batch
+    from specbuild.engine.draft_linear import pack_draft_linears
+    from specbuild.methods.eagle3.engine import propose_batch, update_batch
 
     head = _head(kind)
     proposer = Eagle3Proposer(model, head, max_draft_len=MAX_DRAFT_LEN)
@@ -239,7 +239,7 @@ def test_eagle3_engine_equals_plain_greedy(engines, plain_outputs, kind, num_dra
 
 def _record_chains(monkeypatch) -> list[list[int]]:
     """Every chain the engine's drafters propose (they draft through the batched ``propose_batch``)."""
-    from specbuild.engine.methods import eagle3 as eagle3_module
+    from specbuild.methods.eagle3 import engine as eagle3_module
 
     chains: list[list[int]] = []
     real = eagle3_module.propose_batch

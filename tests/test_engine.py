@@ -21,7 +21,8 @@ from specbuild.engine import (  # noqa: E402
     ReferenceEngine,
 )
 from specbuild.engine import target as target_model  # noqa: E402
-from specbuild.engine.acceptance import accept_greedy, clip_emitted  # noqa: E402
+from specbuild.engine.acceptance import accept_tree_greedy, clip_emitted  # noqa: E402
+from specbuild.engine.block import chain_tree  # noqa: E402
 from specbuild.engine.kv_cache import rollback  # noqa: E402
 
 MAX_DRAFT_LEN = 4
@@ -113,14 +114,19 @@ def test_default_end_id_is_checkpoint_eos(engine):
     assert engine.end_id == 0
 
 
-# --- KV cache rollback ---------------------------------------------------------------------------
+# --- KV cache rollback (a draft model's private DynamicCache) ----------------------------------------
+
+
+def _argmax(model, tokens, cache) -> list[int]:
+    """The target's greedy token after each of ``tokens``, appended to ``cache``."""
+    return target_model.forward_logits(model, tokens, cache, num_logits=len(tokens)).argmax(dim=-1).tolist()
 
 
 def test_rollback_helper(engine):
     model = engine._model
     with torch.inference_mode():
         cache = target_model.new_cache(model)
-        target_model.prefill(model, [3, 4, 5, 6, 7], cache)
+        _argmax(model, [3, 4, 5, 6, 7], cache)
         assert cache.get_seq_length() == 5
         rollback(cache, 5)
         assert cache.get_seq_length() == 5
@@ -139,19 +145,19 @@ def test_cache_after_rejection_holds_accepted_prefix(engine, plain_outputs):
     draft = [plain[1], plain[2], wrong, plain[4]]  # 2 accepted, then a rejection
     with torch.inference_mode():
         cache = target_model.new_cache(model)
-        first = target_model.prefill(model, prompt, cache)
+        first = _argmax(model, prompt, cache)[-1]
         context = [*prompt, first]
-        acceptance = accept_greedy(draft, target_model.verify(model, first, draft, cache))
+        acceptance = accept_tree_greedy(chain_tree(len(draft)), [first, *draft], _argmax(model, [first, *draft], cache))
         assert acceptance.accepted_tokens == plain[1:3]
         assert acceptance.bonus_token == plain[3]
         assert cache.get_seq_length() == len(context) + len(draft)
         rollback(cache, len(context) + acceptance.num_accepted)
         assert cache.get_seq_length() == len(prompt) + 3  # prompt, first token, 2 accepted
         # The rolled-back cache continues exactly like a cache that never saw the rejected drafts.
-        after_rollback = target_model.verify(model, acceptance.bonus_token, [], cache)
+        after_rollback = _argmax(model, [acceptance.bonus_token], cache)
         fresh = target_model.new_cache(model)
-        target_model.prefill(model, [*prompt, *plain[:3]], fresh)
-        assert after_rollback == target_model.verify(model, acceptance.bonus_token, [], fresh) == [plain[4]]
+        _argmax(model, [*prompt, *plain[:3]], fresh)
+        assert after_rollback == _argmax(model, [acceptance.bonus_token], fresh) == [plain[4]]
 
 
 # --- acceptance rule -----------------------------------------------------------------------------
@@ -161,15 +167,16 @@ def test_cache_after_rejection_holds_accepted_prefix(engine, plain_outputs):
     ("draft", "target", "accepted", "bonus"),
     [([5, 7, 9], [5, 7, 4, 8], [5, 7], 4), ([5, 7], [5, 7, 1], [5, 7], 1), ([2], [3, 1], [], 3), ([], [6], [], 6)],
 )
-def test_accept_greedy(draft, target, accepted, bonus):
-    acceptance = accept_greedy(draft, target)
+def test_greedy_acceptance_of_a_chain(draft, target, accepted, bonus):
+    """A chain is a one-path tree: the longest draft prefix equal to the target's tokens, then its bonus."""
+    acceptance = accept_tree_greedy(chain_tree(len(draft)), [0, *draft], target)
     assert (acceptance.accepted_tokens, acceptance.bonus_token) == (accepted, bonus)
     assert acceptance.emitted_tokens == [*accepted, bonus]
 
 
-def test_accept_greedy_needs_k_plus_one_targets():
-    with pytest.raises(ValueError, match="need len"):
-        accept_greedy([1, 2], [1, 2])
+def test_greedy_acceptance_needs_a_target_token_per_node():
+    with pytest.raises(ValueError, match="need 3 tree tokens and target tokens"):
+        accept_tree_greedy(chain_tree(2), [0, 1, 2], [1, 2])
 
 
 @pytest.mark.parametrize(
@@ -274,7 +281,7 @@ def test_draft_projection_matches_the_layer_it_copies():
     from torch import nn
 
     from specbuild.engine.kernels import onednn_supports
-    from specbuild.engine.methods.base import DraftProjection
+    from specbuild.engine.draft_linear import DraftProjection
 
     torch.manual_seed(0)
     for bias in (False, True):
@@ -288,7 +295,8 @@ def test_draft_projection_matches_the_layer_it_copies():
 
 
 def test_draft_lm_head_computes_the_same_logits_and_keeps_the_weights_tied(tiny_checkpoint):
-    from specbuild.engine.target import DraftLMHead, load_target, use_draft_lm_head
+    from specbuild.engine.target import load_target
+    from specbuild.methods.draft_target.engine import DraftLMHead, use_draft_lm_head
 
     model = load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
     prompt = torch.tensor([[1, 5, 9, 2, 7]])

@@ -1,4 +1,4 @@
-"""What the draft-head formats share (engine/methods/heads.py): where the head directory is (resolved by
+"""What the draft-head formats share (methods/head_files.py): where the head directory is (resolved by
 the method, methods/base.py), which weight file is read (pickles only with ``weights_only=True``), the
 name/shape check and its messages. Each format's own tensors and config keys are tested in
 tests/test_medusa.py, tests/test_eagle.py and tests/test_eagle3.py."""
@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specbuild.engine.methods.eagle import EagleConfig, load_eagle_head
-from specbuild.engine.methods.eagle3 import Eagle3Config, load_eagle3_head
-from specbuild.engine.methods.heads import HeadFiles, check_state, check_tree_attention, known_keys, read_config_json
-from specbuild.engine.methods.medusa import MEDUSA_FILES, load_medusa_heads
+from specbuild.methods.eagle.engine import EagleConfig, load_eagle_head
+from specbuild.methods.eagle3.engine import Eagle3Config, load_eagle3_head
+from specbuild.methods.head_files import HeadFiles, check_state, check_tree_attention, known_keys, read_config_json
+from specbuild.methods.medusa.engine import MEDUSA_FILES, load_medusa_heads
 from specbuild.methods import registered
 
 FILES = HeadFiles(safetensors="w.safetensors", pickles=("w.bin", "w.pt"))

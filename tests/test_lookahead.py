@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from conftest import hf_greedy
+from drive import generate_alone
 from specbuild.engine import worker
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kv_pool import KVPool, KVShape
-from specbuild.engine.lookahead_decode import lookahead_generate_greedy
-from specbuild.engine.methods import lookahead
-from specbuild.engine.methods.lookahead import (
+from specbuild.methods.lookahead import engine as lookahead
+from specbuild.methods.lookahead.engine import (
     LookaheadConfig,
+    LookaheadDrafter,
     LookaheadParams,
     LookaheadState,
     NGramPool,
@@ -179,6 +180,14 @@ def test_block_logits_equal_a_causal_pass_over_each_chain(model):
 # --- greedy equivalence ------------------------------------------------------------------------------
 
 
+def lookahead_generate_greedy(model, prompt, *, max_tokens, config: LookaheadConfig, end_id=-1, window=None):
+    """Greedy lookahead decoding of one prompt with the request's ``window`` (None: the built ``(W, N, G)``),
+    through the worker alone. Raises ValueError for a window outside ``(W, N, G)``."""
+    params = config.resolve(window)
+    return generate_alone(model, LookaheadDrafter(params), prompt, max_tokens=max_tokens, max_block=params.tokens_per_step,
+                          end_id=end_id)
+
+
 @pytest.mark.parametrize("wng", CONFIGS)
 def test_token_identical_to_plain_greedy(model, plain_outputs, wng):
     for prompt, expected in zip(PROMPTS, plain_outputs):
@@ -271,8 +280,6 @@ def test_window_starts_from_the_prompt_and_fills_up():
 
 
 def test_errors(model):
-    with pytest.raises(ValueError, match="non-empty prompt"):
-        lookahead_generate_greedy(model, [], max_tokens=4, config=LookaheadConfig(4, 3, 4))
     with pytest.raises(ValueError, match="must satisfy"):
         lookahead_generate_greedy(model, [1, 2], max_tokens=4, config=LookaheadConfig(4, 3, 4), window=(5, 3, 4))
     assert lookahead.LookaheadState.start([3], LookaheadParams(1, 1, 0)).pool is None

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from conftest import hf_greedy
+from drive import generate_alone
 from specbuild.engine import worker
-from specbuild.engine.drafters import TreeDrafter
-from specbuild.engine.medusa_decode import generate_tree_greedy, medusa_generate_greedy
-from specbuild.engine.methods.medusa import (
+from specbuild.methods.medusa.engine import (
     MedusaConfig,
     MedusaHeads,
     MedusaProposer,
+    TreeDrafter,
     load_medusa_heads,
     save_medusa_heads,
 )
@@ -32,6 +32,11 @@ NEW_TOKENS = 40
 @pytest.fixture(scope="module")
 def plain_outputs(model) -> list[list[int]]:
     return hf_greedy(model, PROMPTS, NEW_TOKENS)
+
+
+def _generate(model, proposer, prompt, *, max_tokens: int, tree: SpecTree):
+    """Greedy decoding of ``prompt`` with ``proposer``'s trees (``tree``, cut per step), through the worker alone."""
+    return generate_alone(model, TreeDrafter(proposer, tree), prompt, max_tokens=max_tokens, max_block=1 + tree.num_nodes)
 
 
 def _random_heads(config: MedusaConfig = CONFIG, seed: int = 0) -> MedusaHeads:
@@ -139,7 +144,7 @@ def test_proposer_fills_the_tree_from_top_k():
 def test_requests_drafted_together_get_the_trees_they_get_alone():
     """propose_trees (each head run once for every request of a batch) gives each request, with its own
     tree, the tokens propose_tree gives it alone."""
-    from specbuild.engine.methods.base import pack_draft_linears
+    from specbuild.engine.draft_linear import pack_draft_linears
 
     heads = _random_heads(seed=4)
     for head in heads.heads:
@@ -181,7 +186,7 @@ def test_medusa_equals_plain_greedy(model, plain_outputs, tree, kind):
     heads = _random_heads(seed=3) if kind == "random" else _lm_head_heads(model)
     accepted = 0
     for prompt, plain in zip(PROMPTS, plain_outputs):
-        result = medusa_generate_greedy(model, heads, prompt, max_tokens=NEW_TOKENS, tree=tree)
+        result = _generate(model, MedusaProposer(heads, tree), prompt, max_tokens=NEW_TOKENS, tree=tree)
         assert result.output_ids == plain, f"prompt {prompt}"
         assert result.finish_reason == "length"
         assert result.num_decoding_iterations >= 2
@@ -217,7 +222,7 @@ class _OracleProposer:
 def test_same_draft_accepts_the_full_depth_of_the_default_tree(model, plain_outputs):
     """Depth 4 of mc_sim_7b_63 (a user tree, every method: tests/test_method_equivalence.py)."""
     prompt, plain, tree = PROMPTS[0], plain_outputs[0], DEFAULT_TREE
-    result = generate_tree_greedy(model, _OracleProposer(prompt, plain), prompt, max_tokens=NEW_TOKENS, tree=tree)
+    result = _generate(model, _OracleProposer(prompt, plain), prompt, max_tokens=NEW_TOKENS, tree=tree)
     assert result.output_ids == plain
     assert result.num_decoding_iterations == -(-(NEW_TOKENS - 1) // (tree.max_depth + 1))
     assert result.total_accepted_draft_tokens == NEW_TOKENS - 1 - result.num_decoding_iterations
@@ -235,7 +240,7 @@ def test_partly_right_draft_equals_plain_greedy(model, plain_outputs, monkeypatc
     monkeypatch.setattr(worker, "accept_tree_greedy", recording_accept)
     for prompt, plain in zip(PROMPTS, plain_outputs):
         proposer = _OracleProposer(prompt, plain, noise_seed=seed)
-        result = generate_tree_greedy(model, proposer, prompt, max_tokens=NEW_TOKENS, tree=DEFAULT_TREE)
+        result = _generate(model, proposer, prompt, max_tokens=NEW_TOKENS, tree=DEFAULT_TREE)
         assert result.output_ids == plain
     depths = {len(choice) for choice in accepted_choices}
     assert len(depths) >= 2 and max(depths) >= 2, f"accepted depths {depths}"
@@ -260,9 +265,3 @@ def test_step_keeps_the_accepted_path_and_feeds_its_hidden_state(model, plain_ou
     torch.testing.assert_close(drafter.hidden, sequential.hidden_states[-1][0, -1], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(prefill_hidden, sequential.hidden_states[-1][0, len(prompt) - 1], rtol=1e-4, atol=1e-5)
 
-
-def test_invalid_arguments(model):
-    with pytest.raises(ValueError, match="non-empty prompt"):
-        medusa_generate_greedy(model, _random_heads(), [], max_tokens=4, tree=DEFAULT_TREE)
-    with pytest.raises(ValueError, match="max_tokens >= 1"):
-        medusa_generate_greedy(model, _random_heads(), [1], max_tokens=0, tree=DEFAULT_TREE)

@@ -18,7 +18,7 @@ import torch
 
 from conftest import served, verify_lossless, write_recipe
 from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, worker
-from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
+from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, save_medusa_heads
 from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
 
 VOCAB, HIDDEN = 384, 64

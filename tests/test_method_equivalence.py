@@ -22,7 +22,7 @@ from method_engines import CASES, DEPTH, METHODS, PROMPTS, check_greedy, greedy 
 
 from specbuild.engine import InvalidRequestError, stream  # noqa: E402
 from specbuild.engine.acceptance import clip_emitted  # noqa: E402
-from specbuild.engine.methods import method_for, reference_methods  # noqa: E402
+from specbuild.methods import method_for, reference_methods  # noqa: E402
 
 SPECULATIVE = [m for m in METHODS if m != "plain"]
 
@@ -156,7 +156,7 @@ def test_end_token_stops_right_after_its_first_occurrence(method_engines, plain,
 @pytest.mark.parametrize("method", SPECULATIVE)
 def test_sampling_is_refused_by_greedy_only_methods(method_engines, method, num_draft_tokens):
     engine = method_engines[method, "random"]
-    if not method_for(engine.speculative_config).engine().greedy_only:
+    if not method_for(engine.speculative_config).engine_method().greedy_only:
         pytest.skip(f"{method} samples (speculative sampling)")
     request = greedy(PROMPTS[0], temperature=0.7, num_draft_tokens=num_draft_tokens)
     with pytest.raises(InvalidRequestError, match=f"{_decoding_type(engine)} is greedy-only, as in TensorRT-LLM"):
@@ -181,7 +181,7 @@ def test_every_registered_method_is_in_the_suite(method_engines):
 
 def test_method_registry_imports_without_torch():
     code = (
-        "import sys, specbuild.engine.methods as m; "
+        "import sys, specbuild.methods as m; "
         "assert {'NGram', 'DraftTarget', 'Lookahead', 'Medusa', 'Eagle', 'Eagle3'} <= set(m.reference_methods()); "
         "assert 'torch' not in sys.modules"
     )

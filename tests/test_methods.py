@@ -1,7 +1,7 @@
 """The method registry (``specbuild.methods``): one object per method, read by every stage.
 
 A plugin registers a method the way the built-ins do and reaches the recipe schema, recipe validation,
-the TensorRT-LLM planner's refusals and the reference engine; the engine validates ``speculative_config``
+the TensorRT-LLM planner's refusals and the reference engine, with a drafter of its own; the engine validates ``speculative_config``
 with each method's recipe model; shared modules never branch on a method's name.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from specbuild.builder.recipe import Speculation, load_recipe
-from specbuild.engine.methods import reference_methods
+from specbuild.methods import reference_methods
 from specbuild.methods import SpeculationMethod, TrtllmMapping, add, builtin_methods, registered
 from toy_method import METHOD as TOY
 from toy_method import ToySpeculation
@@ -27,7 +27,7 @@ from toy_method import ToySpeculation
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 
-# Run with a plugin distribution on sys.path: its entry point names tests/toy_method.py's METHOD.
+# Run with a plugin distribution on sys.path: its entry point names tests/toy_method/'s METHOD.
 PLUGIN_RUN = r"""
 import json, sys
 from pathlib import Path
@@ -65,11 +65,20 @@ report["bad_value"] = refusal(lambda: recipe("{method: toy, repeats_of: middle}"
 report["unknown_key"] = refusal(lambda: recipe("{method: toy, repeat: 2}"))
 report["tensorrt"] = refusal(lambda: plan_tensorrt(recipe("{method: toy}", backend="tensorrt"), tmp / "out"))
 engine = ReferenceEngine.from_pretrained(
-    checkpoint, speculative_config=loaded.recipe.speculation.to_llm_api(), limits=EngineLimits(1, 64, 160, 3)
+    checkpoint, speculative_config=loaded.recipe.speculation.to_llm_api(), limits=EngineLimits(3, 64, 160, 3)
 )
-spec = engine.generate(GenerationRequest(input_ids=[5, 6, 7, 7, 7, 8], max_tokens=16))
-plain = engine.generate(GenerationRequest(input_ids=[5, 6, 7, 7, 7, 8], max_tokens=16, num_draft_tokens=0))
-report["engine"] = {"same_as_plain": spec.output_ids == plain.output_ids, "drafted": spec.total_draft_tokens}
+prompts = [[5, 6, 7, 7, 7, 8], [9, 9, 4], [11, 12, 13, 11, 12]]
+plain = [engine.generate(GenerationRequest(input_ids=p, max_tokens=16, num_draft_tokens=0)).output_ids for p in prompts]
+spec = engine.generate(GenerationRequest(input_ids=prompts[0], max_tokens=16))
+from specbuild.engine.scheduler import Scheduler
+from specbuild.engine.stream import collect
+from toy_method.engine import RepeatDrafter
+
+with Scheduler(engine, max_batch_size=3) as scheduler:
+    together = [collect(s) for s in [scheduler.stream(GenerationRequest(input_ids=p, max_tokens=16)) for p in prompts]]
+report["engine"] = {"same_as_plain": spec.output_ids == plain[0] and [r.output_ids for r in together] == plain,
+                    "drafted": spec.total_draft_tokens, "drafter": type(engine.prepare(GenerationRequest(prompts[0], 4)).drafter).__name__,
+                    "batch_calls": RepeatDrafter.batch_calls}
 print(json.dumps(report))
 """
 
@@ -98,7 +107,9 @@ def test_a_plugin_method_reaches_the_schema_the_recipe_the_planner_and_the_engin
     assert re.search(r"speculation.repeat: unknown key \(did you mean 'repeats_of'\?\); allowed keys here: max_draft_len, "
                      r"method, repeats_of", report["unknown_key"])
     assert "method 'toy' is not available on build.backend 'tensorrt': TensorRT-LLM has no toy method" in report["tensorrt"]
+    # the plugin's own drafter runs, alone and in batches through its own group call, and changes no output
     assert report["engine"]["same_as_plain"] and report["engine"]["drafted"] > 0
+    assert report["engine"]["drafter"] == "RepeatDrafter" and report["engine"]["batch_calls"] > 0
 
 
 def test_a_plugin_is_not_registered_unless_installed():
@@ -180,7 +191,7 @@ def test_a_method_is_checked_when_it_is_made():
 # Shared modules read the method object; none of them compares a method's name (``spec.method == "eagle"``,
 # ``method in ("medusa", "eagle")``, ``decoding_type == "Eagle3"``).
 SHARED = ["builder/recipe.py", "builder/reference.py", "builder/trtllm_plan.py", "builder/trtllm_run.py",
-          "builder/trtllm_version.py", "engine/runtime.py", "engine/methods/__init__.py", "train/stage.py",
+          "builder/trtllm_version.py", "engine/runtime.py", "engine/worker.py", "engine/drafters.py", "methods/__init__.py", "train/stage.py",
           "train/evaluate.py", "triton_repo/tensorrtllm.py", "triton_repo/models/trtllm_front.py", "specbuild/pipeline.py"]
 BRANCH = re.compile(r"""\b(method|decoding_type)\s*(==|!=|in|not\s+in)\s*[(\[{"']""")
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specbuild.engine.methods import NGramProposer, find_ngram_draft, method_for
+from specbuild.methods import method_for
+from specbuild.methods.ngram import find_ngram_draft
+from specbuild.engine.validation import ResolvedRequest
+from specbuild.methods.ngram.engine import NGramProposer
 from specbuild.methods.ngram import NGramSpeculation
 
 
@@ -47,7 +50,9 @@ def test_config_from_trtllm_dict():
          "is_keep_all": True, "is_public_pool": False}  # TensorRT-LLM keys the engine takes and ignores
     )
     assert config == NGramSpeculation(method="ngram", max_draft_len=4, max_matching_ngram_size=3, is_use_oldest=False)
-    assert isinstance(method.engine().make_proposer(config), NGramProposer)
+    request = ResolvedRequest(input_ids=[1, 2], max_tokens=4, end_id=-1, num_draft_tokens=3)
+    drafter = method.engine_method().make_drafter(config, request)
+    assert isinstance(drafter.proposer, NGramProposer) and drafter.k == 3
 
 
 def test_omitted_keys_take_the_recipes_defaults():

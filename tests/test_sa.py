@@ -17,8 +17,9 @@ from method_engines import NEW_TOKENS, PROMPTS, check_mixed_batch, check_sampled
 from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe  # noqa: E402
 from specbuild.engine import ReferenceEngine  # noqa: E402
 from specbuild.engine.drafters import ChainDrafter  # noqa: E402
-from specbuild.engine.methods import find_ngram_draft, method_for  # noqa: E402
-from specbuild.engine.methods.sa import Match, SAPool, SAProposer, SuffixAutomaton  # noqa: E402
+from specbuild.methods import method_for  # noqa: E402
+from specbuild.methods.ngram import find_ngram_draft  # noqa: E402
+from specbuild.methods.sa.engine import Match, SAPool, SAProposer, SuffixAutomaton  # noqa: E402
 from specbuild.engine.scheduler import Scheduler  # noqa: E402
 from specbuild.engine.stream import collect  # noqa: E402
 from specbuild.methods.sa import SASpeculation  # noqa: E402

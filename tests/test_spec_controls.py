@@ -195,7 +195,7 @@ def _scheduled_engine(engine: ReferenceEngine, off_at: int) -> ReferenceEngine:
                           speculative_config={**config, "max_concurrency": 64}).runtime_controls.max_draft_len
     scheduled = ReferenceEngine(engine.model, limits=engine.limits, end_id=-1,
                                 speculative_config={**config, "draft_len_schedule": {1: top, off_at: 0}})
-    scheduled._method = dataclasses.replace(scheduled._method, make_proposer=engine._method.make_proposer)
+    scheduled._method = dataclasses.replace(scheduled._method, make_drafter=engine._method.make_drafter)
     return scheduled
 
 

@@ -15,9 +15,9 @@ from torch import nn
 
 from conftest import hf_greedy
 from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
-from specbuild.engine.methods.base import DraftProjection
-from specbuild.engine.methods.eagle import EagleConfig, EagleHead, save_eagle_head
-from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads, save_medusa_heads
+from specbuild.engine.draft_linear import DraftProjection
+from specbuild.methods.eagle.engine import EagleConfig, EagleHead, save_eagle_head
+from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, save_medusa_heads
 from specbuild.methods.token_map import read_token_ids, write_token_map
 from tiny_models import make_tiny_llama
 

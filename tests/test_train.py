@@ -14,18 +14,18 @@ from tiny_models import CORPUS
 from transformers import AutoTokenizer
 
 from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe
-from specbuild.engine.methods.eagle import load_eagle_head
-from specbuild.engine.methods.eagle3 import load_eagle3_head
-from specbuild.engine.methods.medusa import load_medusa_heads
+from specbuild.methods.eagle.engine import load_eagle_head
+from specbuild.methods.eagle3.engine import load_eagle3_head
+from specbuild.methods.medusa.engine import load_medusa_heads
 from specbuild.engine.target import load_target
 from specbuild.methods import registered
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import build_distill_data, training_prompts
-from specbuild.train.draft import train_draft as distil_draft
-from specbuild.train.eagle import train_eagle
-from specbuild.train.eagle3 import train_eagle3
+from specbuild.methods.draft_target.train import train_draft as distil_draft
+from specbuild.methods.eagle.train import train_eagle
+from specbuild.methods.eagle3.train import train_eagle3
 from specbuild.train.evaluate import measure_acceptance, speculative_config_for
-from specbuild.train.medusa import train_medusa
+from specbuild.methods.medusa.train import train_medusa
 from specbuild.train.stage import train_draft
 
 CPU = torch.device("cpu")
@@ -283,9 +283,9 @@ def test_python_stdlib_texts_are_sources_without_test_suites_cut_to_the_token_bu
 
 
 def test_teacher_forced_texts_join_the_data_and_medusa_skips_them(setup, prompt_files, tmp_path):
-    from specbuild.engine.methods.medusa import MedusaConfig, MedusaHeads
+    from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads
     from specbuild.train.data import load_texts
-    from specbuild.train.medusa import MedusaObjective
+    from specbuild.methods.medusa.train import MedusaObjective
 
     model, tokenizer, data, _ = setup
     (tmp_path / "texts.jsonl").write_text(json.dumps({"text": CORPUS[0] * 20}) + "\n" + json.dumps({"text": CORPUS[2] * 20}) + "\n")

@@ -160,9 +160,9 @@ class Generation:
 
 def proposer(generate: Generate, config: FrontConfig, extra: dict) -> Callable[[list[int], int], list[int]]:
     """``propose(ids, n)`` -> up to n draft tokens: the draft engine (draft_target) or, without one, prompt
-    lookup over the request's own context (ngram, :func:`specbuild.engine.methods.ngram.find_ngram_draft`)."""
+    lookup over the request's own context (ngram, :func:`specbuild.methods.ngram.find_ngram_draft`)."""
     if config.draft_model is None:
-        from specbuild.engine.methods.ngram import find_ngram_draft
+        from specbuild.methods.ngram import find_ngram_draft
 
         return lambda ids, n: find_ngram_draft(ids, max_ngram_size=config.max_matching_ngram_size, num_draft_tokens=n,
                                                use_oldest=config.is_use_oldest)

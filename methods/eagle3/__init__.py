@@ -1,0 +1,152 @@
+"""EAGLE-3 (Li et al. 2025): the draft head fuses features from three target layers (``midlayer``
+format, optional draft vocabulary with ``d2t``) and drafts a chain. Greedy only.
+
+TensorRT-LLM: the PyTorch backend's ``Eagle3DecodingConfig`` (decoding_type ``Eagle`` before 1.3).
+Reference engine: :mod:`specbuild.methods.eagle3.engine`. Training: :mod:`specbuild.methods.eagle3.train`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
+from ..eagle import check_sizes, locate_head
+from ..heads import read_json, target_config
+
+if TYPE_CHECKING:
+    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.builder.recipe import LoadedRecipe
+
+
+class SAEnhancer(BaseModel):
+    """TensorRT-LLM's ``SAEnhancerConfig`` (``sa_config``, 1.4 line): suffix-automaton drafts replace
+    the head's when the suffix match is at least ``threshold`` tokens long; ``enable_global_pool``
+    searches every active request's automaton, not only the request's own."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    threshold: int = Field(4, ge=1)
+    """Shortest suffix match (tokens) whose continuation replaces the head's drafts."""
+    enable_global_pool: bool = False
+    """Search every active request's automaton, not only the request's own."""
+
+
+class Eagle3Speculation(MethodParams):
+    """EAGLE-3 (Li et al. 2025): the draft head fuses features from three target layers (``midlayer``
+    format, optional draft vocabulary with ``d2t``). TensorRT-LLM PyTorch backend only."""
+
+    method: Literal["eagle3"]
+    """The speculation method: this section's settings are chosen by it."""
+    eagle_model: str = Field(min_length=1)
+    """Folder with the EAGLE-3 head (relative to the recipe, may start with $SPECBUILD_CACHE)."""
+    max_draft_len: int = Field(3, ge=1, le=32)
+    """Draft tokens per step (a chain)."""
+    eagle3_one_model: bool = True
+    """TensorRT-LLM: run the head inside the target's model (one model) rather than as a second one; written for
+    1.2.x only: from 1.3 the plan leaves it out (the 1.3.0rc27 and 1.4 LLM APIs have no such field; one model
+    is the only path)."""
+    use_dynamic_tree: bool = False
+    """TensorRT-LLM PyTorch backend: EAGLE-2's dynamic tree; each of the max_draft_len draft layers expands
+    dynamic_tree_max_topK nodes (the reference engine drafts a chain and refuses it)."""
+    dynamic_tree_max_topK: int | None = Field(None, ge=1, le=64)
+    """With use_dynamic_tree: nodes expanded per draft layer."""
+    max_total_draft_tokens: int | None = Field(None, ge=1)
+    """With use_dynamic_tree: tree nodes the target verifies (default topK * max_draft_len), as
+    EagleDecodingConfig checks."""
+    sa_config: SAEnhancer | None = None
+    """TensorRT-LLM >= 1.4 only: a suffix-automaton enhancer (SAEnhancerConfig); the reference engine has none."""
+
+    @model_validator(mode="after")
+    def _dynamic_tree(self) -> Eagle3Speculation:
+        if not self.use_dynamic_tree:
+            if self.dynamic_tree_max_topK is not None or self.max_total_draft_tokens is not None:
+                raise ValueError("dynamic_tree_max_topK / max_total_draft_tokens need use_dynamic_tree: true (a chain drafts max_draft_len tokens)")
+            return self
+        if self.dynamic_tree_max_topK is None:
+            raise ValueError("use_dynamic_tree: true needs dynamic_tree_max_topK (nodes expanded per draft layer), e.g. 10")
+        most = self.dynamic_tree_max_topK * self.max_draft_len
+        if self.max_total_draft_tokens is not None and not self.max_draft_len <= self.max_total_draft_tokens <= most:
+            raise ValueError(f"max_total_draft_tokens must be in [max_draft_len, dynamic_tree_max_topK * max_draft_len] = "
+                             f"[{self.max_draft_len}, {most}], got {self.max_total_draft_tokens}")
+        return self
+
+    def to_llm_api(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "decoding_type": self.decoding_type,
+            "max_draft_len": self.max_draft_len,
+            "speculative_model_dir": self.eagle_model,
+            "eagle3_one_model": self.eagle3_one_model,
+        }
+        if self.sa_config is not None:
+            config["sa_config"] = self.sa_config.model_dump()
+        if self.use_dynamic_tree:
+            config |= {"use_dynamic_tree": True, "dynamic_tree_max_topK": self.dynamic_tree_max_topK,
+                       "max_total_draft_tokens": self.max_total_draft_tokens or self.dynamic_tree_max_topK * self.max_draft_len}
+        return config
+
+
+# --- weights: the head directory -------------------------------------------------------------------
+
+
+def _locate(loaded: LoadedRecipe) -> CheckpointSource:
+    return locate_head(loaded, kind="EAGLE-3")
+
+
+def check_fit(loaded: LoadedRecipe, target_dir: Path, head_dir: Path) -> None:
+    """The head's sizes (as EAGLE's), then the target layers it fuses: TensorRT-LLM's default
+    ``(1, L // 2 - 1, L - 4)`` needs ``L > 5`` (config.json only, milliseconds).
+
+    Raises:
+        RecipeError: located at ``speculation.eagle_model``.
+    """
+    from .engine import Eagle3Config, capture_layers_for  # torch: the head's config rules live with the head
+
+    check_sizes(loaded, target_dir, head_dir)
+    head, num_layers = read_json(head_dir / "config.json"), target_config(target_dir).get("num_hidden_layers")
+    try:
+        config = Eagle3Config.from_dict(head, str(head_dir / "config.json"))
+        if num_layers is not None:
+            capture_layers_for(config, num_layers)
+    except ValueError as exc:
+        raise loaded.error(("speculation", "eagle_model"), str(exc)) from None
+
+
+# --- the reference engine's refusals ------------------------------------------------------------------
+
+
+def _reference_check(spec: Eagle3Speculation) -> tuple[str, str] | None:
+    """TensorRT-LLM-only settings: the reference engine drafts EAGLE-3 as a chain, with no SA enhancer."""
+    if spec.use_dynamic_tree:
+        return ("use_dynamic_tree", "the reference engine's EAGLE-3 drafts a chain; the dynamic tree is TensorRT-LLM's "
+                                    "(build.backend: pytorch): remove use_dynamic_tree / dynamic_tree_max_topK / max_total_draft_tokens")
+    if spec.sa_config is not None:
+        return ("sa_config", "the SA enhancer is TensorRT-LLM's (1.4 line, build.backend: pytorch); the reference engine's "
+                             "EAGLE-3 has none: remove sa_config, or use method: sa for suffix-automaton drafts")
+    return None
+
+
+METHOD = SpeculationMethod(
+    name="eagle3",
+    title="EAGLE-3",
+    params=Eagle3Speculation,
+    trtllm=TrtllmMapping(
+        decoding_type="Eagle3",
+        # DecodingBaseConfig.from_dict has no Eagle3 key before 1.3; that PyTorch backend reads Eagle as EAGLE-3.
+        renamed=(("0.0", "Eagle"), ("1.3", "Eagle3")),
+        speculative_decoding_mode="eagle",
+        unavailable={"tensorrt": "EAGLE-3 exists only on TensorRT-LLM's PyTorch backend"},
+    ),
+    weights=Weights(
+        field="eagle_model", what="the EAGLE-3 head directory", role="eagle3", check_fit=check_fit,
+        reference=ReferenceWeights(subdir="eagle3", locate=_locate, load="specbuild.methods.eagle3.engine:read_for_build",
+                                   write="specbuild.methods.eagle3.engine:write_for_build", fingerprint_key="eagle"),
+    ),
+    engine="specbuild.methods.eagle3.engine:ENGINE",  # the head loaded once; chains of at most k drafts per request
+    training=Training(train="specbuild.methods.eagle3.train:train_for", held_out_config=chain_of),
+    ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here
+    unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain)",
+    reference_check=_reference_check,
+)
