@@ -1,6 +1,6 @@
 import torch, time, statistics
 from types import SimpleNamespace
-from specbuild.engine.methods.base import DraftProjection
+from specbuild.engine.draft_linear import DraftProjection
 from specbuild.engine import rowgemm
 torch.manual_seed(0)
 lin = torch.nn.Linear(576, 49152, bias=False)
