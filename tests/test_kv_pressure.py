@@ -1,0 +1,176 @@
+"""Requests whose client is gone leave the engine at once, wherever they are (issue 35, kv-exhaust).
+
+A request holds its KV slot from admission to its end (engine/scheduler.py: GUARANTEED_NO_EVICT over
+whole-sequence slots), so abandoned work must leave promptly or it blocks everyone behind it. Each
+test pauses the engine's loop inside a callback (callbacks run on the scheduler's thread) to put a
+request exactly where it is meant to be (queued for a slot, admitted but waiting for its prefill,
+decoding), cancels it or lets its ``timeout_s`` pass, and checks that it never runs again, that its
+slot is free, and that the requests that stayed give exactly plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from method_engines import PROMPTS, greedy  # noqa: E402
+
+from specbuild.engine.runtime import EngineLimits, ReferenceEngine  # noqa: E402
+from specbuild.engine.scheduler import RequestTimedOut, Scheduler  # noqa: E402
+from specbuild.engine.stream import collect  # noqa: E402
+
+NGRAM = {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}
+SHORT, LONG = PROMPTS[0], PROMPTS[1]  # 6 and 13 tokens
+
+
+def engine_with(model, *, max_batch_size: int, max_num_tokens: int | None = None) -> ReferenceEngine:
+    limits = EngineLimits(max_batch_size=max_batch_size, max_input_len=64, max_seq_len=160, max_draft_len=4,
+                          max_num_tokens=max_num_tokens)
+    return ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=NGRAM)
+
+
+@pytest.fixture(scope="module")
+def plain(model) -> dict[tuple[int, ...], list[int]]:
+    engine = engine_with(model, max_batch_size=1)
+    return {tuple(p): engine.generate(greedy(p, max_tokens=40, num_draft_tokens=0)).output_ids for p in PROMPTS}
+
+
+class Track:
+    """One request's callbacks: its steps and errors, and an event when it ended either way."""
+
+    def __init__(self, pause_at: int | None = None, action=None) -> None:
+        self.steps, self.errors, self.ended = [], [], threading.Event()
+        self.pause_at, self.action = pause_at, action
+
+    def on_step(self, step) -> None:
+        self.steps.append(step)
+        if len(self.steps) == self.pause_at and self.action is not None:
+            self.action()  # on the scheduler's thread: the engine waits for it
+        if step.is_final:
+            self.ended.set()
+
+    def on_error(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        self.ended.set()
+
+    def output(self) -> list[int]:
+        return collect(iter(self.steps)).output_ids
+
+
+def submit(scheduler: Scheduler, prompt, track: Track, *, max_tokens: int = 40, timeout_s: float | None = None):
+    return scheduler.submit(greedy(prompt, max_tokens=max_tokens), track.on_step, track.on_error, timeout_s=timeout_s)
+
+
+def free_slots(scheduler: Scheduler) -> int:
+    return len(scheduler.worker.pool._free)
+
+
+def settle(scheduler: Scheduler, timeout_s: float = 30.0) -> None:
+    """Wait until nothing runs or waits in ``scheduler``."""
+    deadline = time.monotonic() + timeout_s
+    while scheduler._pending or scheduler._entries:
+        assert time.monotonic() < deadline, "the scheduler did not drain"
+        time.sleep(0.005)
+
+
+def test_requests_cancelled_or_timed_out_in_the_queue_never_run(model, plain):
+    """One slot, held by A; B and C wait for it. B is cancelled, C's timeout passes: neither is ever
+    prefilled, C gets RequestTimedOut("queued"), and A and a later D give plain greedy output."""
+    engine = engine_with(model, max_batch_size=1)
+    with Scheduler(engine) as scheduler:
+        b, c = Track(), Track()
+        waiting = {}
+
+        def while_a_holds_the_slot():
+            waiting["b"] = submit(scheduler, LONG, b)
+            submit(scheduler, PROMPTS[2], c, timeout_s=0.05)
+            scheduler.cancel(waiting["b"])
+            time.sleep(0.1)  # C's timeout passes while it waits for the slot
+
+        a = Track(pause_at=2, action=while_a_holds_the_slot)
+        submit(scheduler, SHORT, a)
+        assert a.ended.wait(60) and c.ended.wait(60)
+        d = Track()
+        submit(scheduler, PROMPTS[3], d)
+        assert d.ended.wait(60)
+        settle(scheduler)
+        assert free_slots(scheduler) == 1
+    assert a.output() == plain[tuple(SHORT)] and d.output() == plain[tuple(PROMPTS[3])]
+    assert b.steps == [] and b.errors == [] and not waiting["b"].prefilled
+    assert c.steps == [] and len(c.errors) == 1 and isinstance(c.errors[0], RequestTimedOut)
+    assert c.errors[0].stage == "queued" and c.errors[0].generated == 0
+    assert "queued for a KV slot" in str(c.errors[0])
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+def test_a_request_waiting_for_its_prefill_is_dropped_and_its_slot_goes_to_the_next(model, plain, how):
+    """Two slots, 8 tokens an iteration: A (6-token prompt) decodes, B (13 tokens) is admitted but its
+    prefill waits while A takes the budget, C waits for a slot. Cancelling B, or letting its timeout
+    pass, frees its slot before it ever runs: C is admitted and both A and C equal plain greedy."""
+    engine = engine_with(model, max_batch_size=2, max_num_tokens=8)
+    with Scheduler(engine) as scheduler:
+        b, c = Track(), Track()
+        seqs = {}
+
+        def submit_b_and_c():
+            seqs["b"] = submit(scheduler, LONG, b, timeout_s=0.3 if how == "timeout" else None)
+            seqs["c"] = submit(scheduler, PROMPTS[3], c, max_tokens=16)
+
+        def b_waits_for_its_prefill():
+            assert seqs["b"] in scheduler.worker.running and not seqs["b"].prefilled  # admitted, not prefilled
+            assert seqs["c"] not in scheduler.worker.running  # no slot for C
+            if how == "cancel":
+                scheduler.cancel(seqs["b"])
+            else:
+                time.sleep(0.4)
+
+        a = Track(pause_at=1, action=submit_b_and_c)
+        a_steps = a.on_step
+
+        def a_on_step(step):
+            a_steps(step)
+            if len(a.steps) == 4:
+                b_waits_for_its_prefill()
+
+        scheduler.submit(greedy(SHORT, max_tokens=40), a_on_step, a.on_error)
+        assert a.ended.wait(60) and c.ended.wait(60)
+        settle(scheduler)
+        assert free_slots(scheduler) == 2
+    assert a.output() == plain[tuple(SHORT)]
+    assert c.output() == plain[tuple(PROMPTS[3])][:16]
+    assert b.steps == [] and not seqs["b"].prefilled
+    if how == "cancel":
+        assert b.errors == []
+    else:
+        assert len(b.errors) == 1 and b.errors[0].stage == "prefill" and b.errors[0].generated == 0
+
+
+def test_a_decoding_request_past_its_timeout_stops_and_the_others_go_on(model, plain):
+    """A's timeout passes after its third step: A gets RequestTimedOut("decoding") and no more steps;
+    B, decoding beside it, finishes with plain greedy output; both slots end free."""
+    engine = engine_with(model, max_batch_size=2)
+    with Scheduler(engine) as scheduler:
+        a = Track(pause_at=3, action=lambda: time.sleep(0.4))
+        b = Track()
+        submit(scheduler, SHORT, a, timeout_s=0.3)
+        submit(scheduler, LONG, b)
+        assert a.ended.wait(60) and b.ended.wait(60)
+        settle(scheduler)
+        assert free_slots(scheduler) == 2
+    assert b.output() == plain[tuple(LONG)]
+    assert len(a.steps) == 3 and not a.steps[-1].is_final
+    (error,) = a.errors
+    assert isinstance(error, RequestTimedOut) and error.stage == "decoding"
+    assert error.generated == len(a.output()) > 0
+    assert a.output() == plain[tuple(SHORT)][: error.generated]  # what it produced before was right
+
+
+def test_a_timeout_must_be_positive(model):
+    with Scheduler(engine_with(model, max_batch_size=1)) as scheduler, pytest.raises(ValueError, match="timeout_s must be > 0"):
+        scheduler.submit(greedy(SHORT), print, print, timeout_s=0)
