@@ -174,3 +174,76 @@ def test_a_decoding_request_past_its_timeout_stops_and_the_others_go_on(model, p
 def test_a_timeout_must_be_positive(model):
     with Scheduler(engine_with(model, max_batch_size=1)) as scheduler, pytest.raises(ValueError, match="timeout_s must be > 0"):
         scheduler.submit(greedy(SHORT), print, print, timeout_s=0)
+
+
+class TritonRequest:
+    """A Triton request as the reference engine model sees it, and its response sender: ``is_cancelled``
+    (what the client did) and ``send`` (recorded)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.sent: list = []
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+class ServingModel:
+    """The parts of the Triton model (triton_repo/models/reference_engine.py) a reply uses, around a
+    real scheduler: outbox, cancellation watch, send / send_error."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        from specbuild.triton_repo.models.outbox import CancellationWatch, Outbox
+
+        self.scheduler, self.outbox, self.cancellation = scheduler, Outbox(), CancellationWatch(0.01)
+        self.metrics = type("Metrics", (), {"record": lambda self, results: None})()
+        self.stream_interval = 1
+
+    def send(self, sender, outputs, *, final: bool) -> None:
+        sender.sent.append(("response", outputs["output_ids"][0, 0].tolist(), final))
+
+    def send_error(self, sender, exc: BaseException) -> None:
+        sender.sent.append(("error", str(exc), True))
+
+    def submit(self, prompt, *, streaming: bool, max_tokens: int = 40) -> tuple[TritonRequest, object]:
+        from specbuild.triton_repo.models import reference_engine as triton_model
+
+        request = TritonRequest()
+        row = triton_model.Row(greedy(prompt, max_tokens=max_tokens), pad_id=0, exclude_input_in_output=True,
+                               return_perf_metrics=False, streaming=streaming)
+        reply = (triton_model._StreamReply(self, request, row, request) if streaming
+                 else triton_model._BatchReply(self, request, [row], request))
+        seq = self.scheduler.engine.prepare(row.request)
+        self.scheduler.submit_prepared(seq, lambda step: reply.on_step(0, step), reply.on_error)
+        reply.seqs = [seq]
+        self.cancellation.watch(reply)
+        return request, seq
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_client_cancelling_a_queued_request_reaches_the_engine(model, plain, streaming):
+    """Through the Triton model's reply path: B waits for the only slot (no step, so no response to
+    piggyback a check on) when its client cancels. The watch notices, B's client gets one error, and
+    the engine drops B without running it; A keeps its plain greedy output."""
+    engine = engine_with(model, max_batch_size=1)
+    with Scheduler(engine) as scheduler:
+        serving = ServingModel(scheduler)
+        queued = {}
+
+        def cancel_b_while_a_holds_the_slot():
+            queued["request"], queued["seq"] = serving.submit(LONG, streaming=streaming)
+            queued["request"].cancelled = True
+            deadline = time.monotonic() + 10
+            while not queued["request"].sent:  # answered while the engine is paused right here
+                assert time.monotonic() < deadline, "the cancelled client got no answer"
+                time.sleep(0.005)
+
+        a = Track(pause_at=2, action=cancel_b_while_a_holds_the_slot)
+        submit(scheduler, SHORT, a)
+        assert a.ended.wait(60)
+        settle(scheduler)
+        assert free_slots(scheduler) == 1
+        serving.outbox.close()
+    assert a.output() == plain[tuple(SHORT)]
+    assert queued["request"].sent == [("error", "the client cancelled the request", True)]
+    assert not queued["seq"].prefilled and queued["seq"].state.output == []
