@@ -247,3 +247,103 @@ def test_a_client_cancelling_a_queued_request_reaches_the_engine(model, plain, s
     assert a.output() == plain[tuple(SHORT)]
     assert queued["request"].sent == [("error", "the client cancelled the request", True)]
     assert not queued["seq"].prefilled and queued["seq"].state.output == []
+
+
+# --- through a real decoupled tritonserver (the tiny n-gram engine) ----------------------------------
+
+
+def _generated_tokens(server) -> float:
+    """The engine's ``specbuild_generated_tokens_total`` (recorded when a request completes)."""
+    import re
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
+    match = re.search(r'^specbuild_generated_tokens_total\{model="tensorrt_llm"\} (\S+)', text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def _open_stream(server, model_name: str, inputs):
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    arrivals: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: arrivals.put((result, error)))
+    return client, arrivals
+
+
+@pytest.mark.e2e
+def test_a_request_timeout_reaches_the_engine_through_the_ensemble(decoupled_server):
+    """Triton's request ``timeout`` (what the SDK sends with a non-streamed request) passes through the
+    ensemble to the engine, which answers with RequestTimedOut instead of running the request; the
+    next requests (the SDK's, with their own timeout) are served and speculative equals plain."""
+    import tritonclient.grpc as grpcclient
+
+    from specbuild.client.sdk import SpecClient, input_tensors
+    from specbuild.interface import GenerateOptions
+
+    server, _ = decoupled_server
+    before = _generated_tokens(server)
+    options = GenerateOptions(max_tokens=64, end_id=-1)
+    client, arrivals = _open_stream(server, "ensemble", None)
+    try:
+        client.async_stream_infer("ensemble", input_tensors(grpcclient, {**options.tensor_values("x = 1"), "stream": False}),
+                                  timeout=1)  # microseconds: over before the engine looks at it
+        _, error = arrivals.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is not None and "RequestTimedOut" in error.message() and "queued for a KV slot" in error.message()
+    assert _generated_tokens(server) == before  # never ran
+    with SpecClient(server.grpc_url, decoupled=True, timeout_s=120) as sdk:
+        speculative = sdk.generate("for i in range(10):\n    print(i", max_tokens=24, end_id=-1)
+        plain = sdk.generate("for i in range(10):\n    print(i", max_tokens=24, end_id=-1, num_draft_tokens=0)
+    assert speculative.output_ids == plain.output_ids and len(plain.output_ids) == 24
+
+
+@pytest.mark.e2e
+def test_a_client_cancelling_a_stream_stops_it_in_the_engine(decoupled_server):
+    """A stream sent straight to the engine model (``tensorrt_llm``), cancelled by its client after
+    the first response, is dropped by the engine: it never completes (the generated-token counter
+    does not move), where the same request left alone runs to its 400 tokens. (Through the ensemble
+    a cancellation does not reach a step already running, Triton's ensemble scheduler passes it only
+    to steps it schedules later: there the request's timeout is what stops it.)"""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    server, _ = decoupled_server
+
+    def tensor(name, value, dtype):
+        array = np.array([value], dtype=dtype)
+        t = grpcclient.InferInput(name, list(array.shape), {np.int32: "INT32", np.bool_: "BOOL"}[dtype])
+        t.set_data_from_numpy(array)
+        return t
+
+    inputs = [tensor("input_ids", [5, 6, 7, 8], np.int32), tensor("input_lengths", [4], np.int32),
+              tensor("request_output_len", [400], np.int32), tensor("end_id", [-1], np.int32),
+              tensor("num_draft_tokens", [0], np.int32), tensor("streaming", [True], np.bool_)]
+
+    def run(cancel_after_first: bool) -> None:
+        client, arrivals = _open_stream(server, "tensorrt_llm", inputs)
+        try:
+            client.async_stream_infer("tensorrt_llm", inputs)
+            result, error = arrivals.get(timeout=60)
+            assert error is None
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            while not cancel_after_first and not final:
+                result, error = arrivals.get(timeout=60)
+                assert error is None
+                final = result.get_response().parameters["triton_final_response"].bool_param
+        finally:
+            client.stop_stream(cancel_requests=cancel_after_first)
+            client.close()
+
+    before, start = _generated_tokens(server), time.monotonic()
+    run(cancel_after_first=False)
+    alone_s = time.monotonic() - start
+    assert _generated_tokens(server) - before == 400
+    before = _generated_tokens(server)
+    run(cancel_after_first=True)
+    time.sleep(max(2.0, 2 * alone_s))  # longer than the whole request took alone: it would have completed
+    assert _generated_tokens(server) == before
