@@ -190,10 +190,14 @@ class _Client:
         retries: int = 2,
         retry_backoff_s: float = 0.25,
         decoupled: bool = False,
+        stream_timeout_s: float | None = None,
     ) -> None:
         self.url, self.protocol = _check_url(url, protocol)
         self.retry = RetryPolicy(retries, retry_backoff_s)
         _check_timeout(timeout_s)
+        if stream_timeout_s is not None:
+            _check_timeout(stream_timeout_s)
+        self.stream_timeout_s = stream_timeout_s
         if decoupled and self.protocol != "grpc":
             raise ValueError("decoupled=True needs protocol='grpc': Triton streams responses over gRPC only")
         self.model_name = model_name
@@ -232,7 +236,9 @@ class SpecClient(_Client):
     HTTP ``connection_timeout`` / ``network_timeout``); a non-streamed request also carries it to
     the server as Triton's request ``timeout``, so the reference engine drops the request when its
     client gives up instead of finishing it for nobody (a streamed request's ``timeout_s`` bounds the
-    wait for each response, not the whole stream, so it is not sent). A call that finds no server (refused, reset,
+    wait for each response, not the whole stream, so it is not sent). ``stream_timeout_s`` (None: no
+    bound) bounds a whole stream: past it the stream is closed with ``RequestTimeoutError``, and it
+    is sent as the stream's request ``timeout``, so the engine drops the stream then as well. A call that finds no server (refused, reset,
     model not ready) is tried ``1 + retries`` times, ``retry_backoff_s * 2**i`` seconds apart plus
     jitter (:class:`RetryPolicy`, the attribute ``retry``); a rejected request (``RequestError``), a
     malformed response and a timeout are never retried.
@@ -414,16 +420,23 @@ class SpecClient(_Client):
             raise ValueError("generate_stream needs protocol='grpc' (Triton streams over gRPC)")
         inputs = input_tensors(self._tc, {**options.tensor_values(prompt), "stream": stream})
         outputs = [self._tc.InferRequestedOutput(name) for name in self._output_names(options)]
-        return self._stream_responses(inputs, outputs, timeout_us=None if stream else self._server_timeout_us)
+        if not stream:
+            return self._stream_responses(inputs, outputs, timeout_us=self._server_timeout_us)
+        whole = self.stream_timeout_s
+        return self._stream_responses(inputs, outputs, timeout_us=None if whole is None else max(1, int(whole * 1e6)),
+                                      whole_s=whole)
 
-    def _stream_responses(self, inputs: list[Any], outputs: list[Any], *, timeout_us: int | None = None) -> Iterator[GenerateResult]:
+    def _stream_responses(self, inputs: list[Any], outputs: list[Any], *, timeout_us: int | None = None,
+                          whole_s: float | None = None) -> Iterator[GenerateResult]:
         """Send one request over a new gRPC stream (with Triton's request ``timeout_us`` when given);
-        yield a result per response until the final one."""
+        yield a result per response until the final one, each within ``timeout_s`` and all within
+        ``whole_s`` (None: no bound)."""
         import queue
 
         arrivals: queue.Queue = queue.Queue()
         client = _make_client(self._tc, "grpc", self.url, self.timeout_s)  # one stream per connection
         start, finished = time.perf_counter(), False
+        deadline = None if whole_s is None else start + whole_s
         try:
             self._call("streaming", lambda: client.start_stream(callback=lambda result, error: arrivals.put((result, error))))
             try:
@@ -432,9 +445,13 @@ class SpecClient(_Client):
             except InferenceServerException as exc:  # the stream broke before the request went out (server gone)
                 raise self._broken_stream(exc, arrivals) from None
             while not finished:
+                wait_s = self.timeout_s if deadline is None else min(self.timeout_s, deadline - time.perf_counter())
                 try:
-                    result, error = arrivals.get(timeout=self.timeout_s)
+                    result, error = arrivals.get(timeout=max(0.0, wait_s))
                 except queue.Empty:
+                    if wait_s < self.timeout_s:
+                        raise RequestTimeoutError(f"streaming inference on {self._where}: not finished within "
+                                                  f"stream_timeout_s={whole_s:g} s in all; closed") from None
                     raise _timeout("streaming inference", self._where, self.timeout_s) from None
                 if error is not None:
                     finished = True

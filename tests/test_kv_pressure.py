@@ -347,3 +347,21 @@ def test_a_client_cancelling_a_stream_stops_it_in_the_engine(decoupled_server):
     run(cancel_after_first=True)
     time.sleep(max(2.0, 2 * alone_s))  # longer than the whole request took alone: it would have completed
     assert _generated_tokens(server) == before
+
+
+@pytest.mark.e2e
+def test_a_stream_timeout_bounds_the_whole_stream_on_both_sides(decoupled_server):
+    """``stream_timeout_s`` closes a stream that is still running after that long in all (each response
+    came in time) and is sent as its request timeout: the engine drops it too, before it completes."""
+    from specbuild.client.sdk import RequestTimeoutError, SpecClient
+
+    server, _ = decoupled_server
+    before = _generated_tokens(server)
+    with SpecClient(server.grpc_url, timeout_s=60, stream_timeout_s=0.3) as client:
+        chunks = 0
+        with pytest.raises(RequestTimeoutError, match="stream_timeout_s=0.3 s in all"):
+            for _ in client.generate_stream("x = 1", max_tokens=400, end_id=-1, num_draft_tokens=0):
+                chunks += 1
+    assert chunks >= 1
+    time.sleep(5)  # the 400 tokens take ~2.5 s alone here: a stream left running would have completed
+    assert _generated_tokens(server) == before
