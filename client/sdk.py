@@ -197,10 +197,14 @@ class _Client:
         retries: int = 2,
         retry_backoff_s: float = 0.25,
         decoupled: bool = False,
+        stream_timeout_s: float | None = None,
     ) -> None:
         self.url, self.protocol = _check_url(url, protocol)
         self.retry = RetryPolicy(retries, retry_backoff_s)
         _check_timeout(timeout_s)
+        if stream_timeout_s is not None:
+            _check_timeout(stream_timeout_s)
+        self.stream_timeout_s = stream_timeout_s
         if decoupled and self.protocol != "grpc":
             raise ValueError("decoupled=True needs protocol='grpc': Triton streams responses over gRPC only")
         self.model_name = model_name
@@ -223,13 +227,25 @@ class _Client:
         """``exception -> ClientError`` for a failed call ``what`` (see :func:`translate_error`)."""
         return lambda exc: translate_error(exc, what=what, where=self._where, timeout_s=self.timeout_s)
 
+    @property
+    def _server_timeout_us(self) -> int:
+        """``timeout_s`` as Triton's request ``timeout`` (microseconds), sent with every non-streamed
+        request: the server may drop the request once its client has given up (the reference engine
+        does, wherever the request is; Triton's ensemble passes it on to its steps)."""
+        return max(1, int(self.timeout_s * 1e6))
+
 
 class SpecClient(_Client):
     """Typed wrapper over ``tritonclient.grpc`` / ``tritonclient.http`` for the ``ensemble`` model.
 
     ``url`` is ``host:port`` (``http://`` / ``grpc://`` and a path are dropped); it defaults to 127.0.0.1:8001 for gRPC and
     127.0.0.1:8000 for HTTP. ``timeout_s`` (seconds) bounds each request (gRPC ``client_timeout``;
-    HTTP ``connection_timeout`` / ``network_timeout``). A call that finds no server (refused, reset,
+    HTTP ``connection_timeout`` / ``network_timeout``); a non-streamed request also carries it to
+    the server as Triton's request ``timeout``, so the reference engine drops the request when its
+    client gives up instead of finishing it for nobody (a streamed request's ``timeout_s`` bounds the
+    wait for each response, not the whole stream, so it is not sent). ``stream_timeout_s`` (None: no
+    bound) bounds a whole stream: past it the stream is closed with ``RequestTimeoutError``, and it
+    is sent as the stream's request ``timeout``, so the engine drops the stream then as well. A call that finds no server (refused, reset,
     model not ready) is tried ``1 + retries`` times, ``retry_backoff_s * 2**i`` seconds apart plus
     jitter (:class:`RetryPolicy`, the attribute ``retry``); a rejected request (``RequestError``), a
     malformed response and a timeout are never retried.
@@ -335,11 +351,12 @@ class SpecClient(_Client):
         return parse_response(response, latency_s, max_tokens=options.max_tokens, end_id=options.end_id, source=self._where)
 
     def _infer_fn(self, inputs: list[Any], outputs: list[Any]):
+        timeout = self._server_timeout_us
         if self.protocol == "grpc":
             return lambda: self._client.infer(
-                self.model_name, inputs, outputs=outputs, client_timeout=self.timeout_s
+                self.model_name, inputs, outputs=outputs, timeout=timeout, client_timeout=self.timeout_s
             )
-        return lambda: self._local_client().infer(self.model_name, inputs, outputs=outputs)
+        return lambda: self._local_client().infer(self.model_name, inputs, outputs=outputs, timeout=timeout)
 
     def _call(self, what: str, fn, *, retry: bool = True):
         """Run one tritonclient call under :attr:`retry` (or once); failures become this module's errors."""
@@ -410,10 +427,17 @@ class SpecClient(_Client):
             raise ValueError("generate_stream needs protocol='grpc' (Triton streams over gRPC)")
         inputs = input_tensors(self._tc, {**options.tensor_values(prompt), "stream": stream})
         outputs = [self._tc.InferRequestedOutput(name) for name in self._output_names(options)]
-        return self._stream_responses(inputs, outputs)
+        if not stream:
+            return self._stream_responses(inputs, outputs, timeout_us=self._server_timeout_us)
+        whole = self.stream_timeout_s
+        return self._stream_responses(inputs, outputs, timeout_us=None if whole is None else max(1, int(whole * 1e6)),
+                                      whole_s=whole)
 
-    def _stream_responses(self, inputs: list[Any], outputs: list[Any]) -> Iterator[GenerateResult]:
-        """Send one request over a gRPC stream; yield a result per response until the final one.
+    def _stream_responses(self, inputs: list[Any], outputs: list[Any], *, timeout_us: int | None = None,
+                          whole_s: float | None = None) -> Iterator[GenerateResult]:
+        """Send one request over a gRPC stream (with Triton's request ``timeout_us`` when given); yield a
+        result per response until the final one, each within ``timeout_s`` and all within ``whole_s``
+        (None: no bound).
 
         The stream runs on this thread's stream connection (:meth:`_stream_connection`), kept for the
         thread's next request when this one finished cleanly, so a worker sending request after
@@ -423,16 +447,22 @@ class SpecClient(_Client):
         arrivals: queue.Queue = queue.Queue()
         client = self._stream_connection()
         start, finished, clean = time.perf_counter(), False, False
+        deadline = None if whole_s is None else start + whole_s
         try:
             self._call("streaming", lambda: client.start_stream(callback=lambda result, error: arrivals.put((result, error))))
             try:
-                client.async_stream_infer(self.model_name, inputs, outputs=outputs, enable_empty_final_response=True)
+                client.async_stream_infer(self.model_name, inputs, outputs=outputs, enable_empty_final_response=True,
+                                          timeout=timeout_us)
             except InferenceServerException as exc:  # the stream broke before the request went out (server gone)
                 raise self._broken_stream(exc, arrivals) from None
             while not finished:
+                wait_s = self.timeout_s if deadline is None else min(self.timeout_s, deadline - time.perf_counter())
                 try:
-                    result, error = arrivals.get(timeout=self.timeout_s)
+                    result, error = arrivals.get(timeout=max(0.0, wait_s))
                 except queue.Empty:
+                    if wait_s < self.timeout_s:
+                        raise RequestTimeoutError(f"streaming inference on {self._where}: not finished within "
+                                                  f"stream_timeout_s={whole_s:g} s in all; closed") from None
                     raise _timeout("streaming inference", self._where, self.timeout_s) from None
                 if error is not None:
                     finished = True
@@ -566,9 +596,10 @@ class AsyncSpecClient(_Client):
 
     async def _infer(self, inputs: list[Any], outputs: list[Any]):
         client = self._aio()
+        timeout = self._server_timeout_us
         if self.protocol == "grpc":
-            return await client.infer(self.model_name, inputs, outputs=outputs, client_timeout=self.timeout_s)
-        return await asyncio.wait_for(client.infer(self.model_name, inputs, outputs=outputs), self.timeout_s)
+            return await client.infer(self.model_name, inputs, outputs=outputs, timeout=timeout, client_timeout=self.timeout_s)
+        return await asyncio.wait_for(client.infer(self.model_name, inputs, outputs=outputs, timeout=timeout), self.timeout_s)
 
     async def _call(self, what: str, make_coroutine: Callable[[], Awaitable[Any]], *, retry: bool = True):
         """``await make_coroutine()`` under :attr:`retry` (or once); failures become this module's errors."""

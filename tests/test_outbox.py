@@ -13,7 +13,7 @@ from specbuild.engine.scheduler import DropRequest
 from specbuild.engine.stream import StepOutput
 from specbuild.engine.types import GenerationRequest
 from specbuild.triton_repo.models import reference_engine as model
-from specbuild.triton_repo.models.outbox import Mailbox, Outbox
+from specbuild.triton_repo.models.outbox import CancellationWatch, Mailbox, Outbox
 
 
 class Recorder(Mailbox):
@@ -52,12 +52,22 @@ def test_a_failing_delivery_leaves_the_other_mailboxes_served():
     assert bad.delivered[:1] == [0]
 
 
-class FakeModel:
-    """What a reply needs of TritonPythonModel: the outbox, send / send_error (recorded), metrics,
-    stream_interval."""
+class FakeScheduler:
+    def __init__(self) -> None:
+        self.cancelled: list = []
 
-    def __init__(self, send_gate: threading.Event | None = None) -> None:
+    def cancel(self, seq) -> None:
+        self.cancelled.append(seq)
+
+
+class FakeModel:
+    """What a reply needs of TritonPythonModel: the outbox, the cancellation watch, the scheduler
+    (cancel, recorded), send / send_error (recorded), metrics, stream_interval."""
+
+    def __init__(self, send_gate: threading.Event | None = None, period_s: float = 0.005) -> None:
         self.outbox = Outbox()
+        self.cancellation = CancellationWatch(period_s)
+        self.scheduler = FakeScheduler()
         self.sent: list[tuple[str, object, bool]] = []
         self.gate = send_gate
         self.stream_interval = 1
@@ -73,10 +83,14 @@ class FakeModel:
 
 
 class FakeRequest:
+    """A Triton request (its ``is_cancelled``, counted) whose response sender is itself."""
+
     def __init__(self) -> None:
         self.cancelled = False
+        self.checks = 0
 
     def is_cancelled(self) -> bool:
+        self.checks += 1
         return self.cancelled
 
 
@@ -110,16 +124,56 @@ def test_a_stream_step_is_queued_without_waiting_for_the_send():
 
 def test_a_cancelled_stream_gets_one_error_and_its_steps_are_dropped():
     fake, request = FakeModel(), FakeRequest()
-    reply = model._StreamReply(fake, request, _row(), sender=None)
-    reply.cancellation.period_s = 0.0
+    reply = model._StreamReply(fake, request, _row(), sender=request)
+    reply.seqs = ["seq"]
+    fake.cancellation.watch(reply)
     reply.on_step(0, STEPS[0])
     _wait_until(lambda: fake.sent)
     request.cancelled = True
-    reply.on_step(0, STEPS[1])
+    _wait_until(lambda: reply.failed)
+    with pytest.raises(DropRequest):
+        reply.on_step(0, STEPS[1])
     fake.outbox.close()
     assert fake.sent == [("response", [5], False), ("error", "the client cancelled the request", True)]
-    with pytest.raises(DropRequest):
-        reply.on_step(0, STEPS[2])
+    assert fake.scheduler.cancelled == ["seq"]  # the engine is told, not only the client
+
+
+def test_a_request_that_never_produced_a_step_is_still_polled_and_cancelled():
+    """Queued for a KV slot or waiting for its prefill, a request gets no steps: the watch polls it
+    anyway, so a cancelled client is answered once and its rows are cancelled in the engine."""
+    fake, request = FakeModel(), FakeRequest()
+    reply = model._BatchReply(fake, request, [_row(), _row()], sender=request)
+    reply.seqs = ["row0", "row1"]
+    fake.cancellation.watch(reply)
+    _wait_until(lambda: request.checks >= 2)
+    assert fake.sent == []
+    request.cancelled = True
+    _wait_until(lambda: fake.sent)
+    fake.outbox.close()
+    assert fake.sent == [("error", "the client cancelled the request", True)]
+    assert fake.scheduler.cancelled == ["row0", "row1"]
+
+
+def test_no_cancellation_check_follows_the_final_response():
+    """After the final response the python backend may free the request's response factory: the
+    sender is never asked again."""
+    fake, request = FakeModel(period_s=0.001), FakeRequest()
+    reply = model._StreamReply(fake, request, _row(), sender=request)
+    fake.cancellation.watch(reply)
+    for step in STEPS:
+        reply.on_step(0, step)
+    _wait_until(lambda: len(fake.sent) == 3)
+    checks = request.checks
+    time.sleep(0.05)
+    fake.outbox.close()
+    assert request.checks == checks and fake.scheduler.cancelled == []
+    assert fake.sent[-1] == ("response", [8, 9, 4], True)
+
+
+@pytest.mark.parametrize("timeout_us, expected", [(0, None), (2_500_000, 2.5), (None, None)])
+def test_the_triton_request_timeout_is_read_in_seconds(timeout_us, expected):
+    request = type("R", (), {"timeout": lambda self: timeout_us})() if timeout_us is not None else object()
+    assert model.request_timeout_s(request) == expected
 
 
 def test_an_engine_error_follows_the_steps_sent_before_it():

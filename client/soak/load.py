@@ -122,7 +122,9 @@ class Clients:
     def make_triton(self):
         from specbuild.client.sdk import SpecClient
 
-        return SpecClient(self.endpoints.grpc_url, timeout_s=self.endpoints.timeout_s, retries=0, decoupled=True)
+        # a stream is bounded in all (see _stream), and the server is told so: it drops an abandoned one
+        return SpecClient(self.endpoints.grpc_url, timeout_s=self.endpoints.timeout_s, retries=0, decoupled=True,
+                          stream_timeout_s=self.endpoints.timeout_s)
 
     def make_openai(self):
         from specbuild.client.openai_client import OpenAIClient

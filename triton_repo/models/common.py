@@ -48,13 +48,15 @@ def per_row(value: np.ndarray | None, batch: int, name: str) -> list | None:
     return [row[0].item() for row in flat]
 
 
-def error_response(pb_utils, message: str, *, invalid_argument: bool = False):
+def error_response(pb_utils, message: str, *, invalid_argument: bool = False, cancelled: bool = False):
     """An InferenceResponse that carries ``message`` as its error (the server keeps serving).
 
     ``invalid_argument``: the client sent a bad request (HTTP 400 / gRPC INVALID_ARGUMENT) rather
-    than the server failing (500 / INTERNAL).
+    than the server failing (500 / INTERNAL); ``cancelled``: the request was cancelled or its timeout
+    passed (``TritonError.CANCELLED``, python backend 23.10+).
     """
-    code = getattr(pb_utils.TritonError, "INVALID_ARG" if invalid_argument else "INTERNAL", None)
+    name = "INVALID_ARG" if invalid_argument else "CANCELLED" if cancelled else "INTERNAL"
+    code = getattr(pb_utils.TritonError, name, None)
     error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
     return pb_utils.InferenceResponse(output_tensors=[], error=error)
 

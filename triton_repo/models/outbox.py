@@ -11,16 +11,18 @@ whatever has accumulated and delivers it, while the engine already computes the 
     engine thread     step 1: A B C | step 2: A B C | step 3: A B C | ...
     outbox thread            send A1 B1 C1 | send A2 B2 C2 | ...        (order kept per request)
 
-Cancellation is checked from the outbox thread at most once per ``cancellation_check_period_s``
-per request, as TensorRT-LLM's Triton backend polls it (its ``cancellation_check_period_ms``
-parameter, default 100 ms), instead of once per step.
+Cancellation is polled for every request in flight, every ``CANCELLATION_CHECK_PERIOD_S``, by a
+:class:`CancellationWatch` thread, as TensorRT-LLM's Triton backend polls all its active requests
+(its ``cancellation_check_period_ms`` parameter, default 100 ms). The watch only posts a check to
+the request's mailbox; the outbox thread asks the server, in order with the request's responses, so a
+check never follows the final response. Polling per request rather than per decoding step is what
+reaches a request that produces no steps: one queued for a KV slot or waiting for its prefill.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 
 log = logging.getLogger(__name__)
@@ -28,14 +30,19 @@ log = logging.getLogger(__name__)
 CANCELLATION_CHECK_PERIOD_S = 0.1
 
 
+CHECK_CANCELLATION = object()  # a mailbox item: ask the server whether the client cancelled
+
+
 class Mailbox:
-    """One request's undelivered items (steps, an error), appended on the engine's thread and handed
-    in order to :meth:`deliver` on the outbox thread. Subclasses implement :meth:`deliver`."""
+    """One request's undelivered items (steps, an error, :data:`CHECK_CANCELLATION`), appended on the
+    engine's or the watch's thread and handed in order to :meth:`deliver` on the outbox thread.
+    Subclasses implement :meth:`deliver`."""
 
     def __init__(self, outbox: Outbox) -> None:
         self.outbox = outbox
         self._items: list = []
         self._lock = threading.Lock()
+        self._check_queued = False  # a CHECK_CANCELLATION waits in _items
         self.queued = False  # guarded by the outbox's condition
 
     def put(self, item: object) -> None:
@@ -44,10 +51,19 @@ class Mailbox:
             self._items.append(item)
         self.outbox.post(self)
 
+    def check_cancellation(self) -> None:
+        """Queue one :data:`CHECK_CANCELLATION` unless one is already waiting (watch thread)."""
+        with self._lock:
+            if self._check_queued:
+                return
+            self._check_queued = True
+            self._items.append(CHECK_CANCELLATION)
+        self.outbox.post(self)
+
     def take(self) -> list:
         """Everything queued since the last call, oldest first."""
         with self._lock:
-            items, self._items = self._items, []
+            items, self._items, self._check_queued = self._items, [], False
         return items
 
     def deliver(self, items: list) -> None:
@@ -96,19 +112,36 @@ class Outbox:
                 log.exception("delivering a response failed")
 
 
-class CancellationPoll:
-    """When a request's cancellation is due for a check: at most once per ``period_s`` seconds."""
+class CancellationWatch:
+    """A thread that asks every watched :class:`Mailbox` to check its request's cancellation every
+    ``period_s`` seconds (:meth:`Mailbox.check_cancellation`), from :meth:`watch` until :meth:`unwatch`."""
 
-    def __init__(self, period_s: float = CANCELLATION_CHECK_PERIOD_S) -> None:
+    def __init__(self, period_s: float = CANCELLATION_CHECK_PERIOD_S, *, name: str = "specbuild-cancellation") -> None:
         self.period_s = period_s
-        self._last = time.monotonic()
+        self._watched: set[Mailbox] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
 
-    def due(self) -> bool:
-        now = time.monotonic()
-        if now - self._last < self.period_s:
-            return False
-        self._last = now
-        return True
+    def watch(self, mailbox: Mailbox) -> None:
+        with self._lock:
+            self._watched.add(mailbox)
+
+    def unwatch(self, mailbox: Mailbox) -> None:
+        with self._lock:
+            self._watched.discard(mailbox)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            with self._lock:
+                watched = list(self._watched)
+            for mailbox in watched:
+                mailbox.check_cancellation()
 
 
-__all__ = ["CANCELLATION_CHECK_PERIOD_S", "CancellationPoll", "Mailbox", "Outbox"]
+__all__ = ["CANCELLATION_CHECK_PERIOD_S", "CHECK_CANCELLATION", "CancellationWatch", "Mailbox", "Outbox"]

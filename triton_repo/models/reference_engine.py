@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specbuild.engine.scheduler import DropRequest
+from specbuild.engine.scheduler import DropRequest, RequestTimedOut
 from specbuild.engine.stream import StepOutput, collect, merge
 from specbuild.engine.types import GenerationRequest, GenerationResult
 from specbuild.interface import ENGINE, LOOKAHEAD_INPUTS, REFERENCE
@@ -39,7 +39,7 @@ from specbuild.triton_repo.models.common import (
     per_row,
     required_input,
 )
-from specbuild.triton_repo.models.outbox import CancellationPoll, Mailbox, Outbox
+from specbuild.triton_repo.models.outbox import CHECK_CANCELLATION, CancellationWatch, Mailbox, Outbox
 
 # The tensorrt_llm inputs this model serves (the contract's, specbuild.interface), read per request.
 INPUTS = ENGINE.served_by(REFERENCE).input_names
@@ -238,6 +238,20 @@ class TritonPythonModel:
     request's response sender, so sending never holds up the next decoding iteration. Decoupled deployments (``serve.decoupled``) answer a
     ``streaming`` request with one response per decoding step, the last flagged
     ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; every other request gets exactly one final response.
+
+    A request leaves the engine early, wherever it is (queued for a KV slot, waiting for its
+    prefill, decoding), answered once with a ``CANCELLED`` error, when:
+
+    - its client cancelled it: every request in flight is polled every 100 ms
+      (:class:`~specbuild.triton_repo.models.outbox.CancellationWatch`,
+      ``InferenceResponseSender.is_cancelled()``). Through an ensemble this reaches only requests the
+      ensemble had not yet passed on when the client cancelled: Triton's ensemble scheduler cancels the
+      steps it schedules after the cancellation, not the one already running
+      (core ``ensemble_scheduler.cc``, ``ScheduleSteps``);
+    - its Triton request ``timeout`` (microseconds; tritonclient's ``infer(..., timeout=)``, which an
+      ensemble copies to its steps) passed since ``execute`` took it: the engine's own deadline
+      (:class:`~specbuild.engine.scheduler.RequestTimedOut`), which needs no round trip and works
+      through the ensemble. The SDK sends its ``timeout_s`` with every non-streamed request.
     """
 
     def initialize(self, args):
@@ -256,6 +270,7 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.metrics = _Counters(pb_utils, args["model_name"])
         self.outbox = Outbox()
+        self.cancellation = CancellationWatch()
         self.scheduler = Scheduler(self.engine)
 
     def execute(self, requests):
@@ -271,6 +286,7 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        self.cancellation.close()
         self.scheduler.close()
         self.outbox.close()
 
@@ -290,8 +306,11 @@ class TritonPythonModel:
             raise ValueError(f"streaming=true takes one sequence per request, got a batch of {len(rows)}")
         prepared = [self.engine.prepare(row.request) for row in rows]  # every row valid before any runs
         reply = _StreamReply(self, request, rows[0], sender) if streaming else _BatchReply(self, request, rows, sender)
+        timeout_s = request_timeout_s(request)
         for b, seq in enumerate(prepared):
-            self.scheduler.submit_prepared(seq, functools.partial(reply.on_step, b), reply.on_error)
+            self.scheduler.submit_prepared(seq, functools.partial(reply.on_step, b), reply.on_error, timeout_s=timeout_s)
+        reply.seqs = prepared
+        self.cancellation.watch(reply)
 
     def send(self, sender, outputs: dict[str, np.ndarray], *, final: bool) -> None:
         pb = self.pb_utils
@@ -299,61 +318,88 @@ class TritonPythonModel:
         sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def send_error(self, sender, exc: BaseException) -> None:
-        invalid = isinstance(exc, ValueError)
-        response = error_response(self.pb_utils, f"{type(exc).__name__}: {exc}", invalid_argument=invalid)
+        response = error_response(self.pb_utils, f"{type(exc).__name__}: {exc}", invalid_argument=isinstance(exc, ValueError),
+                                  cancelled=isinstance(exc, (ClientCancelled, RequestTimedOut)))
         sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
-_CHECK_CANCELLATION = object()  # a mailbox item: ask the server whether the client cancelled
+def request_timeout_s(request) -> float | None:
+    """The Triton request's ``timeout`` in seconds (python backend ``InferenceRequest.timeout()``,
+    microseconds; 0 = none), or None when it has none."""
+    timeout_us = int(getattr(request, "timeout", lambda: 0)() or 0)
+    return timeout_us / 1e6 if timeout_us > 0 else None
+
+
+class ClientCancelled(RuntimeError):
+    """The client cancelled the request (Triton request cancellation)."""
+
+    def __init__(self) -> None:
+        super().__init__("the client cancelled the request")
 
 
 class _Reply(Mailbox):
     """Answers one Triton request. The scheduler's thread calls :meth:`on_step` / :meth:`on_error`, which
-    only queue (:mod:`~specbuild.triton_repo.models.outbox`); the outbox thread sends the responses and
-    checks for cancellation (at most every :data:`CANCELLATION_CHECK_PERIOD_S`). A failed or cancelled
-    request is answered once with an error (final flag) and its remaining steps are dropped."""
+    only queue (:mod:`~specbuild.triton_repo.models.outbox`); the outbox thread sends the responses and,
+    when the model's :class:`~specbuild.triton_repo.models.outbox.CancellationWatch` asks, whether the
+    client cancelled. A failed or cancelled request is answered once with an error (final flag), its
+    sequences (``seqs``) are cancelled in the scheduler wherever they are, and its remaining steps are
+    dropped; nothing is sent or asked after the final response."""
 
     def __init__(self, model: TritonPythonModel, request, sender) -> None:
         super().__init__(model.outbox)
         self.model, self.request, self.sender = model, request, sender
-        self.failed = False
-        self.cancellation = CancellationPoll()
+        self.seqs: list = []  # the scheduler's sequences of this request's rows
+        self.ended = False  # the final response (or error) went out; outbox thread only
+        self.failed = False  # answered with an error: the scheduler's thread drops later steps
 
     def check(self) -> None:
-        """Raise DropRequest once the request is answered with an error or the client cancelled it;
-        queue a cancellation check when one is due."""
+        """Raise DropRequest once the request has been answered with an error (failed, cancelled)."""
         if self.failed:
             raise DropRequest("request already answered")
-        if self.cancellation.due():
-            self.put(_CHECK_CANCELLATION)
 
     def on_error(self, exc: BaseException) -> None:
         self.put(exc)
 
     def deliver(self, items: list) -> None:
         """Send ``items`` in order (outbox thread): a step (:meth:`deliver_step`), an error (final), a
-        cancellation check; nothing once the request has failed or was cancelled."""
+        cancellation check; nothing once the final response or an error went out."""
         for item in items:
-            if self.failed:
+            if self.ended:
                 return
-            if item is _CHECK_CANCELLATION:
-                if getattr(self.request, "is_cancelled", lambda: False)():
-                    self._fail(RuntimeError("the client cancelled the request"))
+            if item is CHECK_CANCELLATION:
+                if self._client_cancelled():
+                    self._fail(ClientCancelled())
             elif isinstance(item, BaseException):
                 self._fail(item)
             else:
                 try:
                     self.deliver_step(item)
                 except Exception:
-                    self.failed = True
+                    self._end(failed=True)
                     raise
+
+    def _client_cancelled(self) -> bool:
+        """Whether the client cancelled: the sender's ``is_cancelled()`` (the python backend's call for a
+        decoupled model, valid after ``execute`` returned), else the request's."""
+        is_cancelled = getattr(self.sender, "is_cancelled", None) or getattr(self.request, "is_cancelled", None)
+        return bool(is_cancelled and is_cancelled())
 
     def deliver_step(self, step: StepOutput) -> None:
         raise NotImplementedError
 
     def _fail(self, exc: BaseException) -> None:
-        self.failed = True
+        self._end(failed=True)
         self.model.send_error(self.sender, exc)
+
+    def _end(self, *, failed: bool) -> None:
+        """No more responses or checks; on failure, stop the request's rows in the engine (queued,
+        waiting for prefill or decoding: :meth:`~specbuild.engine.scheduler.Scheduler.cancel`)."""
+        self.ended = True
+        self.model.cancellation.unwatch(self)
+        if failed:
+            self.failed = True
+            for seq in self.seqs:
+                self.model.scheduler.cancel(seq)
 
 
 class _BatchReply(_Reply):
@@ -379,6 +425,7 @@ class _BatchReply(_Reply):
         del step
         results = [collect(s) for s in self.steps]
         self.model.metrics.record(results)
+        self._end(failed=False)
         self.model.send(self.sender, pack_outputs(self.rows, results, self.margins), final=True)
 
 
@@ -411,6 +458,7 @@ class _StreamReply(_Reply):
         self.sent += outputs["output_ids"][0, 0].tolist()
         if step.is_final:
             self.model.metrics.record([collect(self.steps)])
+            self._end(failed=False)
         self.model.send(self.sender, outputs, final=step.is_final)
 
 
