@@ -101,18 +101,21 @@ def resolve_kernels(kernels: str, model: nn.Module) -> str:
     ``"onednn"`` for a CPU model whose dtype oneDNN packs here (:func:`onednn_supports`), else
     ``"eager"``; any other value is returned as it is (checked by :func:`pack_linears`)."""
     param = next(model.parameters())
-    return resolve_kernels_for(kernels, param.dtype, param.device.type)
+    resolved = resolve_kernels_for(kernels, param.dtype, param.device.type)
+    if kernels == "auto" and resolved != "rowgemm" and param.device.type == "cpu" and param.dtype == torch.float32:
+        # where rowgemm would have run: say why not
+        logging.getLogger(__name__).warning("kernels auto: not the engine's float32 kernel (%s); using %s",
+                                            rowgemm_unavailable(param.dtype, "cpu"), resolved)
+    return resolved
 
 
 def resolve_kernels_for(kernels: str, dtype: torch.dtype, device: str) -> str:
-    """:func:`resolve_kernels` for a ``dtype`` model on ``device`` (``"cpu"``, ``"cuda"``), before it is loaded."""
+    """:func:`resolve_kernels` for a ``dtype`` model on ``device`` (``"cpu"``, ``"cuda"``), before it is loaded;
+    logs nothing (:func:`~specbuild.engine.guarantee.plan_kernels` says why, where it matters)."""
     if kernels != "auto":
         return kernels
-    reason = rowgemm_unavailable(dtype, device)
-    if reason is None:
+    if rowgemm_unavailable(dtype, device) is None:
         return "rowgemm"
-    if device == "cpu" and dtype == torch.float32:  # where rowgemm would have run: say why not
-        logging.getLogger(__name__).warning("kernels auto: not the engine's float32 kernel (%s); using oneDNN or eager", reason)
     return "onednn" if device == "cpu" and onednn_supports(dtype) else "eager"
 
 
