@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -198,3 +199,24 @@ def test_a_target_the_attention_kernel_does_not_take_is_near_ties_and_refused_wh
     assert plan_kernels(model, "onednn").fallback_reason == "build.kernels: onednn chooses them"
     assert plan_kernels(model, "auto", device="cuda").greedy_equality == "near-ties"
     assert plan_kernels(model.to(torch.bfloat16), "auto").fallback_reason.startswith("rowgemm runs float32 models on the CPU")
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc for the counting compiler wrapper")
+def test_concurrent_processes_compile_the_library_once_and_leave_no_partial_file(tmp_path):
+    """Triton's model instances (and a build beside a serve) load the kernels at once into an empty cache: the
+    file lock lets one compile while the others wait, and every process gets the whole library."""
+    calls = tmp_path / "calls.txt"
+    wrapper = tmp_path / "cc-counting"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {shutil.which("gcc")} "$@"\n')
+    wrapper.chmod(0o755)
+    code = "from specbuild.engine import native; print(native.load_library(native.build_library(None))._name)"
+    env = _env(tmp_path, CC=str(wrapper))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(3)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    assert len({out.strip() for out, _ in outputs}) == 1
+    compiles = [line for line in calls.read_text().splitlines() if "rowgemm.c" in line]
+    assert len(compiles) == 1, compiles
+    built = sorted(p.name for p in (tmp_path / "cache" / "kernels").iterdir())
+    assert [name for name in built if not name.endswith(".lock")] == [Path(outputs[0][0].strip()).name]
