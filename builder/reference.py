@@ -322,6 +322,20 @@ def check_kernels(loaded: LoadedRecipe, *, compile: bool = False) -> None:
             raise loaded.error(("build", "kernels"), _bitwise_required(rowgemm.unavailable_reason()))
 
 
+def kernels_plan_line(loaded: LoadedRecipe) -> str:
+    """The plan's line on the target's kernels, from the recipe and the compiler lookup (milliseconds, no torch);
+    the build prints and records the final word (:func:`specbuild.engine.guarantee.plan_kernels`)."""
+    b, dtype = loaded.recipe.build, loaded.recipe.target.dtype
+    near_ties = "greedy equality up to logit near-ties"
+    if b.device != "cpu" or dtype != "float32" or b.kernels in ("onednn", "eager"):
+        return f"kernels   {b.kernels}: {dtype} on {b.device}, library linears and SDPA: {near_ties}"
+    try:
+        compiler = find_compiler()
+    except KernelBuildError as exc:
+        return f"kernels   {b.kernels}: the oneDNN fallback, {near_ties} ({exc})"
+    return f"kernels   {b.kernels}: the engine's own, compiled with {compiler}: greedy equality bitwise (Llama-architecture targets)"
+
+
 def _bitwise_required(reason: str) -> str:
     return (f"rowgemm requires the engine's bitwise kernels, which cannot be built here: {reason}. Or set "
             "build.kernels: auto to fall back to oneDNN (greedy equality then only up to logit near-ties)")

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from . import rowgemm
 from .attention import _HAS_ENABLE_GQA, ENGINE_ATTENTION
 from .kernels import FUSED_GATE_UP, FUSED_QKV, OWN_KERNELS
 
@@ -70,8 +71,6 @@ def unsupported_reason(model) -> str | None:
 def attention_kernel_unsupported(attn) -> str | None:
     """Why :func:`forward_rows` runs PyTorch's SDPA, not the engine's attention kernel, for a model whose first
     ``LlamaAttention`` is ``attn`` and whose linears are the engine's (None: the kernel runs)."""
-    from . import rowgemm
-
     if not rowgemm.attention_supported(attn.head_dim) or attn.q_proj.out_features % attn.k_proj.out_features:
         return (f"the engine's attention kernel takes head sizes that are multiples of 16 up to 256 and whole query-head "
                 f"groups; this model has head_dim {attn.head_dim}, q/k widths {attn.q_proj.out_features}/{attn.k_proj.out_features}")

@@ -261,6 +261,8 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
 
         plan = plan_for(loaded, paths.output_dir, version=installed_version())
         return plan.lines() + repository_lines(loaded, plan, paths.repo_dir) + _draft_check_lines(loaded)
+    from specbuild.builder.reference import kernels_plan_line
+
     train = []
     if r.train is not None:
         from specbuild.train.stage import training_status
@@ -276,6 +278,7 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         *_draft_check_lines(loaded),
         f"build     {r.build.backend} engine -> {paths.engine_dir} "
         f"(max_batch_size={r.build.max_batch_size}, max_input_len={r.build.max_input_len}, max_seq_len={r.build.max_seq_len})",
+        kernels_plan_line(loaded),
         f"repo      ensemble/preprocessing/tensorrt_llm/postprocessing -> {paths.repo_dir}",
         f"serve     tritonserver on {s.host} ({_ports_text(s)}), log {paths.log_file}",
         f"verify    {r.verify.prompts}, max_tokens={r.verify.max_tokens}, {r.verify.protocol}: "

@@ -220,3 +220,18 @@ def test_concurrent_processes_compile_the_library_once_and_leave_no_partial_file
     assert len(compiles) == 1, compiles
     built = sorted(p.name for p in (tmp_path / "cache" / "kernels").iterdir())
     assert [name for name in built if not name.endswith(".lock")] == [Path(outputs[0][0].strip()).name]
+
+
+def test_the_plan_says_which_kernels_before_any_work(tiny_checkpoint, tmp_path, monkeypatch):
+    """``specbuild plan`` / ``recipe --dry-run``: the kernels line from the recipe and the compiler lookup alone."""
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.pipeline import RunPaths, plan_lines
+
+    loaded = load_recipe(str(write_recipe(tmp_path / "r.yaml", tiny_checkpoint)))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc or gcc there
+    line = next(line for line in plan_lines(loaded, RunPaths(tmp_path / "out")) if line.startswith("kernels"))
+    assert "oneDNN fallback, greedy equality up to logit near-ties" in line and "no C compiler" in line
+    monkeypatch.setenv("CC", sys.executable)  # an executable: the plan only looks the compiler up
+    line = next(line for line in plan_lines(loaded, RunPaths(tmp_path / "out")) if line.startswith("kernels"))
+    assert f"compiled with {sys.executable}: greedy equality bitwise" in line
