@@ -15,7 +15,7 @@ hashes the source, compiler, flags, CPU and OpenMP runtime), under a file lock s
 (:func:`~specbuild.builder.atomic.write_file_atomic`), so a reader finds no library or a whole one.
 
 :data:`SIGNATURES` declares every exported C function's ctypes prototype once; :func:`load_library`
-applies it, and ``tests/test_kernel_signatures.py`` parses the C declarations and checks them against it.
+applies it, and ``tests/test_kernel_guarantee.py`` parses the C declarations and checks them against it.
 """
 
 from __future__ import annotations
