@@ -235,3 +235,14 @@ def test_the_plan_says_which_kernels_before_any_work(tiny_checkpoint, tmp_path, 
     monkeypatch.setenv("CC", sys.executable)  # an executable: the plan only looks the compiler up
     line = next(line for line in plan_lines(loaded, RunPaths(tmp_path / "out")) if line.startswith("kernels"))
     assert f"compiled with {sys.executable}: greedy equality bitwise" in line
+
+
+@pytest.mark.parametrize(("extra", "names"), [("  device: cuda\n", "float32 on cuda"), ("", "bfloat16 on cpu")])
+def test_required_bitwise_kernels_for_a_target_they_cannot_run_are_refused_by_the_recipe(tiny_checkpoint, tmp_path, extra, names):
+    from specbuild.builder.recipe import RecipeError, load_recipe
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint)
+    text = recipe.read_text().replace("build:\n", "build:\n  kernels: rowgemm\n" + extra)
+    recipe.write_text(text if extra else text.replace(f"checkpoint: {tiny_checkpoint}", f"checkpoint: {tiny_checkpoint}\n  dtype: bfloat16"))
+    with pytest.raises(RecipeError, match=rf"build.kernels: rowgemm \(the engine's bitwise kernels\) runs float32 targets on the CPU, not {names}"):
+        load_recipe(str(recipe))
