@@ -118,11 +118,12 @@ class BuildConfig(_Strict):
     # generation); unset -> max(max_input_len, max_batch_size * (1 + max_draft_len)).
     max_num_tokens: int | None = Field(None, ge=1)
     """TensorRT-LLM's tokens per iteration over all requests in flight; null: max(max_input_len, max_batch_size * (1 + max_draft_len))."""
-    # Reference backend: the CPU kernels of the target's linear layers. auto -> rowgemm (the engine's
-    # own row-invariant float32 GEMM, engine/rowgemm.py, built with the host's C compiler) for float32,
-    # onednn (prepacked weights, engine/kernels.py) for bfloat16 or where no compiler works, else eager.
+    # Reference backend: the target's CPU kernels. auto -> rowgemm (the engine's own row-invariant float32
+    # kernels, engine/csrc/rowgemm.c, built with the host's C compiler) for float32, onednn (prepacked
+    # weights, engine/kernels.py) for bfloat16 or where no compiler works, else eager. The build prints
+    # which and records it in the engine's config.json (kernel_guarantee); verify's report.json repeats it.
     kernels: Literal["auto", "eager", "onednn", "rowgemm"] = "auto"
-    """Reference backend: the target's linear-layer kernels on the CPU: `rowgemm` (specbuild's float32 GEMM, built with the C compiler), `onednn`, `eager`; `auto` picks rowgemm for float32, else onednn."""
+    """Reference backend: the target's CPU kernels. `rowgemm`: specbuild's float32 kernels (linears and attention, compiled with the C compiler, `$CC` or cc/gcc): greedy speculative output equals plain decoding bitwise; required: the build fails, before any long work, where they cannot be built (no compiler: install gcc or set CC). `onednn` / `eager`: fallbacks, equal up to logit near-ties. `auto`: rowgemm where it builds (float32 on the CPU), else onednn; the build output, config.json and report.json say which."""
     # Reference backend: what the draft side's packed weights hold (draft model, EAGLE/Medusa heads and
     # their vocabulary projections) where the engine's float32 kernel runs them. auto -> bfloat16 for a
     # float32 target on the CPU: half the bytes per draft token. The target's weights are never rounded,
@@ -323,6 +324,10 @@ class Recipe(_Strict):
         if b.backend == "reference":
             if b.max_beam_width > 1:
                 raise ValueError("build.max_beam_width: the reference engine decodes one beam (greedy or sampled); set it to 1")
+        if b.backend == "reference" and b.kernels == "rowgemm" and (b.device != "cpu" or self.target.dtype != "float32"):
+            raise ValueError(f"build.kernels: rowgemm (the engine's bitwise kernels) runs float32 targets on the CPU, not "
+                             f"{self.target.dtype} on {b.device}; set target.dtype: float32 and build.device: cpu, or "
+                             "build.kernels: auto")
         if b.backend != "reference":
             for name in ("kernels", "draft_weights"):
                 if getattr(b, name) != "auto":

@@ -8,7 +8,9 @@ Layout, shaped like a TensorRT-LLM engine directory so tools read both alike::
                      speculative_decoding_mode}, "speculative_config": {...} | null (with the
                      runtime controls draft_len_schedule, max_concurrency, acceptance_window,
                      acceptance_length_threshold when the recipe sets them),
-                     "specbuild": {fingerprint, end_id, pad_id, ...}}
+                     "specbuild": {fingerprint, end_id, pad_id, kernels (the recipe's build.kernels),
+                     kernel_guarantee: {linear, attention, greedy_equality: "bitwise" | "near-ties",
+                     fallback_reason, verify}, ...}}
       target/       Hugging Face checkpoint (config.json, model.safetensors) in the recipe's dtype
       tokenizer/    tokenizer files
       <subdir>/     the method's weights, written by the method (:attr:`specbuild.methods.Weights.reference`):
@@ -18,7 +20,13 @@ Layout, shaped like a TensorRT-LLM engine directory so tools read both alike::
 ``speculative_decoding_mode`` is TensorRT-LLM's IntFlag value (NONE=1, DRAFT_TOKENS_EXTERNAL=2,
 MEDUSA=4, LOOKAHEAD=8, EXPLICIT_DRAFT_TOKENS=16, EAGLE=32). The directory is written under a
 temporary name and renamed when complete; it is rebuilt only when its fingerprint (recipe target,
-speculation and build sections plus the checkpoint's and the method's weights' files) changes.
+speculation and build sections plus the checkpoint's and the method's weights' files) changes, or when
+``build.kernels: auto`` now resolves to other kernels than it records (a C compiler installed or removed).
+
+``kernel_guarantee`` is what the target will run (:func:`specbuild.engine.guarantee.plan_kernels`): the
+engine's own kernels (``rowgemm`` linears and ``specbuild`` attention, greedy equality ``bitwise``) or a
+fallback (``near-ties``, with the reason); the engine loads exactly those linears
+(:meth:`~specbuild.engine.runtime.ReferenceEngine.from_engine_dir`), and the build prints the same line.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from specbuild.builder.checkpoints import (
     quiet_transformers,
 )
 from specbuild.builder.recipe import LoadedRecipe, RecipeError
+from specbuild.engine.native import BITWISE, KernelBuildError, KernelChoice, find_compiler
 from specbuild.methods import registered
 
 ENGINE_FORMAT = "specbuild-reference-1"
@@ -231,8 +240,9 @@ def build_reference_engine(
     else:
         inputs = _with_weights(loaded, inputs)
     fingerprint = engine_fingerprint(loaded, inputs.target, inputs.weights)
-    if not force and read_fingerprint(engine_dir) == fingerprint:
+    if not force and read_fingerprint(engine_dir) == fingerprint and _recorded_kernels_hold(loaded, engine_dir, log=log):
         log(f"engine is up to date: {engine_dir}")
+        _log_kernels(read_kernel_guarantee(engine_dir), log)
         return EngineBuild(engine_dir=engine_dir, fingerprint=fingerprint, rebuilt=False)
     checkpoint = materialize_checkpoint(inputs.target, log=log)
     weights = loaded.recipe.speculation.definition.weights
@@ -268,6 +278,8 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
     model.save_pretrained(out / "target", safe_serialization=True)
     tokenizer.save_pretrained(out / "tokenizer")
     end_id = _end_id(tokenizer, model)
+    kernels = _plan_kernels(loaded, model)  # after saving: it switches the model to the engine's attention
+    _log_kernels(kernels, log)
     return {
         "version": ENGINE_FORMAT,
         "pretrained_config": _pretrained_config(model.config, r.target.dtype),
@@ -282,9 +294,104 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
             "trust_remote_code": trust,
             "device": r.build.device,
             "kernels": r.build.kernels,
+            "kernel_guarantee": kernels,
             "draft_weights": r.build.draft_weights,
         },
     }
+
+
+def check_kernels(loaded: LoadedRecipe, *, compile: bool = False) -> None:
+    """``build.kernels: rowgemm`` requires the engine's bitwise kernels: refuse the recipe now, before any long
+    work, where they cannot be built. Without ``compile`` only the compiler is looked up (milliseconds, no
+    torch); with it the library is compiled into the cache, once per CPU and compiler (a second or so, plus
+    importing torch), so a compiler that fails is found here and a serve finds the library built.
+
+    Raises:
+        RecipeError: at ``build.kernels``: no compiler, or it failed; the message names it and the fix.
+    """
+    if loaded.recipe.build.kernels != "rowgemm":
+        return
+    try:
+        find_compiler()
+    except KernelBuildError as exc:
+        raise loaded.error(("build", "kernels"), _bitwise_required(str(exc))) from None
+    if compile:
+        from specbuild.engine import rowgemm
+
+        if rowgemm.library() is None:
+            raise loaded.error(("build", "kernels"), _bitwise_required(rowgemm.unavailable_reason()))
+
+
+def kernels_plan_line(loaded: LoadedRecipe) -> str:
+    """The plan's line on the target's kernels, from the recipe and the compiler lookup (milliseconds, no torch);
+    the build prints and records the final word (:func:`specbuild.engine.guarantee.plan_kernels`)."""
+    b, dtype = loaded.recipe.build, loaded.recipe.target.dtype
+    near_ties = "greedy equality up to logit near-ties"
+    if b.device != "cpu" or dtype != "float32" or b.kernels in ("onednn", "eager"):
+        return f"kernels   {b.kernels}: {dtype} on {b.device}, library linears and SDPA: {near_ties}"
+    try:
+        compiler = find_compiler()
+    except KernelBuildError as exc:
+        return f"kernels   {b.kernels}: the oneDNN fallback, {near_ties} ({exc})"
+    return f"kernels   {b.kernels}: the engine's own, compiled with {compiler}: greedy equality bitwise (Llama-architecture targets)"
+
+
+def _bitwise_required(reason: str) -> str:
+    return (f"rowgemm requires the engine's bitwise kernels, which cannot be built here: {reason}. Or set "
+            "build.kernels: auto to fall back to oneDNN (greedy equality then only up to logit near-ties)")
+
+
+def read_kernel_guarantee(engine_dir: Path) -> dict | None:
+    """The kernels an engine directory's target runs and the greedy equality they give, as its config.json
+    records them (:meth:`specbuild.engine.native.KernelChoice.to_json`); None for an engine built before
+    the record, or no engine."""
+    try:
+        return json.loads((engine_dir / "config.json").read_text())["specbuild"].get("kernel_guarantee")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _plan_kernels(loaded: LoadedRecipe, model) -> dict:
+    """What the engine will run for ``model`` (:func:`specbuild.engine.guarantee.plan_kernels`), as JSON.
+
+    Raises:
+        RecipeError: at ``build.kernels``: ``rowgemm`` where the bitwise kernels cannot run this target.
+    """
+    from specbuild.engine.guarantee import plan_kernels
+
+    b = loaded.recipe.build
+    try:
+        return plan_kernels(model, b.kernels, device=b.device).to_json()
+    except ValueError as exc:
+        raise loaded.error(("build", "kernels"), str(exc)) from None
+
+
+def _log_kernels(record: dict | None, log) -> None:
+    """The build output's lines on the kernels (nothing for an engine built before they were recorded)."""
+    if record is None:
+        return
+    choice = KernelChoice.from_json(record)
+    log(choice.describe())
+    if choice.greedy_equality != BITWISE:
+        log(f"  {choice.verify_note}; build.kernels: rowgemm requires the bitwise kernels")
+
+
+def _recorded_kernels_hold(loaded: LoadedRecipe, engine_dir: Path, *, log) -> bool:
+    """``build.kernels: auto`` resolves now to the linear kernels the engine directory records (a compiler
+    installed or removed since: False, and the engine is rebuilt to record what runs now)."""
+    b = loaded.recipe.build
+    record = read_kernel_guarantee(engine_dir)
+    if record is None or b.kernels != "auto" or b.device != "cpu":
+        return True
+    import torch
+
+    from specbuild.engine.kernels import resolve_kernels_for
+
+    now = resolve_kernels_for("auto", getattr(torch, loaded.recipe.target.dtype), "cpu")
+    if now == record.get("linear"):
+        return True
+    log(f"the engine records {record.get('linear')} kernels, but this machine now gives {now}: rebuilding it")
+    return False
 
 
 def _write_token_map(loaded: LoadedRecipe, config: dict, out: Path, *, log) -> None:

@@ -121,6 +121,10 @@ class VerifyReport:
     num_draft_tokens: int | None = None  # None = the engine's max_draft_len
     end_id: int | None = None
     near_tie_margin: float | None = None  # None: no tolerance, every divergence fails
+    # The deployment's kernels and the greedy equality they give ("greedy_equality": "bitwise", or "near-ties"
+    # where a divergence at a logit near-tie is possible; KernelChoice.to_json, from the engine's config.json);
+    # None where verify knows only a URL.
+    kernels: dict | None = None
 
     @property
     def num_near_ties(self) -> int:
@@ -215,6 +219,7 @@ class VerifyReport:
                 "near_tie_margin": self.near_tie_margin,
             },
             "summary": self.summary(),
+            "kernels": self.kernels,
             "prompts": [r.to_json() for r in self.results],
         }
 

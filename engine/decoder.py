@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from . import rowgemm
 from .attention import _HAS_ENABLE_GQA, ENGINE_ATTENTION
 from .kernels import FUSED_GATE_UP, FUSED_QKV, OWN_KERNELS
 
@@ -64,6 +65,15 @@ def unsupported_reason(model) -> str | None:
         return "its attention is not LlamaAttention"
     if any(not hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         return "its MLP is not LlamaMLP"
+    return None
+
+
+def attention_kernel_unsupported(attn) -> str | None:
+    """Why :func:`forward_rows` runs PyTorch's SDPA, not the engine's attention kernel, for a model whose first
+    ``LlamaAttention`` is ``attn`` and whose linears are the engine's (None: the kernel runs)."""
+    if not rowgemm.attention_supported(attn.head_dim) or attn.q_proj.out_features % attn.k_proj.out_features:
+        return (f"the engine's attention kernel takes head sizes that are multiples of 16 up to 256 and whole query-head "
+                f"groups; this model has head_dim {attn.head_dim}, q/k widths {attn.q_proj.out_features}/{attn.k_proj.out_features}")
     return None
 
 
@@ -131,7 +141,7 @@ def forward_rows(
     if own:
         from . import rowgemm
 
-        if rowgemm.attention_supported(attn0.head_dim) and attn0.q_proj.out_features % attn0.k_proj.out_features == 0:
+        if attention_kernel_unsupported(attn0) is None:
             rows = rowgemm.AttentionRows(slots, lengths, sizes, allowed, tuple(keys[0].shape), attn0.q_proj.out_features // attn0.head_dim)
             cos_sin = (cos[:, 0].contiguous(), sin[:, 0].contiguous())  # [N, head_dim]
     masks = None if rows is not None else row_masks(sizes, lengths, allowed, h.dtype)

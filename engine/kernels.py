@@ -34,6 +34,8 @@ import logging
 import torch
 from torch import nn
 
+from . import rowgemm
+
 KERNELS = ("eager", "onednn", "rowgemm")  # what pack_linears takes; recipes also say "auto" (resolve_kernels)
 
 
@@ -80,11 +82,15 @@ def onednn_supports(dtype: torch.dtype) -> bool:
 def rowgemm_unsupported(model: nn.Module) -> str | None:
     """Why ``kernels="rowgemm"`` cannot run ``model`` (None: it can): it needs a float32 model on the CPU
     and the compiled kernel (:mod:`~specbuild.engine.rowgemm`)."""
-    from . import rowgemm
-
     param = next(model.parameters())
-    if param.device.type != "cpu" or param.dtype != torch.float32:
-        return f"rowgemm runs float32 models on the CPU, this is {param.dtype} on {param.device}"
+    return rowgemm_unavailable(param.dtype, param.device.type)
+
+
+def rowgemm_unavailable(dtype: torch.dtype, device: str) -> str | None:
+    """Why ``kernels="rowgemm"`` cannot run a ``dtype`` model on ``device`` (``"cpu"``, ``"cuda"``) here
+    (None: it can); compiles the kernel if it is not cached yet (:mod:`~specbuild.engine.native`)."""
+    if device != "cpu" or dtype != torch.float32:
+        return f"rowgemm runs float32 models on the CPU, this is {dtype} on {device}"
     if rowgemm.library() is None:
         return f"the kernel could not be built: {rowgemm.unavailable_reason()}"
     return None
@@ -94,15 +100,23 @@ def resolve_kernels(kernels: str, model: nn.Module) -> str:
     """``"auto"`` -> ``"rowgemm"`` for a float32 CPU model where the kernel builds (:func:`rowgemm_unsupported`), else
     ``"onednn"`` for a CPU model whose dtype oneDNN packs here (:func:`onednn_supports`), else
     ``"eager"``; any other value is returned as it is (checked by :func:`pack_linears`)."""
+    param = next(model.parameters())
+    resolved = resolve_kernels_for(kernels, param.dtype, param.device.type)
+    if kernels == "auto" and resolved != "rowgemm" and param.device.type == "cpu" and param.dtype == torch.float32:
+        # where rowgemm would have run: say why not
+        logging.getLogger(__name__).warning("kernels auto: not the engine's float32 kernel (%s); using %s",
+                                            rowgemm_unavailable(param.dtype, "cpu"), resolved)
+    return resolved
+
+
+def resolve_kernels_for(kernels: str, dtype: torch.dtype, device: str) -> str:
+    """:func:`resolve_kernels` for a ``dtype`` model on ``device`` (``"cpu"``, ``"cuda"``), before it is loaded;
+    logs nothing (:func:`~specbuild.engine.guarantee.plan_kernels` says why, where it matters)."""
     if kernels != "auto":
         return kernels
-    reason = rowgemm_unsupported(model)
-    if reason is None:
+    if rowgemm_unavailable(dtype, device) is None:
         return "rowgemm"
-    param = next(model.parameters())
-    if param.device.type == "cpu" and param.dtype == torch.float32:  # where rowgemm would have run: say why not
-        logging.getLogger(__name__).warning("kernels auto: not the engine's float32 kernel (%s); using oneDNN or eager", reason)
-    return "onednn" if param.device.type == "cpu" and onednn_supports(param.dtype) else "eager"
+    return "onednn" if device == "cpu" and onednn_supports(dtype) else "eager"
 
 
 def pack_linears(model: nn.Module, kernels: str, *, weight_dtype: torch.dtype = torch.float32) -> int:

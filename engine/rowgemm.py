@@ -13,142 +13,42 @@ RMSNorm kernel (:func:`rms_norm`), an attention kernel (:func:`attention`) and S
 (:func:`silu_mul`) for the engine's layer loop.
 
 ``csrc/rowgemm.c`` sums every output element in one order that depends on ``K`` only (see its header).
-It is compiled once per CPU with the host's C compiler (``$CC`` where set, else ``cc`` or ``gcc``; ``-O3 -march=native
--fopenmp``) into ``<specbuild cache>/kernels/`` and loaded with :mod:`ctypes`. It is linked to the
+It is compiled once per CPU with the host's C compiler (:mod:`~specbuild.engine.native`: ``$CC`` where set,
+else ``cc`` or ``gcc``; ``-O3 -march=native -fopenmp``) into ``<specbuild cache>/kernels/`` and loaded with
+:mod:`ctypes`, each function's prototype declared once (:data:`~specbuild.engine.native.SIGNATURES`). It is linked to the
 OpenMP runtime torch loaded (the same file, hence the same library in the process), so a pass runs on
 the calling thread's OpenMP team with torch's thread count: a second runtime would keep a second
 spinning pool on the same cores.
 Where no compiler works, :func:`library` returns None and the engine uses oneDNN
-(:mod:`specbuild.engine.kernels`).
+(:mod:`specbuild.engine.kernels`); greedy equality then holds only up to logit near-ties, which the build
+output, the engine's ``config.json`` and verify's ``report.json`` say (:class:`~specbuild.engine.native.KernelChoice`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import torch
 from torch import nn
 
-SOURCE = Path(__file__).with_name("csrc") / "rowgemm.c"
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
+from . import native
+
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
-def _cpu_signature() -> str:
-    """The CPU's model and feature flags (``-march=native`` code runs on this CPU only)."""
-    lines = []
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith(("model name", "flags", "Features", "CPU part")):
-                    lines.append(line.strip())
-                if len(lines) >= 2:
-                    break
-    except OSError:
-        pass
-    return platform.machine() + "\n" + "\n".join(lines)
-
-
-def _openmp_runtime() -> str | None:
-    """The OpenMP runtime torch loaded into this process (GNU ``libgomp*`` or Intel ``libiomp5*``), or None."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        name = os.path.basename(path)
-        if name.startswith(("libgomp", "libiomp5")) and ".so" in name:
-            return path
-    return None
-
-
-def _build(compiler: str, target: Path, runtime: str | None) -> None:
-    """Compile :data:`SOURCE` to ``target`` atomically (a temporary file renamed into place), linked to
-    ``runtime`` (the OpenMP library torch loaded, so the kernel's threads are torch's team), else to the
-    compiler's own OpenMP.
-
-    Raises:
-        RuntimeError: the compiler failed (its stderr in the message).
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    obj = tmp + ".o"
-    if runtime is None:
-        commands = [[compiler, *_FLAGS, str(SOURCE), "-lm", "-o", tmp]]
-    else:
-        commands = [[compiler, *_FLAGS, "-c", str(SOURCE), "-o", obj], [compiler, "-shared", obj, runtime, "-lm", "-o", tmp]]
-    try:
-        for command in commands:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
-                raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, target)
-    finally:
-        for leftover in (tmp, obj):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
-
-
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel (built on first use, then cached on disk and in the process), or None where it
-    cannot be built or loaded here (:func:`unavailable_reason` says why)."""
+    """The compiled kernels (built on first use, then cached on disk and in the process; prototypes from
+    :data:`~specbuild.engine.native.SIGNATURES`), or None where they cannot be built or loaded here
+    (:func:`unavailable_reason` says why)."""
     with _lock:
-        if "lib" in _state:
-            return _state["lib"]  # type: ignore[return-value]
-        lib, reason = None, None
-        chosen = os.environ.get("CC")
-        if chosen:  # the user's choice is kept, never silently swapped for another compiler
-            compiler = shutil.which(chosen)
-            missing = f"$CC={chosen!r} is not an executable on PATH (fix or unset $CC)"
-        else:
-            compiler = shutil.which("cc") or shutil.which("gcc")
-            missing = "no C compiler (install gcc, or set $CC)"
-        if compiler is None:
-            reason = missing
-        else:
-            from filelock import FileLock
-
-            from specbuild.cache import cache_dir
-
-            version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-            runtime = _openmp_runtime()
-            key = hashlib.sha256("\n".join(
-                [SOURCE.read_text(), compiler, version, " ".join(_FLAGS), _cpu_signature(), str(runtime)]
-            ).encode()).hexdigest()[:16]
-            target = cache_dir() / "kernels" / f"rowgemm-{key}.so"
+        if "lib" not in _state:
             try:
-                with FileLock(str(target) + ".lock"):
-                    if not target.exists():
-                        _build(compiler, target, runtime)
-                lib = ctypes.CDLL(str(target))
-                for fn in (lib.specbuild_rowgemm_f32, lib.specbuild_rowgemm_bf16w):
-                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
-                    fn.restype = None
-                norm = lib.specbuild_rmsnorm_f32
-                norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_float]
-                norm.restype = None
-                attn = lib.specbuild_attention_f32
-                attn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 8 + [ctypes.c_void_p] * 6 + [ctypes.c_float] \
-                    + [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_int]
-                attn.restype = None
-                swiglu = lib.specbuild_silu_mul_f32
-                swiglu.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int]
-                swiglu.restype = None
-            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                lib, reason = None, str(exc)
-        _state["lib"], _state["reason"] = lib, reason
-        return lib
+                _state["lib"], _state["reason"] = native.load_library(native.build_library(native.openmp_runtime())), None
+            except native.KernelBuildError as exc:
+                _state["lib"], _state["reason"] = None, str(exc)
+        return _state["lib"]  # type: ignore[return-value]
 
 
 def unavailable_reason() -> str | None:

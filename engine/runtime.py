@@ -40,6 +40,7 @@ sampled requests.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,14 @@ import torch
 
 from specbuild.methods import method_for
 
+from . import rowgemm
 from . import target as target_model
 from .draft_linear import draft_weight_dtype
 from .drafters import Drafter, EngineMethod, MethodContext, PlainDrafter
 from .forward import check_mask_attention
-from .kernels import pack_linears, resolve_kernels
+from .guarantee import plan_kernels
+from .kernels import pack_linears
+from .native import BITWISE, KernelChoice
 from .sampling import Sampler
 from .spec_controls import CONTROL_KEYS, RuntimeControls, SpeculationGate
 from .stream import Steps, collect
@@ -111,6 +115,7 @@ class ReferenceEngine:
         base_dir: str | Path | None = None,
         trust_remote_code: bool = False,
         draft_weights: str = "auto",
+        kernels: KernelChoice | None = None,
     ) -> None:
         """Set up the engine around a loaded target; loads the method's extra models (a draft) if any.
 
@@ -123,6 +128,8 @@ class ReferenceEngine:
             base_dir: where relative paths of ``speculative_config`` resolve (the engine directory).
             draft_weights: what the draft side's packed weights hold where the engine's float32 kernel
                 runs them: ``"float32"``, ``"bfloat16"`` or ``"auto"`` (:func:`~specbuild.engine.draft_linear.draft_weight_dtype`).
+            kernels: the kernels ``model`` was packed for (:func:`~specbuild.engine.guarantee.plan_kernels`; None:
+                not known, a model packed by the caller).
 
         Raises:
             ValueError: an unknown ``draft_weights``; bad speculative_config (a ``draft_len_schedule``
@@ -132,6 +139,7 @@ class ReferenceEngine:
                 target (e.g. a different vocab_size or hidden_size).
         """
         self._model = model
+        self._kernels = kernels
         self._limits = limits
         self._end_id = end_id
         self._speculative_config = dict(speculative_config) if speculative_config else None
@@ -189,8 +197,10 @@ class ReferenceEngine:
             base_dir: where relative paths in ``speculative_config`` resolve (DraftTarget's
                 ``speculative_model_dir``; None -> the working directory).
             kernels: the target's linear-layer kernels (:mod:`~specbuild.engine.kernels`): ``"eager"``,
-                ``"onednn"`` (prepacked weights, CPU), ``"rowgemm"`` (the engine's float32 CPU kernel,
-                :mod:`~specbuild.engine.rowgemm`) or ``"auto"`` (rowgemm, else onednn, where they apply).
+                ``"onednn"`` (prepacked weights, CPU), ``"rowgemm"`` (the engine's float32 CPU kernels,
+                :mod:`~specbuild.engine.rowgemm`, required: it fails where they cannot run) or ``"auto"``
+                (rowgemm, else onednn, where they apply). :attr:`kernels` says what runs and the greedy
+                equality it gives (logged at load).
             draft_weights: as for the constructor.
 
         Loading and packing run on a short-lived thread (:func:`~specbuild.engine.threads.on_fresh_thread`),
@@ -199,14 +209,18 @@ class ReferenceEngine:
         Raises:
             FileNotFoundError: no checkpoint at ``checkpoint_dir`` (or at the draft's directory).
             ValueError: unsupported dtype or decoding_type, bad speculative_config keys or values, a draft
-                whose vocab_size differs from the target's.
+                whose vocab_size differs from the target's; ``kernels="rowgemm"`` where the engine's kernels
+                cannot run (no C compiler: the message says how to fix it).
         """
 
         def load() -> ReferenceEngine:
             model = target_model.load_target(
                 checkpoint_dir, dtype=dtype, device=device, trust_remote_code=trust_remote_code
             )
-            pack_linears(model, resolve_kernels(kernels, model))
+            choice = plan_kernels(model, kernels)
+            pack_linears(model, choice.linear)
+            log = logging.getLogger(__name__)
+            (log.info if choice.greedy_equality == BITWISE else log.warning)("%s", choice.describe())
             return cls(
                 model,
                 limits=limits,
@@ -215,6 +229,7 @@ class ReferenceEngine:
                 base_dir=base_dir,
                 trust_remote_code=trust_remote_code,
                 draft_weights=draft_weights,
+                kernels=choice,
             )
 
         # Loading runs OpenMP regions; on a short-lived thread they leave no thread pool behind to slow
@@ -229,10 +244,15 @@ class ReferenceEngine:
         ``speculative_model_dir`` resolves against ``engine_dir``; without one the draft is
         ``engine_dir/draft`` (DraftTarget) and the heads ``engine_dir/medusa`` (Medusa).
 
+        The target runs the linear kernels the build recorded (``specbuild.kernel_guarantee`` in config.json:
+        what ``build.kernels`` resolved to on the building machine), so what config.json says is what runs;
+        an engine directory written before that record resolves ``specbuild.kernels`` here.
+
         Raises:
             FileNotFoundError: ``engine_dir/config.json``, ``engine_dir/target`` (or the draft) missing.
             ValueError: a required key of config.json is missing (the message names it); a draft whose
-                vocab_size differs from the target's.
+                vocab_size differs from the target's; the build recorded the engine's bitwise kernels and
+                they cannot be built here (the message says how to fix it, or to rebuild the engine).
         """
         engine_dir = Path(engine_dir)
         config_path = engine_dir / "config.json"
@@ -243,7 +263,8 @@ class ReferenceEngine:
         required = ("max_batch_size", "max_input_len", "max_seq_len", "max_draft_len")
         limits = EngineLimits(**{k: _require(build, k, config_path) for k in required}, max_num_tokens=build.get("max_num_tokens"))
         extra = config.get("specbuild") or {}
-        return cls.from_pretrained(
+        kernels = _recorded_kernels(extra, config_path)
+        engine = cls.from_pretrained(
             engine_dir / "target",
             speculative_config=config.get("speculative_config"),
             limits=limits,
@@ -252,13 +273,28 @@ class ReferenceEngine:
             end_id=extra.get("end_id"),
             trust_remote_code=bool(extra.get("trust_remote_code", False)),
             base_dir=engine_dir,
-            kernels=extra.get("kernels", "auto"),
+            kernels=kernels,
             draft_weights=extra.get("draft_weights", "auto"),
         )
+        recorded = extra.get("kernel_guarantee")
+        if recorded:
+            recorded = KernelChoice.from_json(recorded)
+            if (recorded.linear, recorded.attention) == (engine.kernels.linear, engine.kernels.attention):
+                engine._kernels = recorded  # with the build's reason for a fallback
+            else:
+                logging.getLogger(__name__).warning("%s records %s, but the engine runs %s", config_path,
+                                                    recorded.describe(), engine.kernels.describe())
+        return engine
 
     @property
     def limits(self) -> EngineLimits:
         return self._limits
+
+    @property
+    def kernels(self) -> KernelChoice | None:
+        """The target's kernels and the greedy equality they give (bitwise or up to logit near-ties); None
+        when the engine was handed a model packed by the caller."""
+        return self._kernels
 
     @property
     def end_id(self) -> int:
@@ -428,6 +464,28 @@ def _default_end_id(model: Any) -> int:
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
     return -1 if eos is None else int(eos)
+
+
+def _recorded_kernels(extra: dict, config_path: Path) -> str:
+    """The linear kernels an engine directory's config.json says the target runs (``kernel_guarantee.linear``,
+    else the recipe's ``kernels``).
+
+    Raises:
+        ValueError: the record names the engine's bitwise kernels (``rowgemm``) and they cannot be built here.
+    """
+    record = extra.get("kernel_guarantee")
+    if not record:
+        return extra.get("kernels", "auto")
+    choice = KernelChoice.from_json(record)
+    if choice.linear != "rowgemm":
+        return choice.linear
+    if rowgemm.library() is None:
+        raise ValueError(
+            f"{config_path} records the engine's own kernels (rowgemm, greedy equality {choice.greedy_equality}), "
+            f"which cannot be built here: {rowgemm.unavailable_reason()}. Fix that, or rebuild the engine here "
+            "(`specbuild build --rebuild`) to record the oneDNN fallback (greedy equality up to logit near-ties)"
+        )
+    return extra.get("kernels", "auto")  # "auto" or "rowgemm": either resolves to rowgemm now
 
 
 def _require(mapping: dict, key: str, path: Path) -> Any:

@@ -170,6 +170,10 @@ def print_report(console: Console, report) -> None:
         f"  speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)",
         f"  tokens/s: speculative {report.speculative_tokens_per_s:.1f}, non-speculative {report.baseline_tokens_per_s:.1f}",
     ]
+    kernels = getattr(report, "kernels", None)
+    if kernels:
+        lines.append(f"  greedy equality {kernels['greedy_equality']}: {kernels['linear']} linears, {kernels['attention']} attention"
+                     + ("" if kernels.get("fallback_reason") is None else f" ({kernels['fallback_reason']})"))
     if implausible_speedup(report.speedup, report.mean_acceptance_length):
         lines += ["[yellow]  note: the speed-up exceeds the tokens per step (acceptance length),[/yellow]",
                   "[yellow]  which bounds it (a step is at least one target pass): the timing[/yellow]",

@@ -8,11 +8,13 @@ behind lives under one output directory::
     <output_dir>/engine/           engine directory (config.json + target/ + tokenizer/)
     <output_dir>/triton_repo/      Triton model repository
     <output_dir>/logs/tritonserver.log
-    <output_dir>/report.json       verification report
+    <output_dir>/report.json       verification report, with the engine's kernels and the greedy equality
+                                   they give ("kernels": bitwise or near-ties, from engine/config.json)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shutil
 import time
@@ -77,7 +79,8 @@ class CheckedInputs:
 
 def check_inputs(loaded: LoadedRecipe) -> CheckedInputs:
     """A reference-backend recipe's inputs, in milliseconds: a method and settings the reference engine
-    runs (not ``posterior_threshold``, ReDrafter or MTP), for ``device: cuda`` a GPU on this machine,
+    runs (not ``posterior_threshold``, ReDrafter or MTP), for ``device: cuda`` a GPU on this machine, for
+    ``build.kernels: rowgemm`` a C compiler,
     the checkpoint and the method's weights (a draft sharing the target's vocabulary, Medusa and EAGLE
     heads its hidden and vocabulary sizes, an EAGLE-3 head finding the layers it fuses; a packaged GGUF's
     sizes are checked after its conversion; weights the train stage writes, after it), and the prompts.
@@ -85,11 +88,12 @@ def check_inputs(loaded: LoadedRecipe) -> CheckedInputs:
     Raises:
         RecipeError: naming the recipe line of the field at fault.
     """
-    from specbuild.builder.reference import check_reference_inputs, check_reference_speculation
+    from specbuild.builder.reference import check_kernels, check_reference_inputs, check_reference_speculation
     from specbuild.prompts import PromptSourceError, load_prompts
 
     check_reference_speculation(loaded)
     _check_device(loaded)
+    check_kernels(loaded)
     untrained = draft_from_train_stage(loaded) and not _trained_artefact_exists(loaded)  # written by the train stage
     reference = check_reference_inputs(loaded, trained_later=untrained)
     try:
@@ -157,7 +161,7 @@ def _trained_artefact_exists(loaded: LoadedRecipe) -> bool:
 
 def check_runnable(loaded: LoadedRecipe) -> CheckedInputs:
     """Everything that can fail before long work: backend and extras installed, checkpoint and
-    prompts present. Returns what :func:`check_inputs` found (no prompts for TensorRT-LLM recipes).
+    prompts present, and for ``build.kernels: rowgemm`` the engine's kernels compiled. Returns what :func:`check_inputs` found (no prompts for TensorRT-LLM recipes).
 
     Raises:
         RecipeError: naming the recipe line and what to install or change.
@@ -185,6 +189,9 @@ def check_runnable(loaded: LoadedRecipe) -> CheckedInputs:
             problem = platform_problem() if shutil.which("tritonserver") is None else None
             message += f" (but {problem})" if problem else ""
         raise RecipeError(message)
+    from specbuild.builder.reference import check_kernels
+
+    check_kernels(loaded, compile=True)  # build.kernels: rowgemm: compiled now, not found missing at the serve
     return checked
 
 
@@ -198,8 +205,6 @@ def with_serve_ports(loaded: LoadedRecipe, **ports: int | None) -> LoadedRecipe:
     Raises:
         RecipeError: two of the resulting ports are the same (0 excepted).
     """
-    import dataclasses
-
     update = {name: port for name, port in ports.items() if port is not None}
     if not update:
         return loaded
@@ -256,6 +261,8 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
 
         plan = plan_for(loaded, paths.output_dir, version=installed_version())
         return plan.lines() + repository_lines(loaded, plan, paths.repo_dir) + _draft_check_lines(loaded)
+    from specbuild.builder.reference import kernels_plan_line
+
     train = []
     if r.train is not None:
         from specbuild.train.stage import training_status
@@ -271,6 +278,7 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
         *_draft_check_lines(loaded),
         f"build     {r.build.backend} engine -> {paths.engine_dir} "
         f"(max_batch_size={r.build.max_batch_size}, max_input_len={r.build.max_input_len}, max_seq_len={r.build.max_seq_len})",
+        kernels_plan_line(loaded),
         f"repo      ensemble/preprocessing/tensorrt_llm/postprocessing -> {paths.repo_dir}",
         f"serve     tritonserver on {s.host} ({_ports_text(s)}), log {paths.log_file}",
         f"verify    {r.verify.prompts}, max_tokens={r.verify.max_tokens}, {r.verify.protocol}: "
@@ -413,6 +421,7 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
         specbuild.triton_repo.tritonserver.ServerStartError, specbuild.client.sdk.ServerUnavailableError:
             the server failed; its log file is named in the message.
     """
+    from specbuild.builder.reference import read_kernel_guarantee
     from specbuild.deploy import build_recipe, deploy
 
     summary = RunSummary(paths=paths)
@@ -429,6 +438,7 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
         log(f"tritonserver on {served.loaded.recipe.serve.host}: http {s.http_port}, grpc {s.grpc_port}, metrics {s.metrics_port}")
         with timed("verify"):
             summary.report = _verify(served, progress=progress)
+    summary.report = dataclasses.replace(summary.report, kernels=read_kernel_guarantee(paths.engine_dir))
     summary.report.write(paths.report)
     return summary
 

@@ -170,6 +170,14 @@ def test_recipe_command_runs_the_main_job(tiny_checkpoint, tmp_path):
     assert "LOSSLESS: 3/3 prompts token-identical" in proc.stdout and "speed-up" in proc.stdout
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["summary"]["num_match"] == 3
+    # which kernels ran and what equality they give, as the engine's config.json records them
+    engine_config = json.loads((tmp_path / "out" / "engine" / "config.json").read_text())
+    assert report["kernels"] == engine_config["specbuild"]["kernel_guarantee"]
+    assert f"greedy equality {report['kernels']['greedy_equality']}: {report['kernels']['linear']} linears" in proc.stdout
+    from specbuild.engine import rowgemm
+
+    if rowgemm.library() is not None:  # a C compiler here: the tiny Llama runs the bitwise kernels
+        assert (report["kernels"]["greedy_equality"], report["kernels"]["fallback_reason"]) == ("bitwise", None)
     for part in ("engine/config.json", "triton_repo/ensemble/config.pbtxt", "logs/tritonserver.log"):
         assert (tmp_path / "out" / part).is_file(), part
     log = (tmp_path / "out" / "logs" / "tritonserver.log").read_text()
