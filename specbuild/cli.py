@@ -1103,7 +1103,9 @@ def _report_serving_overhead(console, result, results_dir: Path) -> None:
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where tune.json, the PNG plots (and bench.json/csv/jsonl of a sweep) go [specbuild-out/tune].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
 @click.option("--write-recipe", "write_recipe", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the recommended deployment's recipe with its schedule (build.draft_len_schedule) to this YAML file.")
-def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, results_dir, output_dir_old, write_recipe, **options) -> None:
+@click.option("--force", is_flag=True, help="--write-recipe: write even a schedule measured against a disturbed baseline (a speed-up above tokens/step).")
+def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, results_dir, output_dir_old, write_recipe,
+                 force, **options) -> None:
     """Pick a method and draft length: frontier, recommendation, schedule, analytic model, plots.
 
     Runs the sweep of `specbuild bench` on TARGETS (same options), or reads --from bench.json, then
@@ -1145,14 +1147,20 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
     except TuneError as exc:
         raise bad_input(str(exc)) from None
     if write_recipe is not None:
-        _write_tuned_recipe(console, report, write_recipe)
+        _write_tuned_recipe(console, report, write_recipe, force=force)
 
 
-def _write_tuned_recipe(console, report, out: Path) -> None:
+def _write_tuned_recipe(console, report, out: Path, *, force: bool = False) -> None:
     from specbuild.builder.recipe import RecipeError
-    from specbuild.client.tune.write_recipe import WriteRecipeError, pick_schedule, write_scheduled_recipe
+    from specbuild.client.tune.write_recipe import WriteRecipeError, pick_schedule, refuse_disturbed, write_scheduled_recipe
 
     try:
+        try:
+            refuse_disturbed(report)
+        except WriteRecipeError as exc:
+            if not force:
+                raise
+            console.print(f"warning: {exc} (going on: --force)", highlight=False)
         schedule, engines = pick_schedule(report)
         path = write_scheduled_recipe(out, schedule.deployment, schedule, engines)
     except (WriteRecipeError, RecipeError) as exc:
