@@ -695,7 +695,9 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     With --sampling: sends --samples seeded requests per arm (plain, speculative; disjoint seeds)
     for each of the first --sampling-prompts prompts and tests with chi-square that the first
     --positions tokens are distributed alike; prints statistic, p-value and the smallest difference
-    (total variation) the sample size detects. Exits 4 when the test rejects equivalence.
+    (total variation) the sample size detects. Exits 4 when the test rejects equivalence, 1 when no
+    draft token was proposed (NOT EXERCISED: both arms were plain sampling). Greedy with no drafts
+    stays LOSSLESS (exit 0) with a "speculation not exercised" warning.
 
     \b
     Examples:
