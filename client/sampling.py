@@ -238,6 +238,13 @@ class SamplingReport:
 
     settings: SamplingSettings
     prompts: list[PromptSampling]
+    provenance: dict | None = None  # client.verify.provenance: what was tested, through what, when
+
+    @property
+    def exercised(self) -> bool:
+        """At least one draft token was proposed. With none, both arms ran plain sampling and the test
+        compared plain sampling with itself: it exercised nothing, whatever its p-value."""
+        return self.total_draft_tokens > 0
 
     @property
     def tests(self) -> list[HomogeneityTest]:
@@ -276,6 +283,7 @@ class SamplingReport:
         worst = self.worst
         return {
             "passed": self.passed,
+            "exercised": self.exercised,
             "p_value": self.p_value,
             "alpha": self.settings.alpha,
             "num_tests": len(self.tests),
@@ -293,7 +301,8 @@ class SamplingReport:
         return next(p.prompt_id for p in self.prompts if any(t is test for t in p.tests))
 
     def to_json(self) -> dict[str, Any]:
-        return {"settings": vars(self.settings), "summary": self.summary(), "prompts": [p.to_json() for p in self.prompts]}
+        return {"settings": vars(self.settings), "summary": self.summary(), "provenance": self.provenance,
+                "prompts": [p.to_json() for p in self.prompts]}
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         path = Path(path)
@@ -402,6 +411,12 @@ def render_sampling_report(report: SamplingReport):
 def describe_sampling_report(report: SamplingReport) -> str:
     """One summary line: verdict, adjusted p-value, what the sample size could detect."""
     worst = report.worst
+    if not report.exercised:
+        return (f"NOT EXERCISED: no draft tokens were proposed in {len(report.prompts)} prompt(s) x "
+                f"{report.settings.num_samples} samples of {report.settings.positions} tokens, so both arms ran plain "
+                "sampling and the test compared it with itself. To get drafts: more --positions (an n-gram drafter "
+                "needs tokens to repeat), prompts that repeat themselves (code: humaneval), more --sampling-prompts, "
+                "or check that the deployment speculates (specbuild verify without --sampling shows its draft tokens)")
     verdict = "EQUIVALENT" if report.passed else "DIFFERENT"
     return (
         f"{verdict}: speculative vs plain sampling, Bonferroni-adjusted p = {report.p_value:.3g} over "

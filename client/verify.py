@@ -125,6 +125,14 @@ class VerifyReport:
     # where a divergence at a logit near-tie is possible; KernelChoice.to_json, from the engine's config.json);
     # None where verify knows only a URL.
     kernels: dict | None = None
+    # What was verified and by what (:func:`provenance`): recipe, target, engine fingerprint, server, date.
+    provenance: dict | None = None
+
+    @property
+    def exercised(self) -> bool:
+        """Speculation happened: at least one draft token was proposed (or the server does not say).
+        With none, plain and speculative runs are the same computation and the check tested nothing."""
+        return self.total_draft_tokens != 0
 
     @property
     def num_near_ties(self) -> int:
@@ -203,7 +211,7 @@ class VerifyReport:
 
     def summary(self) -> dict[str, Any]:
         names = (
-            "num_prompts", "num_match", "all_match", "num_near_ties", "passed",
+            "num_prompts", "num_match", "all_match", "num_near_ties", "passed", "exercised",
             "mean_acceptance_length", "mean_acceptance_rate", "acceptance_source",
             "total_draft_tokens", "total_accepted_draft_tokens",
             "baseline_tokens_per_s", "speculative_tokens_per_s", "speedup", "median_speedup",
@@ -219,6 +227,7 @@ class VerifyReport:
                 "near_tie_margin": self.near_tie_margin,
             },
             "summary": self.summary(),
+            "provenance": self.provenance,
             "kernels": self.kernels,
             "prompts": [r.to_json() for r in self.results],
         }
@@ -229,6 +238,47 @@ class VerifyReport:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
         return path
+
+
+def provenance(
+    *, url: str | None, protocol: str, streaming: bool, prompts: str | Sequence[str], recipe: str | None = None,
+    target: str | None = None, dtype: str | None = None, engine_fingerprint: str | None = None,
+    repo_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """The provenance block of a verify report: what was verified, through what, by which specbuild, when.
+
+    ``repo_dir``: the deployment's Triton repository, when known: its ``specbuild-repo.json`` gives the
+    recipe name and the engine fingerprint where they are not given. Fields not known (a bare URL) are
+    ``None``. ``specbuild`` is the version and ``git`` the commit of specbuild's checkout
+    (``{commit, dirty}``, None outside a checkout), as bench.json's environment block records them;
+    ``date_utc``: ISO 8601, seconds.
+    """
+    import time
+
+    from specbuild import __version__
+
+    from .environment import git_commit
+
+    if repo_dir is not None:
+        try:
+            meta = json.loads((Path(repo_dir) / "specbuild-repo.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        recipe = recipe or meta.get("recipe")
+        engine_fingerprint = engine_fingerprint or meta.get("engine_fingerprint") or None
+    return {
+        "recipe": recipe,
+        "target_checkpoint": target,
+        "dtype": dtype,
+        "engine_fingerprint": engine_fingerprint,
+        "server_url": url,
+        "protocol": protocol,
+        "streaming": streaming,
+        "prompt_sets": [prompts] if isinstance(prompts, str) else list(prompts),
+        "specbuild": __version__,
+        "git": git_commit(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def verify(

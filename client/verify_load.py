@@ -127,6 +127,7 @@ class LoadVerifyReport:
     num_draft_tokens: int | None = None
     end_id: int | None = None
     near_tie_margin: float | None = None
+    provenance: dict | None = None  # client.verify.provenance
 
     @property
     def passed(self) -> bool:
@@ -143,6 +144,7 @@ class LoadVerifyReport:
             "settings": {"max_tokens": self.max_tokens, "num_draft_tokens": self.num_draft_tokens, "end_id": self.end_id,
                          "near_tie_margin": self.near_tie_margin, "concurrency": [lv.concurrency for lv in self.levels]},
             "passed": self.passed,
+            "provenance": self.provenance,
             "references": {pid: result_to_json(r) for pid, r in self.references.items()},
             "levels": [{**lv.summary(), "runs": [r.to_json() for r in lv.runs]} for lv in self.levels],
         }

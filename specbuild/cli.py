@@ -6,6 +6,7 @@ Exit statuses (:mod:`specbuild.exit_codes`, ``docs/cli.md``): 0 ok, 1 failed, 2 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -369,9 +370,10 @@ def build_command(recipe: str, output_dir: str | None, rebuild: bool) -> None:
                 _build_trtllm(loaded, paths, rebuild)
                 return
             try:
-                build_recipe(loaded, paths, rebuild=rebuild, train=False, log=click.echo)
+                built = build_recipe(loaded, paths, rebuild=rebuild, train=False, log=click.echo)
             except RecipeError as exc:
                 raise bad_input(str(exc)) from None
+            _retire_report(paths, built.engine_rebuilt)
     except KeyboardInterrupt:
         click.echo("interrupted; nothing half-built was left in place: run the same command again", err=True)
         raise SystemExit(ExitCode.INTERRUPTED) from None
@@ -390,8 +392,18 @@ def _build_trtllm(loaded, paths, rebuild: bool) -> None:
         raise bad_input(str(exc)) from None
     except StageError as exc:
         raise CommandError(str(exc), ExitCode.FAILED) from None
+    _retire_report(paths, bool(result.record.ran))
     for line in trtllm_next_steps(loaded, result):
         click.echo(line)
+
+
+def _retire_report(paths, rebuilt: bool) -> None:
+    """A rebuilt engine makes the report beside it stale: moved to report.stale.json (pipeline.retire_report)."""
+    from specbuild.pipeline import retire_report
+
+    stale = retire_report(paths) if rebuilt else None
+    if stale is not None:
+        click.echo(f"the engine was rebuilt: moved its old verification report to {stale} (verify again: specbuild recipe)")
 
 
 @main.command("train-draft")
@@ -683,7 +695,9 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     With --sampling: sends --samples seeded requests per arm (plain, speculative; disjoint seeds)
     for each of the first --sampling-prompts prompts and tests with chi-square that the first
     --positions tokens are distributed alike; prints statistic, p-value and the smallest difference
-    (total variation) the sample size detects. Exits 4 when the test rejects equivalence.
+    (total variation) the sample size detects. Exits 4 when the test rejects equivalence, 1 when no
+    draft token was proposed (NOT EXERCISED: both arms were plain sampling). Greedy with no drafts
+    stays LOSSLESS (exit 0) with a "speculation not exercised" warning.
 
     \b
     Examples:
@@ -716,6 +730,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         tokenizer = load_tokenizer(tokenizer_dir)
     report_path = report_path or results_dir / "report.json"
     console = _console(stderr=as_json)
+    made_by = _verify_provenance(url, protocol, streaming or decoupled_alias, prompts, tokenizer_dir, openai["openai_url"])
     try:
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
         if openai["openai_url"] and sampling:
@@ -731,7 +746,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
                 client.wait_ready(timeout_s=wait_s)
             _verify_under_load(console, make_client, prompt_list, report_path, levels=concurrency, max_tokens=max_tokens,
                                num_draft_tokens=num_draft_tokens, end_id=end_id, tokenizer=tokenizer, stagger_s=stagger_s,
-                               near_tie_margin=near_tie_margin, as_json=as_json)
+                               near_tie_margin=near_tie_margin, as_json=as_json, provenance=made_by)
             return
         concurrency = concurrency[0] if concurrency else 8
         client_cm = make_client()
@@ -740,10 +755,12 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
             if sampling:
                 _verify_sampling(console, client, prompt_list[:sampling_prompts], report_path, samples=samples,
                                  positions=positions, temperature=temperature, top_k=top_k, top_p=top_p, alpha=alpha,
-                                 seed=seed, num_draft_tokens=num_draft_tokens, concurrency=concurrency, as_json=as_json)
+                                 seed=seed, num_draft_tokens=num_draft_tokens, concurrency=concurrency, as_json=as_json,
+                                 provenance=made_by)
                 return
             report = _verify_greedy(console, client, prompt_list, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
                                     end_id=end_id, tokenizer=tokenizer, near_tie_margin=near_tie_margin)
+            report = dataclasses.replace(report, provenance=made_by)
             oracle_ok = True
             if hf_oracle:
                 oracle_ok = _verify_oracle(console, client, prompt_list, hf_oracle, report_path, max_tokens=max_tokens,
@@ -765,7 +782,22 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         sys.exit(ExitCode.NOT_LOSSLESS)
 
 
-def _verify_under_load(console, make_client, prompt_list, report_path: Path, *, as_json: bool, **options) -> None:
+def _verify_provenance(url, protocol, streaming, prompts, tokenizer_dir, openai_url) -> dict:
+    """verify's provenance block (client/verify.py provenance): the recipe and engine fingerprint are
+    read from the deployment folder when --tokenizer is its engine/tokenizer (OUT/engine/tokenizer)."""
+    from specbuild.client.verify import provenance
+
+    repo_dir = None
+    if tokenizer_dir and Path(tokenizer_dir).resolve().parent.name == "engine":
+        candidate = Path(tokenizer_dir).resolve().parent.parent / "triton_repo"
+        repo_dir = candidate if (candidate / "specbuild-repo.json").is_file() else None
+    if openai_url:
+        return provenance(url=openai_url, protocol="openai", streaming=False, prompts=prompts, repo_dir=repo_dir)
+    default = "127.0.0.1:8001" if protocol == "grpc" else "127.0.0.1:8000"
+    return provenance(url=url or default, protocol=protocol, streaming=streaming, prompts=prompts, repo_dir=repo_dir)
+
+
+def _verify_under_load(console, make_client, prompt_list, report_path: Path, *, as_json: bool, provenance=None, **options) -> None:
     from specbuild.cli_display import verification_progress
     from specbuild.client.verify import describe_divergence
     from specbuild.client.verify_load import render_load_tables, verify_under_load
@@ -773,6 +805,7 @@ def _verify_under_load(console, make_client, prompt_list, report_path: Path, *, 
     total = len(prompt_list) + sum(max(len(prompt_list), c) for c in options["levels"])
     with verification_progress(console, total) as progress:
         report = verify_under_load(make_client, prompt_list, progress=progress, **options)
+    report = dataclasses.replace(report, provenance=provenance)
     report.write(report_path)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
@@ -826,7 +859,7 @@ def _verify_greedy(console, client, prompt_list, **options):
 
 
 def _verify_sampling(console, client, prompt_list, report_path: Path, *, samples, positions, temperature, top_k, top_p,
-                     alpha, seed, num_draft_tokens, concurrency, as_json=False) -> None:
+                     alpha, seed, num_draft_tokens, concurrency, as_json=False, provenance=None) -> None:
     from specbuild.cli_display import verification_progress
     from specbuild.client.sampling import SamplingSettings, describe_sampling_report, render_sampling_report, verify_sampling
 
@@ -834,13 +867,16 @@ def _verify_sampling(console, client, prompt_list, report_path: Path, *, samples
                                 num_draft_tokens=num_draft_tokens, seed=seed, alpha=alpha)
     with verification_progress(console, 2 * samples * len(prompt_list)) as progress:
         report = verify_sampling(client, prompt_list, settings, concurrency=concurrency, progress=progress)
+    report = dataclasses.replace(report, provenance=provenance)
     report.write(report_path)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     console.print(render_sampling_report(report))
-    colour = "green" if report.passed else "red"
+    colour = "yellow" if not report.exercised else "green" if report.passed else "red"
     console.print(f"[{colour}]{describe_sampling_report(report)}[/{colour}]", highlight=False)
     console.print(f"report: {report_path}")
+    if not report.exercised:  # nothing was tested: not a pass (exit_codes.py: FAILED)
+        sys.exit(ExitCode.FAILED)
     if not report.passed:
         sys.exit(ExitCode.NOT_LOSSLESS)
 
@@ -1103,7 +1139,9 @@ def _report_serving_overhead(console, result, results_dir: Path) -> None:
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where tune.json, the PNG plots (and bench.json/csv/jsonl of a sweep) go [specbuild-out/tune].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
 @click.option("--write-recipe", "write_recipe", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the recommended deployment's recipe with its schedule (build.draft_len_schedule) to this YAML file.")
-def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, results_dir, output_dir_old, write_recipe, **options) -> None:
+@click.option("--force", is_flag=True, help="--write-recipe: write even a schedule measured against a disturbed baseline (a speed-up above tokens/step).")
+def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metric, min_gain, results_dir, output_dir_old, write_recipe,
+                 force, **options) -> None:
     """Pick a method and draft length: frontier, recommendation, schedule, analytic model, plots.
 
     Runs the sweep of `specbuild bench` on TARGETS (same options), or reads --from bench.json, then
@@ -1145,14 +1183,20 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
     except TuneError as exc:
         raise bad_input(str(exc)) from None
     if write_recipe is not None:
-        _write_tuned_recipe(console, report, write_recipe)
+        _write_tuned_recipe(console, report, write_recipe, force=force)
 
 
-def _write_tuned_recipe(console, report, out: Path) -> None:
+def _write_tuned_recipe(console, report, out: Path, *, force: bool = False) -> None:
     from specbuild.builder.recipe import RecipeError
-    from specbuild.client.tune.write_recipe import WriteRecipeError, pick_schedule, write_scheduled_recipe
+    from specbuild.client.tune.write_recipe import WriteRecipeError, pick_schedule, refuse_disturbed, write_scheduled_recipe
 
     try:
+        try:
+            refuse_disturbed(report)
+        except WriteRecipeError as exc:
+            if not force:
+                raise
+            console.print(f"warning: {exc} (going on: --force)", highlight=False)
         schedule, engines = pick_schedule(report)
         path = write_scheduled_recipe(out, schedule.deployment, schedule, engines)
     except (WriteRecipeError, RecipeError) as exc:

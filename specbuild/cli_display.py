@@ -170,6 +170,13 @@ def print_report(console: Console, report) -> None:
         f"  speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)",
         f"  tokens/s: speculative {report.speculative_tokens_per_s:.1f}, non-speculative {report.baseline_tokens_per_s:.1f}",
     ]
+    if report.speedup is not None and report.speedup < 1.0:  # lossless, but not worth deploying as it is
+        lines.append(f"[yellow]  SLOWER than plain decoding ({report.speedup:.2f}x): speculation costs more here than it saves[/yellow]")
+    if report.total_draft_tokens == 0:  # greedy equality holds trivially: nothing was speculated
+        lines += ["[yellow]  warning: speculation not exercised: no draft tokens were proposed,[/yellow]",
+                  "[yellow]  so plain and speculative runs were the same computation; for drafts:[/yellow]",
+                  "[yellow]  more --max-tokens, prompts that repeat (humaneval), or a deployment[/yellow]",
+                  "[yellow]  with max_draft_len > 0[/yellow]"]
     kernels = getattr(report, "kernels", None)
     if kernels:
         lines.append(f"  greedy equality {kernels['greedy_equality']}: {kernels['linear']} linears, {kernels['attention']} attention"

@@ -5,7 +5,11 @@ them apart (``docs/cli.md`` lists them):
 code  name                        when
 ====  ==========================  ==============================================================
 0     OK                          the command did what it was asked
-1     FAILED                      anything else went wrong (a build step, a server that died)
+1     FAILED                      anything else went wrong (a build step, a server that died);
+                                  ``verify --sampling``: NOT EXERCISED, no draft token was proposed,
+                                  so the test compared plain sampling with itself (greedy verify
+                                  with no drafts still exits 0, LOSSLESS with a warning: the
+                                  equality it checks holds)
 2     BAD_INPUT                   a usage error or bad input: an option, a recipe, a prompts file
 3     SERVER_UNAVAILABLE          the server is unreachable, not ready in time, or did not start
 4     NOT_LOSSLESS                a lossless check failed (speculative output != plain output);

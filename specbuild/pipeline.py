@@ -10,6 +10,9 @@ behind lives under one output directory::
     <output_dir>/logs/tritonserver.log
     <output_dir>/report.json       verification report, with the engine's kernels and the greedy equality
                                    they give ("kernels": bitwise or near-ties, from engine/config.json)
+                                   and its provenance (recipe, target, engine fingerprint, server, date)
+    <output_dir>/report.stale.json the previous report, moved aside when the engine is rebuilt
+                                   (``specbuild build``) or verified again (``specbuild recipe``)
 """
 
 from __future__ import annotations
@@ -426,7 +429,7 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
 
     summary = RunSummary(paths=paths)
     timed = lambda stage: _timed(summary, stage, status)  # noqa: E731
-    paths.report.unlink(missing_ok=True)  # a report always belongs to the run that wrote it
+    retire_report(paths)  # a report always belongs to the run that wrote it
     if loaded.recipe.build.backend != "reference":
         build = build_recipe(loaded, paths, rebuild=rebuild, stage=timed, log=log, status=status)
         summary.engine_rebuilt = build.engine_rebuilt
@@ -436,11 +439,31 @@ def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, 
         summary.engine_rebuilt = served.engine_rebuilt
         s = served.server
         log(f"tritonserver on {served.loaded.recipe.serve.host}: http {s.http_port}, grpc {s.grpc_port}, metrics {s.metrics_port}")
+        served_url, served_decoupled = served.url(loaded.recipe.verify.protocol), served.decoupled
         with timed("verify"):
             summary.report = _verify(served, progress=progress)
-    summary.report = dataclasses.replace(summary.report, kernels=read_kernel_guarantee(paths.engine_dir))
+    from specbuild.client.verify import provenance
+
+    v, target = loaded.recipe.verify, loaded.recipe.target
+    summary.report = dataclasses.replace(summary.report, kernels=read_kernel_guarantee(paths.engine_dir), provenance=provenance(
+        url=served_url, protocol=v.protocol, streaming=served_decoupled, prompts=v.prompts, recipe=loaded.recipe.name,
+        target=target.checkpoint, dtype=target.dtype, repo_dir=paths.repo_dir))
     summary.report.write(paths.report)
     return summary
+
+
+STALE_REPORT = "report.stale.json"
+
+
+def retire_report(paths: RunPaths) -> Path | None:
+    """Move ``report.json`` aside to ``report.stale.json`` (replacing an older one) before its engine is
+    rebuilt or verified again, so no report describes an engine other than the one beside it; the old
+    one stays readable under a name that says so. Returns the new path, or None when there was none."""
+    if not paths.report.is_file():
+        return None
+    stale = paths.report.with_name(STALE_REPORT)
+    paths.report.replace(stale)
+    return stale
 
 
 def _verify(served, *, progress):

@@ -479,3 +479,28 @@ def test_bench_table_fits_80_columns_with_every_name_whole():
     wide = Console(width=200, record=True)
     wide.print(points_table(result.points, width=wide.width))
     assert "TTFT p50" in wide.export_text()  # a wide terminal keeps every column
+
+
+def test_the_baseline_is_split_around_the_speculative_points_at_the_same_cost():
+    from specbuild.client.bench.run import measurement_order
+
+    order = measurement_order([0, 2, 4], 8, 1)
+    assert order == [(0, 4, 0), (2, 8, 0), (4, 8, 0), (0, 4, 4)]  # halves before and after, prompts continued
+    assert sum(n for k, n, _ in order if k == 0) == 8  # the same requests as one run: the same time
+    # a half of 4 requests cannot keep C=4 busy: the whole baseline goes in the middle instead
+    assert measurement_order([0, 2, 4], 4, 4) == [(2, 4, 0), (0, 4, 0), (4, 4, 0)]
+    assert measurement_order([0, 2, 4], 8, 1, repeat=1)[1:3] == [(4, 8, 0), (2, 8, 0)]  # ABBA over repeats
+    assert measurement_order([0], 8, 1) == [(0, 8, 0)]
+
+
+def test_a_busy_machine_is_warned_about_once():
+    from specbuild.client.bench.report import busy_machine
+    from specbuild.client.bench.run import LoadWatch
+
+    said, loads = [], iter([1.0, 3.5, 5.0])
+    watch = LoadWatch(said.append, read=lambda: (next(loads), 0, 0), cpus=2)
+    for _ in range(3):
+        watch.check()
+    assert len(said) == 1 and "3.5 on 2 CPUs" in said[0] and watch.highest == 5.0
+    assert "busy" in busy_machine({"cpu": {"logical_cores": 2, "load_average_1_5_15": [1, 1, 1], "load_average_1_5_15_at_end": [2.6, 1, 1]}})
+    assert busy_machine({"cpu": {"logical_cores": 4, "load_average_1_5_15": [1, 1, 1]}}) is None

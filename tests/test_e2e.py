@@ -170,6 +170,11 @@ def test_recipe_command_runs_the_main_job(tiny_checkpoint, tmp_path):
     assert "LOSSLESS: 3/3 prompts token-identical" in proc.stdout and "speed-up" in proc.stdout
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["summary"]["num_match"] == 3
+    made = report["provenance"]  # what was verified: recipe, engine, server, when (issue 36)
+    repo_meta = json.loads((tmp_path / "out" / "triton_repo" / "specbuild-repo.json").read_text())
+    assert made["recipe"] == repo_meta["recipe"] and made["engine_fingerprint"] == repo_meta["engine_fingerprint"] != ""
+    assert made["target_checkpoint"] and made["dtype"] == "float32" and made["protocol"] in ("grpc", "http")
+    assert made["server_url"] and made["date_utc"].endswith("Z")
     # which kernels ran and what equality they give, as the engine's config.json records them
     engine_config = json.loads((tmp_path / "out" / "engine" / "config.json").read_text())
     assert report["kernels"] == engine_config["specbuild"]["kernel_guarantee"]

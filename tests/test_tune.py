@@ -342,3 +342,94 @@ def test_tune_tables_fit_80_columns_and_never_cut_a_name():
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "…" not in text and "smollm2-lookahead-long" in text and "draft_len_schedule" in text
+
+
+# --- a disturbed baseline (issue 36) -----------------------------------------------------------------------
+
+
+def disturbed_sweep():
+    """k=0 measured on a slow machine at C=1: k=4's speed-up 3.12 at 1.41 tokens per step, k=2 plausible."""
+    return [point(0, 1, tpot_ms=31.2), point(2, 1, tokens_per_step=1.3, tpot_ms=25.0, accepted_per_step=0.3),
+            point(4, 1, tokens_per_step=1.41, tpot_ms=10.0, accepted_per_step=0.41),
+            point(0, 2, tpot_ms=20.0), point(2, 2, tokens_per_step=1.3, tpot_ms=18.0, accepted_per_step=0.3),
+            point(4, 2, tokens_per_step=1.41, tpot_ms=17.0, accepted_per_step=0.41)]
+
+
+def test_a_speedup_above_its_tokens_per_step_flags_the_point_and_is_not_recommended():
+    from specbuild.client.bench.stats import exceeds_speedup_bound
+
+    assert exceeds_speedup_bound(3.12, 1.41) and not exceeds_speedup_bound(1.45, 1.41) and not exceeds_speedup_bound(None, 1.0)
+    report = tune(disturbed_sweep())
+    assert [(c.draft_len, c.concurrency) for c in report.disturbed] == [(4, 1)]
+    assert report.recommendations["s"].draft_len != 4  # the fastest-looking point is the disturbed one
+    assert any("baseline disturbed" in w for w in report.warnings)
+    assert report.to_json()["baseline_disturbed"][0]["draft_len"] == 4
+    assert all(s.best.get(1) != 4 for s in report.schedules)
+    row = next(r for r in report.analytic if (r.draft_len, r.concurrency) == (4, 1))
+    from specbuild.client.tune.report import _speedup_text
+
+    assert row.baseline_disturbed and "(disturbed)" in _speedup_text(row)
+
+
+def test_write_recipe_refuses_a_schedule_with_a_disturbed_baseline_unless_forced(tmp_path):
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+    from specbuild.client.bench import PointResult, SweepPlan, SweepResult, summarize_point
+    from specbuild.client.bench.run import RequestRecord, flag_disturbed_baseline
+
+    def bench_point(k, c, latency_s, accepted):
+        # 4 requests of 20 tokens; accepted drafts per request fix tokens per step
+        records = [RequestRecord(f"p{i}", latency_s, 20, accepted, 4 * k, None) for i in range(4)]
+        s = summarize_point(records, wall_s=4 * latency_s, draft_len=k, max_tokens=20)
+        return PointResult(deployment="smollm2-ngram", method="ngram", prompt_set="humaneval:4", draft_len=k, concurrency=c, **s)
+
+    points = []
+    for c in (1, 2):
+        level = [bench_point(0, c, 3.0 if c == 1 else 1.0, 0), bench_point(2, c, 0.9, 4), bench_point(4, c, 0.8, 6)]
+        flag_disturbed_baseline(level)
+        points += level
+    assert [p.draft_len for p in points if p.baseline_disturbed] == [2, 4]  # at C=1 only: 3.0 s vs 0.9 s at ~1.3 tok/step
+    assert all("rerun with --repeats 3" in n for p in points if p.baseline_disturbed for n in p.notes if "disturbed" in n)
+    plan = SweepPlan(draft_lengths=(0, 2, 4), concurrencies=(1, 2), prompt_sets=("humaneval:4",))
+    json_path, csv_path = SweepResult(plan, [], points).write(tmp_path / "bench")
+    assert "baseline_disturbed" in csv_path.read_text().splitlines()[0]
+    runner = CliRunner()
+    out = tmp_path / "tuned.yaml"
+    args = ["tune", "--from", str(json_path), "--results-dir", str(tmp_path / "tune"), "--write-recipe", str(out)]
+    refused = runner.invoke(main, args)
+    assert refused.exit_code == 2 and "--repeats 3" in refused.output and "--force" in refused.output, refused.output
+    assert not out.exists()
+    forced = runner.invoke(main, args + ["--force"])
+    said = " ".join(forced.output.split())  # rich wraps at 80 columns
+    assert "going on: --force" in said and "disturbed" in said  # then the usual answer: here no schedule to write
+
+
+def test_schedule_table_at_80_columns_keeps_names_and_schedules_whole_and_notes_below(tmp_path):
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+    from specbuild.client.bench import PointResult, SweepPlan, SweepResult, summarize_point
+    from specbuild.client.bench.run import RequestRecord
+
+    def bench_point(deployment, prompt_set, k, c, latency_s, accepted):
+        records = [RequestRecord(f"p{i}", latency_s + 0.01 * i, 20, accepted, 4 * k, None) for i in range(4)]
+        s = summarize_point(records, wall_s=4 * latency_s, draft_len=k, max_tokens=20)
+        return PointResult(deployment=deployment, method="ngram", prompt_set=prompt_set, draft_len=k, concurrency=c, **s)
+
+    points = []
+    for prompt_set in ("humaneval:4", "summarize:4"):
+        for c in (1, 2):  # the lookahead deployment speculates at every level; plain ngram never pays
+            points += [bench_point("smollm2-lookahead-long", prompt_set, k, c, t, a) for k, t, a in ((0, 1.0, 0), (2, 0.7, 6), (4, 0.8, 8))]
+            points += [bench_point("smollm2-ngram-plain", prompt_set, k, c, t, a) for k, t, a in ((0, 1.0, 0), (2, 1.2, 1), (4, 1.3, 1))]
+    plan = SweepPlan(draft_lengths=(0, 2, 4), concurrencies=(1, 2), prompt_sets=("humaneval:4", "summarize:4"))
+    json_path, _ = SweepResult(plan, [], points).write(tmp_path / "bench")
+    result = CliRunner().invoke(main, ["tune", "--from", str(json_path), "--results-dir", str(tmp_path / "tune")],
+                                env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    table = result.output[result.output.index("Draft-length schedule"):result.output.index("The schedule in each engine")]
+    assert max(len(line) for line in table.splitlines()) <= 80 and "…" not in table
+    for word in ("smollm2-lookahead-long", "smollm2-ngram-plain", "humaneval:4", "summarize:4", "draft_len_schedule",
+                 "max_concurrency", "1: 2, 2: 2", "always on", "always off"):
+        assert word in table, word
+    assert "note 1: smollm2-ngram-plain" in table  # why there is no schedule: below the table, not in a column

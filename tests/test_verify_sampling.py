@@ -9,6 +9,8 @@ test-only model of tests/fault_injection.py.
 
 from __future__ import annotations
 
+import json
+
 import math
 import shutil
 from pathlib import Path
@@ -173,3 +175,42 @@ def test_sampling_check_passes_a_correct_deployment_and_fails_a_wrong_rule(draft
         assert WARNING in log  # the fault really was active on the server
         assert not report.passed, f"{fault} passed: {describe_sampling_report(report)}"
         assert report.p_value < SETTINGS.alpha
+
+
+def test_a_sampling_check_without_drafts_is_not_exercised_and_exits_nonzero(monkeypatch, tmp_path):
+    """Both arms plain (no draft proposed): whatever the p-value, nothing was tested (issue 36)."""
+    from click.testing import CliRunner
+
+    import specbuild.client.sampling as sampling_module
+    import specbuild.client.sdk as sdk
+    from specbuild.cli import main
+    from specbuild.client.sampling import PromptSampling, SamplingReport, SamplingSettings, homogeneity_test
+
+    samples = [[1, 2]] * 20 + [[1, 3]] * 20
+    test = homogeneity_test([tuple(s) for s in samples], [tuple(s) for s in samples], name="prefix[:2]")
+    settings = SamplingSettings(num_samples=40, positions=2, temperature=0.8)
+    report = SamplingReport(settings, [PromptSampling("p", [test], samples, samples, total_draft_tokens=0)])
+    assert report.passed and not report.exercised  # the test "passes": it compared plain sampling with itself
+    said = describe_sampling_report(report)
+    assert said.startswith("NOT EXERCISED: no draft tokens were proposed") and "--positions" in said
+
+    class Server:  # the deployment answers; verify_sampling's result is the report above
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def wait_ready(self, timeout_s):
+            return None
+
+    monkeypatch.setattr(sdk, "SpecClient", Server)
+    monkeypatch.setattr(sampling_module, "verify_sampling", lambda *a, **k: report)
+    result = CliRunner().invoke(main, ["verify", "--sampling", "--samples", "40", "--sampling-prompts", "1", "--positions", "2",
+                                       "--temperature", "0.8", "--report", str(tmp_path / "report.json")])
+    assert result.exit_code == 1, result.output  # exit_codes.FAILED: not a pass
+    assert "NOT EXERCISED" in result.output and "EQUIVALENT" not in result.output
+    assert json.loads((tmp_path / "report.json").read_text())["summary"]["exercised"] is False

@@ -93,6 +93,9 @@ class PointResult:
     # OpenAI targets: the server's own speculation figures over the point (openai_client.acceptance_over)
     server_acceptance: dict | None = None
     acceptance_source: str | None = None  # where the requests' draft counts came from: perf_metrics / derived / none
+    # the speed-up over k = 0 at this level exceeds tokens_per_step (stats.exceeds_speedup_bound): the baseline
+    # was measured on a slower machine; tune does not recommend from it
+    baseline_disturbed: bool = False
 
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:

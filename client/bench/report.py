@@ -28,6 +28,7 @@ CSV_COLUMNS = (
     "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "tpot_ms", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99",
     "tokens_per_step", "acceptance_rate", "accepted_per_step", "drafts_per_step", "step_ms",
     "per_position_acceptance", "acceptance_length_histogram", "ids_match_baseline", "small_sample", "unstable",
+    "baseline_disturbed",
 )
 CSV_INTERVALS = ("total_tok_s", "request_throughput", "latency_ms_p50", "latency_ms_p99", "ttft_ms_p50", "tpot_ms",
                  "tokens_per_step", "acceptance_rate")
@@ -153,7 +154,8 @@ def points_table(points: Sequence[PointResult], *, width: int | None = None):
         return compact_points_table(points)
     from rich.table import Table
 
-    table = Table(title="specbuild bench (flags: F = fewer than 20 requests, U = repeats disagree)", show_lines=False)
+    table = Table(title="specbuild bench (flags: F = fewer than 20 requests, U = repeats disagree, D = baseline disturbed)",
+                  show_lines=False)
     goodput = any(p.goodput is not None for p in points)
     names = ["deployment", "prompts", "load", "k", "p50 ms", "p99 ms", "TTFT p50", "ITL p50", "TPOT ms", "tok/s", "req/s"]
     names += (["goodput"] if goodput else []) + ["tok/step", "acc", "lossless", "checks", "flags"]
@@ -172,7 +174,7 @@ def points_table(points: Sequence[PointResult], *, width: int | None = None):
             "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}",
             "-" if p.ids_match_baseline is None else f"{100 * p.ids_match_baseline:.0f}%",
             ("ok" if not p.problems else f"[red]{len(p.problems)} problems[/red]") + ("" if p.counters_checked else " (no counters)"),
-            ("F" if p.small_sample else "") + ("U" if p.unstable else ""),
+            _flags(p),
         ]
         table.add_row(*row)
     return table
@@ -185,7 +187,7 @@ def compact_points_table(points: Sequence[PointResult]):
     from rich import box
     from rich.table import Table
 
-    table = Table(title="specbuild bench (k: num_draft_tokens; F: < 20 requests, U: repeats disagree)",
+    table = Table(title="specbuild bench (k: num_draft_tokens; F: < 20 requests, U: repeats disagree, D: baseline disturbed)",
                   caption="every column: bench.csv, bench.json, or a terminal 150 columns wide", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, collapse_padding=True)
     for name in ("deployment", "prompts", "load", "k", "p50 ms", "tok/s", "tok/step", "acc", "checks"):
@@ -194,11 +196,16 @@ def compact_points_table(points: Sequence[PointResult]):
         check = "ok" if not p.problems else f"[red]{len(p.problems)} problems[/red]"
         if p.ids_match_baseline is not None and p.ids_match_baseline < 1:
             check += f" [red]{100 * p.ids_match_baseline:.0f}% = k=0[/red]"
-        flags = ("F" if p.small_sample else "") + ("U" if p.unstable else "")
+        flags = _flags(p)
         table.add_row(p.deployment, p.prompt_set, load_label(p), str(p.draft_len), f"{p.latency_ms_p50:.0f}", f"{p.total_tok_s:.1f}",
                       f"{p.tokens_per_step:.2f}", "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}",
                       check + (f" {flags}" if flags else ""))
     return table
+
+
+def _flags(p: PointResult) -> str:
+    """F (few requests), U (repeats disagree), D (baseline disturbed: speed-up above its tokens/step)."""
+    return ("F" if p.small_sample else "") + ("U" if p.unstable else "") + ("D" if p.baseline_disturbed else "")
 
 
 def notes(result: SweepResult) -> list[str]:
@@ -219,7 +226,29 @@ def notes(result: SweepResult) -> list[str]:
     if sources:
         lines.append("Acceptance counts from: " + ", ".join(f"{d} {s or 'none'}" for d, s in sorted(sources, key=str))
                      + " (perf_metrics: the engine's counters; derived: from decoding iterations, PyTorch path on TensorRT-LLM 1.2.1)")
+    disturbed = [p for p in result.points if p.baseline_disturbed]
+    if disturbed:
+        from .stats import DISTURBED
+
+        where = ", ".join(f"{p.deployment} {p.prompt_set} {load_label(p)} k={p.draft_len}" for p in disturbed)
+        lines.append(f"{DISTURBED} at {where} (flag D): the machine changed speed during the sweep; "
+                     "do not tune from these points: rerun with --repeats 3 (on a quieter machine)")
+    load = busy_machine(result.environment)
+    if load:
+        lines.append(load)
     problems = [q for p in result.points for q in p.problems]
     if problems:
         lines.append(f"{len(problems)} cross-check problems, first: {problems[0]}")
     return lines
+
+
+def busy_machine(environment: dict | None) -> str | None:
+    """A note when the 1-minute load average, at the start or the end of the sweep (bench.json's
+    environment block), exceeded the CPU count: timings then include waiting for a CPU."""
+    cpu = (environment or {}).get("cpu") or {}
+    cores = cpu.get("logical_cores")
+    loads = [v[0] for v in (cpu.get("load_average_1_5_15"), cpu.get("load_average_1_5_15_at_end")) if v]
+    if not cores or not loads or max(loads) <= cores:
+        return None
+    return (f"the machine was busy: 1-minute load average up to {max(loads):.1f} on {cores} CPUs; timings include "
+            "waiting for a CPU (compare points of one run only, with --repeats)")

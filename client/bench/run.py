@@ -23,6 +23,7 @@ from ..environment import environment
 from .checks import counter_problems, read_counters_or_none
 from .plan import BenchError, Deployment, Load, SweepPlan, is_url, openai_deployments, sweep_size, url_deployments
 from .points import PointResult, summarize_point
+from .stats import disturbed_note, exceeds_speedup_bound
 from .report import SweepResult, notes, point_line, points_table, request_row
 
 
@@ -280,14 +281,42 @@ def run_sweep(
     start = time.perf_counter()
     points: list[PointResult] = []
     rows: list[dict] = []
+    watch = LoadWatch(log)
+    watch.check()
     for deployment in deployments:
-        points += _sweep_deployment(deployment, plan, rows, timeout_s=timeout_s, wait_s=wait_s, progress=progress, log=log)
+        points += _sweep_deployment(deployment, plan, rows, timeout_s=timeout_s, wait_s=wait_s, progress=progress,
+                                    log=log, watch=watch)
     env["cpu"]["load_average_1_5_15_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    env["cpu"]["load_average_1_max_during"] = watch.highest
     return SweepResult(plan, list(deployments), points, started_at, time.perf_counter() - start, requests=rows,
                        environment=env)
 
 
-def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict], *, timeout_s, wait_s=30.0, progress, log) -> list[PointResult]:
+class LoadWatch:
+    """Warns once, through ``log``, when the machine's 1-minute load average exceeds its CPU count
+    during a sweep (timings then include waiting for a CPU); :meth:`check` after each point.
+    ``highest``: the highest load average seen (None where the OS has no load average)."""
+
+    def __init__(self, log: Callable[[str], None], *, read=None, cpus: int | None = None):
+        self.log = log
+        self.read = read or (os.getloadavg if hasattr(os, "getloadavg") else None)
+        self.cpus = cpus or os.cpu_count() or 1
+        self.highest: float | None = None
+        self.warned = False
+
+    def check(self) -> None:
+        if self.read is None:
+            return
+        load = float(self.read()[0])
+        self.highest = load if self.highest is None else max(self.highest, load)
+        if load > self.cpus and not self.warned:
+            self.warned = True
+            self.log(f"warning: the machine is busy: 1-minute load average {load:.1f} on {self.cpus} CPUs; timings "
+                     "include waiting for a CPU and may drift (use --repeats 3; bench.json records the load)")
+
+
+def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict], *, timeout_s, wait_s=30.0, progress, log,
+                      watch: LoadWatch | None = None) -> list[PointResult]:
     synthetic = any(s.startswith("synthetic") for s in plan.prompt_sets)
     tokenizer = _tokenizer(deployment) if plan.chat_template != "never" or synthetic else None
     clients = _Clients(deployment, timeout_s)
@@ -305,28 +334,64 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict],
                 for point in _measure_load(deployment, plan, clients, prompts, source, load, baseline, rows, progress):
                     points.append(point)
                     log(point_line(point))
+                if watch is not None:
+                    watch.check()
     finally:
         clients.close()
     return points
 
 
+def measurement_order(ks: Sequence[int], num_requests: int, concurrency: int, *, open_loop: bool = False,
+                      repeat: int = 0) -> list[tuple[int, int, int]]:
+    """The runs of one load level and repeat, in the order they are sent: ``(k, requests, first prompt)``.
+
+    The k = 0 baseline is split into two halves, one before and one after the k > 0 points, so a
+    machine that speeds up or slows down during the level weighs on the baseline as on the average
+    k > 0 point (a baseline measured first takes all the drift: a speed-up above its tokens/step bound
+    follows). The halves send the same requests as one run would (the second half continues the
+    prompts where the first stopped), so the run time stays the same. Where a half could not keep the
+    level full (closed loop: fewer requests than ``concurrency``; open loop: fewer than 2), the
+    baseline is sent whole in the middle of the k > 0 points instead, again at the same cost. Odd
+    repeats send the k > 0 points in reverse order (ABBA over repeats).
+
+    Example: ks [0, 2, 4], 8 requests at C=1 -> [(0, 4, 0), (2, 8, 0), (4, 8, 0), (0, 4, 4)];
+    4 requests at C=4 -> [(2, 4, 0), (0, 4, 0), (4, 4, 0)].
+    """
+    others = [k for k in ks if k != 0]
+    if repeat % 2:
+        others.reverse()
+    if 0 not in ks or not others:
+        return [(k, num_requests, 0) for k in ks]
+    first = (num_requests + 1) // 2
+    second = num_requests - first
+    fills = second >= (2 if open_loop else max(1, concurrency))
+    if fills:
+        return [(0, first, 0)] + [(k, num_requests, 0) for k in others] + [(0, second, first)]
+    middle = len(others) // 2
+    return [(k, num_requests, 0) for k in others[:middle]] + [(0, num_requests, 0)] + [(k, num_requests, 0) for k in others[middle:]]
+
+
 def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseline, rows, progress) -> list[PointResult]:
-    """Every draft length at one load level, ``plan.repeats`` times interleaved; one point per k."""
+    """Every draft length at one load level, ``plan.repeats`` times; one point per k. The order of the
+    runs in each repeat: :func:`measurement_order` (the baseline around the k > 0 points)."""
     ks = plan.draft_lengths_for(deployment)
     server = {k: [] for k in ks}  # OpenAI targets: (before, after) /metrics readings per repeat
     runs: dict[int, list[tuple[list[RequestRecord], float]]] = {k: [] for k in ks}
     checks: dict[int, list[str]] = {k: [] for k in ks}
     checked: dict[int, bool] = {k: True for k in ks}
+    num_requests = plan.num_requests(len(prompts), load.concurrency)
     for repeat in range(plan.repeats):
-        for k in ks:
+        parts: dict[int, list[tuple[list[RequestRecord], float]]] = {k: [] for k in ks}
+        order = measurement_order(ks, num_requests, load.concurrency, open_loop=load.request_rate is not None, repeat=repeat)
+        for part, (k, count, offset) in enumerate(order):
             label = f"{deployment.name} {source} {load.label} k={k}" + (f" #{repeat + 1}" if plan.repeats > 1 else "")
             before = read_counters_or_none(deployment.metrics_url)
             server_before = _server_acceptance(deployment)
             records, wall_s = run_point(
-                clients, prompts, concurrency=load.concurrency,
-                num_requests=plan.num_requests(len(prompts), load.concurrency), max_tokens=plan.max_tokens,
+                clients, prompts[offset % len(prompts):] + prompts[:offset % len(prompts)], concurrency=load.concurrency,
+                num_requests=count, max_tokens=plan.max_tokens,
                 end_id=plan.end_id, fields=deployment.request_fields(k), on_done=lambda label=label: progress(label, 1),
-                request_rate=load.request_rate, burstiness=plan.burstiness, seed=plan.seed + repeat,
+                request_rate=load.request_rate, burstiness=plan.burstiness, seed=plan.seed + repeat + 1000 * part,
             )
             after = read_counters_or_none(deployment.metrics_url) if before is not None else None
             if deployment.protocol == "openai":
@@ -335,11 +400,33 @@ def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseli
                 checked[k] = False
             else:
                 checks[k] += counter_problems(before, after, records)
-            runs[k].append(([dataclasses.replace(r, repeat=repeat) for r in records], wall_s))
+            parts[k].append((records, wall_s))
+        for k in ks:  # a split baseline: one run of its two halves, the second's send times after the first's
+            records, wall = [], 0.0
+            for part_records, part_wall in parts[k]:
+                records += [dataclasses.replace(r, repeat=repeat, start_s=r.start_s + wall) for r in part_records]
+                wall += part_wall
+            runs[k].append((records, wall))
     points = [_make_point(deployment, plan, source, load, k, runs[k], checks[k], checked[k], baseline, rows) for k in ks]
+    flag_disturbed_baseline(points)
     for point in points:
         point.server_acceptance = _sum_over_repeats(server[point.draft_len])
     return points
+
+
+def flag_disturbed_baseline(points: Sequence[PointResult]) -> None:
+    """Mark each k > 0 point whose measured speed-up over the k = 0 point of its level (time per output
+    token at k = 0 / at k) exceeds its tokens per step by more than
+    :data:`~specbuild.client.bench.stats.DISTURBED_MARGIN`: a speculative step costs at least one target
+    pass, so tokens per step bounds the speed-up; past it the baseline was measured on a slower
+    machine than the point (``baseline_disturbed``, with a note). Points of one load level."""
+    base = next((p for p in points if p.draft_len == 0), None)
+    if base is None:
+        return
+    for p in points:
+        if p.draft_len and p.tpot_ms > 0 and exceeds_speedup_bound(base.tpot_ms / p.tpot_ms, p.tokens_per_step):
+            p.baseline_disturbed = True
+            p.notes.append(disturbed_note(base.tpot_ms / p.tpot_ms, p.tokens_per_step))
 
 
 def _server_acceptance(deployment: Deployment):

@@ -116,6 +116,26 @@ def meets_slo(*, ttft_ms: float | None, tpot_ms: float, e2el_ms: float, slo: dic
     return all(checks[key] <= bound for key, bound in slo.items())
 
 
+DISTURBED_MARGIN = 0.05  # a speed-up more than 5 % above its tokens/step bound marks the baseline disturbed
+DISTURBED = "baseline disturbed: measured speed-up above its upper bound (tokens/step)"
+
+
+def exceeds_speedup_bound(speedup: float | None, tokens_per_step: float | None, margin: float = DISTURBED_MARGIN) -> bool:
+    """Whether a measured speed-up over plain decoding exceeds ``tokens_per_step`` by more than ``margin``
+    (0.05 = 5 %). Tokens per step bounds the speed-up: a speculative step emits that many tokens on
+    average and costs at least one plain step (Leviathan et al. 2023, speed-up = E[tokens/step] /
+    (k c + 1) with c >= 0). Beyond the bound the timing is wrong, most often a baseline measured
+    while the machine was slower. Example: speed-up 3.12 at 1.41 tokens/step -> True; 1.45 -> False.
+    False when either figure is missing."""
+    return speedup is not None and tokens_per_step is not None and speedup > (1.0 + margin) * tokens_per_step
+
+
+def disturbed_note(speedup: float, tokens_per_step: float) -> str:
+    """The note of a point flagged by :func:`exceeds_speedup_bound`, with what to do."""
+    return (f"{DISTURBED}: {speedup:.2f}x at {tokens_per_step:.2f} tokens/step; the k=0 baseline ran on a slower "
+            "machine than this point: do not tune from it; rerun with --repeats 3 on a quieter machine")
+
+
 def clamp_probability(p: float, what: str) -> tuple[float, str | None]:
     """``p`` clamped to [0, 1], with the reason when it had to be (else None).
 

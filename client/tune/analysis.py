@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from specbuild.builder.draft_len_schedule import schedule_from_measurements
 
-from ..bench.stats import overlaps
+from ..bench.stats import DISTURBED, overlaps
 from .analytic import (
     AnalyticRow,
     analytic_comparison,
@@ -48,6 +48,8 @@ class Candidate:
         latency_ci, throughput_ci: 95 % bootstrap intervals ``[low, high]`` from the bench point;
             ``None`` when not measured (one repeat for throughput, too few requests).
         small_sample: the point had too few requests for its percentiles to mean much.
+        disturbed: its speed-up over k = 0 exceeds its tokens per step (bench's ``baseline_disturbed``,
+            or the same test on the analytic table): not recommended, not in a schedule.
     """
 
     deployment: str
@@ -61,6 +63,7 @@ class Candidate:
     latency_ci: list[float] | None = None
     throughput_ci: list[float] | None = None
     small_sample: bool = False
+    disturbed: bool = False
 
     @property
     def load(self) -> str:
@@ -87,7 +90,7 @@ def candidates(points: Iterable, latency: str = "p50") -> list[Candidate]:
         out.append(
             Candidate(d["deployment"], d["method"], d["prompt_set"], d["draft_len"], d["concurrency"], d[key], d["total_tok_s"],
                       request_rate=d.get("request_rate"), latency_ci=ci.get(key), throughput_ci=ci.get("total_tok_s"),
-                      small_sample=bool(d.get("small_sample")))
+                      small_sample=bool(d.get("small_sample")), disturbed=bool(d.get("baseline_disturbed")))
         )
     return out
 
@@ -257,6 +260,8 @@ class TuneReport:
     # prompt set -> candidates the recommendation cannot be told from (overlapping 95 % intervals)
     ties: dict[str, list[Candidate]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # unreliable estimates, small samples, unstable points
+    # points whose speed-up exceeds their tokens per step (baseline disturbed): never recommended or scheduled
+    disturbed: list[Candidate] = field(default_factory=list)
     open_loop: list[AnalyticRow] = field(default_factory=list)  # speed-ups of open-loop points by rate
     engine_schedules: list = field(default_factory=list)  # schedules.EngineSchedules per schedule: TensorRT-LLM, vLLM, SGLang
 
@@ -266,6 +271,7 @@ class TuneReport:
             "goal": self.goal,
             "not_significantly_different": {s: [asdict(c) for c in t] for s, t in self.ties.items()},
             "warnings": self.warnings,
+            "baseline_disturbed": [asdict(c) for c in self.disturbed],
             "open_loop_speedups": [asdict(r) for r in self.open_loop],
             "schedule_min_gain": self.min_gain,
             "frontiers": {s: [asdict(c) for c in f] for s, f in self.frontiers.items()},
@@ -311,14 +317,23 @@ def tune(
     if not cands:
         raise TuneError("no bench points to tune on")
     analytic = analytic_comparison(points)  # closed-loop speed-ups with their paired intervals
+    flagged = {(r.deployment, r.prompt_set, r.draft_len, r.concurrency, r.request_rate)
+               for r in analytic + open_loop_speedups(points) if r.baseline_disturbed}
+    cands = [replace(c, disturbed=True) if (c.deployment, c.prompt_set, c.draft_len, c.concurrency, c.request_rate) in flagged
+             else c for c in cands]
+    trusted = [c for c in cands if not c.disturbed]  # recommendations and schedules come from these only
     if goal == "latency" and concurrency is None:
         concurrency = min(c.concurrency for c in cands)
     by_set: dict[str, list[Candidate]] = defaultdict(list)
     for c in cands:
         by_set[c.prompt_set].append(c)
     recommendations, errors = {}, {}
-    for prompt_set, group in by_set.items():
+    for prompt_set, everything in by_set.items():
+        group = [c for c in everything if not c.disturbed]
         try:
+            if not group:
+                raise TuneError(f"every point of {prompt_set} has its baseline disturbed (speed-up above tokens/step): "
+                                "rerun with --repeats 3 on a quieter machine")
             recommendations[prompt_set] = (
                 recommend_lowest_latency(group, concurrency)
                 if goal == "latency"
@@ -332,7 +347,7 @@ def tune(
         if goal == "latency"
         else f"highest throughput with {latency} latency <= {max_latency_ms:g} ms"
     )
-    schedules = draft_len_schedule(cands, min_gain=min_gain, speedup_ci={
+    schedules = draft_len_schedule(trusted, min_gain=min_gain, speedup_ci={
         (r.deployment, r.prompt_set, r.draft_len, r.concurrency): r.speedup_ci for r in analytic if r.speedup_ci
     })
     methods = {c.deployment: c.method for c in cands}
@@ -349,9 +364,19 @@ def tune(
         measured_per_position=measured_per_position(points),
         min_gain=min_gain,
         ties={s: t for s, t in ties.items() if t},
-        warnings=per_position_warnings(points) + point_warnings(points),
+        warnings=per_position_warnings(points) + point_warnings(points) + [
+            f"{c.label}: {DISTURBED} (from the speed-up table); not recommended"
+            for c in cands if c.disturbed and not _bench_flagged(points, c)],
+        disturbed=[c for c in cands if c.disturbed],
         open_loop=open_loop_speedups(points),
     )
+
+
+def _bench_flagged(points: Iterable, c: Candidate) -> bool:
+    """Whether bench already flagged (and noted) ``c``'s point."""
+    return any((d := p if isinstance(p, dict) else asdict(p)).get("baseline_disturbed")
+               and (d["deployment"], d["prompt_set"], d["draft_len"], d["concurrency"], d.get("request_rate"))
+               == (c.deployment, c.prompt_set, c.draft_len, c.concurrency, c.request_rate) for p in points)
 
 
 def point_warnings(points: Iterable) -> list[str]:

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from ..bench.stats import clamp_probability, ratio_ci
+from ..bench.stats import clamp_probability, exceeds_speedup_bound, ratio_ci
 
 
 def expected_tokens_per_step(a: float, k: int) -> float:
@@ -90,6 +90,13 @@ class AnalyticRow:
     expected_speedup: float
     speedup_ci: list[float] | None = None  # 95 % bootstrap, per-request TPOT of both points resampled
     request_rate: float | None = None  # open-loop points: the rate (concurrency is then the cap)
+
+    @property
+    def baseline_disturbed(self) -> bool:
+        """The measured speed-up exceeds the measured tokens per step, its upper bound, by more than
+        5 % (:func:`~specbuild.client.bench.stats.exceeds_speedup_bound`): the k = 0 point ran on a
+        slower machine than this one."""
+        return exceeds_speedup_bound(self.speedup, self.tokens_per_step)
 
     @property
     def closeness(self) -> float:

@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..bench.stats import DISTURBED
 from .analysis import TuneReport, tune
 from .analytic import AnalyticRow
 from .plots import plot_frontier, plot_speedup
@@ -51,14 +52,7 @@ def report_tables(report: TuneReport, *, width: int | None = None) -> list:
     for prompt_set, error in sorted(report.errors.items()):
         t.add_row(prompt_set, f"[red]{error}[/red]", *[""] * (len(columns) - 2))
     out.append(t)
-    t = _table(f"Draft-length schedule by concurrency (TensorRT-LLM draft_len_schedule / max_concurrency; "
-               f"k > 0 only when >= {100 * report.min_gain:.0f}% faster than k=0 and, with intervals, significantly)",
-               ("deployment", "prompts", "best k per C", "draft_len_schedule", "max_concurrency"),
-               left=("deployment", "prompts", "best k per C", "draft_len_schedule", "max_concurrency"))
-    for s in report.schedules:
-        mc = "always on" if s.max_concurrency is None else ("always off" if s.max_concurrency == 0 else str(s.max_concurrency))
-        t.add_row(s.deployment, s.prompt_set, _fmt_map(s.best), _fmt_map(s.draft_len_schedule) or f"- ({s.note})", mc)
-    out.append(t)
+    out += schedule_tables(report)
     if report.engine_schedules:
         out.append(engine_schedule_table(report.engine_schedules))
     out.append(_analytic_table(report.analytic, narrow=narrow))
@@ -70,6 +64,34 @@ def report_tables(report: TuneReport, *, width: int | None = None) -> list:
                       f"{r.tokens_per_step:.2f}", _speedup_text(r))
         out.append(t)
     out.append(per_position_table(report))
+    return out
+
+
+def schedule_tables(report: TuneReport) -> list:
+    """The draft-length schedule by concurrency, then why a deployment has none, below the table: the
+    deployment, best k and schedule columns never wrap or shrink (a user copies them into a recipe),
+    and a long note cannot take their width."""
+    from rich.text import Text
+
+    sets = sorted({s.prompt_set for s in report.schedules})
+    one_set = len(sets) == 1  # in the title; several: under each deployment's name, so no name is ever cut
+    columns = ("deployment" if len(sets) < 2 else "deployment\nprompts", "best k\nby C", "draft_len_schedule", "max_concurrency")
+    t = _table(f"Draft-length schedule by concurrency (TensorRT-LLM draft_len_schedule / max_concurrency; "
+               f"k > 0 only when >= {100 * report.min_gain:.0f}% faster than k=0 and, with intervals, significantly)"
+               + (f"; {sets[0]}" if one_set else ""), (), left=columns)
+    for name in columns:
+        t.add_column(name, justify="left", no_wrap=True, min_width=max(len(line) for line in name.split("\n")))
+    notes = []
+    for s in report.schedules:
+        mc = "always on" if s.max_concurrency is None else ("always off" if s.max_concurrency == 0 else str(s.max_concurrency))
+        schedule = _fmt_map(s.draft_len_schedule)
+        if not schedule:
+            notes.append(f"{s.deployment} {s.prompt_set}: no draft_len_schedule: {s.note or 'speculation off'}")
+            schedule = f"- (note {len(notes)})"
+        t.add_row(s.deployment if len(sets) < 2 else f"{s.deployment}\n{s.prompt_set}", _fmt_map(s.best), schedule, mc)
+    out = [t]
+    if notes:
+        out.append(Text("\n".join(f"note {i}: {n}" for i, n in enumerate(notes, start=1))))
     return out
 
 
@@ -101,6 +123,8 @@ def _not_significant(r: AnalyticRow) -> bool:
 
 def _speedup_text(r: AnalyticRow) -> str:
     text = _with_ci(r.speedup, r.speedup_ci, "{:.2f}")
+    if r.baseline_disturbed:
+        return text + " (disturbed)"
     return text + " (n.s.)" if _not_significant(r) else text
 
 
@@ -169,6 +193,9 @@ def run_tune(points: Sequence, out_dir: str | Path, *, console, **goal) -> TuneR
     report.plots = [str(plot_frontier(points, report, out / "frontier.png")), str(plot_speedup(points, report, out / "speedup.png"))]
     for table in report_tables(report, width=console.width):
         console.print(table)
+    if report.disturbed:
+        console.print(f"(disturbed): {DISTURBED} -- the k=0 baseline ran on a slower machine; such points are neither "
+                      "recommended nor scheduled, and --write-recipe refuses them: rerun with --repeats 3", highlight=False)
     if any(_not_significant(r) for r in report.analytic + report.open_loop):  # the legend of a mark shown
         console.print("(n.s.): the speed-up's 95% interval contains 1.0 -- not significantly different from speculation off")
     for prompt_set, ties in sorted(report.ties.items()):

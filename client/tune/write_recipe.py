@@ -81,6 +81,23 @@ def _absolute_paths(value, base: Path):
     return value
 
 
+def refuse_disturbed(report) -> None:
+    """Raise when a point of the sweep had its baseline disturbed (its speed-up above its tokens per
+    step, :attr:`~.analysis.TuneReport.disturbed`): the k = 0 points were measured on a slower machine
+    than the others, so every comparison of that sweep is suspect and a schedule from it may switch
+    speculation on where it does not pay. ``specbuild tune --force`` writes it anyway.
+
+    Raises:
+        WriteRecipeError: naming the points and the fix (``--repeats 3``).
+    """
+    bad = list(getattr(report, "disturbed", []))
+    if bad:
+        raise WriteRecipeError(
+            f"--write-recipe: not writing a recipe from a sweep whose baseline was disturbed "
+            f"({', '.join(f'{c.label} {c.prompt_set}' for c in bad)}: speed-up above tokens/step, the k=0 points ran on a "
+            "slower machine); rerun with --repeats 3 on a quieter machine, or pass --force to write it anyway")
+
+
 def pick_schedule(report) -> tuple[Schedule, EngineSchedules | None]:
     """The schedule to deploy from a :class:`~.analysis.TuneReport`: that of the recommended deployment
     and prompt set (the first prompt set when there are several), else the only schedule there is.
