@@ -379,7 +379,7 @@ class Frontend:
         try:
             return fn()
         except RequestError as exc:
-            if not exc.invalid_argument:
+            if not (exc.invalid_argument or _refused_as_bad_input(exc)):
                 raise FrontendError(str(exc), status=500, kind="server_error") from None
             message = server_message(exc.server_message or str(exc))
             raise FrontendError(message, param=field_named(message, request)) from None
@@ -414,6 +414,17 @@ _INTERNAL_PREFIX = re.compile(r"^(?:in ensemble '[^']*', )?(?:[A-Za-z_.]*(?:Erro
 _FIELD_OF = {"max_tokens": "max_tokens", "num_draft_tokens": "num_draft_tokens", "temperature": "temperature",
              "top_k": "top_k", "top_p": "top_p", "seed": "seed", "end_id": "ignore_eos", "input_ids": "prompt",
              "text_input": "prompt", "request_output_len": "max_tokens"}
+
+
+# The Python-backend models report a bad request (a ValueError) as "ValueError: ..." /
+# "InvalidRequestError: ..." (triton_repo/models/common.run_each, reference_engine.execute); an error
+# response on a gRPC stream carries no status code, so the name is what tells it from a server failure.
+_BAD_INPUT = re.compile(r"^(?:in ensemble '[^']*', )?(?:InvalidRequestError|ValueError): ")
+
+
+def _refused_as_bad_input(exc) -> bool:
+    """A streamed error response (no status) whose message names a bad-input exception."""
+    return exc.status is None and bool(_BAD_INPUT.match((exc.server_message or "").strip()))
 
 
 def server_message(message: str) -> str:
