@@ -146,6 +146,33 @@ def test_values_the_tensors_cannot_carry_are_refused_by_name(deployment, body, n
     assert error["type"] == "invalid_request_error" and f"{name}=" in error["message"] and "does not fit" in error["message"]
 
 
+def test_a_deployment_refusal_names_the_field_without_the_transport_chain(deployment):
+    _, front, _ = deployment
+    for route, body, param in [
+        ("/completions", {"prompt": "hi", "max_tokens": 4, "num_draft_tokens": 99}, "num_draft_tokens"),
+        ("/completions", {"prompt": "hi", "max_tokens": 100000}, "max_tokens"),
+        ("/completions", {"prompt": "hi", "max_tokens": 4, "num_draft_tokens": 99, "stream": True}, "num_draft_tokens"),
+    ]:
+        response = _post(front.url + route, body)
+        if body.get("stream"):  # refused after the stream began: an error event (docs/openai.md)
+            error = _events(response)[-1]["error"]
+            assert error["code"] == 400
+        else:
+            assert response.status_code == 400, response.text
+            error = strict_loads(response.text)["error"]
+        assert error["param"] == param and error["message"].startswith(("num_draft_tokens=99", "len(input_ids) + max_tokens"))
+        assert "ensemble" not in error["message"] and "grpc" not in error["message"] and "Error:" not in error["message"]
+
+
+def test_a_token_id_prompt_answers_as_its_text(deployment):
+    _, front, _ = deployment
+    text = {"prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    by_text = strict_loads(_post(front.url + "/completions", text).text)["choices"][0]
+    ids = by_text["prompt_token_ids"]
+    by_ids = strict_loads(_post(front.url + "/completions", {**text, "prompt": ids}).text)["choices"][0]
+    assert by_ids["prompt_token_ids"] == ids and by_ids["token_ids"] == by_text["token_ids"] and by_ids["text"] == by_text["text"]
+
+
 def test_logprobs_refusal_says_what_is_supported(deployment):
     _, front, _ = deployment
     response = _post(front.url + "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True})

@@ -11,13 +11,14 @@ sits in front of an in-process server::
     GET  /health                 200 when the Triton model is ready, else 503
     GET  /metrics                Prometheus text: ``specbuild_*`` counters summed over the responses
 
-Request fields (OpenAI's): ``model``, ``prompt`` (a string, or a list of one string) or ``messages``,
+Request fields (OpenAI's): ``model``, ``prompt`` (a string, a list of one string, or token ids) or ``messages``,
 ``max_tokens`` (chat also ``max_completion_tokens``; default 16), ``temperature`` (default 1.0, OpenAI's;
-0 = greedy), ``top_p``, ``seed``, ``stream``, ``stream_options.include_usage``, ``n`` (1 only), ``stop``
-(a string or a list: the text is cut before the first one, ``finish_reason: "stop"``; see
-:mod:`specbuild.triton_repo.openai_stop`). Not supported, answered with 400 rather than ignored:
-``n > 1``, ``logprobs`` / ``top_logprobs`` (the deployment returns no log probabilities), ``echo``,
-``best_of``, tools. Extension fields, named as vLLM names them where vLLM has one:
+0 = greedy), ``top_p``, ``seed``, ``stream``, ``stream_options.include_usage``, ``stop`` (a string or a
+list: the text is cut before the first one, ``finish_reason: "stop"``; see
+:mod:`specbuild.triton_repo.openai_stop`). Every other field, OpenAI's or vLLM's, is in the table of
+:mod:`specbuild.triton_repo.openai_fields`: accepted when it cannot change the output or is sent at its
+neutral value (``frequency_penalty: 0``), else refused with a 400 naming it; unknown fields are refused.
+Extension fields, named as vLLM names them where vLLM has one:
 
 - ``top_k`` (int, 0 or -1 = off), ``ignore_eos`` (bool: generate ``max_tokens`` tokens; Triton's
   ``end_id = -1``) -- vLLM's sampling extensions;
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -62,6 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from specbuild.interface import SPEC_DECODE_KEY, SpecDecodeMetrics
 from specbuild.triton_repo.openai_access import AccessGuard, FrontLimits
+from specbuild.triton_repo.openai_fields import RefusedField, Route, check_fields
 from specbuild.triton_repo.openai_stop import Piece, StopCutter, cut_whole, parse_stop
 
 # Counters on /metrics, the same names the Triton model publishes (reference_engine._Counters), so a
@@ -121,41 +124,43 @@ class _Request(BaseModel):
     seed: int | None = Field(default=None, ge=0)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    n: int = 1
+    n: int | None = 1
     ignore_eos: bool = False
     return_token_ids: bool = False
     num_draft_tokens: int | None = Field(default=None, ge=0)
-    logprobs: Any = None
     stop: Any = None
     _stop: tuple[str, ...] = PrivateAttr(default=())
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("echo", "best_of", "tools", "tool_choice", "functions", "suffix", "logit_bias")
-    NO_LOGPROBS: ClassVar[str] = (
-        "{name} is not supported: specbuild's deployments return no log probabilities (the reference engine's "
-        "interface has no output_log_probs tensor); per token this server returns the ids (return_token_ids: true). "
-        "Send {name}: null")
+    ROUTE: ClassVar[Route] = "completions"
 
     def check(self, limits: FrontLimits = FrontLimits()) -> None:
-        """Raise :class:`FrontendError` for what this front does not do (rather than ignore it) and for a
-        ``max_tokens`` over ``limits.max_tokens``."""
-        if self.n != 1:
-            raise FrontendError(f"n must be 1 (one choice per request), got {self.n}: send one request per choice", param="n")
-        top = (self.model_extra or {}).get("top_logprobs")
-        for name, value, off in (("logprobs", self.logprobs, (None, False)), ("top_logprobs", top, (None, 0))):
-            if not any(value is v or (type(value) is type(v) and value == v) for v in off):
-                raise FrontendError(self.NO_LOGPROBS.format(name=name), param=name)
+        """Raise :class:`FrontendError` (400, ``param`` the field) for a field this front would not honour
+        (:func:`~specbuild.triton_repo.openai_fields.check_fields`: unknown fields, values other than the
+        neutral ones of what the deployment cannot do), a bad ``stop``, and a ``max_tokens`` over
+        ``limits.max_tokens``."""
+        sent = {name: getattr(self, name) for name in self.model_fields_set}
+        try:
+            check_fields({**sent, **(self.model_extra or {})}, self.ROUTE)
+        except RefusedField as exc:
+            raise FrontendError(str(exc), param=exc.param) from None
         try:
             self._stop = parse_stop(self.stop)
         except ValueError as exc:
             raise FrontendError(str(exc), param="stop") from None
         wanted = _max_tokens(self)
         if limits.max_tokens is not None and wanted > limits.max_tokens:
-            name = "max_completion_tokens" if getattr(self, "max_completion_tokens", None) else "max_tokens"
+            name = self.max_tokens_param
             raise FrontendError(f"{name}={wanted} is more than this server allows ({limits.max_tokens}, "
                                 "specbuild serve --openai-max-tokens)", param=name)
-        for name in self.UNSUPPORTED:
-            if (self.model_extra or {}).get(name) not in (None, False, [], {}):
-                raise FrontendError(f"{name!r} is not supported by specbuild's OpenAI front", param=name)
+
+    @property
+    def max_tokens_param(self) -> str:
+        """The field that set the length: ``max_completion_tokens`` when a chat request sent it, else ``max_tokens``."""
+        return "max_completion_tokens" if getattr(self, "max_completion_tokens", None) else "max_tokens"
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.ROUTE == "chat" else "prompt"
 
     def sampling(self, default_num_draft_tokens: int | None = None) -> dict[str, Any]:
         """SpecClient.generate keyword arguments: greedy at temperature 0."""
@@ -177,7 +182,7 @@ class _Request(BaseModel):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str]
+    prompt: Any  # a string, [string], [int, ...] or [[int, ...]]: checked by Frontend.completion_prompt
 
 
 class ChatMessage(BaseModel):
@@ -189,6 +194,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    ROUTE: ClassVar[Route] = "chat"
 
 
 def spec_decode_fields(num_tokens: int, accepted: int | None, drafted: int | None, source: str | None = None) -> dict[str, Any]:
@@ -226,14 +233,45 @@ class Frontend:
     # --- prompt ---------------------------------------------------------------------------------
 
     def completion_prompt(self, request: CompletionRequest) -> str:
+        """The text of a completion's ``prompt``: a string, a list of one string, or token ids.
+
+        Token ids (a list of ints, or a list of one such list; vLLM's ``prompt`` forms) are decoded with
+        the deployment's tokenizer, because the ``ensemble`` takes text (``text_input``; docs/interface.md)
+        and its preprocessing model tokenizes it. They are accepted only when that text tokenizes back to
+        the same ids, so the engine sees exactly the ids sent. Raises :class:`FrontendError` (400,
+        ``param: prompt``) for a batch (several prompts), an empty prompt, ids outside the vocabulary,
+        ids that do not survive the round trip, and any other type.
+        """
         prompt = request.prompt
-        if isinstance(prompt, list):
-            if len(prompt) != 1:
-                raise FrontendError("prompt must be one string (a batch of prompts is not supported)", param="prompt")
+        if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+            raise FrontendError(f"prompt is a batch of {len(prompt)} prompts; this server takes one prompt per request: "
+                                "send one request per prompt", param="prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
-        if not prompt:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise FrontendError("prompt is empty", param="prompt")
+            return prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return self._text_of_ids(prompt)
+        if isinstance(prompt, list) and not prompt:
             raise FrontendError("prompt is empty", param="prompt")
-        return prompt
+        raise FrontendError(f"prompt must be a string, a list of one string, or token ids (a list of ints); got "
+                            f"{_shown(prompt)}", param="prompt")
+
+    def _text_of_ids(self, ids: list[int]) -> str:
+        vocab = len(self.tokenizer)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise FrontendError(f"prompt token ids {bad[:5]} are outside this tokenizer's vocabulary [0, {vocab})", param="prompt")
+        text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        again = self.prompt_token_ids(text)
+        if again != ids:
+            raise FrontendError(
+                f"prompt token ids {_shown(ids)} cannot be sent as they are: this deployment takes text (text_input), "
+                f"and they decode to {_shown(text)}, which its tokenizer splits as {_shown(again)}; send that text, "
+                "or the ids it splits into", param="prompt")
+        return text
 
     def chat_prompt(self, request: ChatCompletionRequest) -> str:
         if not getattr(self.tokenizer, "chat_template", None):
@@ -277,7 +315,8 @@ class Frontend:
 
     def generate(self, text: str, request: _Request, max_tokens: int):
         """One non-streamed generation (blocking; FastAPI runs it in its thread pool)."""
-        result = self._guard(lambda: self.client.generate(text, max_tokens=max_tokens, **request.sampling(self.config.num_draft_tokens)))
+        result = self._guard(lambda: self.client.generate(text, max_tokens=max_tokens, **request.sampling(self.config.num_draft_tokens)),
+                             request)
         self._count(result.num_tokens, result.total_accepted_draft_tokens, result.total_draft_tokens)
         return result
 
@@ -286,10 +325,11 @@ class Frontend:
         if not self.config.decoupled:
             yield self.generate(text, request, max_tokens)
             return
-        chunks = self._guard(lambda: self.client.generate_stream(text, max_tokens=max_tokens, **request.sampling(self.config.num_draft_tokens)))
+        chunks = self._guard(lambda: self.client.generate_stream(text, max_tokens=max_tokens, **request.sampling(self.config.num_draft_tokens)),
+                             request)
         num_tokens, last = 0, None
         try:
-            for chunk in self._guard_iter(chunks):
+            for chunk in self._guard_iter(chunks, request):
                 num_tokens += chunk.num_tokens
                 last = chunk
                 yield chunk
@@ -330,23 +370,29 @@ class Frontend:
         return True
 
     @staticmethod
-    def _guard(fn):
+    def _guard(fn, request: _Request | None = None):
+        """``fn()`` with the client's errors as :class:`FrontendError`: a request the deployment refused is a
+        400 with its user-facing message alone (:func:`server_message`) and ``param`` the request field it
+        names; a deployment that does not answer is a 503."""
         from specbuild.client.sdk import ClientError, RequestError
 
         try:
             return fn()
         except RequestError as exc:
-            raise FrontendError(str(exc), status=400 if exc.invalid_argument else 500,
-                                kind="invalid_request_error" if exc.invalid_argument else "server_error") from None
-        except (ClientError, ValueError) as exc:
-            status = 400 if isinstance(exc, ValueError) else 503
-            raise FrontendError(str(exc), status=status, kind="invalid_request_error" if status == 400 else "server_error") from None
+            if not (exc.invalid_argument or _refused_as_bad_input(exc)):
+                raise FrontendError(str(exc), status=500, kind="server_error") from None
+            message = server_message(exc.server_message or str(exc))
+            raise FrontendError(message, param=field_named(message, request)) from None
+        except ValueError as exc:
+            raise FrontendError(str(exc), param=field_named(str(exc), request)) from None
+        except ClientError as exc:
+            raise FrontendError(str(exc), status=503, kind="server_error") from None
 
     @classmethod
-    def _guard_iter(cls, chunks):
+    def _guard_iter(cls, chunks, request: _Request | None = None):
         iterator = iter(chunks)
         while True:
-            chunk = cls._guard(lambda: next(iterator, None))
+            chunk = cls._guard(lambda: next(iterator, None), request)
             if chunk is None:
                 return
             yield chunk
@@ -359,6 +405,96 @@ def _text_content(content) -> str:
     if len(parts) != len(content):
         raise FrontendError("only text content parts are supported", param="messages")
     return "".join(parts)
+
+
+# "in ensemble 'ensemble', " (Triton's ensemble scheduler) and "InvalidRequestError: " (the model's
+# exception name, triton_repo/models/common.run_each) before the engine's own message.
+_INTERNAL_PREFIX = re.compile(r"^(?:in ensemble '[^']*', )?(?:[A-Za-z_.]*(?:Error|Exception): )?")
+# The names the engine's and the ensemble's messages start with -> the OpenAI request field.
+_FIELD_OF = {"max_tokens": "max_tokens", "num_draft_tokens": "num_draft_tokens", "temperature": "temperature",
+             "top_k": "top_k", "top_p": "top_p", "seed": "seed", "end_id": "ignore_eos", "input_ids": "prompt",
+             "text_input": "prompt", "request_output_len": "max_tokens"}
+
+
+# The Python-backend models report a bad request (a ValueError) as "ValueError: ..." /
+# "InvalidRequestError: ..." (triton_repo/models/common.run_each, reference_engine.execute); an error
+# response on a gRPC stream carries no status code, so the name is what tells it from a server failure.
+_BAD_INPUT = re.compile(r"^(?:in ensemble '[^']*', )?(?:InvalidRequestError|ValueError): ")
+
+
+def _refused_as_bad_input(exc) -> bool:
+    """A streamed error response (no status) whose message names a bad-input exception."""
+    return exc.status is None and bool(_BAD_INPUT.match((exc.server_message or "").strip()))
+
+
+def server_message(message: str) -> str:
+    """The deployment's refusal without the transport chain: what the user can act on.
+
+    Example: ``"in ensemble 'ensemble', InvalidRequestError: num_draft_tokens=99 is out of range; ..."`` ->
+    ``"num_draft_tokens=99 is out of range; ..."``.
+    """
+    return _INTERNAL_PREFIX.sub("", message.strip(), count=1) or message
+
+
+def field_named(message: str, request: _Request | None) -> str | None:
+    """The request field a refusal's message is about (its first name, mapped to the OpenAI field), else None.
+
+    Examples: ``"num_draft_tokens=99 is out of range"`` -> ``num_draft_tokens``;
+    ``"len(input_ids) + max_tokens = 3 + 900 = 903 exceeds max_seq_len=512"`` -> ``max_tokens``
+    (``max_completion_tokens`` when the chat request sent that); ``"input_ids has 900 tokens"`` -> ``prompt``
+    (``messages`` on chat).
+    """
+    text = message.removeprefix("len(input_ids) + ")
+    match = re.match(r"([a-z_]+)", text)
+    field = _FIELD_OF.get(match.group(1)) if match else None
+    if field is None or request is None:
+        return field
+    if field == "prompt":
+        return request.prompt_param
+    if field == "max_tokens":
+        return request.max_tokens_param
+    return field
+
+
+def validation_message(errors: list[dict[str, Any]], body: Any) -> tuple[str, str | None]:
+    """``(message, param)`` for FastAPI's request validation errors.
+
+    A body that is not JSON -> "request body is not valid JSON: Expecting value at line 1 column 12"
+    with ``param`` None. A field of the wrong type -> "max_tokens=0: Input should be greater than or
+    equal to 1", ``param`` the field's path (``messages.0.role``) without pydantic's union-member tags.
+    """
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error") or "JSON decode error"
+        where = _line_column(body, first.get("loc", ("body", None))[-1])
+        return f"request body is not valid JSON: {reason}{where}", None
+    if first.get("loc", ())[:1] == ("body",) and len(first.get("loc", ())) == 1:
+        return f"request body must be a JSON object: {first.get('msg', 'invalid request')}", None
+    path = [str(p) for p in first.get("loc", ())[1:] if isinstance(p, int) or not _is_union_tag(str(p))]
+    param = ".".join(path) or None
+    shown = f"{param}={_shown(first['input'])}" if param and "input" in first and first["type"] != "missing" else param
+    return f"{shown}: {first.get('msg', 'invalid request')}", param
+
+
+def _is_union_tag(part: str) -> bool:
+    """pydantic's location step naming a union member (``str``, ``list[dict[str,any]]``, ``function-after[...]``)."""
+    return part in ("str", "int", "float", "bool", "none") or "[" in part
+
+
+def _line_column(body: Any, position: Any) -> str:
+    if not isinstance(position, int):
+        return ""
+    text = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else body if isinstance(body, str) else None
+    if text is None:
+        return f" (character {position})"
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    return f" at line {line} column {column}"
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _max_tokens(request: _Request) -> int:
@@ -394,9 +530,8 @@ def create_app(config: FrontendConfig, *, restarts: Callable[[], int] | None = N
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return _error(JSONResponse, f"{param}: {first.get('msg', 'invalid request')}", 400, "invalid_request_error", param)
+        message, param = validation_message(exc.errors(), getattr(exc, "body", None))
+        return _error(JSONResponse, message, 400, "invalid_request_error", param)
 
     @app.get("/health")
     async def health():
@@ -415,7 +550,7 @@ def create_app(config: FrontendConfig, *, restarts: Callable[[], int] | None = N
     async def completions(request: CompletionRequest):
         request.check(config.limits)
         front.check_model(request)
-        text = front.completion_prompt(request)
+        text = await run_in_threadpool(front.completion_prompt, request)
         return await _answer(request, text, kind="text_completion")
 
     @app.post("/v1/chat/completions")
