@@ -139,6 +139,17 @@ def test_check_fields_direct():
         check_fields({"frequency_penalty": False}, "completions")
 
 
+def test_min_tokens_passes_only_where_ignore_eos_already_fixes_the_length():
+    """AIPerf users fix the output length with min_tokens = max_tokens and ignore_eos: that asks for nothing more."""
+    check_fields({"max_tokens": 64, "min_tokens": 64, "ignore_eos": True}, "completions")
+    check_fields({"max_completion_tokens": 32, "min_tokens": 8, "ignore_eos": True}, "chat")
+    for body in ({"max_tokens": 64, "min_tokens": 64}, {"max_tokens": 8, "min_tokens": 64, "ignore_eos": True},
+                 {"max_tokens": 64, "min_tokens": 8, "ignore_eos": False}):
+        with pytest.raises(RefusedField, match="min_tokens=") as info:
+            check_fields(body, "completions")
+        assert info.value.param == "min_tokens"
+
+
 def test_docs_table_is_the_codes():
     text = (ROOT / "docs" / "openai.md").read_text()
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()

@@ -104,7 +104,8 @@ FIELDS: tuple[RequestField, ...] = (
     RequestField("repetition_penalty", _N, NO_PENALTY, (None, 1)),
     RequestField("length_penalty", _N, "no beam search", (None, 1)),
     RequestField("min_p", _N, "the engine samples with top_k and top_p only", (None, 0)),
-    RequestField("min_tokens", _N, "the engine has no minimum length (send ignore_eos: true for exactly max_tokens)", (None, 0)),
+    RequestField("min_tokens", _N, "the engine has no minimum length; accepted at any value <= max_tokens with ignore_eos: true "
+                 "(then every answer is exactly max_tokens long)", (None, 0)),
     RequestField("logit_bias", _N, "the engine takes no logit bias", (None, {})),
     RequestField("allowed_token_ids", _N, "the engine takes no token restriction", (None,)),
     RequestField("bad_words", _N, "the engine takes no banned words", (None, [])),
@@ -179,6 +180,8 @@ def check_fields(body: dict[str, Any], route: Route) -> None:
         rule = BY_NAME.get(name)
         if rule is None or route not in rule.routes:
             raise RefusedField(_unknown(name, route, rule), param=name)
+        if name == "min_tokens" and _min_tokens_met(body):
+            continue
         if not rule.allows(value):
             raise RefusedField(f"{name}={_show(value)} is not supported: {rule.note}; send {name} "
                                f"{_alternatives(rule.accepted)}, or leave it out", param=name)
@@ -195,6 +198,16 @@ def check_fields(body: dict[str, Any], route: Route) -> None:
             if accepted is not None and not any(_same(value, ok) for ok in accepted):
                 raise RefusedField(f"stream_options.{key}={_show(value)} is not supported (usage is sent once, at the "
                                    f"end); send {_alternatives(accepted)}", param="stream_options")
+
+
+def _min_tokens_met(body: dict[str, Any]) -> bool:
+    """``min_tokens`` asks for nothing more when ``ignore_eos`` makes every answer exactly ``max_tokens`` long
+    and ``min_tokens <= max_tokens``: how benchmark clients fix the output length (NVIDIA AIPerf's and
+    GenAI-Perf's ``--extra-inputs min_tokens:N --extra-inputs ignore_eos:true``)."""
+    limit = body.get("max_completion_tokens", body.get("max_tokens", 16))
+    value = body.get("min_tokens")
+    return (body.get("ignore_eos") is True and all(isinstance(v, int) and not isinstance(v, bool) for v in (value, limit))
+            and 0 <= value <= limit)
 
 
 def _unknown(name: str, route: Route, rule: RequestField | None) -> str:
