@@ -504,3 +504,19 @@ def test_a_busy_machine_is_warned_about_once():
     assert len(said) == 1 and "3.5 on 2 CPUs" in said[0] and watch.highest == 5.0
     assert "busy" in busy_machine({"cpu": {"logical_cores": 2, "load_average_1_5_15": [1, 1, 1], "load_average_1_5_15_at_end": [2.6, 1, 1]}})
     assert busy_machine({"cpu": {"logical_cores": 4, "load_average_1_5_15": [1, 1, 1]}}) is None
+
+
+def test_a_squeezed_wide_table_keeps_which_point_a_row_is():
+    """Between the compact layout and the full width, rich shrinks columns: the ones naming the point
+    (deployment, prompts, load, k) must stay whole (a 160-column log once printed the k column empty)."""
+    from rich.console import Console
+
+    from specbuild.client.bench import load_result, points_table
+
+    result = load_result(Path(__file__).parents[1] / "docs/results/2026-12-05-sa/bench.json")
+    console = Console(width=160, record=True)
+    console.print(points_table(result.points, width=console.width))
+    rows = [[c.strip() for c in line.split("│")[1:5]] for line in console.export_text().splitlines()
+            if line.startswith("│ smollm2")]
+    assert len(rows) == len(result.points)
+    assert [r for r in rows] == [[p.deployment, p.prompt_set, f"C={p.concurrency}", str(p.draft_len)] for p in result.points]

@@ -159,9 +159,13 @@ def points_table(points: Sequence[PointResult], *, width: int | None = None):
     goodput = any(p.goodput is not None for p in points)
     names = ["deployment", "prompts", "load", "k", "p50 ms", "p99 ms", "TTFT p50", "ITL p50", "TPOT ms", "tok/s", "req/s"]
     names += (["goodput"] if goodput else []) + ["tok/step", "acc", "lossless", "checks", "flags"]
+    # the columns that say which point a row is keep their full width when the table is squeezed
+    whole = {"deployment": [p.deployment for p in points], "prompts": [p.prompt_set for p in points],
+             "load": [load_label(p) for p in points], "k": [str(p.draft_len) for p in points]}
     for name in names:
         left = name in ("deployment", "prompts", "load")
-        table.add_column(name, justify="left" if left else "right", no_wrap=True)
+        min_width = max(map(len, [name, *whole[name]])) if name in whole else None
+        table.add_column(name, justify="left" if left else "right", no_wrap=True, min_width=min_width)
     ms = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     for p in points:
         row = [p.deployment, p.prompt_set, load_label(p), str(p.draft_len), f"{p.latency_ms_p50:.0f}", f"{p.latency_ms_p99:.0f}",
