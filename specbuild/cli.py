@@ -64,9 +64,28 @@ def _paths(loaded, output_dir: str | None):
     return RunPaths(Path(output_dir) if output_dir else default_output_dir(loaded))
 
 
+DEBUG = "specbuild.debug"  # click context meta key: the group's --debug
+
+
 class _Commands(click.Group):
     """A group whose command list gives each command's whole first sentence, wrapped, where click
     would cut it at the terminal's width with "..."."""
+
+    def invoke(self, ctx: click.Context):
+        """Run the command; a :class:`specbuild.deploy.StageFailure` (an unexpected error inside a build
+        stage) is printed as its one line, with the traceback first under ``--debug``."""
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            from specbuild.deploy import StageFailure
+
+            if not isinstance(exc, StageFailure):
+                raise
+            if ctx.meta.get(DEBUG):
+                import traceback
+
+                traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+            raise CommandError(str(exc), ExitCode.FAILED) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
@@ -78,7 +97,10 @@ class _Commands(click.Group):
 
 @click.group(cls=_Commands, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="specbuild")
-def main() -> None:
+@click.option("--debug", is_flag=True, envvar="SPECBUILD_DEBUG",
+              help="Print the traceback of an unexpected error inside a build stage (normally one line naming the stage and recipe field). Env: SPECBUILD_DEBUG=1.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
     """Speculative decoding from one YAML recipe to a verified Triton deployment.
 
     Exit status: 0 ok, 1 failed, 2 usage or bad input, 3 server unreachable or not ready,
@@ -90,6 +112,7 @@ def main() -> None:
       specbuild plan llama-eagle --json  # what a recipe would do, for a script
       specbuild recipes                  # the bundled recipes
     """
+    ctx.meta[DEBUG] = debug
     if not sys.stderr.isatty():  # a log: no tqdm bars (checkpoint loading) redrawn with carriage returns
         from specbuild.triton_repo.triton_install import QUIET_PROGRESS
 

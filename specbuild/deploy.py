@@ -45,6 +45,67 @@ if TYPE_CHECKING:
 Stage = Callable[[str], AbstractContextManager]
 
 
+class StageFailure(RuntimeError):
+    """An unexpected exception in a stage of :func:`build_recipe` (transformers failing to load a
+    checkpoint, a full disk), as one line: the stage, the recipe fields whose inputs it was reading
+    (file:line and value), the exception's type and first line. The original exception is
+    ``__cause__``; ``specbuild --debug`` prints its traceback. Errors the stages already word
+    (RecipeError, CheckpointError, TensorRT-LLM's StageError) pass through unchanged.
+
+    Attributes:
+        stage: the stage's name (``train``, ``build``, ``repository``).
+    """
+
+    def __init__(self, loaded: LoadedRecipe, stage: str, fields: tuple[tuple[str, ...], ...], exc: BaseException) -> None:
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:300]
+        message = f"the {stage} stage failed: {type(exc).__name__}: {first}"
+        if fields:
+            reading = "; ".join(_field_text(loaded, loc) for loc in fields)
+            message += f" (while reading {reading}). Check the files there (a whole Hugging Face checkpoint folder that transformers loads)"
+        super().__init__(message + "; `specbuild --debug COMMAND ...` prints the traceback")
+        self.stage = stage
+
+
+def _field_text(loaded: LoadedRecipe, loc: tuple[str, ...]) -> str:
+    """``r.yaml:3: target.checkpoint = ./ckpt``."""
+    value: object = loaded.recipe
+    for part in loc:
+        value = getattr(value, part, None)
+    shown = f" = {value}" if isinstance(value, (str, int, float, Path)) else ""
+    return f"{loaded.path}:{loaded.line_of(*loc)}: {'.'.join(loc)}{shown}"
+
+
+def _stage_fields(loaded: LoadedRecipe, stage: str) -> tuple[tuple[str, ...], ...]:
+    """The recipe fields whose inputs ``stage`` reads: the target checkpoint and the method's weights."""
+    if stage == "train":
+        return (("train",), ("target", "checkpoint"))
+    if stage != "build":
+        return ()
+    weights = loaded.recipe.speculation.definition.weights
+    extra = ((("speculation", weights.field),) if weights is not None and getattr(loaded.recipe.speculation, weights.field, None)
+             else ())
+    return (("target", "checkpoint"), *extra)
+
+
+@contextmanager
+def _reported(loaded: LoadedRecipe, stage: str) -> Iterator[None]:
+    """Run a stage; an exception nobody worded becomes a :class:`StageFailure`."""
+    from specbuild.builder.checkpoints import CheckpointError
+    from specbuild.prompts import PromptSourceError
+
+    worded: tuple[type[BaseException], ...] = (RecipeError, CheckpointError, PromptSourceError)
+    if loaded.recipe.build.backend != "reference":
+        from specbuild.builder.trtllm_run import StageError
+
+        worded += (StageError,)
+    try:
+        yield
+    except worded:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reworded with its stage and field; the traceback stays as __cause__
+        raise StageFailure(loaded, stage, _stage_fields(loaded, stage), exc) from exc
+
+
 def untimed(name: str) -> AbstractContextManager:
     """The default ``stage`` hook: runs the stage, records nothing."""
     return nullcontext()
@@ -158,6 +219,8 @@ def build_recipe(
     Raises:
         RecipeError: the recipe cannot run here (before any long work).
         specbuild.builder.trtllm_run.StageError: a TensorRT-LLM step failed; its log file is named.
+        StageFailure: any other exception in the train, build or repository stage, reworded as one
+            line naming the stage and the recipe fields it was reading (the original is ``__cause__``).
     """
     serve = loaded.recipe.serve
     decoupled = serve.decoupled if decoupled is None else decoupled
@@ -166,21 +229,21 @@ def build_recipe(
     if train and draft_from_train_stage(loaded):
         from specbuild.train.stage import train_draft
 
-        with stage("train"):
+        with stage("train"), _reported(loaded, "train"):
             train_draft(loaded, log=log, show_progress=False)
     if loaded.recipe.build.backend != "reference":
         from specbuild.pipeline import run_trtllm_build
 
-        with stage("build"):
+        with stage("build"), _reported(loaded, "build"):
             result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=status, log=log)
         return Build(loaded, paths, checked.prompts, bool(result.record.ran), decoupled, result.repo_dir, trtllm=result)
     from specbuild.builder.reference import build_reference_engine
     from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 
-    with stage("build"):
+    with stage("build"), _reported(loaded, "build"):
         engine = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log, inputs=checked.reference)
     repo_dir = repository_dir(paths, decoupled=decoupled, recipe_decoupled=serve.decoupled)
-    with stage("repository"):
+    with stage("repository"), _reported(loaded, "repository"):
         spec = spec_from_engine_dir(paths.engine_dir, instance_count=serve.instance_count, decoupled=decoupled,
                                     stream_interval=serve.stream_interval)
         write_reference_repository(spec, repo_dir)

