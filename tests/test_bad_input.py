@@ -519,6 +519,18 @@ def test_recipes_table_prints_every_name_whole_and_fits_the_terminal(columns, tm
     assert "SmolLM2-135M-Instruct + n-gram speculation on the CPU reference engine" in wide
 
 
+@pytest.mark.parametrize("args", [[], ["--wide"]])
+def test_recipes_into_a_pipe_has_no_padded_lines(monkeypatch, args):
+    """issue 36: `specbuild recipes | cat` printed 160-column lines padded with trailing spaces."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = CliRunner().invoke(main, ["recipes", *args])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines and lines[0].split()[:2] == ["recipe", "method"]
+    assert [line for line in lines if line != line.rstrip()] == []
+    assert "SmolLM2-135M-Instruct + n-gram speculation" in result.output  # a pipe gets the descriptions
+
+
 def test_plan_does_not_call_an_untrained_head_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path))
     monkeypatch.setenv("HOME", str(tmp_path))  # the recipe's eagle_model is under ~: no head trained on this machine counts
