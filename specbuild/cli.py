@@ -941,7 +941,7 @@ def _sweep_options(f):
         click.option("--openai-chat", is_flag=True, help="OpenAI targets: send prompts to /chat/completions."),
         click.option("--openai-max-draft-len", "openai_draft_len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the max_draft_len the server was deployed with (a label) [0]."),
         click.option("--openai-draft-len", "openai_draft_len_old", type=click.IntRange(min=0), default=None, hidden=True),
-        click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Recipe targets: the folder their deployment folders go in, as DIR/NAME, or one recipe's deployment folder (specbuild recipe -o DIR), reused as it is [./specbuild-out]."),
+        click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Recipe targets: the folder their deployment folders go in, as DIR/NAME, or one recipe's deployment folder (specbuild recipe -o DIR), reused as it is (its engine; streamed runs serve a triton_repo_decoupled/ beside its triton_repo/, which is left alone) [./specbuild-out]."),
         click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
         click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for each server to be ready (seconds)."),
         click.option("--streaming/--no-streaming", "stream", default=None, help="Stream every request: measures TTFT, inter-token latency and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served; OpenAI: on]"),
