@@ -164,6 +164,69 @@ def _locate_hub(spec: str, revision: str | None, cache: Path | None) -> Checkpoi
     return CheckpointSource(spec=spec, kind="hub", path=Path(config).parent)
 
 
+# What transformers' from_pretrained reads, by file name (transformers/utils/__init__.py's
+# SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME). The .bin files are
+# PyTorch pickles: transformers 5 reads them with torch.load(weights_only=True), which refuses
+# anything but tensors, so they fall under the project's rule (never unpickle an untrusted file).
+SAFE_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+PICKLED_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+# What AutoTokenizer can build a tokenizer from: a fast tokenizer's tokenizer.json, a SentencePiece
+# model (Llama, T5, Gemma), byte-level BPE's vocab.json + merges.txt (GPT-2), WordPiece's vocab.txt,
+# or a tiktoken file.
+TOKENIZER_FILE_SETS = (("tokenizer.json",), ("tokenizer.model",), ("spiece.model",), ("sentencepiece.bpe.model",),
+                       ("vocab.json", "merges.txt"), ("vocab.txt",), ("tokenizer.tiktoken",))
+
+
+def missing_checkpoint_files(path: Path, *, tokenizer: bool = True) -> list[str]:
+    """What a Hugging Face checkpoint directory lacks for ``from_pretrained`` (milliseconds, no
+    torch, nothing opened but names): [] when complete. Each entry names the missing part and the
+    file names that would do, e.g. ``"weights (model.safetensors, ...)"``.
+
+    Args:
+        tokenizer: also require tokenizer files (a target's; a draft shares the target's tokenizer).
+    """
+    names = {p.name for p in path.iterdir()} if path.is_dir() else set()
+    missing = []
+    if "config.json" not in names:
+        missing.append("config.json")
+    if tokenizer and not any(all(n in names for n in files) for files in TOKENIZER_FILE_SETS) and not _remote_tokenizer(path):
+        missing.append("tokenizer files (tokenizer.json, or tokenizer.model, or vocab.json + merges.txt, or vocab.txt)")
+    if not names.intersection(SAFE_WEIGHT_FILES + PICKLED_WEIGHT_FILES):
+        other = sorted(n for n in names if n.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")))
+        found = f"; found {', '.join(other[:3])}, which from_pretrained does not read by that name" if other else ""
+        missing.append(f"weights (model.safetensors, or sharded with model.safetensors.index.json){found}")
+    return missing
+
+
+def _remote_tokenizer(path: Path) -> bool:
+    """A tokenizer_config.json whose ``auto_map`` names a tokenizer class (trust_remote_code)."""
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "AutoTokenizer" in (config.get("auto_map") or {})
+
+
+def check_checkpoint_files(source: CheckpointSource, *, tokenizer: bool = True) -> CheckpointSource:
+    """``source`` if its directory holds what the build loads (:func:`missing_checkpoint_files`); a
+    packaged model is complete by construction.
+
+    Raises:
+        CheckpointError: naming the directory, what is missing and how to get a complete checkpoint.
+    """
+    if source.kind == "packaged":
+        return source
+    missing = missing_checkpoint_files(source.path, tokenizer=tokenizer)
+    if not missing:
+        return source
+    fetch = f"hf download {source.spec}" if source.kind == "hub" else "hf download ORG/NAME --local-dir DIR"
+    saved = "model.save_pretrained(DIR) and tokenizer.save_pretrained(DIR)" if tokenizer else "model.save_pretrained(DIR)"
+    raise CheckpointError(
+        f"checkpoint {source.spec!r}: {source.path} is incomplete: no {'; no '.join(missing)}. Point it at a whole "
+        f"Hugging Face checkpoint folder (`{fetch}`, or {saved})"
+    )
+
+
 def materialize_checkpoint(source: CheckpointSource, *, log=print) -> Path:
     """A plain HF checkpoint directory (config.json, safetensors, tokenizer) for ``source``.
 

@@ -687,7 +687,8 @@ def _method_of(err: dict[str, Any]) -> str:
 
 def recipe_warnings(loaded: LoadedRecipe) -> list[str]:
     """Settings that are valid but risky, one ``file:line: field: what and what to do`` each:
-    a server bound beyond this machine (no authentication), and ``trust_remote_code``."""
+    a server bound beyond this machine (no authentication), ``trust_remote_code``, and a reduced
+    ``target.dtype`` on the reference backend's CPU (greedy equality then holds up to logit near-ties)."""
     r = loaded.recipe
     warnings = []
     if not is_loopback(r.serve.host):
@@ -704,5 +705,13 @@ def recipe_warnings(loaded: LoadedRecipe) -> list[str]:
             loaded.path, loaded.line_of("target", "trust_remote_code"), ("target", "trust_remote_code"),
             f"true runs Python code shipped with the target checkpoint{also} on this machine, with your permissions; "
             "keep it only for checkpoints whose code you trust",
+        ))
+    if r.build.backend == "reference" and r.build.device == "cpu" and r.target.dtype != "float32":
+        # engine/guarantee.py: the bitwise kernels (build.kernels: rowgemm) are float32-only
+        warnings.append(_format_error(
+            loaded.path, loaded.line_of("target", "dtype"), ("target", "dtype"),
+            f"{r.target.dtype} on the CPU runs PyTorch's kernels, not specbuild's float32 ones, so greedy speculative output "
+            "equals plain decoding only up to logit near-ties (a near-tie may pick the other token; `verify` reports the "
+            "logit margin at any divergence); float32, the default on CPU, keeps it exact",
         ))
     return warnings

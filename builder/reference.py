@@ -69,16 +69,19 @@ class EngineBuild:
 
 
 def locate_target(loaded: LoadedRecipe) -> CheckpointSource:
-    """The recipe's target checkpoint, located without loading it.
+    """The recipe's target checkpoint, located without loading it, holding a config, tokenizer files
+    and weights (:func:`~specbuild.builder.checkpoints.check_checkpoint_files`).
 
     Raises:
-        RecipeError: the checkpoint is missing (message has the recipe file, line and fix).
+        RecipeError: the checkpoint is missing or incomplete (message has the recipe file, line, what
+            is missing and the fix).
     """
-    from specbuild.builder.checkpoints import CheckpointError
+    from specbuild.builder.checkpoints import CheckpointError, check_checkpoint_files
 
     target = loaded.recipe.target
     try:
-        return locate_checkpoint(target.checkpoint, base_dir=loaded.path.parent, revision=target.revision)
+        source = locate_checkpoint(target.checkpoint, base_dir=loaded.path.parent, revision=target.revision)
+        return check_checkpoint_files(source)  # config, tokenizer and weights: not a traceback at the build
     except CheckpointError as exc:
         raise loaded.error(("target", "checkpoint"), str(exc)) from None
 

@@ -65,9 +65,28 @@ def _paths(loaded, output_dir: str | None):
     return RunPaths(Path(output_dir) if output_dir else default_output_dir(loaded))
 
 
+DEBUG = "specbuild.debug"  # click context meta key: the group's --debug
+
+
 class _Commands(click.Group):
     """A group whose command list gives each command's whole first sentence, wrapped, where click
     would cut it at the terminal's width with "..."."""
+
+    def invoke(self, ctx: click.Context):
+        """Run the command; a :class:`specbuild.deploy.StageFailure` (an unexpected error inside a build
+        stage) is printed as its one line, with the traceback first under ``--debug``."""
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            from specbuild.deploy import StageFailure
+
+            if not isinstance(exc, StageFailure):
+                raise
+            if ctx.meta.get(DEBUG):
+                import traceback
+
+                traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+            raise CommandError(str(exc), ExitCode.FAILED) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
@@ -79,7 +98,10 @@ class _Commands(click.Group):
 
 @click.group(cls=_Commands, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="specbuild")
-def main() -> None:
+@click.option("--debug", is_flag=True, envvar="SPECBUILD_DEBUG",
+              help="Print the traceback of an unexpected error inside a build stage (normally one line naming the stage and recipe field). Env: SPECBUILD_DEBUG=1.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
     """Speculative decoding from one YAML recipe to a verified Triton deployment.
 
     Exit status: 0 ok, 1 failed, 2 usage or bad input, 3 server unreachable or not ready,
@@ -91,6 +113,7 @@ def main() -> None:
       specbuild plan llama-eagle --json  # what a recipe would do, for a script
       specbuild recipes                  # the bundled recipes
     """
+    ctx.meta[DEBUG] = debug
     if not sys.stderr.isatty():  # a log: no tqdm bars (checkpoint loading) redrawn with carriage returns
         from specbuild.triton_repo.triton_install import QUIET_PROGRESS
 
@@ -954,7 +977,7 @@ def _sweep_options(f):
         click.option("--openai-chat", is_flag=True, help="OpenAI targets: send prompts to /chat/completions."),
         click.option("--openai-max-draft-len", "openai_draft_len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the max_draft_len the server was deployed with (a label) [0]."),
         click.option("--openai-draft-len", "openai_draft_len_old", type=click.IntRange(min=0), default=None, hidden=True),
-        click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Recipe targets: the folder their deployment folders go in, as DIR/NAME, or one recipe's deployment folder (specbuild recipe -o DIR), reused as it is [./specbuild-out]."),
+        click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Recipe targets: the folder their deployment folders go in, as DIR/NAME, or one recipe's deployment folder (specbuild recipe -o DIR), reused as it is (its engine; streamed runs serve a triton_repo_decoupled/ beside its triton_repo/, which is left alone) [./specbuild-out]."),
         click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
         click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for each server to be ready (seconds)."),
         click.option("--streaming/--no-streaming", "stream", default=None, help="Stream every request: measures TTFT, inter-token latency and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served; OpenAI: on]"),

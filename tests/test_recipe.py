@@ -198,3 +198,14 @@ def test_cache_placeholder_in_any_recipe_path(tmp_path, monkeypatch):
     monkeypatch.delenv("SPECBUILD_CACHE")
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     assert expand_cache_path("$SPECBUILD_CACHE/trained/x") == str(Path.home() / ".cache" / "specbuild" / "trained" / "x")
+
+
+def test_training_docs_state_the_same_duration_as_the_estimate():
+    """issue 36: docs/training.md said "about an hour" for smollm2-eagle while `recipes` / `plan` estimated ~30 min."""
+    from specbuild.train.stage import training_estimate
+
+    estimate = training_estimate(load_recipe("smollm2-eagle"))
+    line = next(line for line in (Path(__file__).parents[1] / "docs" / "training.md").read_text().splitlines()
+                if line.startswith("specbuild train-draft smollm2-eagle"))
+    assert f"~{round(estimate.total_s / 60)} min on a 2-core CPU" in line, line
+    assert f"{round(estimate.train_s / 60)} min training + {round(estimate.data_s / 60)} min making the data" in line, line

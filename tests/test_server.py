@@ -346,3 +346,17 @@ def test_missing_server_on_an_unsupported_platform_says_why_pip_cannot_help(monk
     monkeypatch.setattr(platform, "machine", lambda: "arm64")
     with pytest.raises(ServerNotFoundError, match="this is Darwin on arm64; tritonserver from PyPI"):
         triton_install.find_tritonserver()
+
+
+def test_the_tests_server_start_timeout_comes_from_the_environment(tmp_path, server_start_timeout):
+    """$SPECBUILD_TEST_SERVER_START_S (README, "Tests") sets how long the end-to-end fixtures wait for
+    tritonserver; a test's own startup_timeout_s still wins; a bad value is a usage error, not a silent 300."""
+    from conftest import server_start_timeout_s
+
+    assert TritonServer(tmp_path, http_port=0, grpc_port=0, metrics_port=0).startup_timeout_s == server_start_timeout
+    assert TritonServer(tmp_path, startup_timeout_s=0.1).startup_timeout_s == 0.1
+    assert server_start_timeout_s({"SPECBUILD_TEST_SERVER_START_S": "900"}) == 900.0
+    assert server_start_timeout_s({}) == 300.0
+    for bad in ("0", "-5", "five minutes"):
+        with pytest.raises(pytest.UsageError, match="SPECBUILD_TEST_SERVER_START_S"):
+            server_start_timeout_s({"SPECBUILD_TEST_SERVER_START_S": bad})

@@ -516,7 +516,9 @@ def serve_recipes(
     stopped on exit.
 
     ``stream``: serve decoupled (one response per decoding step, whatever the recipe's
-    ``serve.decoupled``) and stream every request, so TTFT and per-step acceptance are measured.
+    ``serve.decoupled``) and stream every request, so TTFT and per-step acceptance are measured. A
+    mode other than the recipe's is served from its own repository beside the deployment folder's
+    ``triton_repo/`` (:func:`specbuild.deploy.repository_dir`), which is left as the recipe says.
 
     Servers start one after another and all run during the sweep (a sweep measures one at a time).
     Raises ``specbuild.builder.recipe.RecipeError`` for a recipe that cannot run here.
@@ -530,6 +532,7 @@ def serve_recipes(
                 recipe, output_root=output_root, decoupled=stream, free_ports=True, log_name="tritonserver-bench.log",
                 stage=_announce_server(recipe, log), log=log,
             ))
+            log(f"{served.name}: serving {served.build.repo_dir} ({'decoupled' if served.decoupled else 'not decoupled'})")
             deployments.append(deployment_for_recipe(served, stream=stream))
         yield deployments
 

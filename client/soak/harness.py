@@ -131,7 +131,7 @@ def deployment(config: SoakConfig, log: Callable[[str], None] = print) -> Iterat
     ports = _free_ports(4, free_port)
     serve_log = config.results_dir / "serve.log"
     serve_log.parent.mkdir(parents=True, exist_ok=True)
-    command = [*_specbuild_command(), "serve", str(build.paths.repo_dir), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+    command = [*_specbuild_command(), "serve", str(build.repo_dir), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
                "--metrics-port", str(ports[2]), "--openai-port", str(ports[3]), "--restart", "on-failure", "--max-restarts", "20",
                "--log-file", str(config.results_dir / "tritonserver.log")]
     log("serving: " + " ".join(command))

@@ -61,12 +61,14 @@ def locate_draft(loaded: LoadedRecipe) -> CheckpointSource:
     target), located without loading it; relative paths are relative to the recipe.
 
     Raises:
-        RecipeError: the draft is missing (located at ``speculation.draft_checkpoint``).
+        RecipeError: the draft is missing, or has no config.json or weights (located at
+            ``speculation.draft_checkpoint``).
     """
-    from specbuild.builder.checkpoints import CheckpointError, locate_checkpoint
+    from specbuild.builder.checkpoints import CheckpointError, check_checkpoint_files, locate_checkpoint
 
     try:
-        return locate_checkpoint(loaded.recipe.speculation.draft_checkpoint, base_dir=loaded.path.parent)
+        source = locate_checkpoint(loaded.recipe.speculation.draft_checkpoint, base_dir=loaded.path.parent)
+        return check_checkpoint_files(source, tokenizer=False)  # the draft shares the target's tokenizer
     except CheckpointError as exc:
         raise loaded.error(("speculation", "draft_checkpoint"), str(exc)) from None
 
