@@ -217,8 +217,9 @@ def _exact_joint(model, prompt: list[int], params: SamplingParams) -> dict[tuple
 
 
 def _next_probs(model, tokens: list[int], params: SamplingParams) -> torch.Tensor:
-    cache = target_model.new_cache(model)
-    return sampling_probs(target_model.forward_logits(model, tokens, cache, num_logits=1), params)[0].double()
+    """transformers' own forward over ``tokens`` (no cache): the oracle's next-token distribution ``[vocab]``."""
+    logits = model(input_ids=torch.tensor([tokens], device=model.device)).logits[0, -1:]  # [1, vocab]
+    return sampling_probs(logits, params)[0].double()
 
 
 # --- draft checks --------------------------------------------------------------------------------
