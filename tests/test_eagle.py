@@ -147,11 +147,12 @@ def test_incremental_updates_equal_one_pass(model):
 
 def _sequential_children(model, head, state, chain: list[int], k: int) -> list[int]:
     """Top-k after drafting ``chain`` one position at a time on a copy of the cache (no tree mask)."""
-    feature, kv, length = state.last_output, state.kv, state.length
+    feature, cache, length = state.last_output, state.cache.copy(), state.length
     embed = model.get_input_embeddings()
     for i, token in enumerate(chain):
-        out, new = head(embed(torch.tensor([token])), feature[None], torch.tensor([length + i]), _causal(1, length + i), kv)
-        kv = [old.cat(n) for old, n in zip(kv, new)]
+        out, _ = head(embed(torch.tensor([token])), feature[None], torch.tensor([length + i]), _causal(1, length + i),
+                      cache.view(length + i, 1))
+        cache.commit(1)
         feature = out[0]
     return model.lm_head(feature).topk(k).indices.tolist()
 
@@ -441,10 +442,12 @@ def test_draft_nodes_see_their_ancestors_only(model):
         drafted = DraftKV(proposer, state)
         siblings = drafted.forward([11, 22], state.last_output[None].expand(2, -1), 1, [[], []], [1, 2])
         child = drafted.forward([33], siblings[:1], 2, [[1]], [3])
-        past, length = state.kv, state.length
-        first, new = head(embed(torch.tensor([11])), state.last_output[None], torch.tensor([length]), _causal(1, length), past)
+        cache, length = state.cache.copy(), state.length  # a sequential oracle on a cache of its own
+        first, _ = head(embed(torch.tensor([11])), state.last_output[None], torch.tensor([length]), _causal(1, length),
+                        cache.view(length, 1))
+        cache.commit(1)
         second, _ = head(embed(torch.tensor([33])), first, torch.tensor([length + 1]), _causal(1, length + 1),
-                         [old.cat(n) for old, n in zip(past, new)])
+                         cache.view(length + 1, 1))
     torch.testing.assert_close(siblings[:1], first)
     torch.testing.assert_close(child, second)
     assert state.length == len(PROMPTS[0])
