@@ -125,6 +125,14 @@ class KVCache(Protocol):
         """Hand ``slot`` back; its contents are overwritten by the next holder."""
         ...
 
+    @staticmethod
+    def _buffer(size: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+        """One layer's key (or value) buffer, indexed ``[slot, kv_head, position, d]`` (``size``): the one
+        place the memory layout is chosen. Any strided layout with ``d`` contiguous works unchanged (the
+        kernel follows :meth:`addressing`; ``tests/test_forward.py`` runs a token-major one); this one is
+        slot-major and contiguous. ``torch.empty``: the OS commits pages as slots are first written."""
+        return torch.empty(size, dtype=dtype, device=device)
+
     def length(self, slot: int) -> int:
         """Committed positions of ``slot``."""
         ...
@@ -173,12 +181,20 @@ class KVPool:
         self.shape, self.num_slots, self.capacity = shape, num_slots, capacity
         _check_fits(num_slots * capacity * shape.bytes_per_token(dtype), device, num_slots=num_slots, capacity=capacity)
         size = (num_slots, shape.num_kv_heads, capacity, shape.head_dim)
-        # keys[layer]: [num_slots, num_kv_heads, capacity, head_dim]; values alike
-        self.keys = [torch.empty(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
-        self.values = [torch.empty(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
+        # keys[layer]: indexed [num_slots, num_kv_heads, capacity, head_dim]; values alike
+        self.keys = [self._buffer(size, dtype, device) for _ in range(shape.num_layers)]
+        self.values = [self._buffer(size, dtype, device) for _ in range(shape.num_layers)]
         self.lengths = [0] * num_slots
         self._initialized = [0] * num_slots  # positions zeroed or written at least once, per slot
         self._free = list(range(num_slots))
+
+    @staticmethod
+    def _buffer(size: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+        """One layer's key (or value) buffer, indexed ``[slot, kv_head, position, d]`` (``size``): the one
+        place the memory layout is chosen. Any strided layout with ``d`` contiguous works unchanged (the
+        kernel follows :meth:`addressing`; ``tests/test_forward.py`` runs a token-major one); this one is
+        slot-major and contiguous. ``torch.empty``: the OS commits pages as slots are first written."""
+        return torch.empty(size, dtype=dtype, device=device)
 
     def length(self, slot: int) -> int:
         """Committed positions of ``slot``."""
@@ -207,7 +223,7 @@ class KVPool:
         return self.keys[layer], self.values[layer]
 
     def addressing(self) -> KVAddressing:
-        """The buffers' geometry and element strides (the layout is ``[num_slots, num_kv_heads, capacity, head_dim]``)."""
+        """The buffers' geometry and element strides (read from the buffers, whatever :meth:`_buffer` chose)."""
         slot_stride, head_stride, pos_stride, _ = self.keys[0].stride()
         return KVAddressing(self.num_slots, self.shape.num_kv_heads, self.capacity, self.shape.head_dim,
                             slot_stride, head_stride, pos_stride)

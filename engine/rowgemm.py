@@ -303,7 +303,8 @@ class AttentionRows:
             offsets.append(used)
             masks.append(allow.to(torch.uint8).reshape(-1))
             used += size * size
-        self.tokens, self.rows, self.cache_numel = at, len(sizes), num_slots * kv_heads * capacity * head_dim
+        self.tokens, self.rows = at, len(sizes)
+        self.cache_shape, self.cache_strides = (num_slots, kv_heads, capacity, head_dim), (*strides, 1)
         self.num_heads, self.kv_heads, self.head_dim, self.capacity = num_heads, kv_heads, head_dim, capacity
         self.width = (num_heads + 2 * kv_heads) * head_dim
         meta = torch.tensor([list(slots), list(lengths), starts, list(sizes), offsets], dtype=torch.long)
@@ -335,7 +336,8 @@ def attention(rows: AttentionRows, qkv: torch.Tensor, cos: torch.Tensor, sin: to
             applied in place).
         cos, sin: ``[N, D]`` float32 contiguous, each token's rotary table.
         cache_k, cache_v: the layer's pool buffers (:meth:`~specbuild.engine.kv_pool.KVCache.layer_buffers`),
-            float32 contiguous, addressed by the strides ``rows`` was made with.
+            float32, indexed ``[num_slots, H_kv, capacity, D]`` with the strides ``rows`` was made with (any
+            strided layout, ``D`` contiguous).
         scale: the softmax scale (``D ** -0.5`` for Llama).
 
     Returns:
@@ -346,12 +348,15 @@ def attention(rows: AttentionRows, qkv: torch.Tensor, cos: torch.Tensor, sin: to
     """
     lib = _kernel_library()
     tensors = (qkv, cos, sin, cache_k, cache_v)
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors) \
-            or qkv.shape != (rows.tokens, rows.width) or cos.shape != (rows.tokens, rows.head_dim) or sin.shape != cos.shape \
-            or cache_k.numel() != rows.cache_numel or cache_v.shape != cache_k.shape:
+    caches = (cache_k, cache_v)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors) \
+            or any(not t.is_contiguous() for t in (qkv, cos, sin)) \
+            or any(tuple(c.shape) != rows.cache_shape or tuple(c.stride()) != rows.cache_strides for c in caches) \
+            or qkv.shape != (rows.tokens, rows.width) or cos.shape != (rows.tokens, rows.head_dim) or sin.shape != cos.shape:
         raise ValueError(
             f"attention takes contiguous float32 CPU qkv [N, (H_q + 2 H_kv) D] = [{rows.tokens}, {rows.width}], "
-            f"cos/sin [N, D] = [{rows.tokens}, {rows.head_dim}] and caches of {rows.cache_numel} elements; got qkv "
+            f"cos/sin [N, D] = [{rows.tokens}, {rows.head_dim}] and caches {list(rows.cache_shape)} with strides "
+            f"{list(rows.cache_strides)}; got qkv "
             f"{tuple(qkv.shape)} {qkv.dtype}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}, caches {tuple(cache_k.shape)} "
             f"{tuple(cache_v.shape)} {cache_k.dtype}"
         )
