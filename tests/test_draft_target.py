@@ -327,6 +327,32 @@ def test_requests_drafted_together_get_the_drafts_they_get_alone(checkpoints):
     assert any(len(d.tokens) > 1 for d in single)
 
 
+def test_a_private_draft_cache_regrown_mid_request_drafts_the_same(checkpoints, monkeypatch):
+    """Outside an engine (no shared slots) a proposer drafts on a private one-slot KVPool; one regrown as the
+    context outgrows it (PRIVATE_CHUNK = 4: refilled from the context) drafts what a roomy one drafts."""
+    import random
+
+    from specbuild.methods.draft_target import engine as dt_engine
+
+    draft = _loaded_draft(checkpoints, max_batch_size=None)
+    assert draft.slots is None
+    runs = []
+    for chunk in (dt_engine.PRIVATE_CHUNK, 4):
+        monkeypatch.setattr(dt_engine, "PRIVATE_CHUNK", chunk)
+        proposer, context, rng = dt_engine.DraftTargetProposer(draft), list(PROMPTS[1]), random.Random(7)
+        drafts, capacities = [], []
+        with torch.inference_mode():
+            for _ in range(6):
+                tokens = proposer.propose(context, MAX_DRAFT_LEN).tokens
+                drafts.append(tokens)
+                capacities.append(proposer._slots.pool.capacity)
+                context += tokens[: rng.randint(0, len(tokens))] + [rng.randrange(384)]
+        assert proposer.batch_key is None  # a private pool never joins a batch
+        runs.append((drafts, capacities))
+    assert runs[0][0] == runs[1][0]
+    assert len(set(runs[1][1])) > 1, "PRIVATE_CHUNK = 4 should have regrown the pool"
+
+
 def test_draft_slots_are_shared_and_given_back(checkpoints):
     """In an engine the draft's KV lives in one slot per request, taken on first use: a request past the
     slots drafts from a private cache (same drafts), and a dropped proposer's slot goes back to the pool."""

@@ -184,6 +184,40 @@ def test_static_tree_children_are_top_k_of_their_parent(model):
         assert state.length == len(PROMPTS[0]), "drafting must not touch the request's cache"
 
 
+def test_a_head_cache_regrown_mid_request_changes_no_tree(model, monkeypatch):
+    """A HeadCache regrown at nearly every call (HEAD_CHUNK = 1: the pool is replaced and its committed and
+    uncommitted draft positions copied through the KV cache interface, mid-proposal too) gives the same
+    trees, state and committed KV as one that never regrows."""
+    from specbuild.engine.kv_pool import KVPool
+    from specbuild.methods.eagle import engine as eagle_engine
+
+    class PoisonedPool(KVPool):  # fresh memory holds NaN: a position lost in a regrow would show
+        @staticmethod
+        def _buffer(size, dtype, device):
+            return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(eagle_engine, "KVPool", PoisonedPool)
+    head = _random_head(seed=3)
+    proposer = EagleProposer(model, head, EagleTreeConfig(num_eagle_layers=4, dynamic_tree_max_topK=3, max_draft_len=20))
+    runs = []
+    for chunk in (eagle_engine.HEAD_CHUNK, 1):
+        monkeypatch.setattr(eagle_engine, "HEAD_CHUNK", chunk)
+        with torch.inference_mode():
+            root, state = _ready_state(model, proposer, PROMPTS[2][:1] * 2)  # short: trees outgrow 2 x the context
+            capacities = [state.cache.pool.capacity]
+            trees = []
+            for step in range(3):
+                draft = proposer.propose(state, root, max_depth=4)
+                trees.append(draft.tokens)
+                capacities.append(state.cache.pool.capacity)
+                root = draft.tokens[1]  # accept the first child; its feature: the head's own output stands in
+                proposer.update(state, [root], state.last_output[None])
+        runs.append((trees, state.length, [kv.keys.clone() for kv in state.kv], capacities))
+    assert runs[0][:2] == runs[1][:2]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][2], runs[1][2]))
+    assert len(set(runs[1][3])) > len(set(runs[0][3])), "HEAD_CHUNK = 1 should have regrown the pool"
+
+
 def test_dynamic_tree_expands_the_best_nodes_and_reranks(model):
     """K=2, depth 3: 2 root children, 2x2 grandchildren, then 2 of them expanded: 2 + 4 + 4 nodes."""
     head = _random_head(seed=5)

@@ -285,8 +285,8 @@ class HeadCache:
     one-slot :class:`~specbuild.engine.kv_pool.KVPool` of the head's geometry (its attention layers,
     kv heads and head size). Committed: the positions fed with TRUE target features; a proposal writes
     its draft nodes after them without committing, so the next update overwrites them. The pool is
-    regrown (to twice what a call needs, in :data:`HEAD_CHUNK` steps; its contents copied through
-    :meth:`~specbuild.engine.kv_pool.KVCache.read` / ``write``) when a call would run past it.
+    regrown (to what a call needs rounded up to whole :data:`HEAD_CHUNK` s; everything written so far
+    copied through :meth:`~specbuild.engine.kv_pool.KVCache.read` / ``write``) when a call would run past it.
     """
 
     def __init__(self, shape: KVShape, *, dtype: torch.dtype, device: torch.device | str) -> None:
@@ -307,7 +307,7 @@ class HeadCache:
     def view(self, start: int, rows: int) -> CacheView:
         """Room for ``rows`` positions at ``start`` (regrowing the pool if needed); where a call writes them."""
         if self.pool is None or start + rows > self.pool.capacity:
-            self._regrow(2 * (start + rows))
+            self._regrow(start + rows)
         return CacheView(self.pool, self.slot, start)
 
     def commit(self, rows: int) -> None:
