@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from . import rowgemm
 from .attention import _HAS_ENABLE_GQA, ENGINE_ATTENTION
 from .kernels import FUSED_GATE_UP, FUSED_QKV, OWN_KERNELS
+from .kv_pool import KVCache
 
 LEAN_MODEL_TYPES = ("llama",)
 
@@ -99,8 +100,7 @@ def row_masks(sizes: Sequence[int], lengths: Sequence[int], allowed: Sequence[to
 
 def forward_rows(
     model,
-    keys: Sequence[torch.Tensor],
-    values: Sequence[torch.Tensor],
+    pool: KVCache,
     *,
     slots: Sequence[int],
     lengths: Sequence[int],
@@ -110,10 +110,11 @@ def forward_rows(
     logits_from: Sequence[int],
     hidden_states: bool,
 ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, ...]] | None]:
-    """One pass over ragged rows; row ``b`` writes its block into ``keys[l][slots[b]]`` at ``lengths[b]`` on.
+    """One pass over ragged rows; row ``b`` writes its block into slot ``slots[b]`` of ``pool`` at ``lengths[b]`` on.
 
     Args:
-        keys, values: per layer ``[num_slots, num_kv_heads, capacity, head_dim]`` (the engine's KV pool).
+        pool: the KV cache (:class:`~specbuild.engine.kv_pool.KVCache`), read and written through its
+            interface only (the kernel gets its buffers, strides and the rows' slot and position tables).
         slots, lengths: each row's slot and its cached positions before this pass.
         tokens: each row's block ``[T_b]``; offsets: its position offsets from ``lengths[b]`` ``[T_b]``.
         allowed: each row's in-block visibility ``[T_b, T_b]`` (None: causal).
@@ -142,7 +143,7 @@ def forward_rows(
         from . import rowgemm
 
         if attention_kernel_unsupported(attn0) is None:
-            rows = rowgemm.AttentionRows(slots, lengths, sizes, allowed, tuple(keys[0].shape), attn0.q_proj.out_features // attn0.head_dim)
+            rows = rowgemm.AttentionRows(slots, lengths, sizes, allowed, pool.addressing(), attn0.q_proj.out_features // attn0.head_dim)
             cos_sin = (cos[:, 0].contiguous(), sin[:, 0].contiguous())  # [N, head_dim]
     masks = None if rows is not None else row_masks(sizes, lengths, allowed, h.dtype)
     silu = own and getattr(model.config, "hidden_act", None) in ("silu", "swish")
@@ -174,10 +175,10 @@ def forward_rows(
         fused = getattr(attn, FUSED_QKV, None)
         if rows is not None:  # the engine's kernel: rotary embedding, cache writes and every row's attention
             qkv = fused(x)[0] if fused is not None else torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)[0]
-            out = rowgemm.attention(rows, qkv, *cos_sin, keys[index], values[index], attn.scaling)
+            out = rowgemm.attention(rows, qkv, *cos_sin, *pool.layer_buffers(index), attn.scaling)
             h = residual(attn.o_proj, out[None], h)
         else:
-            h = h + _sdpa_rows(attn, x, fused, cos, sin, keys[index], values[index], slots, lengths, starts, sizes, masks, total)
+            h = h + _sdpa_rows(attn, x, fused, cos, sin, pool, index, slots, lengths, starts, sizes, masks, total)
         x = norm(layer.post_attention_layernorm, h)
         fused = getattr(mlp, FUSED_GATE_UP, None)
         if fused is not None:
@@ -207,7 +208,7 @@ def forward_rows(
     return out_logits, out_hidden
 
 
-def _sdpa_rows(attn, x, fused, cos, sin, layer_keys, layer_values, slots, lengths, starts, sizes, masks, total) -> torch.Tensor:
+def _sdpa_rows(attn, x, fused, cos, sin, pool: KVCache, layer: int, slots, lengths, starts, sizes, masks, total) -> torch.Tensor:
     """One layer's attention block through PyTorch's SDPA, one call per row (bfloat16, or a head size the
     engine's kernel does not take), with transformers' rotary arithmetic; returns o_proj's output ``[1, N, hidden]``."""
     from transformers.models.llama.modeling_llama import rotate_half  # transformers' own rotary helper
@@ -229,11 +230,10 @@ def _sdpa_rows(attn, x, fused, cos, sin, layer_keys, layer_values, slots, length
     out = torch.empty_like(q)
     for b, (slot, length, start, size) in enumerate(zip(slots, lengths, starts, sizes)):
         end = length + size
-        cache_k, cache_v = layer_keys[slot], layer_values[slot]  # [H_kv, capacity, D]
-        cache_k[:, length:end] = k[start : start + size].transpose(0, 1)
-        cache_v[:, length:end] = v[start : start + size].transpose(0, 1)
+        pool.write(layer, slot, length, k[start : start + size].transpose(0, 1), v[start : start + size].transpose(0, 1))
+        cache_k, cache_v = pool.read(layer, slot, end)  # [H_kv, end, D] views
         o = F.scaled_dot_product_attention(
-            q[start : start + size].transpose(0, 1)[None], cache_k[None, :, :end], cache_v[None, :, :end],
+            q[start : start + size].transpose(0, 1)[None], cache_k[None], cache_v[None],
             attn_mask=masks[b], scale=attn.scaling, enable_gqa=gqa,
         )  # [1, H_q, T_b, D]
         out[start : start + size] = o[0].transpose(0, 1)

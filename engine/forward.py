@@ -105,12 +105,12 @@ def forward_blocks(model, pool: KVPool, rows: list[RowBlock], *, hidden_states: 
     if any(not row.tokens for row in rows):
         raise ValueError("every row of a forward pass needs at least one token")
     if decoder.supports(model):
-        lengths = [pool.lengths[row.slot] for row in rows]
+        lengths = [pool.length(row.slot) for row in rows]
         for row, length in zip(rows, lengths):
             if length + len(row.tokens) > pool.capacity:
                 raise ValueError(f"a block of {len(row.tokens)} tokens after {length} cached ones exceeds the slot capacity {pool.capacity}")
         logits, hidden = decoder.forward_rows(
-            model, pool.keys, pool.values,
+            model, pool,
             slots=[row.slot for row in rows], lengths=lengths, tokens=[row.tokens for row in rows],
             offsets=[range(len(row.tokens)) if row.positions is None else row.positions for row in rows],
             allowed=[row.allowed for row in rows], logits_from=[row.logits_from for row in rows],
@@ -121,7 +121,7 @@ def forward_blocks(model, pool: KVPool, rows: list[RowBlock], *, hidden_states: 
     batch = [by_slot.get(slot, RowBlock(slot, [0])) for slot in range(first, last + 1)]
     # a slot in between that is not in this pass (free, or a request waiting for the next iteration) gets a
     # dummy token written past its length, where nothing committed lives
-    lengths = [pool.lengths[row.slot] for row in batch]
+    lengths = [pool.length(row.slot) for row in batch]
     width = max(len(row.tokens) for row in batch)  # T
     kv_len = max(lengths) + width
     if kv_len > pool.capacity:

@@ -20,11 +20,23 @@ A forward pass over a contiguous range of slots reads them through a :class:`Slo
 object transformers' attention layers call (``cache.update(keys, values, layer_idx)``): it writes each
 row's new keys/values at that row's own positions and returns a *view* of the slots (no copy of the
 cached context), which the caller's 4D attention mask restricts to each row's own positions.
+
+**The one KV cache interface.** :class:`KVCache` is what every user of a KV cache calls: the target's
+forward (:mod:`~specbuild.engine.forward`, :mod:`~specbuild.engine.decoder`), a draft model
+(``methods/draft_target``) and the EAGLE / EAGLE-3 heads (``methods/eagle``), and :class:`KVPool` is its
+one implementation. It follows SGLang's single memory pool (``ReqToTokenPool`` + ``TokenToKVPool``: a
+request holds a slot, and ``get_key_buffer`` / ``set_kv_buffer`` read and write a layer) with vLLM's
+``KVCacheManager`` verbs (``allocate`` / ``free`` as :meth:`~KVCache.allocate` / :meth:`~KVCache.release`).
+Only this module knows how a slot's positions lie in memory: callers read and write through
+:meth:`~KVCache.read` / :meth:`~KVCache.write`, and the C attention kernel gets slot and position tables
+plus :meth:`~KVCache.addressing` (three strides), never a tensor shape it assumes. A strided layout
+change (e.g. SGLang's token-major ``[slot, position, head, dim]``) is a change to this file alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -65,6 +77,92 @@ class KVShape:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
+@dataclass(frozen=True)
+class KVAddressing:
+    """Where element ``(slot, kv_head, position, d)`` of one layer's key (or value) buffer lies: at
+    ``slot * slot_stride + kv_head * head_stride + position * pos_stride + d`` elements from the buffer's
+    start (``d`` contiguous). What a kernel needs, beside each row's slot and positions, to read and
+    write a pool of any strided layout.
+
+    Attributes:
+        num_slots, num_kv_heads, capacity, head_dim: the pool's geometry.
+        slot_stride, head_stride, pos_stride: element strides (``head_dim``'s is 1).
+    """
+
+    num_slots: int
+    num_kv_heads: int
+    capacity: int
+    head_dim: int
+    slot_stride: int
+    head_stride: int
+    pos_stride: int
+
+    @property
+    def numel(self) -> int:
+        """Elements one layer's key buffer holds."""
+        return self.num_slots * self.num_kv_heads * self.capacity * self.head_dim
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """The engine's KV cache interface: request slots of ``capacity`` positions, per layer keys and values.
+
+    A slot's ``length`` positions are committed; a forward pass writes its block after them
+    (:meth:`write`), attends over them (:meth:`read`), and the caller then keeps the accepted path
+    (:meth:`commit`) or rolls back (:meth:`truncate`). Shapes: keys/values of one slot and layer are
+    ``[num_kv_heads, T, head_dim]`` as read or written, whatever the layout in memory.
+    """
+
+    shape: KVShape
+    num_slots: int
+    capacity: int
+
+    def allocate(self) -> int:
+        """A free slot, emptied (length 0). Raises :class:`KVCacheFullError` when every slot is in use."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """Hand ``slot`` back; its contents are overwritten by the next holder."""
+        ...
+
+    @staticmethod
+    def _buffer(size: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+        """One layer's key (or value) buffer, indexed ``[slot, kv_head, position, d]`` (``size``): the one
+        place the memory layout is chosen. Any strided layout with ``d`` contiguous works unchanged (the
+        kernel follows :meth:`addressing`; ``tests/test_forward.py`` runs a token-major one); this one is
+        slot-major and contiguous. ``torch.empty``: the OS commits pages as slots are first written."""
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def length(self, slot: int) -> int:
+        """Committed positions of ``slot``."""
+        ...
+
+    def commit(self, slot: int, keep: list[int]) -> None:
+        """Keep block indices ``keep`` (ascending, ``keep[0] == 0``) of the block written after the length."""
+        ...
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Roll ``slot`` back to ``length`` positions (``0 <= length <= self.length(slot)``)."""
+        ...
+
+    def write(self, layer: int, slot: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``keys`` / ``values`` ``[num_kv_heads, T, head_dim]`` at positions ``start .. start + T - 1``
+        of ``slot`` (past the length: not committed until :meth:`commit`)."""
+        ...
+
+    def read(self, layer: int, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views (no copy) of positions ``0 .. end - 1`` of ``slot``: keys, values ``[num_kv_heads, end, head_dim]``."""
+        ...
+
+    def layer_buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's whole key and value buffers, for a kernel that addresses them by :meth:`addressing`."""
+        ...
+
+    def addressing(self) -> KVAddressing:
+        """How a kernel finds ``(slot, kv_head, position, d)`` in :meth:`layer_buffers`."""
+        ...
+
+
 class KVPool:
     """``num_slots`` request slots of ``capacity`` positions each (see the module docstring).
 
@@ -83,12 +181,52 @@ class KVPool:
         self.shape, self.num_slots, self.capacity = shape, num_slots, capacity
         _check_fits(num_slots * capacity * shape.bytes_per_token(dtype), device, num_slots=num_slots, capacity=capacity)
         size = (num_slots, shape.num_kv_heads, capacity, shape.head_dim)
-        # keys[layer]: [num_slots, num_kv_heads, capacity, head_dim]; values alike
-        self.keys = [torch.empty(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
-        self.values = [torch.empty(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
+        # keys[layer]: indexed [num_slots, num_kv_heads, capacity, head_dim]; values alike
+        self.keys = [self._buffer(size, dtype, device) for _ in range(shape.num_layers)]
+        self.values = [self._buffer(size, dtype, device) for _ in range(shape.num_layers)]
         self.lengths = [0] * num_slots
         self._initialized = [0] * num_slots  # positions zeroed or written at least once, per slot
         self._free = list(range(num_slots))
+
+    @staticmethod
+    def _buffer(size: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+        """One layer's key (or value) buffer, indexed ``[slot, kv_head, position, d]`` (``size``): the one
+        place the memory layout is chosen. Any strided layout with ``d`` contiguous works unchanged (the
+        kernel follows :meth:`addressing`; ``tests/test_forward.py`` runs a token-major one); this one is
+        slot-major and contiguous. ``torch.empty``: the OS commits pages as slots are first written."""
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def length(self, slot: int) -> int:
+        """Committed positions of ``slot``."""
+        return self.lengths[slot]
+
+    def write(self, layer: int, slot: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``keys`` / ``values`` ``[num_kv_heads, T, head_dim]`` at positions ``start .. start + T - 1`` of ``slot``.
+
+        Raises:
+            ValueError: the block would run past the slot's capacity.
+        """
+        end = start + keys.shape[1]
+        if end > self.capacity:
+            raise ValueError(f"a block of {keys.shape[1]} positions at {start} runs past the slot capacity {self.capacity}")
+        self.keys[layer][slot, :, start:end] = keys
+        self.values[layer][slot, :, start:end] = values
+        if start <= self._initialized[slot]:  # contiguous with what is zeroed or written: no gap left unzeroed
+            self._initialized[slot] = max(self._initialized[slot], end)
+
+    def read(self, layer: int, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of positions ``0 .. end - 1`` of ``slot``: keys, values ``[num_kv_heads, end, head_dim]``."""
+        return self.keys[layer][slot, :, :end], self.values[layer][slot, :, :end]
+
+    def layer_buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s key and value buffers (contiguous, addressed by :meth:`addressing`)."""
+        return self.keys[layer], self.values[layer]
+
+    def addressing(self) -> KVAddressing:
+        """The buffers' geometry and element strides (read from the buffers, whatever :meth:`_buffer` chose)."""
+        slot_stride, head_stride, pos_stride, _ = self.keys[0].stride()
+        return KVAddressing(self.num_slots, self.shape.num_kv_heads, self.capacity, self.shape.head_dim,
+                            slot_stride, head_stride, pos_stride)
 
     @property
     def nbytes(self) -> int:

@@ -47,9 +47,10 @@ SIGNATURES: dict[str, tuple[type | None, tuple[type, ...]]] = {
     "specbuild_rowgemm_bf16w": (None, (_PTR,) * 4 + (_LONG,) * 3 + (_INT,) * 2),
     # (x, w, y, M, H, eps)
     "specbuild_rmsnorm_f32": (None, (_PTR,) * 3 + (_LONG,) * 2 + (_FLOAT,)),
-    # (qkv, cos, sin, cache_k, cache_v, slot_stride, head_stride, N, Hq, Hkv, D, capacity, B, slot, length,
-    #  start, size, allowed, allowed_off, scale, out, scratch, scratch_idx, room, num_threads)
-    "specbuild_attention_f32": (None, (_PTR,) * 5 + (_LONG,) * 8 + (_PTR,) * 6 + (_FLOAT,) + (_PTR,) * 3 + (_LONG, _INT)),
+    # (qkv, cos, sin, cache_k, cache_v, slot_stride, head_stride, pos_stride, N, Hq, Hkv, D, capacity, B, slot,
+    #  length, start, size, allowed, allowed_off, scale, out, scratch, scratch_idx, room, num_threads): the KV pool
+    #  enters as its buffers, its strides (KVPool.addressing) and the rows' slot and position tables
+    "specbuild_attention_f32": (None, (_PTR,) * 5 + (_LONG,) * 9 + (_PTR,) * 6 + (_FLOAT,) + (_PTR,) * 3 + (_LONG, _INT)),
     # (gate_up, y, M, I, num_threads)
     "specbuild_silu_mul_f32": (None, (_PTR,) * 2 + (_LONG,) * 2 + (_INT,)),
 }

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from . import native
+from .kv_pool import KVAddressing
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -262,7 +263,9 @@ class AttentionRows:
     Args:
         slots, lengths, sizes: per row; distinct slots of the pool, ``lengths[b] + sizes[b] <= capacity``.
         allowed: per row ``[T_b, T_b]`` bool (block token ``i`` may see ``j``) or None (causal).
-        cache_shape: every layer's pool tensor shape ``(num_slots, H_kv, capacity, D)``.
+        cache_shape: the pool's geometry ``(num_slots, H_kv, capacity, D)``, or its
+            :class:`~specbuild.engine.kv_pool.KVAddressing` (geometry and strides; a shape means the
+            contiguous ``[num_slots, H_kv, capacity, D]`` layout).
         num_heads: ``H_q``, a multiple of ``H_kv``.
 
     Raises:
@@ -271,7 +274,13 @@ class AttentionRows:
     """
 
     def __init__(self, slots, lengths, sizes, allowed, cache_shape, num_heads: int) -> None:
-        num_slots, kv_heads, capacity, head_dim = cache_shape
+        if isinstance(cache_shape, KVAddressing):
+            geo = cache_shape
+            num_slots, kv_heads, capacity, head_dim = geo.num_slots, geo.num_kv_heads, geo.capacity, geo.head_dim
+            strides = (geo.slot_stride, geo.head_stride, geo.pos_stride)
+        else:
+            num_slots, kv_heads, capacity, head_dim = cache_shape
+            strides = (kv_heads * capacity * head_dim, capacity * head_dim, head_dim)
         if not attention_supported(head_dim) or num_heads % kv_heads:
             raise ValueError(f"attention takes head sizes that are multiples of 16 up to 256 and H_q a multiple of H_kv; "
                              f"got D = {head_dim}, H_q = {num_heads}, H_kv = {kv_heads}")
@@ -294,7 +303,8 @@ class AttentionRows:
             offsets.append(used)
             masks.append(allow.to(torch.uint8).reshape(-1))
             used += size * size
-        self.tokens, self.rows, self.cache_shape = at, len(sizes), tuple(cache_shape)
+        self.tokens, self.rows = at, len(sizes)
+        self.cache_shape, self.cache_strides = (num_slots, kv_heads, capacity, head_dim), (*strides, 1)
         self.num_heads, self.kv_heads, self.head_dim, self.capacity = num_heads, kv_heads, head_dim, capacity
         self.width = (num_heads + 2 * kv_heads) * head_dim
         meta = torch.tensor([list(slots), list(lengths), starts, list(sizes), offsets], dtype=torch.long)
@@ -303,7 +313,7 @@ class AttentionRows:
         room = -(-capacity // 16) * 16 + 16  # a query sees at most capacity positions; padded to 16 lanes
         self._keep = (meta, mask, scratch := torch.empty(threads * room * ATTENTION_GROUP, dtype=torch.float32),
                       scratch_idx := torch.empty(threads * room, dtype=torch.long))
-        self._args = (kv_heads * capacity * head_dim, capacity * head_dim, at, num_heads, kv_heads, head_dim, capacity,
+        self._args = (*strides, at, num_heads, kv_heads, head_dim, capacity,
                       len(sizes), *(meta[i].data_ptr() for i in range(4)), mask.data_ptr(), meta[4].data_ptr())
         self._tail = (scratch.data_ptr(), scratch_idx.data_ptr(), room, threads)
 
@@ -325,7 +335,9 @@ def attention(rows: AttentionRows, qkv: torch.Tensor, cos: torch.Tensor, sin: to
         qkv: ``[N, (H_q + 2 H_kv) D]`` float32 contiguous, the fused q/k/v projection (rotary embedding is
             applied in place).
         cos, sin: ``[N, D]`` float32 contiguous, each token's rotary table.
-        cache_k, cache_v: the layer's pool ``[num_slots, H_kv, capacity, D]`` float32 contiguous (``rows.cache_shape``).
+        cache_k, cache_v: the layer's pool buffers (:meth:`~specbuild.engine.kv_pool.KVCache.layer_buffers`),
+            float32, indexed ``[num_slots, H_kv, capacity, D]`` with the strides ``rows`` was made with (any
+            strided layout, ``D`` contiguous).
         scale: the softmax scale (``D ** -0.5`` for Llama).
 
     Returns:
@@ -336,12 +348,15 @@ def attention(rows: AttentionRows, qkv: torch.Tensor, cos: torch.Tensor, sin: to
     """
     lib = _kernel_library()
     tensors = (qkv, cos, sin, cache_k, cache_v)
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors) \
-            or qkv.shape != (rows.tokens, rows.width) or cos.shape != (rows.tokens, rows.head_dim) or sin.shape != cos.shape \
-            or cache_k.shape != rows.cache_shape or cache_v.shape != rows.cache_shape:
+    caches = (cache_k, cache_v)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors) \
+            or any(not t.is_contiguous() for t in (qkv, cos, sin)) \
+            or any(tuple(c.shape) != rows.cache_shape or tuple(c.stride()) != rows.cache_strides for c in caches) \
+            or qkv.shape != (rows.tokens, rows.width) or cos.shape != (rows.tokens, rows.head_dim) or sin.shape != cos.shape:
         raise ValueError(
             f"attention takes contiguous float32 CPU qkv [N, (H_q + 2 H_kv) D] = [{rows.tokens}, {rows.width}], "
-            f"cos/sin [N, D] = [{rows.tokens}, {rows.head_dim}] and caches {list(rows.cache_shape)}; got qkv "
+            f"cos/sin [N, D] = [{rows.tokens}, {rows.head_dim}] and caches {list(rows.cache_shape)} with strides "
+            f"{list(rows.cache_strides)}; got qkv "
             f"{tuple(qkv.shape)} {qkv.dtype}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}, caches {tuple(cache_k.shape)} "
             f"{tuple(cache_v.shape)} {cache_k.dtype}"
         )

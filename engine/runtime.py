@@ -53,9 +53,10 @@ from . import rowgemm
 from . import target as target_model
 from .draft_linear import draft_weight_dtype
 from .drafters import Drafter, EngineMethod, MethodContext, PlainDrafter
-from .forward import check_mask_attention
+from .forward import RowBlock, check_mask_attention, forward_blocks
 from .guarantee import plan_kernels
 from .kernels import pack_linears
+from .kv_pool import KVPool, KVShape
 from .native import BITWISE, KernelChoice
 from .sampling import Sampler
 from .spec_controls import CONTROL_KEYS, RuntimeControls, SpeculationGate
@@ -404,23 +405,26 @@ class ReferenceEngine:
     def logit_margins(self, prompt_ids: list[int], output_ids: list[int]) -> tuple[list[float], list[int]]:
         """The target's top-two logit margin and runner-up token at each position of ``output_ids``.
 
-        One causal pass over ``prompt + output[:-1]`` (fp32 logits); row ``i`` scores the position that
-        produced ``output_ids[i]``. Used to tell a numerical near-tie from a bug at a divergence.
+        One causal pass over ``prompt + output[:-1]`` through :func:`~specbuild.engine.forward.forward_blocks`
+        (the engine's own forward, on a one-slot :class:`~specbuild.engine.kv_pool.KVPool` of exactly that
+        many positions, freed on return; fp32 logits); row ``i`` scores the position that produced
+        ``output_ids[i]``. Used to tell a numerical near-tie from a bug at a divergence.
 
         Returns:
             ``(margins, runner_up_ids)``, each ``[len(output_ids)]``: ``top1 - top2`` logits and the
             second most likely token.
 
         Raises:
-            ValueError: ``output_ids`` is empty.
+            ValueError: ``prompt_ids`` or ``output_ids`` is empty.
         """
-        if not output_ids:
-            raise ValueError("logit_margins needs at least one output token")
+        if not prompt_ids or not output_ids:
+            raise ValueError("logit_margins needs at least one prompt token and one output token")
         tokens = [*prompt_ids, *output_ids[:-1]]
+        model = self._model
+        pool = KVPool(KVShape.of(model), num_slots=1, capacity=len(tokens), dtype=model.dtype, device=model.device)
         with torch.inference_mode():
-            logits = target_model.forward_logits(
-                self._model, tokens, target_model.new_cache(self._model), num_logits=len(output_ids)
-            ).float()  # [len(output_ids), vocab]
+            out = forward_blocks(model, pool, [RowBlock(pool.allocate(), tokens, logits_from=len(prompt_ids) - 1)])
+            logits = out.logits[0].float()  # [len(output_ids), vocab]
             top = logits.topk(2, dim=-1)
         return (top.values[:, 0] - top.values[:, 1]).tolist(), top.indices[:, 1].tolist()
 

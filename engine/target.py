@@ -1,18 +1,17 @@
-"""The target model: loading, and a forward over a transformers ``DynamicCache`` (a draft model's private
-cache; the engine's teacher-forced logit margins).
+"""The target model: loading it, and the keyword its forward takes the KV cache by.
 
-The forward pass is transformers' own model implementation; the engine's batched steps run through
-:func:`specbuild.engine.forward.forward_blocks` over its KV pool.
+The forward pass is transformers' own model implementation; every engine pass (the target's, a draft
+model's, the teacher-forced logit margins) runs through :func:`specbuild.engine.forward.forward_blocks`
+over a :class:`~specbuild.engine.kv_pool.KVPool`.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .attention import use_engine_attention
 
@@ -66,29 +65,3 @@ def cache_keyword(model: PreTrainedModel) -> str:
     if "past_key_values" in parameters:
         return "past_key_values"
     raise TypeError(f"{type(model).__name__}.forward takes neither cache= nor past_key_values=; cannot own its KV cache")
-
-
-def new_cache(model: PreTrainedModel) -> DynamicCache:
-    """An empty per-request KV cache for ``model``."""
-    return DynamicCache(config=model.config)
-
-
-def forward_logits(
-    model: PreTrainedModel, tokens: Sequence[int], cache: DynamicCache, *, num_logits: int
-) -> torch.Tensor:
-    """Run ``tokens`` through the model after the cached positions; logits of the last positions.
-
-    Appends ``len(tokens)`` positions to ``cache``. Only the last ``num_logits`` positions go through the
-    LM head (``logits_to_keep``), so a prefill computes one row of logits, not ``len(tokens)``.
-
-    Args:
-        tokens: ``T`` token ids at positions ``cache_len .. cache_len + T - 1``.
-        num_logits: ``1 <= num_logits <= T``.
-
-    Returns:
-        ``[num_logits, vocab]``; row ``i`` scores the token after ``tokens[T - num_logits + i]``.
-    """
-    input_ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
-    kwargs = {cache_keyword(model): cache, "use_cache": True, "logits_to_keep": num_logits}
-    logits = model(input_ids=input_ids, **kwargs).logits  # [1, num_logits, vocab]
-    return logits[0]

@@ -217,8 +217,9 @@ def _exact_joint(model, prompt: list[int], params: SamplingParams) -> dict[tuple
 
 
 def _next_probs(model, tokens: list[int], params: SamplingParams) -> torch.Tensor:
-    cache = target_model.new_cache(model)
-    return sampling_probs(target_model.forward_logits(model, tokens, cache, num_logits=1), params)[0].double()
+    """transformers' own forward over ``tokens`` (no cache): the oracle's next-token distribution ``[vocab]``."""
+    logits = model(input_ids=torch.tensor([tokens], device=model.device)).logits[0, -1:]  # [1, vocab]
+    return sampling_probs(logits, params)[0].double()
 
 
 # --- draft checks --------------------------------------------------------------------------------
@@ -324,6 +325,32 @@ def test_requests_drafted_together_get_the_drafts_they_get_alone(checkpoints):
             for context, d in zip(contexts, single):  # accept a random prefix of each draft, then a bonus token
                 context += d.tokens[: rng.randint(0, len(d.tokens))] + [rng.randrange(384)]
     assert any(len(d.tokens) > 1 for d in single)
+
+
+def test_a_private_draft_cache_regrown_mid_request_drafts_the_same(checkpoints, monkeypatch):
+    """Outside an engine (no shared slots) a proposer drafts on a private one-slot KVPool; one regrown as the
+    context outgrows it (PRIVATE_CHUNK = 4: refilled from the context) drafts what a roomy one drafts."""
+    import random
+
+    from specbuild.methods.draft_target import engine as dt_engine
+
+    draft = _loaded_draft(checkpoints, max_batch_size=None)
+    assert draft.slots is None
+    runs = []
+    for chunk in (dt_engine.PRIVATE_CHUNK, 4):
+        monkeypatch.setattr(dt_engine, "PRIVATE_CHUNK", chunk)
+        proposer, context, rng = dt_engine.DraftTargetProposer(draft), list(PROMPTS[1]), random.Random(7)
+        drafts, capacities = [], []
+        with torch.inference_mode():
+            for _ in range(6):
+                tokens = proposer.propose(context, MAX_DRAFT_LEN).tokens
+                drafts.append(tokens)
+                capacities.append(proposer._slots.pool.capacity)
+                context += tokens[: rng.randint(0, len(tokens))] + [rng.randrange(384)]
+        assert proposer.batch_key is None  # a private pool never joins a batch
+        runs.append((drafts, capacities))
+    assert runs[0][0] == runs[1][0]
+    assert len(set(runs[1][1])) > 1, "PRIVATE_CHUNK = 4 should have regrown the pool"
 
 
 def test_draft_slots_are_shared_and_given_back(checkpoints):

@@ -147,11 +147,12 @@ def test_incremental_updates_equal_one_pass(model):
 
 def _sequential_children(model, head, state, chain: list[int], k: int) -> list[int]:
     """Top-k after drafting ``chain`` one position at a time on a copy of the cache (no tree mask)."""
-    feature, kv, length = state.last_output, state.kv, state.length
+    feature, cache, length = state.last_output, state.cache.copy(), state.length
     embed = model.get_input_embeddings()
     for i, token in enumerate(chain):
-        out, new = head(embed(torch.tensor([token])), feature[None], torch.tensor([length + i]), _causal(1, length + i), kv)
-        kv = [old.cat(n) for old, n in zip(kv, new)]
+        out, _ = head(embed(torch.tensor([token])), feature[None], torch.tensor([length + i]), _causal(1, length + i),
+                      cache.view(length + i, 1))
+        cache.commit(1)
         feature = out[0]
     return model.lm_head(feature).topk(k).indices.tolist()
 
@@ -181,6 +182,40 @@ def test_static_tree_children_are_top_k_of_their_parent(model):
         assert proposer.propose(state, root, max_depth=1).tree.max_depth == 1
         assert proposer.propose(state, root, max_depth=0).tokens == [root]
         assert state.length == len(PROMPTS[0]), "drafting must not touch the request's cache"
+
+
+def test_a_head_cache_regrown_mid_request_changes_no_tree(model, monkeypatch):
+    """A HeadCache regrown at nearly every call (HEAD_CHUNK = 1: the pool is replaced and its committed and
+    uncommitted draft positions copied through the KV cache interface, mid-proposal too) gives the same
+    trees, state and committed KV as one that never regrows."""
+    from specbuild.engine.kv_pool import KVPool
+    from specbuild.methods.eagle import engine as eagle_engine
+
+    class PoisonedPool(KVPool):  # fresh memory holds NaN: a position lost in a regrow would show
+        @staticmethod
+        def _buffer(size, dtype, device):
+            return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(eagle_engine, "KVPool", PoisonedPool)
+    head = _random_head(seed=3)
+    proposer = EagleProposer(model, head, EagleTreeConfig(num_eagle_layers=4, dynamic_tree_max_topK=3, max_draft_len=20))
+    runs = []
+    for chunk in (eagle_engine.HEAD_CHUNK, 1):
+        monkeypatch.setattr(eagle_engine, "HEAD_CHUNK", chunk)
+        with torch.inference_mode():
+            root, state = _ready_state(model, proposer, PROMPTS[2][:1] * 2)  # short: trees outgrow 2 x the context
+            capacities = [state.cache.pool.capacity]
+            trees = []
+            for step in range(3):
+                draft = proposer.propose(state, root, max_depth=4)
+                trees.append(draft.tokens)
+                capacities.append(state.cache.pool.capacity)
+                root = draft.tokens[1]  # accept the first child; its feature: the head's own output stands in
+                proposer.update(state, [root], state.last_output[None])
+        runs.append((trees, state.length, [kv.keys.clone() for kv in state.kv], capacities))
+    assert runs[0][:2] == runs[1][:2]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][2], runs[1][2]))
+    assert len(set(runs[1][3])) > len(set(runs[0][3])), "HEAD_CHUNK = 1 should have regrown the pool"
 
 
 def test_dynamic_tree_expands_the_best_nodes_and_reranks(model):
@@ -441,10 +476,12 @@ def test_draft_nodes_see_their_ancestors_only(model):
         drafted = DraftKV(proposer, state)
         siblings = drafted.forward([11, 22], state.last_output[None].expand(2, -1), 1, [[], []], [1, 2])
         child = drafted.forward([33], siblings[:1], 2, [[1]], [3])
-        past, length = state.kv, state.length
-        first, new = head(embed(torch.tensor([11])), state.last_output[None], torch.tensor([length]), _causal(1, length), past)
+        cache, length = state.cache.copy(), state.length  # a sequential oracle on a cache of its own
+        first, _ = head(embed(torch.tensor([11])), state.last_output[None], torch.tensor([length]), _causal(1, length),
+                        cache.view(length, 1))
+        cache.commit(1)
         second, _ = head(embed(torch.tensor([33])), first, torch.tensor([length + 1]), _causal(1, length + 1),
-                         [old.cat(n) for old, n in zip(past, new)])
+                         cache.view(length + 1, 1))
     torch.testing.assert_close(siblings[:1], first)
     torch.testing.assert_close(child, second)
     assert state.length == len(PROMPTS[0])

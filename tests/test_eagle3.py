@@ -173,13 +173,14 @@ def test_a_chain_follows_eagle3s_draft_step(model):
             out = model(input_ids=torch.tensor([prompt]), output_hidden_states=True)
             state = proposer.new_state()
             proposer.update(state, [*prompt[1:], int(out.logits[0, -1].argmax())], proposer.capture(out.hidden_states))
-            chain, output, kv = [], state.last_output, state.kv
+            chain, output, cache = [], state.last_output, state.cache.copy()  # a sequential oracle's own cache
             for depth in range(4):
                 chain.append(int(head.lm_head(head.norm(output)).argmax()))
-                mask = torch.ones(1, len(kv) + 1, dtype=torch.bool)
-                new_out, new_kv = head(proposer.embedding(torch.tensor(chain[-1:])), output[None],
-                                       torch.tensor([state.length + depth]), mask, kv)
-                output, kv = new_out[0], kv.cat(new_kv)
+                mask = torch.ones(1, cache.length + 1, dtype=torch.bool)
+                new_out, _ = head(proposer.embedding(torch.tensor(chain[-1:])), output[None],
+                                  torch.tensor([state.length + depth]), mask, cache.view(cache.length, 1))
+                cache.commit(1)
+                output = new_out[0]
             assert proposer.propose(state, 4) == chain, f"prompt {prompt}"
 
 

@@ -20,10 +20,10 @@ from specbuild.engine import (  # noqa: E402
     InvalidRequestError,
     ReferenceEngine,
 )
-from specbuild.engine import target as target_model  # noqa: E402
 from specbuild.engine.acceptance import accept_tree_greedy, clip_emitted  # noqa: E402
 from specbuild.engine.block import chain_tree  # noqa: E402
-from specbuild.engine.kv_cache import rollback  # noqa: E402
+from specbuild.engine.forward import RowBlock, forward_blocks  # noqa: E402
+from specbuild.engine.kv_pool import KVCache, KVPool, KVShape  # noqa: E402
 
 MAX_DRAFT_LEN = 4
 LIMITS = EngineLimits(max_batch_size=1, max_input_len=64, max_seq_len=160, max_draft_len=MAX_DRAFT_LEN)
@@ -114,29 +114,38 @@ def test_default_end_id_is_checkpoint_eos(engine):
     assert engine.end_id == 0
 
 
-# --- KV cache rollback (a draft model's private DynamicCache) ----------------------------------------
+# --- KV cache rollback through the one KV cache interface (KVPool) -------------------------------
 
 
-def _argmax(model, tokens, cache) -> list[int]:
-    """The target's greedy token after each of ``tokens``, appended to ``cache``."""
-    return target_model.forward_logits(model, tokens, cache, num_logits=len(tokens)).argmax(dim=-1).tolist()
+def _pool(model) -> KVPool:
+    return KVPool(KVShape.of(model), num_slots=1, capacity=64, dtype=model.dtype, device=model.device)
 
 
-def test_rollback_helper(engine):
+def _argmax(model, pool: KVPool, slot: int, tokens: list[int]) -> list[int]:
+    """The target's greedy token after each of ``tokens``, which are then committed to ``slot``."""
+    out = forward_blocks(model, pool, [RowBlock(slot, list(tokens))])
+    pool.commit(slot, list(range(len(tokens))))
+    return out.logits[0].argmax(dim=-1).tolist()
+
+
+def test_truncate_rolls_back_and_refuses_out_of_range(engine):
     model = engine._model
     with torch.inference_mode():
-        cache = target_model.new_cache(model)
-        _argmax(model, [3, 4, 5, 6, 7], cache)
-        assert cache.get_seq_length() == 5
-        rollback(cache, 5)
-        assert cache.get_seq_length() == 5
-        rollback(cache, 2)
-        assert cache.get_seq_length() == 2
-        assert all(layer.keys.shape[-2] == 2 and layer.values.shape[-2] == 2 for layer in cache.layers)
+        pool = _pool(model)
+        assert isinstance(pool, KVCache)
+        slot = pool.allocate()
+        _argmax(model, pool, slot, [3, 4, 5, 6, 7])
+        assert pool.length(slot) == 5
+        pool.truncate(slot, 5)
+        assert pool.length(slot) == 5
+        pool.truncate(slot, 2)
+        assert pool.length(slot) == 2
+        assert all(keys.shape[1] == 2 and values.shape[1] == 2
+                   for keys, values in (pool.read(layer, slot, pool.length(slot)) for layer in range(pool.shape.num_layers)))
         with pytest.raises(ValueError, match="roll back"):
-            rollback(cache, 3)
+            pool.truncate(slot, 3)
         with pytest.raises(ValueError, match="roll back"):
-            rollback(cache, -1)
+            pool.truncate(slot, -1)
 
 
 def test_cache_after_rejection_holds_accepted_prefix(engine, plain_outputs):
@@ -144,20 +153,37 @@ def test_cache_after_rejection_holds_accepted_prefix(engine, plain_outputs):
     wrong = (plain[3] + 1) % 384
     draft = [plain[1], plain[2], wrong, plain[4]]  # 2 accepted, then a rejection
     with torch.inference_mode():
-        cache = target_model.new_cache(model)
-        first = _argmax(model, prompt, cache)[-1]
+        pool = _pool(model)
+        slot = pool.allocate()
+        first = _argmax(model, pool, slot, prompt)[-1]
         context = [*prompt, first]
-        acceptance = accept_tree_greedy(chain_tree(len(draft)), [first, *draft], _argmax(model, [first, *draft], cache))
+        acceptance = accept_tree_greedy(chain_tree(len(draft)), [first, *draft], _argmax(model, pool, slot, [first, *draft]))
         assert acceptance.accepted_tokens == plain[1:3]
         assert acceptance.bonus_token == plain[3]
-        assert cache.get_seq_length() == len(context) + len(draft)
-        rollback(cache, len(context) + acceptance.num_accepted)
-        assert cache.get_seq_length() == len(prompt) + 3  # prompt, first token, 2 accepted
+        assert pool.length(slot) == len(context) + len(draft)
+        pool.truncate(slot, len(context) + acceptance.num_accepted)
+        assert pool.length(slot) == len(prompt) + 3  # prompt, first token, 2 accepted
         # The rolled-back cache continues exactly like a cache that never saw the rejected drafts.
-        after_rollback = _argmax(model, [acceptance.bonus_token], cache)
-        fresh = target_model.new_cache(model)
-        _argmax(model, [*prompt, *plain[:3]], fresh)
-        assert after_rollback == _argmax(model, [acceptance.bonus_token], fresh) == [plain[4]]
+        after_rollback = _argmax(model, pool, slot, [acceptance.bonus_token])
+        fresh = _pool(model)
+        fresh_slot = fresh.allocate()
+        _argmax(model, fresh, fresh_slot, [*prompt, *plain[:3]])
+        assert after_rollback == _argmax(model, fresh, fresh_slot, [acceptance.bonus_token]) == [plain[4]]
+
+
+def test_logit_margins_are_the_targets_top_two_logits(engine, plain_outputs):
+    """The teacher-forced margins (one pass through forward_blocks on a one-slot pool) are transformers' own
+    forward's top-two gap and runner-up at every output position, and its top-1 is the greedy output."""
+    prompt, output = PROMPTS[1], plain_outputs[1]
+    margins, runner_up = engine.logit_margins(prompt, output)
+    with torch.inference_mode():
+        logits = engine.model(input_ids=torch.tensor([[*prompt, *output[:-1]]])).logits[0, len(prompt) - 1 :].float()
+    top = logits.topk(2, dim=-1)
+    assert top.indices[:, 0].tolist() == output
+    assert runner_up == top.indices[:, 1].tolist()
+    assert torch.allclose(torch.tensor(margins), top.values[:, 0] - top.values[:, 1], atol=1e-4)
+    with pytest.raises(ValueError, match="at least one prompt token and one output token"):
+        engine.logit_margins(prompt, [])
 
 
 # --- acceptance rule -----------------------------------------------------------------------------

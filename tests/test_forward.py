@@ -204,3 +204,49 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(tiny_checkpoint, kernel
             batched = forward_blocks(packed, pool, [row, *others], hidden_states=True)
             assert torch.equal(batched.logits[0], alone.logits[0])
             assert all(torch.equal(a, b) for a, b in zip(batched.hidden_states[0], alone.hidden_states[0]))
+
+
+class TokenMajorPool(KVPool):
+    """A KV pool laid out token-major, ``[slot, position, kv_head, d]`` in memory (SGLang's token_to_kv_pool
+    order): the layout changed by overriding the one method that chooses it (:meth:`KVPool._buffer`)."""
+
+    @staticmethod
+    def _buffer(size, dtype, device):
+        slots, kv_heads, capacity, head_dim = size
+        return torch.empty(slots, capacity, kv_heads, head_dim, dtype=dtype, device=device).permute(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("path", ["rowgemm", "sdpa-rows", "transformers"])
+def test_a_token_major_kv_layout_changes_no_bit(tiny_checkpoint, path, monkeypatch):
+    """Changing the KV layout touches engine/kv_pool.py alone: the layer loop reads and writes through the
+    KV cache interface and the C attention kernel follows the pool's strides (``KVPool.addressing``), so a
+    token-major pool gives the same logits, bit for bit, through a batched prefill, a tree step committed
+    along a non-prefix path, and a next step, on every forward path."""
+    from specbuild.engine import rowgemm
+    from specbuild.engine.kernels import pack_linears
+
+    model = target_model.load_target(tiny_checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
+    if path == "rowgemm":
+        if rowgemm.library() is None:
+            pytest.skip(f"rowgemm not built here: {rowgemm.unavailable_reason()}")
+        pack_linears(model, "rowgemm")
+    elif path == "transformers":
+        monkeypatch.setattr(decoder, "supports", lambda model: False)
+    tree = SpecTree.from_choices(USER_TREE)
+    path_nodes = tree.path_to(tree.paths.index((0, 1, 0)) + 1)  # not a prefix: the commit moves positions
+    runs = []
+    for cls in (KVPool, TokenMajorPool):
+        pool = cls(KVShape.of(model), num_slots=2, capacity=160, dtype=model.dtype, device="cpu")
+        addressing = pool.addressing()
+        assert (addressing.pos_stride == addressing.num_kv_heads * addressing.head_dim) == (cls is TokenMajorPool)
+        with torch.inference_mode():
+            slots = [pool.allocate() for _ in PREFIXES[:2]]
+            logits = forward_blocks(model, pool, [RowBlock(s, p) for s, p in zip(slots, PREFIXES[:2])]).logits
+            for s, p in zip(slots, PREFIXES[:2]):
+                pool.commit(s, list(range(len(p))))
+            step = forward_blocks(model, pool, [_tree_row(slots[0], tree, [5, 7, 11, 13, 17, 19, 23, 29]), RowBlock(slots[1], [3, 4])])
+            pool.commit(slots[0], path_nodes)
+            pool.commit(slots[1], [0])
+            after = forward_blocks(model, pool, [RowBlock(s, [9]) for s in slots]).logits
+        runs.append([*logits, *step.logits, *after])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))

@@ -52,10 +52,10 @@ def c_prototypes(source: str) -> dict[str, tuple[type | None, tuple[type, ...]]]
 
 def test_the_c_prototypes_match_the_one_ctypes_table():
     """Every exported function of csrc/rowgemm.c is in native.SIGNATURES with its exact argument types, and the
-    table names nothing else (25 arguments for the attention kernel)."""
+    table names nothing else (26 arguments for the attention kernel: the KV pool as buffers, three strides and slot and position tables)."""
     declared = c_prototypes(native.SOURCE.read_text())
     assert declared == native.SIGNATURES
-    assert len(declared["specbuild_attention_f32"][1]) == 25
+    assert len(declared["specbuild_attention_f32"][1]) == 26
 
 
 def test_a_drifted_prototype_fails_the_check():

@@ -245,7 +245,7 @@ static inline v16 reduce16(v16 v[16]) {
 static const int slot16[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
 /* nh (1 .. MAX_GROUP) query heads that share a kv head, each q[h] of D floats (D a multiple of 16, at most
- * 256), against their visible keys keys[idx[0 .. nv - 1]] (rows of D floats): softmax(scale q.k) v summed
+ * 256), against their visible keys kbase + idx[0 .. nv - 1] (element offsets of rows of D floats): softmax(scale q.k) v summed
  * in the order of idx. A score is q.k in 16 lanes over d = l, l + 16, ... (a chain of fused multiply-adds),
  * then reduce16's tree, times scale; the softmax's maximum, exp and sum and the weighted sum of values run in
  * visible-key order, the sum in 16-lane chunks of that order. Sharing a kv head only shares the loads of its
@@ -266,7 +266,7 @@ static inline __attribute__((always_inline)) void attend(const float *q, const f
         v16 part[MAX_GROUP][16];
         for (int i = 0; i < 16; i++) {
             const long j = g + i < nv ? idx[g + i] : idx[0]; /* padding lanes: any real key, result unused */
-            const float *kr = kbase + j * D;
+            const float *kr = kbase + j;
             v16 kv, acc[MAX_GROUP];
             memcpy(&kv, kr, sizeof kv);
             for (int h = 0; h < nh; h++) acc[h] = qv[h][0] * kv;
@@ -321,7 +321,7 @@ static inline __attribute__((always_inline)) void attend(const float *q, const f
     for (int h = 0; h < nh; h++)
         for (long c = 0; c < dv; c++) acc[h][c] = (v16){0};
     for (long i = 0; i < nv; i++) {
-        const float *vr = vbase + idx[i] * D;
+        const float *vr = vbase + idx[i];
         v16 pv[MAX_GROUP];
         for (int h = 0; h < nh; h++) {
             const float p = scores[h * room + i];
@@ -375,14 +375,15 @@ static inline void rope_head(float *x, const float *cos, const float *sin, long 
  * qkv [N, (Hq + 2 Hkv) D]: the fused q/k/v projection, q heads then k then v; rotary embedding is applied in
  * place to q and k with cos, sin [N, D]. Row b's tokens start[b] .. start[b] + size[b] - 1 write their k and v
  * into its slot at cache positions length[b] + t (cache_k / cache_v: the layer's pool, element (s, h, p, d) at
- * s * slot_stride + h * head_stride + p * D + d). Query t of row b, head h, sees the slot's positions
+ * s * slot_stride + h * head_stride + p * pos_stride + d: the pool's strides, so the kernel assumes no layout
+ * beyond d being contiguous). Query t of row b, head h, sees the slot's positions
  * 0 .. length[b] - 1 and block token u where allowed[allowed_off[b] + t * size[b] + u] != 0 (allowed_off[b] < 0:
  * u <= t, causal), through kv head h / (Hq / Hkv), scaled by scale. out [N, Hq D].
  * Each (row, token, kv head) is one task, computed whole by one thread (attend), so a query's bits depend on
  * its own visible keys only, never on the batch, the block width or the thread count. scratch: MAX_GROUP *
  * room floats per thread, scratch_idx: room longs (room a multiple of 16, at least capacity + 16). */
 void specbuild_attention_f32(float *qkv, const float *cos, const float *sin, float *cache_k, float *cache_v,
-                             long slot_stride, long head_stride, long N, long Hq, long Hkv, long D, long capacity,
+                             long slot_stride, long head_stride, long pos_stride, long N, long Hq, long Hkv, long D, long capacity,
                              long B, const long *slot, const long *length, const long *start, const long *size,
                              const unsigned char *allowed, const long *allowed_off, float scale, float *out,
                              float *scratch, long *scratch_idx, long room, int num_threads) {
@@ -398,7 +399,7 @@ void specbuild_attention_f32(float *qkv, const float *cos, const float *sin, flo
                 float *row = qkv + n * width;
                 for (long h = 0; h < Hq + Hkv; h++) rope_head(row + h * D, cos + n * D, sin + n * D, D);
                 for (long h = 0; h < Hkv; h++) {
-                    const long at = slot[b] * slot_stride + h * head_stride + (length[b] + t) * D;
+                    const long at = slot[b] * slot_stride + h * head_stride + (length[b] + t) * pos_stride;
                     memcpy(cache_k + at, row + (Hq + h) * D, D * sizeof(float));
                     memcpy(cache_v + at, row + (Hq + Hkv + h) * D, D * sizeof(float));
                 }
@@ -417,10 +418,10 @@ void specbuild_attention_f32(float *qkv, const float *cos, const float *sin, flo
             while (start[b] + size[b] <= n) b++;
             const long t = n - start[b];
             long nv = 0;
-            for (long p = 0; p < length[b]; p++) idx[nv++] = p;
+            for (long p = 0; p < length[b]; p++) idx[nv++] = p * pos_stride;
             for (long u = 0; u < size[b]; u++) {
                 const int seen = allowed_off[b] < 0 ? u <= t : allowed[allowed_off[b] + t * size[b] + u] != 0;
-                if (seen) idx[nv++] = length[b] + u;
+                if (seen) idx[nv++] = (length[b] + u) * pos_stride;
             }
             const long base = slot[b] * slot_stride + kvh * head_stride;
             for (long h0 = kvh * groups; h0 < (kvh + 1) * groups; h0 += MAX_GROUP) {

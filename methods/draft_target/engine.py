@@ -26,7 +26,6 @@ from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
 from specbuild.engine.drafters import ChainDrafter, Draft, EngineMethod, MethodContext
 from specbuild.engine.forward import RowBlock, forward_blocks
-from specbuild.engine.kv_cache import rollback
 from specbuild.engine.kv_pool import KVCacheFullError, KVPool, KVShape
 from specbuild.engine.types import InvalidRequestError
 
@@ -55,6 +54,10 @@ class DraftModel:
     path: Path
     max_position_embeddings: int | None
     slots: DraftSlots | None = None
+
+
+PRIVATE_CHUNK = 256
+"""Positions a private draft pool grows by (a proposer outside an engine, or one that found no free slot)."""
 
 
 class DraftSlots:
@@ -129,35 +132,45 @@ class DraftTargetProposer:
         step n+1: context = c0 .. c9 d0 d1 b    (d0, d1 accepted, bonus b)
                   keep c0 .. c9 d0 d1, roll back the rest, feed [b]
 
-    In an engine (the draft has :class:`DraftSlots`) the cache is a slot of the draft's pool and the
-    requests of a batch draft together (:func:`propose_batch`); otherwise, or when every slot is held,
-    a private ``DynamicCache``.
+    The cache is always a slot of a :class:`DraftSlots` pool (the one KV cache interface,
+    :class:`~specbuild.engine.kv_pool.KVCache`). In an engine (the draft has :class:`DraftSlots`) it is a
+    slot of the draft's shared pool and the requests of a batch draft together (:func:`propose_batch`);
+    otherwise, or when every slot is held, a private one-slot pool, regrown (and refilled from the
+    context) when the context outgrows it.
     """
 
     def __init__(self, draft: DraftModel) -> None:
         self._draft = draft
         self._cached: list[int] = []
+        self._slots: DraftSlots | None = None  # the draft's shared slots, or a private one-slot pool
         self._slot: int | None = None
-        self._cache: Any = None  # the private DynamicCache, when there is no slot
 
     def _take_cache(self) -> None:
         """On first use (the request is running by then): a slot of the draft's pool if one is free, else
-        a private cache. The slot goes back when this proposer is dropped."""
-        if self._slot is not None or self._cache is not None:
+        a private one-slot pool. The shared slot goes back when this proposer is dropped."""
+        if self._slot is not None:
             return
         slots = self._draft.slots
         self._slot = None if slots is None else slots.take()
         if self._slot is not None:
+            self._slots = slots
             weakref.finalize(self, slots.give_back, self._slot)
         else:
-            self._cache = target_model.new_cache(self._draft.model)
+            self._private(PRIVATE_CHUNK)
+
+    def _private(self, capacity: int) -> None:
+        """A private one-slot pool of ``capacity`` positions (rounded up to :data:`PRIVATE_CHUNK`), empty."""
+        capacity = -(-capacity // PRIVATE_CHUNK) * PRIVATE_CHUNK
+        self._slots = DraftSlots(self._draft.model, num_slots=1, capacity=capacity)
+        self._slot = self._slots.take()
+        self._cached = []
 
     @property
     def batch_key(self) -> DraftSlots | None:
         """The draft's slots when this request holds one (it then drafts with the others), else None.
         Takes the request's cache on first use."""
         self._take_cache()
-        return self._draft.slots if self._slot is not None else None
+        return self._slots if self._slots is self._draft.slots else None
 
     def propose(self, context: Sequence[int], num_draft_tokens: int, sampler: Sampler | None = None) -> Draft:
         """``k`` tokens sampled (or greedy when ``sampler`` is None) from the draft, with their ``[k, vocab]`` q.
@@ -166,19 +179,10 @@ class DraftTargetProposer:
         draft then: the engine decodes plainly).
         """
         self._take_cache()
-        if self._slot is not None:
-            return propose_batch([self], [context], [num_draft_tokens], [sampler])[0]
-        k = self._num_drafts(len(context), num_draft_tokens)
-        if k <= 0:
-            return Draft()
-        feed = self._sync_cache(context)
-        tokens, probs = [], []
-        for _ in range(k):
-            logits = target_model.forward_logits(self._draft.model, feed, self._cache, num_logits=1)  # [1, vocab]
-            self._cached += feed
-            tokens.append(self._choose(logits, sampler, probs))
-            feed = [tokens[-1]]
-        return Draft(tokens, torch.stack(probs) if probs else None)  # probs: [k, vocab]
+        need = len(context) + self._num_drafts(len(context), num_draft_tokens)
+        if self._slots is not self._draft.slots and need > self._slots.pool.capacity:
+            self._private(2 * need)  # a private pool the context outgrew: a bigger one, refilled from the context
+        return propose_batch([self], [context], [num_draft_tokens], [sampler])[0]
 
     def update(self, context: Sequence[int], num_accepted: int) -> None:
         """Nothing to do: the next :meth:`propose` rolls the cache back to what the context kept."""
@@ -211,10 +215,7 @@ class DraftTargetProposer:
     def _sync_cache(self, context: Sequence[int]) -> list[int]:
         """Roll the cache back to its longest prefix still in ``context``; return the tokens to feed (>= 1)."""
         keep = self._kept_prefix(context)
-        if self._slot is None:
-            rollback(self._cache, keep)
-        else:
-            self._draft.slots.pool.truncate(self._slot, keep)
+        self._slots.pool.truncate(self._slot, keep)
         self._cached = self._cached[:keep]
         return list(context[keep:])
 
@@ -224,7 +225,7 @@ def propose_batch(
     samplers: Sequence[Sampler | None],
 ) -> list[Draft]:
     """:meth:`DraftTargetProposer.propose` for requests of one engine's draft, each holding a slot of its
-    :class:`DraftSlots`: per draft token ONE draft forward over every request still drafting
+    :class:`DraftSlots` (or one request on its private pool): per draft token ONE draft forward over every request still drafting
     (:func:`~specbuild.engine.forward.forward_blocks`, rows at their own lengths), so ``B`` requests cost
     about one request's draft passes, not ``B``. A request whose feed is longer than ``1 +
     max_draft_len`` (its first step feeds the prompt) runs its first forward alone, so the others are not
@@ -232,14 +233,14 @@ def propose_batch(
     rows beside it (packed linears, per-row attention), and sampled rows draw from their own samplers.
 
     Raises:
-        ValueError: a proposer holds no slot, or the proposers belong to different drafts.
+        ValueError: the proposers do not hold slots of one :class:`DraftSlots`.
     """
     draft = proposers[0]._draft
     for p in proposers:
         p._take_cache()
-    if any(p._draft.slots is not draft.slots or p._slot is None for p in proposers):
+    if any(p._slots is not proposers[0]._slots for p in proposers):
         raise ValueError("propose_batch drafts for requests holding slots of one draft's DraftSlots only")
-    pool = draft.slots.pool
+    pool = proposers[0]._slots.pool
     ks = [p._num_drafts(len(c), n) for p, c, n in zip(proposers, contexts, num_draft_tokens)]
     tokens: list[list[int]] = [[] for _ in proposers]
     probs: list[list[Any]] = [[] for _ in proposers]

@@ -81,6 +81,7 @@ from transformers.models.llama.modeling_llama import (
 from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
 from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
+from specbuild.engine.kv_pool import KVCache, KVPool, KVShape
 from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
 
 from ..head_files import HeadFiles, LoadedHead, check_state, check_tree_attention, known_keys, read_config_json
@@ -251,7 +252,9 @@ class RMSNorm(nn.Module):
 
 @dataclass(frozen=True)
 class LayerKV:
-    """One layer's keys and values, ``[num_kv_heads, S, head_dim]`` each."""
+    """One layer's keys and values, ``[num_kv_heads, S, head_dim]`` each: a call's new rows (an engine call has
+    already written them to its :class:`CacheView`), or training's differentiable past (EAGLE-3's test-time
+    training steps, ``methods/eagle3/train.py``; the engine's head caches are :class:`HeadCache` slots)."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -260,19 +263,95 @@ class LayerKV:
         return self.keys.shape[1]
 
     def cat(self, other: LayerKV) -> LayerKV:
+        """Training only: ``self`` then ``other`` along positions (keeps the autograd graph)."""
         return LayerKV(torch.cat([self.keys, other.keys], 1), torch.cat([self.values, other.values], 1))
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """Where one request's rows of a head call keep their keys and values: slot ``slot`` of ``cache`` (the
+    engine's KV cache interface, :class:`~specbuild.engine.kv_pool.KVCache`), head layer ``layer``. The
+    rows are written at positions ``start ..`` and attend over positions ``0 .. start + rows - 1`` (the
+    :class:`Segment` mask's columns, in that order)."""
+
+    cache: KVCache
+    slot: int
+    start: int
+    layer: int = 0
+
+
+class HeadCache:
+    """One request's EAGLE / EAGLE-3 head cache on the engine's KV cache interface: slot 0 of a private
+    one-slot :class:`~specbuild.engine.kv_pool.KVPool` of the head's geometry (its attention layers,
+    kv heads and head size). Committed: the positions fed with TRUE target features; a proposal writes
+    its draft nodes after them without committing, so the next update overwrites them. The pool is
+    regrown (to what a call needs rounded up to whole :data:`HEAD_CHUNK` s; everything written so far
+    copied through :meth:`~specbuild.engine.kv_pool.KVCache.read` / ``write``) when a call would run past it.
+    """
+
+    def __init__(self, shape: KVShape, *, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.pool: KVPool | None = None
+        self.slot = 0
+
+    @classmethod
+    def of(cls, attentions: Sequence[Attention], *, dtype: torch.dtype, device: torch.device | str) -> HeadCache:
+        """An empty cache for a head whose attention layers are ``attentions`` (one per head layer)."""
+        return cls(KVShape(len(attentions), attentions[0].num_kv_heads, attentions[0].head_dim), dtype=dtype, device=device)
+
+    @property
+    def length(self) -> int:
+        """Committed (true-feature) positions."""
+        return 0 if self.pool is None else self.pool.length(self.slot)
+
+    def view(self, start: int, rows: int) -> CacheView:
+        """Room for ``rows`` positions at ``start`` (regrowing the pool if needed); where a call writes them."""
+        if self.pool is None or start + rows > self.pool.capacity:
+            self._regrow(start + rows)
+        return CacheView(self.pool, self.slot, start)
+
+    def commit(self, rows: int) -> None:
+        """Keep the ``rows`` positions a call just wrote at the committed length."""
+        self.pool.commit(self.slot, list(range(rows)))
+
+    def layer(self, n: int) -> LayerKV:
+        """Head layer ``n``'s committed keys and values, ``[num_kv_heads, length, head_dim]`` views."""
+        return LayerKV(*self.pool.read(n, self.slot, self.length))
+
+    def copy(self) -> HeadCache:
+        """A separate cache holding the same positions and committed length (a sequential oracle's start)."""
+        twin = HeadCache(self.shape, dtype=self.dtype, device=self.device)
+        if self.pool is not None:
+            twin.pool, twin.slot = self.pool, self.slot
+            twin._regrow(self.pool.capacity)  # into a pool of its own
+        return twin
+
+    def _regrow(self, capacity: int) -> None:
+        pool = KVPool(self.shape, num_slots=1, capacity=-(-capacity // HEAD_CHUNK) * HEAD_CHUNK, dtype=self.dtype,
+                      device=self.device)
+        slot = pool.allocate()
+        if self.pool is not None:  # everything written so far (a proposal's draft nodes too), committed length kept
+            for layer in range(self.shape.num_layers):
+                pool.write(layer, slot, 0, *self.pool.read(layer, self.slot, self.pool.capacity))
+            if self.length:
+                pool.commit(slot, list(range(self.length)))
+        self.pool, self.slot = pool, slot
+
+
+HEAD_CHUNK = 256
+"""Positions a :class:`HeadCache` grows by."""
 
 
 @dataclass(frozen=True)
 class Segment:
     """Rows ``[start, stop)`` of a batched head call that belong to one request: they attend to that
-    request's ``past`` and to each other through ``mask`` ``[stop - start, P + stop - start]`` (bool,
-    True = attend; past first, then the segment's own rows)."""
+    request's cached positions and to each other through ``mask`` ``[stop - start, P + stop - start]``
+    (bool, True = attend; cached positions first, then the segment's own rows)."""
 
     start: int
     stop: int
     mask: torch.Tensor
-    past: Any = None  # LayerKV (one layer) or a per-layer sequence of them (a head call); None: P = 0
+    past: CacheView | LayerKV | None = None  # the rows' cache (engine) or a differentiable past (training); None: P = 0
 
 
 class Attention(nn.Module):
@@ -288,9 +367,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, past: LayerKV | None
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, past: CacheView | None
     ) -> tuple[torch.Tensor, LayerKV]:
-        """``x [S, H]``, ``mask [S, P + S]`` bool (True = attend), ``past`` ``P`` positions -> ``[S, H]``, new KV."""
+        """``x [S, H]``, ``mask [S, P + S]`` bool (True = attend), ``past`` at ``P`` -> ``[S, H]``, new KV."""
         out, (new,) = self.forward_segments(x, rotary, [Segment(0, x.shape[0], mask, past)])
         return out, new
 
@@ -298,7 +377,8 @@ class Attention(nn.Module):
         self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], segments: Sequence[Segment]
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """Several requests' rows in one call: the projections run once over ``x [S, H]``, attention per
-        :class:`Segment` (``past``: this layer's :class:`LayerKV`). Returns ``[S, H]`` and each segment's new KV.
+        :class:`Segment` (``past``: this layer's :class:`CacheView`, where the rows' KV is written and read back
+        with the cached positions before it). Returns ``[S, H]`` and each segment's new KV.
         """
         s = x.shape[0]
         q = self.q_proj(x).view(s, self.num_heads, self.head_dim).transpose(0, 1)  # [nH, S, d]
@@ -310,9 +390,15 @@ class Attention(nn.Module):
         outs, news = [], []
         for seg in segments:
             new = LayerKV(k[:, seg.start : seg.stop], v[:, seg.start : seg.stop])
-            full = new if seg.past is None else seg.past.cat(new)  # [nKV, P + S_r, d]
-            keys = full.keys.repeat_interleave(groups, dim=0)  # [nH, P + S_r, d]
-            values = full.values.repeat_interleave(groups, dim=0)
+            keys, values = new.keys, new.values
+            if isinstance(seg.past, CacheView):
+                at = seg.past
+                at.cache.write(at.layer, at.slot, at.start, keys, values)
+                keys, values = at.cache.read(at.layer, at.slot, at.start + len(new))  # [nKV, P + S_r, d] views
+            elif seg.past is not None:  # training's differentiable past
+                keys, values = torch.cat([seg.past.keys, keys], 1), torch.cat([seg.past.values, values], 1)
+            keys = keys.repeat_interleave(groups, dim=0)  # [nH, P + S_r, d]
+            values = values.repeat_interleave(groups, dim=0)
             outs.append(nn.functional.scaled_dot_product_attention(q[:, seg.start : seg.stop], keys, values, attn_mask=seg.mask))
             news.append(new)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [nH, S, d]
@@ -342,7 +428,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, past: LayerKV | None
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, past: CacheView | None
     ) -> tuple[torch.Tensor, LayerKV]:
         """``x [S, H]``, ``mask [S, P + S]``, ``past`` ``P`` positions -> ``[S, H]``, the new KV."""
         out, (new,) = self.forward_segments(x, rotary, [Segment(0, x.shape[0], mask, past)])
@@ -351,7 +437,7 @@ class DecoderLayer(nn.Module):
     def forward_segments(
         self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], segments: Sequence[Segment]
     ) -> tuple[torch.Tensor, list[LayerKV]]:
-        """``x [S, H]``; per segment ``past`` is this layer's :class:`LayerKV` -> ``[S, H]``, each segment's new KV."""
+        """``x [S, H]``; per segment ``past`` is this layer's :class:`CacheView` -> ``[S, H]``, each segment's new KV."""
         normed = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
         attended, new = self.self_attn.forward_segments(normed, rotary, segments)
         x = x + attended
@@ -374,7 +460,7 @@ class EagleHead(nn.Module):
         features: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor,
-        past: Sequence[LayerKV] | None = None,
+        past: CacheView | None = None,
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """Predicted next features for ``S`` new positions.
 
@@ -383,7 +469,7 @@ class EagleHead(nn.Module):
             features: ``[S, H]`` features ``f_j`` (target's, or the head's own output for draft nodes).
             positions: ``[S]`` long, rotary positions ``j``.
             mask: ``[S, P + S]`` bool, True where new position ``s`` may attend (past first, then new).
-            past: per layer ``P`` cached positions, or None (``P = 0``).
+            past: the request's cache (layer 0's :class:`CacheView`, the new rows at ``P``), or None (``P = 0``, no cache).
 
         Returns:
             ``([S, H]`` predicted features ``f'_j``, per layer the ``S`` new positions' KV``)``.
@@ -395,7 +481,7 @@ class EagleHead(nn.Module):
         self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, segments: Sequence[Segment]
     ) -> tuple[torch.Tensor, list[list[LayerKV]]]:
         """:meth:`forward` for several requests at once: their rows concatenated (``[S, H]``, ``[S]``), each
-        request a :class:`Segment` whose ``past`` is its per-layer KV (or None). The linear layers run once
+        request a :class:`Segment` whose ``past`` is its cache (a :class:`CacheView`, or None). The linear layers run once
         over all rows, attention per segment, so a request's outputs do not depend on the others'
         (on CPU, with packed linears: the same bits as alone).
 
@@ -407,7 +493,7 @@ class EagleHead(nn.Module):
         rotary = (cos[0].to(x.dtype), sin[0].to(x.dtype))
         new_kv: list[list[LayerKV]] = [[] for _ in segments]
         for n, layer in enumerate(self.layers):
-            layer_segments = [replace(seg, past=None if seg.past is None else seg.past[n]) for seg in segments]
+            layer_segments = [replace(seg, past=None if seg.past is None else replace(seg.past, layer=n)) for seg in segments]
             x, kv = layer.forward_segments(x, rotary, layer_segments)
             for per_segment, layer_kv in zip(new_kv, kv):
                 per_segment.append(layer_kv)
@@ -468,16 +554,22 @@ class EagleState:
     """One request's head state: the KV of every position fed with a TRUE target feature.
 
     Attributes:
-        kv: per head layer ``[num_kv_heads, P, head_dim]`` keys/values; ``P`` = context length - 1.
+        cache: the head's KV (:class:`HeadCache`, made at the first update): ``P`` committed positions,
+            ``P`` = context length - 1.
         last_output: ``[H]`` head output at position ``P - 1`` (predicts the root's successor's feature).
     """
 
-    kv: list[LayerKV] | None = None
+    cache: HeadCache | None = None
     last_output: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
-        return 0 if self.kv is None else len(self.kv[0])
+        return 0 if self.cache is None else self.cache.length
+
+    @property
+    def kv(self) -> list[LayerKV] | None:
+        """Per head layer the committed keys and values (views of :attr:`cache`), or None before the first update."""
+        return None if self.cache is None else [self.cache.layer(n) for n in range(self.cache.shape.num_layers)]
 
 
 @dataclass(frozen=True)
@@ -648,14 +740,14 @@ class EagleProposer:
 
 @dataclass
 class _HeadCall:
-    """One request's rows of a batched head call, and where their KV goes when it returns."""
+    """One request's rows of a batched head call, where their KV goes, and what to do when it returns."""
 
     tokens: list[int]
     features: torch.Tensor  # [b, H]
     positions: torch.Tensor  # [b] long
     mask: torch.Tensor  # [b, P + b] bool
-    past: list[LayerKV] | None
-    done: Callable[[list[LayerKV], torch.Tensor], None]  # (new per-layer KV, outputs [b, H])
+    past: CacheView  # where the rows' KV is written (at P) and what they attend to
+    done: Callable[[torch.Tensor], None]  # outputs [b, H], once the call succeeded
 
 
 def _run_head(head: EagleHead, embedding: nn.Module, calls: Sequence[_HeadCall]) -> list[torch.Tensor]:
@@ -666,13 +758,13 @@ def _run_head(head: EagleHead, embedding: nn.Module, calls: Sequence[_HeadCall])
     for call in calls:
         segments.append(Segment(start, start + len(call.tokens), call.mask, call.past))
         start += len(call.tokens)
-    out, new_kv = head.forward_segments(
+    out, _ = head.forward_segments(
         embedding(tokens), torch.cat([call.features for call in calls]), torch.cat([call.positions for call in calls]), segments,
     )
     outputs = []
-    for call, seg, kv in zip(calls, segments, new_kv):
+    for call, seg in zip(calls, segments):
         outputs.append(out[seg.start : seg.stop])
-        call.done(kv, outputs[-1])
+        call.done(outputs[-1])
     return outputs
 
 
@@ -692,15 +784,17 @@ def update_batch(
     device = proposer.embedding.weight.device
     calls, updates = [], []
     for state, tokens, feats in zip(states, next_tokens, features):
+        if state.cache is None:
+            state.cache = HeadCache.of([layer.self_attn for layer in proposer.head.layers], dtype=proposer._dtype, device=device)
         m, past = len(tokens), state.length
         calls.append(_HeadCall(
             list(tokens), feats.to(proposer._dtype), torch.arange(past, past + m, device=device),
             torch.ones(m, past + m, dtype=torch.bool, device=device).tril(diagonal=past),  # causal
-            state.kv, lambda kv, out, state=state: updates.append((state, kv, out[-1])),
+            state.cache.view(past, m), lambda out, state=state, m=m: updates.append((state, m, out[-1])),
         ))
     _run_head(proposer.head, proposer.embedding, calls)
-    for state, new_kv, last in updates:
-        state.kv = new_kv if state.kv is None else [old.cat(new) for old, new in zip(state.kv, new_kv)]
+    for state, m, last in updates:
+        state.cache.commit(m)
         state.last_output = last
 
 
@@ -744,11 +838,11 @@ def propose_batch(
 
 
 class DraftKV:
-    """Draft positions' KV for one propose() call, kept apart from the request's true-feature cache."""
+    """Draft positions of one propose() call: written after the request's committed true-feature positions
+    (in its :class:`HeadCache`, uncommitted, so the next update overwrites them), in node order."""
 
     def __init__(self, proposer: EagleProposer, state: EagleState) -> None:
         self.proposer, self.state = proposer, state
-        self.kv: list[LayerKV] | None = None
         self.ids: list[int] = []  # node id per draft position, in order
 
     def call(
@@ -770,15 +864,13 @@ class DraftKV:
         for row, node_ancestors in enumerate(ancestors):
             mask[row, [past + position[a] for a in node_ancestors]] = True
             mask[row, past + drafted + row] = True
-        kv = state.kv if self.kv is None else [t.cat(d) for t, d in zip(state.kv, self.kv)]
         positions = torch.full((b,), past + depth - 1, dtype=torch.long, device=device)
 
-        def keep(new_kv: list[LayerKV], out: torch.Tensor) -> None:
+        def keep(out: torch.Tensor) -> None:
             del out
-            self.kv = new_kv if self.kv is None else [old.cat(new) for old, new in zip(self.kv, new_kv)]
             self.ids += ids
 
-        return _HeadCall(tokens, parent_outputs, positions, mask, kv, keep)
+        return _HeadCall(tokens, parent_outputs, positions, mask, state.cache.view(past + drafted, b), keep)
 
     def forward(
         self, tokens: list[int], parent_outputs: torch.Tensor, depth: int, ancestors: list[list[int]], ids: list[int]

@@ -60,7 +60,9 @@ from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
 from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
 
-from ..eagle.engine import MLP, PT_NAMES, SAFETENSORS_NAME, Attention, EagleConfig, LayerKV, RMSNorm, Segment, feed_pending
+from ..eagle.engine import (
+    MLP, PT_NAMES, SAFETENSORS_NAME, Attention, CacheView, EagleConfig, HeadCache, LayerKV, RMSNorm, Segment, feed_pending,
+)
 from ..head_files import HeadFiles, LoadedHead, check_state, known_keys, read_config_json
 from ..heads import refuse_unreadable, target_config, torch_dtype
 from . import Eagle3Speculation
@@ -267,7 +269,7 @@ class MidLayer(nn.Module):
 
     def forward(
         self, embeds: torch.Tensor, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor, past: LayerKV | None,
+        mask: torch.Tensor, past: CacheView | LayerKV | None,
     ) -> tuple[torch.Tensor, LayerKV]:
         """``embeds, hidden [S, H]`` -> pre-norm output ``[S, H]``, the ``S`` new positions' KV."""
         out, (new,) = self.forward_segments(embeds, hidden, rotary, [Segment(0, embeds.shape[0], mask, past)])
@@ -278,7 +280,7 @@ class MidLayer(nn.Module):
         segments: Sequence[Segment],
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """Several requests' rows (``[S, H]`` each input), attention per :class:`Segment` (``past``: its
-        :class:`LayerKV`) -> ``[S, H]``, each segment's new KV."""
+        :class:`CacheView`) -> ``[S, H]``, each segment's new KV."""
         wide = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [S, 2H]
         attended, new = self.self_attn.forward_segments(wide, rotary, segments)
         x = hidden + attended  # residual: the un-normed hidden input
@@ -311,7 +313,7 @@ class Eagle3Head(nn.Module):
         hidden: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor,
-        past: LayerKV | None = None,
+        past: CacheView | LayerKV | None = None,
     ) -> tuple[torch.Tensor, LayerKV]:
         """Pre-norm outputs for ``S`` new positions.
 
@@ -329,7 +331,7 @@ class Eagle3Head(nn.Module):
         self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, segments: Sequence[Segment]
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """:meth:`forward` for several requests at once: their rows concatenated (``[S, H]``, ``[S]``),
-        each request a :class:`Segment` whose ``past`` is its :class:`LayerKV` (or None). The linear layers
+        each request a :class:`Segment` whose ``past`` is its :class:`CacheView` (or None). The linear layers
         run once over all rows, attention per segment, so a request's outputs do not depend on the
         others' (on CPU, with packed linears: the same bits as alone).
 
@@ -384,14 +386,20 @@ def check_vocab_fits(head: Eagle3Head, vocab_size: int) -> None:
 
 @dataclass
 class Eagle3State:
-    """One request's head state: KV of every true position (``P`` = context length - 1) and the last output."""
+    """One request's head state: KV of every true position (``P`` = context length - 1, in a
+    :class:`~specbuild.methods.eagle.engine.HeadCache` made at the first update) and the last output."""
 
-    kv: LayerKV | None = None
+    cache: HeadCache | None = None
     last_output: torch.Tensor | None = None  # [H] pre-norm, predicts the root's successor
 
     @property
     def length(self) -> int:
-        return 0 if self.kv is None else len(self.kv)
+        return 0 if self.cache is None else self.cache.length
+
+    @property
+    def kv(self) -> LayerKV | None:
+        """The committed keys and values (views of :attr:`cache`), or None before the first update."""
+        return None if self.cache is None else self.cache.layer(0)
 
 
 class Eagle3Proposer:
@@ -486,14 +494,16 @@ def update_batch(
         if feats.shape[0] != m:
             raise ValueError(f"EAGLE-3 update: {m} tokens but {feats.shape[0]} feature rows")
         mask = torch.ones(m, past + m, dtype=torch.bool, device=device).tril(diagonal=past)  # causal
-        segments.append(Segment(start, start + m, mask, state.kv))
+        if state.cache is None:
+            state.cache = HeadCache.of([proposer.head.midlayer.self_attn], dtype=proposer._dtype, device=device)
+        segments.append(Segment(start, start + m, mask, state.cache.view(past, m)))
         positions.append(torch.arange(past, past + m, device=device))
         start += m
     ids = torch.tensor([t for toks in tokens for t in toks], dtype=torch.long, device=device)
     fused = proposer.head.fc(torch.cat([f.to(proposer._dtype) for f in features]))  # [S, 3 Ht] -> [S, H]
-    out, new_kv = proposer.head.forward_segments(proposer.embedding(ids), fused, torch.cat(positions), segments)
-    for state, seg, new in zip(states, segments, new_kv):
-        state.kv = new if state.kv is None else state.kv.cat(new)
+    out, _ = proposer.head.forward_segments(proposer.embedding(ids), fused, torch.cat(positions), segments)
+    for state, seg in zip(states, segments):
+        state.cache.commit(seg.stop - seg.start)
         state.last_output = out[seg.stop - 1]
 
 
@@ -511,7 +521,6 @@ def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_d
     ks = [min(k, proposer.max_draft_len) for k in num_draft_tokens]
     chains: list[list[int]] = [[] for _ in states]
     outputs = {r: s.last_output for r, s in enumerate(states) if ks[r] > 0}
-    kvs = {r: states[r].kv for r in outputs}
     depth = 1
     while outputs:
         rows = list(outputs)
@@ -521,15 +530,15 @@ def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_d
         if not rows:
             break
         device = outputs[rows[0]].device
-        segments = [Segment(i, i + 1, torch.ones(1, len(kvs[r]) + 1, dtype=torch.bool, device=device), kvs[r])
-                    for i, r in enumerate(rows)]
+        # chain node `depth` goes after the true positions and the depth - 1 nodes before it (uncommitted)
+        segments = [Segment(i, i + 1, torch.ones(1, states[r].length + depth, dtype=torch.bool, device=device),
+                            states[r].cache.view(states[r].length + depth - 1, 1)) for i, r in enumerate(rows)]
         positions = torch.tensor([states[r].length + depth - 1 for r in rows], device=device)
         ids = torch.tensor([chains[r][-1] for r in rows], dtype=torch.long, device=device)
-        out, new_kv = proposer.head.forward_segments(
+        out, _ = proposer.head.forward_segments(
             proposer.embedding(ids), torch.stack([outputs[r] for r in rows]), positions, segments
         )
         outputs = {r: out[i] for i, r in enumerate(rows)}
-        kvs = {r: kvs[r].cat(new) for r, new in zip(rows, new_kv)}
         depth += 1
     return chains
 
