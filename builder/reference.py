@@ -26,7 +26,7 @@ speculation and build sections plus the checkpoint's and the method's weights' f
 ``kernel_guarantee`` is what the target will run (:func:`specbuild.engine.guarantee.plan_kernels`): the
 engine's own kernels (``rowgemm`` linears and ``specbuild`` attention, greedy equality ``bitwise``) or a
 fallback (``near-ties``, with the reason); the engine loads exactly those linears
-(:meth:`~specbuild.engine.runtime.ReferenceEngine.from_engine_dir`), and the build prints the same line.
+(:meth:`~specbuild.runtime.ReferenceEngine.from_engine_dir`), and the build prints the same line.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild import __version__
-from specbuild.builder.atomic import staging_dir
-from specbuild.builder.checkpoints import (
+from specbuild.util.atomic import staging_dir
+from specbuild.util.checkpoints import (
     CheckpointSource,
     locate_checkpoint,
     materialize_checkpoint,
@@ -74,7 +74,7 @@ def locate_target(loaded: LoadedRecipe) -> CheckpointSource:
     Raises:
         RecipeError: the checkpoint is missing (message has the recipe file, line and fix).
     """
-    from specbuild.builder.checkpoints import CheckpointError
+    from specbuild.util.checkpoints import CheckpointError
 
     target = loaded.recipe.target
     try:

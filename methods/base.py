@@ -5,7 +5,7 @@ Every part of specbuild reads the method through this object, never through ``if
     SpeculationMethod                      read by
       name, title                          recipe ``method:``, messages
       params      (pydantic model)         the recipe's ``speculation:`` AND the reference engine's
-                                           ``speculative_config`` (builder/recipe.py, engine/runtime.py)
+                                           ``speculative_config`` (builder/recipe.py, specbuild/runtime.py)
       trtllm      (TrtllmMapping)          decoding_type, speculative_decoding_mode, decoding_mode,
                                            conversion, build flags, checks (builder/trtllm_plan.py,
                                            builder/trtllm_version.py, triton_repo/tensorrtllm.py)
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, ValidationInfo
 
-from specbuild.builder.strict import FieldProblem, StrictModel
+from specbuild.util.strict import FieldProblem, StrictModel
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
     from specbuild.engine.drafters import EngineMethod
 

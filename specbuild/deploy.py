@@ -1,6 +1,6 @@
 """Build and serve a recipe: the one place a recipe becomes a running deployment.
 
-``specbuild recipe`` (:mod:`specbuild.pipeline`), ``specbuild bench`` and ``specbuild tune`` all
+``specbuild recipe`` (:mod:`specbuild.main_job`), ``specbuild bench`` and ``specbuild tune`` all
 serve recipes through :func:`deploy`::
 
     with deploy("smollm2-ngram") as served:
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specbuild.builder.recipe import LoadedRecipe, RecipeError, load_recipe
-from specbuild.pipeline import RunPaths, check_ports, check_runnable, default_output_dir, draft_from_train_stage
+from specbuild.pipeline import RunPaths, check_ports, check_runnable, default_output_dir, draft_from_train_stage, run_trtllm_build
 
 if TYPE_CHECKING:
     from specbuild.prompts import Prompt
@@ -144,13 +144,11 @@ def build_recipe(
     with stage("validate"):
         checked = check_runnable(loaded)  # the build reuses what it located and checked
     if train and draft_from_train_stage(loaded):
-        from specbuild.train.stage import train_draft
+        from specbuild.builder.train_stage import train_draft
 
         with stage("train"):
             train_draft(loaded, log=log, show_progress=False)
     if loaded.recipe.build.backend != "reference":
-        from specbuild.pipeline import run_trtllm_build
-
         with stage("build"):
             result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=status, log=log)
         return Build(loaded, paths, checked.prompts, bool(result.record.ran), decoupled, trtllm=result)
@@ -249,7 +247,7 @@ def deploy(
     Raises:
         RecipeError: the recipe does not load or cannot run here, or it is a TensorRT-LLM recipe
             (served in the TensorRT-LLM container; see :func:`build_recipe`); raised before long work.
-        specbuild.builder.checkpoints.CheckpointError: a checkpoint cannot be fetched or converted.
+        specbuild.util.checkpoints.CheckpointError: a checkpoint cannot be fetched or converted.
         specbuild.triton_repo.tritonserver.ServerNotFoundError, specbuild.triton_repo.tritonserver.ServerStartError:
             as :func:`serve_build`.
     """

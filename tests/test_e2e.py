@@ -21,7 +21,7 @@ from specbuild.builder.reference import build_reference_engine
 from specbuild.client.prompts import Prompt, load_prompts
 from specbuild.client.sdk import RequestError, SpecClient
 from specbuild.client.verify import verify
-from specbuild.engine.runtime import ReferenceEngine
+from specbuild.runtime import ReferenceEngine
 from specbuild.engine.types import GenerationRequest
 from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 from specbuild.triton_repo.models.tokenization import load_tokenizer

@@ -21,7 +21,7 @@ from tiny_models import make_pass_through
 from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
 from specbuild.methods.eagle import engine as eagle
 from specbuild.methods.eagle.engine import EagleConfig, EagleHead, save_eagle_head
-from specbuild.engine.tree import MC_SIM_7B_63
+from specbuild.methods.base import MC_SIM_7B_63
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = EagleConfig(

@@ -19,7 +19,8 @@ import torch
 from conftest import served, verify_lossless, write_recipe
 from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, worker
 from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, save_medusa_heads
-from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
+from specbuild.engine.tree import SpecTree
+from specbuild.methods.base import MC_SIM_7B_63
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = MedusaConfig(medusa_num_heads=4, medusa_num_layers=1, hidden_size=HIDDEN, vocab_size=VOCAB)

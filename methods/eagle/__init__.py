@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from specbuild.builder.strict import FieldProblem
+from specbuild.util.strict import FieldProblem
 
 from ..base import (
     Conversion,
@@ -30,7 +30,7 @@ from ..heads import check_head_sizes, locate_head_dir
 from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt")  # EAGLE's and EAGLE-3's; pickles read weights_only

@@ -17,7 +17,7 @@ from ..eagle import check_sizes, locate_head
 from ..heads import read_json, target_config
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
 
 

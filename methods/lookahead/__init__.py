@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from specbuild.builder.strict import FieldProblem
+from specbuild.util.strict import FieldProblem
 
 from ..base import MethodParams, SpeculationMethod, TrtllmMapping
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from specbuild.builder.strict import FieldProblem
+from specbuild.util.strict import FieldProblem
 
 from ..base import (
     MC_SIM_7B_63,
@@ -31,7 +31,7 @@ from ..heads import check_head_sizes, locate_head_dir
 from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # FasterDecoding's; the .pt read weights_only

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from specbuild.builder.strict import FieldProblem
+from specbuild.util.strict import FieldProblem
 
 from ..base import MethodParams, SpeculationMethod, TrtllmMapping
 

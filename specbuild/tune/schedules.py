@@ -1,12 +1,12 @@
 """The tuner's schedule in each engine's own syntax, checked by each engine's own rules.
 
-:func:`specbuild.client.tune.draft_len_schedule` gives, per deployment, TensorRT-LLM's
+:func:`specbuild.tune.draft_len_schedule` gives, per deployment, TensorRT-LLM's
 ``draft_len_schedule`` ``{batch-size threshold: draft length}`` plus ``max_concurrency``
 (speculation off above it). :func:`engine_schedules` writes the same advice for three engines:
 
 - **TensorRT-LLM** (PyTorch backend, ``speculative_config``): ``draft_len_schedule``,
   ``max_concurrency``, ``max_draft_len`` = ``schedule[1]``; checked by
-  :func:`specbuild.builder.draft_len_schedule.check_draft_len_schedule`
+  :func:`specbuild.util.draft_len_schedule.check_draft_len_schedule`
   (``llm_args.py`` ``DecodingBaseConfig.validate_draft_len_schedule_and_sort``). One-engine
   methods (EAGLE-3 one-model, MTP, draft/target one-model) keep drafter state that only the draft
   forward refreshes; at draft length 0 it goes stale and acceptance collapses for the rest of the
@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from specbuild.builder.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
+from specbuild.util.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
 
 if TYPE_CHECKING:
     from .analysis import Schedule
@@ -88,7 +88,7 @@ class EngineSchedules:
 
 
 def engine_schedules(schedule: Schedule, method: str) -> EngineSchedules:
-    """``schedule`` (from :func:`~specbuild.client.tune.draft_len_schedule`) for TensorRT-LLM, vLLM
+    """``schedule`` (from :func:`~specbuild.tune.draft_len_schedule`) for TensorRT-LLM, vLLM
     and SGLang, each passed through that engine's rules. ``method``: this project's method name."""
     notes: dict[str, list[str]] = {"tensorrt-llm": [], "vllm": [], "sglang": []}
     if not schedule.draft_len_schedule:

@@ -1,6 +1,6 @@
 """Choosing from a sweep: candidates, the throughput-latency Pareto frontier, recommendations for a
 goal, the draft-length schedule by concurrency, and :func:`tune`, which gathers them (with the
-analytic comparison of :mod:`specbuild.client.tune.analytic`) into a :class:`TuneReport`."""
+analytic comparison of :mod:`specbuild.tune.analytic`) into a :class:`TuneReport`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specbuild.builder.draft_len_schedule import schedule_from_measurements
+from specbuild.util.draft_len_schedule import schedule_from_measurements
 
 from ..bench.stats import overlaps
 from .analytic import (

@@ -19,7 +19,7 @@ import numpy as np
 from specbuild.interface import ACCEPTANCE_SOURCES, SpecDecodeMetrics
 from specbuild.prompts import Prompt, apply_chat_template, load_prompts
 
-from ..environment import environment
+from specbuild.client.environment import environment
 from .checks import counter_problems, read_counters_or_none
 from .plan import BenchError, Deployment, Load, SweepPlan, is_url, openai_deployments, sweep_size, url_deployments
 from .points import PointResult, summarize_point
@@ -101,12 +101,12 @@ class _Clients:
 def make_client(deployment: Deployment, timeout_s: float):
     """A client for ``deployment``: SpecClient (Triton) or OpenAIClient (``protocol="openai"``)."""
     if deployment.protocol == "openai":
-        from ..openai_client import OpenAIClient
+        from specbuild.client.openai_client import OpenAIClient
 
         tokenizer = None
         return OpenAIClient(deployment.url, chat=deployment.openai_chat, draft_field=deployment.per_request_draft,
                             tokenizer=tokenizer, timeout_s=timeout_s)
-    from ..sdk import SpecClient
+    from specbuild.client.sdk import SpecClient
 
     # retries=0: a silently retried request would count its back-off as latency.
     return SpecClient(deployment.url, protocol=deployment.protocol, timeout_s=timeout_s, retries=0)
@@ -140,7 +140,7 @@ def _streamed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end
     """One request through ``generate_stream``: a chunk per decoding step, perf counters cumulative."""
     chunks = list(client.generate_stream(text, max_tokens=max_tokens, end_id=end_id, **fields))
     if not chunks:
-        from ..sdk import RequestError
+        from specbuild.client.sdk import RequestError
 
         raise RequestError(f"streamed request for {prompt.id!r} returned no response with tokens")
     last = chunks[-1]
@@ -346,8 +346,8 @@ def _server_acceptance(deployment: Deployment):
     """The speculation figures an OpenAI target's ``/metrics`` shows now; None when it has none."""
     if deployment.protocol != "openai":
         return None
-    from ..openai_client import metrics_url_of, read_server_acceptance
-    from ..sdk import ClientError
+    from specbuild.client.openai_client import metrics_url_of, read_server_acceptance
+    from specbuild.client.sdk import ClientError
 
     try:
         return read_server_acceptance(metrics_url_of(deployment.url))
@@ -357,7 +357,7 @@ def _server_acceptance(deployment: Deployment):
 
 def _sum_over_repeats(readings) -> dict | None:
     """acceptance_over each repeat, counters summed over repeats (gauges: the last repeat's)."""
-    from ..openai_client import acceptance_over, with_server_figures
+    from specbuild.client.openai_client import acceptance_over, with_server_figures
 
     per_repeat = [acceptance_over(before, after) for before, after in readings]
     per_repeat = [r for r in per_repeat if r]

@@ -47,7 +47,7 @@ class SweepResult:
     environment: dict | None = None
 
     def to_json(self) -> dict:
-        from ..environment import environment
+        from specbuild.client.environment import environment
 
         if self.environment is None:
             self.environment = environment()
