@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from conftest import served, verify_lossless, write_recipe
-from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
+from specbuild.engine import GenerationRequest
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine import target as target_model
 from specbuild.methods.eagle3.engine import (
     Eagle3Config,

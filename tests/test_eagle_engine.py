@@ -18,7 +18,8 @@ import torch
 
 from conftest import served, verify_lossless, write_recipe
 from tiny_models import make_pass_through
-from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
+from specbuild.engine import GenerationRequest
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.methods.eagle import engine as eagle
 from specbuild.methods.eagle.engine import EagleConfig, EagleHead, save_eagle_head
 from specbuild.methods.base import MC_SIM_7B_63

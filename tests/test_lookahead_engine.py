@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import served, text_prompts, verify_lossless, write_recipe
-from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine
+from specbuild.engine import GenerationRequest, InvalidRequestError
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.methods.lookahead import lookahead_max_draft_len
 
 MAXIMA = (4, 3, 4)  # (W, N, G) -> max_draft_len 15

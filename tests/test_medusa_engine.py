@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from conftest import served, verify_lossless, write_recipe
-from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, worker
+from specbuild.engine import GenerationRequest, InvalidRequestError, worker
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, save_medusa_heads
 from specbuild.engine.tree import SpecTree
 from specbuild.methods.base import MC_SIM_7B_63

@@ -35,7 +35,8 @@ from pathlib import Path
 from specbuild.builder.recipe import RecipeError, parse_recipe
 from specbuild.builder.schema_docs import recipe_schema, render_reference
 from specbuild.builder.trtllm_plan import plan_tensorrt
-from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
+from specbuild.engine import GenerationRequest
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.methods import registered
 
 tmp, checkpoint = Path(sys.argv[1]), sys.argv[2]
