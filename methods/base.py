@@ -91,6 +91,16 @@ class MethodParams(StrictModel):
         """TensorRT-LLM LLM-API ``speculative_config`` (``None``: no speculation)."""
         return None
 
+    def llm_api_fields(self, *keys: str) -> dict[str, Any]:
+        """``{"decoding_type": ..., key: value, ...}`` in ``keys``' order, for :meth:`to_llm_api`: a key
+        ``"name"`` takes the setting of that name, ``"name=setting"`` the setting under another name
+        (``"speculative_model_dir=eagle_model"``). Raises ``AttributeError`` for a setting that does not exist."""
+        config: dict[str, Any] = {"decoding_type": self.decoding_type}
+        for key in keys:
+            name, _, setting = key.partition("=")
+            config[name] = getattr(self, setting or name)
+        return config
+
 
 def check_choices(choices: Choices, info: ValidationInfo) -> Choices:
     """A speculation tree as TensorRT-LLM lists it: every node is the path of child indices from the

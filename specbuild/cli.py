@@ -15,6 +15,7 @@ import click
 
 from specbuild import __version__
 from specbuild.exit_codes import CommandError, ExitCode, bad_input
+from specbuild.util.atomic import write_json_atomic
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -856,29 +857,29 @@ def _verify_oracle(console, client, prompt_list, checkpoint, report_path: Path, 
     except OracleError as exc:
         raise bad_input(str(exc)) from None
     path = report_path.with_name(report_path.stem + ".oracle.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(path, result.to_json())
     console.print(result.describe(), highlight=False)
     console.print(f"oracle report: {path}")
     return result.all_match
 
 
-def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers like 0,2,4, got {value!r}") from None
+def _comma_list(kind: type, what: str):
+    """A click callback parsing ``"1,2,4"`` into a tuple of ``kind`` (None stays None); a bad item is a
+    ``click.BadParameter`` naming ``what`` is expected, with an example."""
+
+    def parse(ctx, param, value: str | None) -> tuple | None:
+        if value is None:
+            return None
+        try:
+            return tuple(kind(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise click.BadParameter(f"expected comma-separated {what}, got {value!r}") from None
+
+    return parse
 
 
-def _float_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(float(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated numbers like 0.5,1,2, got {value!r}") from None
+_int_list = _comma_list(int, "integers like 0,2,4")
+_float_list = _comma_list(float, "numbers like 0.5,1,2")
 
 
 def _deprecated(old: str, new: str) -> None:

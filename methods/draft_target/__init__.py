@@ -50,7 +50,7 @@ class DraftTargetSpeculation(TokenMapParams):
     """Accept by rejection sampling on the draft's logits (sampling) instead of by token matching."""
 
     def to_llm_api(self) -> dict[str, Any]:
-        return {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "speculative_model_dir": self.draft_checkpoint}
+        return self.llm_api_fields("max_draft_len", "speculative_model_dir=draft_checkpoint")
 
 
 # --- weights: the draft checkpoint -----------------------------------------------------------------

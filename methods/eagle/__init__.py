@@ -84,14 +84,8 @@ class EagleSpeculation(TokenMapParams):
         return self
 
     def to_llm_api(self) -> dict[str, Any]:
-        config = {
-            "decoding_type": self.decoding_type,
-            "max_draft_len": self.max_draft_len,
-            "speculative_model_dir": self.eagle_model,
-            "num_eagle_layers": self.num_eagle_layers,
-            "max_non_leaves_per_layer": self.max_non_leaves_per_layer,
-            "eagle3_one_model": False,
-        }
+        config = self.llm_api_fields("max_draft_len", "speculative_model_dir=eagle_model", "num_eagle_layers",
+                                     "max_non_leaves_per_layer") | {"eagle3_one_model": False}
         optional = {
             "eagle_choices": self.eagle_choices,
             "use_dynamic_tree": self.use_dynamic_tree or None,

@@ -79,7 +79,7 @@ class MedusaSpeculation(TokenMapParams):
         return self
 
     def to_llm_api(self) -> dict[str, Any]:
-        config = {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "num_medusa_heads": self.num_medusa_heads}
+        config = self.llm_api_fields("max_draft_len", "num_medusa_heads")
         if self.medusa_choices is not None:
             config["medusa_choices"] = self.medusa_choices
         return config
