@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from specbuild.builder.recipe import LoadedRecipe
     from specbuild.engine.drafters import EngineMethod
 
+TOKEN_MAP = "speculative_token_map"  # the setting that names a hot-token map (methods/token_map.py)
 BuildPath = Literal["tensorrt", "pytorch"]
 DType = Literal["float32", "float16", "bfloat16"]
 Choices = list[list[Annotated[int, Field(ge=0)]]]
@@ -454,8 +455,6 @@ class SpeculationMethod:
             weights_dir = self._weights_dir(data.pop(names[0]) if names else None, base_dir)
             if weights_dir is not None:
                 data[self.weights.field] = str(weights_dir)
-        from .token_map import FIELD as TOKEN_MAP
-
         if data.get(TOKEN_MAP) is not None and base_dir is not None:  # a file in the engine directory
             token_map = Path(str(data[TOKEN_MAP]))
             data[TOKEN_MAP] = str(token_map if token_map.is_absolute() else base_dir / token_map)

@@ -17,10 +17,8 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .run import RequestRecord
+from .records import RequestRecord
 
 
 COUNTERS = {

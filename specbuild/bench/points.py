@@ -28,17 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specbuild.interface import SpecDecodeMetrics
 
 from .checks import check_request
+from .records import RequestRecord
 from .stats import MIN_REQUESTS, bootstrap_ci, meets_slo, parse_slo, percentile_statistic
 
-if TYPE_CHECKING:
-    from .run import RequestRecord
 
 
 @dataclass

@@ -39,12 +39,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 from specbuild.util.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
 
-if TYPE_CHECKING:
-    from .analysis import Schedule
+
+@dataclass(frozen=True)
+class Schedule:
+    """Draft length by concurrency for one deployment and prompt set.
+
+    Attributes:
+        best: measured concurrency -> the draft length with the lowest latency there.
+        draft_len_schedule: TensorRT-LLM's ``{threshold: draft_len}`` for the levels where speculation
+            is on (a batch of b requests uses the largest threshold <= b), with ``schedule[1] ==
+            max_draft_len``; ``{}`` when TensorRT-LLM cannot express ``best`` (``note`` says why).
+            Deploy it as the recipe's ``build.draft_len_schedule`` with ``speculation.max_draft_len``.
+        max_concurrency: speculation off above it (TensorRT-LLM ``max_concurrency``); ``None`` = on at
+            every measured level; 0 = off at every level.
+        max_draft_len: ``draft_len_schedule[1]`` (``None`` without a schedule).
+        note: why there is no schedule ("" when there is one).
+    """
+
+    deployment: str
+    prompt_set: str
+    best: dict[int, int]
+    draft_len_schedule: dict[int, int]
+    max_concurrency: int | None
+    max_draft_len: int | None = None
+    note: str = ""
+
 
 PR_16888_FIRST_RELEASE: str | None = None  # no TensorRT-LLM release has the K=0 fix (1.2.1 is the newest release)
 # TensorRT-LLM's min_runtime_draft_len per method of this project's PyTorch path (PR #16888's
