@@ -28,10 +28,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
+from specbuild.util.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
 from specbuild.prompts import load_prompts
 from specbuild.engine.kernels import KERNELS
-from specbuild.engine.runtime import EngineLimits, ReferenceEngine
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect
 from specbuild.engine.threads import on_fresh_thread

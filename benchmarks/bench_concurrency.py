@@ -35,11 +35,11 @@ from rich.console import Console
 from transformers import AutoTokenizer
 from rich.table import Table
 
-from specbuild.builder.checkpoints import quiet_transformers
+from specbuild.util.checkpoints import quiet_transformers
 from specbuild.builder.recipe import load_recipe
 from specbuild.builder.reference import build_reference_engine
 from specbuild.engine import worker
-from specbuild.engine.runtime import ReferenceEngine
+from specbuild.runtime import ReferenceEngine
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect
 from specbuild.engine.types import GenerationRequest

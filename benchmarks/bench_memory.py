@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specbuild.engine.runtime import ReferenceEngine
+from specbuild.runtime import ReferenceEngine
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect
 from specbuild.engine.types import GenerationRequest

@@ -56,12 +56,12 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoTokenizer
 
-from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
+from specbuild.util.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
 from specbuild.prompts import load_prompts
 from specbuild.engine import target as target_model
 from specbuild.engine.kernels import KERNELS, pack_linears, resolve_kernels
 from specbuild.methods import method_for
-from specbuild.engine.runtime import EngineLimits, ReferenceEngine
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.types import GenerationRequest
 
 METHOD_CHOICES = ("plain", "ngram", "lookahead", "draft-target", "medusa", "eagle", "hf-plain", "hf-ngram", "hf-draft-target")

@@ -38,8 +38,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
-from specbuild.client.tune import expected_tokens_per_step, fit_acceptance
+from specbuild.util.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
+from specbuild.tune import expected_tokens_per_step, fit_acceptance
 from specbuild.engine import target as target_model
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kernels import KERNELS, pack_linears, resolve_kernels

@@ -24,7 +24,7 @@ import psutil
 import tritonclient.grpc as grpcclient
 from specbuild.prompts import load_prompts
 from specbuild.tokenizer import load_tokenizer
-from specbuild.engine.runtime import ReferenceEngine
+from specbuild.runtime import ReferenceEngine
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.types import GenerationRequest
 from specbuild.client.sdk import SpecClient

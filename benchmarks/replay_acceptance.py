@@ -76,7 +76,8 @@ def plain_outputs(engine_dir: Path, sources: list[str], max_tokens: int, batch: 
     bench sends them (chat template where the bench applies it, special tokens added)."""
     from transformers import AutoTokenizer
 
-    from specbuild.engine import GenerationRequest, ReferenceEngine
+    from specbuild.engine import GenerationRequest
+    from specbuild.runtime import ReferenceEngine
     from specbuild.engine.scheduler import Scheduler
     from specbuild.engine.stream import collect
     from specbuild.prompts import apply_chat_template, expand_prompt_sets, load_prompts

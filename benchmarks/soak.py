@@ -24,9 +24,9 @@ import re
 import sys
 from pathlib import Path
 
-from specbuild.client.soak.faults import FAULTS
-from specbuild.client.soak.harness import SoakConfig, run_soak
-from specbuild.client.soak.load import Mix
+from specbuild.soak.faults import FAULTS
+from specbuild.soak.harness import SoakConfig, run_soak
+from specbuild.soak.load import Mix
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "": 1}
 

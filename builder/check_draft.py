@@ -585,7 +585,7 @@ def _draft_model(c: Context) -> list[Finding]:
 
 
 def _tokenizer(c: Context) -> list[Finding]:
-    from .tokenizer_identity import read_token_table, token_table_difference
+    from specbuild.util.tokenizer_identity import read_token_table, token_table_difference
 
     draft, target = read_token_table(c.draft.path), read_token_table(c.target.path)
     if draft is None or target is None:
@@ -643,7 +643,7 @@ def recipe_check_line(loaded) -> str | None:
 
 def _local_target(loaded) -> Path | None:
     """The target's checkpoint directory if it is on disk already (a packaged model once converted)."""
-    from specbuild.builder.checkpoints import CheckpointError, locate_checkpoint
+    from specbuild.util.checkpoints import CheckpointError, locate_checkpoint
     from specbuild.cache import cache_dir
 
     target = loaded.recipe.target

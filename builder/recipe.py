@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from specbuild.builder.recipe_yaml import RecipeFileError, parse_recipe_yaml, read_recipe_text
-from specbuild.builder.strict import FieldProblem, StrictModel
+from specbuild.util.strict import FieldProblem, StrictModel
 from specbuild.methods import SpeculationMethod, registered
 from specbuild.methods.base import DType, path_field_aliases
 from specbuild.methods.plain import NoSpeculation
@@ -47,7 +47,7 @@ class RecipeError(ValueError):
 
 
 class _Strict(StrictModel):
-    """Unknown keys refused, frozen, no booleans for numbers (:class:`specbuild.builder.strict.StrictModel`)."""
+    """Unknown keys refused, frozen, no booleans for numbers (:class:`specbuild.util.strict.StrictModel`)."""
 
 
 class TargetConfig(_Strict):
@@ -354,7 +354,7 @@ class Recipe(_Strict):
                 raise ValueError(f"build.{name}: there is no speculation to control (speculation.method: "
                                  f"{self.speculation.method}); remove it")
         if b.draft_len_schedule:
-            from specbuild.builder.draft_len_schedule import check_draft_len_schedule
+            from specbuild.util.draft_len_schedule import check_draft_len_schedule
 
             try:
                 check_draft_len_schedule(b.draft_len_schedule, self.speculation.max_draft_len)

@@ -26,7 +26,7 @@ speculation and build sections plus the checkpoint's and the method's weights' f
 ``kernel_guarantee`` is what the target will run (:func:`specbuild.engine.guarantee.plan_kernels`): the
 engine's own kernels (``rowgemm`` linears and ``specbuild`` attention, greedy equality ``bitwise``) or a
 fallback (``near-ties``, with the reason); the engine loads exactly those linears
-(:meth:`~specbuild.engine.runtime.ReferenceEngine.from_engine_dir`), and the build prints the same line.
+(:meth:`~specbuild.runtime.ReferenceEngine.from_engine_dir`), and the build prints the same line.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild import __version__
-from specbuild.builder.atomic import staging_dir
-from specbuild.builder.checkpoints import (
+from specbuild.util.atomic import staging_dir
+from specbuild.util.checkpoints import (
     CheckpointSource,
     locate_checkpoint,
     materialize_checkpoint,
@@ -70,13 +70,13 @@ class EngineBuild:
 
 def locate_target(loaded: LoadedRecipe) -> CheckpointSource:
     """The recipe's target checkpoint, located without loading it, holding a config, tokenizer files
-    and weights (:func:`~specbuild.builder.checkpoints.check_checkpoint_files`).
+    and weights (:func:`~specbuild.util.checkpoints.check_checkpoint_files`).
 
     Raises:
         RecipeError: the checkpoint is missing or incomplete (message has the recipe file, line, what
             is missing and the fix).
     """
-    from specbuild.builder.checkpoints import CheckpointError, check_checkpoint_files
+    from specbuild.util.checkpoints import CheckpointError, check_checkpoint_files
 
     target = loaded.recipe.target
     try:

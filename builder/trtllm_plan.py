@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from specbuild.builder.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
+from specbuild.util.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
 from specbuild.builder.recipe import LoadedRecipe, Recipe, RecipeError
 from specbuild.methods import Conversion
 from specbuild.builder.trtllm_version import (
@@ -229,41 +229,6 @@ def _check_nodes(loaded: LoadedRecipe, path: BuildPath) -> None:
         raise loaded.error(("build", "gpus_per_node"), f"{p.world_size} ranks need {p.nodes} nodes, and the Triton backend's orchestrator "
                            "mode (several engine models: a draft or baseline engine) runs on one node only; use the PyTorch path "
                            "or fit the world size on one node")
-
-
-def multi_node_lines(plan: TrtllmPlan, repo_dir: Path) -> list[str]:
-    """The launches for a plan whose ranks span several nodes ([] for one node), as upstream documents them:
-
-    - trtllm-serve: Slurm ``srun --mpi=pmix`` with ``trtllm-llmapi-launch`` (NVIDIA/TensorRT-LLM
-      examples/llm-api/llm_mgmn_trtllm_serve.sh: one MPI rank per GPU, world size = tp * pp), or
-      ``mpirun`` with a host list;
-    - engine-path Triton (leader mode): one tritonserver per rank under ``srun --mpi=pmix`` with a
-      per-rank Python-backend shared-memory prefix (tensorrtllm_backend README, "Launch Triton server
-      within Slurm based clusters");
-    - PyTorch-path Triton: tritonserver under ``srun --mpi=pmix ... trtllm-llmapi-launch`` (rank 0
-      serves, the other ranks run the LLM's workers), as tensorrtllm_backend docs/llmapi.md ("Start the
-      server on a multi-node configuration") launches its LLM-API repository.
-    """
-    p = plan.parallel
-    if p.nodes == 1:
-        return []
-    srun = f"srun --nodes {p.nodes} --ntasks-per-node {p.ranks_per_node} --mpi=pmix"
-    hosts = ",".join(f"NODE{i}:{p.ranks_per_node}" for i in range(1, p.nodes + 1))
-    out = [f"multi-node: {p.world_size} ranks (tp {p.tp_size} x pp {p.pp_size}) on {p.nodes} nodes of {p.gpus_per_node} GPUs; "
-           "the same image and output directory on every node (a shared file system)"]
-    repo = shlex.quote(str(repo_dir))
-    if plan.backend == "pytorch":
-        serve = shlex.join(plan.serve_argv)
-        out += [f"  trtllm-serve, Slurm: $ {srun} trtllm-llmapi-launch {serve}",
-                f"  trtllm-serve, mpirun: $ mpirun -np {p.world_size} -H {hosts} trtllm-llmapi-launch {serve}",
-                f"  Triton (alternative): $ {srun} trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver --model-repository {repo} "
-                "(rank 0 serves; the other ranks run the LLM's workers)"]
-    else:
-        out += [f"  Triton leader mode, Slurm: $ {srun} tritonserver --model-repository={repo} --disable-auto-complete-config "
-                "'--backend-config=python,shm-region-prefix-name=prefix${SLURM_PROCID}_'",
-                f"  or, where srun sets up MPI: $ {srun} python3 /app/scripts/launch_triton_server.py --world_size {p.world_size} "
-                f"--model_repo {repo} --oversubscribe"]
-    return out
 
 
 def check_recipe(loaded: LoadedRecipe, path: BuildPath, version: str | None, source: str = "installed") -> None:
@@ -522,7 +487,7 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
 
     Raises:
         RecipeError: the schedule breaks a TensorRT-LLM rule
-            (:func:`~specbuild.builder.draft_len_schedule.check_draft_len_schedule`), or there is no
+            (:func:`~specbuild.util.draft_len_schedule.check_draft_len_schedule`), or there is no
             speculation to schedule.
     """
     r = loaded.recipe
@@ -724,7 +689,7 @@ def require_installed(loaded: LoadedRecipe, version: str | None) -> None:
 
 
 __all__ = [
-    "ConfigFile", "EngineDirs", "Parallelism", "RecipeError", "Step", "TrtllmPlan", "check_recipe", "llm_api_options", "multi_node_lines",
+    "ConfigFile", "EngineDirs", "Parallelism", "RecipeError", "Step", "TrtllmPlan", "check_recipe", "llm_api_options",
     "max_num_tokens", "plan_for", "plan_pytorch", "plan_tensorrt", "require_installed", "speculative_config",
     "with_trtllm_version",
 ]

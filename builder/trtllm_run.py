@@ -7,7 +7,7 @@ and ``launch.sh``. Each step:
 - writes its stdout/stderr to ``step.log`` (``<output_dir>/logs/<step>.log``);
 - conversions and builds run with their output directory redirected to a hidden staging sibling
   (``--output_dir`` in ``argv`` replaced), published by rename only when the command exits 0
-  (:mod:`specbuild.builder.atomic`): a failed or interrupted step leaves no output directory that
+  (:mod:`specbuild.util.atomic`): a failed or interrupted step leaves no output directory that
   looks finished. Downloads write in place, so an interrupted one resumes where it stopped; they
   count as finished only once their completion marker (written last) exists;
 - records a stamp ``<output_dir>/.stamps/<step>.json`` (written atomically, after the outputs)
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specbuild.builder.atomic import staging_dir
+from specbuild.util.atomic import staging_dir
 
 if TYPE_CHECKING:
     from specbuild.builder.recipe import LoadedRecipe

@@ -32,7 +32,6 @@ w_mde ~ 0.13, i.e. a shift of 13 percentage points of probability mass is found 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import Counter
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.prompts import Prompt
+from specbuild.util.atomic import write_json_atomic
 from .sdk import SpecClient
 
 MIN_EXPECTED = 5.0  # expected count per cell below which categories are pooled
@@ -305,10 +305,8 @@ class SamplingReport:
                 "prompts": [p.to_json() for p in self.prompts]}
 
     def write(self, path: str | os.PathLike[str]) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2, default=_json_default) + "\n", encoding="utf-8")
-        return path
+        """Write ``to_json()`` as indented JSON, atomically (parent folders created); returns the path."""
+        return write_json_atomic(path, self.to_json(), default=_json_default)
 
 
 def verify_sampling(

@@ -36,6 +36,7 @@ from rich.table import Table
 
 from specbuild.interface import SpecDecodeMetrics, acceptance_rate
 from specbuild.prompts import Prompt
+from specbuild.util.atomic import write_json_atomic
 
 from .sdk import GenerateResult, RequestError, SpecClient
 
@@ -234,10 +235,7 @@ class VerifyReport:
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write ``to_json()`` as indented JSON (parent folders created); returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
-        return path
+        return write_json_atomic(path, self.to_json())
 
 
 def provenance(

@@ -37,6 +37,7 @@ from typing import Any
 
 from specbuild.interface import acceptance_rate
 from specbuild.prompts import Prompt
+from specbuild.util.atomic import write_json_atomic
 
 from .sdk import GenerateResult
 from .verify import Divergence, MarginSource, TokenDecoder, as_decoder, describe_divergence, find_divergence, result_to_json
@@ -150,10 +151,8 @@ class LoadVerifyReport:
         }
 
     def write(self, path: str | os.PathLike[str]) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
-        return path
+        """Write ``to_json()`` as indented JSON, atomically (parent folders created); returns the path."""
+        return write_json_atomic(path, self.to_json())
 
 
 def verify_under_load(

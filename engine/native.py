@@ -12,7 +12,7 @@ The library is compiled with the host's C compiler (:func:`find_compiler`: ``$CC
 or ``gcc``; ``-O3 -march=native -fopenmp``) into ``<specbuild cache>/kernels/rowgemm-<key>.so`` (the key
 hashes the source, compiler, flags, CPU and OpenMP runtime), under a file lock so concurrent processes
 (Triton's model instances, ``specbuild build`` beside a serve) compile it once, and written atomically
-(:func:`~specbuild.builder.atomic.write_file_atomic`), so a reader finds no library or a whole one.
+(:func:`~specbuild.util.atomic.write_file_atomic`), so a reader finds no library or a whole one.
 
 :data:`SIGNATURES` declares every exported C function's ctypes prototype once; :func:`load_library`
 applies it, and ``tests/test_kernel_guarantee.py`` parses the C declarations and checks them against it.
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from specbuild.builder.atomic import write_file_atomic
+from specbuild.util.atomic import write_file_atomic
 from specbuild.cache import cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "rowgemm.c"

@@ -94,7 +94,7 @@ class Scheduler:
             results = [collect(s) for s in streams]                  # == [engine.generate(r) ...]
 
     Args:
-        engine: a :class:`~specbuild.engine.runtime.ReferenceEngine` (``prepare``, ``model``, ``limits``).
+        engine: a :class:`~specbuild.runtime.ReferenceEngine` (``prepare``, ``model``, ``limits``).
         max_batch_size: requests in flight at once; None -> the build's ``max_batch_size``. More wait in
             FIFO order and join as running ones finish.
 

@@ -137,7 +137,7 @@ class RuntimeControls:
                 ``max_concurrency`` / ``acceptance_window`` / ``acceptance_length_threshold``, or a value
                 of the wrong type.
         """
-        from specbuild.builder.draft_len_schedule import check_draft_len_schedule
+        from specbuild.util.draft_len_schedule import check_draft_len_schedule
 
         schedule = config.get("draft_len_schedule")
         if schedule is not None:

@@ -31,9 +31,6 @@ from functools import cached_property
 
 import torch
 
-# TensorRT-LLM's default Medusa tree, defined with the methods (torch-free: the recipe reads it too).
-from specbuild.methods.base import MC_SIM_7B_63
-
 from .acceptance import TreeAcceptance, accept_tree_greedy
 
 
@@ -78,7 +75,7 @@ class SpecTree:
 
     @property
     def num_nodes(self) -> int:
-        """Draft nodes, the root excluded (63 for :data:`MC_SIM_7B_63`)."""
+        """Draft nodes, the root excluded (63 for :data:`specbuild.methods.base.MC_SIM_7B_63`)."""
         return len(self.paths)
 
     @property
@@ -151,4 +148,4 @@ def _check_path(path: Sequence[int]) -> tuple[int, ...]:
     return as_tuple
 
 
-__all__ = ["MC_SIM_7B_63", "SpecTree", "TreeAcceptance", "accept_tree_greedy"]
+__all__ = ["SpecTree", "TreeAcceptance", "accept_tree_greedy"]

@@ -53,7 +53,7 @@ from .stream import DecodeState, StepOutput
 class InflightRequest:
     """One request in the worker: its validated fields, drafter, sampler, output so far and KV slot.
 
-    Build it with :meth:`specbuild.engine.runtime.ReferenceEngine.prepare` (validated), or directly around
+    Build it with :meth:`specbuild.runtime.ReferenceEngine.prepare` (validated), or directly around
     one drafter to run it through :func:`run_alone`.
     """
 

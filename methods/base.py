@@ -5,7 +5,7 @@ Every part of specbuild reads the method through this object, never through ``if
     SpeculationMethod                      read by
       name, title                          recipe ``method:``, messages
       params      (pydantic model)         the recipe's ``speculation:`` AND the reference engine's
-                                           ``speculative_config`` (builder/recipe.py, engine/runtime.py)
+                                           ``speculative_config`` (builder/recipe.py, specbuild/runtime.py)
       trtllm      (TrtllmMapping)          decoding_type, speculative_decoding_mode, decoding_mode,
                                            conversion, build flags, checks (builder/trtllm_plan.py,
                                            builder/trtllm_version.py, triton_repo/tensorrtllm.py)
@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, ValidationInfo
 
-from specbuild.builder.strict import FieldProblem, StrictModel
+from specbuild.util.strict import FieldProblem, StrictModel
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
     from specbuild.engine.drafters import EngineMethod
 
+TOKEN_MAP = "speculative_token_map"  # the setting that names a hot-token map (methods/token_map.py)
 BuildPath = Literal["tensorrt", "pytorch"]
 DType = Literal["float32", "float16", "bfloat16"]
 Choices = list[list[Annotated[int, Field(ge=0)]]]
@@ -90,6 +91,16 @@ class MethodParams(StrictModel):
     def to_llm_api(self) -> dict[str, Any] | None:
         """TensorRT-LLM LLM-API ``speculative_config`` (``None``: no speculation)."""
         return None
+
+    def llm_api_fields(self, *keys: str) -> dict[str, Any]:
+        """``{"decoding_type": ..., key: value, ...}`` in ``keys``' order, for :meth:`to_llm_api`: a key
+        ``"name"`` takes the setting of that name, ``"name=setting"`` the setting under another name
+        (``"speculative_model_dir=eagle_model"``). Raises ``AttributeError`` for a setting that does not exist."""
+        config: dict[str, Any] = {"decoding_type": self.decoding_type}
+        for key in keys:
+            name, _, setting = key.partition("=")
+            config[name] = getattr(self, setting or name)
+        return config
 
 
 def check_choices(choices: Choices, info: ValidationInfo) -> Choices:
@@ -444,8 +455,6 @@ class SpeculationMethod:
             weights_dir = self._weights_dir(data.pop(names[0]) if names else None, base_dir)
             if weights_dir is not None:
                 data[self.weights.field] = str(weights_dir)
-        from .token_map import FIELD as TOKEN_MAP
-
         if data.get(TOKEN_MAP) is not None and base_dir is not None:  # a file in the engine directory
             token_map = Path(str(data[TOKEN_MAP]))
             data[TOKEN_MAP] = str(token_map if token_map.is_absolute() else base_dir / token_map)

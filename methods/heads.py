@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
 
 T = TypeVar("T")
@@ -29,7 +29,7 @@ def locate_head_dir(loaded: LoadedRecipe, *, field: str, weight_files: tuple[str
             file instead of a directory, no such directory, no config.json, none of ``weight_files``, or a
             config.json that is not one JSON object.
     """
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
 
     value = getattr(loaded.recipe.speculation, field)
     path = loaded.resolve_path(value)
@@ -55,7 +55,7 @@ def _none_of(names: tuple[str, ...]) -> str:
 
 def _config_problem(head_dir: Path) -> str | None:
     """What is wrong with ``head_dir/config.json`` (not JSON, not an object), or None."""
-    from specbuild.builder.checkpoints import CheckpointError, read_config_json
+    from specbuild.util.checkpoints import CheckpointError, read_config_json
 
     try:
         read_config_json(head_dir / "config.json")

@@ -38,9 +38,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from .base import MethodParams
+from .base import TOKEN_MAP, MethodParams
 
-FIELD = "speculative_token_map"
+FIELD = TOKEN_MAP
 ENGINE_FILE = "token_map.json"  # its name inside a reference engine directory
 FORMAT = "specbuild-token-map-1"
 

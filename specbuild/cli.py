@@ -16,6 +16,7 @@ import click
 
 from specbuild import __version__
 from specbuild.exit_codes import CommandError, ExitCode, bad_input
+from specbuild.util.atomic import write_json_atomic
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -314,7 +315,7 @@ def check_draft_command(draft: str, target: str, engine: str, method: str | None
           --export ./eagle3-portable
     """
     from specbuild.builder.check_draft import check_draft
-    from specbuild.builder.checkpoints import CheckpointError, locate_checkpoint, materialize_checkpoint
+    from specbuild.util.checkpoints import CheckpointError, locate_checkpoint, materialize_checkpoint
     from specbuild.builder.draft_export import export_eagle3
     from specbuild.builder.draft_files import DraftFileError
 
@@ -449,7 +450,7 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
       specbuild train-draft recipes/smollm2-medusa.yaml --force
     """
     from specbuild.builder.recipe import RecipeError
-    from specbuild.train.stage import artefact_path, train_draft
+    from specbuild.builder.train_stage import artefact_path, train_draft
 
     loaded = _load(recipe)
     try:
@@ -915,29 +916,29 @@ def _verify_oracle(console, client, prompt_list, checkpoint, report_path: Path, 
     except OracleError as exc:
         raise bad_input(str(exc)) from None
     path = report_path.with_name(report_path.stem + ".oracle.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(path, result.to_json())
     console.print(result.describe(), highlight=False)
     console.print(f"oracle report: {path}")
     return result.all_match
 
 
-def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers like 0,2,4, got {value!r}") from None
+def _comma_list(kind: type, what: str):
+    """A click callback parsing ``"1,2,4"`` into a tuple of ``kind`` (None stays None); a bad item is a
+    ``click.BadParameter`` naming ``what`` is expected, with an example."""
+
+    def parse(ctx, param, value: str | None) -> tuple | None:
+        if value is None:
+            return None
+        try:
+            return tuple(kind(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise click.BadParameter(f"expected comma-separated {what}, got {value!r}") from None
+
+    return parse
 
 
-def _float_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(float(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated numbers like 0.5,1,2, got {value!r}") from None
+_int_list = _comma_list(int, "integers like 0,2,4")
+_float_list = _comma_list(float, "numbers like 0.5,1,2")
 
 
 def _deprecated(old: str, new: str) -> None:
@@ -1032,7 +1033,7 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
                stability_percentage, prompt_sets, max_tokens, requests, end_id, warmup, chat_template, protocol, labels,
                metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream, wait_s=30.0):
     from specbuild.builder.recipe import RecipeError
-    from specbuild.client.bench import BenchError, SweepPlan, run_bench
+    from specbuild.bench import BenchError, SweepPlan, run_bench
     from specbuild.prompts import PromptSourceError
     from specbuild.client.sdk import ClientError
     from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, stop_signals_interrupt
@@ -1116,8 +1117,8 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, r
 
 def _run_ramp(console, levels, step_s: float, results_dir: Path, options: dict) -> None:
     from specbuild.builder.recipe import RecipeError
-    from specbuild.client.bench import BenchError
-    from specbuild.client.bench.ramp import run_ramp_bench
+    from specbuild.bench import BenchError
+    from specbuild.bench.ramp import run_ramp_bench
     from specbuild.client.sdk import ClientError
     from specbuild.prompts import PromptSourceError
     from specbuild.triton_repo.tritonserver import ServerStartError, stop_signals_interrupt
@@ -1136,10 +1137,10 @@ def _run_ramp(console, levels, step_s: float, results_dir: Path, options: dict) 
 
 
 def _report_serving_overhead(console, result, results_dir: Path) -> None:
-    """`bench --serving-overhead`: the k=0 points again on each recipe's engine in-process (client/bench/overhead.py)."""
+    """`bench --serving-overhead`: the k=0 points again on each recipe's engine in-process (specbuild/bench/overhead.py)."""
     import json
 
-    from specbuild.client.bench.overhead import OVERHEAD_FILE, measure_serving_overhead, overhead_table
+    from specbuild.bench.overhead import OVERHEAD_FILE, measure_serving_overhead, overhead_table
 
     rows = measure_serving_overhead(result, log=lambda message: console.print(f"[dim]{message}[/dim]"))
     if not rows:
@@ -1183,8 +1184,8 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
       specbuild tune smollm2-ngram --concurrency-sweep 1,4,8,16 \\
           --write-recipe ngram-scheduled.yaml
     """
-    from specbuild.client.bench import BenchError, load_result
-    from specbuild.client.tune import TuneError, run_tune
+    from specbuild.bench import BenchError, load_result
+    from specbuild.tune import TuneError, run_tune
 
     console = _console()
     output_dir = _results_dir(results_dir, output_dir_old, "specbuild-out/tune")
@@ -1211,7 +1212,7 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
 
 def _write_tuned_recipe(console, report, out: Path, *, force: bool = False) -> None:
     from specbuild.builder.recipe import RecipeError
-    from specbuild.client.tune.write_recipe import WriteRecipeError, pick_schedule, refuse_disturbed, write_scheduled_recipe
+    from specbuild.tune.write_recipe import WriteRecipeError, pick_schedule, refuse_disturbed, write_scheduled_recipe
 
     try:
         try:

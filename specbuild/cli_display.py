@@ -11,7 +11,8 @@ from rich.table import Table
 
 from specbuild.builder.recipe import LoadedRecipe
 from specbuild.exit_codes import CommandError, ExitCode
-from specbuild.pipeline import RunPaths, RunSummary, plan_lines, run_recipe
+from specbuild.main_job import RunSummary, run_recipe
+from specbuild.pipeline import RunPaths, plan_lines
 
 
 def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths, warnings: list[str] = ()) -> None:
@@ -90,7 +91,7 @@ def run_with_progress(console: Console, loaded: LoadedRecipe, paths: RunPaths, *
         CommandError: any stage failed; the message says which and why, the exit code what kind
             (bad input 2, server unavailable 3, else 1).
     """
-    from specbuild.builder.checkpoints import CheckpointError
+    from specbuild.util.checkpoints import CheckpointError
     from specbuild.builder.recipe import RecipeError
     from specbuild.builder.trtllm_run import StageError
     from specbuild.prompts import PromptSourceError

@@ -1,6 +1,6 @@
 """Build and serve a recipe: the one place a recipe becomes a running deployment.
 
-``specbuild recipe`` (:mod:`specbuild.pipeline`), ``specbuild bench`` and ``specbuild tune`` all
+``specbuild recipe`` (:mod:`specbuild.main_job`), ``specbuild bench`` and ``specbuild tune`` all
 serve recipes through :func:`deploy`::
 
     with deploy("smollm2-ngram") as served:
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specbuild.builder.recipe import LoadedRecipe, RecipeError, load_recipe
-from specbuild.pipeline import RunPaths, check_ports, check_runnable, default_output_dir, draft_from_train_stage
+from specbuild.pipeline import RunPaths, check_ports, check_runnable, default_output_dir, draft_from_train_stage, run_trtllm_build
 
 if TYPE_CHECKING:
     from specbuild.prompts import Prompt
@@ -90,7 +90,7 @@ def _stage_fields(loaded: LoadedRecipe, stage: str) -> tuple[tuple[str, ...], ..
 @contextmanager
 def _reported(loaded: LoadedRecipe, stage: str) -> Iterator[None]:
     """Run a stage; an exception nobody worded becomes a :class:`StageFailure`."""
-    from specbuild.builder.checkpoints import CheckpointError
+    from specbuild.util.checkpoints import CheckpointError
     from specbuild.prompts import PromptSourceError
 
     worded: tuple[type[BaseException], ...] = (RecipeError, CheckpointError, PromptSourceError)
@@ -227,13 +227,11 @@ def build_recipe(
     with stage("validate"):
         checked = check_runnable(loaded)  # the build reuses what it located and checked
     if train and draft_from_train_stage(loaded):
-        from specbuild.train.stage import train_draft
+        from specbuild.builder.train_stage import train_draft
 
         with stage("train"), _reported(loaded, "train"):
             train_draft(loaded, log=log, show_progress=False)
     if loaded.recipe.build.backend != "reference":
-        from specbuild.pipeline import run_trtllm_build
-
         with stage("build"), _reported(loaded, "build"):
             result = run_trtllm_build(loaded, paths, rebuild=rebuild, status=status, log=log)
         return Build(loaded, paths, checked.prompts, bool(result.record.ran), decoupled, result.repo_dir, trtllm=result)
@@ -342,7 +340,7 @@ def deploy(
     Raises:
         RecipeError: the recipe does not load or cannot run here, or it is a TensorRT-LLM recipe
             (served in the TensorRT-LLM container; see :func:`build_recipe`); raised before long work.
-        specbuild.builder.checkpoints.CheckpointError: a checkpoint cannot be fetched or converted.
+        specbuild.util.checkpoints.CheckpointError: a checkpoint cannot be fetched or converted.
         specbuild.triton_repo.tritonserver.ServerNotFoundError, specbuild.triton_repo.tritonserver.ServerStartError:
             as :func:`serve_build`.
     """

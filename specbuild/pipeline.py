@@ -1,8 +1,9 @@
 """The main job: recipe -> engine -> Triton repository -> server -> verification -> shutdown.
 
 The recipe checks every command shares live here (:func:`check_recipe`, :func:`check_runnable`);
-building and serving are :func:`specbuild.deploy.deploy`, and :func:`run_recipe` times its stages,
-verifies the running deployment and returns a typed :class:`RunSummary`. Everything a run leaves
+building and serving are :func:`specbuild.deploy.deploy` (which imports this module, never the other
+way), and :func:`specbuild.main_job.run_recipe` times the stages, verifies the running deployment and
+returns a typed :class:`specbuild.main_job.RunSummary`. Everything a run leaves
 behind lives under one output directory::
 
     <output_dir>/engine/           engine directory (config.json + target/ + tokenizer/)
@@ -20,9 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import shutil
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,17 +57,6 @@ class RunPaths:
 def default_output_dir(loaded: LoadedRecipe) -> Path:
     """``./specbuild-out/<recipe name>``."""
     return Path("specbuild-out") / loaded.recipe.name
-
-
-@dataclass
-class RunSummary:
-    """Stage wall times (seconds) and the verification report of one run."""
-
-    paths: RunPaths
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    engine_rebuilt: bool | None = None
-    report: object | None = None  # specbuild.client.verify.VerifyReport
-    next_steps: list[str] = field(default_factory=list)  # TensorRT-LLM path: what to run on the GPU box next
 
 
 @dataclass(frozen=True)
@@ -157,7 +145,7 @@ def draft_from_train_stage(loaded: LoadedRecipe) -> bool:
 
 
 def _trained_artefact_exists(loaded: LoadedRecipe) -> bool:
-    from specbuild.train.stage import artefact_path
+    from specbuild.builder.train_stage import artefact_path
 
     return artefact_path(loaded).exists()
 
@@ -268,7 +256,7 @@ def plan_lines(loaded: LoadedRecipe, paths: RunPaths) -> list[str]:
 
     train = []
     if r.train is not None:
-        from specbuild.train.stage import training_status
+        from specbuild.builder.train_stage import training_status
 
         train = [f"train     {spec.method} draft, {training_status(loaded)}"]
     return [
@@ -322,7 +310,7 @@ def runs_on(loaded: LoadedRecipe) -> str:
 def plan_json(loaded: LoadedRecipe, paths: RunPaths, stages: list[str], warnings: list[str]) -> dict:
     """``specbuild plan --json``: the recipe, where it runs, the LLM-API ``speculative_config``
     (None for plain decoding and ReDrafter, which has none), training, the stage lines and warnings."""
-    from specbuild.train.stage import training_info
+    from specbuild.builder.train_stage import training_info
 
     r = loaded.recipe
     try:
@@ -347,10 +335,10 @@ def plan_json(loaded: LoadedRecipe, paths: RunPaths, stages: list[str], warnings
 
 def recipe_summaries() -> list[dict]:
     """One row per bundled recipe for ``specbuild recipes``: name, method, backend, where it runs,
-    training (None: none needed; else :func:`specbuild.train.stage.training_info`), description; a
+    training (None: none needed; else :func:`specbuild.builder.train_stage.training_info`), description; a
     recipe that does not load has ``error`` instead."""
     from specbuild.builder.recipe import bundled_recipes, load_recipe
-    from specbuild.train.stage import training_info
+    from specbuild.builder.train_stage import training_info
 
     rows = []
     for name, path in sorted(bundled_recipes().items()):
@@ -402,56 +390,6 @@ def trtllm_next_steps(loaded: LoadedRecipe, result) -> list[str]:
     ]
 
 
-@contextmanager
-def _timed(summary: RunSummary, stage: str, status):
-    status(stage)
-    start = time.perf_counter()
-    yield
-    summary.stage_seconds[stage] = time.perf_counter() - start
-
-
-def run_recipe(loaded: LoadedRecipe, paths: RunPaths, *, rebuild: bool = False, status=print, progress=None, log=print) -> RunSummary:
-    """Run every stage for ``loaded`` (:func:`specbuild.deploy.deploy`, then verification); the
-    server is stopped whatever happens.
-
-    Args:
-        status: called with each stage name as it starts.
-        progress: optional ``callable(done, total)`` for the verification progress bar.
-        log: called with one-line messages from the build stages.
-
-    Raises:
-        RecipeError: the recipe cannot run here (raised before any long work).
-        specbuild.triton_repo.tritonserver.ServerStartError, specbuild.client.sdk.ServerUnavailableError:
-            the server failed; its log file is named in the message.
-    """
-    from specbuild.builder.reference import read_kernel_guarantee
-    from specbuild.deploy import build_recipe, deploy
-
-    summary = RunSummary(paths=paths)
-    timed = lambda stage: _timed(summary, stage, status)  # noqa: E731
-    retire_report(paths)  # a report always belongs to the run that wrote it
-    if loaded.recipe.build.backend != "reference":
-        build = build_recipe(loaded, paths, rebuild=rebuild, stage=timed, log=log, status=status)
-        summary.engine_rebuilt = build.engine_rebuilt
-        summary.next_steps = trtllm_next_steps(loaded, build.trtllm)
-        return summary
-    with deploy(loaded, output_dir=paths.output_dir, rebuild=rebuild, stage=timed, log=log) as served:
-        summary.engine_rebuilt = served.engine_rebuilt
-        s = served.server
-        log(f"tritonserver on {served.loaded.recipe.serve.host}: http {s.http_port}, grpc {s.grpc_port}, metrics {s.metrics_port}")
-        served_url, served_decoupled = served.url(loaded.recipe.verify.protocol), served.decoupled
-        with timed("verify"):
-            summary.report = _verify(served, progress=progress)
-    from specbuild.client.verify import provenance
-
-    v, target = loaded.recipe.verify, loaded.recipe.target
-    summary.report = dataclasses.replace(summary.report, kernels=read_kernel_guarantee(paths.engine_dir), provenance=provenance(
-        url=served_url, protocol=v.protocol, streaming=served_decoupled, prompts=v.prompts, recipe=loaded.recipe.name,
-        target=target.checkpoint, dtype=target.dtype, repo_dir=paths.repo_dir))
-    summary.report.write(paths.report)
-    return summary
-
-
 STALE_REPORT = "report.stale.json"
 
 
@@ -464,25 +402,3 @@ def retire_report(paths: RunPaths) -> Path | None:
     stale = paths.report.with_name(STALE_REPORT)
     paths.report.replace(stale)
     return stale
-
-
-def _verify(served, *, progress):
-    from specbuild.client.sdk import SpecClient
-    from specbuild.client.verify import verify
-    from specbuild.prompts import apply_chat_template
-    from specbuild.tokenizer import load_tokenizer
-
-    v = served.loaded.recipe.verify
-    tokenizer = load_tokenizer(served.tokenizer_dir)
-    prompts = apply_chat_template(served.prompts, v.prompts, v.chat_template, tokenizer)
-    with SpecClient(served.url(v.protocol), protocol=v.protocol, decoupled=served.decoupled) as client:
-        client.wait_ready()
-        return verify(
-            client,
-            prompts,
-            max_tokens=v.max_tokens,
-            num_draft_tokens=v.num_draft_tokens,
-            end_id=v.end_id,
-            tokenizer=tokenizer,
-            progress=progress,
-        )

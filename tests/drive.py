@@ -21,3 +21,13 @@ def generate_alone(model: Any, drafter: Drafter, prompt: Sequence[int], *, max_t
     """``prompt`` decoded greedily for ``max_tokens`` tokens (stopping after ``end_id``; -1: never) with
     ``drafter``, its blocks at most ``max_block`` tokens wide, through :func:`~specbuild.engine.worker.run_alone`."""
     return collect(run_alone(model, InflightRequest(list(prompt), max_tokens, end_id, drafter), max_block=max_block))
+
+
+def assert_equals_plain(result: GenerationResult, plain: Sequence[int], prompt: Any) -> None:
+    """What every method's equivalence test asserts of one greedy request run to its length: the
+    output equals plain greedy decoding token for token, and the iteration count adds up (each
+    iteration emits one target token plus the drafts it accepted; the prefill emits the first)."""
+    assert result.output_ids == list(plain), f"prompt {prompt}"
+    assert result.finish_reason == "length"
+    assert result.num_decoding_iterations >= 2
+    assert result.num_decoding_iterations == len(plain) - 1 - result.total_accepted_draft_tokens

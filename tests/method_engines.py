@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
+from specbuild.engine import GenerationRequest
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.drafters import ChainDrafter
 from specbuild.methods.eagle.engine import EagleConfig, EagleHead, FeatureTreeDrafter, TreeDraft, save_eagle_head
 from specbuild.methods.eagle3.engine import Eagle3Config, Eagle3Head, FeatureChainDrafter, save_eagle3_head

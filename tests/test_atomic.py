@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from specbuild.builder.atomic import staging_dir
+from specbuild.util.atomic import staging_dir
 
 
 def test_success_replaces_the_old_directory(tmp_path):
@@ -34,7 +34,7 @@ def test_failure_keeps_the_old_directory_and_no_staging(tmp_path):
 def test_killed_writer_leaves_only_a_hidden_staging_dir_that_is_cleaned_later(tmp_path):
     final = tmp_path / "engine"
     code = (
-        "import os, sys; from pathlib import Path; from specbuild.builder.atomic import staging_dir\n"
+        "import os, sys; from pathlib import Path; from specbuild.util.atomic import staging_dir\n"
         f"with staging_dir(Path({str(final)!r})) as tmp:\n"
         "    (tmp / 'weights').write_text('partial'); os._exit(9)\n"
     )

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from conftest import write_recipe
 from specbuild.cli import main
-from specbuild.client.bench import (
+from specbuild.bench import (
     BenchError,
     Deployment,
     PointResult,
@@ -131,7 +131,7 @@ def test_draft_length_maps_to_the_request_fields_of_each_method():
 
 
 def test_chat_sets_against_an_address_without_a_tokenizer_are_refused_not_sent_raw():
-    from specbuild.client.bench import prepare_prompts
+    from specbuild.bench import prepare_prompts
 
     url_only = Deployment("remote", "h:1", method="ngram")
     with pytest.raises(BenchError, match=r"remote: .*--tokenizer OUT/engine/tokenizer"):
@@ -355,7 +355,7 @@ def test_open_loop_at_two_rates_with_goodput(tiny_checkpoint, tmp_path):
 
 
 def test_arrival_times_have_the_asked_mean_rate_and_burstiness():
-    from specbuild.client.bench import arrival_times
+    from specbuild.bench import arrival_times
 
     poisson = arrival_times(20001, rate=4.0, burstiness=1.0, seed=1)
     gaps = np.diff(poisson)
@@ -456,7 +456,7 @@ def test_deploy_dir_that_is_a_recipes_deployment_folder_is_not_nested(tmp_path):
 
 
 def test_host_port_target_method_comes_from_the_servers_model_config(tmp_path):
-    from specbuild.client.bench.probe import method_from_model_config
+    from specbuild.bench.probe import method_from_model_config
 
     engine = tmp_path / "engine"
     engine.mkdir()
@@ -474,7 +474,7 @@ def test_host_port_target_method_comes_from_the_servers_model_config(tmp_path):
 def test_bench_table_fits_80_columns_with_every_name_whole():
     from rich.console import Console
 
-    from specbuild.client.bench import load_result, points_table
+    from specbuild.bench import load_result, points_table
 
     result = load_result(Path(__file__).parents[1] / "docs/results/2026-12-02-tune-ngram/bench.json")
     console = Console(width=80, record=True)
@@ -490,7 +490,7 @@ def test_bench_table_fits_80_columns_with_every_name_whole():
 
 
 def test_the_baseline_is_split_around_the_speculative_points_at_the_same_cost():
-    from specbuild.client.bench.run import measurement_order
+    from specbuild.bench.run import measurement_order
 
     order = measurement_order([0, 2, 4], 8, 1)
     assert order == [(0, 4, 0), (2, 8, 0), (4, 8, 0), (0, 4, 4)]  # halves before and after, prompts continued
@@ -502,8 +502,8 @@ def test_the_baseline_is_split_around_the_speculative_points_at_the_same_cost():
 
 
 def test_a_busy_machine_is_warned_about_once():
-    from specbuild.client.bench.report import busy_machine
-    from specbuild.client.bench.run import LoadWatch
+    from specbuild.bench.report import busy_machine
+    from specbuild.bench.run import LoadWatch
 
     said, loads = [], iter([1.0, 3.5, 5.0])
     watch = LoadWatch(said.append, read=lambda: (next(loads), 0, 0), cpus=2)
@@ -519,7 +519,7 @@ def test_a_squeezed_wide_table_keeps_which_point_a_row_is():
     (deployment, prompts, load, k) must stay whole (a 160-column log once printed the k column empty)."""
     from rich.console import Console
 
-    from specbuild.client.bench import load_result, points_table
+    from specbuild.bench import load_result, points_table
 
     result = load_result(Path(__file__).parents[1] / "docs/results/2026-12-05-sa/bench.json")
     console = Console(width=160, record=True)

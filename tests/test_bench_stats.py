@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from specbuild.client.bench import RequestRecord, summarize_point
-from specbuild.client.bench.stats import bootstrap_ci, clamp_probability, meets_slo, overlaps, parse_slo, ratio_ci
+from specbuild.bench import RequestRecord, summarize_point
+from specbuild.bench.stats import bootstrap_ci, clamp_probability, meets_slo, overlaps, parse_slo, ratio_ci
 from specbuild.prompts import PromptSourceError, expand_prompt_sets, load_prompts, load_specbench, synthetic_prompts
-from specbuild.client.tune import Candidate, indistinguishable, per_position_from_sweep, per_position_warnings, tune
+from specbuild.tune import Candidate, indistinguishable, per_position_from_sweep, per_position_warnings, tune
 
 
 def test_bootstrap_interval_covers_the_mean_and_narrows_with_more_data():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.builder.checkpoints import CheckpointError, locate_checkpoint
+from specbuild.util.checkpoints import CheckpointError, locate_checkpoint
 
 
 def test_local_directory_relative_to_the_recipe(tiny_checkpoint):

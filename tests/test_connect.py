@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.client.bench.plan import is_url, url_deployments
+from specbuild.bench.plan import is_url, url_deployments
 from specbuild.client.connect import host_port
 from specbuild.client.sdk import ServerUnavailableError, SpecClient
 

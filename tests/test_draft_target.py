@@ -11,13 +11,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from specbuild.engine import (
-    EngineLimits,
-    GenerationRequest,
-    InvalidRequestError,
-    ReferenceEngine,
-    worker,
-)
+from specbuild.engine import GenerationRequest, InvalidRequestError, worker
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine import rowgemm
 from specbuild.engine import target as target_model
 from specbuild.methods import method_for

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_recipe
+from conftest import tiny_reference_server, write_recipe
 from specbuild.builder.recipe import load_recipe
 from specbuild.builder.reference import build_reference_engine
 from specbuild.client.prompts import Prompt, load_prompts
 from specbuild.client.sdk import RequestError, SpecClient
 from specbuild.client.verify import verify
-from specbuild.engine.runtime import ReferenceEngine
+from specbuild.runtime import ReferenceEngine
 from specbuild.engine.types import GenerationRequest
 from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
 from specbuild.triton_repo.models.tokenization import load_tokenizer
@@ -40,11 +40,8 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def deployment(tiny_checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp("deploy")
-    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
-    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir), out / "repo")
-    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "server.log") as server:
+    server, engine_dir = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("deploy"), decoupled=False)
+    with server:
         yield server, engine_dir
 
 

@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from drive import assert_equals_plain
 from conftest import served, verify_lossless, write_recipe
 from tiny_models import make_pass_through
-from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
+from specbuild.engine import GenerationRequest
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.methods.eagle import engine as eagle
 from specbuild.methods.eagle.engine import EagleConfig, EagleHead, save_eagle_head
-from specbuild.engine.tree import MC_SIM_7B_63
+from specbuild.methods.base import MC_SIM_7B_63
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = EagleConfig(
@@ -89,10 +91,7 @@ def test_eagle_engine_equals_plain_greedy(engines, plain_outputs, kind, tree, nu
     cap = {"mc_sim_7b_63": 63, "user": 7, "dynamic": 12}[tree] if k is None else k
     for prompt, plain in zip(PROMPTS, plain_outputs):
         result = _run(engine, prompt, num_draft_tokens=k)
-        assert result.output_ids == plain, f"prompt {prompt}"
-        assert result.finish_reason == "length"
-        assert result.num_decoding_iterations >= 2
-        assert result.num_decoding_iterations == len(plain) - 1 - result.total_accepted_draft_tokens
+        assert_equals_plain(result, plain, prompt)
         assert 0 < result.total_draft_tokens <= cap * result.num_decoding_iterations
 
 

@@ -13,13 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import make_tiny_llama  # noqa: E402
 
-from specbuild.engine import (  # noqa: E402
-    EngineLimits,
-    GenerationRequest,
-    GenerationResult,
-    InvalidRequestError,
-    ReferenceEngine,
-)
+from specbuild.engine import GenerationRequest, GenerationResult, InvalidRequestError  # noqa: E402
+from specbuild.runtime import EngineLimits, ReferenceEngine  # noqa: E402
 from specbuild.engine.acceptance import accept_tree_greedy, clip_emitted  # noqa: E402
 from specbuild.engine.block import chain_tree  # noqa: E402
 from specbuild.engine.forward import RowBlock, forward_blocks  # noqa: E402

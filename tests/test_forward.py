@@ -13,7 +13,8 @@ from specbuild.engine import target as target_model
 from specbuild.engine.attention import ENGINE_ATTENTION
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kv_pool import KVCacheFullError, KVPool, KVShape
-from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
+from specbuild.engine.tree import SpecTree
+from specbuild.methods.base import MC_SIM_7B_63
 
 USER_TREE = [[1], [0], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0]]
 PREFIXES = [[17, 203, 44, 91, 300, 12], [5, 6, 7], [42] * 11]

@@ -162,7 +162,7 @@ def test_the_engine_runs_what_config_json_records_and_refuses_a_record_it_cannot
     compiler works refuses to load, saying how to fix it, rather than serving near-ties under a bitwise record."""
     from specbuild.builder.recipe import load_recipe
     from specbuild.builder.reference import build_reference_engine
-    from specbuild.engine.runtime import ReferenceEngine
+    from specbuild.runtime import ReferenceEngine
 
     loaded = load_recipe(str(write_recipe(tmp_path / "r.yaml", tiny_checkpoint)))
     lines = []
@@ -171,7 +171,7 @@ def test_the_engine_runs_what_config_json_records_and_refuses_a_record_it_cannot
     assert "kernels: rowgemm linears, specbuild attention: greedy equality bitwise" in lines
     engine = ReferenceEngine.from_engine_dir(engine_dir)
     assert engine.kernels.greedy_equality == "bitwise" and engine.kernels.to_json() == _record(tmp_path)
-    code = ("from specbuild.engine.runtime import ReferenceEngine\n"
+    code = ("from specbuild.runtime import ReferenceEngine\n"
             f"ReferenceEngine.from_engine_dir({str(engine_dir)!r})\n")
     env = _env(tmp_path, CC="/nonexistent/cc", SPECBUILD_CACHE=str(tmp_path / "empty-cache"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)

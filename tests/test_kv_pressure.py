@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from method_engines import PROMPTS, greedy  # noqa: E402
 
-from specbuild.engine.runtime import EngineLimits, ReferenceEngine  # noqa: E402
+from specbuild.runtime import EngineLimits, ReferenceEngine  # noqa: E402
 from specbuild.engine.scheduler import RequestTimedOut, Scheduler  # noqa: E402
 from specbuild.engine.stream import collect  # noqa: E402
 

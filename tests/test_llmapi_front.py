@@ -246,9 +246,9 @@ def test_layout_matches_tensorrt_llms_own_llmapi_model_where_it_has_one(tiny_che
 
 def test_bench_says_where_the_acceptance_counts_came_from(tmp_path):
     """bench's notes name each deployment's acceptance source; a derived count is labelled so."""
-    from specbuild.client.bench import Deployment, PointResult, SweepPlan, summarize_point
-    from specbuild.client.bench.report import SweepResult, notes
-    from specbuild.client.bench.run import RequestRecord
+    from specbuild.bench import Deployment, PointResult, SweepPlan, summarize_point
+    from specbuild.bench.report import SweepResult, notes
+    from specbuild.bench.records import RequestRecord
 
     records = [RequestRecord("p", 1.0, 10, 6, 9, 6 / 9, acceptance_source="derived")]
     summary = summarize_point(records, wall_s=1.0, draft_len=3, max_tokens=10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -30,18 +31,8 @@ REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 PROMPTS = [[17, 203, 44, 91, 300, 12], REPETITIVE, [42]]
 NEW_TOKENS = 40
 
-# The worked example of build_step_layout's docstring, (w, n, g) = (3, 3, 2).
-WORKED_EXAMPLE = """\
-         0 a    | x
-         1 b1   | x   x
-         2 b2   | x   x   x
-         3 c0   | x           x
-         4 c1   | x   x           x
-         5 c2   | x   x   x           x
-         6 u0   | x                       x
-         7 u1   | x                       x   x
-         8 v0   | x                               x
-         9 v1   | x                               x   x"""
+# The worked example of build_step_layout's docstring, (w, n, g) = (3, 3, 2): its mask rows ("  0 a    | x").
+WORKED_EXAMPLE = "\n".join(line for line in build_step_layout.__doc__.splitlines() if re.match(r"\s+\d+ \w+\s+\|", line))
 
 
 @pytest.fixture(scope="module")

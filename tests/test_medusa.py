@@ -19,7 +19,8 @@ from specbuild.methods.medusa.engine import (
     load_medusa_heads,
     save_medusa_heads,
 )
-from specbuild.engine.tree import MC_SIM_7B_63, SpecTree, accept_tree_greedy
+from specbuild.engine.tree import SpecTree, accept_tree_greedy
+from specbuild.methods.base import MC_SIM_7B_63
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = MedusaConfig(medusa_num_heads=4, medusa_num_layers=1, hidden_size=HIDDEN, vocab_size=VOCAB)

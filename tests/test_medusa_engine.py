@@ -16,10 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from drive import assert_equals_plain
 from conftest import served, verify_lossless, write_recipe
-from specbuild.engine import EngineLimits, GenerationRequest, InvalidRequestError, ReferenceEngine, worker
+from specbuild.engine import GenerationRequest, InvalidRequestError, worker
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, save_medusa_heads
-from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
+from specbuild.engine.tree import SpecTree
+from specbuild.methods.base import MC_SIM_7B_63
 
 VOCAB, HIDDEN = 384, 64
 CONFIG = MedusaConfig(medusa_num_heads=4, medusa_num_layers=1, hidden_size=HIDDEN, vocab_size=VOCAB)
@@ -88,10 +91,7 @@ def test_medusa_engine_equals_plain_greedy(engines, plain_outputs, kind, tree, n
     k = nodes if num_draft_tokens == "max" else num_draft_tokens
     for prompt, plain in zip(PROMPTS, plain_outputs):
         result = _run(engine, prompt, num_draft_tokens=None if num_draft_tokens == "max" else k)
-        assert result.output_ids == plain, f"prompt {prompt}"
-        assert result.finish_reason == "length"
-        assert result.num_decoding_iterations >= 2
-        assert result.num_decoding_iterations == len(plain) - 1 - result.total_accepted_draft_tokens
+        assert_equals_plain(result, plain, prompt)
         assert 0 < result.total_draft_tokens <= k * result.num_decoding_iterations
         assert result.total_accepted_draft_tokens < result.total_draft_tokens
 

@@ -35,7 +35,8 @@ from pathlib import Path
 from specbuild.builder.recipe import RecipeError, parse_recipe
 from specbuild.builder.schema_docs import recipe_schema, render_reference
 from specbuild.builder.trtllm_plan import plan_tensorrt
-from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
+from specbuild.engine import GenerationRequest
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.methods import registered
 
 tmp, checkpoint = Path(sys.argv[1]), sys.argv[2]
@@ -191,8 +192,8 @@ def test_a_method_is_checked_when_it_is_made():
 # Shared modules read the method object; none of them compares a method's name (``spec.method == "eagle"``,
 # ``method in ("medusa", "eagle")``, ``decoding_type == "Eagle3"``).
 SHARED = ["builder/recipe.py", "builder/reference.py", "builder/trtllm_plan.py", "builder/trtllm_run.py",
-          "builder/trtllm_version.py", "engine/runtime.py", "engine/worker.py", "engine/drafters.py", "methods/__init__.py", "train/stage.py",
-          "train/evaluate.py", "triton_repo/tensorrtllm.py", "triton_repo/models/trtllm_front.py", "specbuild/pipeline.py"]
+          "builder/trtllm_version.py", "specbuild/runtime.py", "engine/worker.py", "engine/drafters.py", "methods/__init__.py", "builder/train_stage.py",
+          "builder/train_evaluate.py", "triton_repo/tensorrtllm.py", "triton_repo/models/trtllm_front.py", "specbuild/pipeline.py"]
 BRANCH = re.compile(r"""\b(method|decoding_type)\s*(==|!=|in|not\s+in)\s*[(\[{"']""")
 
 

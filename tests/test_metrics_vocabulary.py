@@ -119,12 +119,12 @@ def _figures(m: SpecDecodeMetrics) -> tuple:
 
 @pytest.mark.e2e
 def test_one_request_reports_the_same_acceptance_everywhere(front):
-    from specbuild.client.bench.points import summarize_point
-    from specbuild.client.bench.run import timed_request
+    from specbuild.bench.points import summarize_point
+    from specbuild.bench.run import timed_request
     from specbuild.client.openai_client import OpenAIClient
     from specbuild.client.prompts import Prompt
     from specbuild.client.sdk import SpecClient
-    from specbuild.engine.runtime import ReferenceEngine
+    from specbuild.runtime import ReferenceEngine
     from specbuild.engine.types import GenerationRequest
 
     triton, engine_dir, server = front

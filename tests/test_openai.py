@@ -301,7 +301,7 @@ def test_verify_cli_with_openai_urls(deployment, tmp_path):
 
 
 def test_bench_sweeps_an_openai_target(deployment, tmp_path):
-    from specbuild.client.bench import SweepPlan, openai_deployments, run_sweep
+    from specbuild.bench import SweepPlan, openai_deployments, run_sweep
 
     _, front, _ = deployment
     prompts = tmp_path / "p.jsonl"

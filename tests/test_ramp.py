@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from specbuild.cli import main
-from specbuild.client.bench.ramp import RampReport, StepEvent, flag_intervals, intervals_of
+from specbuild.bench.ramp import RampReport, StepEvent, flag_intervals, intervals_of
 
 
 def steps(t0: float, n: int, drafted: int, accepted: int, width: float = 1.0) -> list[StepEvent]:

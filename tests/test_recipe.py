@@ -175,7 +175,7 @@ def test_the_reference_backend_refuses_build_fields_it_would_ignore():
 @pytest.mark.parametrize("name", ["smollm2-eagle", "smollm2-medusa", "smollm2-draft"])
 def test_trained_drafts_and_token_maps_go_under_specbuild_cache(name, tmp_path, monkeypatch):
     from specbuild.methods.token_map import recipe_token_map
-    from specbuild.train.stage import artefact_path, training_info
+    from specbuild.builder.train_stage import artefact_path, training_info
 
     monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
     loaded = load_recipe(name)
@@ -186,7 +186,7 @@ def test_trained_drafts_and_token_maps_go_under_specbuild_cache(name, tmp_path, 
 
 
 def test_cache_placeholder_in_any_recipe_path(tmp_path, monkeypatch):
-    from specbuild.builder.checkpoints import locate_checkpoint
+    from specbuild.util.checkpoints import locate_checkpoint
     from specbuild.cache import expand_cache_path
 
     monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path))

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from method_engines import NEW_TOKENS, PROMPTS, check_mixed_batch, check_sampled_batch, greedy, limits  # noqa: E402
 
 from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe  # noqa: E402
-from specbuild.engine import ReferenceEngine  # noqa: E402
+from specbuild.runtime import ReferenceEngine  # noqa: E402
 from specbuild.engine.drafters import ChainDrafter  # noqa: E402
 from specbuild.methods import method_for  # noqa: E402
 from specbuild.methods.ngram import find_ngram_draft  # noqa: E402

@@ -15,12 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from specbuild.engine import (
-    EngineLimits,
-    GenerationRequest,
-    InvalidRequestError,
-    ReferenceEngine,
-)
+from specbuild.engine import GenerationRequest, InvalidRequestError
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from fault_injection import accept_always, no_residual
 from specbuild.engine.acceptance import accept_speculative
 from specbuild.engine.sampling import Sampler, sampling_probs

@@ -4,11 +4,11 @@ rules (kept as test data in tests/upstream_schedules.py with the commits they we
 from __future__ import annotations
 
 import pytest
-from specbuild.builder.draft_len_schedule import check_draft_len_schedule, draft_len_for
+from specbuild.util.draft_len_schedule import check_draft_len_schedule, draft_len_for
 from specbuild.builder.recipe import parse_recipe
 from specbuild.builder.trtllm_plan import plan_pytorch
-from specbuild.client.tune import Schedule
-from specbuild.client.tune.schedules import (
+from specbuild.tune import Schedule
+from specbuild.tune.schedules import (
     EngineScheduleError,
     check_sglang_adaptive_config,
     check_vllm_schedule,
@@ -107,7 +107,7 @@ def test_write_recipe_gives_a_recipe_plan_accepts_with_the_schedule(tmp_path, me
     import yaml
     from click.testing import CliRunner
     from specbuild.cli import main
-    from specbuild.client.tune.write_recipe import write_scheduled_recipe
+    from specbuild.tune.write_recipe import write_scheduled_recipe
 
     source = tmp_path / "src.yaml"
     source.write_text(PYTORCH_RECIPE.replace("METHOD", "ngram, max_draft_len: 6" if method == "ngram" else "mtp, num_nextn_predict_layers: 4"))
@@ -126,7 +126,7 @@ def test_write_recipe_for_the_reference_engine_keeps_max_concurrency(tmp_path):
     import yaml
     from click.testing import CliRunner
     from specbuild.cli import main
-    from specbuild.client.tune.write_recipe import write_scheduled_recipe
+    from specbuild.tune.write_recipe import write_scheduled_recipe
 
     schedule = Schedule("smollm2-ngram", "humaneval", {1: 3, 4: 2, 8: 0}, {1: 3, 4: 2}, 4, 3)
     out = write_scheduled_recipe(tmp_path / "s.yaml", "smollm2-ngram", schedule, engine_schedules(schedule, "ngram"))
@@ -138,7 +138,7 @@ def test_write_recipe_for_the_reference_engine_keeps_max_concurrency(tmp_path):
 
 
 def test_write_recipe_refuses_a_deployment_without_a_schedule(tmp_path):
-    from specbuild.client.tune.write_recipe import WriteRecipeError, write_scheduled_recipe
+    from specbuild.tune.write_recipe import WriteRecipeError, write_scheduled_recipe
 
     none = Schedule("d", "s", {1: 0}, {}, 0, None, "speculation off at every measured concurrency")
     with pytest.raises(WriteRecipeError, match="no schedule to write .speculation off"):

@@ -1,5 +1,5 @@
 """`specbuild bench --serving-overhead`: the k=0 points of a recipe deployment again on the same engine
-in-process (client/bench/overhead.py), on a tiny engine; once through a real server and the CLI."""
+in-process (specbuild/bench/overhead.py), on a tiny engine; once through a real server and the CLI."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from conftest import write_recipe
 from specbuild.cli import main
-from specbuild.client.bench import Deployment, PointResult, RequestRecord, SweepPlan, SweepResult, summarize_point
-from specbuild.client.bench.overhead import OverheadRow, engine_dir_of, measure_serving_overhead
+from specbuild.bench import Deployment, PointResult, RequestRecord, SweepPlan, SweepResult, summarize_point
+from specbuild.bench.overhead import OverheadRow, engine_dir_of, measure_serving_overhead
 
 PROMPTS = [{"id": "a", "text": "def add(a, b):"}, {"id": "b", "text": "for i in range(3):"}]
 

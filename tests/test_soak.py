@@ -13,8 +13,8 @@ import json
 import pytest
 
 from conftest import write_recipe
-from specbuild.client.soak.harness import SoakConfig, run_soak
-from specbuild.client.soak.load import Mix
+from specbuild.soak.harness import SoakConfig, run_soak
+from specbuild.soak.load import Mix
 
 pytestmark = pytest.mark.e2e
 

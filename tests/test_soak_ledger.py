@@ -1,4 +1,4 @@
-"""The soak's bookkeeping (specbuild.client.soak.ledger): which requests count as lost, failed or
+"""The soak's bookkeeping (specbuild.soak.ledger): which requests count as lost, failed or
 rejected, the interval windows and percentiles, and the RSS and p99-drift criteria."""
 
 import errno
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from specbuild.client.soak.faults import LiveResults, check_complete
-from specbuild.client.soak.ledger import (
+from specbuild.soak.faults import LiveResults, check_complete
+from specbuild.soak.ledger import (
     FaultWindow,
     Outcome,
     RequestRecord,
@@ -22,7 +22,7 @@ from specbuild.client.soak.ledger import (
     summarize,
     totals,
 )
-from specbuild.client.soak.load import Mix, draw, prompt_pool, SoakPrompt
+from specbuild.soak.load import Mix, draw, prompt_pool, SoakPrompt
 
 LIMITS = dict(timeout_s=10.0, grace_s=5.0)
 
@@ -164,7 +164,7 @@ def test_open_loop_is_bounded_in_count_and_sheds_beyond_max_in_flight():
     import threading
     import time
 
-    from specbuild.client.soak.load import OpenLoop
+    from specbuild.soak.load import OpenLoop
 
     release = threading.Event()
     sent: list[int] = []
@@ -189,8 +189,8 @@ def test_open_loop_is_bounded_in_count_and_sheds_beyond_max_in_flight():
 
 
 def test_fault_criterion_needs_recovery_errors_in_time_and_completions_after():
-    from specbuild.client.soak.faults import FaultResult
-    from specbuild.client.soak.harness import fault_clients, fault_criterion
+    from specbuild.soak.faults import FaultResult
+    from specbuild.soak.harness import fault_clients, fault_criterion
 
     fault = FaultResult("kill", start=50.0, end=70.0, recovery_s=20.0)
     windows = [FaultWindow("kill", 50.0, 70.0)]

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from method_engines import CASES, NEW_TOKENS, PROMPTS, greedy  # noqa: E402
 from upstream_spec_controls import UPSTREAM_1_2, UPSTREAM_1_3_SCHEDULE, load  # noqa: E402
 
-from specbuild.engine import ReferenceEngine  # noqa: E402
+from specbuild.runtime import ReferenceEngine  # noqa: E402
 from specbuild.engine.scheduler import Scheduler  # noqa: E402
 from specbuild.engine.spec_controls import (  # noqa: E402
     RuntimeControls,

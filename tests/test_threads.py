@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from specbuild.engine import runtime
-from specbuild.engine.runtime import EngineLimits, ReferenceEngine
+from specbuild import runtime
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.threads import on_fresh_thread
 
 PROBE = textwrap.dedent(

@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from conftest import hf_greedy
-from specbuild.engine import EngineLimits, GenerationRequest, ReferenceEngine
+from specbuild.engine import GenerationRequest
+from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.draft_linear import DraftProjection
 from specbuild.methods.eagle.engine import EagleConfig, EagleHead, save_eagle_head
 from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, save_medusa_heads

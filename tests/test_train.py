@@ -24,9 +24,9 @@ from specbuild.train.data import build_distill_data, training_prompts
 from specbuild.methods.draft_target.train import train_draft as distil_draft
 from specbuild.methods.eagle.train import train_eagle
 from specbuild.methods.eagle3.train import train_eagle3
-from specbuild.train.evaluate import measure_acceptance, speculative_config_for
+from specbuild.builder.train_evaluate import measure_acceptance, speculative_config_for
 from specbuild.methods.medusa.train import train_medusa
-from specbuild.train.stage import train_draft
+from specbuild.builder.train_stage import train_draft
 
 CPU = torch.device("cpu")
 

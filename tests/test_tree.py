@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specbuild.engine import target as target_model
-from specbuild.engine.tree import MC_SIM_7B_63, SpecTree, accept_tree_greedy
+from specbuild.engine.tree import SpecTree, accept_tree_greedy
+from specbuild.methods.base import MC_SIM_7B_63
 
 EXAMPLE = [[0], [1], [0, 0]]  # the module docstring's worked example
 USER_TREE = [[1], [0], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0]]

@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2
 from conftest import write_recipe
 from specbuild.builder.recipe import load_recipe
 from specbuild.builder.reference import build_reference_engine, read_fingerprint
-from specbuild.engine.runtime import ReferenceEngine
+from specbuild.runtime import ReferenceEngine
 from specbuild.engine.types import GenerationRequest
 from specbuild.triton_repo.reference_repository import (
     REPO_METADATA,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 from specbuild.builder.recipe import RecipeError, load_recipe, parse_recipe
-from specbuild.builder.trtllm_plan import multi_node_lines, plan_for, with_trtllm_version
+from specbuild.builder.trtllm_plan import plan_for, with_trtllm_version
+from specbuild.triton_repo.tensorrtllm import multi_node_lines
 from specbuild.triton_repo.tensorrtllm import repository_lines
 from test_trtllm_plan import TRTLLM_SERVE_FLAGS, flags
 from upstream_trtllm import check_speculative_config

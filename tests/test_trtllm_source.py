@@ -17,7 +17,7 @@ import itertools
 
 import pytest
 import yaml
-from specbuild.builder.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
+from specbuild.util.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
 from specbuild.builder.recipe import load_recipe
 from specbuild.builder.trtllm_plan import plan_for
 from specbuild.builder.trtllm_version import installed_version, parse_version

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specbuild.client.tune import (
+from specbuild.tune import (
     Candidate,
     TuneError,
     analytic_comparison,
@@ -251,7 +251,7 @@ def test_plots_are_png_files(tmp_path):
 
 
 def test_measured_per_position_is_taken_at_the_lowest_concurrency():
-    from specbuild.client.tune import measured_per_position
+    from specbuild.tune import measured_per_position
 
     points = [
         point(2, 1) | {"per_position_acceptance": [0.5, 0.2]},
@@ -271,7 +271,7 @@ def test_schedule_ignores_gains_smaller_than_min_gain():
 
 
 def test_tie_note_names_k0_as_the_simpler_choice_when_it_is_one():
-    from specbuild.client.tune.report import tie_note
+    from specbuild.tune.report import tie_note
 
     best = cand(10.0, 100.0, k=4)
     assert tie_note(best, [cand(11.0, 95.0, k=2), cand(12.0, 90.0, k=0)]).endswith(
@@ -281,7 +281,7 @@ def test_tie_note_names_k0_as_the_simpler_choice_when_it_is_one():
 
 
 def test_repeated_small_sample_warnings_become_one_line():
-    from specbuild.client.tune.report import summarize_warnings
+    from specbuild.tune.report import summarize_warnings
 
     small = [f"ngram humaneval:8 k={k} C={c}: 16 requests (< 20): percentiles and intervals are rough" for k in (0, 2, 4) for c in (1, 2)]
     unstable = "ngram humaneval:8 k=0 C=2: unstable: a repeat's tokens/s is 20% from the mean (> 10%)"
@@ -292,7 +292,7 @@ def test_repeated_small_sample_warnings_become_one_line():
 
 
 def test_frontier_legend_matches_hollow_points_and_the_star_sits_beside_its_point(tmp_path, monkeypatch):
-    import specbuild.client.tune.plots as plots
+    import specbuild.tune.plots as plots
 
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, plt, path: figures.append(fig) or path)
@@ -313,7 +313,7 @@ def test_frontier_legend_matches_hollow_points_and_the_star_sits_beside_its_poin
 
 
 def test_speedup_plot_marks_not_significant_points(tmp_path, monkeypatch):
-    import specbuild.client.tune.plots as plots
+    import specbuild.tune.plots as plots
 
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, plt, path: figures.append(fig) or path)
@@ -331,7 +331,7 @@ def test_speedup_plot_marks_not_significant_points(tmp_path, monkeypatch):
 def test_tune_tables_fit_80_columns_and_never_cut_a_name():
     from rich.console import Console
 
-    from specbuild.client.tune import report_tables
+    from specbuild.tune import report_tables
 
     points = synthetic_sweep(0.6, 0.1, batching_loss=0.5)
     points = [p | {"deployment": "smollm2-lookahead-long", "prompt_set": "humaneval:8"} for p in points]
@@ -356,7 +356,7 @@ def disturbed_sweep():
 
 
 def test_a_speedup_above_its_tokens_per_step_flags_the_point_and_is_not_recommended():
-    from specbuild.client.bench.stats import exceeds_speedup_bound
+    from specbuild.bench.stats import exceeds_speedup_bound
 
     assert exceeds_speedup_bound(3.12, 1.41) and not exceeds_speedup_bound(1.45, 1.41) and not exceeds_speedup_bound(None, 1.0)
     report = tune(disturbed_sweep())
@@ -366,7 +366,7 @@ def test_a_speedup_above_its_tokens_per_step_flags_the_point_and_is_not_recommen
     assert report.to_json()["baseline_disturbed"][0]["draft_len"] == 4
     assert all(s.best.get(1) != 4 for s in report.schedules)
     row = next(r for r in report.analytic if (r.draft_len, r.concurrency) == (4, 1))
-    from specbuild.client.tune.report import _speedup_text
+    from specbuild.tune.report import _speedup_text
 
     assert row.baseline_disturbed and "(disturbed)" in _speedup_text(row)
 
@@ -375,8 +375,8 @@ def test_write_recipe_refuses_a_schedule_with_a_disturbed_baseline_unless_forced
     from click.testing import CliRunner
 
     from specbuild.cli import main
-    from specbuild.client.bench import PointResult, SweepPlan, SweepResult, summarize_point
-    from specbuild.client.bench.run import RequestRecord, flag_disturbed_baseline
+    from specbuild.bench import PointResult, SweepPlan, SweepResult, summarize_point
+    from specbuild.bench.run import RequestRecord, flag_disturbed_baseline
 
     def bench_point(k, c, latency_s, accepted):
         # 4 requests of 20 tokens; accepted drafts per request fix tokens per step
@@ -409,8 +409,8 @@ def test_schedule_table_at_80_columns_keeps_names_and_schedules_whole_and_notes_
     from click.testing import CliRunner
 
     from specbuild.cli import main
-    from specbuild.client.bench import PointResult, SweepPlan, SweepResult, summarize_point
-    from specbuild.client.bench.run import RequestRecord
+    from specbuild.bench import PointResult, SweepPlan, SweepResult, summarize_point
+    from specbuild.bench.run import RequestRecord
 
     def bench_point(deployment, prompt_set, k, c, latency_s, accepted):
         records = [RequestRecord(f"p{i}", latency_s + 0.01 * i, 20, accepted, 4 * k, None) for i in range(4)]

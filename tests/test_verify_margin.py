@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import write_recipe
+from conftest import tiny_reference_server
 from specbuild.client.oracle import HFOracle, OracleError, compare_with_oracle
 from specbuild.client.prompts import Prompt
 from specbuild.client.sdk import SpecClient
@@ -27,17 +27,9 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
-    from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine
-    from specbuild.triton_repo.reference_repository import spec_from_engine_dir, write_reference_repository
-    from specbuild.triton_repo.tritonserver import TritonServer
-
-    out = tmp_path_factory.mktemp("margin")
-    loaded = load_recipe(str(write_recipe(out / "r.yaml", tiny_checkpoint)))
-    engine_dir = build_reference_engine(loaded, out / "engine", log=lambda m: None).engine_dir
-    repo = write_reference_repository(spec_from_engine_dir(engine_dir), out / "repo")
-    with TritonServer(repo, http_port=0, grpc_port=0, metrics_port=0, log_file=out / "s.log") as s:
-        yield s
+    server, _ = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("margin"), decoupled=False)
+    with server:
+        yield server
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from specbuild.builder.strict import StrictModel
+from specbuild.util.strict import StrictModel
 
 HUMANEVAL_TRAIN = "humaneval-train"
 HUMANEVAL_TRAIN_START = 40  # HumanEval/40 .. HumanEval/163 train; 0 .. 39 stay held out

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specbuild.builder.atomic import staging_dir
+from specbuild.util.atomic import staging_dir
 from specbuild.cache import cache_dir
 from specbuild.prompts import Prompt, load_prompts
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -117,6 +118,26 @@ def lr_factor(step: int, *, warmup: int, total: int) -> float:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train_beside_target(
+    target: torch.nn.Module,
+    build: Callable[[], torch.nn.Module],
+    objective: Callable[[torch.nn.Module], Callable[[int], StepOutput]],
+    config: TrainConfig,
+    ckpt_dir: Path,
+    **train_options: Any,
+) -> tuple[torch.nn.Module, TrainResult]:
+    """The shape every method's trainer shares: freeze ``target``'s parameters, seed torch with
+    ``config.seed``, ``build()`` the model to train (its initial weights drawn after the seed, so a run
+    is repeatable), then :func:`train` it on ``objective(model)`` with ``train_options`` (``description``,
+    ``on_step``, ``log``, ``show_progress``). Returns the trained model (the caller saves it in its
+    method's format) and the result."""
+    for p in target.parameters():
+        p.requires_grad_(False)
+    torch.manual_seed(config.seed)
+    model = build()
+    return model, train(model, objective(model), config, ckpt_dir, **train_options)
 
 
 def train(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild import __version__
-from specbuild.builder.atomic import staging_dir
+from specbuild.util.atomic import staging_dir
 from specbuild.interface import ENGINE, ENSEMBLE, POSTPROCESSING, PREPROCESSING, REFERENCE
 from specbuild.triton_repo.pbtxt import EnsembleStep, ModelConfig, render
 

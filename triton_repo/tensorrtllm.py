@@ -335,14 +335,47 @@ def launch_header(path: str, version: str | None, host: str) -> list[str]:
     return [*container_image(path, version).lines(), reach]
 
 
+def multi_node_lines(plan: TrtllmPlan, repo_dir: Path) -> list[str]:
+    """The launches for a plan whose ranks span several nodes ([] for one node), as upstream documents them:
+
+    - trtllm-serve: Slurm ``srun --mpi=pmix`` with ``trtllm-llmapi-launch`` (NVIDIA/TensorRT-LLM
+      examples/llm-api/llm_mgmn_trtllm_serve.sh: one MPI rank per GPU, world size = tp * pp), or
+      ``mpirun`` with a host list;
+    - engine-path Triton (leader mode): one tritonserver per rank under ``srun --mpi=pmix`` with a
+      per-rank Python-backend shared-memory prefix (tensorrtllm_backend README, "Launch Triton server
+      within Slurm based clusters");
+    - PyTorch-path Triton: tritonserver under ``srun --mpi=pmix ... trtllm-llmapi-launch`` (rank 0
+      serves, the other ranks run the LLM's workers), as tensorrtllm_backend docs/llmapi.md ("Start the
+      server on a multi-node configuration") launches its LLM-API repository.
+    """
+    p = plan.parallel
+    if p.nodes == 1:
+        return []
+    srun = f"srun --nodes {p.nodes} --ntasks-per-node {p.ranks_per_node} --mpi=pmix"
+    hosts = ",".join(f"NODE{i}:{p.ranks_per_node}" for i in range(1, p.nodes + 1))
+    out = [f"multi-node: {p.world_size} ranks (tp {p.tp_size} x pp {p.pp_size}) on {p.nodes} nodes of {p.gpus_per_node} GPUs; "
+           "the same image and output directory on every node (a shared file system)"]
+    repo = shlex.quote(str(repo_dir))
+    if plan.backend == "pytorch":
+        serve = shlex.join(plan.serve_argv)
+        out += [f"  trtllm-serve, Slurm: $ {srun} trtllm-llmapi-launch {serve}",
+                f"  trtllm-serve, mpirun: $ mpirun -np {p.world_size} -H {hosts} trtllm-llmapi-launch {serve}",
+                f"  Triton (alternative): $ {srun} trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver --model-repository {repo} "
+                "(rank 0 serves; the other ranks run the LLM's workers)"]
+    else:
+        out += [f"  Triton leader mode, Slurm: $ {srun} tritonserver --model-repository={repo} --disable-auto-complete-config "
+                "'--backend-config=python,shm-region-prefix-name=prefix${SLURM_PROCID}_'",
+                f"  or, where srun sets up MPI: $ {srun} python3 /app/scripts/launch_triton_server.py --world_size {p.world_size} "
+                f"--model_repo {repo} --oversubscribe"]
+    return out
+
+
 def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> list[str]:
     """What the plan's Triton repository will hold and the command that serves it (dry run).
 
     Engine path: every model with its backend and, for ``tensorrtllm`` models, every parameter
     (end/pad ids are read from the target checkpoint at run time, so they are not shown).
     """
-    from specbuild.builder.trtllm_plan import multi_node_lines
-
     s = loaded.recipe.serve
     ports = container_ports(s)
     repo_dir = Path(os.path.abspath(repo_dir))

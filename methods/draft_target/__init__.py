@@ -27,7 +27,7 @@ from ..base import (
 from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
 
 
@@ -50,7 +50,7 @@ class DraftTargetSpeculation(TokenMapParams):
     """Accept by rejection sampling on the draft's logits (sampling) instead of by token matching."""
 
     def to_llm_api(self) -> dict[str, Any]:
-        return {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "speculative_model_dir": self.draft_checkpoint}
+        return self.llm_api_fields("max_draft_len", "speculative_model_dir=draft_checkpoint")
 
 
 # --- weights: the draft checkpoint -----------------------------------------------------------------
@@ -64,7 +64,7 @@ def locate_draft(loaded: LoadedRecipe) -> CheckpointSource:
         RecipeError: the draft is missing, or has no config.json or weights (located at
             ``speculation.draft_checkpoint``).
     """
-    from specbuild.builder.checkpoints import CheckpointError, check_checkpoint_files, locate_checkpoint
+    from specbuild.util.checkpoints import CheckpointError, check_checkpoint_files, locate_checkpoint
 
     try:
         source = locate_checkpoint(loaded.recipe.speculation.draft_checkpoint, base_dir=loaded.path.parent)
@@ -108,12 +108,12 @@ def check_draft_vocab(draft_dir: str | Path, target_vocab_size: int) -> None:
 def check_draft_vocabulary(loaded: LoadedRecipe, target_dir: Path, draft_dir: Path) -> None:
     """Refuse a draft whose vocabulary differs from the target's: the ``vocab_size`` of the two
     config.json files, then the tokenizers' id -> token tables
-    (:mod:`specbuild.builder.tokenizer_identity`; no weights or tokenizer library loaded).
+    (:mod:`specbuild.util.tokenizer_identity`; no weights or tokenizer library loaded).
 
     Raises:
         RecipeError: the sizes or a token differ (located at ``speculation.draft_checkpoint``).
     """
-    from specbuild.builder.tokenizer_identity import read_token_table, token_table_difference
+    from specbuild.util.tokenizer_identity import read_token_table, token_table_difference
 
     try:
         check_draft_vocab(draft_dir, read_vocab_size(target_dir))

@@ -21,7 +21,7 @@ from torch import nn
 
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import DistillData
-from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, train
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, train_beside_target
 
 
 def init_draft(target, num_layers: int):
@@ -88,13 +88,10 @@ def train_draft(
     log=print, show_progress: bool = True, on_step=None,
 ) -> TrainResult:
     """Distil a ``config.num_layers``-layer draft (default 4) from ``target`` and save it to ``out_dir``."""
-    for p in target.parameters():
-        p.requires_grad_(False)
-    torch.manual_seed(config.seed)
-    draft = init_draft(target, config.num_layers or 4).to(device).train()
-    objective = DraftObjective(draft, target, data, config, device)
-    result = train(draft, objective, config, ckpt_dir, description="draft model", log=log,
-                   show_progress=show_progress, on_step=on_step)
+    draft, result = train_beside_target(
+        target, lambda: init_draft(target, config.num_layers or 4).to(device).train(),
+        lambda draft: DraftObjective(draft, target, data, config, device),
+        config, ckpt_dir, description="draft model", log=log, show_progress=show_progress, on_step=on_step)
     draft.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     draft.save_pretrained(str(out_dir), safe_serialization=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from specbuild.builder.strict import FieldProblem
+from specbuild.util.strict import FieldProblem
 
 from ..base import (
     Conversion,
@@ -30,7 +30,7 @@ from ..heads import check_head_sizes, locate_head_dir
 from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt")  # EAGLE's and EAGLE-3's; pickles read weights_only
@@ -84,14 +84,8 @@ class EagleSpeculation(TokenMapParams):
         return self
 
     def to_llm_api(self) -> dict[str, Any]:
-        config = {
-            "decoding_type": self.decoding_type,
-            "max_draft_len": self.max_draft_len,
-            "speculative_model_dir": self.eagle_model,
-            "num_eagle_layers": self.num_eagle_layers,
-            "max_non_leaves_per_layer": self.max_non_leaves_per_layer,
-            "eagle3_one_model": False,
-        }
+        config = self.llm_api_fields("max_draft_len", "speculative_model_dir=eagle_model", "num_eagle_layers",
+                                     "max_non_leaves_per_layer") | {"eagle3_one_model": False}
         optional = {
             "eagle_choices": self.eagle_choices,
             "use_dynamic_tree": self.use_dynamic_tree or None,

@@ -82,7 +82,8 @@ from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
 from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
 from specbuild.engine.kv_pool import KVCache, KVPool, KVShape
-from specbuild.engine.tree import MC_SIM_7B_63, SpecTree
+from specbuild.engine.tree import SpecTree
+from specbuild.methods.base import MC_SIM_7B_63
 
 from ..head_files import HeadFiles, LoadedHead, check_state, check_tree_attention, known_keys, read_config_json
 from ..heads import refuse_unreadable, torch_dtype

@@ -26,7 +26,7 @@ from specbuild.methods.eagle.engine import EagleConfig, EagleHead, save_eagle_he
 
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import DistillData
-from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, step_generator, train
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, step_generator, train_beside_target
 
 
 def eagle_config_for(target_config, *, num_layers: int = 1) -> EagleConfig:
@@ -95,14 +95,10 @@ def train_eagle(
         target: the frozen target (its embeddings and lm_head are used, not trained).
         ckpt_dir: resumable checkpoints (see :func:`specbuild.train.loop.train`).
     """
-    for p in target.parameters():
-        p.requires_grad_(False)
     head_config = eagle_config_for(target.config, num_layers=config.num_layers or 1)
-    torch.manual_seed(config.seed)
-    head = EagleHead(head_config, fc_bias=True).to(device)
-    objective = EagleObjective(head, target, data, config, device)
-    result = train(head, objective, config, ckpt_dir, description="EAGLE head", log=log,
-                   show_progress=show_progress, on_step=on_step)
+    head, result = train_beside_target(
+        target, lambda: EagleHead(head_config, fc_bias=True).to(device), lambda head: EagleObjective(head, target, data, config, device),
+        config, ckpt_dir, description="EAGLE head", log=log, show_progress=show_progress, on_step=on_step)
     save_eagle_head(out_dir, head.state_dict(), head_config)
     return result
 

@@ -17,7 +17,7 @@ from ..eagle import check_sizes, locate_head
 from ..heads import read_json, target_config
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
 
 
@@ -74,12 +74,7 @@ class Eagle3Speculation(MethodParams):
         return self
 
     def to_llm_api(self) -> dict[str, Any]:
-        config: dict[str, Any] = {
-            "decoding_type": self.decoding_type,
-            "max_draft_len": self.max_draft_len,
-            "speculative_model_dir": self.eagle_model,
-            "eagle3_one_model": self.eagle3_one_model,
-        }
+        config = self.llm_api_fields("max_draft_len", "speculative_model_dir=eagle_model", "eagle3_one_model")
         if self.sa_config is not None:
             config["sa_config"] = self.sa_config.model_dump()
         if self.use_dynamic_tree:

@@ -27,7 +27,7 @@ from specbuild.methods.eagle3.engine import Eagle3Config, Eagle3Head, capture_la
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import DistillData, ensure_aux_features
 from specbuild.methods.eagle.train import eagle_config_for
-from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, train
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, train_beside_target
 
 
 def eagle3_config_for(target_config) -> Eagle3Config:
@@ -91,11 +91,10 @@ def train_eagle3(
     head_config = eagle3_config_for(target.config)
     layers = capture_layers_for(head_config, target.config.get_text_config().num_hidden_layers)
     aux = ensure_aux_features(target, data, layers, batch_size=config.generation_batch_size, log=log)
-    torch.manual_seed(config.seed)
-    head = Eagle3Head(head_config, lm_head=False).to(device)
-    objective = Eagle3Objective(head, target, data, aux, config, device)
-    result = train(head, objective, config, ckpt_dir, description="EAGLE-3 head", log=log,
-                   show_progress=show_progress, on_step=on_step)
+    head, result = train_beside_target(
+        target, lambda: Eagle3Head(head_config, lm_head=False).to(device),
+        lambda head: Eagle3Objective(head, target, data, aux, config, device),
+        config, ckpt_dir, description="EAGLE-3 head", log=log, show_progress=show_progress, on_step=on_step)
     save_eagle3_head(out_dir, head.state_dict(), head_config)
     return result
 

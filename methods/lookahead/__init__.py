@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from specbuild.builder.strict import FieldProblem
+from specbuild.util.strict import FieldProblem
 
 from ..base import MethodParams, SpeculationMethod, TrtllmMapping
 
@@ -61,12 +61,7 @@ class LookaheadSpeculation(MethodParams):
         return (self.max_window_size, self.max_ngram_size, self.max_verification_set_size)
 
     def to_llm_api(self) -> dict[str, Any]:
-        return {
-            "decoding_type": self.decoding_type,
-            "max_window_size": self.max_window_size,
-            "max_ngram_size": self.max_ngram_size,
-            "max_verification_set_size": self.max_verification_set_size,
-        }
+        return self.llm_api_fields("max_window_size", "max_ngram_size", "max_verification_set_size")
 
 
 def _engine_model(spec: LookaheadSpeculation) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from specbuild.builder.strict import FieldProblem
+from specbuild.util.strict import FieldProblem
 
 from ..base import (
     MC_SIM_7B_63,
@@ -31,7 +31,7 @@ from ..heads import check_head_sizes, locate_head_dir
 from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
-    from specbuild.builder.checkpoints import CheckpointSource
+    from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # FasterDecoding's; the .pt read weights_only
@@ -79,7 +79,7 @@ class MedusaSpeculation(TokenMapParams):
         return self
 
     def to_llm_api(self) -> dict[str, Any]:
-        config = {"decoding_type": self.decoding_type, "max_draft_len": self.max_draft_len, "num_medusa_heads": self.num_medusa_heads}
+        config = self.llm_api_fields("max_draft_len", "num_medusa_heads")
         if self.medusa_choices is not None:
             config["medusa_choices"] = self.medusa_choices
         return config

@@ -22,7 +22,7 @@ from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, save_medu
 
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import DistillData
-from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, train
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, train_beside_target
 
 
 def init_medusa_heads(target, num_heads: int, num_layers: int) -> MedusaHeads:
@@ -73,13 +73,10 @@ def train_medusa(
 ) -> TrainResult:
     """Train ``num_heads`` Medusa-1 heads on ``data`` and save them to ``out_dir``
     (config.json + medusa_lm_head.safetensors)."""
-    for p in target.parameters():
-        p.requires_grad_(False)
-    torch.manual_seed(config.seed)
-    heads = init_medusa_heads(target, num_heads, config.num_layers or 1).to(device)
-    objective = MedusaObjective(heads, data, config, device)
-    result = train(heads, objective, config, ckpt_dir, description="Medusa heads", log=log,
-                   show_progress=show_progress, on_step=on_step)
+    heads, result = train_beside_target(
+        target, lambda: init_medusa_heads(target, num_heads, config.num_layers or 1).to(device),
+        lambda heads: MedusaObjective(heads, data, config, device),
+        config, ckpt_dir, description="Medusa heads", log=log, show_progress=show_progress, on_step=on_step)
     state = {k: v.detach().clone() for k, v in heads.heads.state_dict().items()}
     save_medusa_heads(out_dir, state, heads.config)
     return result

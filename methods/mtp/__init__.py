@@ -26,7 +26,7 @@ class MTPSpeculation(MethodParams):
         return self.num_nextn_predict_layers
 
     def to_llm_api(self) -> dict[str, Any]:
-        return {"decoding_type": self.decoding_type, "num_nextn_predict_layers": self.num_nextn_predict_layers}
+        return self.llm_api_fields("num_nextn_predict_layers")
 
 
 METHOD = SpeculationMethod(

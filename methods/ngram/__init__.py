@@ -34,12 +34,7 @@ class NGramSpeculation(MethodParams):
 
     def to_llm_api(self) -> dict[str, Any]:
         """TensorRT-LLM LLM-API ``speculative_config`` (``decoding_type: NGram``)."""
-        return {
-            "decoding_type": self.decoding_type,
-            "max_draft_len": self.max_draft_len,
-            "max_matching_ngram_size": self.max_matching_ngram_size,
-            "is_use_oldest": self.is_use_oldest,
-        }
+        return self.llm_api_fields("max_draft_len", "max_matching_ngram_size", "is_use_oldest")
 
 
 # --- prompt lookup (the reference engine's proposer and TensorRT-LLM's ensemble front both draft with it) ---

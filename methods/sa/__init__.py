@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from specbuild.builder.strict import FieldProblem
+from specbuild.util.strict import FieldProblem
 
 from ..base import MethodParams, SpeculationMethod, TrtllmMapping
 
@@ -68,12 +68,7 @@ class SASpeculation(MethodParams):
 
     def to_llm_api(self) -> dict[str, Any]:
         """TensorRT-LLM LLM-API ``speculative_config`` (``decoding_type: SA``); ``global_pool_size`` only when set."""
-        config: dict[str, Any] = {
-            "decoding_type": self.decoding_type,
-            "max_draft_len": self.max_draft_len,
-            "max_matching_ngram_size": self.max_matching_ngram_size,
-            "enable_global_pool": self.enable_global_pool,
-        }
+        config = self.llm_api_fields("max_draft_len", "max_matching_ngram_size", "enable_global_pool")
         if self.global_pool_size is not None:
             config["global_pool_size"] = self.global_pool_size
         return config

@@ -197,7 +197,7 @@ class Margins:
 
 
 def logit_margins(engine, prompt_ids: list[int], output_ids: list[int]) -> Margins:
-    """The engine's teacher-forced margins (:meth:`~specbuild.engine.runtime.ReferenceEngine.logit_margins`:
+    """The engine's teacher-forced margins (:meth:`~specbuild.runtime.ReferenceEngine.logit_margins`:
     one causal pass over ``prompt_ids + output_ids[:-1]``, fp32 CPU rounding ~1e-6 from the incremental
     decode). Empty output -> empty Margins."""
     if not output_ids:
@@ -257,7 +257,7 @@ class TritonPythonModel:
     def initialize(self, args):
         import triton_python_backend_utils as pb_utils
 
-        from specbuild.engine.runtime import ReferenceEngine
+        from specbuild.runtime import ReferenceEngine
         from specbuild.engine.scheduler import Scheduler
 
         self.pb_utils = pb_utils

@@ -1,6 +1,6 @@
 import time, statistics, torch, sys
 import torch.nn.functional as F
-from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
+from specbuild.util.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
 from specbuild.engine import target as target_model
 from specbuild.engine.forward import RowBlock, forward_blocks
 from specbuild.engine.kernels import pack_linears, resolve_kernels

@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import bench_methods as bm
 from transformers import AutoTokenizer
-from specbuild.builder.checkpoints import quiet_transformers
+from specbuild.util.checkpoints import quiet_transformers
 from specbuild.engine import target as target_model
 from specbuild.engine.kernels import pack_linears, resolve_kernels
 quiet_transformers()

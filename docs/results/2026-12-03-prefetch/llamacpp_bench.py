@@ -4,7 +4,7 @@ Usage: python llamacpp_bench.py MODEL.gguf PROMPTS.json OUT.json  (PROMPTS: list
 In its own virtual environment: pip install llama-cpp-python==0.3.36 (built from the sdist here). The F32 GGUF:
 python vendor/llama.cpp/convert_hf_to_gguf.py CHECKPOINT_DIR --outtype f32 --outfile smollm2-f32.gguf, from the
 sdist's tree with PYTHONPATH=vendor/llama.cpp/gguf-py (and sentencepiece importable), where CHECKPOINT_DIR is the
-engine's materialized checkpoint (specbuild.builder.checkpoints.materialize_checkpoint).
+engine's materialized checkpoint (specbuild.util.checkpoints.materialize_checkpoint).
 Output ids are compared with engine.json's: python -c "import json; a=json.load(open('engine.json'))['outputs'];
 b=json.load(open('llamacpp.json'))['outputs']; print(sum(x == y for x, y in zip(a, b)))"."""
 import json, sys, time

@@ -1,7 +1,7 @@
 """All of SmolLM2's linears (one pass: per layer qkv, o, gate_up, down; then lm_head) at M rows, several
 builds of rowgemm.c interleaved in one process. usage: linbench.py a.c b.c ..."""
 import ctypes, statistics, subprocess, sys, time, torch
-from specbuild.builder.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
+from specbuild.util.checkpoints import locate_checkpoint, materialize_checkpoint, quiet_transformers
 from specbuild.engine import target as target_model
 from specbuild.engine.kernels import pack_linears, resolve_kernels, FUSED_QKV, FUSED_GATE_UP
 from specbuild.engine import rowgemm as rg

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from specbuild.client.soak.ledger import Ledger, RequestRecord
+from specbuild.soak.ledger import Ledger, RequestRecord
 
 KINDS = ("triton-stream", "triton-unary", "openai-stream", "openai-unary")
 BAD_NUM_DRAFT_TOKENS = 99  # above any max_draft_len: the engine rejects it (InvalidRequestError)

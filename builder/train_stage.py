@@ -28,7 +28,7 @@ from pathlib import Path
 from specbuild.builder.recipe import LoadedRecipe, RecipeError, trainable_methods
 from specbuild.cache import cache_dir
 
-from .config import TrainConfig
+from specbuild.train.config import TrainConfig
 
 TRAIN_FORMAT = 1
 CARD_JSON, CARD_MD = "model_card.json", "MODEL_CARD.md"
@@ -193,13 +193,13 @@ def train_draft(
     """
     import torch
 
-    from specbuild.builder.atomic import staging_dir
-    from specbuild.builder.checkpoints import materialize_checkpoint
+    from specbuild.util.atomic import staging_dir
+    from specbuild.util.checkpoints import materialize_checkpoint
     from specbuild.builder.reference import locate_target
     from specbuild.engine.target import load_target
     from specbuild.tokenizer import load_tokenizer
 
-    from .data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_fingerprint, training_prompts
+    from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_fingerprint, training_prompts
 
     config: TrainConfig = loaded.recipe.train
     artefact = artefact_path(loaded)
@@ -297,9 +297,9 @@ def write_frequent_tokens(data_dir: Path, out: Path, size: int, *, log=print) ->
 
 
 def _evaluate(loaded, target, tokenizer, prompts, artefact, config, log):
-    from specbuild.engine.runtime import _default_end_id
+    from specbuild.runtime import _default_end_id
 
-    from .evaluate import measure_acceptance, speculative_config_for
+    from specbuild.builder.train_evaluate import measure_acceptance, speculative_config_for
 
     from specbuild.engine.kernels import pack_linears, resolve_kernels
 

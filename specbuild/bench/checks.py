@@ -8,7 +8,7 @@
   (``specbuild_generated_tokens_total``, ``specbuild_draft_tokens_total``,
   ``specbuild_accepted_draft_tokens_total``) over the point equal the sums of the per-request
   figures (when the metrics url is known and nothing else uses the server);
-- per deployment (in :mod:`specbuild.client.bench.run`): greedy output ids at every k equal the
+- per deployment (in :mod:`specbuild.bench.run`): greedy output ids at every k equal the
   k = 0 output for the same prompt (``ids_match_baseline``: speculation must be lossless).
 """
 
@@ -17,10 +17,8 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .run import RequestRecord
+from .records import RequestRecord
 
 
 COUNTERS = {

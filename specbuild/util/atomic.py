@@ -7,18 +7,20 @@ which the next ``staging_dir`` for the same ``final`` removes once its process i
 
 ``write_file_atomic(final, data)`` does the same for one file: a hidden sibling written and fsynced,
 then renamed over ``final``; on any error (a full disk: ``OSError`` ENOSPC) the sibling is removed
-and ``final`` is left as it was.
+and ``final`` is left as it was; ``write_json_atomic(final, obj)`` writes a JSON report that way.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 @contextmanager
@@ -52,6 +54,15 @@ def write_file_atomic(final: Path, data: bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return final
+
+
+def write_json_atomic(final: Path | str, obj: Any, *, indent: int = 2, default: Callable[[Any], Any] | None = None) -> Path:
+    """Write ``obj`` as JSON (``indent``, one trailing newline, UTF-8) with :func:`write_file_atomic`;
+    returns the path. Reports (``report.json``, ``load_report.json``, ...) go through here, so a reader
+    never sees half a report. Raises ``TypeError`` for an object JSON cannot hold (``default`` may
+    convert it) and the ``OSError`` of a failed write."""
+    text = json.dumps(obj, indent=indent, default=default) + "\n"
+    return write_file_atomic(Path(final), text.encode("utf-8"))
 
 
 def publish_dir(tmp: Path, final: Path) -> None:

@@ -11,69 +11,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from specbuild.interface import ACCEPTANCE_SOURCES, SpecDecodeMetrics
 from specbuild.prompts import Prompt, apply_chat_template, load_prompts
 
-from ..environment import environment
+from specbuild.client.environment import environment
 from .checks import counter_problems, read_counters_or_none
 from .plan import BenchError, Deployment, Load, SweepPlan, is_url, openai_deployments, sweep_size, url_deployments
 from .points import PointResult, summarize_point
+from .records import RequestRecord
 from .stats import disturbed_note, exceeds_speedup_bound
 from .report import SweepResult, notes, point_line, points_table, request_row
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One timed request and what the server said about it."""
-
-    prompt_id: str
-    latency_s: float
-    num_tokens: int
-    accepted: int  # total_accepted_draft_tokens
-    drafts: int  # total_draft_tokens
-    acceptance_rate: float | None
-    ttft_s: float | None = None  # only when streamed
-    step_tokens: tuple[int, ...] | None = None  # tokens per streamed step (prefill first), when streamed
-    output_ids: tuple[int, ...] = ()
-    finish_reason: str | None = None  # "stop" / "length" as the client reads it; None = unknown
-    perf_reported: bool = True  # the server reported draft/accepted counts (OpenAI servers other than specbuild's: no)
-    chunk_times_s: tuple[float, ...] | None = None  # streamed: arrival of each chunk, seconds after sending
-    start_s: float = 0.0  # sent, seconds after the point (repeat) started
-    repeat: int = 0
-    max_tokens: int | None = None  # what the request asked for (None: the plan's)
-    acceptance_source: str | None = None  # perf_metrics / derived / none (GenerateResult.acceptance_source)
-
-    @property
-    def itl_s(self) -> list[float]:
-        """Gaps between consecutive streamed chunks (vLLM's inter-token latency: one gap per chunk,
-        a chunk of a speculative step carries several tokens); [] when not streamed."""
-        times = self.chunk_times_s or ()
-        return [b - a for a, b in zip(times, times[1:])]
-
-    @property
-    def tpot_s(self) -> float:
-        """Time per output token after the first (streamed; genai-perf's inter-token latency), else
-        latency / tokens (prefill included)."""
-        if self.ttft_s is not None and self.num_tokens > 1:
-            return (self.latency_s - self.ttft_s) / (self.num_tokens - 1)
-        return self.latency_s / max(1, self.num_tokens)
-
-    @property
-    def metrics(self) -> SpecDecodeMetrics:
-        """This request's speculation figures (:class:`specbuild.interface.SpecDecodeMetrics`; a server
-        that reported no counts reads as nothing drafted or accepted)."""
-        source = self.acceptance_source if self.acceptance_source in ACCEPTANCE_SOURCES else None
-        return SpecDecodeMetrics(self.num_tokens, self.drafts, self.accepted, acceptance_source=source)
-
-    @property
-    def decode_steps(self) -> int:
-        """Verification steps after the prefill (``num_spec_steps``): each emits its accepted drafts + 1 token."""
-        return self.metrics.num_spec_steps
 
 
 class _Clients:
@@ -102,12 +52,12 @@ class _Clients:
 def make_client(deployment: Deployment, timeout_s: float):
     """A client for ``deployment``: SpecClient (Triton) or OpenAIClient (``protocol="openai"``)."""
     if deployment.protocol == "openai":
-        from ..openai_client import OpenAIClient
+        from specbuild.client.openai_client import OpenAIClient
 
         tokenizer = None
         return OpenAIClient(deployment.url, chat=deployment.openai_chat, draft_field=deployment.per_request_draft,
                             tokenizer=tokenizer, timeout_s=timeout_s)
-    from ..sdk import SpecClient
+    from specbuild.client.sdk import SpecClient
 
     # retries=0: a silently retried request would count its back-off as latency.
     return SpecClient(deployment.url, protocol=deployment.protocol, timeout_s=timeout_s, retries=0)
@@ -141,7 +91,7 @@ def _streamed_request(client, prompt: Prompt, text: str, *, max_tokens: int, end
     """One request through ``generate_stream``: a chunk per decoding step, perf counters cumulative."""
     chunks = list(client.generate_stream(text, max_tokens=max_tokens, end_id=end_id, **fields))
     if not chunks:
-        from ..sdk import RequestError
+        from specbuild.client.sdk import RequestError
 
         raise RequestError(f"streamed request for {prompt.id!r} returned no response with tokens")
     last = chunks[-1]
@@ -417,7 +367,7 @@ def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseli
 def flag_disturbed_baseline(points: Sequence[PointResult]) -> None:
     """Mark each k > 0 point whose measured speed-up over the k = 0 point of its level (time per output
     token at k = 0 / at k) exceeds its tokens per step by more than
-    :data:`~specbuild.client.bench.stats.DISTURBED_MARGIN`: a speculative step costs at least one target
+    :data:`~specbuild.bench.stats.DISTURBED_MARGIN`: a speculative step costs at least one target
     pass, so tokens per step bounds the speed-up; past it the baseline was measured on a slower
     machine than the point (``baseline_disturbed``, with a note). Points of one load level."""
     base = next((p for p in points if p.draft_len == 0), None)
@@ -433,8 +383,8 @@ def _server_acceptance(deployment: Deployment):
     """The speculation figures an OpenAI target's ``/metrics`` shows now; None when it has none."""
     if deployment.protocol != "openai":
         return None
-    from ..openai_client import metrics_url_of, read_server_acceptance
-    from ..sdk import ClientError
+    from specbuild.client.openai_client import metrics_url_of, read_server_acceptance
+    from specbuild.client.sdk import ClientError
 
     try:
         return read_server_acceptance(metrics_url_of(deployment.url))
@@ -444,7 +394,7 @@ def _server_acceptance(deployment: Deployment):
 
 def _sum_over_repeats(readings) -> dict | None:
     """acceptance_over each repeat, counters summed over repeats (gauges: the last repeat's)."""
-    from ..openai_client import acceptance_over, with_server_figures
+    from specbuild.client.openai_client import acceptance_over, with_server_figures
 
     per_repeat = [acceptance_over(before, after) for before, after in readings]
     per_repeat = [r for r in per_repeat if r]

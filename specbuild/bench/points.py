@@ -19,26 +19,24 @@
                              steps (each carries its accepted drafts + 1); None without streaming: the
                              server reports per-request totals only, and ``specbuild tune`` derives it
                              from points at consecutive draft lengths
-                             (see :func:`specbuild.client.tune.per_position_from_sweep`).
+                             (see :func:`specbuild.tune.per_position_from_sweep`).
 
-Intervals and small-sample flags: :mod:`specbuild.client.bench.stats`.
+Intervals and small-sample flags: :mod:`specbuild.bench.stats`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specbuild.interface import SpecDecodeMetrics
 
 from .checks import check_request
+from .records import RequestRecord
 from .stats import MIN_REQUESTS, bootstrap_ci, meets_slo, parse_slo, percentile_statistic
 
-if TYPE_CHECKING:
-    from .run import RequestRecord
 
 
 @dataclass
@@ -111,7 +109,7 @@ def summarize_point(
 
     ``wall_s``: wall seconds of the point, or one per repeat (``records[i].repeat`` indexes it); the
     run-level figures (tokens/s, request throughput, goodput) are means over repeats, the request
-    figures pool every repeat's requests. Intervals: :mod:`specbuild.client.bench.stats`.
+    figures pool every repeat's requests. Intervals: :mod:`specbuild.bench.stats`.
     Raises ``ValueError`` when ``records`` is empty or a wall time is not positive.
     """
     walls = [wall_s] if isinstance(wall_s, (int, float)) else list(wall_s)

@@ -21,7 +21,7 @@ import yaml
 
 from specbuild.builder.recipe import RecipeError, find_recipe, parse_recipe
 
-from .analysis import Schedule
+from .schedules import Schedule
 from .schedules import EngineSchedules
 
 

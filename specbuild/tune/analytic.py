@@ -94,7 +94,7 @@ class AnalyticRow:
     @property
     def baseline_disturbed(self) -> bool:
         """The measured speed-up exceeds the measured tokens per step, its upper bound, by more than
-        5 % (:func:`~specbuild.client.bench.stats.exceeds_speedup_bound`): the k = 0 point ran on a
+        5 % (:func:`~specbuild.bench.stats.exceeds_speedup_bound`): the k = 0 point ran on a
         slower machine than this one."""
         return exceeds_speedup_bound(self.speedup, self.tokens_per_step)
 

@@ -49,22 +49,22 @@ import torch
 
 from specbuild.methods import method_for
 
-from . import rowgemm
-from . import target as target_model
-from .draft_linear import draft_weight_dtype
-from .drafters import Drafter, EngineMethod, MethodContext, PlainDrafter
-from .forward import RowBlock, check_mask_attention, forward_blocks
-from .guarantee import plan_kernels
-from .kernels import pack_linears
-from .kv_pool import KVPool, KVShape
-from .native import BITWISE, KernelChoice
-from .sampling import Sampler
-from .spec_controls import CONTROL_KEYS, RuntimeControls, SpeculationGate
-from .stream import Steps, collect
-from .threads import on_fresh_thread
-from .types import GenerationRequest, GenerationResult, InvalidRequestError
-from .validation import ResolvedRequest, validate_request
-from .worker import InflightRequest, run_alone
+from specbuild.engine import rowgemm
+from specbuild.engine import target as target_model
+from specbuild.engine.draft_linear import draft_weight_dtype
+from specbuild.engine.drafters import Drafter, EngineMethod, MethodContext, PlainDrafter
+from specbuild.engine.forward import RowBlock, check_mask_attention, forward_blocks
+from specbuild.engine.guarantee import plan_kernels
+from specbuild.engine.kernels import pack_linears
+from specbuild.engine.kv_pool import KVPool, KVShape
+from specbuild.engine.native import BITWISE, KernelChoice
+from specbuild.engine.sampling import Sampler
+from specbuild.engine.spec_controls import CONTROL_KEYS, RuntimeControls, SpeculationGate
+from specbuild.engine.stream import Steps, collect
+from specbuild.engine.threads import on_fresh_thread
+from specbuild.engine.types import GenerationRequest, GenerationResult, InvalidRequestError
+from specbuild.engine.validation import ResolvedRequest, validate_request
+from specbuild.engine.worker import InflightRequest, run_alone
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """The tuner's schedule in each engine's own syntax, checked by each engine's own rules.
 
-:func:`specbuild.client.tune.draft_len_schedule` gives, per deployment, TensorRT-LLM's
+:func:`specbuild.tune.draft_len_schedule` gives, per deployment, TensorRT-LLM's
 ``draft_len_schedule`` ``{batch-size threshold: draft length}`` plus ``max_concurrency``
 (speculation off above it). :func:`engine_schedules` writes the same advice for three engines:
 
 - **TensorRT-LLM** (PyTorch backend, ``speculative_config``): ``draft_len_schedule``,
   ``max_concurrency``, ``max_draft_len`` = ``schedule[1]``; checked by
-  :func:`specbuild.builder.draft_len_schedule.check_draft_len_schedule`
+  :func:`specbuild.util.draft_len_schedule.check_draft_len_schedule`
   (``llm_args.py`` ``DecodingBaseConfig.validate_draft_len_schedule_and_sort``). One-engine
   methods (EAGLE-3 one-model, MTP, draft/target one-model) keep drafter state that only the draft
   forward refreshes; at draft length 0 it goes stale and acceptance collapses for the rest of the
@@ -39,12 +39,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
-from specbuild.builder.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
+from specbuild.util.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
 
-if TYPE_CHECKING:
-    from .analysis import Schedule
+
+@dataclass(frozen=True)
+class Schedule:
+    """Draft length by concurrency for one deployment and prompt set.
+
+    Attributes:
+        best: measured concurrency -> the draft length with the lowest latency there.
+        draft_len_schedule: TensorRT-LLM's ``{threshold: draft_len}`` for the levels where speculation
+            is on (a batch of b requests uses the largest threshold <= b), with ``schedule[1] ==
+            max_draft_len``; ``{}`` when TensorRT-LLM cannot express ``best`` (``note`` says why).
+            Deploy it as the recipe's ``build.draft_len_schedule`` with ``speculation.max_draft_len``.
+        max_concurrency: speculation off above it (TensorRT-LLM ``max_concurrency``); ``None`` = on at
+            every measured level; 0 = off at every level.
+        max_draft_len: ``draft_len_schedule[1]`` (``None`` without a schedule).
+        note: why there is no schedule ("" when there is one).
+    """
+
+    deployment: str
+    prompt_set: str
+    best: dict[int, int]
+    draft_len_schedule: dict[int, int]
+    max_concurrency: int | None
+    max_draft_len: int | None = None
+    note: str = ""
+
 
 PR_16888_FIRST_RELEASE: str | None = None  # no TensorRT-LLM release has the K=0 fix (1.2.1 is the newest release)
 # TensorRT-LLM's min_runtime_draft_len per method of this project's PyTorch path (PR #16888's
@@ -88,7 +110,7 @@ class EngineSchedules:
 
 
 def engine_schedules(schedule: Schedule, method: str) -> EngineSchedules:
-    """``schedule`` (from :func:`~specbuild.client.tune.draft_len_schedule`) for TensorRT-LLM, vLLM
+    """``schedule`` (from :func:`~specbuild.tune.draft_len_schedule`) for TensorRT-LLM, vLLM
     and SGLang, each passed through that engine's rules. ``method``: this project's method name."""
     notes: dict[str, list[str]] = {"tensorrt-llm": [], "vllm": [], "sglang": []}
     if not schedule.draft_len_schedule:

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specbuild.prompts import Prompt
+from specbuild.util.atomic import write_json_atomic
 
 from .plan import BenchError, Deployment
 from .points import ratio_of_sums_ci
@@ -127,9 +128,7 @@ class RampReport:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.plot = str(plot_ramp(self, out / f"{stem}.png"))
-        path = out / f"{stem}.json"
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
-        return path
+        return write_json_atomic(out / f"{stem}.json", self.to_json(), indent=1)
 
 
 def run_ramp(

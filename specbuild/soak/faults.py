@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from specbuild.builder.atomic import write_file_atomic
+from specbuild.util.atomic import write_file_atomic
 
 FAULTS = ("kill", "stall", "disk-full", "kv-exhaust")
 STUB_NAME = "triton_python_backend_stub"

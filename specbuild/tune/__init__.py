@@ -1,6 +1,6 @@
 """``specbuild tune``: pick a method and draft length from a bench sweep.
 
-From the points of :mod:`specbuild.client.bench` (one per deployment x prompt set x concurrency x
+From the points of :mod:`specbuild.bench` (one per deployment x prompt set x concurrency x
 draft length) this package computes, per prompt set (a workload):
 
 - the throughput-latency Pareto frontier (:func:`pareto_front`): points no other point beats on both
@@ -11,7 +11,7 @@ draft length) this package computes, per prompt set (a workload):
 - a draft-length schedule by concurrency per deployment (:func:`draft_len_schedule`), in TensorRT-LLM's
   terms: ``draft_len_schedule`` {batch-size threshold: draft length} (a batch of b requests uses the
   entry of the largest threshold <= b), valid by TensorRT-LLM's own rules
-  (:mod:`specbuild.builder.draft_len_schedule`), and ``max_concurrency`` (speculation off above it);
+  (:mod:`specbuild.util.draft_len_schedule`), and ``max_concurrency`` (speculation off above it);
 - the analytic expectation of Leviathan et al. 2023 (:func:`analytic_comparison`) and how close each
   point comes to it;
 - PNG plots of the frontier and of speed-up vs concurrency per method (:func:`plot_frontier`,

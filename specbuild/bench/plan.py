@@ -114,7 +114,7 @@ class SweepPlan:
         repeats: measure every point this many times, draft lengths interleaved within each repeat
             (k=0, 2, 4, k=0, 2, 4, ...) so slow drift of the machine lands on every k alike; the
             figures pool the repeats and carry bootstrap confidence intervals
-            (:mod:`specbuild.client.bench.stats`).
+            (:mod:`specbuild.bench.stats`).
         slo: goodput's service-level objectives, ``"ttft=500,tpot=50,e2el=5000"`` (ms; vLLM's
             ``--goodput`` keys); empty = goodput not computed.
         stability_percentage: repeats whose total tokens/s differ from their mean by more than this
@@ -245,8 +245,8 @@ def openai_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), chat:
     """Deployments for OpenAI-compatible base URLs; each is asked (``/v1/models``) whether it is
     specbuild's front (then the sweep sets the draft length per request) or another server (then it
     runs at its own draft length ``draft_len``, a label). Raises ``BenchError`` when one does not answer."""
-    from ..openai_client import OpenAIClient
-    from ..sdk import ClientError
+    from specbuild.client.openai_client import OpenAIClient
+    from specbuild.client.sdk import ClientError
 
     out = []
     for i, url in enumerate(urls):

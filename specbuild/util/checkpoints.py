@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from specbuild.builder.atomic import staging_dir
+from specbuild.util.atomic import staging_dir
 from specbuild.cache import cache_dir, expand_cache_path
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

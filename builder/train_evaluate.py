@@ -65,7 +65,7 @@ def measure_acceptance(
     Raises:
         ValueError: the artefact does not fit the target (as the engine's loaders raise).
     """
-    from specbuild.engine.runtime import EngineLimits, ReferenceEngine
+    from specbuild.runtime import EngineLimits, ReferenceEngine
     from specbuild.engine.types import GenerationRequest
 
     k = speculative_config["max_draft_len"]

@@ -34,8 +34,8 @@ from .points import (
     summarize_point,
 )
 from .report import CSV_COLUMNS, CSV_INTERVALS, SCHEMA_VERSION, SweepResult, load_label, load_result, notes, points_table, request_row
+from .records import RequestRecord
 from .run import (
-    RequestRecord,
     arrival_times,
     deployment_for_recipe,
     make_client,

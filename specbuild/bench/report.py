@@ -8,15 +8,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from specbuild.interface import SpecDecodeMetrics
 
 from .plan import BenchError, Deployment, Load, SweepPlan
 from .points import PointResult
+from .records import RequestRecord
 
-if TYPE_CHECKING:
-    from .run import RequestRecord
 
 
 SCHEMA_VERSION = "specbuild.bench/2"  # 2: repeats, intervals, open loop, environment, requests.jsonl
@@ -48,7 +46,7 @@ class SweepResult:
     environment: dict | None = None
 
     def to_json(self) -> dict:
-        from ..environment import environment
+        from specbuild.client.environment import environment
 
         if self.environment is None:
             self.environment = environment()

@@ -1,6 +1,6 @@
 """Choosing from a sweep: candidates, the throughput-latency Pareto frontier, recommendations for a
 goal, the draft-length schedule by concurrency, and :func:`tune`, which gathers them (with the
-analytic comparison of :mod:`specbuild.client.tune.analytic`) into a :class:`TuneReport`."""
+analytic comparison of :mod:`specbuild.tune.analytic`) into a :class:`TuneReport`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from specbuild.builder.draft_len_schedule import schedule_from_measurements
+from specbuild.util.draft_len_schedule import schedule_from_measurements
 
 from ..bench.stats import DISTURBED, overlaps
 from .analytic import (
@@ -21,7 +21,7 @@ from .analytic import (
     per_position_from_sweep,
     per_position_warnings,
 )
-from .schedules import engine_schedules
+from .schedules import Schedule, engine_schedules
 
 
 LATENCY_METRICS = {
@@ -150,31 +150,6 @@ def recommend_highest_throughput(cands: Sequence[Candidate], max_latency_ms: flo
             f"{best.latency_ms:.0f} ms ({best.label}): raise --max-latency-ms or lower the concurrency"
         )
     return max(within, key=lambda c: (c.throughput, -c.latency_ms))
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """Draft length by concurrency for one deployment and prompt set.
-
-    Attributes:
-        best: measured concurrency -> the draft length with the lowest latency there.
-        draft_len_schedule: TensorRT-LLM's ``{threshold: draft_len}`` for the levels where speculation
-            is on (a batch of b requests uses the largest threshold <= b), with ``schedule[1] ==
-            max_draft_len``; ``{}`` when TensorRT-LLM cannot express ``best`` (``note`` says why).
-            Deploy it as the recipe's ``build.draft_len_schedule`` with ``speculation.max_draft_len``.
-        max_concurrency: speculation off above it (TensorRT-LLM ``max_concurrency``); ``None`` = on at
-            every measured level; 0 = off at every level.
-        max_draft_len: ``draft_len_schedule[1]`` (``None`` without a schedule).
-        note: why there is no schedule ("" when there is one).
-    """
-
-    deployment: str
-    prompt_set: str
-    best: dict[int, int]
-    draft_len_schedule: dict[int, int]
-    max_concurrency: int | None
-    max_draft_len: int | None = None
-    note: str = ""
 
 
 def draft_len_schedule(

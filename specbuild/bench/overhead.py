@@ -89,9 +89,9 @@ def measure_serving_overhead(result: SweepResult, *, log: Callable[[str], None] 
 
     Raises:
         FileNotFoundError / ValueError: an engine directory that does not load
-            (:meth:`~specbuild.engine.runtime.ReferenceEngine.from_engine_dir`).
+            (:meth:`~specbuild.runtime.ReferenceEngine.from_engine_dir`).
     """
-    from specbuild.engine.runtime import ReferenceEngine
+    from specbuild.runtime import ReferenceEngine
     from specbuild.engine.scheduler import Scheduler
     from specbuild.tokenizer import load_tokenizer
 

@@ -23,9 +23,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specbuild.builder.atomic import write_file_atomic
-from specbuild.client.soak import faults as fault_mod
-from specbuild.client.soak.ledger import (
+from specbuild.util.atomic import write_file_atomic
+from specbuild.soak import faults as fault_mod
+from specbuild.soak.ledger import (
     Criterion,
     FaultWindow,
     Ledger,
@@ -39,7 +39,7 @@ from specbuild.client.soak.ledger import (
     summarize,
     totals,
 )
-from specbuild.client.soak.load import (
+from specbuild.soak.load import (
     Clients,
     Endpoints,
     Mix,
