@@ -267,6 +267,31 @@ def build_reference_engine(
     return EngineBuild(engine_dir=engine_dir, fingerprint=fingerprint, rebuilt=True)
 
 
+def _check_loaded_weights(loaded: LoadedRecipe, checkpoint: Path, info: dict) -> None:
+    """Refuse a target whose weights do not match its config: transformers fills a tensor the files lack
+    with random values (its load report says "newly initialized") and goes on, and an engine built on
+    that would pass verify (speculative equals plain on the same wrong weights) while serving noise.
+
+    ``info``: ``from_pretrained(..., output_loading_info=True)``'s second value (``missing_keys``,
+    ``unexpected_keys``, ``mismatched_keys``, ``error_msgs``).
+
+    Raises:
+        RecipeError: at ``target.checkpoint``, naming up to 5 tensors of each kind and how many in all.
+    """
+    problems = []
+    for key, what in (("missing_keys", "missing from the weight files (would be random)"),
+                      ("mismatched_keys", "of another shape than the config says"),
+                      ("unexpected_keys", "in the weight files but not in the model the config describes")):
+        names = sorted(str(n[0] if isinstance(n, tuple) else n) for n in (info.get(key) or ()))
+        if names:
+            shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+            problems.append(f"{len(names)} tensor(s) {what}: {shown}")
+    if problems:
+        raise loaded.error(("target", "checkpoint"), f"{checkpoint}: the weights do not match config.json: "
+                           + "; ".join(problems) + ". Re-download or re-convert the checkpoint, or fix config.json "
+                           "(num_hidden_layers, hidden_size, vocab_size) to match its weights")
+
+
 def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -275,7 +300,9 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
     r = loaded.recipe
     trust = r.target.trust_remote_code
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=trust)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, r.target.dtype), trust_remote_code=trust)
+    model, info = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, r.target.dtype), trust_remote_code=trust,
+                                                       output_loading_info=True)
+    _check_loaded_weights(loaded, checkpoint, info)
     _check_limits(loaded, model.config)
     log(f"writing {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {r.target.dtype})")
     model.save_pretrained(out / "target", safe_serialization=True)

