@@ -156,6 +156,9 @@ def print_summary(console: Console, summary: RunSummary) -> None:
         console.print(f"  (its {expected} CUDA 'E' lines are expected on a machine without a GPU)", highlight=False)
 
 
+SLOWER_MIN_PROMPTS = 5  # verify says SLOWER only when this many prompts were timed and their median agrees
+
+
 def print_report(console: Console, report) -> None:
     """The verification summary: matches, first divergences, acceptance and speed-up."""
     from specbuild.client.verify import describe_divergence, render_report
@@ -177,8 +180,13 @@ def print_report(console: Console, report) -> None:
         f"  speed-up {fmt(report.speedup, '.2f')}x (median over prompts {fmt(report.median_speedup, '.2f')}x)",
         f"  tokens/s: speculative {report.speculative_tokens_per_s:.1f}, non-speculative {report.baseline_tokens_per_s:.1f}",
     ]
-    if report.speedup is not None and report.speedup < 1.0:  # lossless, but not worth deploying as it is
-        lines.append(f"[yellow]  SLOWER than plain decoding ({report.speedup:.2f}x): speculation costs more here than it saves[/yellow]")
+    if report.speedup is not None and report.speedup < 1.0 and report.total_draft_tokens:  # lossless, but not worth it?
+        median = report.median_speedup
+        if report.num_prompts >= SLOWER_MIN_PROMPTS and median is not None and median < 1.0:
+            lines.append(f"[yellow]  SLOWER than plain decoding ({report.speedup:.2f}x): speculation costs more here than it saves[/yellow]")
+        else:  # one prompt's timing, or the prompts disagree: no verdict on speed
+            lines.append(f"  speed-up below 1 on {report.num_prompts} prompt(s), median {fmt(median, '.2f')}x: too few or too "
+                         "mixed to call; measure with specbuild bench --repeats 3")
     if report.total_draft_tokens == 0:  # greedy equality holds trivially: nothing was speculated
         lines += ["[yellow]  warning: speculation not exercised: no draft tokens were proposed,[/yellow]",
                   "[yellow]  so plain and speculative runs were the same computation; for drafts:[/yellow]",

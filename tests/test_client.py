@@ -460,12 +460,22 @@ def test_greedy_verify_without_drafts_is_lossless_but_says_speculation_was_not_e
 def test_a_slower_lossless_run_says_so():
     from specbuild.cli_display import print_report
 
-    slower = PromptVerification("a", True, result(range(10), latency_s=0.9, accepted=0, drafted=0),
-                                result(range(10), latency_s=1.0, accepted=2, drafted=8), None)
+    slower = [PromptVerification(str(i), True, result(range(10), latency_s=0.9, accepted=0, drafted=0),
+                                 result(range(10), latency_s=1.0, accepted=2, drafted=8), None) for i in range(5)]
     console = Console(record=True, width=80)
-    print_report(console, VerifyReport(results=[slower]))
+    print_report(console, VerifyReport(results=slower))
     text = console.export_text()
     assert "LOSSLESS" in text and "SLOWER than plain decoding (0.90x)" in text
+    console = Console(record=True, width=80)  # one prompt's timing is no verdict
+    print_report(console, VerifyReport(results=slower[:1]))
+    text = " ".join(console.export_text().split())
+    assert "SLOWER" not in text and "speed-up below 1 on 1 prompt(s), median 0.90x: too few or too mixed to call" in text
+    not_exercised = [PromptVerification(str(i), True, result(range(10), latency_s=0.9, accepted=0, drafted=0),
+                                        result(range(10), latency_s=1.0, accepted=0, drafted=0), None) for i in range(5)]
+    console = Console(record=True, width=80)  # no drafts: "not exercised" says it all, no speed verdict
+    print_report(console, VerifyReport(results=not_exercised))
+    text = " ".join(console.export_text().split())
+    assert "SLOWER" not in text and "too few" not in text and "speculation not exercised" in text
     console = Console(record=True, width=80)
     print_report(console, make_report())  # 2x faster: no such line
     assert "SLOWER" not in console.export_text()
