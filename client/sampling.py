@@ -406,6 +406,9 @@ def render_sampling_report(report: SamplingReport):
     return table
 
 
+LOW_POWER_TV = 0.25  # above this detectable total variation a passing test is reported as not rejected, not equivalent
+
+
 def describe_sampling_report(report: SamplingReport) -> str:
     """One summary line: verdict, adjusted p-value, what the sample size could detect."""
     worst = report.worst
@@ -416,6 +419,9 @@ def describe_sampling_report(report: SamplingReport) -> str:
                 "needs tokens to repeat), prompts that repeat themselves (code: humaneval), more --sampling-prompts, "
                 "or check that the deployment speculates (specbuild verify without --sampling shows its draft tokens)")
     verdict = "EQUIVALENT" if report.passed else "DIFFERENT"
+    if report.passed and report.min_detectable_tv > LOW_POWER_TV:  # not rejecting a null is not equivalence
+        verdict = (f"NOT REJECTED (low power: only shifts >= {report.min_detectable_tv:.2f} in total variation were "
+                   f"detectable, above {LOW_POWER_TV:g}; raise --samples for a verdict)")
     return (
         f"{verdict}: speculative vs plain sampling, Bonferroni-adjusted p = {report.p_value:.3g} over "
         f"{len(report.tests)} tests (alpha {report.settings.alpha:g}); worst: {report.prompts_of(worst)} "

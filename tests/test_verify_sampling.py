@@ -214,3 +214,18 @@ def test_a_sampling_check_without_drafts_is_not_exercised_and_exits_nonzero(monk
     assert result.exit_code == 1, result.output  # exit_codes.FAILED: not a pass
     assert "NOT EXERCISED" in result.output and "EQUIVALENT" not in result.output
     assert json.loads((tmp_path / "report.json").read_text())["summary"]["exercised"] is False
+
+
+def test_a_pass_without_power_is_not_called_equivalent():
+    from specbuild.client.sampling import LOW_POWER_TV, PromptSampling, SamplingReport, SamplingSettings, homogeneity_test
+
+    def report_of(n):
+        samples = [[1, 2]] * (n // 2) + [[1, 3]] * (n - n // 2)
+        test = homogeneity_test([tuple(s) for s in samples], [tuple(s) for s in samples], name="prefix[:2]")
+        settings = SamplingSettings(num_samples=n, positions=2, temperature=0.8)
+        return SamplingReport(settings, [PromptSampling("p", [test], samples, samples, total_draft_tokens=10)])
+
+    small, large = report_of(30), report_of(2000)
+    assert small.passed and small.min_detectable_tv > LOW_POWER_TV >= large.min_detectable_tv
+    assert describe_sampling_report(small).startswith("NOT REJECTED (low power: only shifts >= ")
+    assert describe_sampling_report(large).startswith("EQUIVALENT: ")
