@@ -236,6 +236,8 @@ def test_stop_cuts_text_ids_and_finish_reason(deployment, chat):
         got_text = choice["message"]["content"] if chat else choice["text"]
         assert (got_text, choice["token_ids"]) == (expected_text, expected_ids)
         assert choice["finish_reason"] == "stop" and data["usage"]["completion_tokens"] == len(expected_ids)
+        # the speculation figures cover what the engine generated, past the stop: said, not hidden
+        assert data["spec_decode"]["num_generated_tokens"] == len(ids) > data["usage"]["completion_tokens"]
         events = _events(_post(front.url + route, {**body, "stop": stops, "stream": True,
                                                     "stream_options": {"include_usage": True}}))
         pieces = [e["choices"][0] for e in events if e["choices"]]

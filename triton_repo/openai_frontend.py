@@ -203,11 +203,16 @@ def spec_decode_fields(num_tokens: int, accepted: int | None, drafted: int | Non
     become JSON null, never NaN. ``source``: the deployment's ``acceptance_source``. Counts the
     deployment left out (``acceptance_source`` ``none``) give null figures, not zeros.
 
+    ``num_generated_tokens``: the tokens the figures cover (all the engine generated; a stop string
+    cut after generation leaves ``usage.completion_tokens`` smaller).
+
     Example: 10 tokens, 6 of 8 drafts accepted -> rate 0.75, 3 steps, length 3.0.
     """
-    if accepted is None:
-        return SpecDecodeMetrics.unreported_fields(source or "none")
-    return SpecDecodeMetrics(num_tokens, drafted, accepted, acceptance_source=source).fields()
+    fields = (SpecDecodeMetrics.unreported_fields(source or "none") if accepted is None
+              else SpecDecodeMetrics(num_tokens, drafted, accepted, acceptance_source=source).fields())
+    # the tokens these figures cover: every one the engine generated, which a stop string the front
+    # applied after generation (usage.completion_tokens counts only those returned) can exceed
+    return {**fields, "num_generated_tokens": num_tokens}
 
 
 class Frontend:
