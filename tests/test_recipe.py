@@ -202,7 +202,7 @@ def test_cache_placeholder_in_any_recipe_path(tmp_path, monkeypatch):
 
 def test_training_docs_state_the_same_duration_as_the_estimate():
     """issue 36: docs/training.md said "about an hour" for smollm2-eagle while `recipes` / `plan` estimated ~30 min."""
-    from specbuild.train.stage import training_estimate
+    from specbuild.builder.train_stage import training_estimate
 
     estimate = training_estimate(load_recipe("smollm2-eagle"))
     line = next(line for line in (Path(__file__).parents[1] / "docs" / "training.md").read_text().splitlines()

@@ -92,11 +92,11 @@ def test_verify_cli_sampling_and_oracle(server, tiny_checkpoint, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": p.id, "prompt": p.text}) + "\n" for p in PROMPTS))
     common = ["verify", "--url", server.grpc_url, "--prompts", str(prompts)]
-    sampling = CliRunner().invoke(main, [*common, "--sampling", "--samples", "30", "--positions", "2", "--sampling-prompts", "1",
+    sampling = CliRunner().invoke(main, [*common, "--sampling", "--samples", "30", "--positions", "8", "--sampling-prompts", "1",
                                          "--top-k", "3", "--report", str(tmp_path / "s.json")])
     assert sampling.exit_code == 0, sampling.output
     summary = json.loads((tmp_path / "s.json").read_text())["summary"]
-    assert summary["passed"] and summary["num_tests"] == 3 and 0 < summary["p_value"] <= 1
+    assert summary["passed"] and summary["exercised"] and summary["num_tests"] == 9 and 0 < summary["p_value"] <= 1
     # 30 samples per arm detect only large shifts: a pass is "not rejected", never "equivalent"
     assert "NOT REJECTED (low power" in sampling.output and "EQUIVALENT" not in sampling.output
     assert "total-variation shift >=" in sampling.output
