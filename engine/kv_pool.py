@@ -125,14 +125,6 @@ class KVCache(Protocol):
         """Hand ``slot`` back; its contents are overwritten by the next holder."""
         ...
 
-    @staticmethod
-    def _buffer(size: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-        """One layer's key (or value) buffer, indexed ``[slot, kv_head, position, d]`` (``size``): the one
-        place the memory layout is chosen. Any strided layout with ``d`` contiguous works unchanged (the
-        kernel follows :meth:`addressing`; ``tests/test_forward.py`` runs a token-major one); this one is
-        slot-major and contiguous. ``torch.empty``: the OS commits pages as slots are first written."""
-        return torch.empty(size, dtype=dtype, device=device)
-
     def length(self, slot: int) -> int:
         """Committed positions of ``slot``."""
         ...
