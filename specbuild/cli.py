@@ -1160,7 +1160,7 @@ def _report_serving_overhead(console, result, results_dir: Path) -> None:
 @click.option("--max-latency-ms", type=click.FloatRange(min=0), help="--goal throughput: the latency bound (ms).")
 @click.option("--latency-metric", type=click.Choice(["p50", "p90", "p99", "tpot"]), default="p50", show_default=True, help="Latency axis: request latency percentile or time per output token.")
 @click.option("--min-gain", default=0.05, show_default=True, type=click.FloatRange(0, 1), help="Schedule: speculate at a concurrency only when at least this much faster than k=0 (0.05 = 5%).")
-@click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where tune.json, the PNG plots (and bench.json/csv/jsonl of a sweep) go [specbuild-out/tune].")
+@click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where tune.json, the PNG plots (and bench.json/csv/jsonl of a sweep) go [specbuild-out/tune; with --from: tune/ beside its bench.json].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
 @click.option("--write-recipe", "write_recipe", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the recommended deployment's recipe with its schedule (build.draft_len_schedule) to this YAML file.")
 @click.option("--force", is_flag=True, help="--write-recipe: write even a schedule measured against a disturbed baseline (a speed-up above tokens/step).")
@@ -1188,7 +1188,9 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
     from specbuild.tune import TuneError, run_tune
 
     console = _console()
-    output_dir = _results_dir(results_dir, output_dir_old, "specbuild-out/tune")
+    # --from: beside the sweep it reads (DIR/bench.json -> DIR/tune), so tuning two sweeps keeps both
+    default = "specbuild-out/tune" if from_json is None else str(Path(from_json).parent / "tune")
+    output_dir = _results_dir(results_dir, output_dir_old, default)
     options = _resolve_sweep_options(options)
     if from_json is not None:
         if options["targets"] or options["openai_urls"]:

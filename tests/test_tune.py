@@ -433,3 +433,21 @@ def test_schedule_table_at_80_columns_keeps_names_and_schedules_whole_and_notes_
                  "max_concurrency", "1: 2, 2: 2", "always on", "always off"):
         assert word in table, word
     assert "note 1: smollm2-ngram-plain" in table  # why there is no schedule: below the table, not in a column
+
+
+def test_tune_from_a_sweep_writes_beside_it_unless_told(tmp_path):
+    """Two sweeps tuned one after the other keep both results (issue 36's second trial)."""
+    import shutil
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from specbuild.cli import main
+
+    source = Path(__file__).parents[1] / "docs/results/2026-12-05-sa/bench.json"
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        shutil.copy(source, tmp_path / name / "bench.json")
+        result = CliRunner().invoke(main, ["tune", "--from", str(tmp_path / name / "bench.json")])
+        assert result.exit_code == 0, result.output
+    assert (tmp_path / "a" / "tune" / "tune.json").is_file() and (tmp_path / "b" / "tune" / "tune.json").is_file()
