@@ -145,7 +145,7 @@ def training_status(loaded: LoadedRecipe) -> str:
         prompts = f"first {config.max_prompts} of " if config.max_prompts else ""
         estimate = training_estimate(loaded)
         return (
-            f"not trained yet: trains first ({prompts}{config.prompts} x {config.samples_per_prompt} response(s) of up to "
+            f"not trained yet: trains first ({prompts}{config.prompts_label} x {config.samples_per_prompt} response(s) of up to "
             f"{config.max_new_tokens} tokens{texts}; {config.steps} steps of {config.batch_tokens} tokens"
             + ("" if estimate is None else f"; {estimate.describe()}") + f") -> {info['artefact']}"
         )
@@ -197,6 +197,7 @@ def train_draft(
     from specbuild.util.checkpoints import materialize_checkpoint
     from specbuild.builder.reference import locate_target
     from specbuild.engine.target import load_target
+    from specbuild.prompts import render_messages
     from specbuild.tokenizer import load_tokenizer
 
     from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_fingerprint, training_prompts
@@ -226,6 +227,10 @@ def train_draft(
     checkpoint = materialize_checkpoint(source, log=log)
     target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
     tokenizer = load_tokenizer(checkpoint)
+    try:  # chat logs and bundled user messages go inside the target's chat template
+        train_prompts, held_out = render_messages(train_prompts, tokenizer), render_messages(held_out, tokenizer)
+    except ValueError as exc:
+        raise loaded.error(("train", "prompts"), str(exc)) from None
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log, texts=texts,
                               responses_key=responses_fingerprint(target_fp, train_prompts, config))
@@ -329,7 +334,7 @@ def _card(loaded, fingerprint, data, config, result, data_s, acceptance, device,
         "target": loaded.recipe.target.checkpoint,
         "recipe": str(loaded.path),
         "data": {
-            "prompts": config.prompts, "num_prompts": num_prompts, "held_out": config.held_out,
+            "prompts": config.prompts_label, "num_prompts": num_prompts, "held_out": config.held_out,
             "sequences": data.num_sequences, "tokens": data.num_tokens,
             "generated_tokens": int(data.num_tokens - int(data.prompt_lens.sum())),
             "max_new_tokens": config.max_new_tokens, "samples_per_prompt": config.samples_per_prompt,

@@ -23,16 +23,34 @@ from pydantic import ConfigDict, Field
 from specbuild.util.strict import StrictModel
 
 HUMANEVAL_TRAIN = "humaneval-train"
+MIXED_TRAIN = "mixed"  # the bundled training mix (specbuild/data/train_mix.jsonl; SOURCES.md)
 HUMANEVAL_TRAIN_START = 40  # HumanEval/40 .. HumanEval/163 train; 0 .. 39 stay held out
+
+
+class PromptSourceWeight(StrictModel):
+    """One training prompt source of a mix, with how much of it to take.
+
+    Example: ``{source: traffic.jsonl, weight: 2}`` takes that file's prompts twice over;
+    ``{source: mixed, weight: 0.25}`` takes the first quarter of the bundled mix.
+    """
+
+    source: str
+    """A training prompt source, as `train.prompts` names one (`mixed`, `humaneval-train`, a .jsonl / .txt file)."""
+    weight: float = Field(1.0, gt=0, le=100)
+    """Share of that source taken: round(weight * its prompts), its prompts in order, cycled when weight > 1."""
 
 
 class TrainConfig(StrictModel):
     """How to train the recipe's draft (self-distillation from the target).
 
     Attributes:
-        prompts: training prompts: ``humaneval-train`` (HumanEval problems 40..163, never the first 40)
-            or a ``.jsonl`` (objects with ``prompt`` or ``text``) / ``.txt`` (one per line) file,
-            relative to the recipe.
+        prompts: training prompts: ``humaneval-train`` (HumanEval problems 40..163, never the first 40),
+            ``mixed`` (the bundled training mix of six categories, disjoint from every evaluation set;
+            ``mixed:CATEGORY`` one of them), or a ``.jsonl`` / ``.txt`` file relative to the recipe: objects
+            with ``prompt`` or ``text`` (sent as written) or OpenAI-style ``messages`` (a chat log, rendered
+            with the target's chat template, a final assistant turn dropped); or a list of these, each
+            optionally ``{source, weight}`` (:class:`PromptSourceWeight`). Bundled user messages (``mixed``,
+            ``chat``, ``summarize``, ``specbench:...``) go inside the chat template as verify and bench send them.
         held_out: prompts for the held-out acceptance measurement (``humaneval:N`` with N <= 40, or a
             file); a prompt also in ``prompts`` is an error.
         max_prompts: use only the first N training prompts (None: all).
@@ -72,8 +90,19 @@ class TrainConfig(StrictModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    prompts: str = HUMANEVAL_TRAIN
-    """Training prompts: `humaneval-train` (HumanEval 40..163) or a .jsonl (`prompt` or `text`) / .txt file, relative to the recipe."""
+    prompts: str | list[str | PromptSourceWeight] = Field(HUMANEVAL_TRAIN, min_length=1)
+    """Training prompts: `humaneval-train` (HumanEval 40..163), `mixed[:CATEGORY]` (the bundled six-category mix), or a .jsonl (`prompt` / `text`, or OpenAI `messages` chat logs, rendered with the target's chat template) / .txt file relative to the recipe; or a list of these, each optionally `{source, weight}`."""
+    @property
+    def prompt_sources(self) -> list[PromptSourceWeight]:
+        """``prompts`` as a list of weighted sources (a single name: weight 1)."""
+        items = [self.prompts] if isinstance(self.prompts, str) else self.prompts
+        return [PromptSourceWeight(source=i) if isinstance(i, str) else i for i in items]
+
+    @property
+    def prompts_label(self) -> str:
+        """``prompts`` in one line for messages and model cards, e.g. ``"mixed + traffic.jsonl x2"``."""
+        return " + ".join(s.source + ("" if s.weight == 1 else f" x{s.weight:g}") for s in self.prompt_sources)
+
     held_out: str = "humaneval:20"
     """Prompts for the held-out acceptance measurement (`humaneval:N`, N <= 40, or a file); none may be a training prompt."""
     max_prompts: int | None = Field(None, ge=1)
