@@ -229,6 +229,8 @@ class ServeConfig(_Strict):
     stream_interval: int = Field(1, ge=1)
     """Decoding iterations per streamed response (TensorRT-LLM's `LlmArgs.stream_interval`): the first, the
     last and every N-th iteration answer, with the tokens since the previous response (reference backend)."""
+    request_log: str | None = Field(None, min_length=1)
+    """Opt-in request log (reference backend): a JSONL file, relative to the recipe, where the deployment appends each request's prompt text (`{"prompt": ...}`; never outputs) for `specbuild train-draft --from-log`; null: off. docs/training.md, "Retraining on your traffic", has the privacy note."""
 
     @field_validator("host")
     @classmethod
@@ -321,6 +323,10 @@ class Recipe(_Strict):
         world = b.tp_size * b.pp_size
         if b.backend == "reference" and (world > 1 or b.quantization != "none"):
             raise ValueError("build.backend: the reference backend runs on one device unquantized: set build.tp_size/pp_size to 1 and build.quantization to none")
+        if b.backend != "reference" and self.serve.request_log is not None:
+            raise FieldProblem(("serve", "request_log"), "the request log is written by the reference backend's preprocessing "
+                               "model; a TensorRT-LLM deployment runs upstream's: remove serve.request_log, or log prompts "
+                               "in your own front")
         if b.backend == "reference":
             if b.max_beam_width > 1:
                 raise ValueError("build.max_beam_width: the reference engine decodes one beam (greedy or sampled); set it to 1")

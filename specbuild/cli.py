@@ -434,7 +434,12 @@ def _retire_report(paths, rebuilt: bool) -> None:
 @click.argument("recipe")
 @click.option("--force", is_flag=True, help="Retrain even if the draft on disk was trained with the same data and settings.")
 @click.option("--no-eval", is_flag=True, help="Skip the held-out acceptance measurement for the model card.")
-def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
+@click.option("--from-log", "from_log", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Fine-tune the EXISTING draft on the prompts of this request log (serve.request_log; or any JSONL "
+                   "train.prompts reads), the target writing the responses; the old draft is kept as ARTEFACT.previous.")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="With --from-log: optimizer steps [a fifth of train.steps, at least 50].")
+def train_draft_command(recipe: str, force: bool, no_eval: bool, from_log: Path | None, steps: int | None) -> None:
     """Train RECIPE's draft from its target, as its `train:` section says.
 
     Self-distillation: the target generates responses to the training prompts, then an EAGLE head,
@@ -444,14 +449,25 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
     acceptance). Skipped while the data and settings are unchanged; an interrupted run resumes from
     its last checkpoint. `specbuild recipe` runs this stage itself before the build.
 
+    With --from-log the existing draft is fine-tuned from its own weights on served traffic (the
+    prompts a deployment with `serve.request_log` wrote); then re-run `specbuild recipe` (re-verify)
+    and `specbuild tune` (re-measure). docs/training.md: "Retraining on your traffic".
+
     \b
     Examples:
       specbuild train-draft smollm2-eagle
       specbuild train-draft recipes/smollm2-medusa.yaml --force
+      specbuild train-draft my-eagle.yaml --from-log logs/requests.jsonl --steps 300
     """
     from specbuild.builder.recipe import RecipeError
-    from specbuild.builder.train_stage import artefact_path, train_draft
+    from specbuild.builder.train_stage import artefact_path, fine_tune_from_log, train_draft
 
+    if steps is not None and from_log is None:
+        raise bad_input("--steps goes with --from-log (a full training run takes train.steps from the recipe)")
+    if force and from_log is not None:
+        raise bad_input("--force retrains from scratch and --from-log fine-tunes the existing draft: give one of them")
+    if from_log is not None and not from_log.is_file():
+        raise bad_input(f"--from-log: no such file {from_log} (a deployment writes it where serve.request_log says)")
     loaded = _load(recipe)
     try:
         artefact_path(loaded)  # no train: section, or nothing to train: refused before torch is imported
@@ -460,7 +476,10 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
     _check(loaded)
     _warn(loaded)
     try:
-        outcome = train_draft(loaded, force=force, log=click.echo, evaluate=not no_eval)
+        if from_log is not None:
+            outcome = fine_tune_from_log(loaded, from_log, steps=steps, log=click.echo, evaluate=not no_eval)
+        else:
+            outcome = train_draft(loaded, force=force, log=click.echo, evaluate=not no_eval)
     except RecipeError as exc:
         raise bad_input(str(exc)) from None
     except KeyboardInterrupt:
@@ -472,6 +491,11 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
             f"held-out mean acceptance length {held_out['mean_acceptance_length']:.3f} "
             f"(draft length {held_out['draft_len']}, {held_out['prompts']} prompts)"
         )
+    if from_log is not None:
+        click.echo(f"fine-tuned: {outcome.artefact} (previous draft kept in {outcome.backup})")
+        click.echo(f"next: specbuild recipe {recipe}   (re-verify: lossless, speed-up)\n"
+                   f"      specbuild tune {recipe}     (re-measure the draft length and concurrency frontier)")
+        return
     click.echo(f"{'reused' if outcome.reused else 'trained'}: {outcome.artefact}")
 
 
