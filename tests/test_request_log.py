@@ -121,3 +121,33 @@ def test_the_recipe_field_reaches_the_preprocessing_model_and_is_off_by_default(
     assert on.resolve_path(on.recipe.serve.request_log) == tmp_path / "logs" / "requests.jsonl"  # beside the recipe
     with pytest.raises(ValueError, match=r"serve\.request_log.*reference backend's preprocessing"):
         parse_recipe(base + "serve: {request_log: logs/requests.jsonl}\nbuild: {backend: pytorch}\n", where)
+
+
+@pytest.mark.e2e
+def test_a_recipe_with_a_request_log_logs_triton_and_openai_requests_then_train_reads_them(tiny_checkpoint, tmp_path):
+    """End to end: the recipe's serve.request_log reaches the served repository; a Triton request and an
+    OpenAI completion are each logged once, as prompts only, and the log loads as training prompts."""
+    import urllib.request
+
+    from conftest import write_recipe
+
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.client.sdk import SpecClient
+    from specbuild.deploy import deploy
+    from specbuild.triton_repo.openai_frontend import OpenAIServer, config_from_deployment
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra="  request_log: logs/requests.jsonl\n")
+    log = tmp_path / "logs" / "requests.jsonl"
+    with deploy(load_recipe(str(recipe)), output_dir=tmp_path / "out", free_ports=True, log=lambda m: None) as served:
+        with SpecClient(served.grpc_url) as client:
+            client.wait_ready()
+            client.generate("def fib(n):", max_tokens=4)
+        with OpenAIServer(config_from_deployment(served.grpc_url, model="tiny"), port=0) as front:
+            body = json.dumps({"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 4}).encode()
+            req = urllib.request.Request(f"{front.url}/completions", body, {"Content-Type": "application/json"})
+            answer = json.loads(urllib.request.urlopen(req, timeout=120).read())
+    lines = log.read_text(encoding="utf-8").splitlines()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    # exactly the two prompts, once each: no outputs, ids or settings (the front's request reached Triton once)
+    assert [json.loads(line) for line in lines] == [{"prompt": "def fib(n):"}, {"prompt": "The quick brown fox"}]
+    assert [p.text for p in load_prompts(str(log))] == ["def fib(n):", "The quick brown fox"]
