@@ -338,10 +338,13 @@ class Training:
             :class:`Entry` (``"specbuild.methods.<m>.train:train"``; a string is taken as one).
         held_out_config: ``(params, artefact, k)`` -> the reference engine's speculative_config that
             measures ``artefact`` as a chain of ``k`` draft tokens.
+        draft_vocabulary: the method trains over a reduced draft vocabulary when ``train.draft_vocab_size``
+            is set (EAGLE-3's ``d2t``); a recipe setting it for another method is refused.
     """
 
     train: Entry
     held_out_config: Callable[[Any, Path, int], dict[str, Any]]
+    draft_vocabulary: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train", as_entry(self.train))

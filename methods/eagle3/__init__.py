@@ -140,7 +140,7 @@ METHOD = SpeculationMethod(
                                    write="specbuild.methods.eagle3.engine:write_for_build", fingerprint_key="eagle"),
     ),
     engine="specbuild.methods.eagle3.engine:ENGINE",  # the head loaded once; chains of at most k drafts per request
-    training=Training(train="specbuild.methods.eagle3.train:train_for", held_out_config=chain_of),
+    training=Training(train="specbuild.methods.eagle3.train:train_for", held_out_config=chain_of, draft_vocabulary=True),
     ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here
     unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain)",
     reference_check=_reference_check,
