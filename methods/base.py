@@ -88,6 +88,12 @@ class MethodParams(StrictModel):
         weights = self.definition.weights
         return None if weights is None else getattr(self, weights.field)
 
+    @property
+    def draft_tokens_per_step(self) -> int:
+        """Draft tokens one verify step holds at most (the reference engine's block is one more): ``max_draft_len``,
+        unless the method counts its tree's nodes apart from its depth (EAGLE-3's ``max_total_draft_tokens``)."""
+        return self.max_draft_len
+
     def to_llm_api(self) -> dict[str, Any] | None:
         """TensorRT-LLM LLM-API ``speculative_config`` (``None``: no speculation)."""
         return None

@@ -583,20 +583,30 @@ def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_d
 
 # --- the reference engine's side of "eagle3": settings -> head loaded once -> proposer ----------------
 
-LoadedEagle3 = LoadedHead[Eagle3Speculation, Eagle3Proposer]  # the engine state of "Eagle3"
+LoadedEagle3 = LoadedHead[Eagle3Speculation, Any]  # the engine state of "Eagle3": an Eagle3Proposer or (dynamic tree) Eagle3TreeProposer
 
 
 def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagle3:
     """Load the head from ``config.eagle_model`` in the target's dtype and device; it drafts chains of
-    ``config.max_draft_len`` (``eagle3_one_model`` changes nothing in one process).
+    ``config.max_draft_len``, or with ``use_dynamic_tree`` EAGLE-2's dynamic trees
+    (:class:`~specbuild.methods.eagle3.tree.Eagle3TreeProposer`); ``eagle3_one_model`` changes nothing in
+    one process.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`load_eagle3_head`; a head that does not fit the target.
+        FileNotFoundError / ValueError: as :func:`load_eagle3_head`; a head that does not fit the target;
+            for a tree, a target attention that cannot take a tree mask or ``dynamic_tree_max_topK`` above
+            the draft vocabulary.
     """
     target = context.target
     path = Path(config.eagle_model)
     head = load_eagle3_head(path, dtype=target.dtype).to(target.device)
     proposer = Eagle3Proposer(target, head, max_draft_len=config.max_draft_len, weight_dtype=context.draft_weight_dtype)
+    if config.use_dynamic_tree:
+        from ..head_files import check_tree_attention
+        from .tree import Eagle3TreeProposer, eagle3_tree_config
+
+        check_tree_attention(target, "EAGLE-3")
+        proposer = Eagle3TreeProposer(proposer, eagle3_tree_config(config))
     own = getattr(head, "lm_head", None)  # projected by the proposer's packed copy: not packed twice
     if own is not None:
         del head.lm_head
@@ -662,12 +672,17 @@ class Eagle3Drafter(FeatureChainDrafter):
 
 
 def make_drafter(loaded: LoadedEagle3, request: ResolvedRequest) -> Eagle3Drafter:
-    """A request's drafter: the engine's head drafting chains of at most ``num_draft_tokens``."""
+    """A request's drafter: the engine's head drafting chains of at most ``num_draft_tokens``, or (dynamic
+    tree) trees of at most ``num_draft_tokens`` nodes, EAGLE-2's reranking keeping the best."""
+    from .tree import Eagle3TreeDrafter, Eagle3TreeProposer
+
+    if isinstance(loaded.proposer, Eagle3TreeProposer):
+        return Eagle3TreeDrafter(loaded.proposer.capped(request.num_draft_tokens))
     return Eagle3Drafter(loaded.proposer, request.num_draft_tokens)
 
 
 ENGINE = EngineMethod(make_drafter=make_drafter, load=load_eagle3, greedy_only=True)
-"""The head loaded once per engine; chains of at most ``num_draft_tokens`` drafts per request."""
+"""The head loaded once per engine; chains (or dynamic trees) of at most ``num_draft_tokens`` drafts per request."""
 
 
 # --- the builder: the head checked and written into the engine directory -----------------------------
