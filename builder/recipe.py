@@ -315,6 +315,14 @@ class Recipe(_Strict):
                 f"speculation.method: {self.speculation.method!r} has no draft to train, so the train: section cannot "
                 f"apply; trainable methods: {', '.join(trainable_methods())}"
             )
+        training = self.speculation.definition.training
+        if self.train is not None and self.train.draft_vocab_size is not None and not training.draft_vocabulary:
+            takers = [name for name, m in registered().items() if m.training is not None and m.training.draft_vocabulary]
+            raise ValueError(
+                f"train.draft_vocab_size: method {self.speculation.method!r} drafts over the target's vocabulary; a reduced "
+                f"draft vocabulary (d2t) is trained for {', '.join(takers)} only: remove draft_vocab_size (or use "
+                "speculative_token_map + train.token_map_size, FR-Spec's hot-token map)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -506,7 +506,7 @@ def _pretrained_config(hf_config, dtype: str) -> dict:
 
 def _build_config(loaded: LoadedRecipe) -> dict:
     b, spec = loaded.recipe.build, loaded.recipe.speculation
-    k = spec.max_draft_len
+    k = spec.draft_tokens_per_step  # the verify block's drafts: a dynamic tree's nodes, not its depth
     return {
         "max_batch_size": b.max_batch_size,
         "max_input_len": b.max_input_len,

@@ -447,16 +447,15 @@ def write_frequent_tokens(data_dir: Path, out: Path, size: int, *, log=print) ->
     Only predicted tokens are listed, so the map is shorter than ``size`` when fewer were seen; the file
     records how many were seen and the share of predictions the map covers.
     """
-    import torch
     from safetensors import safe_open
 
-    from specbuild.methods.token_map import write_token_map
+    from specbuild.methods.token_map import frequency_order, write_token_map
 
     with safe_open(str(data_dir / "features.safetensors"), framework="pt") as f:
         top1 = f.get_tensor("top1")
-    counts = torch.bincount(top1, minlength=int(top1.max()) + 1)
+    order, counts = frequency_order(top1)
     seen = int((counts > 0).sum())
-    order = torch.argsort(-counts, stable=True)[: min(size, seen)]  # stable: equal counts keep id order
+    order = order[: min(size, seen)]
     covered = int(counts[order].sum()) / max(int(counts.sum()), 1)
     write_token_map(out, order.tolist(), token_map_size=size, counted_over=str(data_dir.name), positions=int(top1.numel()),
                     distinct_tokens_seen=seen, coverage=round(covered, 6))

@@ -344,13 +344,12 @@ def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("extra, yaml_lines, field", [
-    ({"use_dynamic_tree": True, "dynamic_tree_max_topK": 4}, "  use_dynamic_tree: true\n  dynamic_tree_max_topK: 4\n", "use_dynamic_tree"),
     ({"sa_config": {"threshold": 4}}, "  sa_config: {threshold: 4}\n", "sa_config"),
 ])
 def test_tensorrt_llm_only_eagle3_settings_are_refused_by_the_reference_engine(model, head_dirs, checkpoint, tmp_path, extra,
                                                                                 yaml_lines, field):
-    """Dynamic trees and the SA enhancer are TensorRT-LLM's: refused at the recipe's line before any build,
-    and by the engine itself when handed such a speculative_config."""
+    """The SA enhancer is TensorRT-LLM's: refused at the recipe's line before any build, and by the engine
+    itself when handed such a speculative_config (the dynamic tree runs: tests/test_eagle3_tree.py)."""
     from specbuild.builder.recipe import RecipeError, load_recipe
     from specbuild.pipeline import check_inputs
 

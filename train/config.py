@@ -85,6 +85,11 @@ class TrainConfig(StrictModel):
             ``token_map_size`` tokens the target predicts most often in the training data (its argmax at
             every position), most frequent first (FR-Spec, Zhao et al. 2025). Not part of the training
             fingerprint: changing it rewrites the map, not the draft. None: write none.
+        draft_vocab_size: EAGLE-3 only: the head drafts over a reduced vocabulary of this many target tokens,
+            those the target predicts most often in the training data (ranked as ``token_map_size``), with
+            an ``lm_head`` of its own ``[draft_vocab_size, hidden]`` (started from the target's rows) and
+            ``d2t`` / ``t2d`` mapping draft ids to target ids (:func:`specbuild.methods.eagle3.train.draft_vocabulary`).
+            Lossless either way: the target verifies every draft. None: the target's lm_head, no ``d2t``.
         eval_prompts / eval_max_tokens / eval_draft_len: held-out acceptance measurement size.
     """
 
@@ -153,6 +158,8 @@ class TrainConfig(StrictModel):
     """Draft model: KL distillation temperature."""
     token_map_size: int | None = Field(None, ge=1)
     """Write speculation.speculative_token_map with the target's N most frequent predictions in the data; null: none."""
+    draft_vocab_size: int | None = Field(None, ge=1)
+    """EAGLE-3 only: train the head's own lm_head over the N tokens the target predicts most often in the data and write d2t / t2d, as public EAGLE-3 heads store them; null: the target's full vocabulary (no d2t)."""
     eval_prompts: int = Field(10, ge=0)
     """Held-out prompts for the model card's acceptance measurement."""
     eval_max_tokens: int = Field(128, ge=1)
