@@ -146,6 +146,16 @@ def decoupled_server(tiny_checkpoint, tmp_path_factory):
         yield server, engine_dir
 
 
+@pytest.fixture(scope="session")
+def plain_server(tiny_checkpoint, tmp_path_factory):
+    """One non-decoupled tritonserver over the tiny n-gram engine, shared by the end-to-end, logit-margin
+    and strict-JSON tests: yields ``(server, engine_dir)``. Tests must not stop it or rely on its
+    counters starting at zero."""
+    server, engine_dir = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("plain"), decoupled=False)
+    with server:
+        yield server, engine_dir
+
+
 def verify_lossless(client, *, max_tokens: int = 20):
     """``specbuild verify`` of :func:`text_prompts` (EOS off): every speculative output equals the
     baseline and drafts were verified. Returns the report."""
