@@ -363,7 +363,8 @@ def chain(draft_len: int) -> list[list[int]]:
 
 def chain_of(spec: MethodParams, artefact: Path, draft_len: int) -> dict[str, Any]:
     """A :attr:`Training.held_out_config` for a method that drafts chains: its ``decoding_type``,
-    ``max_draft_len = draft_len`` and the artefact as ``speculative_model_dir``."""
+    ``max_draft_len = draft_len`` and the artefact as ``speculative_model_dir`` (a tree method adds
+    its tree as :func:`chain` ``(draft_len)``)."""
     return {"decoding_type": spec.decoding_type, "max_draft_len": draft_len, "speculative_model_dir": str(artefact)}
 
 

@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -122,6 +123,27 @@ def served(engine_dir: Path, tmp_path: Path) -> Iterator:
         yield client
 
 
+def build_with_pt_head(recipe: Path, head_dir: Path, state_dict, out: Path, subdir: str) -> tuple[Path, dict]:
+    """A head directory as EAGLE's releases ship it: ``state_dict`` as ``head_dir/model.pt`` (read with
+    ``weights_only=True``) in place of its ``model.safetensors``. The recipe built into ``out/engine``
+    holds the head as ``<subdir>/config.json`` + ``model.safetensors``, and a newer ``model.pt`` gives
+    another engine fingerprint. Returns the engine directory and its config.json."""
+    import torch
+
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_target, locate_weights
+
+    torch.save(state_dict, head_dir / "model.pt")
+    (head_dir / "model.safetensors").unlink()
+    loaded = load_recipe(str(recipe))
+    build = build_reference_engine(loaded, out / "engine", log=lambda m: None)
+    assert sorted(p.name for p in (build.engine_dir / subdir).iterdir()) == ["config.json", "model.safetensors"]
+    weights = head_dir / "model.pt"
+    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
+    assert engine_fingerprint(loaded, locate_target(loaded), locate_weights(loaded)) != build.fingerprint
+    return build.engine_dir, json.loads((build.engine_dir / "config.json").read_text())
+
+
 def tiny_reference_server(tiny_checkpoint: Path, out: Path, *, decoupled: bool):
     """The tiny n-gram recipe built (``out/engine``) and its reference repository written
     (``out/repo``, ``decoupled``: streaming); returns ``(TritonServer on free ports, not started, engine_dir)``."""
@@ -142,6 +164,16 @@ def decoupled_server(tiny_checkpoint, tmp_path_factory):
     JSON, OpenAI and AIPerf tests (a server start costs tens of seconds on a 2-core machine): yields
     ``(server, engine_dir)``. Tests must not stop it or rely on its counters starting at zero."""
     server, engine_dir = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("decoupled"), decoupled=True)
+    with server:
+        yield server, engine_dir
+
+
+@pytest.fixture(scope="session")
+def plain_server(tiny_checkpoint, tmp_path_factory):
+    """One non-decoupled tritonserver over the tiny n-gram engine, shared by the end-to-end, logit-margin
+    and strict-JSON tests: yields ``(server, engine_dir)``. Tests must not stop it or rely on its
+    counters starting at zero."""
+    server, engine_dir = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("plain"), decoupled=False)
     with server:
         yield server, engine_dir
 

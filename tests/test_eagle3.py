@@ -10,14 +10,13 @@ tests/test_method_equivalence.py (on the shared 2-layer target, layers named by 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from drive import assert_equals_plain
-from conftest import served, verify_lossless, write_recipe
+from conftest import build_with_pt_head, served, verify_lossless, write_recipe
 from specbuild.engine import GenerationRequest
 from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine import target as target_model
@@ -323,22 +322,11 @@ def test_missing_or_unfit_heads_are_refused_before_any_work(checkpoint, tiny_che
 @pytest.mark.e2e
 def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
     """recipe (head as a .pt, relative path, draft vocabulary) -> engine dir with eagle3/ -> tritonserver -> verify."""
-    from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_target, locate_weights
-
     head_dir = save_eagle3_head(tmp_path / "head", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
-    torch.save(_head("draft_vocab").state_dict(), head_dir / "model.pt")  # read weights_only
-    (head_dir / "model.safetensors").unlink()
-    loaded = load_recipe(str(eagle3_recipe(tmp_path, checkpoint, "head")))
-    build = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None)
-    engine_dir = build.engine_dir
-    assert sorted(p.name for p in (engine_dir / "eagle3").iterdir()) == ["config.json", "model.safetensors"]
-    config = json.loads((engine_dir / "config.json").read_text())
+    recipe = eagle3_recipe(tmp_path, checkpoint, "head")
+    engine_dir, config = build_with_pt_head(recipe, head_dir, _head("draft_vocab").state_dict(), tmp_path, "eagle3")
     assert config["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_one_model": True}
     assert config["build_config"]["max_draft_len"] == 3 and config["build_config"]["speculative_decoding_mode"] == 32
-    weights = head_dir / "model.pt"
-    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
-    assert engine_fingerprint(loaded, locate_target(loaded), locate_weights(loaded)) != build.fingerprint
     with served(engine_dir, tmp_path) as client:
         verify_lossless(client)
 

@@ -143,6 +143,19 @@ def train_beside_target(
     return model, train(model, objective(model), config, ckpt_dir, **train_options)
 
 
+def settings_free(train_head: Callable[..., TrainResult]) -> Callable[..., TrainResult]:
+    """A :attr:`~specbuild.methods.Training.train` for a trainer that neither the method's settings nor
+    the tokenizer choose anything of (EAGLE's and EAGLE-3's heads): ``train_for(spec, target, tokenizer,
+    data, config, out_dir, ckpt_dir, **common)`` calls ``train_head(target, data, config, out_dir,
+    ckpt_dir, **common)``."""
+
+    def train_for(spec, target, tokenizer, data, config: TrainConfig, out_dir: Path, ckpt_dir: Path, **common) -> TrainResult:
+        del spec, tokenizer
+        return train_head(target, data, config, out_dir, ckpt_dir, **common)
+
+    return train_for
+
+
 def train(
     model: torch.nn.Module,
     step_fn: Callable[[int], StepOutput],

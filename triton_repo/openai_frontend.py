@@ -553,19 +553,18 @@ def create_app(config: FrontendConfig, *, restarts: Callable[[], int] | None = N
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest):
-        request.check(config.limits)
-        front.check_model(request)
-        text = await run_in_threadpool(front.completion_prompt, request)
-        return await _answer(request, text, kind="text_completion")
+        return await _answer(request, front.completion_prompt, kind="text_completion")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest):
+        return await _answer(request, front.chat_prompt, kind="chat.completion")
+
+    async def _answer(request: _Request, prompt_text: Callable[[Any], str], *, kind: str):
+        """Both endpoints: the request checked (limits, model), its prompt text by ``prompt_text``, then
+        the answer, streamed or whole."""
         request.check(config.limits)
         front.check_model(request)
-        text = await run_in_threadpool(front.chat_prompt, request)
-        return await _answer(request, text, kind="chat.completion")
-
-    async def _answer(request: _Request, text: str, *, kind: str):
+        text = await run_in_threadpool(prompt_text, request)
         max_tokens = _max_tokens(request)
         param = "messages" if kind == "chat.completion" else "prompt"
         prompt_ids = await run_in_threadpool(front.prompt_token_ids, text, param)

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
+from ..base import MethodParams, SpeculationMethod, Training, TrtllmMapping, chain_of
 from ..eagle import check_sizes, locate_head
-from ..heads import read_json, target_config
+from ..heads import head_weights, read_json, target_config
 
 if TYPE_CHECKING:
     from specbuild.util.checkpoints import CheckpointSource
@@ -140,11 +140,8 @@ METHOD = SpeculationMethod(
         speculative_decoding_mode="eagle",
         unavailable={"tensorrt": "EAGLE-3 exists only on TensorRT-LLM's PyTorch backend"},
     ),
-    weights=Weights(
-        field="eagle_model", what="the EAGLE-3 head directory", role="eagle3", check_fit=check_fit,
-        reference=ReferenceWeights(subdir="eagle3", locate=_locate, load="specbuild.methods.eagle3.engine:read_for_build",
-                                   write="specbuild.methods.eagle3.engine:write_for_build", fingerprint_key="eagle"),
-    ),
+    weights=head_weights("eagle3", field="eagle_model", what="the EAGLE-3 head directory", locate=_locate, check_fit=check_fit,
+                         fingerprint_key="eagle"),
     engine="specbuild.methods.eagle3.engine:ENGINE",  # the head loaded once; chains of at most k drafts per request
     training=Training(train="specbuild.methods.eagle3.train:train_for", held_out_config=chain_of, draft_vocabulary=True),
     ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here

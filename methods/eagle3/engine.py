@@ -320,7 +320,7 @@ class MidLayer(nn.Module):
         """Several requests' rows (``[S, H]`` each input), attention per :class:`Segment` (``past``: its
         :class:`CacheView`) -> ``[S, H]``, each segment's new KV."""
         wide = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [S, 2H]
-        attended, new = self.self_attn.forward_segments(wide, rotary, segments)
+        attended, new = self.self_attn(wide, rotary, segments)
         x = hidden + attended  # residual: the un-normed hidden input
         return x + self.mlp(self.post_attention_layernorm(x)), new
 

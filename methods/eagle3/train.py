@@ -37,7 +37,7 @@ from specbuild.methods.token_map import frequency_order
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import DistillData, ensure_aux_features
 from specbuild.methods.eagle.train import eagle_config_for
-from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, train_beside_target
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, settings_free, train_beside_target
 
 
 def eagle3_config_for(target_config) -> Eagle3Config:
@@ -166,7 +166,5 @@ def train_eagle3(
     return result
 
 
-def train_for(spec, target, tokenizer, data: DistillData, config: TrainConfig, out_dir: Path, ckpt_dir: Path, **common) -> TrainResult:
-    """:attr:`~specbuild.methods.Training.train` of EAGLE-3: :func:`train_eagle3` (the settings choose nothing)."""
-    del spec, tokenizer
-    return train_eagle3(target, data, config, out_dir, ckpt_dir, **common)
+train_for = settings_free(train_eagle3)
+""":attr:`~specbuild.methods.Training.train` of EAGLE-3: :func:`train_eagle3` (the settings choose nothing)."""
