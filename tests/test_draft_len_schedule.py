@@ -56,6 +56,23 @@ def test_tune_schedule_passes_the_rules_or_says_why_none_exists():
     assert schedule_from_measurements({4: 2})[0] is None
 
 
+def test_tune_schedule_takes_a_significant_k_when_the_fastest_looking_k_is_not_significant():
+    """At C=4 k=4 has the lowest p50 but its speed-up interval contains 1; k=2's lies above 1: k=2,
+    not k=0 (measured so on smollm2-ngram, humaneval:16, 3 repeats)."""
+    cands = [Candidate("d", "ngram", "s", k, level, ms, 1.0) for level, row in {
+        1: {0: 2189, 2: 1453, 4: 1299}, 4: {0: 3190, 2: 2877, 4: 2819}, 8: {0: 4682, 2: 4157, 4: 4453}}.items()
+        for k, ms in row.items()]
+    ci = {("d", "s", 2, 1): [1.37, 1.58], ("d", "s", 4, 1): [1.53, 1.85], ("d", "s", 2, 4): [1.04, 1.26],
+          ("d", "s", 4, 4): [0.94, 1.17], ("d", "s", 2, 8): [0.73, 0.90], ("d", "s", 4, 8): [0.63, 0.80]}
+    (s,) = draft_len_schedule(cands, min_gain=0.05, speedup_ci=ci)
+    assert s.best == {1: 4, 4: 2, 8: 0}
+    assert (s.draft_len_schedule, s.max_concurrency) == ({1: 4, 4: 2}, 4)
+    # no significant k at a level: speculation off there
+    ci[("d", "s", 2, 4)] = [0.98, 1.26]
+    (s,) = draft_len_schedule(cands, min_gain=0.05, speedup_ci=ci)
+    assert s.best[4] == 0
+
+
 NGRAM = """name: t
 target: {checkpoint: meta-llama/Llama-3.1-8B-Instruct, dtype: bfloat16}
 speculation: {method: ngram, max_draft_len: MAXK}

@@ -28,37 +28,12 @@ from specbuild.methods.eagle3.engine import (
     load_eagle3_head,
     save_eagle3_head,
 )
-from tiny_models import make_tiny_llama
+from eagle3_tiny import CONFIG, DRAFT_CONFIG, DRAFT_VOCAB, HIDDEN, LAYERS, VOCAB, checkpoint, make_head as _head, model  # noqa: F401
 
-VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 384, 64, 8, 96
-CONFIG = Eagle3Config(
-    hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-    max_position_embeddings=512, vocab_size=VOCAB,
-)
-DRAFT_CONFIG = Eagle3Config(**{**CONFIG.__dict__, "draft_vocab_size": DRAFT_VOCAB})
 MAX_DRAFT_LEN = 4
 LIMITS = EngineLimits(max_batch_size=1, max_input_len=64, max_seq_len=160, max_draft_len=MAX_DRAFT_LEN)
 PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42]]
 NEW_TOKENS = 16
-
-
-def _head(kind: str) -> Eagle3Head:
-    torch.manual_seed(5)
-    if kind == "random":
-        return Eagle3Head(CONFIG)
-    head = Eagle3Head(DRAFT_CONFIG, d2t=True)  # draft id d -> target id 4 * d (+ d2t offset 3d)
-    head.d2t.copy_(torch.arange(DRAFT_VOCAB) * 3)
-    return head
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny8") / "ckpt", seed=1, num_hidden_layers=LAYERS)
-
-
-@pytest.fixture(scope="module")
-def model(checkpoint):
-    return target_model.load_target(checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from eagle3_tiny import write_prompt_files
 from tiny_models import CORPUS
 from transformers import AutoTokenizer
 
@@ -64,9 +65,7 @@ def test_draft_vocabulary_is_the_most_predicted_tokens_in_id_order():
 @pytest.fixture(scope="module")
 def setup(tiny_checkpoint, tmp_path_factory):
     root = tmp_path_factory.mktemp("prompts")
-    (root / "train.jsonl").write_text("\n".join(json.dumps({"prompt": c[:24]}) for c in CORPUS[:4]) + "\n")
-    (root / "held_out.jsonl").write_text("\n".join(json.dumps({"prompt": c[:16]}) for c in CORPUS[4:]) + "\n")
-    config = TrainConfig(prompts=str(root / "train.jsonl"), held_out=str(root / "held_out.jsonl"), max_new_tokens=24,
+    config = TrainConfig(**write_prompt_files(root), max_new_tokens=24,
                          steps=30, batch_tokens=256, learning_rate=1e-2, warmup_steps=2, checkpoint_every=30,
                          draft_vocab_size=DRAFT_VOCAB)
     train, held_out = training_prompts(config)

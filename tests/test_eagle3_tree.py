@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import CORPUS, make_tiny_llama
+from eagle3_tiny import CONFIG, DRAFT_CONFIG, DRAFT_VOCAB, checkpoint, make_head as _head, model, write_prompt_files  # noqa: F401
+from tiny_models import CORPUS
 from transformers import AutoTokenizer
 
 from conftest import write_recipe
@@ -31,33 +32,10 @@ from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import build_distill_data, training_prompts
 
-VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 384, 64, 8, 96
-CONFIG = Eagle3Config(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                      rms_norm_eps=1e-6, max_position_embeddings=512, vocab_size=VOCAB)
-DRAFT_CONFIG = Eagle3Config(**{**CONFIG.__dict__, "draft_vocab_size": DRAFT_VOCAB})
 DEPTH, TOP_K, NODES = 3, 3, 8
 LIMITS = EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=160, max_draft_len=NODES)
 PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42]]
 NEW_TOKENS = 16
-
-
-def _head(kind: str) -> Eagle3Head:
-    torch.manual_seed(5)
-    if kind == "random":
-        return Eagle3Head(CONFIG)
-    head = Eagle3Head(DRAFT_CONFIG, d2t=True)  # draft id d -> target id 4 d
-    head.d2t.copy_(torch.arange(DRAFT_VOCAB) * 3)
-    return head
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny8") / "ckpt", seed=1, num_hidden_layers=LAYERS)
-
-
-@pytest.fixture(scope="module")
-def model(checkpoint):
-    return target_model.load_target(checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +51,7 @@ def head_dirs(model, checkpoint, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("eagle3_tree_heads")
     dirs = {kind: save_eagle3_head(root / kind, _head(kind).state_dict(), c)
             for kind, c in (("random", CONFIG), ("draft_vocab", DRAFT_CONFIG))}
-    (root / "train.jsonl").write_text("\n".join(json.dumps({"prompt": c[:24]}) for c in CORPUS[:4]) + "\n")
-    (root / "held_out.jsonl").write_text("\n".join(json.dumps({"prompt": c[:16]}) for c in CORPUS[4:]) + "\n")
-    config = TrainConfig(prompts=str(root / "train.jsonl"), held_out=str(root / "held_out.jsonl"), max_new_tokens=40,
+    config = TrainConfig(**write_prompt_files(root), max_new_tokens=40,
                          steps=60, batch_tokens=256, learning_rate=1e-2, warmup_steps=2, checkpoint_every=60,
                          draft_vocab_size=DRAFT_VOCAB)
     train, _ = training_prompts(config)

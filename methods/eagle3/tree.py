@@ -32,7 +32,7 @@ from specbuild.engine.block import Block
 
 from ..eagle.engine import EagleDrafter, EagleProposer, EagleTreeConfig, feed_pending, propose_batch
 from . import Eagle3Speculation
-from .engine import Eagle3Head, Eagle3Proposer, Eagle3State, update_batch
+from .engine import Eagle3Proposer, update_batch
 
 
 def eagle3_tree_config(config: Eagle3Speculation) -> EagleTreeConfig:
@@ -78,22 +78,15 @@ class Eagle3TreeProposer(EagleProposer):
         d2t = getattr(head, "d2t", None)
         self.target_ids = None if d2t is None else torch.arange(len(d2t), device=d2t.device) + d2t  # [Vd] target ids
 
-    @property
-    def batch_key(self) -> Eagle3Head:
-        """Tree proposers of one head grow their requests' trees together."""
-        return self.head
-
-    @staticmethod
-    def new_state() -> Eagle3State:
-        return Eagle3State()
+    # The head's own calls are the chain's (one head, one state type): requests of one head grow their
+    # trees together (batch_key), and feeding true positions is the chain's update.
+    batch_key = Eagle3Proposer.batch_key
+    new_state = staticmethod(Eagle3Proposer.new_state)
+    update = Eagle3Proposer.update
 
     def capture(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
         """transformers' ``hidden_states`` (``L + 1`` of ``[1, S, Ht]``) -> fused features ``[S, 3 Ht]``."""
         return self.chain.capture(hidden_states)
-
-    def update(self, state: Eagle3State, next_tokens: Sequence[int], features: torch.Tensor) -> None:
-        """Append ``m`` true positions: fused ``features [m, 3 Ht]`` and the tokens they produced."""
-        update_batch(self, [state], [next_tokens], [features])
 
     def _log_probs(self, outputs: torch.Tensor) -> torch.Tensor:
         """``[b, H]`` pre-norm head outputs -> ``[b, V]`` draft log-probabilities indexed by target id: the
