@@ -202,18 +202,26 @@ def draft_len_schedule(
 def _best_draft_len(
     group: Sequence[Candidate], level: int, min_gain: float, speedup_ci: Mapping[tuple[str, str, int, int], Sequence[float]],
 ) -> int:
-    """The best k at ``level``; 0 unless k beats k = 0 by ``min_gain`` and significantly: its speed-up
-    interval lies above 1 where there is one, else k's latency interval lies wholly below k = 0's."""
-    best = recommend_lowest_latency(group, level)
+    """The lowest-latency k at ``level`` among those that beat k = 0 by ``min_gain`` and significantly
+    (their speed-up interval lies above 1 where there is one, else their latency interval lies wholly
+    below k = 0's); 0 when none does. A k whose point estimate is lowest but whose gain is not
+    significant does not hide a k whose gain is: at one level k=4 n.s. (1.04 [0.94, 1.17]) and k=2
+    significant (1.14 [1.04, 1.26]) -> 2."""
     base = [c for c in group if c.concurrency == level and c.draft_len == 0]
-    if best.draft_len and base and best.latency_ms > (1.0 - min_gain) * base[0].latency_ms:
-        return 0
-    interval = speedup_ci.get((best.deployment, best.prompt_set, best.draft_len, level))
-    if best.draft_len and base and interval is not None:
-        return best.draft_len if interval[0] > 1.0 else 0
-    if best.draft_len and base and overlaps(best.latency_ci, base[0].latency_ci):
-        return 0
-    return best.draft_len
+    if not base:
+        return recommend_lowest_latency(group, level).draft_len
+    k0 = base[0]
+
+    def wins(c: Candidate) -> bool:
+        if c.latency_ms > (1.0 - min_gain) * k0.latency_ms:
+            return False
+        interval = speedup_ci.get((c.deployment, c.prompt_set, c.draft_len, level))
+        if interval is not None:
+            return interval[0] > 1.0
+        return not overlaps(c.latency_ci, k0.latency_ci)
+
+    winners = [c for c in group if c.concurrency == level and c.draft_len and wins(c)]
+    return recommend_lowest_latency(winners, level).draft_len if winners else 0
 
 
 @dataclass

@@ -48,7 +48,8 @@ class Schedule:
     """Draft length by concurrency for one deployment and prompt set.
 
     Attributes:
-        best: measured concurrency -> the draft length with the lowest latency there.
+        best: measured concurrency -> the lowest-latency draft length among those significantly faster
+            than k = 0 there (0 when none is).
         draft_len_schedule: TensorRT-LLM's ``{threshold: draft_len}`` for the levels where speculation
             is on (a batch of b requests uses the largest threshold <= b), with ``schedule[1] ==
             max_draft_len``; ``{}`` when TensorRT-LLM cannot express ``best`` (``note`` says why).
