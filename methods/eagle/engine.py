@@ -80,7 +80,7 @@ from transformers.models.llama.modeling_llama import (
 
 from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
-from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
+from specbuild.engine.drafters import EngineMethod, GroupedByProposer, MethodContext, PlainDrafter
 from specbuild.engine.kv_pool import KVCache, KVPool, KVShape
 from specbuild.engine.tree import SpecTree
 from specbuild.methods.base import MC_SIM_7B_63
@@ -1035,15 +1035,11 @@ def feed_pending(drafters: Sequence[Any], update_batch: Callable[..., None]) -> 
             d.pending = None
 
 
-class EagleDrafter(FeatureTreeDrafter):
+class EagleDrafter(GroupedByProposer, FeatureTreeDrafter):
     """The engine's head (an :class:`EagleProposer`): the requests of one head feed their features and
     grow their trees in shared head calls (a :class:`~specbuild.engine.drafters.BatchDrafter`)."""
 
     proposer: EagleProposer
-
-    @property
-    def batch_key(self) -> EagleHead:
-        return self.proposer.batch_key
 
     @classmethod
     def draft_batch(cls, drafters: Sequence[EagleDrafter], contexts, *, max_accepts, samplers) -> list[Block]:

@@ -58,7 +58,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
-from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
+from specbuild.engine.drafters import EngineMethod, GroupedByProposer, MethodContext, PlainDrafter
 
 from ..eagle.engine import (
     MLP, PT_NAMES, SAFETENSORS_NAME, Attention, CacheView, EagleConfig, HeadCache, LayerKV, RMSNorm, Segment, feed_pending,
@@ -650,15 +650,11 @@ class FeatureChainDrafter(PlainDrafter):
         self.pending = (step.emitted, self._features(step.hidden_states)[step.keep])
 
 
-class Eagle3Drafter(FeatureChainDrafter):
+class Eagle3Drafter(GroupedByProposer, FeatureChainDrafter):
     """The engine's head (an :class:`Eagle3Proposer`): the requests of one head feed their features and
     draft their chains in shared head calls (a :class:`~specbuild.engine.drafters.BatchDrafter`)."""
 
     proposer: Eagle3Proposer
-
-    @property
-    def batch_key(self) -> Eagle3Head:
-        return self.proposer.batch_key
 
     @classmethod
     def draft_batch(cls, drafters: Sequence[Eagle3Drafter], contexts, *, max_accepts, samplers) -> list[Block]:
