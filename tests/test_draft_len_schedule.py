@@ -17,6 +17,7 @@ from specbuild.util.draft_len_schedule import (
 from specbuild.builder.recipe import RecipeError, parse_recipe
 from specbuild.builder.trtllm_plan import plan_pytorch, plan_tensorrt
 from specbuild.tune import Candidate, draft_len_schedule
+from specbuild.tune.analysis import batch_thresholds
 from upstream_trtllm import check_speculative_config
 
 
@@ -45,15 +46,24 @@ def candidates(best_by_level: dict[int, int]) -> list[Candidate]:
 
 
 def test_tune_schedule_passes_the_rules_or_says_why_none_exists():
+    # batch sizes 2-4 occur only under loads above 1: C=4's k=2 governs them (batch_thresholds)
     (s,) = draft_len_schedule(candidates({1: 4, 4: 2, 8: 0}))
-    assert (s.draft_len_schedule, s.max_draft_len, s.note) == ({1: 4, 4: 2}, 4, "")
+    assert (s.draft_len_schedule, s.max_draft_len, s.note) == ({1: 4, 2: 2}, 4, "")
     assert check_draft_len_schedule(s.draft_len_schedule, s.max_draft_len) == s.draft_len_schedule
     # speculation loses at C=1 but wins at C=4: TensorRT-LLM cannot draft more at 4 than at 1
     (s,) = draft_len_schedule(candidates({1: 0, 4: 3, 8: 0}))
     assert (s.draft_len_schedule, s.max_draft_len) == ({}, None) and "schedule[1] = max_draft_len" in s.note
     (s,) = draft_len_schedule(candidates({1: 2, 4: 3}))
-    assert s.draft_len_schedule == {} and "draft lengths {4: 3} above concurrency 1's 2" in s.note
+    assert s.draft_len_schedule == {} and "draft lengths {2: 3} above concurrency 1's 2" in s.note
     assert schedule_from_measurements({4: 2})[0] is None
+
+
+def test_a_levels_k_governs_the_batch_sizes_above_the_level_below():
+    """Closed loop at C: the batch is at most C and falls below it between requests, so a batch between
+    two measured levels belongs to the higher one."""
+    assert batch_thresholds({1: 4, 2: 4, 4: 2}) == {1: 4, 2: 4, 3: 2}
+    assert batch_thresholds({1: 4, 4: 2, 16: 1}) == {1: 4, 2: 2, 5: 1}
+    assert batch_thresholds({1: 3}) == {1: 3}
 
 
 def test_tune_schedule_takes_a_significant_k_when_the_fastest_looking_k_is_not_significant():
@@ -66,7 +76,7 @@ def test_tune_schedule_takes_a_significant_k_when_the_fastest_looking_k_is_not_s
           ("d", "s", 4, 4): [0.94, 1.17], ("d", "s", 2, 8): [0.73, 0.90], ("d", "s", 4, 8): [0.63, 0.80]}
     (s,) = draft_len_schedule(cands, min_gain=0.05, speedup_ci=ci)
     assert s.best == {1: 4, 4: 2, 8: 0}
-    assert (s.draft_len_schedule, s.max_concurrency) == ({1: 4, 4: 2}, 4)
+    assert (s.draft_len_schedule, s.max_concurrency) == ({1: 4, 2: 2}, 4)
     # no significant k at a level: speculation off there
     ci[("d", "s", 2, 4)] = [0.98, 1.26]
     (s,) = draft_len_schedule(cands, min_gain=0.05, speedup_ci=ci)
@@ -89,7 +99,7 @@ def test_tune_schedule_written_into_extra_llm_api_options_validates(tmp_path):
     plan = plan_pytorch(parse_recipe(text, Path("t.yaml")), tmp_path)
     for f in plan.files:  # extra_llm_api_options.yaml and model.yaml
         config = yaml.safe_load(f.text)["speculative_config"]
-        assert config["draft_len_schedule"] == {1: 4, 4: 2, 8: 1}
+        assert config["draft_len_schedule"] == {1: 4, 2: 2, 5: 1}
         assert check_draft_len_schedule(config["draft_len_schedule"], config["max_draft_len"])
         assert check_speculative_config(config, "1.2.1") == []
 

@@ -95,14 +95,14 @@ def schedule_points(best_by_level):
 def test_schedule_turns_speculation_off_above_the_last_level_where_it_wins():
     (s,) = draft_len_schedule(schedule_points({1: 4, 4: 2, 8: 0, 16: 0}))
     assert s.best == {1: 4, 4: 2, 8: 0, 16: 0}
-    assert s.draft_len_schedule == {1: 4, 4: 2}
+    assert s.draft_len_schedule == {1: 4, 2: 2}  # batch 2-4: C=4's k (batch_thresholds)
     assert s.max_concurrency == 4
 
 
 def test_schedule_is_always_on_when_the_top_level_still_speculates():
     (s,) = draft_len_schedule(schedule_points({1: 4, 4: 0, 8: 2}))
     assert s.max_concurrency is None
-    assert s.draft_len_schedule == {1: 4, 4: 0, 8: 2}
+    assert s.draft_len_schedule == {1: 4, 2: 0, 5: 2}
 
 
 def test_schedule_is_always_off_when_plain_decoding_wins_everywhere():

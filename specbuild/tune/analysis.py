@@ -165,7 +165,8 @@ def draft_len_schedule(
 
     ``max_concurrency`` is the largest level below the tail of levels where k = 0 wins; a k = 0 win
     followed by a k > 0 win at a higher level is not a tail, so speculation stays on there.
-    Example: best {1: 4, 4: 2, 8: 0, 16: 0} -> draft_len_schedule {1: 4, 4: 2}, max_concurrency 4;
+    Example: best {1: 4, 4: 2, 8: 0, 16: 0} -> draft_len_schedule {1: 4, 2: 2} (:func:`batch_thresholds`),
+    max_concurrency 4;
     best {1: 0, 4: 3} -> no schedule: TensorRT-LLM requires schedule[1] = max_draft_len >= every entry.
 
     ``speedup_ci``: ``(deployment, prompt set, k, concurrency)`` -> the 95 % interval of k's speed-up
@@ -193,10 +194,24 @@ def draft_len_schedule(
         else:
             max_concurrency = max(level for level in levels if level not in off_tail)
         on = {level: k for level, k in best.items() if max_concurrency is None or level <= max_concurrency}
-        schedule, note = schedule_from_measurements(on)
+        schedule, note = schedule_from_measurements(batch_thresholds(on))
         schedules.append(Schedule(deployment, prompt_set, best, schedule or {}, max_concurrency,
                                   None if schedule is None else schedule[1], note))
     return schedules
+
+
+def batch_thresholds(best: Mapping[int, int]) -> dict[int, int]:
+    """Measured concurrency -> best k, as batch-size thresholds: a level's k governs the batch sizes above
+    the level below it, ``(previous level, level]``, so the threshold of level ``L_i`` is ``L_{i-1} + 1``
+    (level 1 stays 1). In a closed loop at concurrency C the batch never exceeds C, so a batch between
+    two measured levels occurs only under the higher level's load, and the batch falls below C between
+    one request and the next: measured on smollm2-ngram, a schedule {1: 4, 2: 4, 4: 2} ran batch 3 at k=4
+    and was 2 % below fixed k=2 at C=4, where {1: 4, 2: 4, 3: 2} runs it at k=2.
+
+    Example: ``{1: 4, 2: 4, 4: 2}`` -> ``{1: 4, 2: 4, 3: 2}``; ``{1: 4, 4: 2}`` -> ``{1: 4, 2: 2}``.
+    """
+    levels = sorted(best)
+    return {(1 if i == 0 and level == 1 else levels[i - 1] + 1 if i else level): best[level] for i, level in enumerate(levels)}
 
 
 def _best_draft_len(
