@@ -300,8 +300,8 @@ def check_draft_command(draft: str, target: str, engine: str, method: str | None
     """Check DRAFT (an EAGLE-3 or EAGLE head, Medusa heads, a draft model) against --target for --engine.
 
     From config.json and safetensors headers (plus d2t, t2d and embed_tokens values; pickles are never
-    opened): architecture name, hidden size, vocab_size / draft_vocab_size / lm_head rows, d2t offsets
-    (target id = i + d2t[i] in [0, vocab)), auxiliary layer ids, rope settings, embed_tokens against the
+    opened): architecture name, model_type, hidden size, vocab_size / draft_vocab_size / lm_head rows,
+    d2t offsets (target id = i + d2t[i] in [0, vocab)), auxiliary layer ids, rope settings, embed_tokens against the
     target's, tensor names and shapes, dtype. Each failure names the field, what the engine expects and
     the fix. Exit status: 0 every check passed (warnings allowed), 4 a check failed, 2 bad input.
 

@@ -145,7 +145,7 @@ class Eagle3Config:
         raw = {k: v for k, v in asdict(self).items() if v is not None and k != "aux_layer_ids"}
         if self.aux_layer_ids is not None:
             raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
-        return {"architectures": ["LlamaForCausalLMEagle3"], **raw}
+        return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **raw}
 
     def layer_config(self) -> EagleConfig:
         """The midlayer's sizes as an :class:`EagleConfig` (one layer), for the shared attention/MLP/rotary."""
