@@ -288,7 +288,7 @@ class VerifyConfig(_Strict):
 
 
 class Recipe(_Strict):
-    """A whole recipe. See the module docstring for an example."""
+    """A whole recipe. Example: the bundled `smollm2-ngram` recipe, below."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """The recipe's name: output folder `specbuild-out/<name>`, model name in the OpenAI front."""
