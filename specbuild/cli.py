@@ -457,7 +457,8 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool, from_log: Path 
     Examples:
       specbuild train-draft smollm2-eagle
       specbuild train-draft recipes/smollm2-medusa.yaml --force
-      specbuild train-draft my-eagle.yaml --from-log logs/requests.jsonl --steps 300
+      specbuild train-draft my-eagle.yaml --steps 300 \\
+          --from-log logs/requests.jsonl
     """
     from specbuild.builder.recipe import RecipeError
     from specbuild.builder.train_stage import artefact_path, fine_tune_from_log, train_draft
