@@ -312,6 +312,8 @@ def test_frontier_legend_matches_hollow_points_and_the_star_sits_beside_its_poin
     at = ax.transData.transform((best.latency_ms, best.throughput))
     drawn = star.get_transform().transform(star.get_offsets()[0])
     assert math.dist(at, drawn) > 20  # pixels: beside the point, not over it
+    callout = next(a for a in ax.texts if a.get_text() == "recommended")  # a boxed word: not read as a data point (nc3 item 9)
+    assert callout.get_bbox_patch() is not None and callout.xy == (best.latency_ms, best.throughput)
 
 
 def test_speedup_plot_marks_not_significant_points(tmp_path, monkeypatch):
