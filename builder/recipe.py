@@ -288,7 +288,7 @@ class VerifyConfig(_Strict):
 
 
 class Recipe(_Strict):
-    """A whole recipe. See the module docstring for an example."""
+    """A whole recipe. Example: the bundled `smollm2-ngram` recipe, below."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """The recipe's name: output folder `specbuild-out/<name>`, model name in the OpenAI front."""
@@ -699,10 +699,36 @@ def _method_of(err: dict[str, Any]) -> str:
     return loc[1] if len(loc) > 1 and loc[0] == "speculation" else "none"
 
 
+def _missing_local_checkpoints(loaded: LoadedRecipe) -> list[str]:
+    """TensorRT-LLM recipes (planned here, run on a GPU machine): a target or draft named by a local
+    path (not a Hugging Face ``org/name`` id, which the plan downloads) that does not exist, e.g. the
+    head ``specbuild migrate`` names when none is published. A warning, not an error: the directory
+    may be made on the GPU machine; the reference backend refuses a missing one outright."""
+    r = loaded.recipe
+    if r.build.backend == "reference":
+        return []
+    spec = r.speculation
+    named = [("target", "checkpoint", r.target.checkpoint,
+              "download the target there (hf download ORG/NAME --local-dir DIR) or name its Hugging Face id")]
+    if spec.weights_path and r.train is None:
+        named.append(("speculation", spec.definition.weights.field, spec.weights_path,
+                      f"train the {spec.method} draft into it (EAGLE-3: TensorRT-LLM's EAGLE-3 training recipe), "
+                      "download a published one there (hf download ORG/NAME --local-dir DIR), or name its Hugging Face id"))
+    out = []
+    for section, name, value, fix in named:
+        is_hf_id = value.count("/") == 1 and not value.startswith((".", "/", "~"))  # as the plan's download step decides
+        path = loaded.resolve_path(value)
+        if not is_hf_id and not path.exists():
+            out.append(_format_error(loaded.path, loaded.line_of(section, name), (section, name),
+                                     f"{path} does not exist on this machine; before the run, {fix}"))
+    return out
+
+
 def recipe_warnings(loaded: LoadedRecipe) -> list[str]:
     """Settings that are valid but risky, one ``file:line: field: what and what to do`` each:
     a server bound beyond this machine (no authentication), ``trust_remote_code``, and a reduced
-    ``target.dtype`` on the reference backend's CPU (greedy equality then holds up to logit near-ties)."""
+    ``target.dtype`` on the reference backend's CPU (greedy equality then holds up to logit near-ties),
+    and a TensorRT-LLM recipe's local checkpoint or draft directory that does not exist (yet)."""
     r = loaded.recipe
     warnings = []
     if not is_loopback(r.serve.host):
@@ -728,4 +754,4 @@ def recipe_warnings(loaded: LoadedRecipe) -> list[str]:
             "equals plain decoding only up to logit near-ties (a near-tie may pick the other token; `verify` reports the "
             "logit margin at any divergence); float32, the default on CPU, keeps it exact",
         ))
-    return warnings
+    return warnings + _missing_local_checkpoints(loaded)

@@ -175,7 +175,7 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
 @click.argument("recipe")
 @click.option("--output-dir", "-o", help="Deployment directory the plan refers to [./specbuild-out/NAME].")
 @click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (stages, warnings, speculative_config) on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (stages, warnings, speculative_config exactly as the run writes it) on stdout.")
 @click.option("--allow-unverified-trtllm", is_flag=True, help="Plan for a TensorRT-LLM newer than the newest verified line (1.4), with a warning.")
 def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None, as_json: bool, allow_unverified_trtllm: bool) -> None:
     """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run).
@@ -457,7 +457,8 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool, from_log: Path 
     Examples:
       specbuild train-draft smollm2-eagle
       specbuild train-draft recipes/smollm2-medusa.yaml --force
-      specbuild train-draft my-eagle.yaml --from-log logs/requests.jsonl --steps 300
+      specbuild train-draft my-eagle.yaml --steps 300 \\
+          --from-log logs/requests.jsonl
     """
     from specbuild.builder.recipe import RecipeError
     from specbuild.builder.train_stage import artefact_path, fine_tune_from_log, train_draft

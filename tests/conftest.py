@@ -15,15 +15,29 @@ from tiny_models import make_tiny_llama  # noqa: E402
 SERVER_START_ENV = "SPECBUILD_TEST_SERVER_START_S"
 
 
-def server_start_timeout_s(environ=os.environ) -> float:
+BASE_SERVER_START_S = 300.0  # TritonServer's own default, enough on an idle 2-core machine
+MAX_LOAD_FACTOR = 4.0
+
+
+def server_start_timeout_s(environ=os.environ, load: float | None = None, cores: int | None = None) -> float:
     """Seconds the end-to-end tests give tritonserver to become ready: ``$SPECBUILD_TEST_SERVER_START_S``,
-    default 300 (TritonServer's own default; a loaded 2-core machine starting several servers at once
-    may need more, a fast one can fail sooner).
+    else 300 s scaled by how busy the machine is when the session starts: x the 1-minute load average
+    per core (``load`` / ``cores``, default ``os.getloadavg()[0]`` / ``os.cpu_count()``), at least x1
+    and at most x4 (1,200 s). Example: load 10 on 2 cores -> 1,200 s; load 1 on 2 cores -> 300 s.
+    The all-methods fixture loads ten Python-backend models, which took over 4.5 minutes at load 10.
 
     Raises:
         pytest.UsageError: the variable is not a positive number.
     """
-    text = environ.get(SERVER_START_ENV, "300")
+    if SERVER_START_ENV not in environ:
+        if load is None:
+            try:
+                load = os.getloadavg()[0]
+            except OSError:  # not available on this platform
+                load = 0.0
+        per_core = load / max(1, cores or os.cpu_count() or 1)
+        return BASE_SERVER_START_S * min(MAX_LOAD_FACTOR, max(1.0, per_core))
+    text = environ[SERVER_START_ENV]
     try:
         value = float(text)
     except ValueError:

@@ -467,3 +467,42 @@ def test_a_version_from_the_command_line_is_blamed_on_the_option_not_the_recipe_
     assert "--trtllm-version 1.3.0 (replaces build.trtllm_version of " in result.output, result.output
     assert "llama-eagle.yaml:" not in result.output  # the recipe's own line says 1.2.1: it is not what is wrong
     assert "needs TensorRT-LLM <= 1.2.x" in result.output
+
+
+LLAMA_RECIPES = sorted(n for n in __import__("specbuild.builder.recipe", fromlist=["bundled_recipes"]).bundled_recipes() if n.startswith("llama-"))
+
+
+@pytest.mark.parametrize("version", ["1.2.1", "1.3.0", "1.4.0"])
+@pytest.mark.parametrize("name", LLAMA_RECIPES)
+def test_plan_json_speculative_config_is_the_written_file(name, version, tmp_path):
+    """``plan --json``'s ``speculative_config`` is what the run writes for the planned version (nc3
+    item 3: it used to be the recipe's version-blind view, ``Eagle3`` / ``eagle3_one_model`` on 1.2.1)."""
+    import json
+
+    from click.testing import CliRunner
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.trtllm_plan import with_trtllm_version
+    from specbuild.cli import main
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["plan", name, "--json", "--trtllm-version", version, "-o", str(out)])
+    loaded = load_recipe(name)
+    if loaded.recipe.build.backend == "tensorrt" and version != "1.2.1":
+        assert result.exit_code == 2 and "1.2" in result.output  # the engine path ends at 1.2.x: refused, no JSON
+        return
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)
+    written = plan_for(with_trtllm_version(loaded, version), out).write()
+    assert out / "build.sh" in written
+    options = [p for p in written if p.name == "extra_llm_api_options.yaml"]
+    if loaded.recipe.build.backend == "tensorrt":  # speculation is built into the engine: no file holds a speculative_config
+        assert options == [] and got["speculative_config"] is None and got["speculative_config_file"] is None
+        return
+    (path,) = options
+    assert got["speculative_config_file"] == str(path)
+    assert got["speculative_config"] == yaml.safe_load(path.read_text())["speculative_config"]
+    assert check_speculative_config(dict(got["speculative_config"]), version) == []
+    if loaded.recipe.speculation.method == "eagle3":
+        assert got["speculative_config"]["decoding_type"] == ("Eagle" if version == "1.2.1" else "Eagle3")
+        assert ("eagle3_one_model" in got["speculative_config"]) is (version == "1.2.1")
+        assert ("speculative_model" in got["speculative_config"]) is (version != "1.2.1")
