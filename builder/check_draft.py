@@ -13,6 +13,10 @@ What each engine's loader expects of an EAGLE-3 head (:data:`EAGLE3_LOADERS`; so
     sglang     LlamaForCausalLMEagle3 only   ignored: the target's      the target's only if no  layer outputs
                                                                         draft_vocab_size
 
+vLLM (0.32.0, observed) parses the head's config.json with transformers' ``AutoConfig`` and refuses one without
+``model_type`` (``Unrecognized model in DIR. Should have a `model_type` key``); TensorRT-LLM and SGLang were not
+tried without it (a warning there).
+
 Every :class:`Finding` names the field, what the engine expects and the fix. Statuses: ``ok``,
 ``warn`` (loads, but check it), ``fail`` (the engine refuses it or drafts wrongly), ``skip`` (not
 checkable here).
@@ -93,6 +97,8 @@ class Eagle3Loader:
         aux_ids_count_inputs: ``eagle_aux_hidden_state_layer_ids`` name layer inputs (vLLM), not outputs.
         midlayer_only: the loader matches ``midlayer.*`` only (``layers.0.*`` is silently not loaded).
         source: where this was read.
+        needs_model_type: config.json must carry ``model_type``: the head's config is parsed with
+            transformers' ``AutoConfig``, which refuses a config without one (vLLM 0.32.0, observed).
     """
 
     architectures: tuple[str, ...] | None
@@ -101,6 +107,7 @@ class Eagle3Loader:
     aux_ids_count_inputs: bool
     midlayer_only: bool
     source: str
+    needs_model_type: bool = False
 
 
 EAGLE3_LOADERS: dict[str, Eagle3Loader] = {
@@ -108,7 +115,8 @@ EAGLE3_LOADERS: dict[str, Eagle3Loader] = {
     "trtllm": Eagle3Loader(None, False, "always", False, False,
                            "NVIDIA/TensorRT-LLM@00679c6 tensorrt_llm/_torch/models/modeling_speculative.py"),
     "vllm": Eagle3Loader(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM"), True, "always", True, False,
-                         "vllm-project/vllm@00bd149 vllm/model_executor/models/llama_eagle3.py, @008603a v1/spec_decode/eagle.py"),
+                         "vllm-project/vllm@00bd149 vllm/model_executor/models/llama_eagle3.py, @008603a v1/spec_decode/eagle.py, "
+                         "v0.32.0 vllm/transformers_utils/config.py", needs_model_type=True),
     "sglang": Eagle3Loader(("LlamaForCausalLMEagle3",), False, "without_draft_vocab_size", False, True,
                            "sgl-project/sglang@03d5a77 python/sglang/srt/models/llama_eagle3.py"),
 }
@@ -226,7 +234,7 @@ def _weights_readable(c: Context) -> list[Finding]:
 def _eagle3(c: Context) -> list[Finding]:
     loader = EAGLE3_LOADERS[c.engine]
     checks: list[Callable[[Context, Eagle3Loader], list[Finding]]] = [
-        _e3_architecture, _e3_hidden, _e3_vocab, _e3_lm_head, _e3_d2t, _e3_layers, _e3_tensors, _rope, _embed_tokens, _dtype,
+        _e3_architecture, _e3_model_type, _e3_hidden, _e3_vocab, _e3_lm_head, _e3_d2t, _e3_layers, _e3_tensors, _rope, _embed_tokens, _dtype,
     ]
     return [f for check in checks for f in check(c, loader)]
 
@@ -249,6 +257,21 @@ def _e3_architecture(c: Context, loader: Eagle3Loader) -> list[Finding]:
     return [Finding("architecture", "fail", f"config.json architectures {[arch] if arch else 'missing'}; {c.title} loads EAGLE-3 "
                     f"heads named {' or '.join(loader.architectures)}",
                     'set "architectures": ["LlamaForCausalLMEagle3"] in config.json')]
+
+
+def _e3_model_type(c: Context, loader: Eagle3Loader) -> list[Finding]:
+    model_type = c.draft.config.get("model_type")
+    if model_type is not None or "speculators_config" in c.draft.config:
+        return [Finding("model_type", "ok", f"{model_type}" if model_type else "none; speculators_config names the format")]
+    if not loader.needs_model_type:
+        fix = 'add "model_type": "llama" to config.json: vLLM refuses a head without it'
+        if c.engine == "reference":
+            return [Finding("model_type", "ok", f"absent: {c.title} does not read it")]
+        return [Finding("model_type", "warn", f"absent: not tried with {c.title}; vLLM refuses such a config", fix)]
+    return [Finding("model_type", "fail", f"config.json has no model_type: {c.title} parses the head's config with "
+                    "transformers' AutoConfig, which refuses it (\"Unrecognized model in DIR. Should have a `model_type` "
+                    "key in its config.json\")",
+                    'add "model_type": "llama" to config.json (specbuild check-draft DRAFT --target TARGET --export DIR writes it)')]
 
 
 def _e3_hidden(c: Context, loader: Eagle3Loader) -> list[Finding]:
@@ -520,7 +543,7 @@ def _dtype(c: Context, loader: Any = None) -> list[Finding]:
 # --- EAGLE-1/2, Medusa, draft model ----------------------------------------------------------------------
 
 
-EAGLE3_CONFIG_CHECKS = (_e3_architecture, _e3_hidden, _e3_vocab, _e3_draft_vocab, _e3_layers, _rope)  # config.json only
+EAGLE3_CONFIG_CHECKS = (_e3_architecture, _e3_model_type, _e3_hidden, _e3_vocab, _e3_draft_vocab, _e3_layers, _rope)  # config.json only
 EAGLE_NAMES = ("LlamaForCausalLM", "EagleLlamaForCausalLM", "LlamaForCausalLMEagle")
 
 

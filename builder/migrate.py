@@ -105,6 +105,20 @@ def _context_drafts(loaded: LoadedRecipe, to: str, notes: list[str]) -> dict[str
     return {"method": "ngram", "max_draft_len": k, "max_matching_ngram_size": 3}
 
 
+DRAFT_NAMES = {"eagle3": "EAGLE-3 head", "ngram": "n-gram speculation", "sa": "suffix-automaton speculation",
+               "draft_target": "draft model"}
+
+
+def _description(r, speculation: dict[str, Any]) -> str:
+    """The migrated recipe's one line, from what it now runs (the old one named the old method and draft).
+    Example: ``"lmsys/vicuna-7b-v1.3 + EAGLE-3 head (./eagle3-head-vicuna-7b-v1.3), TensorRT-LLM PyTorch path;
+    migrated from llama-medusa (medusa, engine path)"``."""
+    method = speculation["method"]
+    draft = next((v for k, v in speculation.items() if k.endswith(("_model", "_checkpoint")) and isinstance(v, str)), None)
+    what = DRAFT_NAMES.get(method, method) + (f" ({draft})" if draft else "")
+    return f"{r.target.checkpoint} + {what}, TensorRT-LLM PyTorch path; migrated from {r.name} ({r.speculation.method}, engine path)"
+
+
 def migrate(loaded: LoadedRecipe, *, version: str = DEFAULT_VERSION, eagle_model: str | None = None, to: str = "ngram") -> Migration:
     """``loaded`` (an engine-path recipe) as a PyTorch-path recipe for TensorRT-LLM ``version``.
 
@@ -127,7 +141,7 @@ def migrate(loaded: LoadedRecipe, *, version: str = DEFAULT_VERSION, eagle_model
         speculation = dumped
     raw = r.model_dump(exclude_unset=True, exclude_none=True)
     build = {k: v for k, v in raw.get("build", {}).items() if k in BUILD_KEPT}
-    recipe = {"name": f"{r.name}-pytorch", "description": f"{r.description or r.name}, migrated to the PyTorch path".strip(),
+    recipe = {"name": f"{r.name}-pytorch", "description": _description(r, speculation),
               "target": raw["target"], "speculation": speculation,
               "build": {"backend": "pytorch", **build, "device": "cuda", "trtllm_version": version}}
     for section in ("serve", "verify"):

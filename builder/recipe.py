@@ -229,6 +229,8 @@ class ServeConfig(_Strict):
     stream_interval: int = Field(1, ge=1)
     """Decoding iterations per streamed response (TensorRT-LLM's `LlmArgs.stream_interval`): the first, the
     last and every N-th iteration answer, with the tokens since the previous response (reference backend)."""
+    request_log: str | None = Field(None, min_length=1)
+    """Opt-in request log (reference backend): a JSONL file, relative to the recipe, where the deployment appends each request's prompt text (`{"prompt": ...}`; never outputs) for `specbuild train-draft --from-log`; null: off. docs/training.md, "Retraining on your traffic", has the privacy note."""
 
     @field_validator("host")
     @classmethod
@@ -286,7 +288,7 @@ class VerifyConfig(_Strict):
 
 
 class Recipe(_Strict):
-    """A whole recipe. See the module docstring for an example."""
+    """A whole recipe. Example: the bundled `smollm2-ngram` recipe, below."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """The recipe's name: output folder `specbuild-out/<name>`, model name in the OpenAI front."""
@@ -313,6 +315,14 @@ class Recipe(_Strict):
                 f"speculation.method: {self.speculation.method!r} has no draft to train, so the train: section cannot "
                 f"apply; trainable methods: {', '.join(trainable_methods())}"
             )
+        training = self.speculation.definition.training
+        if self.train is not None and self.train.draft_vocab_size is not None and not training.draft_vocabulary:
+            takers = [name for name, m in registered().items() if m.training is not None and m.training.draft_vocabulary]
+            raise ValueError(
+                f"train.draft_vocab_size: method {self.speculation.method!r} drafts over the target's vocabulary; a reduced "
+                f"draft vocabulary (d2t) is trained for {', '.join(takers)} only: remove draft_vocab_size (or use "
+                "speculative_token_map + train.token_map_size, FR-Spec's hot-token map)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -321,6 +331,10 @@ class Recipe(_Strict):
         world = b.tp_size * b.pp_size
         if b.backend == "reference" and (world > 1 or b.quantization != "none"):
             raise ValueError("build.backend: the reference backend runs on one device unquantized: set build.tp_size/pp_size to 1 and build.quantization to none")
+        if b.backend != "reference" and self.serve.request_log is not None:
+            raise FieldProblem(("serve", "request_log"), "the request log is written by the reference backend's preprocessing "
+                               "model; a TensorRT-LLM deployment runs upstream's: remove serve.request_log, or log prompts "
+                               "in your own front")
         if b.backend == "reference":
             if b.max_beam_width > 1:
                 raise ValueError("build.max_beam_width: the reference engine decodes one beam (greedy or sampled); set it to 1")
@@ -685,10 +699,36 @@ def _method_of(err: dict[str, Any]) -> str:
     return loc[1] if len(loc) > 1 and loc[0] == "speculation" else "none"
 
 
+def _missing_local_checkpoints(loaded: LoadedRecipe) -> list[str]:
+    """TensorRT-LLM recipes (planned here, run on a GPU machine): a target or draft named by a local
+    path (not a Hugging Face ``org/name`` id, which the plan downloads) that does not exist, e.g. the
+    head ``specbuild migrate`` names when none is published. A warning, not an error: the directory
+    may be made on the GPU machine; the reference backend refuses a missing one outright."""
+    r = loaded.recipe
+    if r.build.backend == "reference":
+        return []
+    spec = r.speculation
+    named = [("target", "checkpoint", r.target.checkpoint,
+              "download the target there (hf download ORG/NAME --local-dir DIR) or name its Hugging Face id")]
+    if spec.weights_path and r.train is None:
+        named.append(("speculation", spec.definition.weights.field, spec.weights_path,
+                      f"train the {spec.method} draft into it (EAGLE-3: TensorRT-LLM's EAGLE-3 training recipe), "
+                      "download a published one there (hf download ORG/NAME --local-dir DIR), or name its Hugging Face id"))
+    out = []
+    for section, name, value, fix in named:
+        is_hf_id = value.count("/") == 1 and not value.startswith((".", "/", "~"))  # as the plan's download step decides
+        path = loaded.resolve_path(value)
+        if not is_hf_id and not path.exists():
+            out.append(_format_error(loaded.path, loaded.line_of(section, name), (section, name),
+                                     f"{path} does not exist on this machine; before the run, {fix}"))
+    return out
+
+
 def recipe_warnings(loaded: LoadedRecipe) -> list[str]:
     """Settings that are valid but risky, one ``file:line: field: what and what to do`` each:
     a server bound beyond this machine (no authentication), ``trust_remote_code``, and a reduced
-    ``target.dtype`` on the reference backend's CPU (greedy equality then holds up to logit near-ties)."""
+    ``target.dtype`` on the reference backend's CPU (greedy equality then holds up to logit near-ties),
+    and a TensorRT-LLM recipe's local checkpoint or draft directory that does not exist (yet)."""
     r = loaded.recipe
     warnings = []
     if not is_loopback(r.serve.host):
@@ -714,4 +754,4 @@ def recipe_warnings(loaded: LoadedRecipe) -> list[str]:
             "equals plain decoding only up to logit near-ties (a near-tie may pick the other token; `verify` reports the "
             "logit margin at any divergence); float32, the default on CPU, keeps it exact",
         ))
-    return warnings
+    return warnings + _missing_local_checkpoints(loaded)

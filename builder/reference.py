@@ -315,7 +315,7 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
         "pretrained_config": _pretrained_config(model.config, r.target.dtype),
         "build_config": _build_config(loaded),
         # Paths inside the engine directory are implicit (the draft is engine_dir/draft).
-        "speculative_config": _with_runtime_controls(_without_paths(r.speculation.to_llm_api()), r.build),
+        "speculative_config": engine_speculative_config(r),
         "specbuild": {
             "version": __version__,
             "recipe": r.name,
@@ -449,6 +449,14 @@ def _write_token_map(loaded: LoadedRecipe, config: dict, out: Path, *, log) -> N
     log(f"draft vocabulary: {len(ids)} of {vocab} tokens ({path.name})")
 
 
+def engine_speculative_config(recipe) -> dict | None:
+    """The ``speculative_config`` the reference build writes into ``engine_dir/config.json`` for
+    ``recipe`` (a :class:`~specbuild.builder.recipe.Recipe`): the method's LLM-API keys without model
+    paths (the draft is ``engine_dir/draft``) plus the ``build`` runtime controls that are set; the
+    build adds the hot-token map's engine file name when the recipe has one. ``None``: plain decoding."""
+    return _with_runtime_controls(_without_paths(recipe.speculation.to_llm_api()), recipe.build)
+
+
 def _with_runtime_controls(config: dict | None, build) -> dict | None:
     """``config`` plus the recipe's ``build.draft_len_schedule`` / ``max_concurrency`` /
     ``acceptance_window`` / ``acceptance_length_threshold`` that are set, under TensorRT-LLM's names
@@ -506,7 +514,7 @@ def _pretrained_config(hf_config, dtype: str) -> dict:
 
 def _build_config(loaded: LoadedRecipe) -> dict:
     b, spec = loaded.recipe.build, loaded.recipe.speculation
-    k = spec.max_draft_len
+    k = spec.draft_tokens_per_step  # the verify block's drafts: a dynamic tree's nodes, not its depth
     return {
         "max_batch_size": b.max_batch_size,
         "max_input_len": b.max_input_len,

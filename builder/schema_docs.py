@@ -101,6 +101,10 @@ def _reachable(schema: dict[str, Any], defs: dict[str, Any]) -> list[str]:
     return order
 
 
+EXAMPLE_RECIPE = "smollm2-ngram"
+"""The top level's example in recipe-reference.md: this bundled recipe (the quick start's), verbatim."""
+
+
 def _anchor(name: str) -> str:
     return name.lower()
 
@@ -110,6 +114,10 @@ def _model_section(name: str, model: dict[str, Any], defs: dict[str, Any]) -> li
     lines = [f"## {title}" if name == "Recipe" else f'<a id="{_anchor(name)}"></a>\n## {title}', ""]
     if model.get("description"):
         lines += [_one_paragraph(model["description"]), ""]
+    if name == "Recipe":
+        from specbuild.builder.recipe import bundled_recipes
+
+        lines += ["```yaml", bundled_recipes()[EXAMPLE_RECIPE].read_text().rstrip(), "```", ""]
     required = set(model.get("required", []))
     properties = model.get("properties", {})
     described = any(prop.get("description") for prop in properties.values())

@@ -145,7 +145,7 @@ def training_status(loaded: LoadedRecipe) -> str:
         prompts = f"first {config.max_prompts} of " if config.max_prompts else ""
         estimate = training_estimate(loaded)
         return (
-            f"not trained yet: trains first ({prompts}{config.prompts} x {config.samples_per_prompt} response(s) of up to "
+            f"not trained yet: trains first ({prompts}{config.prompts_label} x {config.samples_per_prompt} response(s) of up to "
             f"{config.max_new_tokens} tokens{texts}; {config.steps} steps of {config.batch_tokens} tokens"
             + ("" if estimate is None else f"; {estimate.describe()}") + f") -> {info['artefact']}"
         )
@@ -197,6 +197,7 @@ def train_draft(
     from specbuild.util.checkpoints import materialize_checkpoint
     from specbuild.builder.reference import locate_target
     from specbuild.engine.target import load_target
+    from specbuild.prompts import render_messages
     from specbuild.tokenizer import load_tokenizer
 
     from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_fingerprint, training_prompts
@@ -226,6 +227,10 @@ def train_draft(
     checkpoint = materialize_checkpoint(source, log=log)
     target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
     tokenizer = load_tokenizer(checkpoint)
+    try:  # chat logs and bundled user messages go inside the target's chat template
+        train_prompts, held_out = render_messages(train_prompts, tokenizer), render_messages(held_out, tokenizer)
+    except ValueError as exc:
+        raise loaded.error(("train", "prompts"), str(exc)) from None
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log, texts=texts,
                               responses_key=responses_fingerprint(target_fp, train_prompts, config))
@@ -250,6 +255,170 @@ def train_draft(
     if map_path is not None:
         write_frequent_tokens(data.path, map_path, config.token_map_size, log=log)
     return TrainOutcome(artefact, fingerprint, False, card)
+
+
+# --- fine-tuning on served traffic (train-draft --from-log) ------------------------------------------
+
+FINE_TUNE_STEP_SHARE = 0.2  # default --steps: a fifth of the recipe's train.steps ...
+FINE_TUNE_MIN_STEPS = 50  # ... and at least this many
+FINE_TUNE_LR_SHARE = 1 / 3  # the weights are trained already: a third of the recipe's peak learning rate
+BACKUP_SUFFIX = ".previous"
+
+
+@dataclass(frozen=True)
+class FineTuneOutcome:
+    """A fine-tuned draft: where it is, where the weights it replaced went, its model card, and how many
+    logged prompts were used (after duplicates and held-out prompts were dropped)."""
+
+    artefact: Path
+    backup: Path
+    card: dict
+    prompts_used: int
+    dropped_duplicates: int
+    dropped_held_out: int
+
+
+def fine_tune_config(config: TrainConfig, request_log: Path, steps: int | None = None) -> TrainConfig:
+    """The ``train:`` settings for fine-tuning on ``request_log``: its prompts only (no ``texts``, no
+    ``max_prompts``), ``steps`` (default :data:`FINE_TUNE_STEP_SHARE` of ``train.steps``, at least
+    :data:`FINE_TUNE_MIN_STEPS`), a third of the learning rate, warm-up at most a tenth of the steps;
+    every other setting (response length, samples, batch, method settings) as the recipe says.
+
+    Example: ``steps: 3000, learning_rate: 3e-4`` -> 600 steps at 1e-4.
+    """
+    steps = steps or max(FINE_TUNE_MIN_STEPS, round(config.steps * FINE_TUNE_STEP_SHARE))
+    return config.model_copy(update={
+        "prompts": str(request_log), "max_prompts": None, "texts": None, "steps": steps,
+        "learning_rate": config.learning_rate * FINE_TUNE_LR_SHARE, "warmup_steps": min(config.warmup_steps, steps // 10),
+        "checkpoint_every": min(config.checkpoint_every, steps),
+    })
+
+
+def log_prompts(request_log: Path, held_out_source: str, *, base_dir: Path) -> tuple[list, list, int, int]:
+    """``(training prompts, held-out prompts, duplicates dropped, held-out dropped)`` from a request log
+    (:mod:`specbuild.triton_repo.request_log`'s lines, or any file ``train.prompts`` reads). Repeated
+    prompts are kept once, and logged prompts that are held-out prompts (a ``specbuild verify`` run
+    against the deployment logs them) are dropped, so held-out acceptance stays held out.
+
+    Raises:
+        TrainDataError: the log cannot be read (the message names the file and line), or nothing is left.
+    """
+    from specbuild.prompts import PromptSourceError
+    from specbuild.train.data import TrainDataError, load_source
+
+    try:
+        logged = load_source(str(request_log), base_dir=base_dir)
+        held_out = load_source(held_out_source, base_dir=base_dir)
+    except PromptSourceError as exc:
+        raise TrainDataError(f"--from-log: {exc}") from None
+    unique = list({(p.text, p.messages): p for p in reversed(logged)}.values())[::-1]  # first occurrence kept
+    held_texts = {p.text for p in held_out}
+    train = [p for p in unique if p.text not in held_texts]
+    if not train:
+        raise TrainDataError(f"--from-log: {request_log} holds no prompt that is not a held-out prompt "
+                             f"({len(logged)} lines); serve traffic with serve.request_log set first")
+    return train, held_out, len(logged) - len(unique), len(unique) - len(train)
+
+
+def fine_tune_from_log(
+    loaded: LoadedRecipe, request_log: Path, *, steps: int | None = None, log=print, show_progress: bool = True,
+    on_step=None, evaluate: bool = True,
+) -> FineTuneOutcome:
+    """Fine-tune the recipe's existing draft on the prompts of ``request_log``, the responses written by
+    the target (self-distillation, as :func:`train_draft`), starting from the draft's own weights.
+
+    The new draft replaces the old one atomically; the old one is kept beside it as
+    ``<artefact>.previous`` (an earlier backup is replaced). Its model card keeps the old card's
+    fingerprint, so ``specbuild recipe`` serves the fine-tuned draft while the ``train:`` section is
+    unchanged (``train-draft --force`` retrains from scratch), and records the fine-tuning under
+    ``fine_tuned``. Settings: :func:`fine_tune_config`.
+
+    Raises:
+        RecipeError: no ``train:`` section or nothing to train; no draft at the artefact path yet (train
+            one first); an unreadable or empty log; a draft that does not fit the recipe's settings.
+    """
+    import torch
+
+    from specbuild.builder.reference import locate_target
+    from specbuild.engine.target import load_target
+    from specbuild.prompts import render_messages
+    from specbuild.tokenizer import load_tokenizer
+    from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, responses_fingerprint
+    from specbuild.train.loop import INIT_WEIGHTS
+    from specbuild.util.atomic import staging_dir
+    from specbuild.util.checkpoints import materialize_checkpoint
+
+    artefact = artefact_path(loaded)
+    weights = sorted(artefact.glob("*.safetensors")) if artefact.is_dir() else []
+    if not weights:
+        raise loaded.error(("speculation",), f"--from-log fine-tunes the existing draft, but {artefact} holds no trained "
+                           f"weights (*.safetensors); train it first: specbuild train-draft {loaded.path}")
+    config = fine_tune_config(loaded.recipe.train, request_log.resolve(), steps)
+    try:
+        train_prompts, held_out, duplicates, dropped = log_prompts(request_log, config.held_out, base_dir=loaded.path.parent)
+    except TrainDataError as exc:
+        raise loaded.error(("train", "prompts"), str(exc)) from None
+    log(f"request log {request_log}: {len(train_prompts)} prompts ({duplicates} repeats and {dropped} held-out prompts dropped)")
+    previous = json.loads((artefact / CARD_JSON).read_text()) if (artefact / CARD_JSON).is_file() else {}
+    source = locate_target(loaded)
+    target_fp = source.fingerprint()
+    data_fp = data_fingerprint(target_fp, train_prompts, config)
+    initial = hashlib.sha256(b"".join(hashlib.sha256(w.read_bytes()).digest() for w in weights)).hexdigest()[:16]
+    run_fp = hashlib.sha256(f"{train_fingerprint(loaded, data_fp)}:from:{initial}:{config.steps}".encode()).hexdigest()[:16]
+
+    device = torch.device("cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
+    checkpoint = materialize_checkpoint(source, log=log)
+    target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
+    tokenizer = load_tokenizer(checkpoint)
+    try:
+        train_prompts, held_out = render_messages(train_prompts, tokenizer), render_messages(held_out, tokenizer)
+    except ValueError as exc:
+        raise loaded.error(("train", "prompts"), f"--from-log: {exc}") from None
+    start = time.perf_counter()
+    data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log,
+                              responses_key=responses_fingerprint(target_fp, train_prompts, config))
+    data_s = time.perf_counter() - start
+    ckpt_dir = cache_dir() / "train-checkpoints" / f"finetune-{run_fp}"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if not (ckpt_dir / INIT_WEIGHTS).is_file():
+        _write_initial_weights(weights, ckpt_dir / INIT_WEIGHTS)
+    backup = artefact.with_name(artefact.name + BACKUP_SUFFIX)
+    with staging_dir(artefact) as tmp:
+        spec = loaded.recipe.speculation
+        common = {"device": device, "log": log, "show_progress": show_progress, "on_step": on_step}
+        try:
+            result = spec.definition.training.train(spec, target, tokenizer, data, config, tmp, ckpt_dir, **common)
+        except ValueError as exc:
+            raise loaded.error(("train",), str(exc)) from None
+        acceptance = None
+        if evaluate and config.eval_prompts > 0:
+            acceptance = _evaluate(loaded, target, tokenizer, held_out[: config.eval_prompts], tmp, config, log)
+        card = _card(loaded, previous.get("fingerprint", run_fp), data, config, result, data_s, acceptance, device, len(train_prompts))
+        card["fine_tuned"] = {
+            "from_log": str(request_log.resolve()), "prompts": len(train_prompts), "repeats_dropped": duplicates,
+            "held_out_dropped": dropped, "steps": config.steps, "learning_rate": config.learning_rate,
+            "initial_weights_sha256": initial, "previous_card": previous or None, "backup": str(backup),
+        }
+        (tmp / CARD_JSON).write_text(json.dumps(card, indent=2) + "\n")
+        (tmp / CARD_MD).write_text(_card_markdown(card) + f"- fine-tuned from its previous weights (kept in `{backup}`) on "
+                                   f"{len(train_prompts)} prompts of the request log `{request_log}`, {config.steps} steps\n")
+        with staging_dir(backup) as old:  # the replaced draft, kept whole
+            shutil.copytree(artefact, old, dirs_exist_ok=True)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    log(f"fine-tuned draft written: {artefact} (the previous one: {backup})")
+    return FineTuneOutcome(artefact, backup, card, len(train_prompts), duplicates, dropped)
+
+
+def _write_initial_weights(weights: list[Path], out: Path) -> None:
+    """Every tensor of the draft's safetensors files, in one file (:data:`specbuild.train.loop.INIT_WEIGHTS`)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = {}
+    for w in weights:
+        tensors.update(load_file(str(w)))
+    tmp = out.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    tmp.replace(out)
 
 
 def token_map_to_write(loaded: LoadedRecipe, *, force: bool = False) -> Path | None:
@@ -278,16 +447,15 @@ def write_frequent_tokens(data_dir: Path, out: Path, size: int, *, log=print) ->
     Only predicted tokens are listed, so the map is shorter than ``size`` when fewer were seen; the file
     records how many were seen and the share of predictions the map covers.
     """
-    import torch
     from safetensors import safe_open
 
-    from specbuild.methods.token_map import write_token_map
+    from specbuild.methods.token_map import frequency_order, write_token_map
 
     with safe_open(str(data_dir / "features.safetensors"), framework="pt") as f:
         top1 = f.get_tensor("top1")
-    counts = torch.bincount(top1, minlength=int(top1.max()) + 1)
+    order, counts = frequency_order(top1)
     seen = int((counts > 0).sum())
-    order = torch.argsort(-counts, stable=True)[: min(size, seen)]  # stable: equal counts keep id order
+    order = order[: min(size, seen)]
     covered = int(counts[order].sum()) / max(int(counts.sum()), 1)
     write_token_map(out, order.tolist(), token_map_size=size, counted_over=str(data_dir.name), positions=int(top1.numel()),
                     distinct_tokens_seen=seen, coverage=round(covered, 6))
@@ -329,7 +497,7 @@ def _card(loaded, fingerprint, data, config, result, data_s, acceptance, device,
         "target": loaded.recipe.target.checkpoint,
         "recipe": str(loaded.path),
         "data": {
-            "prompts": config.prompts, "num_prompts": num_prompts, "held_out": config.held_out,
+            "prompts": config.prompts_label, "num_prompts": num_prompts, "held_out": config.held_out,
             "sequences": data.num_sequences, "tokens": data.num_tokens,
             "generated_tokens": int(data.num_tokens - int(data.prompt_lens.sum())),
             "max_new_tokens": config.max_new_tokens, "samples_per_prompt": config.samples_per_prompt,
@@ -373,4 +541,4 @@ def _card_markdown(card: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["RecipeError", "TrainOutcome", "artefact_path", "train_draft", "train_fingerprint", "training_info", "training_status"]
+__all__ = ["FineTuneOutcome", "RecipeError", "TrainOutcome", "fine_tune_from_log", "artefact_path", "train_draft", "train_fingerprint", "training_info", "training_status"]

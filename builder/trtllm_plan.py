@@ -138,6 +138,16 @@ class TrtllmPlan:
     notes: tuple[str, ...] = field(default=())
     trtllm_version: str = ""  # which TensorRT-LLM the files are written for (PlannedVersion.describe)
     version: str | None = None  # that version's number (None: not pinned; "1.2": the engine path's default line)
+    # PyTorch path: the dict written as extra_llm_api_options.yaml (files[0]); None on the engine path
+    llm_api_options: dict[str, Any] | None = None
+
+    @property
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The ``speculative_config`` the plan writes, exactly (the PyTorch path's
+        ``extra_llm_api_options.yaml``, for the planned version); ``None`` on the engine path, which
+        writes none (speculation is built into the engine by ``trtllm-build --speculative_decoding_mode``)
+        and for plain decoding."""
+        return None if self.llm_api_options is None else self.llm_api_options.get("speculative_config")
 
     def lines(self) -> list[str]:
         """Human-readable plan: one block per step (command, outputs, log), then the files."""
@@ -570,7 +580,7 @@ def plan_pytorch(loaded: LoadedRecipe, output_dir: Path, *, version: str | None 
              *(("--gpus_per_node", str(p.gpus_per_node)) if p.nodes > 1 else ()))
     return TrtllmPlan(r.name, "pytorch", output_dir, p, tuple(steps), files, EngineDirs(None), serve, tokenizer_dir=target_hf,
                       draft_dir=draft_dir if spec.definition.weights and spec.definition.weights.draft_model else None, trtllm_version=planned.describe("pytorch"),
-                      version=planned.version)
+                      version=planned.version, llm_api_options=options)
 
 
 def _version_independent_options(loaded: LoadedRecipe, draft_dir: Path | None) -> dict[str, Any]:

@@ -315,12 +315,16 @@ class SpecClient(_Client):
         Raises ``ServerUnavailableError`` naming the url (server down), or ``ModelNotReadyError``
         naming the model (with the repository's model states when the server can list them).
         """
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline = start + timeout_s
         while True:
             problem = self._readiness_problem(poll_timeout_s=max(poll_s, 1.0))
             if problem is None:
                 return
-            if time.monotonic() >= deadline or ": use --protocol " in problem[1]:  # the port speaks the other protocol
+            if ": use --protocol " in problem[1]:  # the port speaks the other protocol: no point waiting
+                raise problem[0](f"{problem[1]} (found after {time.monotonic() - start:.1f} s; not waiting for the rest of "
+                                 f"the {timeout_s:g} s: a server is there, speaking the other protocol)")
+            if time.monotonic() >= deadline:
                 raise problem[0](f"{problem[1]} (waited {timeout_s:g} s)")
             time.sleep(poll_s)
 

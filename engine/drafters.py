@@ -109,6 +109,17 @@ def batch_key(drafter: Drafter) -> Hashable | None:
     return drafter.batch_key if isinstance(drafter, BatchDrafter) else None
 
 
+class GroupedByProposer:
+    """A :class:`BatchDrafter` half: rows group by their proposer's ``batch_key`` (the engine's one
+    draft head: EAGLE, EAGLE-3), so one head call serves them all. The class adds ``draft_batch``."""
+
+    proposer: Any
+
+    @property
+    def batch_key(self) -> Hashable | None:
+        return self.proposer.batch_key
+
+
 class PlainDrafter:
     """No speculation (``num_draft_tokens == 0``): a one-token block every step."""
 
@@ -264,6 +275,7 @@ class EngineMethod:
 
 
 __all__ = [
-    "BatchDrafter", "ChainDrafter", "Draft", "Drafter", "EngineMethod", "MethodContext", "PlainDrafter", "Proposer",
+    "BatchDrafter", "ChainDrafter", "Draft", "Drafter", "EngineMethod", "GroupedByProposer", "MethodContext", "PlainDrafter",
+    "Proposer",
     "StepResult", "as_draft", "batch_key", "chain_drafter",
 ]

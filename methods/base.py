@@ -88,6 +88,12 @@ class MethodParams(StrictModel):
         weights = self.definition.weights
         return None if weights is None else getattr(self, weights.field)
 
+    @property
+    def draft_tokens_per_step(self) -> int:
+        """Draft tokens one verify step holds at most (the reference engine's block is one more): ``max_draft_len``,
+        unless the method counts its tree's nodes apart from its depth (EAGLE-3's ``max_total_draft_tokens``)."""
+        return self.max_draft_len
+
     def to_llm_api(self) -> dict[str, Any] | None:
         """TensorRT-LLM LLM-API ``speculative_config`` (``None``: no speculation)."""
         return None
@@ -338,10 +344,13 @@ class Training:
             :class:`Entry` (``"specbuild.methods.<m>.train:train"``; a string is taken as one).
         held_out_config: ``(params, artefact, k)`` -> the reference engine's speculative_config that
             measures ``artefact`` as a chain of ``k`` draft tokens.
+        draft_vocabulary: the method trains over a reduced draft vocabulary when ``train.draft_vocab_size``
+            is set (EAGLE-3's ``d2t``); a recipe setting it for another method is refused.
     """
 
     train: Entry
     held_out_config: Callable[[Any, Path, int], dict[str, Any]]
+    draft_vocabulary: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train", as_entry(self.train))
@@ -354,7 +363,8 @@ def chain(draft_len: int) -> list[list[int]]:
 
 def chain_of(spec: MethodParams, artefact: Path, draft_len: int) -> dict[str, Any]:
     """A :attr:`Training.held_out_config` for a method that drafts chains: its ``decoding_type``,
-    ``max_draft_len = draft_len`` and the artefact as ``speculative_model_dir``."""
+    ``max_draft_len = draft_len`` and the artefact as ``speculative_model_dir`` (a tree method adds
+    its tree as :func:`chain` ``(draft_len)``)."""
     return {"decoding_type": spec.decoding_type, "max_draft_len": draft_len, "speculative_model_dir": str(artefact)}
 
 

@@ -4,6 +4,7 @@ A head directory holds ``config.json`` and one weight file (safetensors first; P
 only with ``torch.load(weights_only=True)``). Before any long work the builder locates it
 (:func:`locate_head_dir`) and compares its config.json with the target's (:func:`check_head_sizes`);
 the tensors themselves are read when the engine directory is built (:func:`refuse_unreadable`).
+:func:`head_weights` declares all of this for a method (its :class:`~specbuild.methods.base.Weights`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .base import ReferenceWeights, Weights
+
 if TYPE_CHECKING:
     from specbuild.util.checkpoints import CheckpointSource
     from specbuild.builder.recipe import LoadedRecipe
 
 T = TypeVar("T")
+
+
+def head_weights(
+    method: str, *, field: str, what: str, locate: Callable[[LoadedRecipe], CheckpointSource],
+    check_fit: Callable[[LoadedRecipe, Path, Path], None], fingerprint_key: str | None = None,
+) -> Weights:
+    """The :class:`~specbuild.methods.base.Weights` of a draft-head method (Medusa, EAGLE, EAGLE-3): the head
+    directory named by ``speculation.<field>``, located by ``locate`` and checked against the target by
+    ``check_fit``, downloaded to ``hf/<method>`` on the TensorRT-LLM path and held as ``<method>/`` in a
+    reference engine directory, read and written there by ``read_for_build`` / ``write_for_build`` of
+    ``specbuild.methods.<method>.engine``. ``fingerprint_key`` (default ``method``): its entry in the
+    engine fingerprint.
+
+    Example: ``head_weights("medusa", field="medusa_model", what="the Medusa head directory", locate=...,
+    check_fit=...)``.
+    """
+    engine = f"specbuild.methods.{method}.engine"
+    reference = ReferenceWeights(subdir=method, locate=locate, load=f"{engine}:read_for_build", write=f"{engine}:write_for_build",
+                                 fingerprint_key=fingerprint_key or method)
+    return Weights(field=field, what=what, role=method, check_fit=check_fit, reference=reference)
 
 
 def locate_head_dir(loaded: LoadedRecipe, *, field: str, weight_files: tuple[str, ...], label: str, hint: str) -> CheckpointSource:

@@ -155,6 +155,34 @@ def _tensor_ids(tensor: object, path: Path) -> list[object]:
     return tensor.tolist()
 
 
+def frequency_order(predictions, vocab_size: int | None = None):
+    """Token ids ordered by how often they occur in ``predictions`` (most frequent first, equal counts by
+    id), and the counts: the ranking behind a hot-token map (FR-Spec, Zhao et al. 2025, §3) and an EAGLE-3
+    draft vocabulary (:func:`specbuild.methods.eagle3.train.draft_vocabulary`).
+
+    Args:
+        predictions: ``[N]`` long token ids (e.g. the target's argmax at every training position).
+        vocab_size: count over ``[0, vocab_size)`` so the order lists every id, unseen ones last (by id);
+            None: over ``[0, max id]``.
+
+    Returns:
+        ``(order [V] long, counts [V] long)``.
+
+    Raises:
+        ValueError: an id outside ``[0, vocab_size)``.
+
+    Example: predictions ``[5, 2, 5, 7, 2, 5]``, vocab_size 8 -> order ``[5, 2, 7, 0, 1, 3, 4, 6]``.
+    """
+    import torch
+
+    predictions = predictions.long().flatten()
+    if vocab_size is not None and predictions.numel() and not 0 <= int(predictions.min()) <= int(predictions.max()) < vocab_size:
+        raise ValueError(f"token ids must lie in [0, {vocab_size}); got [{int(predictions.min())}, {int(predictions.max())}]")
+    size = vocab_size if vocab_size is not None else int(predictions.max()) + 1 if predictions.numel() else 0
+    counts = torch.bincount(predictions, minlength=size)
+    return torch.argsort(-counts, stable=True), counts  # stable: equal counts keep id order
+
+
 def write_token_map(path: str | Path, token_ids: Sequence[int], **about: object) -> Path:
     """Write ``{"format", "token_ids", **about}`` as JSON to ``path``, atomically (a reader never sees half).
 

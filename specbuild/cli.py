@@ -175,7 +175,7 @@ def recipe_command(recipe: str, output_dir: str | None, dry_run: bool, rebuild: 
 @click.argument("recipe")
 @click.option("--output-dir", "-o", help="Deployment directory the plan refers to [./specbuild-out/NAME].")
 @click.option("--trtllm-version", help="TensorRT-LLM version to plan for when none is installed (overrides build.trtllm_version).")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (stages, warnings, speculative_config) on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (stages, warnings, speculative_config exactly as the run writes it) on stdout.")
 @click.option("--allow-unverified-trtllm", is_flag=True, help="Plan for a TensorRT-LLM newer than the newest verified line (1.4), with a warning.")
 def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None, as_json: bool, allow_unverified_trtllm: bool) -> None:
     """Validate RECIPE and print what `specbuild recipe` would do (same as --dry-run).
@@ -300,8 +300,8 @@ def check_draft_command(draft: str, target: str, engine: str, method: str | None
     """Check DRAFT (an EAGLE-3 or EAGLE head, Medusa heads, a draft model) against --target for --engine.
 
     From config.json and safetensors headers (plus d2t, t2d and embed_tokens values; pickles are never
-    opened): architecture name, hidden size, vocab_size / draft_vocab_size / lm_head rows, d2t offsets
-    (target id = i + d2t[i] in [0, vocab)), auxiliary layer ids, rope settings, embed_tokens against the
+    opened): architecture name, model_type, hidden size, vocab_size / draft_vocab_size / lm_head rows,
+    d2t offsets (target id = i + d2t[i] in [0, vocab)), auxiliary layer ids, rope settings, embed_tokens against the
     target's, tensor names and shapes, dtype. Each failure names the field, what the engine expects and
     the fix. Exit status: 0 every check passed (warnings allowed), 4 a check failed, 2 bad input.
 
@@ -434,7 +434,12 @@ def _retire_report(paths, rebuilt: bool) -> None:
 @click.argument("recipe")
 @click.option("--force", is_flag=True, help="Retrain even if the draft on disk was trained with the same data and settings.")
 @click.option("--no-eval", is_flag=True, help="Skip the held-out acceptance measurement for the model card.")
-def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
+@click.option("--from-log", "from_log", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Fine-tune the EXISTING draft on the prompts of this request log (serve.request_log; or any JSONL "
+                   "train.prompts reads), the target writing the responses; the old draft is kept as ARTEFACT.previous.")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="With --from-log: optimizer steps [a fifth of train.steps, at least 50].")
+def train_draft_command(recipe: str, force: bool, no_eval: bool, from_log: Path | None, steps: int | None) -> None:
     """Train RECIPE's draft from its target, as its `train:` section says.
 
     Self-distillation: the target generates responses to the training prompts, then an EAGLE head,
@@ -444,14 +449,26 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
     acceptance). Skipped while the data and settings are unchanged; an interrupted run resumes from
     its last checkpoint. `specbuild recipe` runs this stage itself before the build.
 
+    With --from-log the existing draft is fine-tuned from its own weights on served traffic (the
+    prompts a deployment with `serve.request_log` wrote); then re-run `specbuild recipe` (re-verify)
+    and `specbuild tune` (re-measure). docs/training.md: "Retraining on your traffic".
+
     \b
     Examples:
       specbuild train-draft smollm2-eagle
       specbuild train-draft recipes/smollm2-medusa.yaml --force
+      specbuild train-draft my-eagle.yaml --steps 300 \\
+          --from-log logs/requests.jsonl
     """
     from specbuild.builder.recipe import RecipeError
-    from specbuild.builder.train_stage import artefact_path, train_draft
+    from specbuild.builder.train_stage import artefact_path, fine_tune_from_log, train_draft
 
+    if steps is not None and from_log is None:
+        raise bad_input("--steps goes with --from-log (a full training run takes train.steps from the recipe)")
+    if force and from_log is not None:
+        raise bad_input("--force retrains from scratch and --from-log fine-tunes the existing draft: give one of them")
+    if from_log is not None and not from_log.is_file():
+        raise bad_input(f"--from-log: no such file {from_log} (a deployment writes it where serve.request_log says)")
     loaded = _load(recipe)
     try:
         artefact_path(loaded)  # no train: section, or nothing to train: refused before torch is imported
@@ -460,7 +477,10 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
     _check(loaded)
     _warn(loaded)
     try:
-        outcome = train_draft(loaded, force=force, log=click.echo, evaluate=not no_eval)
+        if from_log is not None:
+            outcome = fine_tune_from_log(loaded, from_log, steps=steps, log=click.echo, evaluate=not no_eval)
+        else:
+            outcome = train_draft(loaded, force=force, log=click.echo, evaluate=not no_eval)
     except RecipeError as exc:
         raise bad_input(str(exc)) from None
     except KeyboardInterrupt:
@@ -472,6 +492,11 @@ def train_draft_command(recipe: str, force: bool, no_eval: bool) -> None:
             f"held-out mean acceptance length {held_out['mean_acceptance_length']:.3f} "
             f"(draft length {held_out['draft_len']}, {held_out['prompts']} prompts)"
         )
+    if from_log is not None:
+        click.echo(f"fine-tuned: {outcome.artefact} (previous draft kept in {outcome.backup})")
+        click.echo(f"next: specbuild recipe {recipe}   (re-verify: lossless, speed-up)\n"
+                   f"      specbuild tune {recipe}     (re-measure the draft length and concurrency frontier)")
+        return
     click.echo(f"{'reused' if outcome.reused else 'trained'}: {outcome.artefact}")
 
 

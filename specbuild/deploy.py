@@ -242,8 +242,9 @@ def build_recipe(
         engine = build_reference_engine(loaded, paths.engine_dir, force=rebuild, log=log, inputs=checked.reference)
     repo_dir = repository_dir(paths, decoupled=decoupled, recipe_decoupled=serve.decoupled)
     with stage("repository"), _reported(loaded, "repository"):
+        request_log = str(loaded.resolve_path(serve.request_log).resolve()) if serve.request_log else ""
         spec = spec_from_engine_dir(paths.engine_dir, instance_count=serve.instance_count, decoupled=decoupled,
-                                    stream_interval=serve.stream_interval)
+                                    stream_interval=serve.stream_interval, request_log=request_log)
         write_reference_repository(spec, repo_dir)
     if repo_dir != paths.repo_dir:
         mode = "decoupled" if decoupled else "not decoupled"

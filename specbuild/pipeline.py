@@ -307,16 +307,42 @@ def runs_on(loaded: LoadedRecipe) -> str:
     return "CPU" if b.backend == "reference" and b.device == "cpu" else "GPU"
 
 
+def planned_speculative_config(loaded: LoadedRecipe, paths: RunPaths) -> tuple[dict | None, str | None]:
+    """``(speculative_config, file)``: exactly the ``speculative_config`` the run writes, and where.
+
+    - reference backend: ``engine_dir/config.json``'s (:func:`specbuild.builder.reference.engine_speculative_config`);
+    - TensorRT-LLM PyTorch path: ``extra_llm_api_options.yaml``'s, spelt for the planned TensorRT-LLM
+      version (e.g. EAGLE-3: ``decoding_type: Eagle`` and ``speculative_model_dir`` on 1.2.x,
+      ``Eagle3`` and ``speculative_model`` from 1.3), taken from the dict the plan writes;
+    - TensorRT-LLM engine path: ``(None, None)``: speculation is built into the engine
+      (``trtllm-build --speculative_decoding_mode``) and no file holds a ``speculative_config``.
+
+    ``None`` config for plain decoding. Raises ``RecipeError`` as :func:`plan_lines` does.
+    """
+    r = loaded.recipe
+    if r.build.backend == "reference":
+        from specbuild.builder.reference import engine_speculative_config
+
+        config = engine_speculative_config(r)
+        return config, None if config is None else str(paths.engine_dir / "config.json")
+    from specbuild.builder.trtllm_plan import plan_for
+    from specbuild.builder.trtllm_version import installed_version
+
+    plan = plan_for(loaded, paths.output_dir, version=installed_version())
+    if plan.llm_api_options is None or plan.speculative_config is None:
+        return None, None
+    return plan.speculative_config, str(plan.files[0].path)
+
+
 def plan_json(loaded: LoadedRecipe, paths: RunPaths, stages: list[str], warnings: list[str]) -> dict:
-    """``specbuild plan --json``: the recipe, where it runs, the LLM-API ``speculative_config``
-    (None for plain decoding and ReDrafter, which has none), training, the stage lines and warnings."""
+    """``specbuild plan --json``: the recipe, where it runs, ``speculative_config`` and
+    ``speculative_config_file`` (:func:`planned_speculative_config`: exactly what the run writes
+    there for the planned TensorRT-LLM version; both None where nothing is written), training, the
+    stage lines and warnings."""
     from specbuild.builder.train_stage import training_info
 
     r = loaded.recipe
-    try:
-        speculative_config = r.speculation.to_llm_api()
-    except ValueError:
-        speculative_config = None
+    speculative_config, speculative_config_file = planned_speculative_config(loaded, paths)
     return {
         "recipe": str(loaded.path),
         "name": r.name,
@@ -327,6 +353,7 @@ def plan_json(loaded: LoadedRecipe, paths: RunPaths, stages: list[str], warnings
         "runs_on": runs_on(loaded),
         "output_dir": str(paths.output_dir),
         "speculative_config": speculative_config,
+        "speculative_config_file": speculative_config_file,
         "training": training_info(loaded),
         "stages": stages,
         "warnings": warnings,

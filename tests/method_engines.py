@@ -25,6 +25,7 @@ from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine.drafters import ChainDrafter
 from specbuild.methods.eagle.engine import EagleConfig, EagleHead, FeatureTreeDrafter, TreeDraft, save_eagle_head
 from specbuild.methods.eagle3.engine import Eagle3Config, Eagle3Head, FeatureChainDrafter, save_eagle3_head
+from specbuild.methods.eagle3.tree import Eagle3TreeDrafter
 from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads, TreeDrafter, save_medusa_heads
 from specbuild.engine.scheduler import Scheduler
 from specbuild.engine.stream import collect
@@ -33,7 +34,8 @@ from tiny_models import make_tiny_llama
 
 VOCAB, HIDDEN = 384, 64
 # The build's max_draft_len per method (a request's default num_draft_tokens).
-DRAFT_LEN = {"plain": 0, "ngram": 4, "sa": 4, "draft_target": 4, "lookahead": 15, "medusa": 7, "eagle": 7, "eagle3": 4}
+DRAFT_LEN = {"plain": 0, "ngram": 4, "sa": 4, "draft_target": 4, "lookahead": 15, "medusa": 7, "eagle": 7, "eagle3": 4,
+             "eagle3_tree": 7}  # eagle3_tree: EAGLE-3's dynamic tree, max_total_draft_tokens nodes
 
 
 def limits(method: str) -> EngineLimits:
@@ -44,11 +46,11 @@ PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], 
 NEW_TOKENS = 16
 # Every method of the reference engine; a new method is covered by the equivalence, streaming and
 # batching suites once it is added here (and to _configs and build_engines' oracles below).
-METHODS = ("plain", "ngram", "sa", "draft_target", "lookahead", "medusa", "eagle", "eagle3")
+METHODS = ("plain", "ngram", "sa", "draft_target", "lookahead", "medusa", "eagle", "eagle3", "eagle3_tree")
 # (method, kind) pairs that exist: plain never speculates and lookahead has no draft to swap for an oracle.
 CASES = [(m, k) for m in METHODS for k in ("same", "random") if not (k == "same" and m in ("plain", "lookahead"))]
 # Drafts a "same" engine gets accepted per step at most (chain length, or the tree's depth).
-DEPTH = {"ngram": 4, "sa": 4, "draft_target": 4, "eagle3": 4, "medusa": 3, "eagle": 3}
+DEPTH = {"ngram": 4, "sa": 4, "draft_target": 4, "eagle3": 4, "medusa": 3, "eagle": 3, "eagle3_tree": 3}
 
 
 def greedy(prompt: list[int], max_tokens: int = NEW_TOKENS, **kwargs) -> GenerationRequest:
@@ -158,6 +160,25 @@ class FeatureChainOracle:
         return self.truth.next_tokens(state, min(k, self.real.max_draft_len), skip_first=True)
 
 
+class FusedTreeOracle(FeatureTreeOracle):
+    """An :class:`~specbuild.methods.eagle3.tree.Eagle3TreeProposer` stand-in filling the true path (it still
+    captures the target's fused features through the real proposer)."""
+
+    def __init__(self, truth: Truth, tree, real, cap: int | None = None) -> None:
+        super().__init__(truth, tree, cap)
+        self.real = real
+
+    def capped(self, num_draft_tokens: int) -> FusedTreeOracle:
+        return FusedTreeOracle(self.truth, self.tree, self.real, num_draft_tokens)
+
+    def capture(self, hidden_states):
+        return self.real.capture(hidden_states)
+
+    def update(self, state, next_tokens, features):
+        assert features.shape == (len(next_tokens), 3 * HIDDEN)  # three captured target layers
+        state += next_tokens
+
+
 def _configs(root: Path) -> dict[str, dict | None]:
     """speculative_config per method, with random weights written under ``root``."""
     torch.manual_seed(3)
@@ -179,6 +200,8 @@ def _configs(root: Path) -> dict[str, dict | None]:
                   "speculative_model_dir": str(save_eagle_head(root / "eagle", EagleHead(eagle).state_dict(), eagle))},
         "eagle3": {"decoding_type": "Eagle3", "max_draft_len": 4,
                    "speculative_model_dir": str(save_eagle3_head(root / "eagle3", Eagle3Head(eagle3).state_dict(), eagle3))},
+        "eagle3_tree": {"decoding_type": "Eagle3", "max_draft_len": 3, "use_dynamic_tree": True, "dynamic_tree_max_topK": 3,
+                        "max_total_draft_tokens": 7, "speculative_model_dir": str(root / "eagle3")},
     }
 
 
@@ -204,6 +227,7 @@ def build_engines(model, root: Path) -> dict[tuple[str, str], ReferenceEngine]:
         "medusa": lambda loaded, request: TreeDrafter(TreeOracle(truth, tree), tree.first(request.num_draft_tokens)),
         "eagle": lambda loaded, request: FeatureTreeDrafter(FeatureTreeOracle(truth, tree).capped(request.num_draft_tokens)),
         "eagle3": lambda loaded, request: FeatureChainDrafter(FeatureChainOracle(truth, loaded.proposer), request.num_draft_tokens),
+        "eagle3_tree": lambda loaded, request: Eagle3TreeDrafter(FusedTreeOracle(truth, tree, loaded.proposer).capped(request.num_draft_tokens)),
     }
     for method, make in oracles.items():
         engine = ReferenceEngine(model, limits=limits(method), end_id=-1, speculative_config=engines[method, "random"].speculative_config)

@@ -66,16 +66,22 @@ def _run(rows, hq, hkv, d, capacity=96, seed=0, threads=None):
     cos, sin = _rope_tables(positions, d)
     ref_k, ref_v = cache_k.clone(), cache_v.clone()
     expected = _reference(qkv.clone(), cos, sin, ref_k, ref_v, rows, hq, hkv, d**-0.5)
+    out = _kernel(rows, hq, qkv, cos, sin, cache_k, cache_v, d**-0.5, threads=threads)
+    return out, expected, (cache_k, cache_v), (ref_k, ref_v)
+
+
+def _kernel(rows, hq, qkv, cos, sin, cache_k, cache_v, scale, threads=None):
+    """``rowgemm.attention`` over ``rows`` ((slot, length, size, allowed)) on ``threads`` torch threads
+    (None: as set), the thread count restored after."""
     before = torch.get_num_threads()
     try:
         if threads:
             torch.set_num_threads(threads)
         plan = rowgemm.AttentionRows([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
                                      [r[3] for r in rows], tuple(cache_k.shape), hq)
-        out = rowgemm.attention(plan, qkv, cos, sin, cache_k, cache_v, d**-0.5)
+        return rowgemm.attention(plan, qkv, cos, sin, cache_k, cache_v, scale)
     finally:
         torch.set_num_threads(before)
-    return out, expected, (cache_k, cache_v), (ref_k, ref_v)
 
 
 TREE = SpecTree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
@@ -107,15 +113,7 @@ def test_a_query_has_the_same_bits_alone_in_a_chain_in_a_tree_in_a_batch_and_on_
     cos, sin = _rope_tables(torch.arange(length, length + 5), head_dim)
 
     def attend(rows, qkv, cos, sin, k, v, threads=None):
-        before = torch.get_num_threads()
-        try:
-            if threads:
-                torch.set_num_threads(threads)
-            plan = rowgemm.AttentionRows([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
-                                         [r[3] for r in rows], tuple(k.shape), hq)
-            return rowgemm.attention(plan, qkv.clone(), cos, sin, k, v, head_dim**-0.5)
-        finally:
-            torch.set_num_threads(before)
+        return _kernel(rows, hq, qkv.clone(), cos, sin, k, v, head_dim**-0.5, threads=threads)
 
     chain_k, chain_v = cache_k.clone(), cache_v.clone()
     chain = attend([(0, length, 5, None)], block, cos, sin, chain_k, chain_v)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fake_client import ReadyClient
 from specbuild.cli import main
 from specbuild.exit_codes import ExitCode
 
@@ -440,22 +441,10 @@ def test_unreachable_server_exits_3(tmp_path):
     assert code == ExitCode.SERVER_UNAVAILABLE, err
 
 
-class FakeClient:
+class FakeClient(ReadyClient):
     """A deployment whose speculative output differs from plain decoding when ``lossy``."""
 
     lossy = True
-
-    def __init__(self, *args, **kwargs):
-        self.streaming = kwargs.get("decoupled")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def wait_ready(self, timeout_s):
-        del timeout_s
 
     def generate(self, text, *, max_tokens, num_draft_tokens=None, end_id=None, **kwargs):
         from specbuild.client.sdk import GenerateResult

@@ -320,6 +320,7 @@ def test_bench_a_running_server_by_url_without_streaming(tiny_checkpoint, tmp_pa
         assert p["ttft_ms_p50"] is None and p["per_position_acceptance"] is None  # not streamed: not measured
     assert "TTFT not measured" in result.output
     assert "--concurrency A,B,... is deprecated" in result.output  # the old list form still works
+    assert "bench: 4 points done" in result.output  # the bar's last label, not the last request's point (nc3 item 11)
 
 
 @pytest.mark.e2e

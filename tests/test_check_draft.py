@@ -182,6 +182,21 @@ def test_random_embed_tokens_fail_for_vllm_and_are_flagged_elsewhere(project_eag
     assert embed.status == "ok" and "equal to the target's" in embed.detail
 
 
+def test_missing_model_type_fails_for_vllm_and_warns_for_the_untried_engines(project_eagle3, target, tmp_path):
+    raw = json.loads((project_eagle3 / "config.json").read_text())
+    assert raw["model_type"] == "llama"  # the trainer writes it
+    head = _copy(project_eagle3, tmp_path / "no_model_type")
+    (head / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if k != "model_type"}))
+    failed = _failed(check_draft(head, target, engine="vllm"))
+    assert list(failed) == ["model_type"]
+    assert "Should have a `model_type` key" in failed["model_type"] and '"model_type": "llama"' in failed["model_type"]
+    assert check_draft(head, target, engine="vllm", method="eagle3", config_only=True).failed[0].check == "model_type"
+    statuses = {e: {f.check: f.status for f in check_draft(head, target, engine=e).findings}["model_type"] for e in ENGINES}
+    assert statuses == {"reference": "ok", "trtllm": "warn", "vllm": "fail", "sglang": "warn"}
+    exported = export_eagle3(head, target, tmp_path / "exported")
+    assert check_draft(exported, target, engine="vllm").ok
+
+
 def test_d2t_out_of_range_is_refused(draft_vocab_eagle3, target, tmp_path):
     bad = _copy(draft_vocab_eagle3, tmp_path / "d2t", tensors={"d2t": torch.arange(DRAFT_VOCAB, dtype=torch.int64) * 4})
     failed = _failed(check_draft(bad, target, engine="sglang"))
@@ -253,6 +268,7 @@ def test_engine_expectations_agree_with_the_recorded_loader_facts():
         when = {"target": "always", "unloaded": "never", "target only when draft_vocab_size is absent, else unloaded": "without_draft_vocab_size"}
         assert when[recorded["lm_head_when_absent"]] == loader.lm_head_from_target
         assert loader.aux_ids_count_inputs == recorded["aux_layer_ids"].startswith("layer inputs")
+        assert loader.needs_model_type == (recorded["model_type"] == "required")
         assert all("repo" in s for s in recorded["sources"])
 
 
@@ -278,7 +294,7 @@ def test_plan_runs_the_check_for_a_recipe_with_a_local_draft(project_eagle3, dra
     plan = runner.invoke(main, ["plan", str(recipe), "--json"])
     assert plan.exit_code == 0, plan.output
     lines = [s for s in json.loads(plan.output)["stages"] if s.startswith("check ")]
-    assert lines == [f"check     draft {project_eagle3} for the reference engine: 11 checks: 11 ok"]
+    assert lines == [f"check     draft {project_eagle3} for the reference engine: 12 checks: 12 ok"]
 
     bad = _copy(draft_vocab_eagle3, tmp_path / "bad", tensors={"d2t": torch.full((DRAFT_VOCAB,), 1000, dtype=torch.int64)})
     recipe = write_recipe(tmp_path / "bad.yaml", target, speculation=f"  method: eagle3\n  eagle_model: {bad}\n  max_draft_len: 3\n")

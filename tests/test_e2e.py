@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_reference_server, write_recipe
+from conftest import write_recipe
 from specbuild.builder.recipe import load_recipe
 from specbuild.builder.reference import build_reference_engine
 from specbuild.client.prompts import Prompt, load_prompts
@@ -38,16 +38,9 @@ PROMPTS = [
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def deployment(tiny_checkpoint, tmp_path_factory):
-    server, engine_dir = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("deploy"), decoupled=False)
-    with server:
-        yield server, engine_dir
-
-
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_speculative_output_equals_baseline_through_triton(deployment, protocol):
-    server, engine_dir = deployment
+def test_speculative_output_equals_baseline_through_triton(plain_server, protocol):
+    server, engine_dir = plain_server
     url = server.grpc_url if protocol == "grpc" else server.http_url
     with SpecClient(url, protocol=protocol) as client:
         client.wait_ready()
@@ -60,9 +53,9 @@ def test_speculative_output_equals_baseline_through_triton(deployment, protocol)
     assert all(r.baseline.total_draft_tokens == 0 for r in report.results)
 
 
-def test_server_output_matches_the_engine_run_in_process(deployment):
+def test_server_output_matches_the_engine_run_in_process(plain_server):
     """Tokenization, tensor packing and detokenization add nothing: ids equal a direct engine run."""
-    server, engine_dir = deployment
+    server, engine_dir = plain_server
     tokenizer = load_tokenizer(str(engine_dir / "tokenizer"))
     engine = ReferenceEngine.from_engine_dir(engine_dir)
     prompt = PROMPTS[0].text
@@ -74,23 +67,23 @@ def test_server_output_matches_the_engine_run_in_process(deployment):
 
 
 @pytest.mark.parametrize("output", ["text_output", "output_ids", "sequence_length", "acceptance_rate"])
-def test_a_request_may_ask_for_a_single_output(deployment, output):
+def test_a_request_may_ask_for_a_single_output(plain_server, output):
     """TensorRT-LLM clients usually request only text_output; every output must work on its own
     (the perf metrics with return_perf_metrics, as TensorRT-LLM fills them only then)."""
-    server, _ = deployment
+    server, _ = plain_server
     asks = {"return_perf_metrics": True} if output == "acceptance_rate" else {}
     result = raw_infer(server.http_url, "def f():", 4, end_id=-1, requested=[output], bools=asks)
     assert result.as_numpy(output) is not None
 
 
-def test_perf_metrics_not_asked_for_are_absent(deployment):
-    server, _ = deployment
+def test_perf_metrics_not_asked_for_are_absent(plain_server):
+    server, _ = plain_server
     result = raw_infer(server.http_url, "def f():", 4, end_id=-1)
     assert result.as_numpy("text_output") is not None and result.as_numpy("acceptance_rate") is None
 
 
-def test_max_tokens_and_end_token_are_honoured(deployment):
-    server, _ = deployment
+def test_max_tokens_and_end_token_are_honoured(plain_server):
+    server, _ = plain_server
     with SpecClient(server.grpc_url) as client:
         full = client.generate(PROMPTS[0].text, max_tokens=MAX_TOKENS, end_id=-1)
         for n in (1, 2, 5):
@@ -131,10 +124,10 @@ def raw_infer(url: str, text: str, max_tokens: int, requested: list[str] | None 
         ("\udcff", 4, {}, "not valid UTF-8"),
     ],
 )
-def test_bad_request_gets_an_error_and_the_server_keeps_serving(deployment, text, max_tokens, optional, message):
+def test_bad_request_gets_an_error_and_the_server_keeps_serving(plain_server, text, max_tokens, optional, message):
     from tritonclient.utils import InferenceServerException
 
-    server, _ = deployment
+    server, _ = plain_server
     with pytest.raises(InferenceServerException, match=message) as raised:
         raw_infer(server.http_url, text, max_tokens, **optional)
     assert raised.value.status() == "400"  # the client's fault, not the server's (500)
@@ -145,8 +138,8 @@ def test_bad_request_gets_an_error_and_the_server_keeps_serving(deployment, text
         assert len(client.generate("x = 1", max_tokens=3, end_id=-1).output_ids) == 3
 
 
-def test_acceptance_counters_on_the_metrics_port(deployment):
-    server, _ = deployment
+def test_acceptance_counters_on_the_metrics_port(plain_server):
+    server, _ = plain_server
     with SpecClient(server.grpc_url) as client:
         client.generate(PROMPTS[0].text, max_tokens=MAX_TOKENS, end_id=-1)
     metrics = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
@@ -204,13 +197,13 @@ def test_real_smollm2_is_lossless_through_triton(tmp_path):
     assert report.total_accepted_draft_tokens > 0
 
 
-def test_serve_command_stops_cleanly_on_ctrl_c(deployment, tmp_path):
+def test_serve_command_stops_cleanly_on_ctrl_c(plain_server, tmp_path):
     """`specbuild serve REPO`: ready line with the URLs, then SIGINT -> exit 0, no process left."""
     import signal
 
     from specbuild.triton_repo.tritonserver import free_port
 
-    server, _ = deployment
+    server, _ = plain_server
     ports = [str(free_port()) for _ in range(3)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "specbuild.cli", "serve", str(server.model_repository), "--http-port", ports[0],
@@ -270,9 +263,9 @@ def server_pids(repo: str) -> list[int]:
     return pids
 
 
-def test_sampling_through_triton_is_seeded_and_reproducible(deployment):
+def test_sampling_through_triton_is_seeded_and_reproducible(plain_server):
     """Per-request sampling parameters reach the engine: a seed fixes the output, another seed moves it."""
-    server, _ = deployment
+    server, _ = plain_server
     with SpecClient(server.grpc_url) as client:
         sample = lambda seed, k=None: client.generate(  # noqa: E731
             PROMPTS[1].text, max_tokens=16, end_id=-1, temperature=1.0, top_p=0.95, seed=seed, num_draft_tokens=k

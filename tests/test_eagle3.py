@@ -10,14 +10,13 @@ tests/test_method_equivalence.py (on the shared 2-layer target, layers named by 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from drive import assert_equals_plain
-from conftest import served, verify_lossless, write_recipe
+from conftest import build_with_pt_head, served, verify_lossless, write_recipe
 from specbuild.engine import GenerationRequest
 from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.engine import target as target_model
@@ -29,37 +28,12 @@ from specbuild.methods.eagle3.engine import (
     load_eagle3_head,
     save_eagle3_head,
 )
-from tiny_models import make_tiny_llama
+from eagle3_tiny import CONFIG, DRAFT_CONFIG, DRAFT_VOCAB, HIDDEN, LAYERS, VOCAB, checkpoint, make_head as _head, model  # noqa: F401
 
-VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 384, 64, 8, 96
-CONFIG = Eagle3Config(
-    hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-    max_position_embeddings=512, vocab_size=VOCAB,
-)
-DRAFT_CONFIG = Eagle3Config(**{**CONFIG.__dict__, "draft_vocab_size": DRAFT_VOCAB})
 MAX_DRAFT_LEN = 4
 LIMITS = EngineLimits(max_batch_size=1, max_input_len=64, max_seq_len=160, max_draft_len=MAX_DRAFT_LEN)
 PROMPTS = [[17, 203, 44, 91, 300, 12], [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [42]]
 NEW_TOKENS = 16
-
-
-def _head(kind: str) -> Eagle3Head:
-    torch.manual_seed(5)
-    if kind == "random":
-        return Eagle3Head(CONFIG)
-    head = Eagle3Head(DRAFT_CONFIG, d2t=True)  # draft id d -> target id 4 * d (+ d2t offset 3d)
-    head.d2t.copy_(torch.arange(DRAFT_VOCAB) * 3)
-    return head
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny8") / "ckpt", seed=1, num_hidden_layers=LAYERS)
-
-
-@pytest.fixture(scope="module")
-def model(checkpoint):
-    return target_model.load_target(checkpoint, dtype="float32", device="cpu", trust_remote_code=False)
 
 
 @pytest.fixture(scope="module")
@@ -323,34 +297,22 @@ def test_missing_or_unfit_heads_are_refused_before_any_work(checkpoint, tiny_che
 @pytest.mark.e2e
 def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
     """recipe (head as a .pt, relative path, draft vocabulary) -> engine dir with eagle3/ -> tritonserver -> verify."""
-    from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_target, locate_weights
-
     head_dir = save_eagle3_head(tmp_path / "head", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
-    torch.save(_head("draft_vocab").state_dict(), head_dir / "model.pt")  # read weights_only
-    (head_dir / "model.safetensors").unlink()
-    loaded = load_recipe(str(eagle3_recipe(tmp_path, checkpoint, "head")))
-    build = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None)
-    engine_dir = build.engine_dir
-    assert sorted(p.name for p in (engine_dir / "eagle3").iterdir()) == ["config.json", "model.safetensors"]
-    config = json.loads((engine_dir / "config.json").read_text())
+    recipe = eagle3_recipe(tmp_path, checkpoint, "head")
+    engine_dir, config = build_with_pt_head(recipe, head_dir, _head("draft_vocab").state_dict(), tmp_path, "eagle3")
     assert config["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_one_model": True}
     assert config["build_config"]["max_draft_len"] == 3 and config["build_config"]["speculative_decoding_mode"] == 32
-    weights = head_dir / "model.pt"
-    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
-    assert engine_fingerprint(loaded, locate_target(loaded), locate_weights(loaded)) != build.fingerprint
     with served(engine_dir, tmp_path) as client:
         verify_lossless(client)
 
 
 @pytest.mark.parametrize("extra, yaml_lines, field", [
-    ({"use_dynamic_tree": True, "dynamic_tree_max_topK": 4}, "  use_dynamic_tree: true\n  dynamic_tree_max_topK: 4\n", "use_dynamic_tree"),
     ({"sa_config": {"threshold": 4}}, "  sa_config: {threshold: 4}\n", "sa_config"),
 ])
 def test_tensorrt_llm_only_eagle3_settings_are_refused_by_the_reference_engine(model, head_dirs, checkpoint, tmp_path, extra,
                                                                                 yaml_lines, field):
-    """Dynamic trees and the SA enhancer are TensorRT-LLM's: refused at the recipe's line before any build,
-    and by the engine itself when handed such a speculative_config."""
+    """The SA enhancer is TensorRT-LLM's: refused at the recipe's line before any build, and by the engine
+    itself when handed such a speculative_config (the dynamic tree runs: tests/test_eagle3_tree.py)."""
     from specbuild.builder.recipe import RecipeError, load_recipe
     from specbuild.pipeline import check_inputs
 

@@ -10,14 +10,13 @@ draft, stopping, and the refusals every method shares are in tests/test_method_e
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from drive import assert_equals_plain
-from conftest import served, verify_lossless, write_recipe
+from conftest import build_with_pt_head, served, verify_lossless, write_recipe
 from tiny_models import make_pass_through
 from specbuild.engine import GenerationRequest
 from specbuild.runtime import EngineLimits, ReferenceEngine
@@ -204,24 +203,13 @@ def test_eagle_recipe_passes_check_runnable(tiny_checkpoint, tmp_path):
 @pytest.mark.e2e
 def test_eagle_recipe_is_lossless_through_triton(tiny_checkpoint, tmp_path):
     """recipe (head as a .pt, relative path) -> engine dir with eagle/ -> tritonserver -> verify."""
-    from specbuild.builder.recipe import load_recipe
-    from specbuild.builder.reference import build_reference_engine, engine_fingerprint, locate_target, locate_weights
-
     head_dir = save_eagle_head(tmp_path / "head", _head("pass_through").state_dict(), CONFIG)
-    torch.save(_head("pass_through").state_dict(), head_dir / "model.pt")  # EAGLE's .pt, read weights_only
-    (head_dir / "model.safetensors").unlink()
-    loaded = load_recipe(str(eagle_recipe(tmp_path, tiny_checkpoint, "head")))
-    build = build_reference_engine(loaded, tmp_path / "engine", log=lambda m: None)
-    engine_dir = build.engine_dir
-    assert sorted(p.name for p in (engine_dir / "eagle").iterdir()) == ["config.json", "model.safetensors"]
-    config = json.loads((engine_dir / "config.json").read_text())
+    recipe = eagle_recipe(tmp_path, tiny_checkpoint, "head")
+    engine_dir, config = build_with_pt_head(recipe, head_dir, _head("pass_through").state_dict(), tmp_path, "eagle")
     assert config["speculative_config"] == {
         "decoding_type": "Eagle", "max_draft_len": 6, "num_eagle_layers": 3, "max_non_leaves_per_layer": 10,
         "eagle3_one_model": False, "eagle_choices": E2E_CHOICES,
     }
     assert config["build_config"]["max_draft_len"] == 6 and config["build_config"]["speculative_decoding_mode"] == 32
-    weights = head_dir / "model.pt"
-    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 10))  # another head -> another engine
-    assert engine_fingerprint(loaded, locate_target(loaded), locate_weights(loaded)) != build.fingerprint
     with served(engine_dir, tmp_path) as client:
         verify_lossless(client)

@@ -197,6 +197,18 @@ def test_created_is_stamped_per_response(deployment):
     assert abs(second - time.time()) < 30
 
 
+def test_unseeded_sampling_differs_per_request_and_a_seed_repeats(deployment):
+    """OpenAI and vLLM clients take an unseeded sampled request to be random (nc3 item 4: two unseeded
+    requests used to give the same text). 24 tokens at temperature 1.5 over the tiny vocabulary: two
+    independent draws agree with negligible probability; ignore_eos keeps the lengths equal."""
+    _, front, _ = deployment
+    body = {"prompt": "hi", "max_tokens": 24, "temperature": 1.5, "ignore_eos": True, "return_token_ids": True}
+    ids = lambda extra: strict_loads(_post(front.url + "/completions", {**body, **extra}).text)["choices"][0]["token_ids"]  # noqa: E731
+    unseeded = [ids({}), ids({})]
+    assert len(unseeded[0]) == len(unseeded[1]) == 24 and unseeded[0] != unseeded[1]
+    assert ids({"seed": 11}) == ids({"seed": 11})
+
+
 def _events(response: httpx.Response) -> list[dict]:
     lines = [line for line in response.text.splitlines() if line.startswith("data:")]
     assert lines[-1] == "data: [DONE]"

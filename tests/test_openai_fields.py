@@ -156,3 +156,12 @@ def test_docs_table_is_the_codes():
     assert table == fields_markdown(), "run: python -m specbuild.triton_repo.openai_fields docs/openai.md"
     documented = set(re.findall(r"^\| `(\w+)` \|", table, flags=re.M))
     assert documented == {f.name for f in FIELDS}
+
+
+def test_unseeded_sampled_requests_get_a_fresh_seed_and_greedy_ones_none():
+    from specbuild.triton_repo.openai_frontend import UNSEEDED_RANGE, CompletionRequest
+
+    seeds = {CompletionRequest(prompt="hi", temperature=0.7).sampling()["seed"] for _ in range(64)}
+    assert len(seeds) == 64 and all(0 <= s < UNSEEDED_RANGE for s in seeds)
+    assert CompletionRequest(prompt="hi", temperature=0.7, seed=5).sampling()["seed"] == 5
+    assert "seed" not in CompletionRequest(prompt="hi", temperature=0).sampling()  # greedy: no seed sent

@@ -64,43 +64,47 @@ def _streamed(tokenizer, stops, ids, chunks):
     return text, out, stopped
 
 
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _cut_alike_streamed(tokenizer, ids: list[int], stops: tuple[str, ...]):
+    """The whole answer ``ids`` cut at ``stops`` (a :class:`Piece`), after checking that every chunking
+    of the ids streams to the same text, ids and finish."""
+    decode = _decode(tokenizer)
+    whole = cut_whole(stops, decode, decode(ids), ids)
+    for chunks in _chunkings(ids):
+        assert _streamed(tokenizer, stops, ids, chunks) == (whole.text, whole.ids, whole.stopped)
+    return whole
+
+
 def test_stop_cuts_text_and_ids_the_same_whole_or_streamed(tokenizer):
     decode = _decode(tokenizer)
-    ids = tokenizer("The quick brown fox jumps over the lazy dog. The quick brown fox", add_special_tokens=False)["input_ids"]
+    ids = _ids(tokenizer, "The quick brown fox jumps over the lazy dog. The quick brown fox")
     full = decode(ids)
     stop_token = decode(ids[:5])[len(decode(ids[:4])):]  # the text of the 5th token: a stop on a token boundary
-    whole = cut_whole((stop_token,), decode, full, ids)
+    whole = _cut_alike_streamed(tokenizer, ids, (stop_token,))
     assert whole.stopped and whole.text == full[:full.index(stop_token)]
     assert decode(whole.ids) == whole.text and whole.ids == ids[:4]
-    for chunks in _chunkings(ids):
-        assert _streamed(tokenizer, (stop_token,), ids, chunks) == (whole.text, whole.ids, True)
 
 
 def test_a_stop_inside_a_token_keeps_the_token_that_starts_it(tokenizer):
     decode = _decode(tokenizer)
-    ids = tokenizer("hello world, hello there", add_special_tokens=False)["input_ids"]
+    ids = _ids(tokenizer, "hello world, hello there")
     full = decode(ids)
     stop = "ld, h"  # begins inside " world"
-    whole = cut_whole((stop,), decode, full, ids)
+    whole = _cut_alike_streamed(tokenizer, ids, (stop,))
     assert whole.text == full[:full.index(stop)] and whole.stopped
     assert decode(whole.ids).startswith(whole.text) and not decode(whole.ids[:-1]).startswith(whole.text)
-    for chunks in _chunkings(ids):
-        assert _streamed(tokenizer, (stop,), ids, chunks) == (whole.text, whole.ids, True)
 
 
 def test_no_stop_found_returns_everything_and_held_back_text(tokenizer):
-    decode = _decode(tokenizer)
-    ids = tokenizer("abc def ghi", add_special_tokens=False)["input_ids"]
-    full = decode(ids)
+    ids = _ids(tokenizer, "abc def ghi")
     stops = ("ghiX", "zzz")  # "ghi" at the end could begin "ghiX": held back, then sent at the end
-    whole = cut_whole(stops, decode, full, ids)
-    assert (whole.text, whole.ids, whole.stopped) == (full, ids, False)
-    for chunks in _chunkings(ids):
-        assert _streamed(tokenizer, stops, ids, chunks) == (full, ids, False)
+    whole = _cut_alike_streamed(tokenizer, ids, stops)
+    assert (whole.text, whole.ids, whole.stopped) == (_decode(tokenizer)(ids), ids, False)
 
 
 def test_earliest_of_several_stops_wins(tokenizer):
-    decode = _decode(tokenizer)
-    ids = tokenizer("one two three four", add_special_tokens=False)["input_ids"]
-    whole = cut_whole((" four", " two"), decode, decode(ids), ids)
+    whole = _cut_alike_streamed(tokenizer, _ids(tokenizer, "one two three four"), (" four", " two"))
     assert whole.text == "one" and whole.stopped

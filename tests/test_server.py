@@ -356,7 +356,10 @@ def test_the_tests_server_start_timeout_comes_from_the_environment(tmp_path, ser
     assert TritonServer(tmp_path, http_port=0, grpc_port=0, metrics_port=0).startup_timeout_s == server_start_timeout
     assert TritonServer(tmp_path, startup_timeout_s=0.1).startup_timeout_s == 0.1
     assert server_start_timeout_s({"SPECBUILD_TEST_SERVER_START_S": "900"}) == 900.0
-    assert server_start_timeout_s({}) == 300.0
+    assert server_start_timeout_s({}, load=0.5, cores=2) == 300.0  # idle: TritonServer's default
+    assert server_start_timeout_s({}, load=3.0, cores=2) == 450.0  # busy: scaled by load per core
+    assert server_start_timeout_s({}, load=10.0, cores=2) == 1200.0  # the nc3 trial's machine: capped at x4
+    assert server_start_timeout_s({"SPECBUILD_TEST_SERVER_START_S": "200"}, load=10.0, cores=2) == 200.0  # the knob wins
     for bad in ("0", "-5", "five minutes"):
         with pytest.raises(pytest.UsageError, match="SPECBUILD_TEST_SERVER_START_S"):
             server_start_timeout_s({"SPECBUILD_TEST_SERVER_START_S": bad})

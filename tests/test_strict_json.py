@@ -18,8 +18,6 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import tiny_reference_server
-
 pytestmark = pytest.mark.e2e
 
 PROMPT = "def fib(n):\n    if n < 2:\n        return n\n"
@@ -34,11 +32,9 @@ def strict_loads(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-@pytest.fixture(scope="module")
-def plain_server(tiny_checkpoint, tmp_path_factory):
-    server, _ = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("strict"), decoupled=False)
-    with server:
-        yield server
+@pytest.fixture
+def server(plain_server):
+    return plain_server[0]
 
 
 
@@ -68,8 +64,8 @@ OPTIONAL_OUTPUTS = {"acceptance_rate", "total_accepted_draft_tokens", "total_dra
 
 
 @pytest.mark.parametrize("asked,expected", ASKS)
-def test_http_generate_is_strict_json_with_only_the_outputs_asked_for(plain_server, asked, expected):
-    body = strict_loads(_post(f"http://{plain_server.http_url}/v2/models/ensemble/generate",
+def test_http_generate_is_strict_json_with_only_the_outputs_asked_for(server, asked, expected):
+    body = strict_loads(_post(f"http://{server.http_url}/v2/models/ensemble/generate",
                               {"text_input": PROMPT, "max_tokens": 6, "end_id": -1, **asked}))
     assert isinstance(body["text_output"], str) and body["text_output"]
     assert OPTIONAL_OUTPUTS & set(body) == expected
@@ -79,7 +75,7 @@ def test_http_generate_is_strict_json_with_only_the_outputs_asked_for(plain_serv
         assert min(body["logit_margin"]) >= 0 and min(body["runner_up_ids"]) >= 0
 
 
-def test_http_infer_and_grpc_carry_no_placeholder(plain_server):
+def test_http_infer_and_grpc_carry_no_placeholder(server):
     import tritonclient.grpc as grpcclient
 
     infer = {
@@ -88,13 +84,13 @@ def test_http_infer_and_grpc_carry_no_placeholder(plain_server):
             {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [5]},
         ]
     }
-    body = strict_loads(_post(f"http://{plain_server.http_url}/v2/models/ensemble/infer", infer))
+    body = strict_loads(_post(f"http://{server.http_url}/v2/models/ensemble/infer", infer))
     names = {o["name"] for o in body["outputs"]}
     assert "text_output" in names and not names & OPTIONAL_OUTPUTS
     for output in body["outputs"]:
         assert _finite(output["data"])
 
-    client = grpcclient.InferenceServerClient(plain_server.grpc_url)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
     text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
     text.set_data_from_numpy(np.array([[PROMPT.encode()]], dtype=np.object_))
     tokens = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
@@ -120,14 +116,14 @@ def test_streamed_http_events_are_strict_json(decoupled_server):
         assert all(_finite(v) for v in event.values())
 
 
-def test_openai_front_on_a_plain_deployment_streams_one_event_and_says_so(plain_server):
+def test_openai_front_on_a_plain_deployment_streams_one_event_and_says_so(server):
     """Not decoupled: stream=true gets the whole answer in one strict-JSON event, the header says
     ``one-event``, and a stop string still cuts it."""
     import httpx
 
     from specbuild.triton_repo.openai_frontend import OpenAIServer, config_from_deployment
 
-    config = config_from_deployment(plain_server.grpc_url, model="plain")
+    config = config_from_deployment(server.grpc_url, model="plain")
     assert not config.decoupled
     with OpenAIServer(config, port=0) as front:
         body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True}

@@ -53,3 +53,22 @@ def test_plan_for_1_3_names_the_replacement_and_migrate(name, replacement, tmp_p
                                           r"specbuild migrate RECIPE -o NEW.yaml") as info:
         plan_for(with_trtllm_version(load_recipe(name), "1.3.0"), tmp_path)
     assert "<yy.mm>" not in str(info.value) and "not available for method" not in str(info.value)
+
+
+def test_the_migrated_description_names_what_runs_now_and_plan_warns_of_a_missing_local_head(tmp_path):
+    """nc3 item 10: the description kept the old EAGLE head and engine path; a head path that does not
+    exist passed `plan` without a word."""
+    from specbuild.builder.recipe import recipe_warnings
+
+    eagle = migrate(load_recipe("llama-eagle")).recipe["description"]
+    assert eagle.startswith("meta-llama/Llama-3.1-8B-Instruct + EAGLE-3 head (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), TensorRT-LLM PyTorch path")
+    assert "EAGLE-LLaMA3.1-Instruct-8B" not in eagle and eagle.endswith("migrated from llama-eagle (eagle, engine path)")
+    out = tmp_path / "vicuna.yaml"
+    out.write_text(migrate(load_recipe("llama-medusa")).yaml_text(load_recipe("llama-medusa").path))
+    (warning,) = recipe_warnings(load_recipe(str(out)))
+    head = tmp_path / "eagle3-head-vicuna-7b-v1.3"
+    assert warning.startswith(f"{out}:") and f"speculation.eagle_model: {head} does not exist" in warning
+    assert "hf download" in warning and "train" in warning
+    head.mkdir()  # once it is there, no warning
+    assert recipe_warnings(load_recipe(str(out))) == []
+    assert recipe_warnings(load_recipe("llama-eagle3")) == []  # Hugging Face ids: the plan downloads them

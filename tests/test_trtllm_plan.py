@@ -102,6 +102,11 @@ def download(repo: str, role: str) -> list[str]:
     return ["hf", "download", repo, "--local-dir", f"/out/hf/{role}", "--exclude", "original/*", "--exclude", "*.pth"]
 
 
+def convert(script: str, role: str, *extra: str, dtype: str, tp: int = 1, workers: int = 1) -> list[str]:
+    return ["python3", f"{EX}/{script}", "--model_dir", f"/out/hf/{role}", *extra, "--dtype", dtype, "--tp_size", str(tp),
+            "--pp_size", "1", "--output_dir", f"/out/checkpoints/{role}", "--workers", str(workers)]
+
+
 def build(role: str, *extra: str, batch: int, inp: int, seq: int, dtype: str, workers: int = 1, tokens: int = 8192) -> list[str]:
     return ["trtllm-build", "--checkpoint_dir", f"/out/checkpoints/{role}", "--output_dir", f"/out/engines/{role}",
             "--max_batch_size", str(batch), "--max_input_len", str(inp), "--max_seq_len", str(seq), "--max_num_tokens", str(tokens),
@@ -112,34 +117,29 @@ GOLDEN_TENSORRT = {
     "llama-eagle": [
         download("meta-llama/Llama-3.1-8B-Instruct", "target"),
         download("yuhuili/EAGLE-LLaMA3.1-Instruct-8B", "eagle"),
-        ["python3", f"{EX}/eagle/convert_checkpoint.py", "--model_dir", "/out/hf/target", "--eagle_model_dir", "/out/hf/eagle",
-         "--max_draft_len", "63", "--num_eagle_layers", "4", "--max_non_leaves_per_layer", "10", "--dtype", "float16",
-         "--tp_size", "1", "--pp_size", "1", "--output_dir", "/out/checkpoints/target", "--workers", "1"],
+        convert("eagle/convert_checkpoint.py", "target", "--eagle_model_dir", "/out/hf/eagle", "--max_draft_len", "63",
+                "--num_eagle_layers", "4", "--max_non_leaves_per_layer", "10", dtype="float16"),
         build("target", "--use_paged_context_fmha", "enable", "--speculative_decoding_mode", "eagle", "--max_draft_len", "63",
               batch=8, inp=2048, seq=4096, dtype="float16"),
     ],
     "llama-medusa": [
         download("lmsys/vicuna-7b-v1.3", "target"),
         download("FasterDecoding/medusa-vicuna-7b-v1.3", "medusa"),
-        ["python3", f"{EX}/medusa/convert_checkpoint.py", "--model_dir", "/out/hf/target", "--medusa_model_dir", "/out/hf/medusa",
-         "--num_medusa_heads", "4", "--num_medusa_layers", "1", "--max_medusa_token_len", "63", "--dtype", "float16",
-         "--tp_size", "1", "--pp_size", "1", "--output_dir", "/out/checkpoints/target", "--workers", "1"],
+        convert("medusa/convert_checkpoint.py", "target", "--medusa_model_dir", "/out/hf/medusa", "--num_medusa_heads", "4",
+                "--num_medusa_layers", "1", "--max_medusa_token_len", "63", dtype="float16"),
         build("target", "--speculative_decoding_mode", "medusa", "--max_draft_len", "63", batch=4, inp=1024, seq=2048, dtype="float16"),
     ],
     "llama-lookahead": [
         download("meta-llama/Llama-3.1-8B-Instruct", "target"),
-        ["python3", f"{EX}/models/core/llama/convert_checkpoint.py", "--model_dir", "/out/hf/target", "--dtype", "float16",
-         "--tp_size", "1", "--pp_size", "1", "--output_dir", "/out/checkpoints/target", "--workers", "1"],
+        convert("models/core/llama/convert_checkpoint.py", "target", dtype="float16"),
         build("target", "--speculative_decoding_mode", "lookahead_decoding", "--max_draft_len", "83",
               batch=4, inp=2048, seq=4096, dtype="float16"),
     ],
     "llama-draft": [
         download("meta-llama/Llama-3.1-70B-Instruct", "target"),
-        ["python3", f"{EX}/models/core/llama/convert_checkpoint.py", "--model_dir", "/out/hf/target", "--dtype", "bfloat16",
-         "--tp_size", "4", "--pp_size", "1", "--output_dir", "/out/checkpoints/target", "--workers", "4"],
+        convert("models/core/llama/convert_checkpoint.py", "target", dtype="bfloat16", tp=4, workers=4),
         download("meta-llama/Llama-3.2-1B-Instruct", "draft"),
-        ["python3", f"{EX}/models/core/llama/convert_checkpoint.py", "--model_dir", "/out/hf/draft", "--dtype", "bfloat16",
-         "--tp_size", "4", "--pp_size", "1", "--output_dir", "/out/checkpoints/draft", "--workers", "4"],
+        convert("models/core/llama/convert_checkpoint.py", "draft", dtype="bfloat16", tp=4, workers=4),
         build("draft", "--use_paged_context_fmha", "enable", batch=8, inp=2048, seq=4096, dtype="bfloat16", workers=4),
         build("target", "--use_paged_context_fmha", "enable", "--speculative_decoding_mode", "draft_tokens_external",
               "--max_draft_len", "4", batch=8, inp=2048, seq=4096, dtype="bfloat16", workers=4),
@@ -467,3 +467,42 @@ def test_a_version_from_the_command_line_is_blamed_on_the_option_not_the_recipe_
     assert "--trtllm-version 1.3.0 (replaces build.trtllm_version of " in result.output, result.output
     assert "llama-eagle.yaml:" not in result.output  # the recipe's own line says 1.2.1: it is not what is wrong
     assert "needs TensorRT-LLM <= 1.2.x" in result.output
+
+
+LLAMA_RECIPES = sorted(n for n in __import__("specbuild.builder.recipe", fromlist=["bundled_recipes"]).bundled_recipes() if n.startswith("llama-"))
+
+
+@pytest.mark.parametrize("version", ["1.2.1", "1.3.0", "1.4.0"])
+@pytest.mark.parametrize("name", LLAMA_RECIPES)
+def test_plan_json_speculative_config_is_the_written_file(name, version, tmp_path):
+    """``plan --json``'s ``speculative_config`` is what the run writes for the planned version (nc3
+    item 3: it used to be the recipe's version-blind view, ``Eagle3`` / ``eagle3_one_model`` on 1.2.1)."""
+    import json
+
+    from click.testing import CliRunner
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.builder.trtllm_plan import with_trtllm_version
+    from specbuild.cli import main
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["plan", name, "--json", "--trtllm-version", version, "-o", str(out)])
+    loaded = load_recipe(name)
+    if loaded.recipe.build.backend == "tensorrt" and version != "1.2.1":
+        assert result.exit_code == 2 and "1.2" in result.output  # the engine path ends at 1.2.x: refused, no JSON
+        return
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)
+    written = plan_for(with_trtllm_version(loaded, version), out).write()
+    assert out / "build.sh" in written
+    options = [p for p in written if p.name == "extra_llm_api_options.yaml"]
+    if loaded.recipe.build.backend == "tensorrt":  # speculation is built into the engine: no file holds a speculative_config
+        assert options == [] and got["speculative_config"] is None and got["speculative_config_file"] is None
+        return
+    (path,) = options
+    assert got["speculative_config_file"] == str(path)
+    assert got["speculative_config"] == yaml.safe_load(path.read_text())["speculative_config"]
+    assert check_speculative_config(dict(got["speculative_config"]), version) == []
+    if loaded.recipe.speculation.method == "eagle3":
+        assert got["speculative_config"]["decoding_type"] == ("Eagle" if version == "1.2.1" else "Eagle3")
+        assert ("eagle3_one_model" in got["speculative_config"]) is (version == "1.2.1")
+        assert ("speculative_model" in got["speculative_config"]) is (version != "1.2.1")

@@ -15,12 +15,14 @@ from specbuild.tune import (
     expected_tokens_per_step,
     fit_acceptance,
     fit_cost_ratio,
+    indistinguishable,
     pareto_front,
     per_position_from_sweep,
     plot_frontier,
     plot_speedup,
     recommend_highest_throughput,
     recommend_lowest_latency,
+    tie_basis,
     tune,
 )
 
@@ -310,6 +312,8 @@ def test_frontier_legend_matches_hollow_points_and_the_star_sits_beside_its_poin
     at = ax.transData.transform((best.latency_ms, best.throughput))
     drawn = star.get_transform().transform(star.get_offsets()[0])
     assert math.dist(at, drawn) > 20  # pixels: beside the point, not over it
+    callout = next(a for a in ax.texts if a.get_text() == "recommended")  # a boxed word: not read as a data point (nc3 item 9)
+    assert callout.get_bbox_patch() is not None and callout.xy == (best.latency_ms, best.throughput)
 
 
 def test_speedup_plot_marks_not_significant_points(tmp_path, monkeypatch):
@@ -451,3 +455,50 @@ def test_tune_from_a_sweep_writes_beside_it_unless_told(tmp_path):
         result = CliRunner().invoke(main, ["tune", "--from", str(tmp_path / name / "bench.json")])
         assert result.exit_code == 0, result.output
     assert (tmp_path / "a" / "tune" / "tune.json").is_file() and (tmp_path / "b" / "tune" / "tune.json").is_file()
+
+
+def _nc3_points():
+    """The third newcomer trial's shape (issue 36): p50 latency intervals of k=2 and k=4 overlap k=0's,
+    while their speed-ups by time per output token lie well above 1."""
+    def p(k, lat, ci, tpot, tokens_per_step):
+        samples = [tpot * f for f in (0.8, 0.9, 1.0, 1.1, 1.2, 0.85, 0.95, 1.05)]
+        return point(k, 1, tokens_per_step=tokens_per_step, tpot_ms=tpot, latency=lat) | {
+            "ci": {"latency_ms_p50": ci}, "tpot_samples_ms": samples}
+    return [p(0, 4900.0, [4600.0, 5150.0], 150.0, 1.0), p(2, 3800.0, [2500.0, 4900.0], 100.0, 1.5),
+            p(4, 3665.0, [2195.0, 4766.0], 95.0, 1.7)]
+
+
+def test_note_schedule_and_recommendation_apply_one_significance_test(tmp_path):
+    from rich.console import Console
+
+    from specbuild.tune.report import run_tune
+
+    report = tune(_nc3_points())
+    speedups = {r.draft_len: r.speedup_ci for r in report.analytic}
+    assert speedups[4][0] > 1.0 and speedups[2][0] > 1.0  # both significantly faster by the speed-up test
+    assert report.recommendations["s"].draft_len == 4
+    # k=0 is not "not significantly different" although its p50 interval overlaps k=4's
+    assert [c.draft_len for c in report.ties["s"]] == [2]
+    assert report.tie_bases["s"] == ["speed-up intervals overlap"]
+    assert report.schedules[0].best == {1: 4} and report.schedules[0].draft_len_schedule == {1: 4}
+    assert report.to_json()["not_significantly_different"]["s"][0]["basis"] == "speed-up intervals overlap"
+    console = Console(width=200, record=True)
+    run_tune(_nc3_points(), tmp_path, console=console)
+    note = next(line for line in console.export_text().splitlines() if line.startswith("note:"))
+    assert "k=0" not in note and "speculation off" not in note
+    assert note.endswith("not significantly different from d k=2 C=1 (speed-up intervals overlap); the simpler choice is d k=2 C=1")
+
+
+def test_k0_is_tied_with_the_recommendation_exactly_when_the_schedule_leaves_speculation_off():
+    base = Candidate("d", "ngram", "s", 0, 1, 4900.0, 1.0, latency_ci=[4600.0, 5150.0])
+    k4 = Candidate("d", "ngram", "s", 4, 1, 3665.0, 1.0, latency_ci=[2195.0, 4766.0])
+    for interval, tied in (([1.15, 2.59], False), ([0.95, 2.59], True)):
+        ci = {("d", "s", 4, 1): interval}
+        assert (indistinguishable(k4, [base, k4], "latency", ci) == [base]) is tied
+        assert tie_basis(k4, base, ci) == ("speed-up interval contains 1" if tied else None)
+        (s,) = draft_len_schedule([base, k4], speedup_ci=ci)
+        assert s.best == {1: 0 if tied else 4}
+    # without a speed-up interval the latency intervals decide, for the tie and the schedule alike
+    assert tie_basis(k4, base) == "latency intervals overlap"
+    (s,) = draft_len_schedule([base, k4])
+    assert s.best == {1: 0}

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
+from fake_client import ReadyClient
 from specbuild.cli import main
 from specbuild.client.prompts import Prompt
 from specbuild.client.sdk import GenerateResult
@@ -28,21 +29,12 @@ def test_in_flight_range_counts_the_requests_overlapping_each_moment():
     assert in_flight_range(_run(20, 21), [me, _run(20, 21)]) == (1, 1)
 
 
-class LoadScriptedClient:
+class LoadScriptedClient(ReadyClient):
     """Plain runs give the reference; speculative runs diverge at position 1 for prompt "q" only when
     another request is in flight (what a schedule bug looks like). Logit margins on request."""
 
     in_flight = 0
     lock = threading.Lock()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def wait_ready(self, timeout_s=0):
-        return None
 
     def generate(self, prompt, *, max_tokens, num_draft_tokens=None, end_id=None, **asks):
         ids = [7, 8, 9][:max_tokens]

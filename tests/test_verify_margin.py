@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_reference_server
 from specbuild.client.oracle import HFOracle, OracleError, compare_with_oracle
 from specbuild.client.prompts import Prompt
 from specbuild.client.sdk import SpecClient
@@ -25,11 +24,9 @@ PROMPTS = [
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def server(tiny_checkpoint, tmp_path_factory):
-    server, _ = tiny_reference_server(tiny_checkpoint, tmp_path_factory.mktemp("margin"), decoupled=False)
-    with server:
-        yield server
+@pytest.fixture
+def server(plain_server):
+    return plain_server[0]
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fake_client import ReadyClient
 from fault_injection import WARNING
 from specbuild.client.prompts import Prompt
 from specbuild.client.sampling import (
@@ -194,20 +195,7 @@ def test_a_sampling_check_without_drafts_is_not_exercised_and_exits_nonzero(monk
     said = describe_sampling_report(report)
     assert said.startswith("NOT EXERCISED: no draft tokens were proposed") and "--positions" in said
 
-    class Server:  # the deployment answers; verify_sampling's result is the report above
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return None
-
-        def wait_ready(self, timeout_s):
-            return None
-
-    monkeypatch.setattr(sdk, "SpecClient", Server)
+    monkeypatch.setattr(sdk, "SpecClient", ReadyClient)  # the deployment answers; verify_sampling's result is the report above
     monkeypatch.setattr(sampling_module, "verify_sampling", lambda *a, **k: report)
     result = CliRunner().invoke(main, ["verify", "--sampling", "--samples", "40", "--sampling-prompts", "1", "--positions", "2",
                                        "--temperature", "0.8", "--report", str(tmp_path / "report.json")])

@@ -23,16 +23,34 @@ from pydantic import ConfigDict, Field
 from specbuild.util.strict import StrictModel
 
 HUMANEVAL_TRAIN = "humaneval-train"
+MIXED_TRAIN = "mixed"  # the bundled training mix (specbuild/data/train_mix.jsonl; SOURCES.md)
 HUMANEVAL_TRAIN_START = 40  # HumanEval/40 .. HumanEval/163 train; 0 .. 39 stay held out
+
+
+class PromptSourceWeight(StrictModel):
+    """One training prompt source of a mix, with how much of it to take.
+
+    Example: ``{source: traffic.jsonl, weight: 2}`` takes that file's prompts twice over;
+    ``{source: mixed, weight: 0.25}`` takes the first quarter of the bundled mix.
+    """
+
+    source: str
+    """A training prompt source, as `train.prompts` names one (`mixed`, `humaneval-train`, a .jsonl / .txt file)."""
+    weight: float = Field(1.0, gt=0, le=100)
+    """Share of that source taken: round(weight * its prompts), its prompts in order, cycled when weight > 1."""
 
 
 class TrainConfig(StrictModel):
     """How to train the recipe's draft (self-distillation from the target).
 
     Attributes:
-        prompts: training prompts: ``humaneval-train`` (HumanEval problems 40..163, never the first 40)
-            or a ``.jsonl`` (objects with ``prompt`` or ``text``) / ``.txt`` (one per line) file,
-            relative to the recipe.
+        prompts: training prompts: ``humaneval-train`` (HumanEval problems 40..163, never the first 40),
+            ``mixed`` (the bundled training mix of six categories, disjoint from every evaluation set;
+            ``mixed:CATEGORY`` one of them), or a ``.jsonl`` / ``.txt`` file relative to the recipe: objects
+            with ``prompt`` or ``text`` (sent as written) or OpenAI-style ``messages`` (a chat log, rendered
+            with the target's chat template, a final assistant turn dropped); or a list of these, each
+            optionally ``{source, weight}`` (:class:`PromptSourceWeight`). Bundled user messages (``mixed``,
+            ``chat``, ``summarize``, ``specbench:...``) go inside the chat template as verify and bench send them.
         held_out: prompts for the held-out acceptance measurement (``humaneval:N`` with N <= 40, or a
             file); a prompt also in ``prompts`` is an error.
         max_prompts: use only the first N training prompts (None: all).
@@ -67,13 +85,29 @@ class TrainConfig(StrictModel):
             ``token_map_size`` tokens the target predicts most often in the training data (its argmax at
             every position), most frequent first (FR-Spec, Zhao et al. 2025). Not part of the training
             fingerprint: changing it rewrites the map, not the draft. None: write none.
+        draft_vocab_size: EAGLE-3 only: the head drafts over a reduced vocabulary of this many target tokens,
+            those the target predicts most often in the training data (ranked as ``token_map_size``), with
+            an ``lm_head`` of its own ``[draft_vocab_size, hidden]`` (started from the target's rows) and
+            ``d2t`` / ``t2d`` mapping draft ids to target ids (:func:`specbuild.methods.eagle3.train.draft_vocabulary`).
+            Lossless either way: the target verifies every draft. None: the target's lm_head, no ``d2t``.
         eval_prompts / eval_max_tokens / eval_draft_len: held-out acceptance measurement size.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    prompts: str = HUMANEVAL_TRAIN
-    """Training prompts: `humaneval-train` (HumanEval 40..163) or a .jsonl (`prompt` or `text`) / .txt file, relative to the recipe."""
+    prompts: str | list[str | PromptSourceWeight] = Field(HUMANEVAL_TRAIN, min_length=1)
+    """Training prompts: `humaneval-train` (HumanEval 40..163), `mixed[:CATEGORY]` (the bundled six-category mix), or a .jsonl (`prompt` / `text`, or OpenAI `messages` chat logs, rendered with the target's chat template) / .txt file relative to the recipe; or a list of these, each optionally `{source, weight}`."""
+    @property
+    def prompt_sources(self) -> list[PromptSourceWeight]:
+        """``prompts`` as a list of weighted sources (a single name: weight 1)."""
+        items = [self.prompts] if isinstance(self.prompts, str) else self.prompts
+        return [PromptSourceWeight(source=i) if isinstance(i, str) else i for i in items]
+
+    @property
+    def prompts_label(self) -> str:
+        """``prompts`` in one line for messages and model cards, e.g. ``"mixed + traffic.jsonl x2"``."""
+        return " + ".join(s.source + ("" if s.weight == 1 else f" x{s.weight:g}") for s in self.prompt_sources)
+
     held_out: str = "humaneval:20"
     """Prompts for the held-out acceptance measurement (`humaneval:N`, N <= 40, or a file); none may be a training prompt."""
     max_prompts: int | None = Field(None, ge=1)
@@ -124,6 +158,8 @@ class TrainConfig(StrictModel):
     """Draft model: KL distillation temperature."""
     token_map_size: int | None = Field(None, ge=1)
     """Write speculation.speculative_token_map with the target's N most frequent predictions in the data; null: none."""
+    draft_vocab_size: int | None = Field(None, ge=1)
+    """EAGLE-3 only: train the head's own lm_head over the N tokens the target predicts most often in the data and write d2t / t2d, as public EAGLE-3 heads store them; null: the target's full vocabulary (no d2t)."""
     eval_prompts: int = Field(10, ge=0)
     """Held-out prompts for the model card's acceptance measurement."""
     eval_max_tokens: int = Field(128, ge=1)

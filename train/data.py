@@ -90,17 +90,19 @@ class DistillData:
 def training_prompts(config: TrainConfig, *, base_dir: Path | None = None) -> tuple[list[Prompt], list[Prompt]]:
     """``(training prompts, held-out prompts)`` for ``config``.
 
+    Each source of ``train.prompts`` is loaded (:func:`load_source`) and weighted (:func:`weighted`), in
+    order. Prompts meant for the chat template (chat logs, and the bundled user-message sets such as
+    ``mixed``) carry ``Prompt.messages``; :func:`~specbuild.prompts.render_messages` turns them into the
+    target's chat-template text once its tokenizer is loaded.
+
     Raises:
         TrainDataError: a source cannot be read, or a held-out prompt's text is also a training prompt.
     """
     from specbuild.prompts import PromptSourceError
 
     try:
-        if config.prompts == HUMANEVAL_TRAIN:
-            train = load_prompts("humaneval")[HUMANEVAL_TRAIN_START:]
-        else:
-            train = load_prompts(config.prompts, base_dir=base_dir)
-        held_out = load_prompts(config.held_out, base_dir=base_dir)
+        train = [p for s in config.prompt_sources for p in weighted(load_source(s.source, base_dir=base_dir), s.weight)]
+        held_out = load_source(config.held_out, base_dir=base_dir)
     except PromptSourceError as exc:
         raise TrainDataError(f"train.prompts / train.held_out: {exc}") from None
     if config.max_prompts is not None:
@@ -113,6 +115,34 @@ def training_prompts(config: TrainConfig, *, base_dir: Path | None = None) -> tu
             f"HumanEval/{HUMANEVAL_TRAIN_START}: use humaneval:N with N <= {HUMANEVAL_TRAIN_START})"
         )
     return train, held_out
+
+
+def load_source(source: str, *, base_dir: Path | None = None) -> list[Prompt]:
+    """One prompt source's prompts, those meant for the chat template as one-user-turn conversations.
+
+    ``humaneval-train`` is HumanEval 40..163 (raw code); sources whose prompts verify and bench put inside
+    the chat template (:func:`~specbuild.prompts.wants_chat_template`: ``mixed``, ``chat``, ``summarize``,
+    ``specbench:...``) get ``messages``; a file's ``messages`` lines keep theirs; other lines stay raw text.
+
+    Raises:
+        PromptSourceError: as :func:`~specbuild.prompts.load_prompts`.
+    """
+    from specbuild.prompts import as_user_messages, wants_chat_template
+
+    if source == HUMANEVAL_TRAIN:
+        return load_prompts("humaneval")[HUMANEVAL_TRAIN_START:]
+    prompts = load_prompts(source, base_dir=base_dir)
+    return as_user_messages(prompts) if wants_chat_template(source, "auto") else prompts
+
+
+def weighted(prompts: Sequence[Prompt], weight: float) -> list[Prompt]:
+    """The first ``round(weight * len(prompts))`` prompts (at least one), cycling through them when
+    ``weight > 1``; repeats get ids ``<id>#2``, ``<id>#3``, ... Example: 4 prompts, weight 1.5 -> p0..p3, p0#2, p1#2."""
+    import dataclasses
+
+    count = max(1, round(weight * len(prompts))) if prompts else 0
+    return [p if k < len(prompts) else dataclasses.replace(p, id=f"{p.id}#{k // len(prompts) + 1}")
+            for k, p in ((k, prompts[k % len(prompts)]) for k in range(count))]
 
 
 STDLIB_TEXTS = "python-stdlib"
@@ -182,6 +212,8 @@ def responses_fingerprint(target_fingerprint: str, prompts: Sequence[Prompt], co
         h.update(f":{config.samples_per_prompt}:{config.temperature}:{config.seed}".encode())
     for p in prompts:
         h.update(hashlib.sha256(p.text.encode()).digest())
+        if p.messages is not None:  # a conversation: its turns, which the chat template renders
+            h.update(hashlib.sha256(json.dumps(p.messages).encode()).digest())
     return h.hexdigest()[:16]
 
 

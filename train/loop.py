@@ -10,6 +10,9 @@ Checkpoint directory layout (only the newest is kept)::
     <ckpt_dir>/step-000300/trainable.safetensors   the trainable parameters (names as in the model)
     <ckpt_dir>/step-000300/optimizer.pt            AdamW state (read back with weights_only=True)
     <ckpt_dir>/step-000300/state.json              step, losses so far
+    <ckpt_dir>/init.safetensors                    optional: weights to start from instead of the fresh
+                                                   initialisation (fine-tuning an existing draft,
+                                                   ``train-draft --from-log``); read at step 0 only
 """
 
 from __future__ import annotations
@@ -140,6 +143,19 @@ def train_beside_target(
     return model, train(model, objective(model), config, ckpt_dir, **train_options)
 
 
+def settings_free(train_head: Callable[..., TrainResult]) -> Callable[..., TrainResult]:
+    """A :attr:`~specbuild.methods.Training.train` for a trainer that neither the method's settings nor
+    the tokenizer choose anything of (EAGLE's and EAGLE-3's heads): ``train_for(spec, target, tokenizer,
+    data, config, out_dir, ckpt_dir, **common)`` calls ``train_head(target, data, config, out_dir,
+    ckpt_dir, **common)``."""
+
+    def train_for(spec, target, tokenizer, data, config: TrainConfig, out_dir: Path, ckpt_dir: Path, **common) -> TrainResult:
+        del spec, tokenizer
+        return train_head(target, data, config, out_dir, ckpt_dir, **common)
+
+    return train_for
+
+
 def train(
     model: torch.nn.Module,
     step_fn: Callable[[int], StepOutput],
@@ -244,12 +260,51 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
+INIT_WEIGHTS = "init.safetensors"
+
+
+def load_initial_weights(params: dict[str, torch.nn.Parameter], tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Copy ``tensors`` (a saved draft's, named as on disk) into the trainable ``params`` (named as in the
+    model). A parameter takes the tensor of the same name, or the one whose name ends its own or is ended
+    by it at a dot (``heads.0.0.linear.weight`` <- ``0.0.linear.weight``, Medusa's on-disk names).
+
+    Raises:
+        ValueError: a parameter with no tensor, with several candidates, or of another shape; the message
+            names it and says the saved draft was made with other settings (``where``: its path).
+    """
+    def matches(param: str, saved: str) -> bool:
+        return param == saved or param.endswith("." + saved) or saved.endswith("." + param)
+
+    problems = []
+    chosen = {}
+    for name, p in params.items():
+        found = [t for t in tensors if t == name] or [t for t in tensors if matches(name, t)]
+        if len(found) != 1:
+            problems.append(f"{name}: {'no tensor' if not found else f'{len(found)} candidates ' + str(found[:3])}")
+        elif tuple(tensors[found[0]].shape) != tuple(p.shape):
+            problems.append(f"{name}: saved {list(tensors[found[0]].shape)}, the model has {list(p.shape)}")
+        else:
+            chosen[name] = tensors[found[0]]
+    if problems:
+        raise ValueError(f"{where}: the saved draft does not fit the model being trained ({'; '.join(problems[:4])}); "
+                         "it was trained with other settings (num_layers, heads, target): fine-tune with the settings it "
+                         "was trained with, or train a new draft without --from-log")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(chosen[name].to(p.device, p.dtype))
+
+
 def _resume(ckpt_dir: Path, model, params, optimizer, log) -> tuple[int, list[float], float, dict[str, float]]:
     """``(step, losses, training seconds so far, last metrics)`` of the newest checkpoint, loaded into
-    ``params`` and ``optimizer``; ``(0, [], 0.0, {})`` when there is none."""
+    ``params`` and ``optimizer``; ``(0, [], 0.0, {})`` when there is none (then the parameters start
+    from ``<ckpt_dir>/init.safetensors`` where that exists: :func:`load_initial_weights`)."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     latest = latest_checkpoint(ckpt_dir)
     if latest is None:
+        init = ckpt_dir / INIT_WEIGHTS
+        if init.is_file():
+            load_initial_weights(params, load_file(str(init)), str(init))
+            log(f"starting from the weights in {init} (fine-tuning)")
         return 0, [], 0.0, {}
     state = json.loads((latest / "state.json").read_text())
     saved = load_file(str(latest / "trainable.safetensors"))

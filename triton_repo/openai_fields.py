@@ -94,8 +94,9 @@ FIELDS: tuple[RequestField, ...] = (
     RequestField("temperature", _H, "default 1.0 as OpenAI; 0 = greedy (then top_k, top_p and seed have no effect)"),
     RequestField("top_p", _H, "nucleus sampling, in (0, 1]"),
     RequestField("top_k", _H, "vLLM's: top-k sampling; 0 or -1 = off"),
-    RequestField("seed", _H, "the engine's sampling seed: the same seed gives the same tokens; omitted = the engine's "
-                 "default (the reference engine: seed 0, so sampled answers repeat unless the seed changes)"),
+    RequestField("seed", _H, "the engine's sampling seed: the same seed gives the same tokens; omitted = a fresh random "
+                 "seed per request, as OpenAI and vLLM (sampled answers differ); the Triton interface keeps TensorRT-LLM's "
+                 "default there"),
     RequestField("ignore_eos", _H, "vLLM's: generate max_tokens tokens (Triton end_id = -1)"),
     RequestField("return_token_ids", _H, "vLLM's (>= 0.10.2): token_ids per choice, prompt_token_ids"),
     RequestField("num_draft_tokens", _H, "specbuild's: draft length of this request; 0 = speculation off"),

@@ -13,7 +13,9 @@ sits in front of an in-process server::
 
 Request fields (OpenAI's): ``model``, ``prompt`` (a string, a list of one string, or token ids) or ``messages``,
 ``max_tokens`` (chat also ``max_completion_tokens``; default 16), ``temperature`` (default 1.0, OpenAI's;
-0 = greedy), ``top_p``, ``seed``, ``stream``, ``stream_options.include_usage``, ``stop`` (a string or a
+0 = greedy), ``top_p``, ``seed`` (omitted at temperature > 0: a fresh random seed per request, so
+unseeded sampled answers differ as with OpenAI and vLLM; the Triton interface, which this front does
+not change, keeps TensorRT-LLM's default seed), ``stream``, ``stream_options.include_usage``, ``stop`` (a string or a
 list: the text is cut before the first one, ``finish_reason: "stop"``; see
 :mod:`specbuild.triton_repo.openai_stop`). Every other field, OpenAI's or vLLM's, is in the table of
 :mod:`specbuild.triton_repo.openai_fields`: accepted when it cannot change the output or is sent at its
@@ -53,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -111,6 +114,11 @@ class FrontendConfig:
     limits: FrontLimits = FrontLimits()
 
 
+UNSEEDED_RANGE = 2**63
+"""Seeds drawn for unseeded sampled requests lie in ``[0, UNSEEDED_RANGE)``: inside TensorRT-LLM's UINT64
+``seed`` and every signed 64-bit conversion on the way."""
+
+
 class _Request(BaseModel):
     """Fields shared by both routes (see the module docstring)."""
 
@@ -163,11 +171,14 @@ class _Request(BaseModel):
         return "messages" if self.ROUTE == "chat" else "prompt"
 
     def sampling(self, default_num_draft_tokens: int | None = None) -> dict[str, Any]:
-        """SpecClient.generate keyword arguments: greedy at temperature 0."""
+        """SpecClient.generate keyword arguments: greedy at temperature 0; sampling with the request's
+        ``seed``, or without one a fresh random seed in ``[0, 2**63)`` (:data:`UNSEEDED_RANGE`), so that
+        two unseeded sampled requests differ, as OpenAI's and vLLM's do."""
         k = self.num_draft_tokens if self.num_draft_tokens is not None else default_num_draft_tokens
         options: dict[str, Any] = {"end_id": -1 if self.ignore_eos else None, "num_draft_tokens": k}
         if self.temperature > 0:
-            options.update(temperature=self.temperature, seed=self.seed)
+            seed = self.seed if self.seed is not None else secrets.randbelow(UNSEEDED_RANGE)
+            options.update(temperature=self.temperature, seed=seed)
             options.update(top_p=self.top_p, top_k=None if self.top_k in (None, -1) else self.top_k)
         return options
 
@@ -553,19 +564,18 @@ def create_app(config: FrontendConfig, *, restarts: Callable[[], int] | None = N
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest):
-        request.check(config.limits)
-        front.check_model(request)
-        text = await run_in_threadpool(front.completion_prompt, request)
-        return await _answer(request, text, kind="text_completion")
+        return await _answer(request, front.completion_prompt, kind="text_completion")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest):
+        return await _answer(request, front.chat_prompt, kind="chat.completion")
+
+    async def _answer(request: _Request, prompt_text: Callable[[Any], str], *, kind: str):
+        """Both endpoints: the request checked (limits, model), its prompt text by ``prompt_text``, then
+        the answer, streamed or whole."""
         request.check(config.limits)
         front.check_model(request)
-        text = await run_in_threadpool(front.chat_prompt, request)
-        return await _answer(request, text, kind="chat.completion")
-
-    async def _answer(request: _Request, text: str, *, kind: str):
+        text = await run_in_threadpool(prompt_text, request)
         max_tokens = _max_tokens(request)
         param = "messages" if kind == "chat.completion" else "prompt"
         prompt_ids = await run_in_threadpool(front.prompt_token_ids, text, param)

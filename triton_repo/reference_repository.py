@@ -50,6 +50,7 @@ class ReferenceRepoSpec:
     fingerprint: str = ""
     decoupled: bool = False  # tensorrt_llm streams (model_transaction_policy { decoupled: true })
     stream_interval: int = 1  # decoding iterations per streamed response (TensorRT-LLM's stream_interval)
+    request_log: str = ""  # serve.request_log, absolute: preprocessing appends each prompt there; "": off
 
 
 def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
@@ -60,7 +61,8 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
     preprocessing = ModelConfig(
         name=PREPROCESSING.name, backend="python", max_batch_size=b,
         inputs=PREPROCESSING.inputs, outputs=PREPROCESSING.outputs,
-        parameters={"tokenizer_dir": tokenizer_dir, "add_special_tokens": "true", **ids},
+        parameters={"tokenizer_dir": tokenizer_dir, "add_special_tokens": "true", **ids}
+        | ({"request_log": spec.request_log} if spec.request_log else {}),
     )
     engine_interface = ENGINE.served_by(REFERENCE)
     engine = ModelConfig(
@@ -156,12 +158,13 @@ def write_reference_repository(spec: ReferenceRepoSpec, repo_dir: Path) -> Path:
 
 
 def spec_from_engine_dir(engine_dir: Path, *, instance_count: int = 1, decoupled: bool = False,
-                         stream_interval: int = 1) -> ReferenceRepoSpec:
+                         stream_interval: int = 1, request_log: str = "") -> ReferenceRepoSpec:
     """A :class:`ReferenceRepoSpec` read from a built engine directory's config.json.
 
     ``decoupled`` (recipe ``serve.decoupled``): the ``tensorrt_llm`` model may stream; clients then use
     gRPC streaming (``start_stream`` / ``async_stream_infer``) for every request, as with TensorRT-LLM.
-    ``stream_interval`` (recipe ``serve.stream_interval``): decoding iterations per streamed response."""
+    ``stream_interval`` (recipe ``serve.stream_interval``): decoding iterations per streamed response.
+    ``request_log`` (recipe ``serve.request_log``, resolved): where preprocessing logs prompts; "": off."""
     config = json.loads((engine_dir / "config.json").read_text())
     meta = config["specbuild"]
     return ReferenceRepoSpec(
@@ -172,6 +175,7 @@ def spec_from_engine_dir(engine_dir: Path, *, instance_count: int = 1, decoupled
         instance_count=instance_count,
         decoupled=decoupled,
         stream_interval=stream_interval,
+        request_log=request_log,
         device=meta.get("device", "cpu"),
         recipe=meta.get("recipe", ""),
         fingerprint=meta.get("fingerprint", ""),

@@ -15,18 +15,8 @@ from pydantic import Field, model_validator
 
 from specbuild.util.strict import FieldProblem
 
-from ..base import (
-    Conversion,
-    ReferenceWeights,
-    SpeculationMethod,
-    Training,
-    Tree,
-    TrtllmMapping,
-    Weights,
-    chain,
-    tree_depth,
-)
-from ..heads import check_head_sizes, locate_head_dir
+from ..base import Conversion, SpeculationMethod, Training, Tree, TrtllmMapping, chain, chain_of, tree_depth
+from ..heads import check_head_sizes, head_weights, locate_head_dir
 from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
@@ -155,8 +145,7 @@ def _engine_model(spec: EagleSpeculation) -> dict[str, Any]:
 
 def _held_out_config(spec: EagleSpeculation, artefact: Path, draft_len: int) -> dict[str, Any]:
     """The head measured with the static chain ``[[0], [0, 0], ...]`` of ``draft_len`` nodes."""
-    return {"decoding_type": spec.decoding_type, "max_draft_len": draft_len, "num_eagle_layers": draft_len,
-            "eagle_choices": chain(draft_len), "speculative_model_dir": str(artefact)}
+    return chain_of(spec, artefact, draft_len) | {"num_eagle_layers": draft_len, "eagle_choices": chain(draft_len)}
 
 
 METHOD = SpeculationMethod(
@@ -174,11 +163,7 @@ METHOD = SpeculationMethod(
         check=_check_trtllm,
         engine_model=_engine_model,
     ),
-    weights=Weights(
-        field="eagle_model", what="the EAGLE head directory", role="eagle", check_fit=check_sizes,
-        reference=ReferenceWeights(subdir="eagle", locate=locate_head, load="specbuild.methods.eagle.engine:read_for_build",
-                                   write="specbuild.methods.eagle.engine:write_for_build", fingerprint_key="eagle"),
-    ),
+    weights=head_weights("eagle", field="eagle_model", what="the EAGLE head directory", locate=locate_head, check_fit=check_sizes),
     engine="specbuild.methods.eagle.engine:ENGINE",  # the head loaded once; trees of at most k nodes per request
     training=Training(train="specbuild.methods.eagle.train:train_for", held_out_config=_held_out_config),
     # EagleDecodingConfig keys that change nothing in a greedy, single-process engine.

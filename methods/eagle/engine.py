@@ -80,7 +80,7 @@ from transformers.models.llama.modeling_llama import (
 
 from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
-from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
+from specbuild.engine.drafters import EngineMethod, GroupedByProposer, MethodContext, PlainDrafter
 from specbuild.engine.kv_pool import KVCache, KVPool, KVShape
 from specbuild.engine.tree import SpecTree
 from specbuild.methods.base import MC_SIM_7B_63
@@ -368,18 +368,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, past: CacheView | None
-    ) -> tuple[torch.Tensor, LayerKV]:
-        """``x [S, H]``, ``mask [S, P + S]`` bool (True = attend), ``past`` at ``P`` -> ``[S, H]``, new KV."""
-        out, (new,) = self.forward_segments(x, rotary, [Segment(0, x.shape[0], mask, past)])
-        return out, new
-
-    def forward_segments(
         self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], segments: Sequence[Segment]
     ) -> tuple[torch.Tensor, list[LayerKV]]:
-        """Several requests' rows in one call: the projections run once over ``x [S, H]``, attention per
-        :class:`Segment` (``past``: this layer's :class:`CacheView`, where the rows' KV is written and read back
-        with the cached positions before it). Returns ``[S, H]`` and each segment's new KV.
+        """Several requests' rows in one call (one request: one segment of all rows): the projections run once
+        over ``x [S, H]``, attention per :class:`Segment` (``past``: this layer's :class:`CacheView`, where the
+        rows' KV is written and read back with the cached positions before it). Returns ``[S, H]`` and each
+        segment's new KV.
         """
         s = x.shape[0]
         q = self.q_proj(x).view(s, self.num_heads, self.head_dim).transpose(0, 1)  # [nH, S, d]
@@ -440,7 +434,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """``x [S, H]``; per segment ``past`` is this layer's :class:`CacheView` -> ``[S, H]``, each segment's new KV."""
         normed = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
-        attended, new = self.self_attn.forward_segments(normed, rotary, segments)
+        attended, new = self.self_attn(normed, rotary, segments)
         x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x)), new
 
@@ -1041,15 +1035,11 @@ def feed_pending(drafters: Sequence[Any], update_batch: Callable[..., None]) -> 
             d.pending = None
 
 
-class EagleDrafter(FeatureTreeDrafter):
+class EagleDrafter(GroupedByProposer, FeatureTreeDrafter):
     """The engine's head (an :class:`EagleProposer`): the requests of one head feed their features and
     grow their trees in shared head calls (a :class:`~specbuild.engine.drafters.BatchDrafter`)."""
 
     proposer: EagleProposer
-
-    @property
-    def batch_key(self) -> EagleHead:
-        return self.proposer.batch_key
 
     @classmethod
     def draft_batch(cls, drafters: Sequence[EagleDrafter], contexts, *, max_accepts, samplers) -> list[Block]:

@@ -26,7 +26,7 @@ from specbuild.methods.eagle.engine import EagleConfig, EagleHead, save_eagle_he
 
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import DistillData
-from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, step_generator, train_beside_target
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, settings_free, step_generator, train_beside_target
 
 
 def eagle_config_for(target_config, *, num_layers: int = 1) -> EagleConfig:
@@ -103,7 +103,5 @@ def train_eagle(
     return result
 
 
-def train_for(spec, target, tokenizer, data: DistillData, config: TrainConfig, out_dir: Path, ckpt_dir: Path, **common) -> TrainResult:
-    """:attr:`~specbuild.methods.Training.train` of EAGLE: :func:`train_eagle` (the settings choose nothing)."""
-    del spec, tokenizer
-    return train_eagle(target, data, config, out_dir, ckpt_dir, **common)
+train_for = settings_free(train_eagle)
+""":attr:`~specbuild.methods.Training.train` of EAGLE: :func:`train_eagle` (the settings choose nothing)."""

@@ -1,5 +1,6 @@
 """EAGLE-3 (Li et al. 2025): the draft head fuses features from three target layers (``midlayer``
-format, optional draft vocabulary with ``d2t``) and drafts a chain. Greedy only.
+format, optional draft vocabulary with ``d2t``) and drafts a chain, or EAGLE-2's dynamic tree
+(``use_dynamic_tree``; :mod:`specbuild.methods.eagle3.tree`). Greedy only.
 
 TensorRT-LLM: the PyTorch backend's ``Eagle3DecodingConfig`` (decoding_type ``Eagle`` before 1.3).
 Reference engine: :mod:`specbuild.methods.eagle3.engine`. Training: :mod:`specbuild.methods.eagle3.train`.
@@ -12,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..base import MethodParams, ReferenceWeights, SpeculationMethod, Training, TrtllmMapping, Weights, chain_of
+from ..base import MethodParams, SpeculationMethod, Training, TrtllmMapping, chain_of
 from ..eagle import check_sizes, locate_head
-from ..heads import read_json, target_config
+from ..heads import head_weights, read_json, target_config
 
 if TYPE_CHECKING:
     from specbuild.util.checkpoints import CheckpointSource
@@ -43,14 +44,14 @@ class Eagle3Speculation(MethodParams):
     eagle_model: str = Field(min_length=1)
     """Folder with the EAGLE-3 head (relative to the recipe, may start with $SPECBUILD_CACHE)."""
     max_draft_len: int = Field(3, ge=1, le=32)
-    """Draft tokens per step (a chain)."""
+    """Draft tokens per step (a chain), or the depth of the dynamic tree (use_dynamic_tree)."""
     eagle3_one_model: bool = True
     """TensorRT-LLM: run the head inside the target's model (one model) rather than as a second one; written for
     1.2.x only: from 1.3 the plan leaves it out (the 1.3.0rc27 and 1.4 LLM APIs have no such field; one model
     is the only path)."""
     use_dynamic_tree: bool = False
-    """TensorRT-LLM PyTorch backend: EAGLE-2's dynamic tree; each of the max_draft_len draft layers expands
-    dynamic_tree_max_topK nodes (the reference engine drafts a chain and refuses it)."""
+    """EAGLE-2's dynamic tree (TensorRT-LLM PyTorch backend and the reference engine): each of the max_draft_len
+    draft layers expands dynamic_tree_max_topK nodes; the best max_total_draft_tokens nodes are verified."""
     dynamic_tree_max_topK: int | None = Field(None, ge=1, le=64)
     """With use_dynamic_tree: nodes expanded per draft layer."""
     max_total_draft_tokens: int | None = Field(None, ge=1)
@@ -72,6 +73,14 @@ class Eagle3Speculation(MethodParams):
             raise ValueError(f"max_total_draft_tokens must be in [max_draft_len, dynamic_tree_max_topK * max_draft_len] = "
                              f"[{self.max_draft_len}, {most}], got {self.max_total_draft_tokens}")
         return self
+
+    @property
+    def draft_tokens_per_step(self) -> int:
+        """Draft tokens one verify step holds: max_draft_len for a chain, the tree's nodes for a dynamic tree
+        (max_total_draft_tokens, default dynamic_tree_max_topK * max_draft_len; TensorRT-LLM's tokens per step)."""
+        if not self.use_dynamic_tree:
+            return self.max_draft_len
+        return self.max_total_draft_tokens or self.dynamic_tree_max_topK * self.max_draft_len
 
     def to_llm_api(self) -> dict[str, Any]:
         config = self.llm_api_fields("max_draft_len", "speculative_model_dir=eagle_model", "eagle3_one_model")
@@ -113,10 +122,7 @@ def check_fit(loaded: LoadedRecipe, target_dir: Path, head_dir: Path) -> None:
 
 
 def _reference_check(spec: Eagle3Speculation) -> tuple[str, str] | None:
-    """TensorRT-LLM-only settings: the reference engine drafts EAGLE-3 as a chain, with no SA enhancer."""
-    if spec.use_dynamic_tree:
-        return ("use_dynamic_tree", "the reference engine's EAGLE-3 drafts a chain; the dynamic tree is TensorRT-LLM's "
-                                    "(build.backend: pytorch): remove use_dynamic_tree / dynamic_tree_max_topK / max_total_draft_tokens")
+    """TensorRT-LLM-only settings: the reference engine's EAGLE-3 (a chain, or EAGLE-2's dynamic tree) has no SA enhancer."""
     if spec.sa_config is not None:
         return ("sa_config", "the SA enhancer is TensorRT-LLM's (1.4 line, build.backend: pytorch); the reference engine's "
                              "EAGLE-3 has none: remove sa_config, or use method: sa for suffix-automaton drafts")
@@ -134,14 +140,11 @@ METHOD = SpeculationMethod(
         speculative_decoding_mode="eagle",
         unavailable={"tensorrt": "EAGLE-3 exists only on TensorRT-LLM's PyTorch backend"},
     ),
-    weights=Weights(
-        field="eagle_model", what="the EAGLE-3 head directory", role="eagle3", check_fit=check_fit,
-        reference=ReferenceWeights(subdir="eagle3", locate=_locate, load="specbuild.methods.eagle3.engine:read_for_build",
-                                   write="specbuild.methods.eagle3.engine:write_for_build", fingerprint_key="eagle"),
-    ),
+    weights=head_weights("eagle3", field="eagle_model", what="the EAGLE-3 head directory", locate=_locate, check_fit=check_fit,
+                         fingerprint_key="eagle"),
     engine="specbuild.methods.eagle3.engine:ENGINE",  # the head loaded once; chains of at most k drafts per request
-    training=Training(train="specbuild.methods.eagle3.train:train_for", held_out_config=chain_of),
+    training=Training(train="specbuild.methods.eagle3.train:train_for", held_out_config=chain_of, draft_vocabulary=True),
     ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here
-    unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain)",
+    unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain or, with use_dynamic_tree, EAGLE-2's dynamic tree)",
     reference_check=_reference_check,
 )

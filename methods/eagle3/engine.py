@@ -58,7 +58,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
-from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
+from specbuild.engine.drafters import EngineMethod, GroupedByProposer, MethodContext, PlainDrafter
 
 from ..eagle.engine import (
     MLP, PT_NAMES, SAFETENSORS_NAME, Attention, CacheView, EagleConfig, HeadCache, LayerKV, RMSNorm, Segment, feed_pending,
@@ -145,7 +145,7 @@ class Eagle3Config:
         raw = {k: v for k, v in asdict(self).items() if v is not None and k != "aux_layer_ids"}
         if self.aux_layer_ids is not None:
             raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
-        return {"architectures": ["LlamaForCausalLMEagle3"], **raw}
+        return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **raw}
 
     def layer_config(self) -> EagleConfig:
         """The midlayer's sizes as an :class:`EagleConfig` (one layer), for the shared attention/MLP/rotary."""
@@ -203,17 +203,55 @@ def load_eagle3_head(head_dir: str | Path, *, dtype: torch.dtype = torch.float32
 def save_eagle3_head(head_dir: str | Path, state: Mapping[str, torch.Tensor], config: Eagle3Config) -> Path:
     """Write ``state`` (e.g. ``Eagle3Head.state_dict()``) and ``config`` as an EAGLE-3 head directory.
 
+    With ``d2t`` and ``config.vocab_size``, ``t2d`` (bool ``[vocab_size]``, :func:`vocab_mapping`) is written
+    beside it, as public EAGLE-3 heads store it; a ``t2d`` or ``embed_tokens.weight`` in ``state`` is dropped.
+
     Raises:
         ValueError: ``state`` does not match ``config`` (as :func:`load_eagle3_head`).
     """
     head_dir = Path(head_dir)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items() if k not in IGNORED_TENSORS}
     config = _with_draft_vocab(config, tensors)
     _check_state(tensors, config, head_dir)
+    if "d2t" in tensors and config.vocab_size is not None:  # beside d2t, as public heads store it (every engine skips it)
+        tensors["t2d"] = vocab_mapping(torch.arange(len(tensors["d2t"])) + tensors["d2t"], config.vocab_size)[1]
     head_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(head_dir / SAFETENSORS_NAME))
     (head_dir / "config.json").write_text(json.dumps(config.to_json(), indent=2) + "\n")
     return head_dir
+
+
+def vocab_mapping(target_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft vocabulary's ``d2t`` and ``t2d`` as public EAGLE-3 heads store them.
+
+    Draft id ``d`` is target id ``d + d2t[d]``; ``t2d[t]`` is True for the target ids the draft vocabulary
+    holds. Sources (what each loader reads): SafeAILab/EAGLE ``eagle/traineagle3/cnets.py`` (builds them from
+    the sorted used tokens: ``d2t = used - arange``, ``t2d = isin(arange(V), used)``); vLLM@00bd149
+    ``vllm/model_executor/models/llama_eagle3.py`` (``d2t`` -> ``draft_id_to_target_id``, target ids
+    ``arange(Vd) + d2t``; ``t2d`` skipped); SGLang@03d5a77 ``python/sglang/srt/models/llama_eagle3.py``
+    (``hot_token_id = d2t + arange``; ``t2d`` skipped); TensorRT-LLM@00679c6
+    ``tensorrt_llm/_torch/models/modeling_speculative.py`` (``Eagle3ForCausalLM``: ``d2t`` of length
+    ``draft_vocab_size`` when it differs from ``vocab_size``).
+
+    Args:
+        target_ids: ``[Vd]`` distinct target ids in ``[0, vocab_size)``, the draft vocabulary in draft-id
+            order (ascending, as EAGLE-3's trainer writes it: offsets are then >= 0).
+        vocab_size: the target's vocabulary ``V``.
+
+    Returns:
+        ``(d2t [Vd] int64, t2d [V] bool)``. Example: target ids ``[2, 5, 6]``, V = 8 -> d2t ``[2, 4, 4]``,
+        t2d ``[F, F, T, F, F, T, T, F]``.
+
+    Raises:
+        ValueError: an id outside ``[0, vocab_size)`` or repeated.
+    """
+    ids = torch.as_tensor(target_ids, dtype=torch.long).flatten()
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
+        raise ValueError(f"a draft vocabulary must list distinct target ids in [0, {vocab_size}); got {ids.numel()} id(s)"
+                         + (f" in [{int(ids.min())}, {int(ids.max())}]" if ids.numel() else ""))
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return ids - torch.arange(len(ids)), t2d
 
 
 def _with_draft_vocab(config: Eagle3Config, state: Mapping[str, torch.Tensor]) -> Eagle3Config:
@@ -282,7 +320,7 @@ class MidLayer(nn.Module):
         """Several requests' rows (``[S, H]`` each input), attention per :class:`Segment` (``past``: its
         :class:`CacheView`) -> ``[S, H]``, each segment's new KV."""
         wide = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [S, 2H]
-        attended, new = self.self_attn.forward_segments(wide, rotary, segments)
+        attended, new = self.self_attn(wide, rotary, segments)
         x = hidden + attended  # residual: the un-normed hidden input
         return x + self.mlp(self.post_attention_layernorm(x)), new
 
@@ -545,20 +583,30 @@ def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_d
 
 # --- the reference engine's side of "eagle3": settings -> head loaded once -> proposer ----------------
 
-LoadedEagle3 = LoadedHead[Eagle3Speculation, Eagle3Proposer]  # the engine state of "Eagle3"
+LoadedEagle3 = LoadedHead[Eagle3Speculation, Any]  # the engine state of "Eagle3": an Eagle3Proposer or (dynamic tree) Eagle3TreeProposer
 
 
 def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagle3:
     """Load the head from ``config.eagle_model`` in the target's dtype and device; it drafts chains of
-    ``config.max_draft_len`` (``eagle3_one_model`` changes nothing in one process).
+    ``config.max_draft_len``, or with ``use_dynamic_tree`` EAGLE-2's dynamic trees
+    (:class:`~specbuild.methods.eagle3.tree.Eagle3TreeProposer`); ``eagle3_one_model`` changes nothing in
+    one process.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`load_eagle3_head`; a head that does not fit the target.
+        FileNotFoundError / ValueError: as :func:`load_eagle3_head`; a head that does not fit the target;
+            for a tree, a target attention that cannot take a tree mask or ``dynamic_tree_max_topK`` above
+            the draft vocabulary.
     """
     target = context.target
     path = Path(config.eagle_model)
     head = load_eagle3_head(path, dtype=target.dtype).to(target.device)
     proposer = Eagle3Proposer(target, head, max_draft_len=config.max_draft_len, weight_dtype=context.draft_weight_dtype)
+    if config.use_dynamic_tree:
+        from ..head_files import check_tree_attention
+        from .tree import Eagle3TreeProposer, eagle3_tree_config
+
+        check_tree_attention(target, "EAGLE-3")
+        proposer = Eagle3TreeProposer(proposer, eagle3_tree_config(config))
     own = getattr(head, "lm_head", None)  # projected by the proposer's packed copy: not packed twice
     if own is not None:
         del head.lm_head
@@ -602,15 +650,11 @@ class FeatureChainDrafter(PlainDrafter):
         self.pending = (step.emitted, self._features(step.hidden_states)[step.keep])
 
 
-class Eagle3Drafter(FeatureChainDrafter):
+class Eagle3Drafter(GroupedByProposer, FeatureChainDrafter):
     """The engine's head (an :class:`Eagle3Proposer`): the requests of one head feed their features and
     draft their chains in shared head calls (a :class:`~specbuild.engine.drafters.BatchDrafter`)."""
 
     proposer: Eagle3Proposer
-
-    @property
-    def batch_key(self) -> Eagle3Head:
-        return self.proposer.batch_key
 
     @classmethod
     def draft_batch(cls, drafters: Sequence[Eagle3Drafter], contexts, *, max_accepts, samplers) -> list[Block]:
@@ -624,12 +668,17 @@ class Eagle3Drafter(FeatureChainDrafter):
 
 
 def make_drafter(loaded: LoadedEagle3, request: ResolvedRequest) -> Eagle3Drafter:
-    """A request's drafter: the engine's head drafting chains of at most ``num_draft_tokens``."""
+    """A request's drafter: the engine's head drafting chains of at most ``num_draft_tokens``, or (dynamic
+    tree) trees of at most ``num_draft_tokens`` nodes, EAGLE-2's reranking keeping the best."""
+    from .tree import Eagle3TreeDrafter, Eagle3TreeProposer
+
+    if isinstance(loaded.proposer, Eagle3TreeProposer):
+        return Eagle3TreeDrafter(loaded.proposer.capped(request.num_draft_tokens))
     return Eagle3Drafter(loaded.proposer, request.num_draft_tokens)
 
 
 ENGINE = EngineMethod(make_drafter=make_drafter, load=load_eagle3, greedy_only=True)
-"""The head loaded once per engine; chains of at most ``num_draft_tokens`` drafts per request."""
+"""The head loaded once per engine; chains (or dynamic trees) of at most ``num_draft_tokens`` drafts per request."""
 
 
 # --- the builder: the head checked and written into the engine directory -----------------------------

@@ -10,9 +10,18 @@ position ``j + d``; its queries see the true (step 0) keys up to ``j`` and the c
     query (j, d):  causal up to j     only j       ...  only j          (block-diagonal across pieces)
 
 Every step is trained to the target's greedy token: ``CE(lm_head(norm(o_{j,d})), argmax lm_head(f_{j+1+d}))``,
-weighted ``loss_decay ** d`` (EAGLE-3's code uses 0.8). The head uses the target's ``lm_head`` (no draft
-vocabulary, no ``d2t``), frozen; it is the engine's :class:`~specbuild.methods.eagle3.engine.Eagle3Head`,
-saved with :func:`~specbuild.methods.eagle3.engine.save_eagle3_head`.
+weighted ``loss_decay ** d`` (EAGLE-3's code uses 0.8). The head is the engine's
+:class:`~specbuild.methods.eagle3.engine.Eagle3Head`, saved with
+:func:`~specbuild.methods.eagle3.engine.save_eagle3_head`.
+
+Vocabulary: by default the head projects through the target's ``lm_head`` (frozen; no ``d2t``). With
+``train.draft_vocab_size = Vd`` it drafts over a reduced vocabulary, as EAGLE-3's public heads do
+(:func:`draft_vocabulary`): the ``Vd`` target ids the target predicts most often in the data, in ascending
+id order; its own ``lm_head [Vd, H]`` starts from the target's rows of those ids and is trained; a label
+outside the draft vocabulary is left out of the loss (the head can never draft it; EAGLE-3's trainer masks
+such positions the same way), and ``d2t`` / ``t2d`` are written beside the weights. Example: the target
+predicts ``[5, 2, 5, 7, 2, 5]``, ``Vd = 2`` -> draft vocabulary (target ids) ``[2, 5]``, ``d2t = [2, 4]``,
+label 5 -> draft id 1, label 7 -> left out.
 """
 
 from __future__ import annotations
@@ -22,12 +31,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbuild.methods.eagle3.engine import Eagle3Config, Eagle3Head, capture_layers_for, save_eagle3_head
+from specbuild.methods.eagle3.engine import Eagle3Config, Eagle3Head, capture_layers_for, save_eagle3_head, vocab_mapping
+from specbuild.methods.token_map import frequency_order
 
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import DistillData, ensure_aux_features
 from specbuild.methods.eagle.train import eagle_config_for
-from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, train_beside_target
+from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, settings_free, train_beside_target
 
 
 def eagle3_config_for(target_config) -> Eagle3Config:
@@ -45,13 +55,50 @@ def eagle3_config_for(target_config) -> Eagle3Config:
     )
 
 
+def draft_vocabulary(top1: torch.Tensor, vocab_size: int, size: int) -> torch.Tensor:
+    """The ``size`` target ids the target predicts most often in ``top1`` (its argmax at every training
+    position; ranked by :func:`~specbuild.methods.token_map.frequency_order`, unseen ids by id if fewer were
+    seen), in ascending id order: draft id ``d`` is the ``d``-th of them (EAGLE-3's trainers sort them so,
+    and every ``d2t`` offset is then >= 0).
+
+    Returns:
+        ``[size]`` long target ids. Example: ``top1 = [5, 2, 5, 7, 2, 5]``, size 2 -> ``[2, 5]``.
+
+    Raises:
+        ValueError: ``size`` above ``vocab_size``, or an id in ``top1`` outside the vocabulary.
+    """
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"train.draft_vocab_size={size} must be in [1, {vocab_size}] (the target's vocabulary)")
+    order, _ = frequency_order(top1, vocab_size)
+    return order[:size].sort().values
+
+
+def draft_head(config: Eagle3Config, target, target_ids: torch.Tensor | None) -> Eagle3Head:
+    """A fresh head for training: over the target's ``lm_head`` (``target_ids`` None), or over the draft
+    vocabulary ``target_ids [Vd]`` with its own ``lm_head`` started from the target's rows and ``d2t`` set."""
+    if target_ids is None:
+        return Eagle3Head(config, lm_head=False)
+    head = Eagle3Head(config, lm_head=True, d2t=True)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[target_ids.to(head.lm_head.weight.device)])
+        head.d2t.copy_(vocab_mapping(target_ids, config.vocab_size)[0])
+    return head
+
+
 class Eagle3Objective:
-    """One step's training-time-test loss over packed windows of ``data``."""
+    """One step's training-time-test loss over packed windows of ``data``; over the head's own draft
+    vocabulary when it has one (labels mapped target -> draft id, labels outside it left out)."""
 
     def __init__(self, head: Eagle3Head, target, data: DistillData, aux: torch.Tensor, config: TrainConfig, device) -> None:
         self.head, self.data, self.aux, self.config, self.device = head, data, aux, config, device
         self.embedding = target.get_input_embeddings()
-        self.lm_head = target.get_output_embeddings()
+        self.lm_head = head.lm_head if hasattr(head, "lm_head") else target.get_output_embeddings()
+        self.to_draft = None  # [V] long: target id -> draft id, -1 outside the draft vocabulary
+        if hasattr(head, "d2t"):
+            vocab = target.get_output_embeddings().weight.shape[0]
+            ids = torch.arange(len(head.d2t), device=head.d2t.device) + head.d2t  # [Vd] target ids
+            self.to_draft = torch.full((vocab,), -1, dtype=torch.long, device=device)
+            self.to_draft[ids.to(device)] = torch.arange(len(ids), device=device)
         self.batches = PackedBatches([int(n) - 1 for n in data.offsets.diff()], config.batch_tokens, config.seed)
 
     def __call__(self, step: int) -> StepOutput:
@@ -73,11 +120,17 @@ class Eagle3Objective:
             hidden, new = self.head(embeds, hidden, positions + d, mask, kv)  # [S, H]
             kv = new if kv is None else kv.cat(new)
             mask = torch.cat([causal] + [eye] * (d + 1), dim=1)  # next step: true keys + the chain so far + itself
-            labels = self.data.top1[token_at.clamp(max=last)].to(self.device)
-            logits = self.lm_head(self.head.norm(hidden[valid]))  # [valid, V]
-            ce = nn.functional.cross_entropy(logits, labels[valid])
+            labels = self.data.top1[token_at.clamp(max=last)].to(self.device)[valid]  # [valid] target ids
+            logits = self.lm_head(self.head.norm(hidden[valid]))  # [valid, V] (or [valid, Vd])
+            if self.to_draft is None:
+                ce = nn.functional.cross_entropy(logits, labels)
+                hits = logits.detach().argmax(-1) == labels
+            else:
+                drafts = self.to_draft[labels]  # [valid] draft ids, -1 outside the draft vocabulary
+                ce = nn.functional.cross_entropy(logits, drafts, ignore_index=-1, reduction="sum") / max(int((drafts >= 0).sum()), 1)
+                hits = logits.detach().argmax(-1) == drafts  # an out-of-vocabulary label is a miss
             loss = loss + self.config.loss_decay**d * ce
-            metrics[f"acc{d}"] = float((logits.detach().argmax(-1) == labels[valid]).float().mean())
+            metrics[f"acc{d}"] = float(hits.float().mean())
         return StepOutput(loss, len(index), metrics)
 
 
@@ -85,21 +138,33 @@ def train_eagle3(
     target, data: DistillData, config: TrainConfig, out_dir: Path, ckpt_dir: Path, *, device: torch.device,
     log=print, show_progress: bool = True, on_step=None,
 ) -> TrainResult:
-    """Train an EAGLE-3 head (target's lm_head, no draft vocabulary) and save it to ``out_dir``."""
+    """Train an EAGLE-3 head and save it to ``out_dir``: over the target's lm_head, or with
+    ``config.draft_vocab_size`` over that many target ids (:func:`draft_vocabulary`; ``lm_head``, ``d2t`` and
+    ``t2d`` written, ``draft_vocab_size`` in config.json).
+
+    Raises:
+        ValueError: ``draft_vocab_size`` above the target's vocabulary.
+    """
     for p in target.parameters():
         p.requires_grad_(False)
     head_config = eagle3_config_for(target.config)
+    target_ids = None
+    if config.draft_vocab_size is not None:
+        vocab = target.get_output_embeddings().weight.shape[0]
+        target_ids = draft_vocabulary(data.top1, vocab, config.draft_vocab_size)
+        head_config = Eagle3Config(**{**head_config.__dict__, "vocab_size": vocab, "draft_vocab_size": config.draft_vocab_size})
+        share = float(torch.isin(data.top1, target_ids).float().mean())
+        log(f"EAGLE-3 draft vocabulary: the {len(target_ids)} target tokens predicted most often ({share:.1%} of "
+            f"{data.num_tokens:,} predictions)")
     layers = capture_layers_for(head_config, target.config.get_text_config().num_hidden_layers)
     aux = ensure_aux_features(target, data, layers, batch_size=config.generation_batch_size, log=log)
     head, result = train_beside_target(
-        target, lambda: Eagle3Head(head_config, lm_head=False).to(device),
+        target, lambda: draft_head(head_config, target, target_ids).to(device),
         lambda head: Eagle3Objective(head, target, data, aux, config, device),
         config, ckpt_dir, description="EAGLE-3 head", log=log, show_progress=show_progress, on_step=on_step)
     save_eagle3_head(out_dir, head.state_dict(), head_config)
     return result
 
 
-def train_for(spec, target, tokenizer, data: DistillData, config: TrainConfig, out_dir: Path, ckpt_dir: Path, **common) -> TrainResult:
-    """:attr:`~specbuild.methods.Training.train` of EAGLE-3: :func:`train_eagle3` (the settings choose nothing)."""
-    del spec, tokenizer
-    return train_eagle3(target, data, config, out_dir, ckpt_dir, **common)
+train_for = settings_free(train_eagle3)
+""":attr:`~specbuild.methods.Training.train` of EAGLE-3: :func:`train_eagle3` (the settings choose nothing)."""

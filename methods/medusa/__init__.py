@@ -15,19 +15,8 @@ from pydantic import Field, model_validator
 
 from specbuild.util.strict import FieldProblem
 
-from ..base import (
-    MC_SIM_7B_63,
-    Conversion,
-    ReferenceWeights,
-    SpeculationMethod,
-    Training,
-    Tree,
-    TrtllmMapping,
-    Weights,
-    chain,
-    tree_depth,
-)
-from ..heads import check_head_sizes, locate_head_dir
+from ..base import MC_SIM_7B_63, Conversion, SpeculationMethod, Training, Tree, TrtllmMapping, chain, chain_of, tree_depth
+from ..heads import check_head_sizes, head_weights, locate_head_dir
 from ..token_map import TokenMapParams
 
 if TYPE_CHECKING:
@@ -131,8 +120,7 @@ def _held_out_config(spec: MedusaSpeculation, artefact: Path, draft_len: int) ->
     heads = spec.num_medusa_heads
     if draft_len > heads:
         raise ValueError(f"train.eval_draft_len={draft_len} exceeds the {heads} Medusa heads")
-    return {"decoding_type": spec.decoding_type, "max_draft_len": draft_len, "num_medusa_heads": heads,
-            "medusa_choices": chain(draft_len), "speculative_model_dir": str(artefact)}
+    return chain_of(spec, artefact, draft_len) | {"num_medusa_heads": heads, "medusa_choices": chain(draft_len)}
 
 
 METHOD = SpeculationMethod(
@@ -148,11 +136,7 @@ METHOD = SpeculationMethod(
         conversion=Conversion(script="medusa/convert_checkpoint.py", weights_flag="--medusa_model_dir", flags=_convert_flags),
         engine_model=_engine_model,
     ),
-    weights=Weights(
-        field="medusa_model", what="the Medusa head directory", role="medusa", check_fit=check_sizes,
-        reference=ReferenceWeights(subdir="medusa", locate=locate_heads, load="specbuild.methods.medusa.engine:read_for_build",
-                                   write="specbuild.methods.medusa.engine:write_for_build", fingerprint_key="medusa"),
-    ),
+    weights=head_weights("medusa", field="medusa_model", what="the Medusa head directory", locate=locate_heads, check_fit=check_sizes),
     engine="specbuild.methods.medusa.engine:ENGINE",  # heads loaded once; their tree cut to each request's first k nodes
     training=Training(train="specbuild.methods.medusa.train:train_for", held_out_config=_held_out_config),
 )

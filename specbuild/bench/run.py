@@ -535,6 +535,8 @@ def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: 
                 progress=lambda description, advance: bar.update(task, description=description, advance=advance),
                 log=lambda line: bar.console.print(line, highlight=False),
             )
+            # the label was the last request's point; the finished bar says what finished
+            bar.update(task, description=f"bench: {len(result.points)} points done")
     console.print(points_table(result.points, width=console.width))
     for line in notes(result):
         console.print(f"note: {line}")

@@ -36,6 +36,7 @@ from .analysis import (
     point_warnings,
     recommend_highest_throughput,
     recommend_lowest_latency,
+    tie_basis,
     tune,
 )
 from .analytic import (
@@ -58,5 +59,5 @@ __all__ = [
     "candidates", "dominates", "draft_len_schedule", "expected_speedup", "expected_tokens_per_step", "fit_acceptance",
     "fit_cost_ratio", "indistinguishable", "measured_per_position", "open_loop_speedups", "pareto_front",
     "per_position_from_sweep", "per_position_table", "per_position_warnings", "plot_frontier", "plot_speedup",
-    "point_warnings", "recommend_highest_throughput", "recommend_lowest_latency", "report_tables", "run_tune", "tune",
+    "point_warnings", "recommend_highest_throughput", "recommend_lowest_latency", "report_tables", "run_tune", "tie_basis", "tune",
 ]

@@ -111,17 +111,52 @@ def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
     return sorted(front, key=lambda c: (c.latency_ms, -c.throughput))
 
 
-def indistinguishable(best: Candidate, cands: Sequence[Candidate], goal: str) -> list[Candidate]:
-    """The other candidates the measurements cannot tell from ``best`` on the goal's axis: their 95 %
-    interval (latency for ``latency``, throughput for ``throughput``) overlaps ``best``'s. Only
-    candidates at the same load level for the latency goal. Empty when ``best`` has no interval.
+SpeedupIntervals = Mapping[tuple[str, str, int, int], Sequence[float]]
+"""``(deployment, prompt set, k, concurrency)`` -> the 95 % interval of k's speed-up over k = 0 there
+(the analytic table's, from per-request time per output token)."""
+
+
+def tie_basis(best: Candidate, other: Candidate, speedup_ci: SpeedupIntervals | None = None) -> str | None:
+    """Why the measurements cannot tell ``other`` from ``best`` at one load level, or ``None`` when they can.
+
+    The same test the draft-length schedule applies (:func:`draft_len_schedule`), so the
+    recommendation's note, the schedule and ``--write-recipe`` agree. Within one deployment, where
+    the speed-up intervals over k = 0 exist (closed loop):
+
+    - k = 0 against k > 0: tied when k's speed-up interval contains 1 (``"speed-up interval contains 1"``);
+    - two k > 0: tied when their speed-up intervals overlap (``"speed-up intervals overlap"``).
+
+    Otherwise (no speed-up interval, another deployment, open loop): tied when the 95 % latency
+    intervals overlap (``"latency intervals overlap"``); ``None`` when either has no interval.
+    Example: k=4 1.54 [1.15, 2.59], k=2 1.47 [1.17, 2.11]: k=0 is not tied with k=4 even when their
+    p50 latency intervals overlap, and k=2 is (``"speed-up intervals overlap"``).
+    """
+    speedup_ci = speedup_ci or {}
+    if other.deployment == best.deployment and best.request_rate is None and other.request_rate is None:
+        key = lambda c: (c.deployment, c.prompt_set, c.draft_len, c.concurrency)  # noqa: E731
+        if 0 in (best.draft_len, other.draft_len) and best.draft_len != other.draft_len:
+            interval = speedup_ci.get(key(best if best.draft_len else other))
+            if interval is not None:
+                return "speed-up interval contains 1" if interval[0] <= 1.0 <= interval[1] else None
+        elif best.draft_len and other.draft_len:
+            a, b = speedup_ci.get(key(best)), speedup_ci.get(key(other))
+            if a is not None and b is not None:
+                return "speed-up intervals overlap" if overlaps(a, b) else None
+    return "latency intervals overlap" if overlaps(best.latency_ci, other.latency_ci) else None
+
+
+def indistinguishable(best: Candidate, cands: Sequence[Candidate], goal: str, speedup_ci: SpeedupIntervals | None = None) -> list[Candidate]:
+    """The other candidates the measurements cannot tell from ``best`` on the goal's axis.
+
+    ``latency`` goal: candidates at ``best``'s load level for which :func:`tie_basis` finds a tie
+    (speed-up intervals over k = 0 where ``speedup_ci`` has them, else 95 % latency intervals).
+    ``throughput`` goal: candidates whose 95 % throughput interval overlaps ``best``'s. Empty when
+    ``best`` has no interval to compare.
     Example: best 100 ms [90, 110], other 105 ms [95, 120] -> [other]; other 130 ms [120, 140] -> []."""
-    axis = "latency_ci" if goal == "latency" else "throughput_ci"
+    if goal != "latency":
+        return [c for c in cands if c is not best and overlaps(best.throughput_ci, c.throughput_ci)]
     same_level = lambda c: (c.concurrency, c.request_rate) == (best.concurrency, best.request_rate)  # noqa: E731
-    return [
-        c for c in cands
-        if c is not best and (goal != "latency" or same_level(c)) and overlaps(getattr(best, axis), getattr(c, axis))
-    ]
+    return [c for c in cands if c is not best and same_level(c) and tie_basis(best, c, speedup_ci) is not None]
 
 
 def recommend_lowest_latency(cands: Sequence[Candidate], concurrency: int) -> Candidate:
@@ -153,7 +188,7 @@ def recommend_highest_throughput(cands: Sequence[Candidate], max_latency_ms: flo
 
 
 def draft_len_schedule(
-    cands: Sequence[Candidate], *, min_gain: float = 0.0, speedup_ci: Mapping[tuple[str, str, int, int], Sequence[float]] | None = None,
+    cands: Sequence[Candidate], *, min_gain: float = 0.0, speedup_ci: SpeedupIntervals | None = None,
 ) -> list[Schedule]:
     """Per (deployment, prompt set): the best draft length at each measured concurrency, and the
     threshold above which speculation stays off.
@@ -215,7 +250,7 @@ def batch_thresholds(best: Mapping[int, int]) -> dict[int, int]:
 
 
 def _best_draft_len(
-    group: Sequence[Candidate], level: int, min_gain: float, speedup_ci: Mapping[tuple[str, str, int, int], Sequence[float]],
+    group: Sequence[Candidate], level: int, min_gain: float, speedup_ci: SpeedupIntervals,
 ) -> int:
     """The lowest-latency k at ``level`` among those that beat k = 0 by ``min_gain`` and significantly
     (their speed-up interval lies above 1 where there is one, else their latency interval lies wholly
@@ -257,6 +292,8 @@ class TuneReport:
     min_gain: float = 0.0
     # prompt set -> candidates the recommendation cannot be told from (overlapping 95 % intervals)
     ties: dict[str, list[Candidate]] = field(default_factory=dict)
+    # prompt set -> why each of its ties is one (:func:`tie_basis`), in the order of ``ties``
+    tie_bases: dict[str, list[str]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # unreliable estimates, small samples, unstable points
     # points whose speed-up exceeds their tokens per step (baseline disturbed): never recommended or scheduled
     disturbed: list[Candidate] = field(default_factory=list)
@@ -267,7 +304,9 @@ class TuneReport:
         return {
             "latency_metric": self.latency_metric,
             "goal": self.goal,
-            "not_significantly_different": {s: [asdict(c) for c in t] for s, t in self.ties.items()},
+            "not_significantly_different": {
+                s: [asdict(c) | ({"basis": b} if b else {}) for c, b in zip(t, self.tie_bases.get(s) or [None] * len(t))]
+                for s, t in self.ties.items()},
             "warnings": self.warnings,
             "baseline_disturbed": [asdict(c) for c in self.disturbed],
             "open_loop_speedups": [asdict(r) for r in self.open_loop],
@@ -339,15 +378,16 @@ def tune(
             )
         except TuneError as exc:
             errors[prompt_set] = str(exc)
-    ties = {s: indistinguishable(c, by_set[s], goal) for s, c in recommendations.items()}
+    speedup_ci = {(r.deployment, r.prompt_set, r.draft_len, r.concurrency): r.speedup_ci for r in analytic if r.speedup_ci}
+    ties = {s: indistinguishable(c, by_set[s], goal, speedup_ci) for s, c in recommendations.items()}
+    tie_bases = {s: [tie_basis(recommendations[s], o, speedup_ci) if goal == "latency" else "throughput intervals overlap"
+                     for o in t] for s, t in ties.items() if t}
     goal_text = (
         f"lowest {latency} latency at concurrency {concurrency}"
         if goal == "latency"
         else f"highest throughput with {latency} latency <= {max_latency_ms:g} ms"
     )
-    schedules = draft_len_schedule(trusted, min_gain=min_gain, speedup_ci={
-        (r.deployment, r.prompt_set, r.draft_len, r.concurrency): r.speedup_ci for r in analytic if r.speedup_ci
-    })
+    schedules = draft_len_schedule(trusted, min_gain=min_gain, speedup_ci=speedup_ci)
     methods = {c.deployment: c.method for c in cands}
     return TuneReport(
         latency_metric=latency,
@@ -362,6 +402,7 @@ def tune(
         measured_per_position=measured_per_position(points),
         min_gain=min_gain,
         ties={s: t for s, t in ties.items() if t},
+        tie_bases=tie_bases,
         warnings=per_position_warnings(points) + point_warnings(points) + [
             f"{c.label}: {DISTURBED} (from the speed-up table); not recommended"
             for c in cands if c.disturbed and not _bench_flagged(points, c)],

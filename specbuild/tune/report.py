@@ -149,14 +149,21 @@ def _fmt_map(m: dict[int, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(m.items()))
 
 
-def tie_note(best, ties: Sequence) -> str:
-    """The recommendation and what it cannot be told apart from, naming the simpler choice: k=0
-    (speculation off) when it is among them, else the smallest draft length.
+def tie_note(best, ties: Sequence, bases: Sequence[str] | None = None) -> str:
+    """The recommendation and what it cannot be told apart from, each with the test that ties it
+    (``bases``: :func:`specbuild.tune.analysis.tie_basis`'s reasons, in the order of ``ties``; by
+    default "95% intervals overlap"), naming the simpler choice: k=0 (speculation off) when it is
+    among them, else the smallest draft length.
 
     Example: ``"the recommendation ngram k=4 C=1 is not significantly different from ngram k=0 C=1
-    (95% intervals overlap); the simpler choice is ngram k=0 C=1: speculation off"``.
+    (speed-up interval contains 1); the simpler choice is ngram k=0 C=1: speculation off"``.
     """
-    text = f"the recommendation {best.label} is not significantly different from {', '.join(o.label for o in ties)} (95% intervals overlap)"
+    bases = list(bases) if bases else ["95% intervals overlap"] * len(ties)
+    if len(set(bases)) == 1:
+        named = f"{', '.join(o.label for o in ties)} ({bases[0]})"
+    else:
+        named = ", ".join(f"{o.label} ({b})" for o, b in zip(ties, bases))
+    text = f"the recommendation {best.label} is not significantly different from {named}"
     simpler = min((o for o in ties if o.draft_len < best.draft_len), key=lambda o: o.draft_len, default=None)
     if simpler is None:
         return text + "; prefer the simpler or cheaper one"
@@ -199,7 +206,8 @@ def run_tune(points: Sequence, out_dir: str | Path, *, console, **goal) -> TuneR
     if any(_not_significant(r) for r in report.analytic + report.open_loop):  # the legend of a mark shown
         console.print("(n.s.): the speed-up's 95% interval contains 1.0 -- not significantly different from speculation off")
     for prompt_set, ties in sorted(report.ties.items()):
-        console.print(f"note: {prompt_set}: {tie_note(report.recommendations[prompt_set], ties)}", highlight=False)
+        note = tie_note(report.recommendations[prompt_set], ties, report.tie_bases.get(prompt_set))
+        console.print(f"note: {prompt_set}: {note}", highlight=False)
     for line in summarize_warnings(report.warnings):
         console.print(f"warning: {line}", highlight=False)
     json_path = report.write(out / "tune.json")
