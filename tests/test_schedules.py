@@ -145,3 +145,23 @@ def test_write_recipe_refuses_a_deployment_without_a_schedule(tmp_path):
         write_scheduled_recipe(tmp_path / "o.yaml", "smollm2-ngram", none)
     with pytest.raises(WriteRecipeError, match="needs the deployment's recipe"):
         write_scheduled_recipe(tmp_path / "o.yaml", tmp_path / "missing.yaml", SCHEDULE)
+
+
+def test_engine_configs_print_whole_at_80_columns():
+    """Each engine's config is one unbroken line a user can copy, at 80 columns too (no folded keys)."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from specbuild.tune.schedules import engine_schedule_table
+
+    engines = engine_schedules(SCHEDULE, "eagle3")
+    buf = io.StringIO()
+    console = Console(file=buf, width=80)
+    for item in engine_schedule_table([engines]):
+        console.print(item, soft_wrap=getattr(item, "no_wrap", None) is True)
+    lines = buf.getvalue().splitlines()
+    for label, config in (("TensorRT-LLM", engines.trtllm), ("vLLM", engines.vllm), ("SGLang", engines.sglang)):
+        if config is not None:
+            assert f"{engines.deployment} {label}: {json.dumps(config)}" in lines

@@ -54,7 +54,7 @@ def report_tables(report: TuneReport, *, width: int | None = None) -> list:
     out.append(t)
     out += schedule_tables(report)
     if report.engine_schedules:
-        out.append(engine_schedule_table(report.engine_schedules))
+        out += engine_schedule_table(report.engine_schedules)
     out.append(_analytic_table(report.analytic, narrow=narrow))
     if report.open_loop:
         t = _table("Open loop: speed-up vs k=0 at the same arrival rate (time per output token) [95% interval]",
@@ -199,7 +199,7 @@ def run_tune(points: Sequence, out_dir: str | Path, *, console, **goal) -> TuneR
     report = tune(points, **goal)
     report.plots = [str(plot_frontier(points, report, out / "frontier.png")), str(plot_speedup(points, report, out / "speedup.png"))]
     for table in report_tables(report, width=console.width):
-        console.print(table)
+        console.print(table, soft_wrap=getattr(table, "no_wrap", None) is True)  # a config line stays whole (engine_schedule_table)
     if report.disturbed:
         console.print(f"(disturbed): {DISTURBED} -- the k=0 baseline ran on a slower machine; such points are neither "
                       "recommended nor scheduled, and --write-recipe refuses them: rerun with --repeats 3", highlight=False)

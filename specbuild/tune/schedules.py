@@ -254,20 +254,27 @@ __all__ = [
 ]
 
 
-def engine_schedule_table(engines: Sequence[EngineSchedules]):
-    """A rich table: each deployment's schedule in TensorRT-LLM's, vLLM's and SGLang's syntax, with the notes."""
+def engine_schedule_table(engines: Sequence[EngineSchedules]) -> list:
+    """Each deployment's schedule in TensorRT-LLM's, vLLM's and SGLang's syntax: a table of the notes, then
+    one :class:`rich.text.Text` line per config (``no_wrap``) holding its JSON whole (print those with ``soft_wrap=True``:
+    never folded or cut whatever the terminal width, as a user copies it into ``extra_llm_api_options.yaml``
+    or a launch flag; a narrow terminal wraps it without inserting line breaks)."""
     import json
 
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title="The schedule in each engine's syntax (each checked by that engine's rules): TensorRT-LLM and "
-              "vLLM speculative_config, SGLang --speculative-adaptive-config", box=None, title_justify="left")
+              "vLLM speculative_config, SGLang --speculative-adaptive-config; configs below", box=None,
+              title_justify="left")
     t.add_column("deployment", no_wrap=True)
     t.add_column("engine", no_wrap=True)
-    t.add_column("config", overflow="fold", ratio=2)
-    t.add_column("notes", overflow="fold", ratio=1)
+    t.add_column("notes", overflow="fold")
+    lines = []
     for e in engines:
         rows = (("TensorRT-LLM", e.trtllm, "tensorrt-llm"), ("vLLM", e.vllm, "vllm"), ("SGLang", e.sglang, "sglang"))
         for label, config, key in rows:
-            t.add_row(e.deployment, label, "-" if config is None else json.dumps(config), "; ".join(e.notes.get(key, [])))
-    return t
+            t.add_row(e.deployment, label, "; ".join(e.notes.get(key, [])) or "-")
+            if config is not None:
+                lines.append(Text(f"{e.deployment} {label}: {json.dumps(config)}", no_wrap=True))
+    return [t, *lines]
