@@ -977,7 +977,7 @@ def _sweep_options(f):
         click.argument("targets", nargs=-1),
         click.option("--num-draft-tokens", "draft_lengths", default="0,2,4", show_default=True, callback=_int_list, metavar="K,K,...", help="num_draft_tokens per request to sweep (comma list, each <= the deployment's max_draft_len; 0 = speculation off, the baseline)."),
         click.option("--draft-lengths", "draft_lengths_old", default=None, callback=_int_list, hidden=True),
-        click.option("--concurrency", "concurrency", default=None, metavar="N", help="Closed loop at N requests in flight (one level) [1,2,4,8,16 as a sweep]."),
+        click.option("--concurrency", "concurrency", default=None, metavar="N", help="Closed loop at N requests in flight (one level). With no load flag: a sweep of 1,2,4,8,16."),
         click.option("--concurrency-sweep", "concurrency_sweep", default=None, callback=_int_list, metavar="N,N,...", help="Closed loop at each of these concurrency levels."),
         click.option("--levels", "levels", default=None, callback=_int_list, hidden=True),
         click.option("--request-rate", "request_rate", type=click.FloatRange(min=0, min_open=True), default=None, help="Open loop: requests arrive at this mean rate (requests/s; gamma gaps, see --burstiness)."),
@@ -1110,6 +1110,9 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, r
     throughput, goodput (--slo), tokens per step (acceptance length) and its histogram, acceptance
     rate; with --repeats N, 95% bootstrap intervals. Cross-checks the server's acceptance counters
     against the client's token counts and every output against k=0.
+
+    Without a load flag, bench sweeps concurrency 1,2,4,8,16 x draft lengths 0,2,4: 15 points, each
+    running every prompt (a long run on a CPU); pass --concurrency N for one level.
 
     \b
     Examples:

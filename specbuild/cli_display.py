@@ -57,21 +57,27 @@ def print_recipes(console: Console, rows: list[dict], *, wide: bool = False) -> 
         with console.capture() as captured:
             console.print(table)
         console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
-    if not described:
-        console.print("descriptions: specbuild recipes --wide (training times: estimates)", highlight=False)
+    notes = [] if described else ["descriptions: specbuild recipes --wide"]
+    if any(r.get("training") and not r["training"]["trained"] for r in rows):
+        notes.append("'est.': estimated training time on 2 CPU cores; 'trained': how long it took here")
+    for note in notes:
+        console.print(note, highlight=False, soft_wrap=True)
 
 
 def _training_cell(info: dict | None) -> str:
-    """``no``; ``yes, ~30 min est.``; ``yes, 3000 steps``; ``trained, 25 min + 15 min data``."""
+    """``no``; ``yes, ~30 min est.``; ``yes, 3000 steps``; ``trained, 40 min`` (training and data; the
+    split is in ``--json``)."""
     if info is None:
         return "no"
     if not info["trained"]:
         estimate = info.get("estimated_seconds")
         return f"yes, ~{max(1, round(estimate / 60))} min est." if estimate else f"yes, {info['steps']} steps"
     minutes = lambda s: f"{max(1, round(s / 60))} min"  # noqa: E731
-    data = f" + {minutes(info['data_seconds'])} data" if isinstance(info.get("data_seconds"), (int, float)) else ""
     seconds = info.get("seconds")
-    return f"trained, {minutes(seconds)}{data}" if isinstance(seconds, (int, float)) else f"trained, {info['steps']} steps"
+    if not isinstance(seconds, (int, float)):
+        return f"trained, {info['steps']} steps"
+    data = info.get("data_seconds")
+    return f"trained, {minutes(seconds + (data if isinstance(data, (int, float)) else 0))}"
 
 
 @contextmanager
@@ -153,7 +159,7 @@ def print_summary(console: Console, summary: RunSummary) -> None:
     console.print(f"engine: {p.engine_dir}\nrepository: {p.repo_dir}\nserver log: {p.log_file}\nreport: {p.report}", highlight=False)
     expected = expected_error_lines(p.log_file)
     if expected:
-        console.print(f"  (its {expected} CUDA 'E' lines are expected on a machine without a GPU)", highlight=False)
+        console.print(f"  tritonserver.log: its {expected} CUDA 'E' lines are expected on a machine without a GPU", highlight=False)
 
 
 SLOWER_MIN_PROMPTS = 5  # verify says SLOWER only when this many prompts were timed and their median agrees

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -334,15 +335,55 @@ def planned_speculative_config(loaded: LoadedRecipe, paths: RunPaths) -> tuple[d
     return plan.speculative_config, str(plan.files[0].path)
 
 
+def plan_stages(loaded: LoadedRecipe, paths: RunPaths) -> tuple[list[dict], list[dict]]:
+    """``(stages, files)`` of ``plan --json``, as objects a script reads without parsing text.
+
+    TensorRT-LLM recipes: one stage per command of ``build.sh`` (``name``, ``kind``, ``argv`` exactly as
+    run, ``command`` (its shell form), ``outputs``, ``log``, ``inputs``), then ``serve`` stages with the
+    launch ``argv`` (Triton's ``launch.sh`` and, on the PyTorch path, ``trtllm-serve``: alternatives,
+    ``alternative_to`` says which); ``files`` the config files written (``path``, ``text``).
+    Reference backend: the plan's lines as objects (``name``, ``kind``: ``info`` for what the recipe
+    names, else the stage the in-process run performs: train, check, build, repo, serve, verify,
+    report; ``detail``; ``outputs``) and no files. Raises ``RecipeError`` as :func:`plan_lines` does.
+    """
+    r = loaded.recipe
+    if r.build.backend != "reference":
+        from specbuild.builder.trtllm_plan import plan_for
+        from specbuild.builder.trtllm_version import installed_version
+        from specbuild.triton_repo.tensorrtllm import triton_launch_argv
+
+        plan = plan_for(loaded, paths.output_dir, version=installed_version())
+        stages = [{"name": s.name, "kind": str(s.kind), "argv": list(s.argv), "command": s.command(),
+                   "outputs": [str(p) for p in s.outputs], "log": str(s.log), "inputs": [str(p) for p in s.inputs]}
+                  for s in plan.steps]
+        triton = {"name": "serve-triton", "kind": "serve", "argv": triton_launch_argv(loaded, plan, paths.repo_dir)}
+        triton["command"] = shlex.join(triton["argv"])
+        stages.append(triton)
+        if plan.serve_argv:
+            stages.append({"name": "serve-trtllm-serve", "kind": "serve", "argv": list(plan.serve_argv),
+                           "command": shlex.join(plan.serve_argv), "alternative_to": "serve-triton"})
+            triton["alternative_to"] = "serve-trtllm-serve"
+        return stages, [{"path": str(f.path), "text": f.text} for f in plan.files]
+    outputs = {"build": [paths.engine_dir], "repo": [paths.repo_dir], "serve": [paths.log_file], "report": [paths.report]}
+    stages = []
+    for line in plan_lines(loaded, paths):
+        name, _, detail = line.partition(" ")
+        kind = "info" if name in ("recipe", "target", "method", "drafts", "kernels") else name
+        stages.append({"name": name, "kind": kind, "detail": detail.strip(), "outputs": [str(p) for p in outputs.get(name, [])]})
+    return stages, []
+
+
 def plan_json(loaded: LoadedRecipe, paths: RunPaths, stages: list[str], warnings: list[str]) -> dict:
     """``specbuild plan --json``: the recipe, where it runs, ``speculative_config`` and
     ``speculative_config_file`` (:func:`planned_speculative_config`: exactly what the run writes
-    there for the planned TensorRT-LLM version; both None where nothing is written), training, the
-    stage lines and warnings."""
+    there for the planned TensorRT-LLM version; both None where nothing is written), training,
+    ``stages`` and ``files`` as objects (:func:`plan_stages`), ``lines`` (the text plan, ``stages``
+    here) and warnings."""
     from specbuild.builder.train_stage import training_info
 
     r = loaded.recipe
     speculative_config, speculative_config_file = planned_speculative_config(loaded, paths)
+    structured, files = plan_stages(loaded, paths)
     return {
         "recipe": str(loaded.path),
         "name": r.name,
@@ -355,7 +396,9 @@ def plan_json(loaded: LoadedRecipe, paths: RunPaths, stages: list[str], warnings
         "speculative_config": speculative_config,
         "speculative_config_file": speculative_config_file,
         "training": training_info(loaded),
-        "stages": stages,
+        "stages": structured,
+        "files": files,
+        "lines": stages,
         "warnings": warnings,
     }
 

@@ -293,12 +293,12 @@ def test_plan_runs_the_check_for_a_recipe_with_a_local_draft(project_eagle3, dra
     recipe = write_recipe(tmp_path / "r.yaml", target, speculation=f"  method: eagle3\n  eagle_model: {project_eagle3}\n  max_draft_len: 3\n")
     plan = runner.invoke(main, ["plan", str(recipe), "--json"])
     assert plan.exit_code == 0, plan.output
-    lines = [s for s in json.loads(plan.output)["stages"] if s.startswith("check ")]
+    lines = [s for s in json.loads(plan.output)["lines"] if s.startswith("check ")]
     assert lines == [f"check     draft {project_eagle3} for the reference engine: 12 checks: 12 ok"]
 
     bad = _copy(draft_vocab_eagle3, tmp_path / "bad", tensors={"d2t": torch.full((DRAFT_VOCAB,), 1000, dtype=torch.int64)})
     recipe = write_recipe(tmp_path / "bad.yaml", target, speculation=f"  method: eagle3\n  eagle_model: {bad}\n  max_draft_len: 3\n")
     plan = runner.invoke(main, ["plan", str(recipe), "--json"])
     assert plan.exit_code == 0, plan.output  # the plan shows the failure; the build refuses the head when it loads it
-    [line] = [s for s in json.loads(plan.output)["stages"] if s.startswith("check ")]
+    [line] = [s for s in json.loads(plan.output)["lines"] if s.startswith("check ")]
     assert "1 fail (d2t)" in line and f"run: specbuild check-draft {bad} --target {target} --engine reference" in line

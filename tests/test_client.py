@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -526,3 +527,20 @@ def test_build_with_a_rebuilt_engine_leaves_no_current_looking_report(tiny_check
     rebuilt = runner.invoke(main, ["build", str(recipe), "-o", str(out), "--rebuild"])
     assert rebuilt.exit_code == 0, rebuilt.output
     assert not (out / "report.json").exists() and (out / "report.stale.json").exists() and "report.stale.json" in rebuilt.output
+
+
+def test_verify_table_fits_80_columns_with_names_and_counts_whole():
+    """nc4: the per-prompt table was ~104 columns; at 80 a prompt id or a token count must not be cut
+    (a user greps for them), only the divergence text folds."""
+    from specbuild.cli_display import print_report
+
+    report = make_report()
+    long_id = dataclasses.replace(report.results[1], prompt_id="HumanEval/163")
+    report = dataclasses.replace(report, results=[report.results[0], long_id])
+    console = Console(record=True, width=80)
+    print_report(console, report)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = "\n".join(lines)
+    assert "HumanEval/163" in text and "10/10" in text and "20/20" in text and "…" not in text
+    assert "@5: 5 vs 99" in " ".join(text.split())

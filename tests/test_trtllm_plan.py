@@ -506,3 +506,35 @@ def test_plan_json_speculative_config_is_the_written_file(name, version, tmp_pat
         assert got["speculative_config"]["decoding_type"] == ("Eagle" if version == "1.2.1" else "Eagle3")
         assert ("eagle3_one_model" in got["speculative_config"]) is (version == "1.2.1")
         assert ("speculative_model" in got["speculative_config"]) is (version != "1.2.1")
+
+
+@pytest.mark.parametrize("name", LLAMA_RECIPES)
+def test_plan_json_stages_are_the_commands_build_sh_runs(name, tmp_path):
+    """``plan --json``'s ``stages`` are objects a script runs without parsing text (nc4 item 1): each
+    build stage's ``argv`` is the command ``build.sh`` runs, in order, and the serve stages say which
+    launches are alternatives."""
+    import json
+    import shlex
+
+    from click.testing import CliRunner
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.cli import main
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["plan", name, "--json", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)
+    plan = plan_for(load_recipe(name), out)
+    script = plan.build_script()
+    build = [s for s in got["stages"] if s["kind"] != "serve"]
+    assert [s["name"] for s in build] == [step.name for step in plan.steps]
+    positions = [script.index(f"  {shlex.join(s['argv'])} > ") for s in build]
+    assert positions == sorted(positions)  # build.sh runs them in this order
+    assert all(s["outputs"] and s["log"] for s in build)
+    serve = {s["name"]: s for s in got["stages"] if s["kind"] == "serve"}
+    assert "serve-triton" in serve and serve["serve-triton"]["argv"]
+    if plan.serve_argv:  # PyTorch path: trtllm-serve or Triton, not both
+        assert serve["serve-trtllm-serve"]["alternative_to"] == "serve-triton"
+        assert serve["serve-triton"]["alternative_to"] == "serve-trtllm-serve"
+    assert [f["path"] for f in got["files"]] == [str(f.path) for f in plan.files]
+    assert got["lines"] and all(isinstance(line, str) for line in got["lines"])

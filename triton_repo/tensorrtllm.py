@@ -370,17 +370,25 @@ def multi_node_lines(plan: TrtllmPlan, repo_dir: Path) -> list[str]:
     return out
 
 
+def triton_launch_argv(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> list[str]:
+    """The command ``launch.sh`` runs to serve the plan's repository with Triton (in the container)."""
+    s = loaded.recipe.serve
+    ports = container_ports(s)
+    repo_dir = Path(os.path.abspath(repo_dir))
+    if plan.backend == "pytorch":
+        return llmapi_launch_command(repo_dir, host=container_address(s), **ports)
+    return launch_command(repo_spec_for(loaded, plan, end_id=0, pad_id=0), repo_dir, **ports)
+
+
 def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> list[str]:
     """What the plan's Triton repository will hold and the command that serves it (dry run).
 
     Engine path: every model with its backend and, for ``tensorrtllm`` models, every parameter
     (end/pad ids are read from the target checkpoint at run time, so they are not shown).
     """
-    s = loaded.recipe.serve
-    ports = container_ports(s)
     repo_dir = Path(os.path.abspath(repo_dir))
+    argv = triton_launch_argv(loaded, plan, repo_dir)
     if plan.backend == "pytorch":
-        argv = llmapi_launch_command(repo_dir, host=container_address(s), **ports)
         model = llmapi_model(loaded, plan)
         return [f"repository {repo_dir} (specbuild's ensemble over tensorrt_llm.LLM: output_ids and acceptance counts)",
                 f"  file {repo_dir / 'ensemble/config.pbtxt'} (backend python: {LLMAPI_MODULE})",
@@ -389,10 +397,11 @@ def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> 
                 f"  file {repo_dir / 'launch.sh'}", f"launch with Triton (the alternative to trtllm-serve above): $ {shlex.join(argv)}",
                 *multi_node_lines(plan, repo_dir)]
     spec = repo_spec_for(loaded, plan, end_id=0, pad_id=0)
-    argv = launch_command(spec, repo_dir, **ports)
     out = [f"repository {repo_dir} (TensorRT-LLM inflight_batcher_llm; end/pad ids from {plan.tokenizer_dir} at run time)"]
     for model in trtllm_models(spec):
         what = model.platform or f"backend {model.backend}"
+        if model.name == "ensemble" and not model.platform:
+            what += ": a BLS router that keeps num_draft_tokens, not upstream's platform: ensemble"
         if model.steps:
             what += ": " + " -> ".join(step.model_name for step in model.steps)
         out.append(f"  file {repo_dir / model.name / 'config.pbtxt'} ({what})")
