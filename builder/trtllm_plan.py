@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from specbuild.util.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
+from specbuild.util.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule, portable_schedule
 from specbuild.builder.recipe import LoadedRecipe, Recipe, RecipeError
 from specbuild.methods import Conversion
 from specbuild.builder.trtllm_version import (
@@ -492,8 +492,11 @@ def speculative_config(recipe: Recipe, version: str) -> dict[str, Any] | None:
 
 def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) -> dict[str, Any]:
     """``extra_llm_api_options.yaml`` contents: LLM(...) keyword arguments beyond the model;
-    ``build.draft_len_schedule`` goes to ``speculative_config.draft_len_schedule``, and so do
-    ``build.max_concurrency``, ``acceptance_window`` and ``acceptance_length_threshold`` when set.
+    ``build.draft_len_schedule`` goes to ``speculative_config.draft_len_schedule`` with
+    ``build.max_concurrency`` folded in
+    (:func:`~specbuild.util.draft_len_schedule.portable_schedule`: TensorRT-LLM 1.2 and main read it
+    alike; main refuses both keys together); ``max_concurrency`` alone, ``acceptance_window`` and
+    ``acceptance_length_threshold`` go there as they are when set.
 
     Raises:
         RecipeError: the schedule breaks a TensorRT-LLM rule
@@ -516,12 +519,19 @@ def llm_api_options(loaded: LoadedRecipe, version: str, draft_dir: Path | None) 
                 raise loaded.error(("speculation", key), f"{key} needs TensorRT-LLM >= {first} (planned for {version}); "
                                    f"set build.trtllm_version to {first} or later, or remove {key}")
         schedule = _build_field(r, "draft_len_schedule", None)
+        max_concurrency = _build_field(r, "max_concurrency", None)
         if schedule:
             try:
-                spec["draft_len_schedule"] = check_draft_len_schedule(schedule, r.speculation.max_draft_len)
+                check_draft_len_schedule(schedule, r.speculation.max_draft_len)
+                # written so that 1.2 (lower-bound keys, max_concurrency beside it) and main (upper-bound
+                # keys, max_concurrency refused beside a schedule) run the same draft lengths
+                spec["draft_len_schedule"] = portable_schedule(schedule, max_concurrency, r.build.max_batch_size)
             except DraftLenScheduleError as exc:
                 raise loaded.error(("build", "draft_len_schedule"), f"{exc} (speculation.max_draft_len: {r.speculation.max_draft_len})") from None
-        for name in ("max_concurrency", "acceptance_window", "acceptance_length_threshold"):
+            max_concurrency = None
+        if max_concurrency is not None:
+            spec["max_concurrency"] = max_concurrency
+        for name in ("acceptance_window", "acceptance_length_threshold"):
             if _build_field(r, name, None) is not None:
                 spec[name] = _build_field(r, name, None)
         options["speculative_config"] = spec

@@ -73,12 +73,12 @@ def test_every_engine_runs_the_same_draft_length_at_every_batch_size(method):
 
 def test_one_engine_methods_keep_drafting_at_one_and_say_why():
     out = engine_schedules(SCHEDULE, "eagle3")
-    assert out.trtllm == {"max_draft_len": 4, "draft_len_schedule": {1: 4, 4: 2, 5: 1}}
+    assert out.trtllm == {"max_draft_len": 4, "draft_len_schedule": {1: 4, 3: 4, 4: 2, 5: 1, 2048: 1}}
     assert "PR #16888" in out.notes["tensorrt-llm"][0]
     assert out.sglang == {"1": {"candidate_steps": [4]}, "4": {"candidate_steps": [2]}, "5": {"candidate_steps": [0]}}
     assert "--speculative-adaptive" in out.sglang_args
     ngram = engine_schedules(SCHEDULE, "ngram")
-    assert ngram.trtllm == {"max_draft_len": 4, "draft_len_schedule": {1: 4, 4: 2}, "max_concurrency": 4}
+    assert ngram.trtllm == {"max_draft_len": 4, "draft_len_schedule": {1: 4, 3: 4, 4: 2, 5: 0}}  # max_concurrency 4 folded in
     assert ngram.vllm == {"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 3, 4], [4, 4, 2], [5, 256, 0]]}
     assert ngram.sglang is None and "no batch-size schedule for ngram" in ngram.notes["sglang"][0]
 
@@ -98,11 +98,11 @@ def test_no_schedule_gives_nothing_for_any_engine_with_the_reason():
 PYTORCH_RECIPE = """name: t
 target: {checkpoint: meta-llama/Llama-3.1-8B-Instruct, dtype: bfloat16}
 speculation: {method: METHOD}
-build: {backend: pytorch, trtllm_version: '1.2.1'}
+build: {backend: pytorch, trtllm_version: '1.2.1', max_batch_size: 8}
 """
 
 
-@pytest.mark.parametrize(("method", "written"), [("ngram", {1: 4, 4: 2}), ("mtp", {1: 4, 4: 2, 5: 1})])
+@pytest.mark.parametrize(("method", "written"), [("ngram", {1: 4, 3: 4, 4: 2, 5: 0}), ("mtp", {1: 4, 3: 4, 4: 2, 5: 1, 8: 1})])
 def test_write_recipe_gives_a_recipe_plan_accepts_with_the_schedule(tmp_path, method, written):
     import yaml
     from click.testing import CliRunner
@@ -115,7 +115,7 @@ def test_write_recipe_gives_a_recipe_plan_accepts_with_the_schedule(tmp_path, me
     data = yaml.safe_load(out.read_text())
     assert data["name"] == "t-scheduled" and data["speculation"].get("max_draft_len", 4) == 4
     assert data["build"]["draft_len_schedule"] == written
-    assert data["build"].get("max_concurrency") == (4 if method == "ngram" else None)  # mtp: floored at 1 instead
+    assert "max_concurrency" not in data["build"]  # folded into the schedule: main refuses both together
     result = CliRunner().invoke(main, ["plan", str(out)])
     assert result.exit_code == 0, result.output
     for f in plan_pytorch(parse_recipe(out.read_text(), out), tmp_path).files:
@@ -165,3 +165,40 @@ def test_engine_configs_print_whole_at_80_columns():
     for label, config in (("TensorRT-LLM", engines.trtllm), ("vLLM", engines.vllm), ("SGLang", engines.sglang)):
         if config is not None:
             assert f"{engines.deployment} {label}: {json.dumps(config)}" in lines
+
+
+def test_both_tensorrt_llm_readings_run_the_written_schedule_alike():
+    """TensorRT-LLM 1.2 reads a schedule key as a lower bound, main as an inclusive upper bound (and
+    refuses max_concurrency beside it): the written schedule runs the same draft length under both at
+    every batch size, and what the tuner measured (1.2's reading plus max_concurrency)."""
+    import random
+
+    from specbuild.util.draft_len_schedule import draft_len_up_to, portable_schedule
+    from upstream_schedules import TRTLLM_12_READING, TRTLLM_MAIN_READING
+
+    (old, points), (new, new_points) = TRTLLM_12_READING, TRTLLM_MAIN_READING
+    assert [draft_len_for(old, b) for b, _ in points] == [k for _, k in points]
+    assert [draft_len_up_to(new, b) for b, _ in new_points] == [k for _, k in new_points]
+    rng = random.Random(0)
+    for _ in range(300):
+        k1 = rng.randint(1, 6)
+        schedule = {1: k1, **{rng.randint(2, 40): rng.randint(0, k1) for _ in range(rng.randint(0, 4))}}
+        max_concurrency = rng.choice([None, rng.randint(1, 48)])
+        max_batch_size = rng.randint(1, 64)
+        portable = portable_schedule(schedule, max_concurrency, max_batch_size)
+        check_draft_len_schedule(portable, k1)  # 1.2's rules; main's (smallest key -> max_draft_len) follow
+        for b in range(1, max_batch_size + 1):
+            wanted = 0 if max_concurrency is not None and b > max_concurrency else draft_len_for(schedule, b)
+            assert draft_len_for(portable, b) == draft_len_up_to(portable, b) == wanted, (schedule, max_concurrency, b)
+
+
+def test_the_plan_folds_max_concurrency_into_the_schedule_for_every_version(tmp_path):
+    import yaml
+    from upstream_schedules import TRTLLM_MAIN_EXCLUSIVE
+
+    for version in ("1.2.1", "1.3.0", "1.4.0"):
+        text = PYTORCH_RECIPE.replace("METHOD", "ngram, max_draft_len: 4").replace("'1.2.1'", f"'{version}'")
+        text = text.replace("max_batch_size: 8}", "max_batch_size: 8, draft_len_schedule: {1: 4, 4: 2}, max_concurrency: 6}")
+        spec = yaml.safe_load(plan_pytorch(parse_recipe(text, tmp_path / "r.yaml"), tmp_path).files[0].text)["speculative_config"]
+        assert "max_concurrency" not in spec, TRTLLM_MAIN_EXCLUSIVE
+        assert spec["draft_len_schedule"] == {1: 4, 3: 4, 4: 2, 6: 2, 7: 0}

@@ -60,3 +60,14 @@ TRTLLM_MIN_RUNTIME_DRAFT_LEN = {"Eagle3DecodingConfig": 1, "MTPDecodingConfig": 
 # this project's PyTorch-path method -> TensorRT-LLM config class
 TRTLLM_CONFIG_CLASS = {"eagle3": "Eagle3DecodingConfig", "mtp": "MTPDecodingConfig", "draft_target": "DraftTargetDecodingConfig",
                        "ngram": "NGramDecodingConfig"}
+
+# draft_len_schedule's two readings, as each line's docstring example states them (batch size -> draft length)
+TRTLLM_12_READING_SOURCE = "NVIDIA/TensorRT-LLM v1.2.1 tensorrt_llm/_torch/speculative/drafter.py get_draft_len_for_batch_size"
+# 1.2: the entry of the largest key <= the batch size (a key holds up to the next); the field's example
+TRTLLM_12_READING = ({1: 4, 4: 2, 8: 0}, [(1, 4), (3, 4), (4, 2), (7, 2), (8, 0), (64, 0)])
+TRTLLM_MAIN_READING_SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/utils.py get_draft_len_for_batch_size "
+                              "@ fcd3f31682808ae56118ae43c1d7864a3a945e6f (\"New semantics\")")
+# main: keys are inclusive upper bounds, 0 above the largest; the docstring's own example
+TRTLLM_MAIN_READING = ({4: 4, 8: 2, 32: 1}, [(1, 4), (4, 4), (5, 2), (8, 2), (9, 1), (32, 1), (33, 0)])
+# main, llm_args.py DecodingBaseConfig @ fcd3f31: max_concurrency beside draft_len_schedule is refused
+TRTLLM_MAIN_EXCLUSIVE = "max_concurrency and draft_len_schedule are mutually exclusive"

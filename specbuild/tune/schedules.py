@@ -14,8 +14,11 @@
   ``min_runtime_draft_len`` = 1 for those modes, 0 for n-gram). No TensorRT-LLM release carries
   that fix (:data:`PR_16888_FIRST_RELEASE`), so for one-engine methods every 0 entry becomes 1
   and ``max_concurrency`` (which TensorRT-LLM turns into a 0 entry) becomes a 1 entry above it.
-  The schedule uses the 1.2 line's reading (a key holds from itself up to the next key); PR #16888's
-  tests read the keys of the current line as inclusive upper bounds, 0 above the largest.
+  TensorRT-LLM 1.2 reads a key as holding up to the next key; main after 1.2.1 reads it as an
+  inclusive upper bound (0 above the largest) and refuses ``max_concurrency`` beside a schedule, so
+  the written schedule is :func:`~specbuild.util.draft_len_schedule.portable_schedule`'s: a key at both
+  ends of every run of equal draft lengths, ``max_concurrency`` folded in as a 0 entry, read the
+  same by both up to ``max_batch_size``.
 - **vLLM** (``speculative_config``): ``num_speculative_tokens`` = the largest draft length and
   ``num_speculative_tokens_per_batch_size``, a list of inclusive ranges ``[start, end, k]``;
   checked by :func:`check_vllm_schedule`, the rules of ``validate_and_normalize_dynamic_sd_schedule``
@@ -30,7 +33,7 @@
   schedule and a note that says so.
 
 Example: ``{1: 4, 4: 2}`` with max_concurrency 8 ->
-TensorRT-LLM ``draft_len_schedule {1: 4, 4: 2}``, ``max_concurrency 8``;
+TensorRT-LLM ``draft_len_schedule {1: 4, 3: 4, 4: 2, 8: 2, 9: 0}``;
 vLLM ``num_speculative_tokens 4``, ``[[1, 3, 4], [4, 8, 2], [9, 256, 0]]``;
 SGLang (EAGLE-3) ``{"1": {"candidate_steps": [4]}, "4": {"candidate_steps": [2]}, "9": {"candidate_steps": [0]}}``.
 """
@@ -40,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from specbuild.util.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule
+from specbuild.util.draft_len_schedule import DraftLenScheduleError, check_draft_len_schedule, portable_schedule
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ ONE_ENGINE_METHODS = frozenset({"eagle3", "eagle", "mtp", "draft_target"})
 # lives, llm_args.py; vLLM: config/speculative.py SpeculativeMethod; SGLang: below).
 TRTLLM_PYTORCH_METHODS = frozenset({"ngram", "draft_target", "eagle", "eagle3", "mtp"})
 VLLM_METHODS = frozenset({"ngram", "draft_target", "eagle", "eagle3", "medusa", "mtp"})
+TRTLLM_MAX_BATCH_SIZE = 2048  # TensorRT-LLM BuildConfig's default max_batch_size (the LLM API's when unset)
 VLLM_MAX_NUM_SEQS = 256  # the last range's end; vLLM carries the last range's k past it anyway
 SGLANG_METHODS = frozenset({"eagle", "eagle3"})  # adaptive_unsupported_reason: EAGLE/EAGLE3 only
 
@@ -90,8 +94,8 @@ class EngineSchedules:
     """One deployment's schedule in each engine's syntax; ``None`` where an engine cannot express it.
 
     Attributes:
-        trtllm: ``speculative_config`` keys (``max_draft_len``, ``draft_len_schedule``, and
-            ``max_concurrency`` when set).
+        trtllm: ``speculative_config`` keys (``max_draft_len``, ``draft_len_schedule`` in the form
+            every TensorRT-LLM line reads the same way, ``max_concurrency`` folded into it).
         vllm: ``speculative_config`` keys (``num_speculative_tokens``, ``num_speculative_tokens_per_batch_size``).
         sglang: the ``--speculative-adaptive-config`` JSON object.
         sglang_args: the server flags that go with it.
@@ -110,9 +114,11 @@ class EngineSchedules:
         return asdict(self)
 
 
-def engine_schedules(schedule: Schedule, method: str) -> EngineSchedules:
+def engine_schedules(schedule: Schedule, method: str, max_batch_size: int | None = None) -> EngineSchedules:
     """``schedule`` (from :func:`~specbuild.tune.draft_len_schedule`) for TensorRT-LLM, vLLM
-    and SGLang, each passed through that engine's rules. ``method``: this project's method name."""
+    and SGLang, each passed through that engine's rules. ``method``: this project's method name;
+    ``max_batch_size``: the deployment's (TensorRT-LLM's schedule keys end there; None:
+    :data:`TRTLLM_MAX_BATCH_SIZE`)."""
     notes: dict[str, list[str]] = {"tensorrt-llm": [], "vllm": [], "sglang": []}
     if not schedule.draft_len_schedule:
         why = schedule.note or "no schedule"
@@ -121,7 +127,8 @@ def engine_schedules(schedule: Schedule, method: str) -> EngineSchedules:
         return EngineSchedules(schedule.deployment, method, None, None, None, notes=notes)
     trtllm = vllm = None
     if method in TRTLLM_PYTORCH_METHODS:
-        trtllm = trtllm_config(schedule.draft_len_schedule, schedule.max_concurrency, method, notes["tensorrt-llm"])
+        trtllm = trtllm_config(schedule.draft_len_schedule, schedule.max_concurrency, method, notes["tensorrt-llm"],
+                               max_batch_size=max_batch_size or TRTLLM_MAX_BATCH_SIZE)
     else:
         notes["tensorrt-llm"].append(f"TensorRT-LLM runs {method} on its engine path only, which has no draft_len_schedule")
     if method in VLLM_METHODS:
@@ -145,9 +152,14 @@ def engine_schedules(schedule: Schedule, method: str) -> EngineSchedules:
     return EngineSchedules(schedule.deployment, method, trtllm, vllm, sglang, sglang_args, notes)
 
 
-def trtllm_config(schedule: Mapping[int, int], max_concurrency: int | None, method: str, notes: list[str]) -> dict:
-    """TensorRT-LLM ``speculative_config`` keys, floored at draft length 1 for one-engine methods
-    (module docstring). Raises :class:`DraftLenScheduleError` for a schedule TensorRT-LLM refuses."""
+def trtllm_config(schedule: Mapping[int, int], max_concurrency: int | None, method: str, notes: list[str], *,
+                  max_batch_size: int = TRTLLM_MAX_BATCH_SIZE) -> dict:
+    """TensorRT-LLM ``speculative_config`` keys, floored at draft length 1 for one-engine methods, in
+    :func:`~specbuild.util.draft_len_schedule.portable_schedule`'s form up to ``max_batch_size``
+    (module docstring). Raises :class:`DraftLenScheduleError` for a schedule TensorRT-LLM refuses.
+
+    Example: ``({1: 4, 4: 2}, 8, "ngram", [], max_batch_size=16)`` -> ``{"max_draft_len": 4,
+    "draft_len_schedule": {1: 4, 3: 4, 4: 2, 8: 2, 9: 0}}``."""
     schedule = dict(schedule)
     if method in ONE_ENGINE_METHODS and PR_16888_FIRST_RELEASE is None:
         floored = {b: max(k, 1) for b, k in schedule.items()}
@@ -157,10 +169,8 @@ def trtllm_config(schedule: Mapping[int, int], max_concurrency: int | None, meth
             notes.append(f"{method} is a one-engine method: draft length floored at 1 (max_concurrency and 0 entries become 1); "
                          "at 0 its drafter state goes stale on every release (NVIDIA/TensorRT-LLM PR #16888, unreleased)")
         schedule, max_concurrency = floored, None
-    config = {"max_draft_len": schedule[1], "draft_len_schedule": check_draft_len_schedule(schedule, schedule[1])}
-    if max_concurrency is not None:
-        config["max_concurrency"] = max_concurrency
-    return config
+    check_draft_len_schedule(schedule, schedule[1])
+    return {"max_draft_len": schedule[1], "draft_len_schedule": portable_schedule(schedule, max_concurrency, max_batch_size)}
 
 
 def vllm_ranges(schedule: Mapping[int, int], max_concurrency: int | None, max_num_seqs: int = VLLM_MAX_NUM_SEQS) -> list[list[int]]:

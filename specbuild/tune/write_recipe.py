@@ -5,8 +5,9 @@ The source recipe (the deployment's own, by name or path) is copied with:
 - ``speculation.max_draft_len`` = ``schedule[1]`` where the recipe sets it (TensorRT-LLM's rule:
   batch size 1 drafts the most; MTP's ``num_nextn_predict_layers`` is left as it is);
 - ``build.draft_len_schedule`` = the schedule and ``build.max_concurrency`` (speculation off above
-  it), which the reference engine and TensorRT-LLM's PyTorch path both run; on the PyTorch path, the
-  TensorRT-LLM form of :mod:`.schedules` (floored at 1 for one-engine methods, no max_concurrency);
+  it), which the reference engine runs; on the PyTorch path, the TensorRT-LLM form of :mod:`.schedules`
+  (floored at 1 for one-engine methods, max_concurrency folded in, keys up to the recipe's
+  max_batch_size: every TensorRT-LLM line reads it the same way);
 - ``name`` suffixed ``-scheduled``, so its deployment directory does not overwrite the source's;
 - relative paths that exist next to the source recipe made absolute, so they still resolve.
 
@@ -46,7 +47,14 @@ def scheduled_recipe(source: str | Path, schedule: Schedule, engines: EngineSche
     build = data.setdefault("build", {})
     entries, max_concurrency = dict(schedule.draft_len_schedule), schedule.max_concurrency
     if build.get("backend") == "pytorch" and engines is not None and engines.trtllm is not None:
-        entries, max_concurrency = dict(engines.trtllm["draft_len_schedule"]), engines.trtllm.get("max_concurrency")
+        from specbuild.builder.recipe import load_recipe
+
+        from .schedules import trtllm_config
+
+        recipe = load_recipe(str(path)).recipe  # the schedule's keys end at the recipe's max_batch_size
+        trtllm = trtllm_config(schedule.draft_len_schedule, schedule.max_concurrency, recipe.speculation.method, [],
+                               max_batch_size=recipe.build.max_batch_size)
+        entries, max_concurrency = dict(trtllm["draft_len_schedule"]), None
     if max_concurrency is not None:
         build["max_concurrency"] = max_concurrency
     build["draft_len_schedule"] = dict(sorted(entries.items()))
