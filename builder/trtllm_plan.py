@@ -647,7 +647,28 @@ def plan_for(loaded: LoadedRecipe, output_dir: Path, *, version: str | None = No
         plan = dataclasses.replace(plan, notes=(*plan.notes, note))
     if unverified:
         plan = dataclasses.replace(plan, notes=(*plan.notes, unverified))
+    ignored = _controls_ignored_note(loaded, plan)
+    if ignored:
+        plan = dataclasses.replace(plan, notes=(*plan.notes, ignored))
     return plan
+
+
+def _controls_ignored_note(loaded: LoadedRecipe, plan: TrtllmPlan) -> str | None:
+    """The plan's note when TensorRT-LLM 1.2.x would ignore the recipe's runtime controls: on 1.2 only
+    methods with a drafter object run them (``_torch/speculative/utils.py`` ``get_spec_drafter``:
+    n-gram, draft-target, two-model EAGLE-3); one-model EAGLE-3 (the default) and MTP do not."""
+    r = loaded.recipe
+    if plan.backend != "pytorch" or plan.version is None or parse_version(plan.version) >= parse_version("1.3"):
+        return None
+    set_controls = [n for n in ("draft_len_schedule", "max_concurrency", "acceptance_window", "acceptance_length_threshold")
+                    if _build_field(r, n, None) not in (None, {})]
+    one_model = r.speculation.method == "mtp" or (r.speculation.method == "eagle3" and getattr(r.speculation, "eagle3_one_model", True))
+    if not set_controls or not one_model:
+        return None
+    fix = "set speculation.eagle3_one_model: false (two-model) or " if r.speculation.method == "eagle3" else ""
+    return (f"TensorRT-LLM {plan.version} ignores {', '.join(set_controls)} for one-model {r.speculation.method} "
+            f"(1.2 runs them only for methods with a drafter object, _torch/speculative/utils.py get_spec_drafter): "
+            f"{fix}plan for 1.3 or later, where the one-model path runs them")
 
 
 ALLOW_UNVERIFIED_ENV = "SPECBUILD_ALLOW_UNVERIFIED_TRTLLM"  # "1": plan for a TensorRT-LLM newer than the newest verified line

@@ -202,3 +202,18 @@ def test_the_plan_folds_max_concurrency_into_the_schedule_for_every_version(tmp_
         spec = yaml.safe_load(plan_pytorch(parse_recipe(text, tmp_path / "r.yaml"), tmp_path).files[0].text)["speculative_config"]
         assert "max_concurrency" not in spec, TRTLLM_MAIN_EXCLUSIVE
         assert spec["draft_len_schedule"] == {1: 4, 3: 4, 4: 2, 6: 2, 7: 0}
+
+
+@pytest.mark.parametrize(("version", "one_model", "noted"), [("1.2.1", True, True), ("1.2.1", False, False), ("1.3.0", True, False)])
+def test_the_plan_says_when_tensorrt_llm_1_2_ignores_the_controls(tmp_path, version, one_model, noted):
+    """On 1.2 only methods with a drafter object run draft_len_schedule / max_concurrency: a one-model
+    EAGLE-3 recipe with a schedule would deploy without it, so the plan says so."""
+    from specbuild.builder.trtllm_plan import plan_for
+
+    speculation = "eagle3, eagle_model: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, max_draft_len: 4"
+    if version == "1.2.1":
+        speculation += f", eagle3_one_model: {str(one_model).lower()}"
+    text = PYTORCH_RECIPE.replace("METHOD", speculation).replace("'1.2.1'", f"'{version}'")
+    text = text.replace("max_batch_size: 8}", "max_batch_size: 8, draft_len_schedule: {1: 4, 4: 2}}")
+    notes = plan_for(parse_recipe(text, tmp_path / "r.yaml"), tmp_path).notes
+    assert any("ignores draft_len_schedule for one-model eagle3" in n for n in notes) is noted, notes
