@@ -1232,8 +1232,9 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
         json_path, _ = result.write(output_dir)
         console.print(f"wrote {json_path} ({result.wall_s:.0f} s of sweep)")
     try:
+        lookahead = {d.name: tuple(d.lookahead) for d in result.deployments if getattr(d, "lookahead", None)}
         report = run_tune(result.points, output_dir, console=console, goal=goal, concurrency=goal_concurrency,
-                          max_latency_ms=max_latency_ms, latency=latency_metric, min_gain=min_gain)
+                          max_latency_ms=max_latency_ms, latency=latency_metric, min_gain=min_gain, lookahead=lookahead)
     except TuneError as exc:
         raise bad_input(str(exc)) from None
     if write_recipe is not None:

@@ -217,3 +217,20 @@ def test_the_plan_says_when_tensorrt_llm_1_2_ignores_the_controls(tmp_path, vers
     text = text.replace("max_batch_size: 8}", "max_batch_size: 8, draft_len_schedule: {1: 4, 4: 2}}")
     notes = plan_for(parse_recipe(text, tmp_path / "r.yaml"), tmp_path).notes
     assert any("ignores draft_len_schedule for one-model eagle3" in n for n in notes) is noted, notes
+
+
+def test_write_recipe_for_lookahead_builds_the_measured_shape(tmp_path):
+    """A lookahead schedule's entry is the token budget of the shape measured best at concurrency 1:
+    the written recipe builds that N, so schedule[1] = its max_draft_len and the recipe validates."""
+    import yaml
+    from click.testing import CliRunner
+    from specbuild.cli import main
+    from specbuild.tune.write_recipe import write_scheduled_recipe
+
+    schedule = Schedule("smollm2-lookahead", "humaneval", {1: 1, 2: 0}, {1: 7}, 1, 7, "lookahead: ...", 2)
+    out = write_scheduled_recipe(tmp_path / "la.yaml", "smollm2-lookahead", schedule, engine_schedules(schedule, "lookahead"))
+    data = yaml.safe_load(out.read_text())
+    assert data["speculation"]["max_ngram_size"] == 2 and data["build"]["draft_len_schedule"] == {1: 7}
+    assert data["build"]["max_concurrency"] == 1
+    result = CliRunner().invoke(main, ["plan", str(out)])
+    assert result.exit_code == 0, result.output

@@ -502,3 +502,29 @@ def test_k0_is_tied_with_the_recommendation_exactly_when_the_schedule_leaves_spe
     assert tie_basis(k4, base) == "latency intervals overlap"
     (s,) = draft_len_schedule([base, k4])
     assert s.best == {1: 0}
+
+
+def test_a_lookahead_schedule_runs_one_built_shape_or_plain():
+    """A lookahead k is a shape (W, k + 1, G), not a draft length an iteration can switch to: the
+    schedule builds the shape best at concurrency 1 and chooses between it and plain at each level;
+    its entry is that shape's token budget (N - 2) + (W - 1 + G) * (N - 1)."""
+    # k: 1 = (4, 2, 4), 2 = (4, 3, 4). Level 1: k=1 best; level 4: k=2 best, then k=1 beats plain;
+    # level 8: k=2 best but plain beats k=1; level 16: plain
+    lat = {1: {0: 30.0, 1: 10.0, 2: 20.0}, 4: {0: 30.0, 1: 20.0, 2: 10.0}, 8: {0: 20.0, 1: 30.0, 2: 10.0},
+           16: {0: 10.0, 1: 20.0, 2: 30.0}}
+    cands = [cand(v, 1.0, k=k, c=level, deployment="la") for level, row in lat.items() for k, v in row.items()]
+    (plain,) = draft_len_schedule(cands)  # read as draft lengths, it would switch between shapes
+    assert plain.best == {1: 1, 4: 2, 8: 2, 16: 0}
+    (s,) = draft_len_schedule(cands, lookahead={"la": (4, 3, 4)})
+    assert s.best == {1: 1, 4: 1, 8: 0, 16: 0} and s.lookahead_ngram == 2
+    assert s.draft_len_schedule == {1: 7, 2: 7} and s.max_draft_len == 7 and s.max_concurrency == 4  # 0 + (4 - 1 + 4) * 1
+    assert "(W, N, G) = (4, 2, 4)" in s.note
+    (full,) = draft_len_schedule([replace_k(c) for c in cands], lookahead={"la": (4, 3, 4)})
+    assert full.lookahead_ngram == 3 and full.draft_len_schedule == {1: 15, 2: 15}  # 1 + (4 - 1 + 4) * 2
+
+
+def replace_k(c):
+    """Swap the roles of k=1 and k=2."""
+    import dataclasses
+
+    return dataclasses.replace(c, draft_len={1: 2, 2: 1}.get(c.draft_len, c.draft_len))

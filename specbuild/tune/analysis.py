@@ -189,6 +189,7 @@ def recommend_highest_throughput(cands: Sequence[Candidate], max_latency_ms: flo
 
 def draft_len_schedule(
     cands: Sequence[Candidate], *, min_gain: float = 0.0, speedup_ci: SpeedupIntervals | None = None,
+    lookahead: Mapping[str, Sequence[int]] | None = None,
 ) -> list[Schedule]:
     """Per (deployment, prompt set): the best draft length at each measured concurrency, and the
     threshold above which speculation stays off.
@@ -208,6 +209,14 @@ def draft_len_schedule(
     over k = 0 there (the analytic table's, from per-request time per output token): where one exists,
     k counts as significantly faster when the interval lies above 1 (the same test that marks a
     speed-up "n.s."); elsewhere when k's latency interval lies wholly below k = 0's.
+
+    ``lookahead``: deployment -> its built ``(W, N, G)``. A lookahead k is the request's
+    ``lookahead_config`` ``(W, k + 1, G)``, a shape, not a draft length an iteration can switch to:
+    the engine runs a step either whole (the request's shape, draft length = its token budget
+    ``(N - 2) + (W - 1 + G) * (N - 1)``) or plain (0). So such a schedule takes k1 = the best k at
+    concurrency 1 as the shape to build (:attr:`Schedule.lookahead_ngram` = k1 + 1), chooses at every
+    level between k1 and 0 only, and writes k1 as its token budget. Example: (4, 3, 4), best {1: 1,
+    4: 0} -> lookahead_ngram 2, draft_len_schedule {1: 7}, max_concurrency 1.
     """
     groups: dict[tuple[str, str], list[Candidate]] = defaultdict(list)
     for c in cands:
@@ -217,6 +226,11 @@ def draft_len_schedule(
     for (deployment, prompt_set), group in sorted(groups.items()):
         levels = sorted({c.concurrency for c in group})
         best = {level: _best_draft_len(group, level, min_gain, speedup_ci or {}) for level in levels}
+        shape = (lookahead or {}).get(deployment)
+        if shape is not None and best.get(1):  # lookahead: one shape (k1) or plain at each level
+            k1 = best[1]
+            group = [c for c in group if c.draft_len in (0, k1)]
+            best = {level: _best_draft_len(group, level, min_gain, speedup_ci or {}) for level in levels}
         off_tail = []
         for level in reversed(levels):
             if best[level] != 0:
@@ -230,8 +244,18 @@ def draft_len_schedule(
             max_concurrency = max(level for level in levels if level not in off_tail)
         on = {level: k for level, k in best.items() if max_concurrency is None or level <= max_concurrency}
         schedule, note = schedule_from_measurements(batch_thresholds(on))
+        ngram = None
+        if shape is not None and schedule:
+            from specbuild.methods.lookahead import lookahead_max_draft_len
+
+            w, _, g = shape
+            ngram = schedule[1] + 1
+            budget = lookahead_max_draft_len(w, ngram, g)
+            schedule = {b: budget if k else 0 for b, k in schedule.items()}
+            note = (f"lookahead: built as (W, N, G) = ({w}, {ngram}, {g}), the shape measured best at concurrency 1 "
+                    f"(k = N - 1 = {ngram - 1}); each iteration runs it whole (draft length {budget}, its token budget) or plain")
         schedules.append(Schedule(deployment, prompt_set, best, schedule or {}, max_concurrency,
-                                  None if schedule is None else schedule[1], note))
+                                  None if schedule is None else schedule[1], note, ngram))
     return schedules
 
 
@@ -336,13 +360,14 @@ class TuneReport:
 
 def tune(
     points: Sequence, *, goal: str = "latency", concurrency: int | None = None, max_latency_ms: float | None = None,
-    latency: str = "p50", min_gain: float = 0.05,
+    latency: str = "p50", min_gain: float = 0.05, lookahead: Mapping[str, Sequence[int]] | None = None,
 ) -> TuneReport:
     """Frontier, recommendation, schedule and analytic comparison for bench ``points``.
 
     ``goal``: ``latency`` (lowest latency at ``concurrency``; default: the lowest measured level) or
     ``throughput`` (highest throughput with latency <= ``max_latency_ms``; required).
-    ``min_gain``: the schedule's noise margin (:func:`draft_len_schedule`).
+    ``min_gain``: the schedule's noise margin (:func:`draft_len_schedule`); ``lookahead``: deployment ->
+    built (W, N, G) of the lookahead deployments (their schedules, :func:`draft_len_schedule`).
     Raises ``TuneError`` for a bad goal or a missing bound; an unmeetable goal for one prompt set is
     recorded in ``errors`` and the others still get theirs.
     """
@@ -387,7 +412,7 @@ def tune(
         if goal == "latency"
         else f"highest throughput with {latency} latency <= {max_latency_ms:g} ms"
     )
-    schedules = draft_len_schedule(trusted, min_gain=min_gain, speedup_ci=speedup_ci)
+    schedules = draft_len_schedule(trusted, min_gain=min_gain, speedup_ci=speedup_ci, lookahead=lookahead)
     methods = {c.deployment: c.method for c in cands}
     return TuneReport(
         latency_metric=latency,

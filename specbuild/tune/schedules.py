@@ -60,7 +60,9 @@ class Schedule:
         max_concurrency: speculation off above it (TensorRT-LLM ``max_concurrency``); ``None`` = on at
             every measured level; 0 = off at every level.
         max_draft_len: ``draft_len_schedule[1]`` (``None`` without a schedule).
-        note: why there is no schedule ("" when there is one).
+        note: why there is no schedule ("" when there is one), or how a lookahead schedule is built.
+        lookahead_ngram: lookahead only: the N to build (``speculation.max_ngram_size``), whose whole
+            step is the schedule's non-zero entry (:func:`~specbuild.tune.analysis.draft_len_schedule`).
     """
 
     deployment: str
@@ -70,6 +72,7 @@ class Schedule:
     max_concurrency: int | None
     max_draft_len: int | None = None
     note: str = ""
+    lookahead_ngram: int | None = None
 
 
 PR_16888_FIRST_RELEASE: str | None = None  # no TensorRT-LLM release has the K=0 fix (1.2.1 is the newest release)

@@ -8,6 +8,8 @@ The source recipe (the deployment's own, by name or path) is copied with:
   it), which the reference engine runs; on the PyTorch path, the TensorRT-LLM form of :mod:`.schedules`
   (floored at 1 for one-engine methods, max_concurrency folded in, keys up to the recipe's
   max_batch_size: every TensorRT-LLM line reads it the same way);
+- lookahead: ``speculation.max_ngram_size`` = the N the schedule was measured with
+  (:attr:`~specbuild.tune.schedules.Schedule.lookahead_ngram`);
 - ``name`` suffixed ``-scheduled``, so its deployment directory does not overwrite the source's;
 - relative paths that exist next to the source recipe made absolute, so they still resolve.
 
@@ -60,6 +62,8 @@ def scheduled_recipe(source: str | Path, schedule: Schedule, engines: EngineSche
     build["draft_len_schedule"] = dict(sorted(entries.items()))
     if "max_draft_len" in data["speculation"]:
         data["speculation"]["max_draft_len"] = entries[1]
+    if schedule.lookahead_ngram is not None:  # lookahead: the shape whose whole step the schedule runs
+        data["speculation"]["max_ngram_size"] = schedule.lookahead_ngram
     data["name"] = f"{data.get('name', path.stem)}-scheduled"
     data = _absolute_paths(data, path.parent)
     text = f"# {data['name']}: {path.name} with the draft-length schedule `specbuild tune` measured for {schedule.deployment}\n"
