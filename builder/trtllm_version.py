@@ -135,7 +135,9 @@ SPECULATIVE_MODEL_FIELD = ("1.3", "speculative_model_dir", "speculative_model") 
 # num_eagle_layers (absent from the 1.4.0rc4 reference).
 REMOVED_FIELDS = (("1.3", frozenset({"eagle3_one_model", "greedy_sampling", "posterior_threshold"})),
                   ("1.4", frozenset({"eagle_choices", "num_eagle_layers"})))
-FIELD_SINCE = {"sa_config": "1.4"}  # speculative_config keys a line must have (SAEnhancerConfig: 1.4 line)
+# speculative_config keys a line must have (SAEnhancerConfig: 1.4 line; use_rejection_sampling: on main at
+# tests/upstream_trtllm.py's MAIN_COMMIT, not in 1.2.1, and planned for the newest verified line only)
+FIELD_SINCE = {"sa_config": "1.4", "use_rejection_sampling": "1.4"}
 # MTPDecodingConfig 1.4: num_nextn_predict_layers is init=False, a deprecated key remapped to max_draft_len.
 MTP_DRAFT_LEN_FIELD = ("1.4", "num_nextn_predict_layers", "max_draft_len")
 

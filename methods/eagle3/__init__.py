@@ -59,6 +59,10 @@ class Eagle3Speculation(MethodParams):
     EagleDecodingConfig checks."""
     sa_config: SAEnhancer | None = None
     """TensorRT-LLM >= 1.4 only: a suffix-automaton enhancer (SAEnhancerConfig); the reference engine has none."""
+    use_rejection_sampling: bool = False
+    """Sampled requests: draw the drafts from the head's distribution and accept each with probability
+    min(1, p/q) (speculative sampling); false: the head's argmax, accepted when the target's sample matches.
+    Both keep the target's distribution. TensorRT-LLM's DecodingBaseConfig field (main; >= 1.4 here)."""
 
     @model_validator(mode="after")
     def _dynamic_tree(self) -> Eagle3Speculation:
@@ -86,6 +90,8 @@ class Eagle3Speculation(MethodParams):
         config = self.llm_api_fields("max_draft_len", "speculative_model_dir=eagle_model", "eagle3_one_model")
         if self.sa_config is not None:
             config["sa_config"] = self.sa_config.model_dump()
+        if self.use_rejection_sampling:
+            config["use_rejection_sampling"] = True
         if self.use_dynamic_tree:
             config |= {"use_dynamic_tree": True, "dynamic_tree_max_topK": self.dynamic_tree_max_topK,
                        "max_total_draft_tokens": self.max_total_draft_tokens or self.dynamic_tree_max_topK * self.max_draft_len}

@@ -69,6 +69,7 @@ from . import Eagle3Speculation
 
 if TYPE_CHECKING:
     from specbuild.builder.recipe import LoadedRecipe
+    from specbuild.engine.sampling import Sampler
     from specbuild.engine.validation import ResolvedRequest
 
 EAGLE3_FILES = HeadFiles(SAFETENSORS_NAME, PT_NAMES)
@@ -514,6 +515,28 @@ class Eagle3Proposer:
             draft_ids = draft_ids + self.head.d2t[draft_ids]
         return draft_ids.tolist()
 
+    def _sampled_tokens(self, outputs: torch.Tensor, samplers: Sequence[Sampler]) -> tuple[list[int], list[torch.Tensor]]:
+        """``[B, H]`` pre-norm head outputs -> per row a target id drawn from the head's distribution ``q``
+        under the row's sampling parameters (temperature, top-k, top-p, as the target's ``p``), and that
+        ``q`` over the target vocabulary (``[V]``, zero outside the draft vocabulary): what speculative
+        sampling needs to accept the draft with probability ``min(1, p / q)``."""
+        logits = self._project(self.head.norm(outputs)).float()  # [B, Vd]
+        vocab = self.embedding.weight.shape[0]
+        d2t = getattr(self.head, "d2t", None)
+        tokens, probs = [], []
+        for row, sampler in zip(logits, samplers):
+            q_draft = sampler.probs(row[None])[0]  # [Vd]
+            draft_id = sampler.sample(q_draft)
+            if d2t is None:
+                tokens.append(draft_id)
+                probs.append(q_draft)
+                continue
+            q = q_draft.new_zeros(vocab)  # [V]
+            q[torch.arange(len(d2t), device=d2t.device) + d2t] = q_draft
+            tokens.append(draft_id + int(d2t[draft_id]))
+            probs.append(q)
+        return tokens, probs
+
 
 def update_batch(
     proposer: Eagle3Proposer, states: Sequence[Eagle3State], tokens: Sequence[Sequence[int]], features: Sequence[torch.Tensor]
@@ -545,11 +568,16 @@ def update_batch(
         state.last_output = out[seg.stop - 1]
 
 
-def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_draft_tokens: Sequence[int]) -> list[list[int]]:
+def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_draft_tokens: Sequence[int],
+                  samplers: Sequence[Sampler | None] | None = None, probs: list[list[torch.Tensor]] | None = None) -> list[list[int]]:
     """:meth:`Eagle3Proposer.propose` for several requests of one head: per chain depth, one draft
     projection over every request still drafting and one head call (a :class:`Segment` per request,
     attending to its own cache and chain). Request ``r`` gets ``min(num_draft_tokens[r], max_draft_len)``
     tokens, the chain it gets alone; states are unchanged.
+
+    ``samplers[r]`` (sampled requests, ``use_rejection_sampling``): request ``r``'s drafts are drawn from
+    the head's distribution under its sampling parameters, each depth's ``q`` (``[V]``) appended to
+    ``probs[r]``; other rows draft greedily (argmax).
 
     Raises:
         ValueError: a state never updated (no prefill features).
@@ -557,12 +585,21 @@ def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_d
     if any(s.last_output is None for s in states):
         raise ValueError("Eagle3State has no features yet: call update() with the prefill's features first")
     ks = [min(k, proposer.max_draft_len) for k in num_draft_tokens]
+    samplers = list(samplers) if samplers is not None else [None] * len(states)
     chains: list[list[int]] = [[] for _ in states]
     outputs = {r: s.last_output for r, s in enumerate(states) if ks[r] > 0}
     depth = 1
     while outputs:
         rows = list(outputs)
-        for r, token in zip(rows, proposer._greedy_tokens(torch.stack([outputs[r] for r in rows]))):
+        stacked = torch.stack([outputs[r] for r in rows])  # [b, H]
+        sampled = [i for i, r in enumerate(rows) if samplers[r] is not None]
+        tokens = proposer._greedy_tokens(stacked) if len(sampled) < len(rows) else [0] * len(rows)
+        if sampled:
+            drawn, qs = proposer._sampled_tokens(stacked[sampled], [samplers[rows[i]] for i in sampled])
+            for i, token, q in zip(sampled, drawn, qs):
+                tokens[i] = token
+                probs[rows[i]].append(q)
+        for r, token in zip(rows, tokens):
             chains[r].append(token)
         rows = [r for r in rows if ks[r] > depth]
         if not rows:
@@ -640,10 +677,16 @@ class FeatureChainDrafter(PlainDrafter):
     def start(self, prompt, first_token, hidden_states) -> None:
         self.pending = ([*prompt[1:], first_token], self._features(hidden_states))
 
+    rejection_sampling = False  # sampled requests draw their drafts from the head's q (use_rejection_sampling)
+
     def draft(self, context, *, max_accept, sampler) -> Block:
         if self.pending is not None:
             self.proposer.update(self.state, *self.pending)
             self.pending = None
+        if sampler is not None and self.rejection_sampling:
+            probs: list[list[torch.Tensor]] = [[]]
+            (chain,) = propose_batch(self.proposer, [self.state], [min(self.k, max_accept)], [sampler], probs)
+            return Block.chain(context[-1], chain, torch.stack(probs[0]) if chain else None)
         return Block.chain(context[-1], self.proposer.propose(self.state, min(self.k, max_accept)))
 
     def update(self, context, step) -> None:
@@ -660,24 +703,39 @@ class Eagle3Drafter(GroupedByProposer, FeatureChainDrafter):
     def draft_batch(cls, drafters: Sequence[Eagle3Drafter], contexts, *, max_accepts, samplers) -> list[Block]:
         """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
         draft projection and one head call per chain depth for all of them."""
-        del samplers
         feed_pending(drafters, update_batch)
+        samplers = [s if d.rejection_sampling else None for d, s in zip(drafters, samplers)]
+        probs: list[list[torch.Tensor]] = [[] for _ in drafters]
         chains = propose_batch(drafters[0].proposer, [d.state for d in drafters],
-                               [min(d.k, m) for d, m in zip(drafters, max_accepts)])
-        return [Block.chain(c[-1], chain) for c, chain in zip(contexts, chains)]
+                               [min(d.k, m) for d, m in zip(drafters, max_accepts)], samplers, probs)
+        return [Block.chain(c[-1], chain, torch.stack(q) if q else None) for c, chain, q in zip(contexts, chains, probs)]
 
 
 def make_drafter(loaded: LoadedEagle3, request: ResolvedRequest) -> Eagle3Drafter:
     """A request's drafter: the engine's head drafting chains of at most ``num_draft_tokens``, or (dynamic
-    tree) trees of at most ``num_draft_tokens`` nodes, EAGLE-2's reranking keeping the best."""
+    tree) trees of at most ``num_draft_tokens`` nodes, EAGLE-2's reranking keeping the best.
+
+    Sampled requests (``temperature > 0``) draft chains (speculative sampling verifies chains; a
+    tree engine's sampled requests use its head's chain, of at most ``max_draft_len`` tokens) and are
+    verified by :func:`~specbuild.engine.acceptance.accept_speculative`, so their tokens are distributed
+    exactly as the target's (Leviathan et al. 2023, §2.3). With ``use_rejection_sampling`` (TensorRT-LLM's
+    ``DecodingBaseConfig`` field) the drafts are drawn from the head's distribution ``q`` and accepted with
+    probability ``min(1, p / q)``; without it they are the head's argmax, accepted when the target's
+    sample matches (one-hot ``q``: TensorRT-LLM's exact-match verification of non-greedy requests)."""
     from .tree import Eagle3TreeDrafter, Eagle3TreeProposer
 
-    if isinstance(loaded.proposer, Eagle3TreeProposer):
-        return Eagle3TreeDrafter(loaded.proposer.capped(request.num_draft_tokens))
-    return Eagle3Drafter(loaded.proposer, request.num_draft_tokens)
+    sampled = request.sampling is not None  # None: greedy (validation maps temperature 0 / top_k 1 to None)
+    proposer = loaded.proposer
+    if isinstance(proposer, Eagle3TreeProposer):
+        if not sampled:
+            return Eagle3TreeDrafter(proposer.capped(request.num_draft_tokens))
+        proposer = proposer.chain
+    drafter = Eagle3Drafter(proposer, request.num_draft_tokens)
+    drafter.rejection_sampling = sampled and loaded.config.use_rejection_sampling
+    return drafter
 
 
-ENGINE = EngineMethod(make_drafter=make_drafter, load=load_eagle3, greedy_only=True)
+ENGINE = EngineMethod(make_drafter=make_drafter, load=load_eagle3)
 """The head loaded once per engine; chains (or dynamic trees) of at most ``num_draft_tokens`` drafts per request."""
 
 
