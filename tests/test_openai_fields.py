@@ -165,3 +165,31 @@ def test_unseeded_sampled_requests_get_a_fresh_seed_and_greedy_ones_none():
     assert len(seeds) == 64 and all(0 <= s < UNSEEDED_RANGE for s in seeds)
     assert CompletionRequest(prompt="hi", temperature=0.7, seed=5).sampling()["seed"] == 5
     assert "seed" not in CompletionRequest(prompt="hi", temperature=0).sampling()  # greedy: no seed sent
+
+
+def test_a_chat_request_without_max_tokens_gets_the_rest_of_the_context(tmp_path):
+    """OpenAI's chat API and vLLM default max_tokens to what the context leaves (LangChain's ChatOpenAI
+    sends none): not 16. /v1/completions keeps OpenAI's legacy 16; a sent value always wins, and the
+    server's --openai-max-tokens caps the default."""
+    from specbuild.triton_repo.openai_access import FrontLimits
+    from specbuild.triton_repo.openai_frontend import (
+        ChatCompletionRequest,
+        CompletionRequest,
+        FrontendConfig,
+        _engine_max_seq_len,
+        _max_tokens,
+    )
+
+    config = FrontendConfig("127.0.0.1:1", "m", "tok", max_seq_len=100)
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
+    assert _max_tokens(chat, 30, config) == 70
+    assert _max_tokens(chat, 30, FrontendConfig("127.0.0.1:1", "m", "tok", max_seq_len=100, limits=FrontLimits(max_tokens=50))) == 50
+    assert _max_tokens(chat, 30, FrontendConfig("127.0.0.1:1", "m", "tok")) == 16  # context unknown
+    sent = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=5)
+    assert _max_tokens(sent, 30, config) == 5
+    assert _max_tokens(CompletionRequest(prompt="hi"), 30, config) == 16
+    engine_dir = tmp_path / "engine"
+    engine_dir.mkdir()
+    (engine_dir / "config.json").write_text(json.dumps({"build_config": {"max_seq_len": 2048}}))
+    assert _engine_max_seq_len({"parameters": {"engine_dir": {"string_value": str(engine_dir)}}}) == 2048
+    assert _engine_max_seq_len({"parameters": {}}) is None

@@ -84,7 +84,7 @@ FIELDS: tuple[RequestField, ...] = (
                  "the ids are decoded and sent as text, and refused when the deployment's tokenizer would not split "
                  "that text into the same ids", routes=COMPLETIONS),
     RequestField("messages", _H, "through the tokenizer's chat template; text content parts only", routes=CHAT),
-    RequestField("max_tokens", _H, "most tokens to generate (default 16)"),
+    RequestField("max_tokens", _H, "most tokens to generate (default: chat the rest of the context, as OpenAI and vLLM; completions 16)"),
     RequestField("max_completion_tokens", _H, "chat's newer name for max_tokens; wins when both are sent", routes=CHAT),
     RequestField("stream", _H, "server-sent events; one per decoding step on a decoupled deployment, else one"),
     RequestField("stream_options", _H, "include_usage honoured; continuous_usage_stats: false only"),
@@ -205,7 +205,7 @@ def _min_tokens_met(body: dict[str, Any]) -> bool:
     """``min_tokens`` asks for nothing more when ``ignore_eos`` makes every answer exactly ``max_tokens`` long
     and ``min_tokens <= max_tokens``: how benchmark clients fix the output length (NVIDIA AIPerf's and
     GenAI-Perf's ``--extra-inputs min_tokens:N --extra-inputs ignore_eos:true``)."""
-    limit = body.get("max_completion_tokens", body.get("max_tokens", 16))
+    limit = body.get("max_completion_tokens", body.get("max_tokens", 16))  # unsent: at least the completions default
     value = body.get("min_tokens")
     return (body.get("ignore_eos") is True and all(isinstance(v, int) and not isinstance(v, bool) for v in (value, limit))
             and 0 <= value <= limit)

@@ -12,7 +12,8 @@ sits in front of an in-process server::
     GET  /metrics                Prometheus text: ``specbuild_*`` counters summed over the responses
 
 Request fields (OpenAI's): ``model``, ``prompt`` (a string, a list of one string, or token ids) or ``messages``,
-``max_tokens`` (chat also ``max_completion_tokens``; default 16), ``temperature`` (default 1.0, OpenAI's;
+``max_tokens`` (chat also ``max_completion_tokens``; default: chat what is left of the deployment's
+``max_seq_len`` after the prompt, as OpenAI and vLLM; completions 16), ``temperature`` (default 1.0, OpenAI's;
 0 = greedy), ``top_p``, ``seed`` (omitted at temperature > 0: a fresh random seed per request, so
 unseeded sampled answers differ as with OpenAI and vLLM; the Triton interface, which this front does
 not change, keeps TensorRT-LLM's default seed), ``stream``, ``stream_options.include_usage``, ``stop`` (a string or a
@@ -61,6 +62,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -102,6 +104,8 @@ class FrontendConfig:
             ``specbuild verify --openai-baseline``).
         api_key: the key requests must send as ``Authorization: Bearer KEY``; None = none asked.
         limits: body size, prompt tokens, ``max_tokens`` and concurrency limits (:class:`FrontLimits`).
+        max_seq_len: the deployment's prompt + output limit (tokens): a chat request without ``max_tokens``
+            gets what is left of it (OpenAI's and vLLM's chat default); None: not known, 16.
     """
 
     triton_url: str
@@ -112,6 +116,7 @@ class FrontendConfig:
     num_draft_tokens: int | None = None
     api_key: str | None = field(default=None, repr=False)
     limits: FrontLimits = FrontLimits()
+    max_seq_len: int | None = None
 
 
 UNSEEDED_RANGE = 2**63
@@ -156,10 +161,15 @@ class _Request(BaseModel):
         except ValueError as exc:
             raise FrontendError(str(exc), param="stop") from None
         wanted = _max_tokens(self)
-        if limits.max_tokens is not None and wanted > limits.max_tokens:
+        if self.sent_max_tokens and limits.max_tokens is not None and wanted > limits.max_tokens:
             name = self.max_tokens_param
             raise FrontendError(f"{name}={wanted} is more than this server allows ({limits.max_tokens}, "
                                 "specbuild serve --openai-max-tokens)", param=name)
+
+    @property
+    def sent_max_tokens(self) -> bool:
+        """Whether the request set its length (``max_tokens``, or on chat ``max_completion_tokens``)."""
+        return bool(getattr(self, "max_completion_tokens", None) or self.max_tokens)
 
     @property
     def max_tokens_param(self) -> str:
@@ -513,8 +523,20 @@ def _shown(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _max_tokens(request: _Request) -> int:
-    return getattr(request, "max_completion_tokens", None) or request.max_tokens or 16
+DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's legacy default), or chat when the context is unknown
+
+
+def _max_tokens(request: _Request, prompt_len: int | None = None, config: FrontendConfig | None = None) -> int:
+    """The request's output limit: what it sent; else on chat what is left of the deployment's
+    ``max_seq_len`` after the prompt (OpenAI's and vLLM's chat default), capped at the server's
+    ``--openai-max-tokens``; else :data:`DEFAULT_MAX_TOKENS`."""
+    sent = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    if sent:
+        return sent
+    if request.ROUTE == "chat" and config is not None and config.max_seq_len is not None and prompt_len is not None:
+        left = max(1, config.max_seq_len - prompt_len)
+        return left if config.limits.max_tokens is None else min(left, config.limits.max_tokens)
+    return DEFAULT_MAX_TOKENS
 
 
 def _finish_reason(result, max_tokens: int, ignore_eos: bool) -> str:
@@ -576,9 +598,9 @@ def create_app(config: FrontendConfig, *, restarts: Callable[[], int] | None = N
         request.check(config.limits)
         front.check_model(request)
         text = await run_in_threadpool(prompt_text, request)
-        max_tokens = _max_tokens(request)
         param = "messages" if kind == "chat.completion" else "prompt"
         prompt_ids = await run_in_threadpool(front.prompt_token_ids, text, param)
+        max_tokens = _max_tokens(request, len(prompt_ids), config)
         response_id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}"
         if request.stream:
             events = _stream_events(front, request, text, max_tokens, prompt_ids, response_id, kind)
@@ -721,7 +743,18 @@ def config_from_deployment(triton_url: str, *, model: str | None = None, timeout
         raise FrontendError(f"the deployment at {triton_url} names no tokenizer_dir in its preprocessing model", status=503)
     decoupled = bool(engine.get("model_transaction_policy", {}).get("decoupled", False))
     return FrontendConfig(triton_url, model or "ensemble", tokenizer_dir, decoupled=decoupled, timeout_s=timeout_s,
-                          num_draft_tokens=num_draft_tokens)
+                          num_draft_tokens=num_draft_tokens, max_seq_len=_engine_max_seq_len(engine))
+
+
+def _engine_max_seq_len(engine_config: dict) -> int | None:
+    """``build_config.max_seq_len`` of the engine the ``tensorrt_llm`` model serves (its ``engine_dir``'s
+    ``config.json``, as TensorRT-LLM engines store it); None when the front cannot read it (another host)."""
+    engine_dir = engine_config.get("parameters", {}).get("engine_dir", {}).get("string_value")
+    try:
+        value = json.loads((Path(engine_dir) / "config.json").read_text())["build_config"]["max_seq_len"]
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 class OpenAIServer:
