@@ -234,3 +234,17 @@ def test_write_recipe_for_lookahead_builds_the_measured_shape(tmp_path):
     assert data["build"]["max_concurrency"] == 1
     result = CliRunner().invoke(main, ["plan", str(out)])
     assert result.exit_code == 0, result.output
+
+
+def test_vllm_gets_a_schedule_where_tensorrt_llms_rules_give_none():
+    """Best k = 0 at concurrency 1 and 2 at 2-4: TensorRT-LLM cannot express it (schedule[1] must be its
+    max_draft_len) and says why in its own row only; vLLM's ranges take any k per range; SGLang likewise."""
+    why = "no speculation at concurrency 1: TensorRT-LLM needs schedule[1] = max_draft_len > 0; deploy without speculation"
+    schedule = Schedule("d", "s", {1: 0, 4: 2, 8: 0}, {}, 4, None, why, by_batch={1: 0, 2: 2})
+    out = engine_schedules(schedule, "eagle3")
+    assert out.trtllm is None and out.notes["tensorrt-llm"] == [why]
+    assert out.vllm == {"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 4, 2], [5, 256, 0]]}
+    assert not any("TensorRT-LLM" in n for n in out.notes["vllm"] + out.notes["sglang"])
+    assert out.sglang == {"1": {"candidate_steps": [0]}, "2": {"candidate_steps": [2]}, "5": {"candidate_steps": [0]}}
+    off = engine_schedules(Schedule("d", "s", {1: 0, 4: 0}, {}, 0, None, "speculation off", by_batch={}), "eagle3")
+    assert (off.trtllm, off.vllm, off.sglang) == (None, None, None)

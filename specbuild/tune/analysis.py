@@ -243,7 +243,8 @@ def draft_len_schedule(
         else:
             max_concurrency = max(level for level in levels if level not in off_tail)
         on = {level: k for level, k in best.items() if max_concurrency is None or level <= max_concurrency}
-        schedule, note = schedule_from_measurements(batch_thresholds(on))
+        by_batch = batch_thresholds(on)
+        schedule, note = schedule_from_measurements(by_batch)
         ngram = None
         if shape is not None and schedule:
             from specbuild.methods.lookahead import lookahead_max_draft_len
@@ -255,7 +256,7 @@ def draft_len_schedule(
             note = (f"lookahead: built as (W, N, G) = ({w}, {ngram}, {g}), the shape measured best at concurrency 1 "
                     f"(k = N - 1 = {ngram - 1}); each iteration runs it whole (draft length {budget}, its token budget) or plain")
         schedules.append(Schedule(deployment, prompt_set, best, schedule or {}, max_concurrency,
-                                  None if schedule is None else schedule[1], note, ngram))
+                                  None if schedule is None else schedule[1], note, ngram, by_batch))
     return schedules
 
 

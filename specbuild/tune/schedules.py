@@ -61,6 +61,8 @@ class Schedule:
             every measured level; 0 = off at every level.
         max_draft_len: ``draft_len_schedule[1]`` (``None`` without a schedule).
         note: why there is no schedule ("" when there is one), or how a lookahead schedule is built.
+        by_batch: the measured best k as batch-size thresholds where speculation is on (up to
+            max_concurrency), before TensorRT-LLM's rules: what vLLM and SGLang are given.
         lookahead_ngram: lookahead only: the N to build (``speculation.max_ngram_size``), whose whole
             step is the schedule's non-zero entry (:func:`~specbuild.tune.analysis.draft_len_schedule`).
     """
@@ -73,6 +75,7 @@ class Schedule:
     max_draft_len: int | None = None
     note: str = ""
     lookahead_ngram: int | None = None
+    by_batch: dict[int, int] = field(default_factory=dict)
 
 
 PR_16888_FIRST_RELEASE: str | None = None  # no TensorRT-LLM release has the K=0 fix (1.2.1 is the newest release)
@@ -123,31 +126,37 @@ def engine_schedules(schedule: Schedule, method: str, max_batch_size: int | None
     ``max_batch_size``: the deployment's (TensorRT-LLM's schedule keys end there; None:
     :data:`TRTLLM_MAX_BATCH_SIZE`)."""
     notes: dict[str, list[str]] = {"tensorrt-llm": [], "vllm": [], "sglang": []}
-    if not schedule.draft_len_schedule:
+    # what was measured, as batch-size thresholds: vLLM and SGLang take any draft length per range, so they
+    # get a schedule even where TensorRT-LLM's rules (schedule[1] = max_draft_len, none above it) give none
+    measured = schedule.draft_len_schedule or schedule.by_batch
+    top = max(measured.values(), default=0)
+    if top == 0:  # speculation off wherever it was measured: nothing for any engine
         why = schedule.note or "no schedule"
         for lines in notes.values():
             lines.append(why)
         return EngineSchedules(schedule.deployment, method, None, None, None, notes=notes)
     trtllm = vllm = None
-    if method in TRTLLM_PYTORCH_METHODS:
+    if method not in TRTLLM_PYTORCH_METHODS:
+        notes["tensorrt-llm"].append(f"TensorRT-LLM runs {method} on its engine path only, which has no draft_len_schedule")
+    elif schedule.draft_len_schedule:
         trtllm = trtllm_config(schedule.draft_len_schedule, schedule.max_concurrency, method, notes["tensorrt-llm"],
                                max_batch_size=max_batch_size or TRTLLM_MAX_BATCH_SIZE)
     else:
-        notes["tensorrt-llm"].append(f"TensorRT-LLM runs {method} on its engine path only, which has no draft_len_schedule")
+        notes["tensorrt-llm"].append(schedule.note)
     if method in VLLM_METHODS:
-        ranges = vllm_ranges(schedule.draft_len_schedule, schedule.max_concurrency)
-        vllm = {"num_speculative_tokens": schedule.max_draft_len, "num_speculative_tokens_per_batch_size": ranges}
-        check_vllm_schedule(ranges, schedule.max_draft_len)
+        ranges = vllm_ranges(measured, schedule.max_concurrency)
+        vllm = {"num_speculative_tokens": top, "num_speculative_tokens_per_batch_size": ranges}
+        check_vllm_schedule(ranges, top)
         notes["vllm"].append("vLLM ignores num_speculative_tokens_per_batch_size when data_parallel_size > 1 and runs "
-                             f"num_speculative_tokens={schedule.max_draft_len} at every batch size (vllm-project/vllm PR #45963)")
+                             f"num_speculative_tokens={top} at every batch size (vllm-project/vllm PR #45963)")
     else:
         notes["vllm"].append(f"vLLM has no {method} method")
     sglang, sglang_args = None, []
     if method in SGLANG_METHODS:
-        sglang = sglang_adaptive_config(schedule.draft_len_schedule, schedule.max_concurrency)
+        sglang = sglang_adaptive_config(measured, schedule.max_concurrency)
         sglang_args = ["--speculative-adaptive", "--speculative-adaptive-config", "FILE.json", "--speculative-eagle-topk", "1",
-                       "--speculative-num-steps", str(schedule.max_draft_len)]
-        check_sglang_adaptive_config(sglang, schedule.max_draft_len)
+                       "--speculative-num-steps", str(top)]
+        check_sglang_adaptive_config(sglang, top)
         notes["sglang"].append("SGLang looks the slot up after padding the batch to its CUDA-graph batch sizes")
     else:
         notes["sglang"].append(f"SGLang has no batch-size schedule for {method}: --speculative-adaptive runs EAGLE/EAGLE3 "
