@@ -528,3 +528,23 @@ def replace_k(c):
     import dataclasses
 
     return dataclasses.replace(c, draft_len={1: 2, 2: 1}.get(c.draft_len, c.draft_len))
+
+
+def test_a_speculative_point_that_cannot_be_told_from_k0_is_not_recommended():
+    """nc5: the recommendation said k=4, the schedule k=0 and the note "the simpler choice is k=0":
+    one answer now. k=4 measured 5 % faster with overlapping intervals -> the recommendation is k=0,
+    k=4 listed as not significantly faster."""
+    from specbuild.tune.report import tie_note
+
+    points = [point(0, 1, tpot_ms=10.0, latency=1000.0), point(4, 1, tpot_ms=9.5, latency=950.0, tokens_per_step=1.5)]
+    for p in points:
+        p["ci"] = {"latency_ms_p50": [900.0, 1100.0] if p["draft_len"] == 0 else [850.0, 1050.0]}
+    report = tune(points, goal="latency", concurrency=1)
+    (best,) = report.recommendations.values()
+    assert best.draft_len == 0
+    (ties,) = report.ties.values()
+    assert [o.draft_len for o in ties] == [4]
+    (schedule,) = report.schedules
+    assert schedule.best == {1: 0}
+    note = tie_note(best, ties)
+    assert note.startswith("the recommendation is d k=0 C=1: speculation off; d k=4 C=1") and "not significantly" in note

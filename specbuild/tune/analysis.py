@@ -406,6 +406,11 @@ def tune(
             errors[prompt_set] = str(exc)
     speedup_ci = {(r.deployment, r.prompt_set, r.draft_len, r.concurrency): r.speedup_ci for r in analytic if r.speedup_ci}
     ties = {s: indistinguishable(c, by_set[s], goal, speedup_ci) for s, c in recommendations.items()}
+    for s, c in list(recommendations.items()):  # speculation that cannot be told from off is not recommended
+        off = [o for o in ties[s] if o.draft_len == 0 and (o.deployment, o.concurrency) == (c.deployment, c.concurrency)]
+        if c.draft_len > 0 and off:
+            recommendations[s] = off[0]
+            ties[s] = [c] + [o for o in ties[s] if o is not off[0]]
     tie_bases = {s: [tie_basis(recommendations[s], o, speedup_ci) if goal == "latency" else "throughput intervals overlap"
                      for o in t] for s, t in ties.items() if t}
     goal_text = (

@@ -155,14 +155,21 @@ def tie_note(best, ties: Sequence, bases: Sequence[str] | None = None) -> str:
     default "95% intervals overlap"), naming the simpler choice: k=0 (speculation off) when it is
     among them, else the smallest draft length.
 
-    Example: ``"the recommendation ngram k=4 C=1 is not significantly different from ngram k=0 C=1
-    (speed-up interval contains 1); the simpler choice is ngram k=0 C=1: speculation off"``.
+    Example: ``"the recommendation ngram k=2 C=4 is not significantly different from ngram k=4 C=4
+    (speed-up intervals overlap); prefer the simpler or cheaper one"``. A k > 0 that cannot be told from
+    k=0 at its concurrency is never the recommendation (:func:`specbuild.tune.analysis.tune` takes k=0):
+    ``"the recommendation is ngram k=0 C=1: speculation off; ngram k=4 C=1 (speed-up interval contains 1)
+    measured faster but not significantly (more --repeats may separate them)"``.
     """
     bases = list(bases) if bases else ["95% intervals overlap"] * len(ties)
     if len(set(bases)) == 1:
         named = f"{', '.join(o.label for o in ties)} ({bases[0]})"
     else:
         named = ", ".join(f"{o.label} ({b})" for o, b in zip(ties, bases))
+    faster = [o for o in ties if o.draft_len > 0 and o.concurrency == best.concurrency and o.latency_ms < best.latency_ms]
+    if best.draft_len == 0 and faster:  # tune() put k=0 first: the faster-looking k is not significantly faster
+        return (f"the recommendation is {best.label}: speculation off; {named} measured faster but not "
+                "significantly (more --repeats may separate them)")
     text = f"the recommendation {best.label} is not significantly different from {named}"
     simpler = min((o for o in ties if o.draft_len < best.draft_len), key=lambda o: o.draft_len, default=None)
     if simpler is None:
