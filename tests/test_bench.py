@@ -437,10 +437,11 @@ def test_serve_openai_num_draft_tokens_is_a_deprecated_alias(tmp_path, monkeypat
     monkeypatch.setattr(specbuild.cli, "_openai_companion", lambda repo, host, port, model, k, **_: seen.append(k))
     monkeypatch.setattr(tritonserver, "serve_forever", lambda server, companion=None, **_: 0)
     repo = str(tmp_path / "repo")
-    result = CliRunner().invoke(main, ["serve", repo, "--openai-port", "0", "--openai-num-draft-tokens", "0"])
+    free = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]  # whatever else runs on 8000-8002
+    result = CliRunner().invoke(main, ["serve", repo, *free, "--openai-port", "0", "--openai-num-draft-tokens", "0"])
     assert result.exit_code == 0 and seen == [0], result.output
     assert "--openai-num-draft-tokens is deprecated; use --num-draft-tokens" in result.stderr
-    result = CliRunner().invoke(main, ["serve", repo, "--openai-port", "0", "--num-draft-tokens", "3"])
+    result = CliRunner().invoke(main, ["serve", repo, *free, "--openai-port", "0", "--num-draft-tokens", "3"])
     assert result.exit_code == 0 and seen == [0, 3] and "deprecated" not in result.stderr
     assert CliRunner().invoke(main, ["serve", repo, "--num-draft-tokens", "3"]).exit_code == 2  # no OpenAI front to default
     assert "--openai-num-draft-tokens" not in CliRunner().invoke(main, ["serve", "-h"]).output
