@@ -293,7 +293,7 @@ def test_repeated_small_sample_warnings_become_one_line():
     assert summarize_warnings([unstable]) == [unstable]
 
 
-def test_frontier_legend_matches_hollow_points_and_the_star_sits_beside_its_point(tmp_path, monkeypatch):
+def test_frontier_legend_matches_hollow_points_and_the_recommendation_rings_its_own_point(tmp_path, monkeypatch):
     import specbuild.tune.plots as plots
 
     figures = []
@@ -308,10 +308,11 @@ def test_frontier_legend_matches_hollow_points_and_the_star_sits_beside_its_poin
     labels = {a.get_text() for a in ax.texts}
     best = report.recommendations["s"]
     assert f"k={best.draft_len}, C={best.concurrency}" in labels
-    star = next(c for c in ax.collections if c.get_label().startswith("recommended"))
+    ring = next(c for c in ax.collections if c.get_label().startswith("recommended"))
     at = ax.transData.transform((best.latency_ms, best.throughput))
-    drawn = star.get_transform().transform(star.get_offsets()[0])
-    assert math.dist(at, drawn) > 20  # pixels: beside the point, not over it
+    drawn = ring.get_offset_transform().transform(ring.get_offsets()[0])
+    assert math.dist(at, drawn) < 1  # pixels: on the measured point (nc5: a star beside it read as a point of its own)
+    assert (ring.get_facecolors()[:, 3] == 0).all()  # a hollow ring: the point stays visible inside it
     callout = next(a for a in ax.texts if a.get_text() == "recommended")  # a boxed word: not read as a data point (nc3 item 9)
     assert callout.get_bbox_patch() is not None and callout.xy == (best.latency_ms, best.throughput)
 

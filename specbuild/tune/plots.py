@@ -16,12 +16,11 @@ def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Pat
     fewer requests than its percentiles need) with its 95 % intervals as error bars and labelled
     ``k=4, C=1`` (or ``k=4, 2/s``); the legend draws the markers as the points are drawn. The
     frontier is the staircase through the points no other point beats on both axes (only points that
-    exist; a step, not a straight line, between them); the recommendation is a callout beside its
-    point (a star and the boxed word "recommended", an arrow from the star to the point), so it does
-    not read as a point of its own. Both axes start at zero.
+    exist; a step, not a straight line, between them); the recommendation is a gold ring around its
+    own point with the boxed word "recommended" under it (nothing drawn where no point was measured).
+    Both axes start at zero.
     """
     plt = _pyplot()
-    from matplotlib import transforms
 
     cands = candidates(points, report.latency_metric)
     sets = sorted({c.prompt_set for c in cands})
@@ -46,18 +45,14 @@ def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Pat
             ax.step(xs, ys, where="post", color="k", lw=1.2, ls="--", label="frontier (measured points only)")
             ax.scatter(xs, ys, s=160, facecolors="none", edgecolors="k", lw=1.2, zorder=3)
         recommended = report.recommendations.get(prompt_set)
-        if recommended is not None:  # beside its point (up and to the left), not over it
-            ax.annotate("", (recommended.latency_ms, recommended.throughput), xytext=(-22, 16), textcoords="offset points",
-                        arrowprops={"arrowstyle": "-|>", "color": "k", "lw": 0.9, "shrinkA": 4, "shrinkB": 5}, zorder=4)
-            # a boxed word beside the star: a callout, not a data point at the star's coordinates
-            ax.annotate("recommended", (recommended.latency_ms, recommended.throughput), xytext=(-36, 18), textcoords="offset points",
-                        ha="right", va="center", fontsize=7, zorder=5,
+        if recommended is not None:  # a gold ring around the point itself (no marker of its own elsewhere)
+            ax.scatter([recommended.latency_ms], [recommended.throughput], s=520, facecolors="none", edgecolors="gold",
+                       lw=3.0, zorder=4, label=f"recommended: {recommended.label}")
+            ax.annotate("recommended", (recommended.latency_ms, recommended.throughput), xytext=(0, -20), textcoords="offset points",
+                        ha="center", va="top", fontsize=7, zorder=5,
                         bbox={"boxstyle": "round,pad=0.25", "fc": "lightyellow", "ec": "0.4", "lw": 0.6})
-            beside = transforms.offset_copy(ax.transData, fig=fig, x=-24, y=18, units="points")
-            ax.scatter([recommended.latency_ms], [recommended.throughput], marker="*", s=260, color="gold",
-                       edgecolors="k", zorder=5, transform=beside, label=f"recommended: {recommended.label}")
         ax.set_xlim(left=0)
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # headroom: the star sits above and left of its point
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
         ax.set_title(f"{prompt_set}")
         ax.set_xlabel(f"request latency {report.latency_metric} (ms)  (lower is better)")
         ax.set_ylabel("total output tokens/s  (higher is better)")
