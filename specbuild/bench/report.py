@@ -226,8 +226,11 @@ def notes(result: SweepResult) -> list[str]:
                          f"metrics say acceptance rate {p.server_acceptance['acceptance_rate']:.2f}")
     sources = {(p.deployment, p.acceptance_source) for p in result.points if p.draft_len}
     if sources:
+        meaning = {"perf_metrics": "the engine's counters",
+                   "derived": "from decoding iterations (TensorRT-LLM 1.2.1's PyTorch path reports no counters)"}
+        used = sorted({s for _, s in sources if s in meaning})
         lines.append("Acceptance counts from: " + ", ".join(f"{d} {s or 'none'}" for d, s in sorted(sources, key=str))
-                     + " (perf_metrics: the engine's counters; derived: from decoding iterations, PyTorch path on TensorRT-LLM 1.2.1)")
+                     + (" (" + "; ".join(f"{s}: {meaning[s]}" for s in used) + ")" if used else ""))
     disturbed = [p for p in result.points if p.baseline_disturbed]
     if disturbed:
         from .stats import DISTURBED
