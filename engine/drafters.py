@@ -74,7 +74,12 @@ class Drafter(Protocol):
 
     def draft(self, context: Sequence[int], *, max_accept: int, sampler: Sampler | None) -> Block:
         """This step's block for ``context`` (prompt + emitted; ``context[-1]`` is the root); at most
-        ``max_accept`` draft tokens can be emitted (deeper nodes would be wasted)."""
+        ``max_accept`` draft tokens can be emitted (deeper nodes would be wasted).
+
+        A drafter of trees (``tree_drafts = True``: Medusa, EAGLE) also takes ``max_draft_tokens``: the
+        iteration's draft length K (TensorRT-LLM's runtime draft length: ``1 + K`` tokens per request
+        and step), which caps the tree's nodes, as a request's ``num_draft_tokens`` does; None: no cap.
+        ``max_accept`` is then what the request may still emit."""
         ...
 
     def update(self, context: Sequence[int], step: StepResult) -> None:

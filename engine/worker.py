@@ -159,9 +159,16 @@ class Worker:
 
     def _max_accept(self, seq: InflightRequest) -> int:
         """Drafts ``seq`` may have accepted this iteration: what it may still emit, less the bonus token,
-        capped at the iteration's K."""
+        capped at the iteration's K (a tree drafter gets K as its node cap instead: :meth:`_caps`)."""
         room = seq.state.remaining - 1
-        return room if self.runtime_draft_len is None else min(room, self.runtime_draft_len)
+        if self.runtime_draft_len is None or getattr(seq.drafter, "tree_drafts", False):
+            return room
+        return min(room, self.runtime_draft_len)
+
+    def _caps(self, drafter) -> dict:
+        """``max_draft_tokens`` for a tree drafter (the iteration's K caps its nodes: ``1 + K`` tokens, what
+        the scheduler reserved), nothing for the others (K is their ``max_accept``)."""
+        return {"max_draft_tokens": self.runtime_draft_len} if getattr(drafter, "tree_drafts", False) else {}
 
     def _guarded(self, seq: InflightRequest, work) -> Event:
         try:
@@ -254,6 +261,7 @@ class Worker:
                 blocks = kind.draft_batch(
                     [s.drafter for s in seqs], [s.state.context for s in seqs],
                     max_accepts=[self._max_accept(s) for s in seqs], samplers=[s.sampler for s in seqs],
+                    **self._caps(seqs[0].drafter),
                 )
                 for block in blocks:
                     self._check_block(block)
@@ -264,7 +272,8 @@ class Worker:
         return results  # type: ignore[return-value]
 
     def _draft(self, seq: InflightRequest) -> Block:
-        return self._check_block(seq.drafter.draft(seq.state.context, max_accept=self._max_accept(seq), sampler=seq.sampler))
+        return self._check_block(seq.drafter.draft(seq.state.context, max_accept=self._max_accept(seq), sampler=seq.sampler,
+                                                   **self._caps(seq.drafter)))
 
     def _check_block(self, block: Block) -> Block:
         if len(block.tokens) > self.max_block:

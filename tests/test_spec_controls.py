@@ -278,9 +278,10 @@ def test_a_requests_num_draft_tokens_stays_its_cap_under_the_iterations_k(method
 
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3_tree", "lookahead"])
 def test_a_smaller_iteration_k_verifies_fewer_tree_nodes(method_engines, plain, method):
-    """For trees the iteration's K is a depth: nodes deeper than K could never be accepted, so they are
-    not verified either. K = 1 verifies fewer tokens per step than no cap, and the output is unchanged.
-    (Lookahead verifies candidates cut to K tokens; its Jacobi window always runs.)"""
+    """For trees the iteration's K caps the nodes, as a request's num_draft_tokens does (TensorRT-LLM's
+    runtime draft length: 1 + K tokens per request and step, what the scheduler reserves): K = 1 verifies
+    one node, fewer tokens per step than no cap, and the output is unchanged. (Lookahead verifies
+    candidates cut to K tokens; its Jacobi window always runs.)"""
     engine = _engine(method_engines, method, "random")
     for prompt in PROMPTS[:2]:
         request = greedy(prompt, NEW_TOKENS + 8)
@@ -288,5 +289,7 @@ def test_a_smaller_iteration_k_verifies_fewer_tree_nodes(method_engines, plain, 
         free, free_steps = _record_steps(engine, request, None)
         assert capped == free == plain[tuple(prompt)], (method, prompt)
         assert all(a <= 1 for _, _, _, a in capped_steps), (method, capped_steps)
+        if method != "lookahead":
+            assert all(len(t) <= 2 for _, _, t, _ in capped_steps[1:]), (method, capped_steps)  # 1 + K tokens
         mean = lambda steps: sum(len(t) for _, _, t, _ in steps) / len(steps)  # noqa: E731
         assert mean(capped_steps) < mean(free_steps), (method, mean(capped_steps), mean(free_steps))

@@ -1004,6 +1004,7 @@ class FeatureTreeDrafter(PlainDrafter):
     """
 
     wants_hidden = True
+    tree_drafts = True  # the iteration's K caps the tree's nodes (max_draft_tokens)
 
     def __init__(self, proposer: FeatureTreeProposer) -> None:
         self.proposer = proposer
@@ -1013,11 +1014,19 @@ class FeatureTreeDrafter(PlainDrafter):
     def start(self, prompt, first_token, hidden_states) -> None:
         self.pending = ([*prompt[1:], first_token], hidden_states[-1])
 
-    def draft(self, context, *, max_accept, sampler) -> Block:
+    def step_proposer(self, max_draft_tokens: int | None):
+        """The proposer capped at the iteration's K nodes (``capped``: a static tree's first K nodes,
+        a dynamic tree's K best; as a request's ``num_draft_tokens``), or the request's own."""
+        if not max_draft_tokens or not hasattr(self.proposer, "capped"):  # None: no cap; 0: a root-only step
+            return self.proposer
+        return self.proposer.capped(max_draft_tokens)
+
+    def draft(self, context, *, max_accept, sampler, max_draft_tokens=None) -> Block:
         if self.pending is not None:
             self.proposer.update(self.state, *self.pending)
             self.pending = None
-        proposal = self.proposer.propose(self.state, context[-1], max_accept)
+        depth = 0 if max_draft_tokens == 0 else max_accept
+        proposal = self.step_proposer(max_draft_tokens).propose(self.state, context[-1], depth)
         return Block.of_tree(proposal.tree, proposal.tokens)
 
     def update(self, context, step) -> None:
@@ -1042,13 +1051,13 @@ class EagleDrafter(GroupedByProposer, FeatureTreeDrafter):
     proposer: EagleProposer
 
     @classmethod
-    def draft_batch(cls, drafters: Sequence[EagleDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+    def draft_batch(cls, drafters: Sequence[EagleDrafter], contexts, *, max_accepts, samplers, max_draft_tokens=None) -> list[Block]:
         """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
         head call and one draft projection per tree depth for all of them."""
         del samplers
         feed_pending(drafters, update_batch)
-        proposals = propose_batch([d.proposer for d in drafters], [d.state for d in drafters],
-                                  [c[-1] for c in contexts], list(max_accepts))
+        proposals = propose_batch([d.step_proposer(max_draft_tokens) for d in drafters], [d.state for d in drafters],
+                                  [c[-1] for c in contexts], [0 if max_draft_tokens == 0 else m for m in max_accepts])
         return [Block.of_tree(p.tree, p.tokens) for p in proposals]
 
 

@@ -114,11 +114,11 @@ class Eagle3TreeDrafter(EagleDrafter):
         self.pending = (step.emitted, self.proposer.capture([h[None] for h in step.hidden_states])[step.keep])
 
     @classmethod
-    def draft_batch(cls, drafters: Sequence[Eagle3TreeDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+    def draft_batch(cls, drafters: Sequence[Eagle3TreeDrafter], contexts, *, max_accepts, samplers, max_draft_tokens=None) -> list[Block]:
         """:meth:`draft` for requests of one head: one head call feeds every pending feature (EAGLE-3's
         fusion), then one head call and one draft projection per tree depth for all of them."""
         del samplers
         feed_pending(drafters, update_batch)
-        proposals = propose_batch([d.proposer for d in drafters], [d.state for d in drafters],
-                                  [c[-1] for c in contexts], list(max_accepts))
+        proposals = propose_batch([d.step_proposer(max_draft_tokens) for d in drafters], [d.state for d in drafters],
+                                  [c[-1] for c in contexts], [0 if max_draft_tokens == 0 else m for m in max_accepts])
         return [Block.of_tree(p.tree, p.tokens) for p in proposals]

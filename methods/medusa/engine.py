@@ -343,6 +343,7 @@ class TreeDrafter(PlainDrafter):
     producer; drafts alone."""
 
     wants_hidden = True
+    tree_drafts = True  # the iteration's K caps the tree's nodes (max_draft_tokens)
 
     def __init__(self, proposer: TreeProposer, tree: SpecTree) -> None:
         self.proposer, self.tree = proposer, tree
@@ -351,8 +352,14 @@ class TreeDrafter(PlainDrafter):
     def start(self, prompt, first_token, hidden_states) -> None:
         self.hidden = hidden_states[-1][-1]
 
-    def draft(self, context, *, max_accept, sampler) -> Block:
-        tree = self.tree.truncated(max_accept)
+    def step_tree(self, max_accept: int, max_draft_tokens: int | None = None) -> SpecTree:
+        """This step's tree: no deeper than ``max_accept``, its first ``max_draft_tokens`` nodes (node order,
+        as a request's ``num_draft_tokens`` cuts it; None: all)."""
+        tree = self.tree.truncated(0 if max_draft_tokens == 0 else max_accept)
+        return tree if not max_draft_tokens else tree.first(max_draft_tokens)
+
+    def draft(self, context, *, max_accept, sampler, max_draft_tokens=None) -> Block:
+        tree = self.step_tree(max_accept, max_draft_tokens)
         return Block.of_tree(tree, self.proposer.propose_tree(context, self.hidden, tree))
 
     def update(self, context, step) -> None:
@@ -371,10 +378,10 @@ class MedusaDrafter(TreeDrafter):
         return self.proposer
 
     @classmethod
-    def draft_batch(cls, drafters: Sequence[MedusaDrafter], contexts, *, max_accepts, samplers) -> list[Block]:
+    def draft_batch(cls, drafters: Sequence[MedusaDrafter], contexts, *, max_accepts, samplers, max_draft_tokens=None) -> list[Block]:
         """:meth:`draft` for requests sharing one proposer: the heads run once for all of them."""
         del samplers
-        trees = [d.tree.truncated(m) for d, m in zip(drafters, max_accepts)]
+        trees = [d.step_tree(m, max_draft_tokens) for d, m in zip(drafters, max_accepts)]
         tokens = drafters[0].proposer.propose_trees(contexts, [d.hidden for d in drafters], trees)
         return [Block.of_tree(tree, t) for tree, t in zip(trees, tokens)]
 
