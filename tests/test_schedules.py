@@ -248,3 +248,19 @@ def test_vllm_gets_a_schedule_where_tensorrt_llms_rules_give_none():
     assert out.sglang == {"1": {"candidate_steps": [0]}, "2": {"candidate_steps": [2]}, "5": {"candidate_steps": [0]}}
     off = engine_schedules(Schedule("d", "s", {1: 0, 4: 0}, {}, 0, None, "speculation off", by_batch={}), "eagle3")
     assert (off.trtllm, off.vllm, off.sglang) == (None, None, None)
+
+
+def test_write_recipe_for_medusa_cuts_the_tree_to_the_measured_draft_tokens(tmp_path):
+    """Medusa's max_draft_len is its tree's node count; k1 = 2 of the bundled 4-node tree builds the
+    first 2 nodes (what num_draft_tokens=2 verified when tune measured it), and the recipe validates."""
+    import yaml
+    from click.testing import CliRunner
+    from specbuild.cli import main
+    from specbuild.tune.write_recipe import write_scheduled_recipe
+
+    schedule = Schedule("smollm2-medusa", "humaneval", {1: 2, 2: 2, 4: 0}, {1: 2, 2: 2}, 2, 2)
+    out = write_scheduled_recipe(tmp_path / "m.yaml", "smollm2-medusa", schedule, engine_schedules(schedule, "medusa"))
+    data = yaml.safe_load(out.read_text())
+    assert data["speculation"]["medusa_choices"] == [[0], [1]] and "max_draft_len" not in data["speculation"]
+    assert data["build"]["draft_len_schedule"] == {1: 2, 2: 2} and data["build"]["max_concurrency"] == 2
+    assert CliRunner().invoke(main, ["plan", str(out)]).exit_code == 0

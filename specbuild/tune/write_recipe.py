@@ -9,7 +9,8 @@ The source recipe (the deployment's own, by name or path) is copied with:
   (floored at 1 for one-engine methods, max_concurrency folded in, keys up to the recipe's
   max_batch_size: every TensorRT-LLM line reads it the same way);
 - lookahead: ``speculation.max_ngram_size`` = the N the schedule was measured with
-  (:attr:`~specbuild.tune.schedules.Schedule.lookahead_ngram`);
+  (:attr:`~specbuild.tune.schedules.Schedule.lookahead_ngram`); Medusa: ``medusa_choices`` cut to the
+  first ``schedule[1]`` nodes when that is below the tree's size (its max_draft_len is the node count);
 - ``name`` suffixed ``-scheduled``, so its deployment directory does not overwrite the source's;
 - relative paths that exist next to the source recipe made absolute, so they still resolve.
 
@@ -64,6 +65,7 @@ def scheduled_recipe(source: str | Path, schedule: Schedule, engines: EngineSche
         data["speculation"]["max_draft_len"] = entries[1]
     if schedule.lookahead_ngram is not None:  # lookahead: the shape whose whole step the schedule runs
         data["speculation"]["max_ngram_size"] = schedule.lookahead_ngram
+    _cut_medusa_tree(data, path, entries[1])
     data["name"] = f"{data.get('name', path.stem)}-scheduled"
     data = _absolute_paths(data, path.parent)
     text = f"# {data['name']}: {path.name} with the draft-length schedule `specbuild tune` measured for {schedule.deployment}\n"
@@ -79,6 +81,25 @@ def write_scheduled_recipe(out: str | Path, source: str | Path, schedule: Schedu
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     return out
+
+
+def _cut_medusa_tree(data: dict, path: Path, max_draft_len: int) -> None:
+    """Medusa's max_draft_len is its tree's node count: a schedule whose batch-1 entry is below it builds
+    the tree's first ``max_draft_len`` nodes (node order: what a request's ``num_draft_tokens`` verifies,
+    what ``tune`` measured), e.g. 2 of ``[[0], [1], [0, 0], [0, 0, 0]]`` -> ``[[0], [1]]``."""
+    spec = data["speculation"]
+    if spec.get("method") != "medusa":
+        return
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.engine.tree import SpecTree
+    from specbuild.methods.medusa import MC_SIM_7B_63
+
+    recipe = load_recipe(str(path)).recipe.speculation
+    if max_draft_len >= recipe.max_draft_len:
+        return
+    tree = SpecTree.from_choices(recipe.medusa_choices or MC_SIM_7B_63).first(max_draft_len)
+    spec["medusa_choices"] = [list(p) for p in tree.paths]
+    spec.pop("max_draft_len", None)
 
 
 def _absolute_paths(value, base: Path):
