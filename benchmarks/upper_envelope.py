@@ -4,7 +4,7 @@ Serves two recipes at once through real tritonservers: ``--base`` (the method wi
 ``max_draft_len``; each request asks for one fixed ``num_draft_tokens`` k) and ``--scheduled`` (the
 recipe ``specbuild tune --write-recipe`` writes: ``build.draft_len_schedule`` / ``max_concurrency``,
 the draft length chosen by the engine every iteration from the batch size, as TensorRT-LLM's
-PyTorch executor does; requests ask for its ``max_draft_len``, a per-request cap). At every
+PyTorch executor does; requests send no draft length: the engine's own). At every
 concurrency (closed loop) and every repeat, the arms (fixed k in ``--draft-lengths``, and the
 schedule) run next to each other in time, their order rotated by the repeat, so machine noise hits
 every arm alike.
@@ -80,7 +80,7 @@ def main() -> None:
         tokenizer = load_tokenizer(base.tokenizer_dir)
         prompts = prepare_prompts(args.prompts, base, "auto", tokenizer)
         arms = {f"k={k}": (base, base.request_fields(k)) for k in ks}
-        arms["schedule"] = (sched, sched.request_fields(sched_k))
+        arms["schedule"] = (sched, {})  # the engine's defaults: its max_draft_len (lookahead: its built shape), capped per iteration
         clients = {name: _Clients(d, 600.0) for name, (d, _) in arms.items()}
         reference: dict[str, tuple[int, ...]] = {}
         mismatches: list[dict] = []
@@ -136,7 +136,7 @@ def main() -> None:
                       f"{v['ratio']:.2f}{ci}", "yes" if row["on_envelope"] else "NO")
     console.print(table)
     console.print(f"schedule: {schedule.draft_len_schedule} max_concurrency {schedule.max_concurrency} "
-                  f"(requests ask num_draft_tokens {sched_k})")
+                  f"(requests send no num_draft_tokens: the engine's max_draft_len {sched_k})")
     console.print(f"outputs equal to k=0: {'all' if not mismatches else f'{len(mismatches)} MISMATCHES'}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
