@@ -654,7 +654,7 @@ def test_serve_keeps_its_log_apart_from_the_recipe_runs(tmp_path, monkeypatch):
     (tmp_path / "triton_repo" / "m" / "config.pbtxt").write_text('name: "m"\n')
     logs = []
     monkeypatch.setattr(tritonserver, "serve_forever", lambda server, companion=None, **_: logs.append(server.log_file) or 0)
-    code, _, err, _ = run("serve", str(tmp_path / "triton_repo"))
+    code, _, err, _ = run("serve", str(tmp_path / "triton_repo"), "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
     assert code == 0 and logs == [(tmp_path / "logs" / "tritonserver-serve.log").resolve()], err
 
 

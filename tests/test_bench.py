@@ -530,3 +530,14 @@ def test_a_squeezed_wide_table_keeps_which_point_a_row_is():
             if line.startswith("│ smollm2")]
     assert len(rows) == len(result.points)
     assert [r for r in rows] == [[p.deployment, p.prompt_set, f"C={p.concurrency}", str(p.draft_len)] for p in result.points]
+
+
+def test_a_stream_interval_lets_one_response_carry_several_steps():
+    """serve.stream_interval N: 9 decoding steps answered by 3 responses (every 4th and the last) is
+    consistent; 2 responses for 9 steps at N = 4 is not (at least ceil(9 / 4)), nor more responses than steps."""
+    ok = rec(n=10, accepted=0, drafts=0, step_tokens=(1, 4, 4, 1))  # prefill, then 3 responses for 9 steps
+    assert check_request(ok, draft_len=0, max_tokens=10, stream_interval=4) == []
+    assert "3 streamed steps after the prefill" in check_request(ok, draft_len=0, max_tokens=10)[0]  # interval 1: a problem
+    few = rec(n=10, accepted=0, drafts=0, step_tokens=(1, 8, 1))
+    (problem,) = check_request(few, draft_len=0, max_tokens=10, stream_interval=4)
+    assert "2 streamed responses after the prefill for 9 steps at stream_interval 4" in problem

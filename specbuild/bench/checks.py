@@ -29,8 +29,11 @@ COUNTERS = {
 RATE_TOLERANCE = 1e-4  # acceptance_rate travels as fp32
 
 
-def check_request(r: RequestRecord, *, draft_len: int, max_tokens: int) -> list[str]:
-    """Inconsistencies between the server's acceptance outputs and the client's token count ([] if none)."""
+def check_request(r: RequestRecord, *, draft_len: int, max_tokens: int, stream_interval: int = 1) -> list[str]:
+    """Inconsistencies between the server's acceptance outputs and the client's token count ([] if none).
+
+    ``stream_interval``: decoding iterations per streamed response; above 1 the streamed responses after
+    the prefill number at most the decoding steps (the first, the last and every N-th answer), not exactly."""
     where = f"{r.prompt_id} (k={draft_len})"
     max_tokens = r.max_tokens or max_tokens
     problems = []
@@ -50,7 +53,11 @@ def check_request(r: RequestRecord, *, draft_len: int, max_tokens: int) -> list[
         problems.append(f"{where}: acceptance_rate {r.acceptance_rate:.6f} != accepted/drafts {r.accepted / r.drafts:.6f}")
     if r.step_tokens is not None and sum(r.step_tokens) != r.num_tokens:
         problems.append(f"{where}: streamed steps carry {sum(r.step_tokens)} tokens, the result {r.num_tokens}")
-    if r.step_tokens and r.perf_reported and len(r.step_tokens) - 1 != r.decode_steps:
+    responses = len(r.step_tokens) - 1 if r.step_tokens else None
+    if responses is not None and stream_interval > 1 and not -(-r.decode_steps // stream_interval) <= responses <= r.decode_steps:
+        problems.append(f"{where}: {responses} streamed responses after the prefill for {r.decode_steps} steps at "
+                        f"stream_interval {stream_interval}")
+    if responses is not None and stream_interval == 1 and r.perf_reported and responses != r.decode_steps:
         problems.append(
             f"{where}: {len(r.step_tokens) - 1} streamed steps after the prefill, but tokens - 1 - accepted "
             f"= {r.decode_steps}"

@@ -42,6 +42,8 @@ class Deployment:
         openai_chat: OpenAI targets: send prompts to ``/chat/completions`` as one user message.
         openai_draft_len: the draft length a foreign OpenAI server was started with (a label; 0 = its
             speculation is off).
+        stream_interval: decoding iterations per streamed response (the deployment's
+            ``serve.stream_interval``); above 1 a response may carry several steps' tokens.
     """
 
     name: str
@@ -56,6 +58,7 @@ class Deployment:
     per_request_draft: bool = True
     openai_chat: bool = False
     openai_draft_len: int | None = None
+    stream_interval: int = 1
 
     def request_fields(self, draft_len: int) -> dict:
         """``SpecClient.generate`` keyword arguments for draft length ``draft_len`` (0 = plain decoding).

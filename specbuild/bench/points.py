@@ -103,7 +103,7 @@ def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
 
 def summarize_point(
     records: Sequence[RequestRecord], *, wall_s: float | Sequence[float], draft_len: int, max_tokens: int, slo: str = "",
-    stability_percentage: float = 10.0,
+    stability_percentage: float = 10.0, stream_interval: int = 1,
 ) -> dict:
     """The aggregate fields of :class:`PointResult` from a point's requests (pure; see module docstring).
 
@@ -154,7 +154,8 @@ def summarize_point(
         "step_ms": _step_ms(records, streamed),
         "per_position_acceptance": per_position_from_steps(records, draft_len) if streamed and draft_len else None,
         "acceptance_length_histogram": acceptance_length_histogram(records, draft_len) if streamed else None,
-        "problems": [p for r in records for p in check_request(r, draft_len=draft_len, max_tokens=max_tokens)],
+        "problems": [p for r in records for p in check_request(r, draft_len=draft_len, max_tokens=max_tokens,
+                                                                stream_interval=stream_interval)],
         "repeats": len(walls),
         "small_sample": len(records) < MIN_REQUESTS,
         "tpot_samples_ms": [1000.0 * t for t in tpots],

@@ -53,6 +53,9 @@ def with_server_method(deployment: Deployment, *, timeout_s: float = 10.0) -> De
         return deployment
     method, speculative = method_from_model_config(config)
     update: dict = {"method": method}
+    interval = config.get("parameters", {}).get("stream_interval", {}).get("string_value", "1")
+    if interval.isdigit() and int(interval) > 1:  # the reference repository's engine parameter
+        update["stream_interval"] = int(interval)
     if speculative and deployment.max_draft_len is None and isinstance(speculative.get("max_draft_len"), int):
         update["max_draft_len"] = speculative["max_draft_len"]
     if method == "lookahead" and speculative and deployment.lookahead is None:

@@ -412,7 +412,7 @@ def _sum_over_repeats(readings) -> dict | None:
 def _make_point(deployment, plan, source, load: Load, k, runs, counter_checks, counters_checked, baseline, rows) -> PointResult:
     records = [r for recs, _ in runs for r in recs]
     summary = summarize_point(records, wall_s=[w for _, w in runs], draft_len=k, max_tokens=plan.max_tokens, slo=plan.slo,
-                              stability_percentage=plan.stability_percentage)
+                              stability_percentage=plan.stability_percentage, stream_interval=deployment.stream_interval)
     summary["problems"] += counter_checks
     if k == 0:
         baseline.update({r.prompt_id: r.output_ids for r in records})
@@ -454,6 +454,7 @@ def deployment_for_recipe(served, *, stream: bool = False) -> Deployment:
         metrics_url=served.metrics_url,
         tokenizer_dir=str(served.tokenizer_dir),
         stream=stream,
+        stream_interval=getattr(served.loaded.recipe.serve, "stream_interval", 1),
     )
 
 
