@@ -848,6 +848,8 @@ def parse_response(
     rate = _first_scalar(read("acceptance_rate"), float)
     if rate is not None and accepted is not None and drafted and abs(rate - accepted / drafted) < 1e-6:
         rate = accepted / drafted  # the server's FP32 tensor holds this ratio: give it in float64, without FP32 noise
+    if drafted == 0:
+        rate = None  # nothing drafted: undefined, as docs/interface.md and the OpenAI front say (not 0.0)
     return GenerateResult(
         output_ids=output,
         text=_first_text(text),

@@ -1,3 +1,3 @@
 """specbuild: speculative decoding from a YAML recipe to a verified Triton deployment."""
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"

@@ -19,9 +19,26 @@ def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths, warnings
     """The dry-run plan: one line per stage, no work done, then the recipe's warnings."""
     console.print("[bold]plan[/bold] (dry run: nothing is built or started)")
     for line in plan_lines(loaded, paths):
-        console.print(f"  {line}", highlight=False, soft_wrap=True)  # commands stay one line: copy-pasteable
+        for part in _plan_line(f"  {line}", console.width):
+            console.print(part, highlight=False, soft_wrap=True, markup=False)
     for warning in warnings:
         console.print(f"  [yellow]warning[/yellow]   {warning}", highlight=False, soft_wrap=True)
+
+
+def _plan_line(line: str, width: int) -> list[str]:
+    """A plan line for a ``width``-column terminal: a command (``$ ...``, ``specbuild check-draft ...``) stays one line (copy-pasteable);
+    other text wraps at spaces under its own start (``build     ...`` under the detail), never inside a
+    path or a word."""
+    import textwrap
+
+    if "$ " in line or "specbuild check-draft" in line or len(line) <= width:
+        return [line]
+    head = len(line) - len(line.lstrip())
+    stage = line[head:].split(" ", 1)[0]
+    detail = line.find(" ", head + len(stage))
+    indent = len(line) - len(line[detail:].lstrip()) if 0 < detail - head <= 12 else head + 4
+    return textwrap.wrap(line, width=max(width, 40), subsequent_indent=" " * indent, break_long_words=False,
+                         break_on_hyphens=False) or [line]
 
 
 LOG_PROGRESS_EVERY_S = 30.0  # piped or logged output: how often a progress line is printed

@@ -685,3 +685,22 @@ def test_verify_takes_the_protocol_from_the_url_scheme(url, protocol):
     assert code == 3 and f"server at 127.0.0.1:1 ({protocol}) is not reachable" in err, err
     code, _, err, _ = run("verify", "--url", url, "--protocol", "grpc", "--wait-s", "0", "--prompts", "humaneval:1")
     assert code == 3 and "(grpc) is not reachable" in err, err  # an explicit --protocol wins
+
+
+def test_plan_text_wraps_at_80_columns_but_commands_stay_whole():
+    """nc5: plan lines of 110+ characters did not wrap at 80 columns; now prose wraps under its stage's
+    detail, and every command (``$ ...``, the check-draft line) stays one line a user can copy."""
+    from rich.console import Console
+
+    from specbuild.builder.recipe import load_recipe
+    from specbuild.cli_display import print_plan
+    from specbuild.pipeline import RunPaths, plan_lines
+
+    loaded = load_recipe("smollm2-eagle")
+    console = Console(width=80, record=True)
+    print_plan(console, loaded, RunPaths(Path("specbuild-out/smollm2-eagle")))
+    lines = console.export_text().splitlines()
+    long = [line for line in lines if len(line) > 80]
+    assert all("$ " in line or "specbuild check-draft" in line for line in long), long
+    words = " ".join(" ".join(plan_lines(loaded, RunPaths(Path("specbuild-out/smollm2-eagle")))).split())
+    assert words in " ".join(" ".join(lines).split())  # nothing lost or broken inside a word

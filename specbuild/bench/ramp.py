@@ -306,6 +306,8 @@ def plot_ramp(report: RampReport, path: str | Path) -> Path:
     load = ax1.twinx()
     load.stairs([iv.concurrency for iv in ivs], edges, color="gray", linestyle="--", label="concurrency")
     load.set_ylabel("requests in flight (target)")
+    handles = ax1.get_legend_handles_labels()[0] + load.get_legend_handles_labels()[0]
+    ax1.legend(handles, ["total tokens/s (left axis)", "requests in flight (right axis, dashed)"], loc="upper left", fontsize=8)
     ax2.stairs([iv.draft_len_mean or 0 for iv in ivs], edges, color="tab:green", label="mean (derived)")
     ax2.plot(mid, [iv.draft_len_max or 0 for iv in ivs], "^", color="tab:green", label="max (derived)")
     ax2.set_ylabel("draft tokens / step")
