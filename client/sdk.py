@@ -36,6 +36,7 @@ import http.client
 import socket
 import threading
 import time
+from pathlib import Path
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -308,6 +309,30 @@ class SpecClient(_Client):
                 return names
             self._probed = declared
         return names + declared
+
+    def deployment_facts(self) -> dict:
+        """What the repository's own model configs say, for a client to adapt to (empty where a model
+        or parameter is missing, e.g. on a foreign repository): ``tokenizer_dir`` (the ``preprocessing``
+        model's parameter; a path on the server's machine, kept only if it exists here) and
+        ``decoupled`` (whether ``tensorrt_llm`` streams one response per step)."""
+        facts: dict = {}
+        kwargs = {"as_json": True, "client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+
+        def config(name: str) -> dict:
+            raw = self._local_client().get_model_config(name, **kwargs)
+            return raw.get("config", raw) if isinstance(raw, dict) else {}
+
+        try:
+            tokenizer = config("preprocessing").get("parameters", {}).get("tokenizer_dir", {}).get("string_value")
+            if tokenizer and Path(tokenizer).is_dir():
+                facts["tokenizer_dir"] = tokenizer
+        except Exception:  # noqa: BLE001 - no preprocessing model: nothing to say
+            pass
+        try:
+            facts["decoupled"] = bool(config("tensorrt_llm").get("model_transaction_policy", {}).get("decoupled", False))
+        except Exception:  # noqa: BLE001 - no tensorrt_llm model
+            pass
+        return facts
 
     def wait_ready(self, timeout_s: float = 60.0, *, poll_s: float = 0.5) -> None:
         """Poll until the server is live and ``model_name`` is ready; give up after ``timeout_s`` seconds.

@@ -705,7 +705,7 @@ def _openai_options(f):
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--num-draft-tokens", default=None, type=click.IntRange(min=0), help="Draft length for the speculative runs [engine's max_draft_len].")
 @click.option("--end-id", default=None, type=int, help="End token id; -1 never stops early [tokenizer's].")
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="The deployment's tokenizer dir (e.g. OUT/engine/tokenizer): chat template, divergences shown as text.")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="The deployment's tokenizer dir (e.g. OUT/engine/tokenizer): chat template, divergences shown as text [a specbuild deployment's own, read from its preprocessing model when on this machine].")
 @click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets; needs --tokenizer).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The JSON report [RESULTS_DIR/report.json].")
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-out/verify"), show_default=True, help="Where the report goes (with --hf-oracle also report.oracle.json).")
@@ -780,8 +780,20 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         tokenizer = load_tokenizer(tokenizer_dir)
     report_path = report_path or results_dir / "report.json"
     console = _console(stderr=as_json)
-    made_by = _verify_provenance(url, protocol, streaming or decoupled_alias, prompts, tokenizer_dir, openai["openai_url"])
     try:
+        if not openai["openai_url"]:  # a Triton deployment says whether it streams and where its tokenizer is
+            with SpecClient(url, protocol=protocol) as probe:
+                probe.wait_ready(timeout_s=wait_s)
+                facts = probe.deployment_facts()
+            if facts.get("decoupled") and not (streaming or decoupled_alias):
+                streaming = True
+                console.print("note: the deployment streams (decoupled tensorrt_llm): verifying with --streaming", highlight=False)
+            if tokenizer is None and facts.get("tokenizer_dir"):
+                from specbuild.tokenizer import load_tokenizer
+
+                tokenizer_dir = facts["tokenizer_dir"]
+                tokenizer = load_tokenizer(tokenizer_dir)
+        made_by = _verify_provenance(url, protocol, streaming or decoupled_alias, prompts, tokenizer_dir, openai["openai_url"])
         prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
         if openai["openai_url"] and sampling:
             raise click.UsageError("--sampling runs through the Triton client; not with --openai")

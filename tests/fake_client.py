@@ -18,3 +18,7 @@ class ReadyClient:
 
     def wait_ready(self, timeout_s=0):
         del timeout_s
+
+    def deployment_facts(self):
+        """A foreign repository: its configs say nothing (no tokenizer, streaming unknown)."""
+        return {}

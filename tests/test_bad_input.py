@@ -473,10 +473,10 @@ def test_verify_decoupled_is_a_hidden_deprecated_alias_of_streaming(tmp_path, mo
 
     seen = []
     monkeypatch.setattr(specbuild.client.sdk, "SpecClient",
-                        type("Fake", (FakeClient,), {"lossy": False, "__init__": lambda self, *a, **k: seen.append(k["decoupled"])}))
+                        type("Fake", (FakeClient,), {"lossy": False, "__init__": lambda self, *a, **k: seen.append(k.get("decoupled"))}))
     prompts = write(tmp_path, "def f():\n", "p.txt")
     code, _, err, _ = run("verify", "--prompts", str(prompts), "--decoupled", "--report", str(tmp_path / "r.json"), ok=True)
-    assert code == ExitCode.OK and seen == [True] and "--decoupled is deprecated; use --streaming" in err
+    assert code == ExitCode.OK and seen[-1] is True and "--decoupled is deprecated; use --streaming" in err  # [0]: the probe
     assert "--decoupled" not in run("verify", "-h")[1]
 
 
@@ -704,3 +704,23 @@ def test_plan_text_wraps_at_80_columns_but_commands_stay_whole():
     assert all("$ " in line or "specbuild check-draft" in line for line in long), long
     words = " ".join(" ".join(plan_lines(loaded, RunPaths(Path("specbuild-out/smollm2-eagle")))).split())
     assert words in " ".join(" ".join(lines).split())  # nothing lost or broken inside a word
+
+
+def test_verify_follows_what_the_deployment_says_streaming_and_tokenizer(tmp_path, monkeypatch):
+    """nc5: verify against a streaming (decoupled) deployment failed without --streaming, and the chat
+    sets asked for --tokenizer; a specbuild deployment's configs say both, so verify uses them."""
+    import specbuild.client.sdk
+
+    from specbuild.cli import main as _main  # noqa: F401 - the CLI under test
+
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    seen, loaded = [], []
+    monkeypatch.setattr("specbuild.tokenizer.load_tokenizer", lambda d: loaded.append(d) or None)
+    monkeypatch.setattr(specbuild.client.sdk, "SpecClient", type("Fake", (FakeClient,), {
+        "lossy": False, "__init__": lambda self, *a, **k: seen.append(k.get("decoupled")),
+        "deployment_facts": lambda self: {"decoupled": True, "tokenizer_dir": str(tokenizer)}}))
+    prompts = write(tmp_path, "def f():\n", "p.txt")
+    code, out, err, _ = run("verify", "--prompts", str(prompts), "--report", str(tmp_path / "r.json"), ok=True)
+    assert code == ExitCode.OK and seen[-1] is True and "verifying with --streaming" in out + err
+    assert loaded == [str(tokenizer)]
