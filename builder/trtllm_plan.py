@@ -662,10 +662,9 @@ def _controls_ignored_note(loaded: LoadedRecipe, plan: TrtllmPlan) -> str | None
         return None
     set_controls = [n for n in ("draft_len_schedule", "max_concurrency", "acceptance_window", "acceptance_length_threshold")
                     if _build_field(r, n, None) not in (None, {})]
-    one_model = r.speculation.method == "mtp" or (r.speculation.method == "eagle3" and getattr(r.speculation, "eagle3_one_model", True))
-    if not set_controls or not one_model:
+    if not set_controls or not r.speculation.definition.trtllm.one_model(r.speculation):
         return None
-    fix = "set speculation.eagle3_one_model: false (two-model) or " if r.speculation.method == "eagle3" else ""
+    fix = "set speculation.eagle3_one_model: false (two-model) or " if hasattr(r.speculation, "eagle3_one_model") else ""
     return (f"TensorRT-LLM {plan.version} ignores {', '.join(set_controls)} for one-model {r.speculation.method} "
             f"(1.2 runs them only for methods with a drafter object, _torch/speculative/utils.py get_spec_drafter): "
             f"{fix}plan for 1.3 or later, where the one-model path runs them")

@@ -221,6 +221,12 @@ class DraftEngine:
     gather_generation_logits: bool = False
 
 
+def _two_models(params: Any) -> bool:
+    """A method whose drafter is its own object (n-gram, draft-target): TensorRT-LLM 1.2.x runs its controls."""
+    del params
+    return False
+
+
 def _no_parameters(params: Any) -> dict[str, Any]:
     del params
     return {}
@@ -252,6 +258,9 @@ class TrtllmMapping:
             engine (or, with external drafts, sends none).
         greedy_only: TensorRT-LLM decodes the method greedily only; the front refuses sampled requests
             on its engine (Medusa).
+        one_model: whether the settings run TensorRT-LLM's one-model path (the drafter inside the target's
+            model: EAGLE-3 one-model, MTP), where 1.2.x has no drafter object and so ignores the runtime
+            controls (``draft_len_schedule``, ``max_concurrency``; ``_torch/speculative/utils.py`` ``get_spec_drafter``).
     """
 
     decoding_type: str | None
@@ -268,6 +277,7 @@ class TrtllmMapping:
     front_parameters: Callable[[Any], dict[str, str]] = _no_parameters
     off_switch: Mapping[str, Any] | None = None
     greedy_only: bool = False
+    one_model: Callable[[Any], bool] = _two_models
 
     @property
     def external_drafts(self) -> bool:

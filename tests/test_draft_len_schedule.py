@@ -99,7 +99,8 @@ def test_tune_schedule_written_into_extra_llm_api_options_validates(tmp_path):
     plan = plan_pytorch(parse_recipe(text, Path("t.yaml")), tmp_path)
     for f in plan.files:  # extra_llm_api_options.yaml and model.yaml
         config = yaml.safe_load(f.text)["speculative_config"]
-        assert config["draft_len_schedule"] == {1: 4, 2: 2, 5: 1}
+        # {1: 4, 2: 2, 5: 1} up to the recipe's max_batch_size 4, keyed for both TensorRT-LLM readings
+        assert config["draft_len_schedule"] == {1: 4, 2: 2, 4: 2}
         assert check_draft_len_schedule(config["draft_len_schedule"], config["max_draft_len"])
         assert check_speculative_config(config, "1.2.1") == []
 

@@ -160,7 +160,7 @@ def test_the_recipe_union_is_the_registry():
 def test_unknown_speculative_config_keys_are_listed_with_the_allowed_ones():
     message = (r"^unknown Eagle3 speculative_config keys \['b', 'c'\]; allowed: \['decoding_type', 'dynamic_tree_max_topK', "
                r"'eagle3_one_model', 'greedy_sampling', 'max_draft_len', 'max_total_draft_tokens', 'sa_config', "
-               r"'speculative_model_dir', 'use_dynamic_tree'\] \(the reference engine drafts EAGLE-3 as a chain or, with "
+               r"'speculative_model_dir', 'use_dynamic_tree', 'use_rejection_sampling'\] \(the reference engine drafts EAGLE-3 as a chain or, with "
                r"use_dynamic_tree, EAGLE-2's dynamic tree\)$")
     with pytest.raises(ValueError, match=message):
         registered()["eagle3"].parse_speculative_config({"decoding_type": "Eagle3", "c": 2, "b": 3, "speculative_model_dir": "h"})

@@ -145,6 +145,7 @@ METHOD = SpeculationMethod(
         renamed=(("0.0", "Eagle"), ("1.3", "Eagle3")),
         speculative_decoding_mode="eagle",
         unavailable={"tensorrt": "EAGLE-3 exists only on TensorRT-LLM's PyTorch backend"},
+        one_model=lambda params: params.eagle3_one_model,
     ),
     weights=head_weights("eagle3", field="eagle_model", what="the EAGLE-3 head directory", locate=_locate, check_fit=check_fit,
                          fingerprint_key="eagle"),

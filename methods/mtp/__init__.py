@@ -36,5 +36,6 @@ METHOD = SpeculationMethod(
     trtllm=TrtllmMapping(
         decoding_type="MTP",
         unavailable={"tensorrt": "MTP exists only on TensorRT-LLM's PyTorch backend"},  # no engine-path mode exists
+        one_model=lambda params: True,
     ),
 )
