@@ -113,12 +113,23 @@ class Eagle3TreeDrafter(EagleDrafter):
     def update(self, context, step) -> None:
         self.pending = (step.emitted, self.proposer.capture([h[None] for h in step.hidden_states])[step.keep])
 
+    def draft(self, context, *, max_accept, sampler, max_draft_tokens=None) -> Block:
+        """One request's tree; the iteration's K is a depth, as in :meth:`draft_batch`."""
+        if self.pending is not None:
+            self.proposer.update(self.state, *self.pending)
+            self.pending = None
+        depth = max_accept if max_draft_tokens is None else min(max_accept, max_draft_tokens)
+        proposal = self.proposer.propose(self.state, context[-1], depth)
+        return Block.of_tree(proposal.tree, proposal.tokens)
+
     @classmethod
     def draft_batch(cls, drafters: Sequence[Eagle3TreeDrafter], contexts, *, max_accepts, samplers, max_draft_tokens=None) -> list[Block]:
         """:meth:`draft` for requests of one head: one head call feeds every pending feature (EAGLE-3's
         fusion), then one head call and one draft projection per tree depth for all of them."""
         del samplers
         feed_pending(drafters, update_batch)
-        proposals = propose_batch([d.step_proposer(max_draft_tokens) for d in drafters], [d.state for d in drafters],
-                                  [c[-1] for c in contexts], [0 if max_draft_tokens == 0 else m for m in max_accepts])
+        # The iteration's K is a depth here: EAGLE-3's max_draft_len (and so draft_len_schedule's entries) counts
+        # draft layers, max_total_draft_tokens the nodes (TensorRT-LLM's EagleDecodingConfig)
+        depths = [m if max_draft_tokens is None else min(m, max_draft_tokens) for m in max_accepts]
+        proposals = propose_batch([d.proposer for d in drafters], [d.state for d in drafters], [c[-1] for c in contexts], depths)
         return [Block.of_tree(p.tree, p.tokens) for p in proposals]

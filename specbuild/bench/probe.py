@@ -56,8 +56,10 @@ def with_server_method(deployment: Deployment, *, timeout_s: float = 10.0) -> De
     interval = config.get("parameters", {}).get("stream_interval", {}).get("string_value", "1")
     if interval.isdigit() and int(interval) > 1:  # the reference repository's engine parameter
         update["stream_interval"] = int(interval)
-    if speculative and deployment.max_draft_len is None and isinstance(speculative.get("max_draft_len"), int):
-        update["max_draft_len"] = speculative["max_draft_len"]
+    most = (speculative or {}).get("max_total_draft_tokens") if (speculative or {}).get("use_dynamic_tree") else None
+    most = most if isinstance(most, int) else (speculative or {}).get("max_draft_len")  # EAGLE-3 trees: their nodes
+    if speculative and deployment.max_draft_len is None and isinstance(most, int):
+        update["max_draft_len"] = most
     if method == "lookahead" and speculative and deployment.lookahead is None:
         wng = tuple(speculative.get(k) for k in ("max_window_size", "max_ngram_size", "max_verification_set_size"))
         if all(isinstance(v, int) for v in wng):
