@@ -541,3 +541,18 @@ def test_a_stream_interval_lets_one_response_carry_several_steps():
     few = rec(n=10, accepted=0, drafts=0, step_tokens=(1, 8, 1))
     (problem,) = check_request(few, draft_len=0, max_tokens=10, stream_interval=4)
     assert "2 streamed responses after the prefill for 9 steps at stream_interval 4" in problem
+
+
+def test_a_prompt_over_max_input_len_is_refused_before_the_sweep(tiny_checkpoint, tmp_path):
+    """nc (lead): Spec-Bench summarization prompts of 1187 tokens ended a sweep midway against a
+    max_input_len of 1024, losing what was measured; the sweep now refuses before measuring anything."""
+    from specbuild.bench.plan import Deployment, SweepPlan
+    from specbuild.bench.run import check_prompt_lengths
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "short"}) + "\n" + json.dumps({"prompt": "word " * 300}) + "\n")
+    deployment = Deployment("d", "127.0.0.1:1", tokenizer_dir=str(tiny_checkpoint), max_input_len=64)
+    plan = SweepPlan(draft_lengths=(0,), concurrencies=(1,), prompt_sets=(str(prompts),), chat_template="never")
+    with pytest.raises(BenchError, match=r"d: prompt p.jsonl:2 of .* has \d+ tokens, more than its max_input_len 64"):
+        check_prompt_lengths(deployment, plan)
+    check_prompt_lengths(Deployment("d", "127.0.0.1:1", tokenizer_dir=str(tiny_checkpoint), max_input_len=4096), plan)

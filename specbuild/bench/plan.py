@@ -44,6 +44,8 @@ class Deployment:
             speculation is off).
         stream_interval: decoding iterations per streamed response (the deployment's
             ``serve.stream_interval``); above 1 a response may carry several steps' tokens.
+        max_input_len: the longest prompt (tokens) the deployment takes; None = unknown (not checked).
+            Known, every prompt set is checked against it before the sweep starts.
     """
 
     name: str
@@ -59,6 +61,7 @@ class Deployment:
     openai_chat: bool = False
     openai_draft_len: int | None = None
     stream_interval: int = 1
+    max_input_len: int | None = None
 
     def request_fields(self, draft_len: int) -> dict:
         """``SpecClient.generate`` keyword arguments for draft length ``draft_len`` (0 = plain decoding).

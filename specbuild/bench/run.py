@@ -193,6 +193,27 @@ def prepare_prompts(source: str, deployment: Deployment, mode: str, tokenizer) -
     return [(p, s.text) for p, s in zip(prompts, sent)]
 
 
+def check_prompt_lengths(deployment: Deployment, plan: SweepPlan) -> None:
+    """Refuse, before anything is measured, a prompt longer than the deployment's ``max_input_len``
+    (counted with its tokenizer, special tokens included, as its preprocessing model counts).
+
+    Raises:
+        BenchError: naming the set, the prompt, its length and the limit, and the ways out.
+    """
+    if deployment.max_input_len is None or deployment.tokenizer_dir is None:
+        return
+    tokenizer = _tokenizer(deployment)
+    for source in plan.prompt_sets:
+        for prompt, text in prepare_prompts(source, deployment, plan.chat_template, tokenizer):
+            n = len(tokenizer(text, add_special_tokens=True)["input_ids"])
+            if n > deployment.max_input_len:
+                raise BenchError(
+                    f"{deployment.name}: prompt {prompt.id} of {source} has {n} tokens, more than its max_input_len "
+                    f"{deployment.max_input_len}; leave that set out, or build a deployment with a larger "
+                    "build.max_input_len (and max_seq_len)"
+                )
+
+
 def _tokenizer(deployment: Deployment):
     if deployment.tokenizer_dir is None:
         return None
@@ -273,6 +294,7 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict],
     points = []
     try:
         clients.get().wait_ready(timeout_s=min(wait_s, timeout_s))
+        check_prompt_lengths(deployment, plan)  # before any point: a too-long prompt would end the sweep midway
         for source in plan.prompt_sets:
             prompts = prepare_prompts(source, deployment, plan.chat_template, tokenizer)
             for prompt, text in prompts[: plan.warmup]:
@@ -455,6 +477,7 @@ def deployment_for_recipe(served, *, stream: bool = False) -> Deployment:
         tokenizer_dir=str(served.tokenizer_dir),
         stream=stream,
         stream_interval=getattr(served.loaded.recipe.serve, "stream_interval", 1),
+        max_input_len=served.loaded.recipe.build.max_input_len,
     )
 
 
