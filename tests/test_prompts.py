@@ -153,11 +153,19 @@ def test_a_base_model_without_a_template_gets_raw_text_under_auto_but_always_is_
         apply_chat_template(chat, "chat:2", "always", base)
 
 
-def test_verify_cli_refuses_chat_prompts_without_a_tokenizer_before_connecting():
+def test_verify_cli_asks_the_deployment_for_the_tokenizer_of_chat_prompts(monkeypatch):
+    """Chat prompts without --tokenizer: verify takes the deployment's own (its preprocessing model names
+    it), so an unreachable server is what it reports (exit 3); a deployment that names none (a foreign
+    repository) gets the bad-input refusal with the way out (exit 2)."""
     from click.testing import CliRunner
 
+    import specbuild.client.sdk
+    from fake_client import ReadyClient
     from specbuild.cli import main
 
     result = CliRunner().invoke(main, ["verify", "--url", "127.0.0.1:9", "--prompts", "chat:2", "--wait-s", "0"])
-    assert result.exit_code == 2  # bad input (specbuild.exit_codes)
+    assert result.exit_code == 3 and "not reachable" in result.output  # specbuild.exit_codes: server unavailable
+    monkeypatch.setattr(specbuild.client.sdk, "SpecClient", ReadyClient)  # ready, and its configs say nothing
+    result = CliRunner().invoke(main, ["verify", "--url", "127.0.0.1:9", "--prompts", "chat:2", "--wait-s", "0"])
+    assert result.exit_code == 2  # bad input
     assert "--chat-template never" in result.output and "unavailable" not in result.output.lower()
