@@ -739,6 +739,14 @@ def recipe_warnings(loaded: LoadedRecipe) -> list[str]:
             f"with no authentication: anyone who reaches ports {s.http_port}/{s.grpc_port}/{s.metrics_port} can send requests "
             "and read metrics; use 127.0.0.1 unless that is intended (and then firewall the ports)",
         ))
+    if r.build.backend != "reference" and "host" not in r.serve.model_fields_set:
+        s = r.serve
+        warnings.append(_format_error(
+            loaded.path, loaded.line_of("serve"), ("serve", "host"),
+            f"inside the TensorRT-LLM container the server binds 0.0.0.0 (the only address `docker run -p` reaches); "
+            f"publish the ports on this machine only: docker run -p 127.0.0.1:{s.http_port}:{s.http_port} "
+            f"-p 127.0.0.1:{s.grpc_port}:{s.grpc_port} -p 127.0.0.1:{s.metrics_port}:{s.metrics_port} (or set serve.host)",
+        ))
     if r.target.trust_remote_code:
         also = " and the draft's" if getattr(r.speculation, "draft_checkpoint", None) else ""
         warnings.append(_format_error(

@@ -26,18 +26,16 @@ def print_plan(console: Console, loaded: LoadedRecipe, paths: RunPaths, warnings
 
 
 def _plan_line(line: str, width: int) -> list[str]:
-    """A plan line for a ``width``-column terminal: a command (``$ ...``, ``specbuild check-draft ...``) stays one line (copy-pasteable);
-    other text wraps at spaces under its own start (``build     ...`` under the detail), never inside a
-    path or a word."""
+    """A plan line for a ``width``-column terminal: a stage line (``  build     ...``) wraps at spaces under
+    its detail; commands (``$ ...``, ``specbuild check-draft ...``) and the TensorRT-LLM plan's lines
+    (``file``, ``->``, ``log:``, notes) stay whole: a path or a command is copied, never split."""
+    import re
     import textwrap
 
-    if "$ " in line or "specbuild check-draft" in line or len(line) <= width:
+    stage = re.match(r"^( {2}[a-z]+ +)\S", line)
+    if stage is None or "$ " in line or "specbuild check-draft" in line or len(line) <= width:
         return [line]
-    head = len(line) - len(line.lstrip())
-    stage = line[head:].split(" ", 1)[0]
-    detail = line.find(" ", head + len(stage))
-    indent = len(line) - len(line[detail:].lstrip()) if 0 < detail - head <= 12 else head + 4
-    return textwrap.wrap(line, width=max(width, 40), subsequent_indent=" " * indent, break_long_words=False,
+    return textwrap.wrap(line, width=max(width, 40), subsequent_indent=" " * len(stage.group(1)), break_long_words=False,
                          break_on_hyphens=False) or [line]
 
 

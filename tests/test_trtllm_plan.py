@@ -491,7 +491,7 @@ def test_plan_json_speculative_config_is_the_written_file(name, version, tmp_pat
         assert result.exit_code == 2 and "1.2" in result.output  # the engine path ends at 1.2.x: refused, no JSON
         return
     assert result.exit_code == 0, result.output
-    got = json.loads(result.output)
+    got = json.loads(result.stdout)
     written = plan_for(with_trtllm_version(loaded, version), out).write()
     assert out / "build.sh" in written
     options = [p for p in written if p.name == "extra_llm_api_options.yaml"]
@@ -523,7 +523,7 @@ def test_plan_json_stages_are_the_commands_build_sh_runs(name, tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["plan", name, "--json", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    got = json.loads(result.output)
+    got = json.loads(result.stdout)
     plan = plan_for(load_recipe(name), out)
     script = plan.build_script()
     build = [s for s in got["stages"] if s["kind"] != "serve"]
