@@ -27,7 +27,9 @@ def export_eagle3(draft: Path, target: Path, out: Path) -> Path:
             vocabulary other than the target's.
     """
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+
+    from specbuild.util.atomic import save_safetensors
 
     draft_files = CheckpointFiles.open(Path(draft), what="draft")
     target_files = CheckpointFiles.open(Path(target), what="target")
@@ -56,7 +58,7 @@ def export_eagle3(draft: Path, target: Path, out: Path) -> Path:
         "torch_dtype": str(weight_dtype).removeprefix("torch."), "num_hidden_layers": config.get("num_hidden_layers", 1),
     })
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    save_safetensors({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 

@@ -412,13 +412,15 @@ def fine_tune_from_log(
 
 def _write_initial_weights(weights: list[Path], out: Path) -> None:
     """Every tensor of the draft's safetensors files, in one file (:data:`specbuild.train.loop.INIT_WEIGHTS`)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+
+    from specbuild.util.atomic import save_safetensors
 
     tensors = {}
     for w in weights:
         tensors.update(load_file(str(w)))
     tmp = out.with_suffix(".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    save_safetensors({k: v.contiguous() for k, v in tensors.items()}, tmp)
     tmp.replace(out)
 
 

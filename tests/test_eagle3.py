@@ -322,3 +322,17 @@ def test_tensorrt_llm_only_eagle3_settings_are_refused_by_the_reference_engine(m
         check_inputs(load_recipe(str(path)))
     with pytest.raises(ValueError, match=rf"speculative_config.{field}: .*TensorRT-LLM's"):
         ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=eagle3_config(head_dirs["random"], **extra))
+
+
+def test_written_heads_are_readable_by_other_users(tmp_path):
+    """nc6: safetensors' save_file creates 0600 files, which a serving container running as another user
+    cannot read; heads are written as any file is (0666 & ~umask)."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        head_dir = save_eagle3_head(tmp_path / "h", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in head_dir.iterdir() if p.is_file()}
+    assert modes and set(modes.values()) == {0o644}, modes

@@ -70,7 +70,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import (
@@ -78,6 +77,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+from specbuild.util.atomic import save_safetensors
 from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
 from specbuild.engine.drafters import EngineMethod, GroupedByProposer, MethodContext, PlainDrafter
@@ -221,7 +221,7 @@ def save_eagle_head(head_dir: str | Path, state: Mapping[str, torch.Tensor], con
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     _check_state(tensors, config, head_dir, fc_bias="fc.bias" in tensors)
     head_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(head_dir / SAFETENSORS_NAME))
+    save_safetensors(tensors, head_dir / SAFETENSORS_NAME)
     raw = {k: v for k, v in asdict(config).items() if v is not None}
     (head_dir / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **raw}, indent=2) + "\n")
     return head_dir

@@ -51,11 +51,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from specbuild.util.atomic import save_safetensors
 from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
 from specbuild.engine.drafters import EngineMethod, GroupedByProposer, MethodContext, PlainDrafter
@@ -217,7 +217,7 @@ def save_eagle3_head(head_dir: str | Path, state: Mapping[str, torch.Tensor], co
     if "d2t" in tensors and config.vocab_size is not None:  # beside d2t, as public heads store it (every engine skips it)
         tensors["t2d"] = vocab_mapping(torch.arange(len(tensors["d2t"])) + tensors["d2t"], config.vocab_size)[1]
     head_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(head_dir / SAFETENSORS_NAME))
+    save_safetensors(tensors, head_dir / SAFETENSORS_NAME)
     (head_dir / "config.json").write_text(json.dumps(config.to_json(), indent=2) + "\n")
     return head_dir
 

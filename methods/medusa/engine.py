@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
+from specbuild.util.atomic import save_safetensors
 from specbuild.engine.block import Block
 from specbuild.engine.draft_linear import DraftProjection, pack_draft_linears
 from specbuild.engine.drafters import EngineMethod, MethodContext, PlainDrafter
@@ -185,7 +185,7 @@ def save_medusa_heads(head_dir: str | Path, heads_state: Mapping[str, torch.Tens
     state = {k: v.detach().contiguous().cpu() for k, v in heads_state.items()}
     _check_state(state, config, head_dir)
     head_dir.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(head_dir / SAFETENSORS_NAME))
+    save_safetensors(state, head_dir / SAFETENSORS_NAME)
     (head_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
     return head_dir
 

@@ -23,6 +23,19 @@ from pathlib import Path
 from typing import Any
 
 
+def save_safetensors(tensors: dict, path: Path | str) -> Path:
+    """safetensors' ``save_file``, readable as any file this process writes (``0o666 & ~umask``): the
+    library creates its files ``0600``, which another user (a serving container) cannot read.
+    ``tensors``: name -> contiguous CPU tensor. Raises as ``save_file``."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+    return Path(path)
+
+
 @contextmanager
 def staging_dir(final: Path) -> Iterator[Path]:
     """Stage ``final``'s new contents in a temporary sibling and publish them atomically."""
