@@ -211,7 +211,8 @@ def with_serve_ports(loaded: LoadedRecipe, **ports: int | None) -> LoadedRecipe:
             )
         taken[serve[name]] = name
     new = type(loaded.recipe.serve).model_validate(serve)
-    return dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"serve": new}))
+    overrides = {**loaded.overrides, **{("serve", name): f"--{name.replace('_', '-')} {port}" for name, port in update.items()}}
+    return dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"serve": new}), overrides=overrides)
 
 
 def check_ports(loaded: LoadedRecipe) -> None:

@@ -724,3 +724,19 @@ def test_verify_follows_what_the_deployment_says_streaming_and_tokenizer(tmp_pat
     code, out, err, _ = run("verify", "--prompts", str(prompts), "--report", str(tmp_path / "r.json"), ok=True)
     assert code == ExitCode.OK and seen[-1] is True and "verifying with --streaming" in out + err
     assert loaded == [str(tokenizer)]
+
+
+def test_a_taken_port_given_on_the_command_line_is_blamed_on_the_option(tmp_path):
+    """nc6: with --http-port N busy, the refusal named the recipe's serve.http_port line (8000)."""
+    import socket
+
+    from specbuild.builder.recipe import RecipeError, load_recipe
+    from specbuild.pipeline import check_ports, with_serve_ports
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        loaded = with_serve_ports(load_recipe("smollm2-ngram"), http_port=port, grpc_port=0, metrics_port=0)
+        with pytest.raises(RecipeError, match=rf"^--http-port {port} \(replaces serve.http_port of .*smollm2-ngram.yaml\): port {port}"):
+            check_ports(loaded)
