@@ -145,7 +145,7 @@ def test_recipe_port_flags_override_the_recipe(tmp_path, taken_port):
     path = write(tmp_path, GOOD)
     code, _, err, _ = run("recipe", str(path), "-o", str(tmp_path / "out"), "--grpc-port", str(taken_port), "--http-port", "0",
                           "--metrics-port", "0")
-    assert code == ExitCode.BAD_INPUT and f"serve.grpc_port: port {taken_port}" in err and "--grpc-port N" in err
+    assert code == ExitCode.BAD_INPUT and f"--grpc-port {taken_port} (replaces serve.grpc_port" in err and "--grpc-port N" in err
     code, out, _, _ = run("recipe", str(path), "--dry-run", "--http-port", "9123", "--grpc-port", "0")
     assert code == 0 and "http 9123, grpc a free port, metrics 8002" in out
     code, _, err, _ = run("recipe", str(path), "--dry-run", "--http-port", "9123", "--metrics-port", "9123")
