@@ -264,3 +264,14 @@ def test_write_recipe_for_medusa_cuts_the_tree_to_the_measured_draft_tokens(tmp_
     assert data["speculation"]["medusa_choices"] == [[0], [1]] and "max_draft_len" not in data["speculation"]
     assert data["build"]["draft_len_schedule"] == {1: 2, 2: 2} and data["build"]["max_concurrency"] == 2
     assert CliRunner().invoke(main, ["plan", str(out)]).exit_code == 0
+
+
+def test_write_recipe_refuses_an_eagle3_dynamic_tree_whose_units_differ(tmp_path):
+    """EAGLE-3's draft_len_schedule counts draft layers, num_draft_tokens (what tune measures) the tree's
+    nodes: no schedule is written from one for the other."""
+    from specbuild.tune.write_recipe import WriteRecipeError, write_scheduled_recipe
+
+    schedule = Schedule("smollm2-eagle3", "humaneval", {1: 8, 4: 0}, {1: 8}, 1, 8)
+    with pytest.raises(WriteRecipeError, match="counts draft layers .* counts the tree's nodes"):
+        write_scheduled_recipe(tmp_path / "e.yaml", "smollm2-eagle3", schedule, engine_schedules(schedule, "eagle3"))
+    assert not (tmp_path / "e.yaml").exists()

@@ -47,6 +47,12 @@ def scheduled_recipe(source: str | Path, schedule: Schedule, engines: EngineSche
     except RecipeError as exc:
         raise WriteRecipeError(f"--write-recipe needs the deployment's recipe: {exc}") from None
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    spec = data.get("speculation") or {}
+    if spec.get("method") == "eagle3" and spec.get("use_dynamic_tree"):
+        raise WriteRecipeError(
+            f"{path.name}: an EAGLE-3 dynamic tree's draft_len_schedule counts draft layers (max_draft_len), while "
+            "tune measured num_draft_tokens, which counts the tree's nodes: no schedule written; tune the recipe "
+            "with use_dynamic_tree: false (a chain, where both count tokens) to deploy a schedule")
     build = data.setdefault("build", {})
     entries, max_concurrency = dict(schedule.draft_len_schedule), schedule.max_concurrency
     if build.get("backend") == "pytorch" and engines is not None and engines.trtllm is not None:
