@@ -1014,19 +1014,22 @@ class FeatureTreeDrafter(PlainDrafter):
     def start(self, prompt, first_token, hidden_states) -> None:
         self.pending = ([*prompt[1:], first_token], hidden_states[-1])
 
-    def step_proposer(self, max_draft_tokens: int | None):
-        """The proposer capped at the iteration's K nodes (``capped``: a static tree's first K nodes,
-        a dynamic tree's K best; as a request's ``num_draft_tokens``), or the request's own."""
-        if not max_draft_tokens or not hasattr(self.proposer, "capped"):  # None: no cap; 0: a root-only step
-            return self.proposer
-        return self.proposer.capped(max_draft_tokens)
+    def step_plan(self, max_accept: int, max_draft_tokens: int | None) -> tuple[Any, int]:
+        """``(proposer, max_depth)`` of this step: the iteration's K caps the tree's nodes (``capped``: a
+        static tree's first K nodes, a dynamic tree's K best; as a request's ``num_draft_tokens``); None:
+        no cap, 0: a root-only step. ``max_accept`` bounds the depth."""
+        if max_draft_tokens == 0:
+            return self.proposer, 0
+        if max_draft_tokens is None or not hasattr(self.proposer, "capped"):
+            return self.proposer, max_accept
+        return self.proposer.capped(max_draft_tokens), max_accept
 
     def draft(self, context, *, max_accept, sampler, max_draft_tokens=None) -> Block:
         if self.pending is not None:
             self.proposer.update(self.state, *self.pending)
             self.pending = None
-        depth = 0 if max_draft_tokens == 0 else max_accept
-        proposal = self.step_proposer(max_draft_tokens).propose(self.state, context[-1], depth)
+        proposer, depth = self.step_plan(max_accept, max_draft_tokens)
+        proposal = proposer.propose(self.state, context[-1], depth)
         return Block.of_tree(proposal.tree, proposal.tokens)
 
     def update(self, context, step) -> None:
@@ -1056,8 +1059,9 @@ class EagleDrafter(GroupedByProposer, FeatureTreeDrafter):
         head call and one draft projection per tree depth for all of them."""
         del samplers
         feed_pending(drafters, update_batch)
-        proposals = propose_batch([d.step_proposer(max_draft_tokens) for d in drafters], [d.state for d in drafters],
-                                  [c[-1] for c in contexts], [0 if max_draft_tokens == 0 else m for m in max_accepts])
+        plans = [d.step_plan(m, max_draft_tokens) for d, m in zip(drafters, max_accepts)]
+        proposals = propose_batch([p for p, _ in plans], [d.state for d in drafters], [c[-1] for c in contexts],
+                                  [depth for _, depth in plans])
         return [Block.of_tree(p.tree, p.tokens) for p in proposals]
 
 

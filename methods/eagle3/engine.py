@@ -665,6 +665,7 @@ class FeatureChainDrafter(PlainDrafter):
     """
 
     wants_hidden = True
+    rejection_sampling = False  # sampled requests draw their drafts from the head's q (use_rejection_sampling)
 
     def __init__(self, proposer: Any, num_draft_tokens: int) -> None:
         self.proposer, self.k = proposer, num_draft_tokens
@@ -676,8 +677,6 @@ class FeatureChainDrafter(PlainDrafter):
 
     def start(self, prompt, first_token, hidden_states) -> None:
         self.pending = ([*prompt[1:], first_token], self._features(hidden_states))
-
-    rejection_sampling = False  # sampled requests draw their drafts from the head's q (use_rejection_sampling)
 
     def draft(self, context, *, max_accept, sampler) -> Block:
         if self.pending is not None:

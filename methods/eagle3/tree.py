@@ -25,6 +25,7 @@ Greedy only: the target verifies the tree by its argmax, so the output is the ta
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -113,14 +114,10 @@ class Eagle3TreeDrafter(EagleDrafter):
     def update(self, context, step) -> None:
         self.pending = (step.emitted, self.proposer.capture([h[None] for h in step.hidden_states])[step.keep])
 
-    def draft(self, context, *, max_accept, sampler, max_draft_tokens=None) -> Block:
-        """One request's tree; the iteration's K is a depth, as in :meth:`draft_batch`."""
-        if self.pending is not None:
-            self.proposer.update(self.state, *self.pending)
-            self.pending = None
-        depth = max_accept if max_draft_tokens is None else min(max_accept, max_draft_tokens)
-        proposal = self.proposer.propose(self.state, context[-1], depth)
-        return Block.of_tree(proposal.tree, proposal.tokens)
+    def step_plan(self, max_accept: int, max_draft_tokens: int | None) -> tuple[Any, int]:
+        """The iteration's K is a depth here: EAGLE-3's max_draft_len (and so draft_len_schedule's entries)
+        counts draft layers, max_total_draft_tokens the nodes (TensorRT-LLM's EagleDecodingConfig)."""
+        return self.proposer, max_accept if max_draft_tokens is None else min(max_accept, max_draft_tokens)
 
     @classmethod
     def draft_batch(cls, drafters: Sequence[Eagle3TreeDrafter], contexts, *, max_accepts, samplers, max_draft_tokens=None) -> list[Block]:
@@ -128,8 +125,7 @@ class Eagle3TreeDrafter(EagleDrafter):
         fusion), then one head call and one draft projection per tree depth for all of them."""
         del samplers
         feed_pending(drafters, update_batch)
-        # The iteration's K is a depth here: EAGLE-3's max_draft_len (and so draft_len_schedule's entries) counts
-        # draft layers, max_total_draft_tokens the nodes (TensorRT-LLM's EagleDecodingConfig)
-        depths = [m if max_draft_tokens is None else min(m, max_draft_tokens) for m in max_accepts]
-        proposals = propose_batch([d.proposer for d in drafters], [d.state for d in drafters], [c[-1] for c in contexts], depths)
+        plans = [d.step_plan(m, max_draft_tokens) for d, m in zip(drafters, max_accepts)]
+        proposals = propose_batch([p for p, _ in plans], [d.state for d in drafters], [c[-1] for c in contexts],
+                                  [depth for _, depth in plans])
         return [Block.of_tree(p.tree, p.tokens) for p in proposals]
