@@ -781,7 +781,8 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     report_path = report_path or results_dir / "report.json"
     console = _console(stderr=as_json)
     try:
-        if not openai["openai_url"]:  # a Triton deployment says whether it streams and where its tokenizer is
+        if not openai["openai_url"] and (tokenizer is None or not (streaming or decoupled_alias)):
+            # a Triton deployment says whether it streams and where its tokenizer is
             with SpecClient(url, protocol=protocol) as probe:
                 probe.wait_ready(timeout_s=wait_s)
                 facts = probe.deployment_facts()

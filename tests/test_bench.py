@@ -546,13 +546,13 @@ def test_a_stream_interval_lets_one_response_carry_several_steps():
 def test_a_prompt_over_max_input_len_is_refused_before_the_sweep(tiny_checkpoint, tmp_path):
     """nc (lead): Spec-Bench summarization prompts of 1187 tokens ended a sweep midway against a
     max_input_len of 1024, losing what was measured; the sweep now refuses before measuring anything."""
-    from specbuild.bench.plan import Deployment, SweepPlan
-    from specbuild.bench.run import check_prompt_lengths
+    from specbuild.bench.plan import Deployment
+    from specbuild.bench.run import check_prompt_lengths, prepare_prompts
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "short"}) + "\n" + json.dumps({"prompt": "word " * 300}) + "\n")
     deployment = Deployment("d", "127.0.0.1:1", tokenizer_dir=str(tiny_checkpoint), max_input_len=64)
-    plan = SweepPlan(draft_lengths=(0,), concurrencies=(1,), prompt_sets=(str(prompts),), chat_template="never")
+    prepared = {str(prompts): prepare_prompts(str(prompts), deployment, "never", None)}
     with pytest.raises(BenchError, match=r"d: prompt p.jsonl:2 of .* has \d+ tokens, more than its max_input_len 64"):
-        check_prompt_lengths(deployment, plan)
-    check_prompt_lengths(Deployment("d", "127.0.0.1:1", tokenizer_dir=str(tiny_checkpoint), max_input_len=4096), plan)
+        check_prompt_lengths(deployment, prepared)
+    check_prompt_lengths(Deployment("d", "127.0.0.1:1", tokenizer_dir=str(tiny_checkpoint), max_input_len=4096), prepared)

@@ -8,7 +8,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
@@ -193,9 +193,10 @@ def prepare_prompts(source: str, deployment: Deployment, mode: str, tokenizer) -
     return [(p, s.text) for p, s in zip(prompts, sent)]
 
 
-def check_prompt_lengths(deployment: Deployment, plan: SweepPlan) -> None:
+def check_prompt_lengths(deployment: Deployment, prepared: Mapping[str, Sequence[tuple[Prompt, str]]]) -> None:
     """Refuse, before anything is measured, a prompt longer than the deployment's ``max_input_len``
     (counted with its tokenizer, special tokens included, as its preprocessing model counts).
+    ``prepared``: prompt set -> its :func:`prepare_prompts`.
 
     Raises:
         BenchError: naming the set, the prompt, its length and the limit, and the ways out.
@@ -203,8 +204,8 @@ def check_prompt_lengths(deployment: Deployment, plan: SweepPlan) -> None:
     if deployment.max_input_len is None or deployment.tokenizer_dir is None:
         return
     tokenizer = _tokenizer(deployment)
-    for source in plan.prompt_sets:
-        for prompt, text in prepare_prompts(source, deployment, plan.chat_template, tokenizer):
+    for source, prompts in prepared.items():
+        for prompt, text in prompts:
             n = len(tokenizer(text, add_special_tokens=True)["input_ids"])
             if n > deployment.max_input_len:
                 raise BenchError(
@@ -294,9 +295,9 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict],
     points = []
     try:
         clients.get().wait_ready(timeout_s=min(wait_s, timeout_s))
-        check_prompt_lengths(deployment, plan)  # before any point: a too-long prompt would end the sweep midway
-        for source in plan.prompt_sets:
-            prompts = prepare_prompts(source, deployment, plan.chat_template, tokenizer)
+        prepared = {source: prepare_prompts(source, deployment, plan.chat_template, tokenizer) for source in plan.prompt_sets}
+        check_prompt_lengths(deployment, prepared)  # before any point: a too-long prompt would end the sweep midway
+        for source, prompts in prepared.items():
             for prompt, text in prompts[: plan.warmup]:
                 timed_request(
                     clients.get(), prompt, text, max_tokens=plan.max_tokens, end_id=plan.end_id, fields={}, stream=deployment.stream
