@@ -98,6 +98,8 @@ def test_decoupled_repository_streams_only_the_engine_model(tmp_path):
         assert "stream" in {t.name for t in parsed["ensemble"].input}
         assert steps["postprocessing"].input_map["STREAM_PREFIX_IDS"] == steps["tensorrt_llm"].output_map["stream_prefix_ids"]
         assert steps["postprocessing"].input_map["STREAM_FINAL"] == steps["tensorrt_llm"].output_map["stream_final"]
+        # the steps of requests in flight reach postprocessing together: one execute() takes them all
+        assert parsed["postprocessing"].HasField("dynamic_batching") and parsed["preprocessing"].HasField("dynamic_batching")
 
 
 # --- through a real decoupled tritonserver (conftest.decoupled_server) ----------------------------

@@ -24,7 +24,7 @@ from pathlib import Path
 from specbuild import __version__
 from specbuild.util.atomic import staging_dir
 from specbuild.interface import ENGINE, ENSEMBLE, POSTPROCESSING, PREPROCESSING, REFERENCE
-from specbuild.triton_repo.pbtxt import EnsembleStep, ModelConfig, render
+from specbuild.triton_repo.pbtxt import DynamicBatching, EnsembleStep, ModelConfig, render
 
 REPO_METADATA = "specbuild-repo.json"
 # The stub's interpreter takes its environment from the python3 first on PATH, which TritonServer
@@ -63,6 +63,7 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
         inputs=PREPROCESSING.inputs, outputs=PREPROCESSING.outputs,
         parameters={"tokenizer_dir": tokenizer_dir, "add_special_tokens": "true", **ids}
         | ({"request_log": spec.request_log} if spec.request_log else {}),
+        dynamic_batching=DynamicBatching(),
     )
     engine_interface = ENGINE.served_by(REFERENCE)
     engine = ModelConfig(
@@ -84,6 +85,9 @@ def reference_models(spec: ReferenceRepoSpec) -> list[ModelConfig]:
         name=POSTPROCESSING.name, backend="python", max_batch_size=b,
         inputs=POSTPROCESSING.inputs, outputs=POSTPROCESSING.outputs,
         parameters={"tokenizer_dir": tokenizer_dir},
+        # Streamed steps of requests in flight arrive together: one execute() (one stub round trip)
+        # takes every queued one, as tensorrtllm_backend's postprocessing config batches them.
+        dynamic_batching=DynamicBatching(),
     )
     return [_ensemble(b), preprocessing, engine, postprocessing]
 

@@ -173,10 +173,10 @@ def engine_model(model: EngineModel, spec: TrtllmRepoSpec) -> ModelConfig:
 
 
 def _step_models(spec: TrtllmRepoSpec) -> list[ModelConfig]:
-    """specbuild's preprocessing and postprocessing (as in the reference repository), with this
-    repository's tokenizer and upstream's dynamic batching."""
+    """specbuild's preprocessing and postprocessing (as in the reference repository: upstream's dynamic
+    batching), with this repository's tokenizer."""
     ref = ReferenceRepoSpec(engine_dir=spec.tokenizer_dir, end_id=spec.end_id, pad_id=spec.pad_id, max_batch_size=spec.max_batch_size)
-    return [dataclasses.replace(m, parameters={**m.parameters, "tokenizer_dir": str(spec.tokenizer_dir)}, dynamic_batching=DynamicBatching())
+    return [dataclasses.replace(m, parameters={**m.parameters, "tokenizer_dir": str(spec.tokenizer_dir)})
             for m in reference_models(ref) if m.name in ("preprocessing", "postprocessing")]
 
 
