@@ -9,6 +9,16 @@ from pathlib import Path
 from .analysis import TuneError, TuneReport, candidates
 
 
+def _separate_labels(ax, labels: list, group: Sequence) -> None:
+    """Move the point labels apart where they overlap each other or the points (adjustText), each
+    tied to its point by a thin line when moved."""
+    from adjustText import adjust_text
+
+    if labels:
+        adjust_text(labels, x=[c.latency_ms for c in group], y=[c.throughput for c in group], ax=ax,
+                    arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.4})
+
+
 def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Path:
     """PNG: total output tokens/s vs latency, one panel per prompt set.
 
@@ -30,14 +40,15 @@ def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Pat
     fig, axes = plt.subplots(1, len(sets), figsize=(7 * len(sets), 5.5), squeeze=False)
     for ax, prompt_set in zip(axes[0], sets):
         group = [c for c in cands if c.prompt_set == prompt_set]
+        labels = []
         for c in group:
             xerr = _err(c.latency_ms, c.latency_ci)
             yerr = _err(c.throughput, c.throughput_ci)
             ax.errorbar(c.latency_ms, c.throughput, xerr=xerr, yerr=yerr, color=colors[c.deployment],
                         marker=markers[c.draft_len], ms=8, capsize=2, lw=0.8, elinewidth=0.8, mew=1.6,
                         mfc="white" if c.small_sample else colors[c.deployment], zorder=3)
-            ax.annotate(f"k={c.draft_len}, {c.load}", (c.latency_ms, c.throughput), textcoords="offset points",
-                        xytext=(5, 4), fontsize=6.5, color=colors[c.deployment])
+            labels.append(ax.text(c.latency_ms, c.throughput, f"k={c.draft_len}, {c.load}", fontsize=6.5,
+                                  color=colors[c.deployment], ha="left", va="bottom"))
         front = report.frontiers.get(prompt_set, [])
         if front:
             xs = [c.latency_ms for c in front]
@@ -53,6 +64,7 @@ def plot_frontier(points: Sequence, report: TuneReport, path: str | Path) -> Pat
                         bbox={"boxstyle": "round,pad=0.25", "fc": "lightyellow", "ec": "0.4", "lw": 0.6})
         ax.set_xlim(left=0)
         ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
+        _separate_labels(ax, labels, group)
         ax.set_title(f"{prompt_set}")
         ax.set_xlabel(f"request latency {report.latency_metric} (ms)  (lower is better)")
         ax.set_ylabel("total output tokens/s  (higher is better)")
