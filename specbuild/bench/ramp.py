@@ -337,10 +337,11 @@ def ramp_table(report: RampReport):
 
     t = Table(title=f"Ramp {report.deployment} (draft length derived from the engine's counters; flags: cliff = "
                     f">{100 * report.cliff_drop:.0f}% tok/s drop as load rises, re-enable = acceptance below the interval before)")
-    for name in ("#", "C", "tok/s", "steps", "draft len mean", "max", "acceptance [95%]", "done", "flags"):
+    # two-line headers and a compact interval: one line per interval at 80 columns
+    for name in ("#", "C", "tok/s", "steps", "draft len\nmean", "\nmax", "acceptance\n[95% CI]", "done", "flags"):
         t.add_column(name, justify="left" if name == "flags" else "right")
     for iv in report.intervals:
-        ci = f" [{iv.acceptance_ci[0]:.2f}, {iv.acceptance_ci[1]:.2f}]" if iv.acceptance_ci else ""
+        ci = f" [{iv.acceptance_ci[0]:.2f},{iv.acceptance_ci[1]:.2f}]" if iv.acceptance_ci else ""
         t.add_row(str(iv.index), str(iv.concurrency), f"{iv.tokens_per_s:.1f}", str(iv.steps),
                   "-" if iv.draft_len_mean is None else f"{iv.draft_len_mean:.2f}", "-" if iv.draft_len_max is None else str(iv.draft_len_max),
                   "-" if iv.acceptance_rate is None else f"{iv.acceptance_rate:.2f}{ci}", str(iv.requests_finished),
