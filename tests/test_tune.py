@@ -369,11 +369,33 @@ def test_a_speedup_above_its_tokens_per_step_flags_the_point_and_is_not_recommen
     assert report.recommendations["s"].draft_len != 4  # the fastest-looking point is the disturbed one
     assert any("baseline disturbed" in w for w in report.warnings)
     assert report.to_json()["baseline_disturbed"][0]["draft_len"] == 4
-    assert all(s.best.get(1) != 4 for s in report.schedules)
+    # a level left unjudged gives no schedule (k=2 would be "best" at C=1 only because k=4 was set aside)
+    assert report.schedules == [] and any("no draft_len_schedule" in w for w in report.warnings)
     row = next(r for r in report.analytic if (r.draft_len, r.concurrency) == (4, 1))
     from specbuild.tune.report import _speedup_text
 
     assert row.baseline_disturbed and "(disturbed)" in _speedup_text(row)
+
+
+def test_no_recommendation_when_every_speculative_point_is_disturbed():
+    """Without a judged speculative point, k=0 "wins" by default: tune says it cannot judge instead of
+    advising to deploy without speculation (newcomer trial 7)."""
+    from rich.console import Console
+
+    from specbuild.tune.report import report_tables
+
+    sweep = [point(0, 1, tpot_ms=31.2), point(2, 1, tokens_per_step=1.3, tpot_ms=10.0, accepted_per_step=0.3),
+             point(4, 1, tokens_per_step=1.41, tpot_ms=9.0, accepted_per_step=0.41)]
+    report = tune(sweep)
+    assert "s" not in report.recommendations and "rerun with --repeats 3" in report.errors["s"]
+    console = Console(width=80, record=True)
+    for table in report_tables(report, width=80):
+        console.print(table)
+    text = " ".join(console.export_text().split())
+    assert "no recommendation for s: every speculative point" in text and "…" not in text
+    assert report.schedules == []
+    # one judged speculative point is enough to recommend
+    assert tune(sweep[:2] + [point(4, 1, tokens_per_step=1.41, tpot_ms=25.0, accepted_per_step=0.41)]).recommendations["s"]
 
 
 def test_write_recipe_refuses_a_schedule_with_a_disturbed_baseline_unless_forced(tmp_path):

@@ -399,7 +399,7 @@ def flag_disturbed_baseline(points: Sequence[PointResult]) -> None:
     for p in points:
         if p.draft_len and p.tpot_ms > 0 and exceeds_speedup_bound(base.tpot_ms / p.tpot_ms, p.tokens_per_step):
             p.baseline_disturbed = True
-            p.notes.append(disturbed_note(base.tpot_ms / p.tpot_ms, p.tokens_per_step))
+            p.notes.append(disturbed_note(base.tpot_ms / p.tpot_ms, p.tokens_per_step, base_tpot_ms=base.tpot_ms, tpot_ms=p.tpot_ms))
 
 
 def _server_acceptance(deployment: Deployment):

@@ -130,10 +130,14 @@ def exceeds_speedup_bound(speedup: float | None, tokens_per_step: float | None, 
     return speedup is not None and tokens_per_step is not None and speedup > (1.0 + margin) * tokens_per_step
 
 
-def disturbed_note(speedup: float, tokens_per_step: float) -> str:
-    """The note of a point flagged by :func:`exceeds_speedup_bound`, with what to do."""
-    return (f"{DISTURBED}: {speedup:.2f}x at {tokens_per_step:.2f} tokens/step; the k=0 baseline ran on a slower "
-            "machine than this point: do not tune from it; rerun with --repeats 3 on a quieter machine")
+def disturbed_note(speedup: float, tokens_per_step: float, *, base_tpot_ms: float | None = None,
+                   tpot_ms: float | None = None) -> str:
+    """The note of a point flagged by :func:`exceeds_speedup_bound`, with what to do; with the two
+    times per output token (ms, the table's TPOT column) the note says where the speed-up comes from."""
+    source = "" if base_tpot_ms is None or tpot_ms is None else (
+        f" (time per output token: k=0 {base_tpot_ms:.1f} ms / this point {tpot_ms:.1f} ms, the TPOT column)")
+    return (f"{DISTURBED}: speed-up {speedup:.2f}x{source} at {tokens_per_step:.2f} tokens/step; the k=0 baseline ran "
+            "on a slower machine than this point: do not tune from it; rerun with --repeats 3 on a quieter machine")
 
 
 def clamp_probability(p: float, what: str) -> tuple[float, str | None]:

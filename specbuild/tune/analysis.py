@@ -397,6 +397,12 @@ def tune(
             if not group:
                 raise TuneError(f"every point of {prompt_set} has its baseline disturbed (speed-up above tokens/step): "
                                 "rerun with --repeats 3 on a quieter machine")
+            pool = [c for c in everything if goal != "latency" or c.concurrency == concurrency]
+            if any(c.draft_len > 0 for c in pool) and not any(c.draft_len > 0 and not c.disturbed for c in pool):
+                # k = 0 would win only because every speculative point was set aside
+                raise TuneError(f"every speculative point of {prompt_set}{f' at concurrency {concurrency}' if goal == 'latency' else ''} "
+                                "has its baseline disturbed (speed-up above tokens/step), so speculation cannot be judged: "
+                                "rerun with --repeats 3 on a quieter machine")
             recommendations[prompt_set] = (
                 recommend_lowest_latency(group, concurrency)
                 if goal == "latency"
@@ -418,7 +424,10 @@ def tune(
         if goal == "latency"
         else f"highest throughput with {latency} latency <= {max_latency_ms:g} ms"
     )
-    schedules = draft_len_schedule(trusted, min_gain=min_gain, speedup_ci=speedup_ci, lookahead=lookahead)
+    # a schedule needs every level judged: none for a (deployment, prompt set) with a disturbed point
+    unjudged = sorted({(c.deployment, c.prompt_set) for c in cands if c.disturbed})
+    schedules = draft_len_schedule([c for c in trusted if (c.deployment, c.prompt_set) not in unjudged],
+                                   min_gain=min_gain, speedup_ci=speedup_ci, lookahead=lookahead)
     methods = {c.deployment: c.method for c in cands}
     return TuneReport(
         latency_metric=latency,
@@ -436,7 +445,9 @@ def tune(
         tie_bases=tie_bases,
         warnings=per_position_warnings(points) + point_warnings(points) + [
             f"{c.label}: {DISTURBED} (from the speed-up table); not recommended"
-            for c in cands if c.disturbed and not _bench_flagged(points, c)],
+            for c in cands if c.disturbed and not _bench_flagged(points, c)] + [
+            f"{d} on {s}: no draft_len_schedule, some of its points have their baseline disturbed; "
+            "rerun with --repeats 3 on a quieter machine" for d, s in unjudged],
         disturbed=[c for c in cands if c.disturbed],
         open_loop=open_loop_speedups(points),
     )

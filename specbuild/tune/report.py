@@ -7,6 +7,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from rich.text import Text
+
 from ..bench.stats import DISTURBED
 from .analysis import TuneReport, tune
 from .analytic import AnalyticRow
@@ -49,9 +51,11 @@ def report_tables(report: TuneReport, *, width: int | None = None) -> list:
         tie_text = ", ".join(f"{o.deployment} k={o.draft_len} {o.load}" for o in ties) or "-"
         t.add_row(prompt_set, c.deployment, c.method, str(c.draft_len), c.load, _with_ci(c.latency_ms, c.latency_ci, "{:.0f}"),
                   _with_ci(c.throughput, c.throughput_ci, "{:.1f}"), *(() if narrow else (tie_text,)))
-    for prompt_set, error in sorted(report.errors.items()):
-        t.add_row(prompt_set, f"[red]{error}[/red]", *[""] * (len(columns) - 2))
-    out.append(t)
+    if report.recommendations:
+        out.append(t)
+    if report.errors:  # below the table, whole: a table cell would cut the reason
+        out.append(Text("\n".join(f"no recommendation for {prompt_set}: {error}" for prompt_set, error in sorted(report.errors.items())),
+                        style="red"))
     out += schedule_tables(report)
     if report.engine_schedules:
         out += engine_schedule_table(report.engine_schedules)
@@ -71,8 +75,8 @@ def schedule_tables(report: TuneReport) -> list:
     """The draft-length schedule by concurrency, then why a deployment has none, below the table: the
     deployment, best k and schedule columns never wrap or shrink (a user copies them into a recipe),
     and a long note cannot take their width."""
-    from rich.text import Text
-
+    if not report.schedules:  # the warnings say why
+        return []
     sets = sorted({s.prompt_set for s in report.schedules})
     one_set = len(sets) == 1  # in the title; several: under each deployment's name, so no name is ever cut
     columns = ("deployment" if len(sets) < 2 else "deployment\nprompts", "best k\nby C", "draft_len_schedule", "max_concurrency")
