@@ -172,7 +172,14 @@ class GenerateResult:
         return self.num_tokens / self.latency_s if self.latency_s > 0 else 0.0
 
     @property
-    def acceptance_length(self) -> float | None:
+    def num_spec_steps(self) -> int | None:
+        """Target verification passes after the prefill: ``num_tokens - 1 - accepted`` (the metrics
+        vocabulary's name, docs/interface.md). ``None`` without perf metrics."""
+        metrics = self.metrics
+        return None if metrics is None else metrics.num_spec_steps
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
         """Mean tokens per verification step after the prefill, bonus token included:
         ``1 + accepted / num_spec_steps`` (:func:`specbuild.interface.mean_acceptance_length`; the
         engine's and the OpenAI front's value for the same request).
@@ -182,6 +189,11 @@ class GenerateResult:
         """
         metrics = self.metrics
         return None if metrics is None else metrics.mean_acceptance_length
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Alias of :attr:`mean_acceptance_length` (specbuild 0.1's name)."""
+        return self.mean_acceptance_length
 
 
 class _Client:

@@ -160,7 +160,8 @@ def test_one_request_reports_the_same_acceptance_everywhere(front):
     for where, metrics in (("SDK", sdk.metrics), ("OpenAI front", openai), ("bench via Triton", bench_triton.metrics),
                            ("bench via OpenAI", bench_openai.metrics)):
         assert _figures(metrics) == engine_figures, where
-    assert sdk.acceptance_length == result.acceptance_length == spec["mean_acceptance_length"]
+    assert sdk.mean_acceptance_length == sdk.acceptance_length == result.acceptance_length == spec["mean_acceptance_length"]
+    assert sdk.num_spec_steps == spec["num_spec_steps"]  # the vocabulary's names on the SDK's result too
     assert sdk.acceptance_rate == pytest.approx(result.acceptance_rate)  # the FP32 output tensor
     point = summarize_point([bench_triton], wall_s=1.0, draft_len=4, max_tokens=MAX_TOKENS)
     assert point["tokens_per_step"] == result.acceptance_length and point["acceptance_rate"] == result.acceptance_rate
