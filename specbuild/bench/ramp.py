@@ -306,11 +306,15 @@ def plot_ramp(report: RampReport, path: str | Path) -> Path:
     load = ax1.twinx()
     load.stairs([iv.concurrency for iv in ivs], edges, color="gray", linestyle="--", label="concurrency")
     load.set_ylabel("requests in flight (target)")
+    # headroom above the curves: the legends sit there, never over the first interval
+    ax1.set_ylim(0, 1.4 * max([iv.tokens_per_s for iv in ivs] + [1e-9]))
+    load.set_ylim(0, 1.4 * max([iv.concurrency for iv in ivs] + [1]))
     handles = ax1.get_legend_handles_labels()[0] + load.get_legend_handles_labels()[0]
     ax1.legend(handles, ["total tokens/s (left axis)", "requests in flight (right axis, dashed)"], loc="upper left", fontsize=8)
     ax2.stairs([iv.draft_len_mean or 0 for iv in ivs], edges, color="tab:green", label="mean (derived)")
     ax2.plot(mid, [iv.draft_len_max or 0 for iv in ivs], "^", color="tab:green", label="max (derived)")
     ax2.set_ylabel("draft tokens / step")
+    ax2.set_ylim(0, 1.4 * max([iv.draft_len_max or 0 for iv in ivs] + [1]))
     ax2.legend(loc="upper right", fontsize=8)
     acc = [(m, iv) for m, iv in zip(mid, ivs) if iv.acceptance_rate is not None]
     ax3.plot([m for m, _ in acc], [iv.acceptance_rate for _, iv in acc], "o-", color="tab:orange")
