@@ -264,8 +264,9 @@ def render_load_tables(report: LoadVerifyReport) -> list:
     from rich.table import Table
 
     overview = Table(title="specbuild verify under load: speculative (staggered arrivals) vs each prompt alone (num_draft_tokens=0), greedy")
-    for name in ("C", "requests", "match", "near-ties", "crossed load", "max in flight", "acc. rate", "tok/s", "stagger s"):
-        overview.add_column(name, justify="right")
+    # two-line headers: the whole table fits 80 columns, no header cut
+    for name in ("C", "requests", "match", "near-\nties", "crossed\nload", "max in\nflight", "acc.\nrate", "tok/s", "stagger\ns"):
+        overview.add_column(name, justify="right", no_wrap=True)
     tables = [overview]
     for lv in report.levels:
         ok = lv.num_match == len(lv.runs)
