@@ -127,11 +127,13 @@ def load_label(p: PointResult) -> str:
 
 
 def point_line(p: PointResult) -> str:
+    """One progress line per finished point, short enough for 80 columns with usual names. Example:
+    ``smollm2-ngram humaneval:4 C=1 k=4: p50 1611 ms, 21.3 tok/s, 1.68 tok/step, acc 0.17``."""
     rate = "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.2f}"
     return (
-        f"{p.deployment:>16s} {p.prompt_set:>12s} {load_label(p):<10s} k={p.draft_len:<2d} "
-        f"p50 {p.latency_ms_p50:8.0f} ms  {p.total_tok_s:7.1f} tok/s  tokens/step {p.tokens_per_step:.2f}  "
-        f"acc {rate}" + (f"  PROBLEMS {len(p.problems)}" if p.problems else "")
+        f"{p.deployment} {p.prompt_set} {load_label(p)} k={p.draft_len}: p50 {p.latency_ms_p50:.0f} ms, "
+        f"{p.total_tok_s:.1f} tok/s, {p.tokens_per_step:.2f} tok/step, acc {rate}"
+        + (f", PROBLEMS {len(p.problems)}" if p.problems else "")
     )
 
 
