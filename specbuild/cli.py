@@ -781,6 +781,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     report_path = report_path or results_dir / "report.json"
     console = _console(stderr=as_json)
     try:
+        raw_prompts = load_prompts(prompts)  # bad input (exit 2) before waiting for a server
         if not openai["openai_url"] and (tokenizer is None or not (streaming or decoupled_alias)):
             # a Triton deployment says whether it streams and where its tokenizer is
             with SpecClient(url, protocol=protocol) as probe:
@@ -795,7 +796,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
                 tokenizer_dir = facts["tokenizer_dir"]
                 tokenizer = load_tokenizer(tokenizer_dir)
         made_by = _verify_provenance(url, protocol, streaming or decoupled_alias, prompts, tokenizer_dir, openai["openai_url"])
-        prompt_list = apply_chat_template(load_prompts(prompts), prompts, chat_template, tokenizer)
+        prompt_list = apply_chat_template(raw_prompts, prompts, chat_template, tokenizer)
         if openai["openai_url"] and sampling:
             raise click.UsageError("--sampling runs through the Triton client; not with --openai")
         if concurrency is not None and (not concurrency or min(concurrency) < 1):

@@ -740,3 +740,9 @@ def test_a_taken_port_given_on_the_command_line_is_blamed_on_the_option(tmp_path
         loaded = with_serve_ports(load_recipe("smollm2-ngram"), http_port=port, grpc_port=0, metrics_port=0)
         with pytest.raises(RecipeError, match=rf"^--http-port {port} \(replaces serve.http_port of .*smollm2-ngram.yaml\): port {port}"):
             check_ports(loaded)
+
+
+def test_verify_refuses_a_missing_prompts_file_before_waiting_for_the_server(tmp_path):
+    """Bad input (exit 2) is found first: no --wait-s spent on a server that is not there (trial 7)."""
+    code, out, err, _ = run("verify", "--url", "127.0.0.1:1", "--prompts", str(tmp_path / "nosuch.jsonl"), "--wait-s", "30")
+    assert code == 2 and "no such file" in out + err
