@@ -342,7 +342,9 @@ def plan_stages(loaded: LoadedRecipe, paths: RunPaths) -> tuple[list[dict], list
     TensorRT-LLM recipes: one stage per command of ``build.sh`` (``name``, ``kind``, ``argv`` exactly as
     run, ``command`` (its shell form), ``outputs``, ``log``, ``inputs``), then ``serve`` stages with the
     launch ``argv`` (Triton's ``launch.sh`` and, on the PyTorch path, ``trtllm-serve``: alternatives,
-    ``alternative_to`` says which); ``files`` the config files written (``path``, ``text``).
+    ``alternative_to`` says which); ``files`` every file the run writes (``path``, ``text``, and a
+    ``note`` where the run fills something in): ``build.sh``, the config files, the Triton
+    repository's config.pbtxt files and ``launch.sh``.
     Reference backend: the plan's lines as objects (``name``, ``kind``: ``info`` for what the recipe
     names, else the stage the in-process run performs: train, check, build, repo, serve, verify,
     report; ``detail``; ``outputs``) and no files. Raises ``RecipeError`` as :func:`plan_lines` does.
@@ -351,7 +353,7 @@ def plan_stages(loaded: LoadedRecipe, paths: RunPaths) -> tuple[list[dict], list
     if r.build.backend != "reference":
         from specbuild.builder.trtllm_plan import plan_for
         from specbuild.builder.trtllm_version import installed_version
-        from specbuild.triton_repo.tensorrtllm import triton_launch_argv
+        from specbuild.triton_repo.tensorrtllm import repository_files, triton_launch_argv
 
         plan = plan_for(loaded, paths.output_dir, version=installed_version())
         stages = [{"name": s.name, "kind": str(s.kind), "argv": list(s.argv), "command": s.command(),
@@ -364,7 +366,11 @@ def plan_stages(loaded: LoadedRecipe, paths: RunPaths) -> tuple[list[dict], list
             stages.append({"name": "serve-trtllm-serve", "kind": "serve", "argv": list(plan.serve_argv),
                            "command": shlex.join(plan.serve_argv), "alternative_to": "serve-triton"})
             triton["alternative_to"] = "serve-trtllm-serve"
-        return stages, [{"path": str(f.path), "text": f.text} for f in plan.files]
+        files = [{"path": str(plan.output_dir / "build.sh"), "text": plan.build_script()}]
+        files += [{"path": str(f.path), "text": f.text} for f in plan.files]
+        files += [{"path": str(path), "text": text, **({"note": note} if note else {})}
+                  for path, text, note in repository_files(loaded, plan, paths.repo_dir)]
+        return stages, files
     outputs = {"build": [paths.engine_dir], "repo": [paths.repo_dir], "serve": [paths.log_file], "report": [paths.report]}
     stages = []
     for line in plan_lines(loaded, paths):

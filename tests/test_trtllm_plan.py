@@ -536,5 +536,19 @@ def test_plan_json_stages_are_the_commands_build_sh_runs(name, tmp_path):
     if plan.serve_argv:  # PyTorch path: trtllm-serve or Triton, not both
         assert serve["serve-trtllm-serve"]["alternative_to"] == "serve-triton"
         assert serve["serve-triton"]["alternative_to"] == "serve-trtllm-serve"
-    assert [f["path"] for f in got["files"]] == [str(f.path) for f in plan.files]
+    # files: everything the run writes (trial 7: the engine path listed none): build.sh, the config
+    # files, then the Triton repository's config.pbtxt files (Triton's schema parses them) and launch.sh
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    files = got["files"]
+    assert files[0]["path"].endswith("/build.sh") and files[0]["text"] == script
+    assert [f["path"] for f in files[1 : 1 + len(plan.files)]] == [str(f.path) for f in plan.files]
+    repo = files[1 + len(plan.files) :]
+    assert repo[-1]["path"].endswith("/launch.sh") and shlex.join(serve["serve-triton"]["argv"]) in repo[-1]["text"]
+    configs = [f for f in repo[:-1]]
+    assert configs and all(f["path"].endswith("/config.pbtxt") for f in configs)
+    names = {text_format.Parse(f["text"], model_config_pb2.ModelConfig()).name for f in configs}
+    assert "ensemble" in names and (plan.backend == "pytorch" or "tensorrt_llm" in names)
+    assert all("at run time" in f["note"] for f in configs if 'key: "end_id"' in f["text"])
     assert got["lines"] and all(isinstance(line, str) for line in got["lines"])

@@ -411,6 +411,23 @@ def repository_lines(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> 
     return out
 
 
+def repository_files(loaded: LoadedRecipe, plan: TrtllmPlan, repo_dir: Path) -> list[tuple[Path, str, str]]:
+    """``(path, text, note)`` of every file the run writes into the plan's Triton repository (dry
+    run): each model's config.pbtxt and ``launch.sh``. Engine path: ``end_id`` / ``pad_id`` are read
+    from the target's tokenizer at run time, so the texts here carry 0 there (the note says so)."""
+    repo_dir = Path(os.path.abspath(repo_dir))
+    s = loaded.recipe.serve
+    argv = triton_launch_argv(loaded, plan, repo_dir)
+    if plan.backend == "pytorch":
+        model = llmapi_model(loaded, plan)
+        launch = launch_script_text(argv, launch_header("pytorch", plan.version, container_address(s)))
+        return [(repo_dir / model.name / "config.pbtxt", render(model), ""), (repo_dir / "launch.sh", launch, "")]
+    ids = f"end_id and pad_id are read from {plan.tokenizer_dir} at run time (0 here)"
+    files = [(repo_dir / m.name / "config.pbtxt", render(m), ids if "end_id" in m.parameters else "")
+             for m in trtllm_models(repo_spec_for(loaded, plan, end_id=0, pad_id=0))]
+    return files + [(repo_dir / "launch.sh", launch_script_text(argv, launch_header("tensorrt", plan.version, CONTAINER_HOST)), "")]
+
+
 def launch_lines(repo_dir: Path) -> list[str] | None:
     """The commands of a TensorRT-LLM repository's ``launch.sh`` (``None``: not such a repository)."""
     launch = repo_dir / "launch.sh"
