@@ -1011,7 +1011,7 @@ def _sweep_options(f):
         click.option("--warmup", "warmup_old", default=None, type=click.IntRange(min=0), hidden=True),
         click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets)."),
         click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True, help="For host:port targets."),
-        click.option("--label", "labels", multiple=True, help="Name of each host:port (then --openai) target, in order."),
+        click.option("--label", "labels", multiple=True, help="Name of each host:port (then --openai) target, in order [host:port]."),
         click.option("--metrics-url", "metrics_urls", multiple=True, help="Metrics host:port of each host:port target, for the counter cross-check."),
         click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir of host:port targets (chat template)."),
         click.option("--openai", "openai_urls", multiple=True, metavar="URL", help="An OpenAI-compatible base URL to bench (repeatable): specbuild serve --openai-port, trtllm-serve, vLLM, SGLang."),

@@ -263,7 +263,9 @@ def openai_deployments(urls: Sequence[str], *, labels: Sequence[str] = (), chat:
                 raise BenchError(f"--openai {url}: {exc}") from None
             base = probe.base_url
         out.append(Deployment(
-            name=labels[i] if i < len(labels) else base, url=base, protocol="openai", method="specbuild" if ours else "unknown",
+            # named by host:port (the table's deployment column stays short); --label names it otherwise
+            name=labels[i] if i < len(labels) else urlparse(base).netloc or base, url=base, protocol="openai",
+            method="specbuild" if ours else "unknown",
             tokenizer_dir=tokenizer_dir, stream=stream, per_request_draft=ours, openai_chat=chat,
             openai_draft_len=None if ours else (draft_len or 0),
             # specbuild's front publishes the specbuild_* counters on its own /metrics: cross-check them too

@@ -194,8 +194,11 @@ def compact_points_table(points: Sequence[PointResult]):
     table = Table(title="specbuild bench (k: num_draft_tokens; F: < 20 requests, U: repeats disagree, D: baseline disturbed)",
                   caption="every column: bench.csv, bench.json, or a terminal 150 columns wide", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, collapse_padding=True)
+    whole = {"deployment": [p.deployment for p in points], "prompts": [p.prompt_set for p in points],
+             "load": [load_label(p) for p in points]}  # never cut: they say which point a row is
     for name in ("deployment", "prompts", "load", "k", "p50 ms", "tok/s", "tok/step", "acc", "checks"):
-        table.add_column(name, justify="left" if name in ("deployment", "prompts", "load", "checks") else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("deployment", "prompts", "load", "checks") else "right", no_wrap=True,
+                         min_width=max(map(len, [name, *whole[name]])) if name in whole else None)
     for p in points:
         check = "ok" if not p.problems else f"[red]{len(p.problems)} problems[/red]"
         if p.ids_match_baseline is not None and p.ids_match_baseline < 1:
