@@ -53,6 +53,10 @@ def report_tables(report: TuneReport, *, width: int | None = None) -> list:
                   _with_ci(c.throughput, c.throughput_ci, "{:.1f}"), *(() if narrow else (tie_text,)))
     if report.recommendations:
         out.append(t)
+    ties = [f"note: {prompt_set}: {tie_note(report.recommendations[prompt_set], tied, report.tie_bases.get(prompt_set))}"
+            for prompt_set, tied in sorted(report.ties.items())]
+    if ties:  # right under the recommendation: why it is what it is (at 80 columns the table drops its ties column)
+        out.append(Text("\n".join(ties)))
     if report.errors:  # below the table, whole: a table cell would cut the reason
         out.append(Text("\n".join(f"no recommendation for {prompt_set}: {error}" for prompt_set, error in sorted(report.errors.items())),
                         style="red"))
@@ -83,8 +87,8 @@ def schedule_tables(report: TuneReport) -> list:
     t = _table(f"Draft-length schedule by concurrency (TensorRT-LLM draft_len_schedule / max_concurrency; "
                f"k > 0 only when >= {100 * report.min_gain:.0f}% faster than k=0 and, with intervals, significantly)"
                + (f"; {sets[0]}" if one_set else ""), (), left=columns)
-    for name in columns:
-        t.add_column(name, justify="left", no_wrap=True, min_width=max(len(line) for line in name.split("\n")))
+    for name in columns:  # best k may wrap between levels (it is read, not copied)
+        t.add_column(name, justify="left", no_wrap=not name.startswith("best k"), min_width=max(len(line) for line in name.split("\n")))
     notes = []
     for s in report.schedules:
         mc = "always on" if s.max_concurrency is None else ("always off" if s.max_concurrency == 0 else str(s.max_concurrency))
@@ -92,7 +96,7 @@ def schedule_tables(report: TuneReport) -> list:
         if not schedule:
             notes.append(f"{s.deployment} {s.prompt_set}: no draft_len_schedule: {s.note or 'speculation off'}")
             schedule = f"- (note {len(notes)})"
-        t.add_row(s.deployment if len(sets) < 2 else f"{s.deployment}\n{s.prompt_set}", _fmt_map(s.best), schedule, mc)
+        t.add_row(s.deployment if len(sets) < 2 else f"{s.deployment}\n{s.prompt_set}", _fmt_map(s.best).replace(": ", ":"), schedule, mc)
     out = [t]
     if notes:
         out.append(Text("\n".join(f"note {i}: {n}" for i, n in enumerate(notes, start=1))))
@@ -216,9 +220,6 @@ def run_tune(points: Sequence, out_dir: str | Path, *, console, **goal) -> TuneR
                       "recommended nor scheduled, and --write-recipe refuses them: rerun with --repeats 3", highlight=False)
     if any(_not_significant(r) for r in report.analytic + report.open_loop):  # the legend of a mark shown
         console.print("(n.s.): the speed-up's 95% interval contains 1.0 -- not significantly different from speculation off")
-    for prompt_set, ties in sorted(report.ties.items()):
-        note = tie_note(report.recommendations[prompt_set], ties, report.tie_bases.get(prompt_set))
-        console.print(f"note: {prompt_set}: {note}", highlight=False)
     for line in summarize_warnings(report.warnings):
         console.print(f"warning: {line}", highlight=False)
     json_path = report.write(out / "tune.json")
