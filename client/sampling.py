@@ -385,6 +385,7 @@ def _json_default(value: Any) -> Any:
 
 def render_sampling_report(report: SamplingReport):
     """A rich table: one row per test (statistic, df, p-value, detectable TV, observed TV)."""
+    from rich import box
     from rich.table import Table
 
     s = report.settings
@@ -392,10 +393,12 @@ def render_sampling_report(report: SamplingReport):
         title=(
             f"specbuild verify --sampling: {s.num_samples} samples per arm, temperature {s.temperature:g}"
             f"{'' if s.top_k is None else f', top_k {s.top_k}'}{'' if s.top_p is None else f', top_p {s.top_p:g}'}"
-        )
+        ),
+        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,  # 80 columns, two-line headers: nothing cut
     )
-    for name in ("prompt", "test", "categories", "chi2", "df", "p-value", "level", "detectable TV", "observed TV"):
-        table.add_column(name, justify="left" if name in ("prompt", "test") else "right")
+    for name in ("prompt", "test", "cate-\ngories", "chi2", "df", "p-value", "level", "detect-\nable TV", "observed\nTV"):
+        table.add_column(name, justify="left" if name in ("prompt", "test") else "right", no_wrap=True,
+                         min_width=max(map(len, name.split("\n"))))
     for prompt in report.prompts:
         for t in prompt.tests:
             p = f"[red]{t.p_value:.2g}[/]" if t.rejected else f"{t.p_value:.2g}"
