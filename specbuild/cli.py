@@ -1183,13 +1183,15 @@ def _report_serving_overhead(console, result, results_dir: Path) -> None:
     """`bench --serving-overhead`: the k=0 points again on each recipe's engine in-process (specbuild/bench/overhead.py)."""
     import json
 
-    from specbuild.bench.overhead import OVERHEAD_FILE, measure_serving_overhead, overhead_table
+    from specbuild.bench.overhead import OVERHEAD_FILE, measure_serving_overhead, overhead_advice, overhead_table
 
     rows = measure_serving_overhead(result, log=lambda message: console.print(f"[dim]{message}[/dim]"))
     if not rows:
         console.print("note: --serving-overhead compares recipe targets of the reference backend at k=0 in closed loop; none here")
         return
     console.print(overhead_table(rows))
+    for line in overhead_advice(rows):
+        console.print(f"note: {line}", highlight=False)
     path = results_dir / OVERHEAD_FILE
     path.write_text(json.dumps({"rows": [r.to_json() for r in rows]}, indent=1, allow_nan=False) + "\n")
     console.print(f"wrote {path}")

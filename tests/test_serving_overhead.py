@@ -58,6 +58,18 @@ def test_overhead_is_the_fraction_of_in_process_throughput_lost():
 
 @pytest.mark.e2e
 @pytest.mark.slow  # ~30 s on a busy 2-core machine, mostly the server start
+def test_a_streamed_overhead_above_five_percent_advises_stream_interval():
+    from specbuild.bench.overhead import OverheadRow, overhead_advice
+
+    rows = [OverheadRow("d", "p", 1, True, [39.0], [40.0]), OverheadRow("d", "p", 8, True, [90.0], [100.0]),
+            OverheadRow("u", "p", 8, False, [90.0], [100.0]),  # unary: no interval to raise
+            OverheadRow("s4", "p", 8, True, [90.0], [100.0], stream_interval=4)]  # raised already
+    advice = overhead_advice(rows)
+    assert len(advice) == 1 and advice[0].startswith("d: ") and "10%" in advice[0] and "C=8" in advice[0]
+    assert "serve.stream_interval: 4" in advice[0]
+    assert overhead_advice(rows[:1]) == []  # 2.5 %: nothing to advise
+
+
 def test_bench_reports_the_serving_overhead_of_a_recipe(tiny_checkpoint, tmp_path):
     recipe = write_recipe(tmp_path / "tiny.yaml", tiny_checkpoint, method="none")
     prompts = tmp_path / "p.jsonl"

@@ -46,6 +46,7 @@ class OverheadRow:
     streamed: bool
     served_tok_s: list[float]
     in_process_tok_s: list[float]
+    stream_interval: int = 1  # the deployment's serve.stream_interval (decoding iterations per streamed response)
 
     @property
     def overhead(self) -> float:
@@ -115,8 +116,28 @@ def measure_serving_overhead(result: SweepResult, *, log: Callable[[str], None] 
                                              num_requests=plan.num_requests(len(prompts), point.concurrency))
                             for _ in range(plan.repeats)]
                     rows.append(OverheadRow(deployment.name, source, point.concurrency, deployment.stream,
-                                            list(point.repeat_total_tok_s or [point.total_tok_s]), runs))
+                                            list(point.repeat_total_tok_s or [point.total_tok_s]), runs,
+                                            deployment.stream_interval))
     return rows
+
+
+ADVISE_ABOVE = 0.05  # a streamed overhead above 5 % gets the stream_interval advice
+
+
+def overhead_advice(rows: Sequence[OverheadRow]) -> list[str]:
+    """One line per deployment whose streamed overhead exceeds :data:`ADVISE_ABOVE` while it answers
+    every decoding iteration: raise ``serve.stream_interval`` (TensorRT-LLM's ``LlmArgs.stream_interval``,
+    whose description advises a larger value at large batch sizes); the per-response cost divides
+    by about the interval. Example: C=8 at 10 % -> "serve.stream_interval: 4"."""
+    worst: dict[str, OverheadRow] = {}
+    for r in rows:
+        if r.streamed and r.stream_interval == 1 and r.overhead > ADVISE_ABOVE and (
+                r.deployment not in worst or r.overhead > worst[r.deployment].overhead):
+            worst[r.deployment] = r
+    return [f"{name}: streaming a response per decoding iteration costs {100 * r.overhead:.0f}% of plain throughput at "
+            f"C={r.concurrency}; set serve.stream_interval: 4 (TensorRT-LLM's stream_interval: a response every 4th "
+            "iteration, with the tokens since the last) to divide that cost by about 4 (docs/bench.md)"
+            for name, r in worst.items()]
 
 
 def overhead_table(rows: Sequence[OverheadRow]):
@@ -127,10 +148,12 @@ def overhead_table(rows: Sequence[OverheadRow]):
     for column in ("deployment", "prompts", "load", "requests", "served tok/s", "in-process tok/s", "overhead"):
         table.add_column(column, justify="left" if column in ("deployment", "prompts") else "right")
     for r in rows:
-        table.add_row(r.deployment, r.prompt_set, f"C={r.concurrency}", "streamed" if r.streamed else "unary",
+        table.add_row(r.deployment, r.prompt_set, f"C={r.concurrency}",
+                      ("streamed" + (f" /{r.stream_interval}" if r.stream_interval > 1 else "")) if r.streamed else "unary",
                       f"{statistics.fmean(r.served_tok_s):.1f}", f"{statistics.fmean(r.in_process_tok_s):.1f}",
                       f"{100 * r.overhead:+.1f}%")
     return table
 
 
-__all__ = ["OVERHEAD_FILE", "OverheadRow", "engine_dir_of", "in_process_tok_s", "measure_serving_overhead", "overhead_table"]
+__all__ = ["OVERHEAD_FILE", "OverheadRow", "engine_dir_of", "in_process_tok_s", "measure_serving_overhead", "overhead_advice",
+           "overhead_table"]
