@@ -835,11 +835,11 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
         raise bad_input(str(exc)) from None
     except ClientError as exc:
         raise CommandError(str(exc), ExitCode.FAILED) from None
-    report.write(report_path)
+    shown = _write_report(report, report_path)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     print_report(console, report)
-    console.print(f"report: {report_path}")
+    console.print(f"report: {shown}")
     if near_tie_margin is not None:
         console.print(f"tolerance: divergences where speculation took the target's runner-up within {near_tie_margin:g} logits pass ({report.num_near_ties} such)")
     if not report.passed or not oracle_ok:
@@ -861,6 +861,14 @@ def _verify_provenance(url, protocol, streaming, prompts, tokenizer_dir, openai_
     return provenance(url=url or default, protocol=protocol, streaming=streaming, prompts=prompts, repo_dir=repo_dir)
 
 
+def _write_report(report, path: Path) -> str:
+    """Write a verify report to ``path`` and return how to show the path: a report already there is replaced,
+    and the user is told so (with the options that keep runs apart)."""
+    replaced = path.exists()
+    report.write(path)
+    return f"{path} (replaced the previous report; --report or --results-dir keeps runs apart)" if replaced else str(path)
+
+
 def _verify_under_load(console, make_client, prompt_list, report_path: Path, *, as_json: bool, provenance=None, **options) -> None:
     from specbuild.cli_display import verification_progress
     from specbuild.client.verify import describe_divergence
@@ -870,7 +878,7 @@ def _verify_under_load(console, make_client, prompt_list, report_path: Path, *, 
     with verification_progress(console, total) as progress:
         report = verify_under_load(make_client, prompt_list, progress=progress, **options)
     report = dataclasses.replace(report, provenance=provenance)
-    report.write(report_path)
+    shown = _write_report(report, report_path)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     for table in render_load_tables(report):
@@ -882,7 +890,7 @@ def _verify_under_load(console, make_client, prompt_list, report_path: Path, *, 
                               f"{describe_divergence(run.divergence)}", highlight=False)
     verdict = "[green]LOSSLESS UNDER LOAD[/green]" if report.all_match else (
         "[yellow]NEAR-TIES ONLY[/yellow]" if report.passed else "[red]MISMATCH[/red]")
-    console.print(f"{verdict}: levels {', '.join(str(lv.concurrency) for lv in report.levels)}; report: {report_path}")
+    console.print(f"{verdict}: levels {', '.join(str(lv.concurrency) for lv in report.levels)}; report: {shown}")
     if not report.passed:
         sys.exit(ExitCode.NOT_LOSSLESS)
 
@@ -932,13 +940,13 @@ def _verify_sampling(console, client, prompt_list, report_path: Path, *, samples
     with verification_progress(console, 2 * samples * len(prompt_list)) as progress:
         report = verify_sampling(client, prompt_list, settings, concurrency=concurrency, progress=progress)
     report = dataclasses.replace(report, provenance=provenance)
-    report.write(report_path)
+    shown = _write_report(report, report_path)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     console.print(render_sampling_report(report))
     colour = "yellow" if not report.exercised else "green" if report.passed else "red"
     console.print(f"[{colour}]{describe_sampling_report(report)}[/{colour}]", highlight=False)
-    console.print(f"report: {report_path}")
+    console.print(f"report: {shown}")
     if not report.exercised:  # nothing was tested: not a pass (exit_codes.py: FAILED)
         sys.exit(ExitCode.FAILED)
     if not report.passed:

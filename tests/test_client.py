@@ -157,6 +157,17 @@ def test_report_edge_cases():
     assert no_metrics.mean_acceptance_length is None and no_metrics.total_draft_tokens is None
 
 
+def test_verify_says_when_it_replaces_an_earlier_report(tmp_path):
+    from specbuild.cli import _write_report
+
+    path = tmp_path / "verify" / "report.json"
+    report = VerifyReport(results=[PromptVerification("a", True, result([1]), result([1]), None)], max_tokens=1)
+    assert _write_report(report, path) == str(path)  # first run: just the path
+    shown = _write_report(report, path)
+    assert shown.startswith(str(path)) and "replaced the previous report" in shown and "--results-dir" in shown
+    assert json.loads(path.read_text())["settings"]["max_tokens"] == 1
+
+
 def test_report_json_round_trips(tmp_path):
     report = make_report()
     path = report.write(tmp_path / "out" / "verify.json")
