@@ -342,7 +342,7 @@ def fine_tune_from_log(
 
     from specbuild.builder.reference import locate_target
     from specbuild.engine.target import load_target
-    from specbuild.prompts import render_messages
+    from specbuild.prompts import as_user_messages, render_messages
     from specbuild.tokenizer import load_tokenizer
     from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, responses_fingerprint
     from specbuild.train.loop import INIT_WEIGHTS
@@ -373,8 +373,18 @@ def fine_tune_from_log(
     tokenizer = load_tokenizer(checkpoint)
     try:
         train_prompts, held_out = render_messages(train_prompts, tokenizer), render_messages(held_out, tokenizer)
+        # a served chat prompt is logged inside the chat template: drop held-out prompts in that form too
+        templated = {p.text for p in render_messages(as_user_messages(held_out), tokenizer)}
     except ValueError as exc:
         raise loaded.error(("train", "prompts"), f"--from-log: {exc}") from None
+    kept = [p for p in train_prompts if p.text not in templated]
+    if not kept:
+        raise loaded.error(("train", "prompts"), f"--from-log: {request_log} holds no prompt that is not a held-out prompt "
+                           "(in the chat template); serve other traffic with serve.request_log set first")
+    if len(kept) < len(train_prompts):
+        dropped += len(train_prompts) - len(kept)
+        log(f"request log: {len(train_prompts) - len(kept)} more held-out prompts dropped (logged inside the chat template)")
+    train_prompts = kept
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log,
                               responses_key=responses_fingerprint(target_fp, train_prompts, config))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -89,9 +90,17 @@ def test_default_fine_tuning_settings():
     assert fine_tune_config(TrainConfig(steps=100), "/l", steps=7).warmup_steps == 0
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
 def test_from_log_replaces_the_draft_keeps_the_old_one_and_the_recipe_keeps_serving_it(tiny_checkpoint, prompt_files, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
-    recipe = write_train_recipe(tmp_path / "r.yaml", tiny_checkpoint, prompt_files)
+    checkpoint = tmp_path / "chat-ckpt"  # an instruct target: served chat prompts are logged inside its template
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    tokenizer_config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | {"chat_template": CHAT_TEMPLATE}))
+    recipe = write_train_recipe(tmp_path / "r.yaml", checkpoint, prompt_files)
     quiet_log = {"log": lambda m: None, "show_progress": False}
     with pytest.raises(RecipeError, match=r"holds no trained weights.*train it first: specbuild train-draft"):
         fine_tune_from_log(load_recipe(str(recipe)), tmp_path / "none.jsonl", **quiet_log)
@@ -101,11 +110,13 @@ def test_from_log_replaces_the_draft_keeps_the_old_one_and_the_recipe_keeps_serv
 
     held_out = [json.loads(line)["prompt"] for line in prompt_files[1].read_text().splitlines()]
     log = RequestLog(tmp_path / "requests.jsonl")
-    log.write(["The weather in Oslo", "A recipe for bread", "The weather in Oslo", held_out[0]])  # a repeat, a held-out prompt
+    # a repeat, a held-out prompt as written, another as a chat request renders it (bench/verify of a chat set)
+    log.write(["The weather in Oslo", "A recipe for bread", "The weather in Oslo", held_out[0],
+               f"<|user|>{held_out[1]}<|assistant|>"])
     log.close()
     outcome = fine_tune_from_log(load_recipe(str(recipe)), tmp_path / "requests.jsonl", steps=3, **quiet_log)
 
-    assert (outcome.prompts_used, outcome.dropped_duplicates, outcome.dropped_held_out) == (2, 1, 1)
+    assert (outcome.prompts_used, outcome.dropped_duplicates, outcome.dropped_held_out) == (2, 1, 2)
     assert outcome.backup == head.with_name("eagle.previous").resolve()
     assert (outcome.backup / "model.safetensors").read_bytes() == before  # the old draft, whole
     assert (head / "model.safetensors").read_bytes() != before
