@@ -374,7 +374,7 @@ def fine_tune_from_log(
     try:
         train_prompts, held_out = render_messages(train_prompts, tokenizer), render_messages(held_out, tokenizer)
         # a served chat prompt is logged inside the chat template: drop held-out prompts in that form too
-        templated = {p.text for p in render_messages(as_user_messages(held_out), tokenizer)}
+        templated = {p.text for p in held_out} | {p.text for p in render_messages(as_user_messages(held_out), tokenizer)}
     except ValueError as exc:
         raise loaded.error(("train", "prompts"), f"--from-log: {exc}") from None
     kept = [p for p in train_prompts if p.text not in templated]

@@ -100,7 +100,12 @@ def test_from_log_replaces_the_draft_keeps_the_old_one_and_the_recipe_keeps_serv
     shutil.copytree(tiny_checkpoint, checkpoint)
     tokenizer_config = json.loads((checkpoint / "tokenizer_config.json").read_text())
     (checkpoint / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | {"chat_template": CHAT_TEMPLATE}))
-    recipe = write_train_recipe(tmp_path / "r.yaml", checkpoint, prompt_files)
+    # held out: the plain prompts, and the first once more as a chat log line (messages): rendered, it is held out too
+    held_out = [json.loads(line)["prompt"] for line in prompt_files[1].read_text().splitlines()]
+    chat_held = tmp_path / "held_out_chat.jsonl"
+    chat_held.write_text(json.dumps({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": held_out[0]}]})
+                         + "\n" + prompt_files[1].read_text())
+    recipe = write_train_recipe(tmp_path / "r.yaml", checkpoint, prompt_files, held_out=str(chat_held))
     quiet_log = {"log": lambda m: None, "show_progress": False}
     with pytest.raises(RecipeError, match=r"holds no trained weights.*train it first: specbuild train-draft"):
         fine_tune_from_log(load_recipe(str(recipe)), tmp_path / "none.jsonl", **quiet_log)
@@ -108,15 +113,14 @@ def test_from_log_replaces_the_draft_keeps_the_old_one_and_the_recipe_keeps_serv
     head = tmp_path / "heads" / "eagle"
     before = (head / "model.safetensors").read_bytes()
 
-    held_out = [json.loads(line)["prompt"] for line in prompt_files[1].read_text().splitlines()]
     log = RequestLog(tmp_path / "requests.jsonl")
     # a repeat, a held-out prompt as written, another as a chat request renders it (bench/verify of a chat set)
     log.write(["The weather in Oslo", "A recipe for bread", "The weather in Oslo", held_out[0],
-               f"<|user|>{held_out[1]}<|assistant|>"])
+               f"<|user|>{held_out[1]}<|assistant|>", f"<|system|>Be brief.<|user|>{held_out[0]}<|assistant|>"])
     log.close()
     outcome = fine_tune_from_log(load_recipe(str(recipe)), tmp_path / "requests.jsonl", steps=3, **quiet_log)
 
-    assert (outcome.prompts_used, outcome.dropped_duplicates, outcome.dropped_held_out) == (2, 1, 2)
+    assert (outcome.prompts_used, outcome.dropped_duplicates, outcome.dropped_held_out) == (2, 1, 3)
     assert outcome.backup == head.with_name("eagle.previous").resolve()
     assert (outcome.backup / "model.safetensors").read_bytes() == before  # the old draft, whole
     assert (head / "model.safetensors").read_bytes() != before
