@@ -1263,10 +1263,13 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
     except TuneError as exc:
         raise bad_input(str(exc)) from None
     if write_recipe is not None:
-        _write_tuned_recipe(console, report, write_recipe, force=force)
+        recipes = {d.name: d.recipe for d in result.deployments if getattr(d, "recipe", None)}
+        _write_tuned_recipe(console, report, write_recipe, force=force, recipes=recipes)
 
 
-def _write_tuned_recipe(console, report, out: Path, *, force: bool = False) -> None:
+def _write_tuned_recipe(console, report, out: Path, *, force: bool = False, recipes: dict[str, str] | None = None) -> None:
+    """Write the recommended schedule into a copy of its deployment's recipe: the file the sweep deployed
+    (``recipes``: deployment name -> recipe path, from bench.json), else the deployment's name as a recipe."""
     from specbuild.builder.recipe import RecipeError
     from specbuild.tune.write_recipe import WriteRecipeError, pick_schedule, refuse_disturbed, write_scheduled_recipe
 
@@ -1278,7 +1281,7 @@ def _write_tuned_recipe(console, report, out: Path, *, force: bool = False) -> N
                 raise
             console.print(f"warning: {exc} (going on: --force)", highlight=False)
         schedule, engines = pick_schedule(report)
-        path = write_scheduled_recipe(out, schedule.deployment, schedule, engines)
+        path = write_scheduled_recipe(out, (recipes or {}).get(schedule.deployment, schedule.deployment), schedule, engines)
     except (WriteRecipeError, RecipeError) as exc:
         raise bad_input(str(exc)) from None
     console.print(f"wrote {path}: {schedule.deployment} with draft_len_schedule {schedule.draft_len_schedule}; "

@@ -432,6 +432,39 @@ def test_write_recipe_refuses_a_schedule_with_a_disturbed_baseline_unless_forced
     assert "going on: --force" in said and "disturbed" in said  # then the usual answer: here no schedule to write
 
 
+def test_write_recipe_starts_from_the_recipe_file_the_sweep_deployed(tmp_path):
+    """A user's recipe file whose name: is not a file (nor a bundled recipe): bench.json records the path
+    each recipe target was deployed from, and --write-recipe copies that file."""
+    import yaml
+    from click.testing import CliRunner
+
+    from specbuild.bench import Deployment, PointResult, SweepPlan, SweepResult, summarize_point
+    from specbuild.bench.run import RequestRecord
+    from specbuild.builder.recipe import find_recipe
+    from specbuild.cli import main
+
+    mine = tmp_path / "recipes" / "mine.yaml"
+    mine.parent.mkdir()
+    mine.write_text(find_recipe("smollm2-ngram").read_text().replace("name: smollm2-ngram", "name: my-ngram"))
+
+    def bench_point(k, c, latency_s, accepted):
+        records = [RequestRecord(f"p{i}", latency_s, 20, accepted, 4 * k, None) for i in range(4)]
+        s = summarize_point(records, wall_s=4 * latency_s, draft_len=k, max_tokens=20)
+        return PointResult(deployment="my-ngram", method="ngram", prompt_set="humaneval:4", draft_len=k, concurrency=c, **s)
+
+    points = [bench_point(0, 1, 1.0, 0), bench_point(2, 1, 0.7, 8), bench_point(4, 1, 0.75, 8),
+              bench_point(0, 2, 1.0, 0), bench_point(2, 2, 1.3, 8), bench_point(4, 2, 1.5, 8)]
+    plan = SweepPlan(draft_lengths=(0, 2, 4), concurrencies=(1, 2), prompt_sets=("humaneval:4",))
+    deployment = Deployment("my-ngram", "127.0.0.1:8001", method="ngram", max_draft_len=4, recipe=str(mine))
+    json_path, _ = SweepResult(plan, [deployment], points).write(tmp_path / "bench")
+    out = tmp_path / "tuned.yaml"
+    result = CliRunner().invoke(main, ["tune", "--from", str(json_path), "--results-dir", str(tmp_path / "tune"), "--write-recipe", str(out)])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(out.read_text())
+    assert data["name"] == "my-ngram-scheduled" and data["build"]["draft_len_schedule"] == {1: 2}
+    assert out.read_text().startswith("# my-ngram-scheduled: mine.yaml with the draft-length schedule")
+
+
 def test_schedule_table_at_80_columns_keeps_names_and_schedules_whole_and_notes_below(tmp_path):
     from click.testing import CliRunner
 

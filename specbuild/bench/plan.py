@@ -46,6 +46,8 @@ class Deployment:
             ``serve.stream_interval``); above 1 a response may carry several steps' tokens.
         max_input_len: the longest prompt (tokens) the deployment takes; None = unknown (not checked).
             Known, every prompt set is checked against it before the sweep starts.
+        recipe: the recipe file a recipe target was deployed from (absolute path), where
+            ``tune --write-recipe`` starts; None for a URL target.
     """
 
     name: str
@@ -62,6 +64,7 @@ class Deployment:
     openai_draft_len: int | None = None
     stream_interval: int = 1
     max_input_len: int | None = None
+    recipe: str | None = None
 
     def request_fields(self, draft_len: int) -> dict:
         """``SpecClient.generate`` keyword arguments for draft length ``draft_len`` (0 = plain decoding).

@@ -479,6 +479,7 @@ def deployment_for_recipe(served, *, stream: bool = False) -> Deployment:
         stream=stream,
         stream_interval=getattr(served.loaded.recipe.serve, "stream_interval", 1),
         max_input_len=served.loaded.recipe.build.max_input_len,
+        recipe=str(Path(served.loaded.path).resolve()),
     )
 
 
