@@ -342,6 +342,7 @@ def fine_tune_from_log(
 
     from specbuild.builder.reference import locate_target
     from specbuild.engine.target import load_target
+    from specbuild.methods.token_map import recipe_token_map, write_token_map
     from specbuild.prompts import as_user_messages, render_messages
     from specbuild.tokenizer import load_tokenizer
     from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, responses_fingerprint
@@ -394,6 +395,7 @@ def fine_tune_from_log(
     if not (ckpt_dir / INIT_WEIGHTS).is_file():
         _write_initial_weights(weights, ckpt_dir / INIT_WEIGHTS)
     backup = artefact.with_name(artefact.name + BACKUP_SUFFIX)
+    token_map = _fine_tuned_token_map(loaded, artefact, data.path, config.token_map_size, log=log)
     with staging_dir(artefact) as tmp:
         spec = loaded.recipe.speculation
         common = {"device": device, "log": log, "show_progress": show_progress, "on_step": on_step}
@@ -401,6 +403,8 @@ def fine_tune_from_log(
             result = spec.definition.training.train(spec, target, tokenizer, data, config, tmp, ckpt_dir, **common)
         except ValueError as exc:
             raise loaded.error(("train",), str(exc)) from None
+        if token_map is not None and token_map[0] is not None:  # a map inside the draft's folder goes with it
+            write_token_map(tmp / token_map[0], token_map[1], **token_map[2])
         acceptance = None
         if evaluate and config.eval_prompts > 0:
             acceptance = _evaluate(loaded, target, tokenizer, held_out[: config.eval_prompts], tmp, config, log)
@@ -416,8 +420,51 @@ def fine_tune_from_log(
         with staging_dir(backup) as old:  # the replaced draft, kept whole
             shutil.copytree(artefact, old, dirs_exist_ok=True)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
+    if token_map is not None and token_map[0] is None:  # a map outside the draft's folder: replaced where it is
+        write_token_map(recipe_token_map(loaded), token_map[1], **token_map[2])
     log(f"fine-tuned draft written: {artefact} (the previous one: {backup})")
     return FineTuneOutcome(artefact, backup, card, len(train_prompts), duplicates, dropped)
+
+
+def _fine_tuned_token_map(loaded: LoadedRecipe, artefact: Path, data_dir: Path, size: int | None, *, log=print):
+    """The hot-token map a fine-tuned draft serves with, or None (the recipe has no map of the train
+    stage's: ``speculative_token_map`` and ``train.token_map_size``): ``(path relative to the draft's
+    folder, or None when the map lies outside it; token ids; what the file records)``.
+
+    The previous map's tokens stay, in their order; the tokens the target predicts in the logged traffic
+    (``data_dir``'s ``top1``) that it lacks come after them, most frequent first. Where both do not fit in
+    ``size``, the new traffic's tokens take up to half of the map from the previous map's tail (its
+    least frequent tokens), so a draft fine-tuned for a new workload can draft that workload's tokens
+    and keeps most of what it drafted before. Raises nothing: an unreadable previous map counts as empty.
+    """
+    from safetensors import safe_open
+
+    from specbuild.methods.token_map import frequency_order, read_token_ids, recipe_token_map
+
+    path = recipe_token_map(loaded)
+    if path is None or size is None:
+        return None
+    try:
+        previous = read_token_ids(path) if path.is_file() else []
+    except (OSError, ValueError):
+        previous = []
+    with safe_open(str(data_dir / "features.safetensors"), framework="pt") as f:
+        top1 = f.get_tensor("top1")
+    order, counts = frequency_order(top1)
+    have = set(previous)
+    new = [int(t) for t in order.tolist() if counts[t] > 0 and int(t) not in have]
+    kept = previous[: max(size - min(len(new), size // 2), 0)]
+    ids = kept + new[: size - len(kept)]
+    covered = int(counts[ids].sum()) / max(int(counts.sum()), 1) if ids else 0.0
+    log(f"token map: {len(kept)} tokens of the previous map and {len(ids) - len(kept)} the logged traffic adds "
+        f"({covered:.1%} of its {top1.numel():,} predictions)")
+    about = {"token_map_size": size, "counted_over": f"previous map + {data_dir.name}", "positions": int(top1.numel()),
+             "previous_tokens_kept": len(kept), "coverage": round(covered, 6)}
+    try:
+        inside = path.resolve().relative_to(artefact.resolve())
+    except ValueError:
+        inside = None
+    return inside, ids, about
 
 
 def _write_initial_weights(weights: list[Path], out: Path) -> None:

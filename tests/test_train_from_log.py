@@ -132,6 +132,35 @@ def test_from_log_replaces_the_draft_keeps_the_old_one_and_the_recipe_keeps_serv
     assert again.reused and (head / "model.safetensors").read_bytes() != before
 
 
+def test_from_log_keeps_the_token_map_and_adds_the_traffics_tokens(tiny_checkpoint, prompt_files, tmp_path, monkeypatch):
+    """A draft with a hot-token map inside its folder: the fine-tuned draft serves with a map (the old
+    map's tokens first, then what the logged traffic needs), so the recipe is not sent back to training
+    for a missing map, and the new traffic's tokens can be drafted."""
+    from specbuild.methods.token_map import read_token_ids
+
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
+    recipe = write_train_recipe(tmp_path / "r.yaml", tiny_checkpoint, prompt_files, token_map_size=16)
+    quiet_log = {"log": lambda m: None, "show_progress": False}
+    first = train_draft(load_recipe(str(recipe)), **quiet_log)
+    token_map = tmp_path / "heads" / "eagle" / "token_map.json"
+    before = read_token_ids(token_map)
+    assert 0 < len(before) <= 16
+    log = RequestLog(tmp_path / "requests.jsonl")
+    log.write(["zq zq zq xv xv", "Completely different words: jumbled quartz vexing fog"])
+    log.close()
+    fine_tune_from_log(load_recipe(str(recipe)), tmp_path / "requests.jsonl", steps=2, **quiet_log)
+
+    after = read_token_ids(token_map)
+    assert len(after) <= 16 and len(set(after)) == len(after)
+    added = after[len(after) - len(set(after) - set(before)):]
+    assert set(added) and not set(added) & set(before)  # the traffic's tokens, after the kept ones
+    assert after[: len(after) - len(added)] == before[: len(after) - len(added)]  # the old map's head, in order
+    assert len(after) - len(added) >= 8  # the traffic takes at most half of a full map
+    assert json.loads(token_map.read_text())["token_map_size"] == 16
+    again = train_draft(load_recipe(str(recipe)), **quiet_log)
+    assert again.reused and again.fingerprint == first.fingerprint  # served as it is, no retraining
+
+
 def test_cli_from_log_option_errors():
     from click.testing import CliRunner
 
