@@ -450,7 +450,7 @@ def _fine_tuned_token_map(loaded: LoadedRecipe, artefact: Path, data_dir: Path, 
         previous = []
     with safe_open(str(data_dir / "features.safetensors"), framework="pt") as f:
         top1 = f.get_tensor("top1")
-    order, counts = frequency_order(top1)
+    order, counts = frequency_order(top1, vocab_size=max([*previous, int(top1.max())]) + 1)  # ids of the map and the traffic
     have = set(previous)
     new = [int(t) for t in order.tolist() if counts[t] > 0 and int(t) not in have]
     kept = previous[: max(size - min(len(new), size // 2), 0)]
