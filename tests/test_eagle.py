@@ -404,8 +404,8 @@ def test_head_state_after_steps_equals_a_fresh_pass(model, plain_outputs):
     result = _generate(model, proposer, prompt, max_tokens=14)  # steps of 4: 1 + 4 + 4 + 4 + 1
     assert result.output_ids == plain[:14] and result.num_decoding_iterations == 4
     state, sequence = proposer.state, [*prompt, *plain[:14]]
-    n = state.length  # fed at the drafting steps 1..3: (f_j, c_{j+1}) for j < n; the last step, with room for
-    assert n == len(prompt) + 8  # no draft, drafts nothing and feeds nothing (its positions wait: queue_pending)
+    n = state.length  # updated after steps 1..3: (f_j, c_{j+1}) for j < n
+    assert n == len(prompt) + 12
     with torch.inference_mode():
         true_features = model(input_ids=torch.tensor([sequence[:n]]), output_hidden_states=True).hidden_states[-1][0]
         embeds = model.get_input_embeddings()(torch.tensor(sequence[1 : n + 1]))

@@ -112,10 +112,10 @@ def test_num_draft_tokens_caps_the_tree(engines, monkeypatch, tree, k, expected)
 
     monkeypatch.setattr(eagle, "propose_batch", recording_propose)
     result = _run(engines["random", tree], PROMPTS[0], max_tokens=6, num_draft_tokens=k)
-    assert verified and all(t.num_nodes == k for t in verified)  # the last step (one token left) drafts nothing
+    assert all(t.num_nodes == k for t in verified[:-1]) and verified[-1].num_nodes == 0  # last: one token left
     if expected is not None:
-        assert all(t.paths == expected for t in verified)
-    assert result.total_draft_tokens == k * len(verified)
+        assert all(t.paths == expected for t in verified[:-1])
+    assert result.total_draft_tokens == k * (len(verified) - 1)
     assert engines["random", tree]._method_state.proposer.tree_config.max_draft_len == TREES[tree]["max_draft_len"]
 
 

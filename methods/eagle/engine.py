@@ -1025,44 +1025,15 @@ class FeatureTreeDrafter(PlainDrafter):
         return self.proposer.capped(max_draft_tokens), max_accept
 
     def draft(self, context, *, max_accept, sampler, max_draft_tokens=None) -> Block:
-        proposer, depth = self.step_plan(max_accept, max_draft_tokens)
-        if depth <= 0:  # no drafts this iteration: the head catches up when drafting resumes
-            return Block.chain(context[-1])
         if self.pending is not None:
             self.proposer.update(self.state, *self.pending)
             self.pending = None
+        proposer, depth = self.step_plan(max_accept, max_draft_tokens)
         proposal = proposer.propose(self.state, context[-1], depth)
         return Block.of_tree(proposal.tree, proposal.tokens)
 
     def update(self, context, step) -> None:
-        self.pending = queue_pending(self.pending, step.emitted, step.hidden_states[-1][step.keep])
-
-
-def queue_pending(pending: tuple[list[int], torch.Tensor] | None, tokens: Sequence[int], features: torch.Tensor
-                  ) -> tuple[list[int], torch.Tensor]:
-    """``pending`` (tokens, features ``[m, F]``) with a step's ``tokens`` and ``features [n, F]`` appended.
-
-    While an iteration's draft length is 0 (``draft_len_schedule``, ``max_concurrency``) a drafter does not
-    draft, so its head is not fed either: the positions wait here and the next drafting step feeds them
-    all in one head call. The head then holds what it would hold had it been fed every step, so drafting
-    resumes as if it had never stopped (the stale-state bug class of TensorRT-LLM PR #16888) without
-    paying one head call per plain step."""
-    if pending is None:
-        return list(tokens), features
-    return [*pending[0], *tokens], torch.cat([pending[1], features])
-
-
-def plain_blocks(drafters: Sequence[Any], contexts, depths: Sequence[int], draft: Callable[[list[int]], list[Block]]
-                 ) -> list[Block]:
-    """Blocks for requests of one head: ``draft(rows)`` for the rows whose depth (draft length) is above 0,
-    their features fed first (:func:`feed_pending`); a plain one-token block for the others, whose
-    features keep waiting (:func:`queue_pending`)."""
-    rows = [i for i, depth in enumerate(depths) if depth > 0]
-    blocks = [Block.chain(c[-1]) for c in contexts]
-    if rows:
-        for i, block in zip(rows, draft(rows)):
-            blocks[i] = block
-    return blocks
+        self.pending = (step.emitted, step.hidden_states[-1][step.keep])
 
 
 def feed_pending(drafters: Sequence[Any], update_batch: Callable[..., None]) -> None:
@@ -1081,22 +1052,17 @@ class EagleDrafter(GroupedByProposer, FeatureTreeDrafter):
     grow their trees in shared head calls (a :class:`~specbuild.engine.drafters.BatchDrafter`)."""
 
     proposer: EagleProposer
-    head_update = staticmethod(update_batch)  # feeds the head the requests' pending positions (EAGLE-3's: its fusion)
 
     @classmethod
     def draft_batch(cls, drafters: Sequence[EagleDrafter], contexts, *, max_accepts, samplers, max_draft_tokens=None) -> list[Block]:
         """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
         head call and one draft projection per tree depth for all of them."""
         del samplers
+        feed_pending(drafters, update_batch)
         plans = [d.step_plan(m, max_draft_tokens) for d, m in zip(drafters, max_accepts)]
-
-        def draft(rows: list[int]) -> list[Block]:
-            feed_pending([drafters[i] for i in rows], cls.head_update)
-            proposals = propose_batch([plans[i][0] for i in rows], [drafters[i].state for i in rows],
-                                      [contexts[i][-1] for i in rows], [plans[i][1] for i in rows])
-            return [Block.of_tree(p.tree, p.tokens) for p in proposals]
-
-        return plain_blocks(drafters, contexts, [depth for _, depth in plans], draft)
+        proposals = propose_batch([p for p, _ in plans], [d.state for d in drafters], [c[-1] for c in contexts],
+                                  [depth for _, depth in plans])
+        return [Block.of_tree(p.tree, p.tokens) for p in proposals]
 
 
 def make_drafter(loaded: LoadedEagle, request: ResolvedRequest) -> EagleDrafter:

@@ -62,7 +62,6 @@ from specbuild.engine.drafters import EngineMethod, GroupedByProposer, MethodCon
 
 from ..eagle.engine import (
     MLP, PT_NAMES, SAFETENSORS_NAME, Attention, CacheView, EagleConfig, HeadCache, LayerKV, RMSNorm, Segment, feed_pending,
-    plain_blocks, queue_pending,
 )
 from ..head_files import HeadFiles, LoadedHead, check_state, known_keys, read_config_json
 from ..heads import refuse_unreadable, target_config, torch_dtype
@@ -680,20 +679,17 @@ class FeatureChainDrafter(PlainDrafter):
         self.pending = ([*prompt[1:], first_token], self._features(hidden_states))
 
     def draft(self, context, *, max_accept, sampler) -> Block:
-        k = min(self.k, max_accept)
-        if k <= 0:  # no drafts this iteration: the head catches up when drafting resumes (queue_pending)
-            return Block.chain(context[-1])
         if self.pending is not None:
             self.proposer.update(self.state, *self.pending)
             self.pending = None
         if sampler is not None and self.rejection_sampling:
             probs: list[list[torch.Tensor]] = [[]]
-            (chain,) = propose_batch(self.proposer, [self.state], [k], [sampler], probs)
+            (chain,) = propose_batch(self.proposer, [self.state], [min(self.k, max_accept)], [sampler], probs)
             return Block.chain(context[-1], chain, torch.stack(probs[0]) if chain else None)
-        return Block.chain(context[-1], self.proposer.propose(self.state, k))
+        return Block.chain(context[-1], self.proposer.propose(self.state, min(self.k, max_accept)))
 
     def update(self, context, step) -> None:
-        self.pending = queue_pending(self.pending, step.emitted, self._features(step.hidden_states)[step.keep])
+        self.pending = (step.emitted, self._features(step.hidden_states)[step.keep])
 
 
 class Eagle3Drafter(GroupedByProposer, FeatureChainDrafter):
@@ -706,17 +702,12 @@ class Eagle3Drafter(GroupedByProposer, FeatureChainDrafter):
     def draft_batch(cls, drafters: Sequence[Eagle3Drafter], contexts, *, max_accepts, samplers) -> list[Block]:
         """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
         draft projection and one head call per chain depth for all of them."""
-        ks = [min(d.k, m) for d, m in zip(drafters, max_accepts)]
+        feed_pending(drafters, update_batch)
         samplers = [s if d.rejection_sampling else None for d, s in zip(drafters, samplers)]
-
-        def draft(rows: list[int]) -> list[Block]:
-            feed_pending([drafters[i] for i in rows], update_batch)
-            probs: list[list[torch.Tensor]] = [[] for _ in rows]
-            chains = propose_batch(drafters[0].proposer, [drafters[i].state for i in rows], [ks[i] for i in rows],
-                                   [samplers[i] for i in rows], probs)
-            return [Block.chain(contexts[i][-1], chain, torch.stack(q) if q else None) for i, chain, q in zip(rows, chains, probs)]
-
-        return plain_blocks(drafters, contexts, ks, draft)
+        probs: list[list[torch.Tensor]] = [[] for _ in drafters]
+        chains = propose_batch(drafters[0].proposer, [d.state for d in drafters],
+                               [min(d.k, m) for d, m in zip(drafters, max_accepts)], samplers, probs)
+        return [Block.chain(c[-1], chain, torch.stack(q) if q else None) for c, chain, q in zip(contexts, chains, probs)]
 
 
 def make_drafter(loaded: LoadedEagle3, request: ResolvedRequest) -> Eagle3Drafter:
