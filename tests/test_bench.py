@@ -285,7 +285,11 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
     report = json.loads((tune_dir / "tune.json").read_text())
     (recommended,) = report["recommendations"].values()
     assert recommended["concurrency"] == 2
-    assert report["frontiers"] and report["schedules"] and report["analytic"]
+    assert report["frontiers"] and report["analytic"]
+    if report["baseline_disturbed"]:  # a noisy point of this tiny run: no schedule for its deployment, said so
+        assert not report["schedules"] and any("no draft_len_schedule" in w for w in report["warnings"])
+    else:
+        assert report["schedules"]
     for png in ("frontier.png", "speedup.png"):
         assert (tune_dir / png).read_bytes()[:4] == b"\x89PNG"
     assert "Frontier" in result.output and "Recommendation" in result.output and "cannot be told apart" in result.output
