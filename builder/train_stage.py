@@ -295,25 +295,29 @@ def fine_tune_config(config: TrainConfig, request_log: Path, steps: int | None =
     })
 
 
-def log_prompts(request_log: Path, held_out_source: str, *, base_dir: Path) -> tuple[list, list, int, int]:
+def log_prompts(request_log: Path, held_out_source: str, *, base_dir: Path, tokenizer=None) -> tuple[list, list, int, int]:
     """``(training prompts, held-out prompts, duplicates dropped, held-out dropped)`` from a request log
-    (:mod:`specbuild.triton_repo.request_log`'s lines, or any file ``train.prompts`` reads). Repeated
-    prompts are kept once, and logged prompts that are held-out prompts (a ``specbuild verify`` run
-    against the deployment logs them) are dropped, so held-out acceptance stays held out.
+    (:mod:`specbuild.triton_repo.request_log`'s lines, or any file ``train.prompts`` reads), conversations
+    rendered with ``tokenizer``'s chat template (:func:`~specbuild.prompts.render_messages`). Repeated
+    prompts are kept once, and logged prompts that are held-out prompts are dropped, so held-out
+    acceptance stays held out: as written, or as the chat template renders them (a ``specbuild verify``
+    or ``bench`` run of a chat set against the deployment logs them rendered).
 
     Raises:
-        TrainDataError: the log cannot be read (the message names the file and line), or nothing is left.
+        TrainDataError: the log cannot be read (the message names the file and line), a conversation
+            cannot be rendered, or nothing is left.
     """
-    from specbuild.prompts import PromptSourceError
+    from specbuild.prompts import PromptSourceError, as_user_messages, render_messages
     from specbuild.train.data import TrainDataError, load_source
 
     try:
         logged = load_source(str(request_log), base_dir=base_dir)
         held_out = load_source(held_out_source, base_dir=base_dir)
-    except PromptSourceError as exc:
+        unique = render_messages(list({(p.text, p.messages): p for p in reversed(logged)}.values())[::-1], tokenizer)
+        held_out = render_messages(held_out, tokenizer)
+        held_texts = {p.text for p in held_out} | {p.text for p in render_messages(as_user_messages(held_out), tokenizer)}
+    except (PromptSourceError, ValueError) as exc:
         raise TrainDataError(f"--from-log: {exc}") from None
-    unique = list({(p.text, p.messages): p for p in reversed(logged)}.values())[::-1]  # first occurrence kept
-    held_texts = {p.text for p in held_out}
     train = [p for p in unique if p.text not in held_texts]
     if not train:
         raise TrainDataError(f"--from-log: {request_log} holds no prompt that is not a held-out prompt "
@@ -343,7 +347,6 @@ def fine_tune_from_log(
     from specbuild.builder.reference import locate_target
     from specbuild.engine.target import load_target
     from specbuild.methods.token_map import recipe_token_map, write_token_map
-    from specbuild.prompts import as_user_messages, render_messages
     from specbuild.tokenizer import load_tokenizer
     from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, responses_fingerprint
     from specbuild.train.loop import INIT_WEIGHTS
@@ -356,36 +359,23 @@ def fine_tune_from_log(
         raise loaded.error(("speculation",), f"--from-log fine-tunes the existing draft, but {artefact} holds no trained "
                            f"weights (*.safetensors); train it first: specbuild train-draft {loaded.path}")
     config = fine_tune_config(loaded.recipe.train, request_log.resolve(), steps)
+    source = locate_target(loaded)
+    checkpoint = materialize_checkpoint(source, log=log)
+    tokenizer = load_tokenizer(checkpoint)
     try:
-        train_prompts, held_out, duplicates, dropped = log_prompts(request_log, config.held_out, base_dir=loaded.path.parent)
+        train_prompts, held_out, duplicates, dropped = log_prompts(request_log, config.held_out, base_dir=loaded.path.parent,
+                                                                   tokenizer=tokenizer)
     except TrainDataError as exc:
         raise loaded.error(("train", "prompts"), str(exc)) from None
     log(f"request log {request_log}: {len(train_prompts)} prompts ({duplicates} repeats and {dropped} held-out prompts dropped)")
     previous = json.loads((artefact / CARD_JSON).read_text()) if (artefact / CARD_JSON).is_file() else {}
-    source = locate_target(loaded)
     target_fp = source.fingerprint()
     data_fp = data_fingerprint(target_fp, train_prompts, config)
     initial = hashlib.sha256(b"".join(hashlib.sha256(w.read_bytes()).digest() for w in weights)).hexdigest()[:16]
     run_fp = hashlib.sha256(f"{train_fingerprint(loaded, data_fp)}:from:{initial}:{config.steps}".encode()).hexdigest()[:16]
 
     device = torch.device("cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
-    checkpoint = materialize_checkpoint(source, log=log)
     target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
-    tokenizer = load_tokenizer(checkpoint)
-    try:
-        train_prompts, held_out = render_messages(train_prompts, tokenizer), render_messages(held_out, tokenizer)
-        # a served chat prompt is logged inside the chat template: drop held-out prompts in that form too
-        templated = {p.text for p in held_out} | {p.text for p in render_messages(as_user_messages(held_out), tokenizer)}
-    except ValueError as exc:
-        raise loaded.error(("train", "prompts"), f"--from-log: {exc}") from None
-    kept = [p for p in train_prompts if p.text not in templated]
-    if not kept:
-        raise loaded.error(("train", "prompts"), f"--from-log: {request_log} holds no prompt that is not a held-out prompt "
-                           "(in the chat template); serve other traffic with serve.request_log set first")
-    if len(kept) < len(train_prompts):
-        dropped += len(train_prompts) - len(kept)
-        log(f"request log: {len(train_prompts) - len(kept)} more held-out prompts dropped (logged inside the chat template)")
-    train_prompts = kept
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log,
                               responses_key=responses_fingerprint(target_fp, train_prompts, config))
