@@ -88,7 +88,9 @@ def main() -> None:
         parser.error("--device cuda: torch sees no CUDA device")
     engine = ReferenceEngine.from_pretrained(path, speculative_config=None, limits=limits, dtype=args.dtype, kernels=args.kernels,
                                              device=args.device)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+    # loaded on a thread of its own, as the engine is: torch work on the main thread would leave it an
+    # OpenMP pool, and the scheduler's thread would then run with libgomp's throttled spin (engine/threads.py)
+    hf = on_fresh_thread(lambda: AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval())
     kernels = type(engine.model.lm_head).__name__
     configs = ["hf", *(f"B={b}" for b in args.batch_sizes)]
     seconds: dict[str, list[float]] = {c: [] for c in configs}
