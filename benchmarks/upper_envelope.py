@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-from scipy import stats
 
 from specbuild.bench.run import _Clients, prepare_prompts, run_point, serve_recipes
 from specbuild.builder.recipe import load_recipe
+from specbuild.bench.stats import paired_ratio as stats_paired_ratio
 from specbuild.client.environment import environment
 from specbuild.tokenizer import load_tokenizer
 
@@ -44,15 +43,10 @@ CONFIDENCE = 0.95
 
 
 def paired_ratio(numerators: list[float], denominators: list[float]) -> dict:
-    """Geometric mean of ``numerators[i] / denominators[i]`` and its Student-t interval on the log scale.
-
-    Returns ``{"ratio", "ci"}``; ``ci`` is None with fewer than two pairs."""
-    logs = [math.log(a / b) for a, b in zip(numerators, denominators)]
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return {"ratio": math.exp(mean), "ci": None}
-    half = stats.t.ppf(0.5 + CONFIDENCE / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return {"ratio": math.exp(mean), "ci": [math.exp(mean - half), math.exp(mean + half)]}
+    """``{"ratio", "ci"}``: :func:`specbuild.bench.stats.paired_ratio` (geometric mean of the paired
+    ratios, Student-t interval on the log scale; ``ci`` None with fewer than two pairs)."""
+    ratio, ci = stats_paired_ratio(numerators, denominators, confidence=CONFIDENCE)
+    return {"ratio": ratio, "ci": ci}
 
 
 def main() -> None:

@@ -1079,7 +1079,8 @@ def _resolve_sweep_options(options: dict) -> dict:
 
 def _run_bench(console, targets, *, draft_lengths, levels, request_rates, burstiness, max_concurrency, repeats, slo,
                stability_percentage, prompt_sets, max_tokens, requests, end_id, warmup, chat_template, protocol, labels,
-               metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream, wait_s=30.0):
+               metrics_urls, tokenizer_dir, openai_urls, openai_chat, openai_draft_len, deploy_dir, timeout_s, stream, wait_s=30.0,
+               serving_overhead=False):
     from specbuild.builder.recipe import RecipeError
     from specbuild.bench import BenchError, SweepPlan, run_bench
     from specbuild.prompts import PromptSourceError
@@ -1098,6 +1099,7 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
                 targets, plan, console=console, output_root=deploy_dir, timeout_s=timeout_s, wait_s=wait_s, stream=stream,
                 labels=labels, metrics_urls=metrics_urls, protocol=protocol, tokenizer_dir=tokenizer_dir,
                 openai_urls=openai_urls, openai_chat=openai_chat, openai_draft_len=openai_draft_len,
+                serving_overhead=serving_overhead,
             )
     except (BenchError, RecipeError, PromptSourceError) as exc:
         raise bad_input(str(exc)) from None
@@ -1120,7 +1122,7 @@ def _results_dir(results_dir: Path | None, output_dir_old: Path | None, default:
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
 @click.option("--ramp", default=None, callback=lambda ctx, param, value: _int_list(ctx, param, value), metavar="C,C,...", help="Instead of the sweep: step the load through these concurrency levels (e.g. 1,2,4,8,16,8,4,2,1) with the deployment's own draft length or schedule; writes ramp.json and ramp.png.")
 @click.option("--ramp-step-s", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Seconds per --ramp level.")
-@click.option("--serving-overhead", is_flag=True, help="Recipe targets: after the sweep, run each k=0 closed-loop point again on the same engine in-process and report served against in-process tokens/s (serving_overhead.json).")
+@click.option("--serving-overhead", is_flag=True, help="Recipe targets: run each k=0 closed-loop point on the same engine in-process too, next to each served repeat, and report served against in-process tokens/s with a paired interval (serving_overhead.json).")
 def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, ramp_step_s, serving_overhead: bool,
                   **options) -> None:
     """Sweep TARGETS x draft lengths x load x prompt sets; print a table, write JSON, CSV and JSONL.
@@ -1157,7 +1159,7 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, r
     if ramp:
         _run_ramp(console, ramp, ramp_step_s, _results_dir(results_dir, output_dir_old, "specbuild-out/bench"), options)
         return
-    result = _run_bench(console, **_resolve_sweep_options(options))
+    result = _run_bench(console, serving_overhead=serving_overhead, **_resolve_sweep_options(options))
     json_path, csv_path = result.write(_results_dir(results_dir, output_dir_old, "specbuild-out/bench"))
     console.print(f"wrote {json_path}, {csv_path} and {json_path.with_name('requests.jsonl')} ({result.wall_s:.0f} s)")
     if serving_overhead:
@@ -1188,12 +1190,13 @@ def _run_ramp(console, levels, step_s: float, results_dir: Path, options: dict) 
 
 
 def _report_serving_overhead(console, result, results_dir: Path) -> None:
-    """`bench --serving-overhead`: the k=0 points again on each recipe's engine in-process (specbuild/bench/overhead.py)."""
+    """`bench --serving-overhead`: the k=0 points served against each recipe's engine in-process, both
+    measured in the sweep (specbuild/bench/overhead.py)."""
     import json
 
-    from specbuild.bench.overhead import OVERHEAD_FILE, measure_serving_overhead, overhead_advice, overhead_table
+    from specbuild.bench.overhead import OVERHEAD_FILE, overhead_advice, overhead_rows, overhead_table
 
-    rows = measure_serving_overhead(result, log=lambda message: console.print(f"[dim]{message}[/dim]"))
+    rows = overhead_rows(result)
     if not rows:
         console.print("note: --serving-overhead compares recipe targets of the reference backend at k=0 in closed loop; none here")
         return

@@ -1,5 +1,6 @@
-"""`specbuild bench --serving-overhead`: the k=0 points of a recipe deployment again on the same engine
-in-process (specbuild/bench/overhead.py), on a tiny engine; once through a real server and the CLI."""
+"""`specbuild bench --serving-overhead`: the k=0 points of a recipe deployment also on the same engine
+in-process, next to each served repeat (specbuild/bench/overhead.py), on a tiny engine; once through a
+real server and the CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from click.testing import CliRunner
 from conftest import write_recipe
 from specbuild.cli import main
 from specbuild.bench import Deployment, PointResult, RequestRecord, SweepPlan, SweepResult, summarize_point
-from specbuild.bench.overhead import OverheadRow, engine_dir_of, measure_serving_overhead
+from specbuild.bench import run as bench_run
+from specbuild.bench.overhead import InProcessArm, OverheadRow, engine_dir_of, in_process_arm, overhead_rows
+from specbuild.bench.plan import Load
+from specbuild.prompts import load_prompts
 
 PROMPTS = [{"id": "a", "text": "def add(a, b):"}, {"id": "b", "text": "for i in range(3):"}]
 
@@ -33,21 +37,86 @@ def _point(deployment: str, concurrency: int, draft_len: int, tok_s: list[float]
                        concurrency=concurrency, **summary)
 
 
-def test_each_plain_closed_loop_point_is_measured_in_process(tiny_engine, tmp_path):
+def _prompts_file(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    plan = SweepPlan(draft_lengths=(0,), concurrencies=(1, 2), prompt_sets=(str(prompts),), max_tokens=8, end_id=-1,
-                     repeats=2, warmup=1)
+    return prompts
+
+
+def test_the_arm_runs_the_same_plain_requests_on_the_recipe_engine(tiny_engine, tmp_path):
+    prompts = _prompts_file(tmp_path)
+    plan = SweepPlan(draft_lengths=(0,), concurrencies=(2,), prompt_sets=(str(prompts),), max_tokens=8, end_id=-1, warmup=1)
     served = Deployment("tiny", "127.0.0.1:1", method="none", tokenizer_dir=str(tiny_engine / "tokenizer"), stream=True)
     foreign = Deployment("other", "127.0.0.1:2", tokenizer_dir=str(tmp_path))  # a url target: no engine here
-    points = [_point("tiny", c, 0, [10.0, 12.0], str(prompts)) for c in (1, 2)] + [_point("other", 1, 0, [5.0], str(prompts))]
-    rows = measure_serving_overhead(SweepResult(plan, [served, foreign], points))
-    assert [(r.deployment, r.concurrency, r.streamed) for r in rows] == [("tiny", 1, True), ("tiny", 2, True)]
-    for r in rows:
-        assert r.served_tok_s == pytest.approx([10.0, 12.0]) and len(r.in_process_tok_s) == 2
-        assert all(t > 0 for t in r.in_process_tok_s)
-        assert r.overhead == pytest.approx(1 - 11.0 / (sum(r.in_process_tok_s) / 2))
-    assert engine_dir_of(foreign) is None and engine_dir_of(served) == tiny_engine
+    assert in_process_arm(foreign, plan) is None and engine_dir_of(served) == tiny_engine
+    arm = in_process_arm(served, plan)
+    assert isinstance(arm, InProcessArm)
+    try:
+        pairs = [(p, p.text) for p in load_prompts(str(prompts))]
+        assert arm.tok_s(pairs, max_tokens=8, concurrency=2, num_requests=4) > 0 and arm.warm
+        job = (arm.tokenizer(PROMPTS[0]["text"], add_special_tokens=True)["input_ids"], 8)
+        assert len(arm.scheduler.generate(_plain_request(job)).output_ids) == 8  # end_id -1: every token generated
+    finally:
+        arm.close()
+
+
+def _plain_request(job):
+    from specbuild.engine.types import GenerationRequest
+
+    return GenerationRequest(job[0], job[1], end_id=-1, num_draft_tokens=0)
+
+
+class _RecordingArm:
+    def __init__(self, log):
+        self.log = log
+
+    def tok_s(self, prompts, *, max_tokens, concurrency, num_requests):
+        self.log.append(("in-process", concurrency, num_requests))
+        return 100.0 + len(self.log)
+
+
+def test_in_process_runs_sit_next_to_each_served_repeat_abba(monkeypatch, tmp_path):
+    """Repeat 0: served then in-process; repeat 1: in-process then served; ...: pairs share the machine's
+    state, and drift over the sweep cancels between orders. Open-loop levels and k > 0 runs get none."""
+    log: list = []
+
+    def fake_run_point(clients, prompts, *, concurrency, num_requests, fields, request_rate=None, **kw):
+        log.append(("served", fields.get("num_draft_tokens", 0), concurrency))
+        return [RequestRecord("a", 1.0, 8, 0, 0, None)], 1.0
+
+    monkeypatch.setattr(bench_run, "run_point", fake_run_point)
+    monkeypatch.setattr(bench_run, "read_counters_or_none", lambda url: None)
+    prompts = _prompts_file(tmp_path)
+    plan = SweepPlan(draft_lengths=(0,), concurrencies=(2,), prompt_sets=(str(prompts),), max_tokens=8, end_id=-1, repeats=3)
+    deployment = Deployment("tiny", "127.0.0.1:1", method="none", stream=True)
+    pairs = [(p, p.text) for p in load_prompts(str(prompts))]
+    points = bench_run._measure_load(deployment, plan, None, pairs, str(prompts), Load(concurrency=2), {}, [],
+                                     lambda *a: None, arm=_RecordingArm(log))
+    kinds = [entry[0] for entry in log]
+    assert kinds == ["served", "in-process", "in-process", "served", "served", "in-process"]
+    assert points[0].in_process_tok_s == [102.0, 103.0, 106.0] and len(points[0].repeat_total_tok_s) == 3
+
+    log.clear()
+    open_loop = bench_run._measure_load(deployment, plan, None, pairs, str(prompts), Load(concurrency=2, request_rate=1.0), {},
+                                        [], lambda *a: None, arm=_RecordingArm(log))
+    assert all(entry[0] == "served" for entry in log) and open_loop[0].in_process_tok_s == []
+
+
+def test_overhead_rows_pair_each_repeat_and_give_an_interval():
+    plan = SweepPlan(draft_lengths=(0,), concurrencies=(1, 8), prompt_sets=("p",), max_tokens=8, repeats=3)
+    deployments = [Deployment("s", "127.0.0.1:1", method="none", stream=True, stream_interval=4),
+                   Deployment("u", "127.0.0.1:2", method="none")]
+    points = [_point("s", 1, 0, [40.0, 30.0, 20.0], "p"), _point("s", 8, 0, [90.0, 95.0, 92.0], "p"),
+              _point("u", 1, 0, [10.0, 10.0, 10.0], "p")]
+    points[0].in_process_tok_s = [41.0, 31.0, 20.5]  # drift shared by both arms of each repeat
+    points[1].in_process_tok_s = [100.0, 100.0, 100.0]
+    rows = overhead_rows(SweepResult(plan, deployments, points))
+    assert [(r.deployment, r.concurrency, r.streamed, r.stream_interval) for r in rows] == [("s", 1, True, 4), ("s", 8, True, 4)]
+    low, high = rows[0].interval
+    assert 0.0 < low < rows[0].overhead < high < 0.05  # paired: the drift (40 -> 20 tok/s) does not widen it
+    assert rows[1].overhead == pytest.approx(1 - 92.333333 / 100, rel=1e-4) and rows[1].interval[1] < 0.15
+    assert rows[0].to_json()["overhead_ci"] == rows[0].interval
+    assert OverheadRow("d", "p", 1, True, [30.0], [40.0]).interval is None  # one repeat: no interval
 
 
 def test_overhead_is_the_fraction_of_in_process_throughput_lost():
@@ -83,3 +152,5 @@ def test_bench_reports_the_serving_overhead_of_a_recipe(tiny_checkpoint, tmp_pat
     assert row["deployment"] == "tiny-none" and row["concurrency"] == 2 and row["streamed"]
     assert row["served_tok_s"][0] > 0 and row["in_process_tok_s"][0] > 0
     assert "serving overhead" in result.output
+    bench = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert bench["points"][0]["in_process_tok_s"] == row["in_process_tok_s"]  # measured in the sweep, recorded with the point

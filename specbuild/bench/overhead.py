@@ -3,16 +3,19 @@
 
 Speculation's speed-ups are ratios of served throughputs; when serving costs something per decoding
 step (a streamed response per step), plain decoding pays it on every token and speculation on fewer,
-so the served ratio overstates speculation. This module runs the plain points again without the
-server: the recipe's engine directory loaded here, the same prompts tokenized as the deployment's
-preprocessing does, the same closed loop (C requests in flight, each worker sending its next when
-its previous returns; one :class:`~specbuild.engine.scheduler.Scheduler`, in-flight batching as
-served) and the same repeats, right after the sweep::
+so the served ratio overstates speculation. With ``--serving-overhead`` the sweep loads each recipe
+deployment's engine directory in the bench process too (:class:`InProcessArm`) and runs every plain
+closed-loop point there as well: the same prompts tokenized as the deployment's preprocessing does,
+the same closed loop (C requests in flight, each worker sending its next when its previous returns;
+one :class:`~specbuild.engine.scheduler.Scheduler`, in-flight batching as served), the same request
+count, once per repeat **next to the served run** (served first in even repeats, in-process first in
+odd ones), so both arms of a repeat see the same machine::
 
     overhead = 1 - served tok/s / in-process tok/s      (0.21: serving loses 21 % of plain throughput)
 
-Only recipe targets of the reference backend have an engine directory here; open-loop points are
-left out (their throughput follows the arrival rate, not the engine).
+with a 95 % interval from the per-repeat pairs (:func:`~specbuild.bench.stats.paired_ratio`). Only
+recipe targets of the reference backend have an engine directory here; open-loop points are left out
+(their throughput follows the arrival rate, not the engine).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .plan import Deployment
+from specbuild.prompts import Prompt
+from .plan import Deployment, SweepPlan
 from .report import SweepResult
-from .run import prepare_prompts
+from .stats import paired_ratio
 
 OVERHEAD_FILE = "serving_overhead.json"
 
@@ -53,8 +57,18 @@ class OverheadRow:
         """``1 - mean(served) / mean(in-process)``: the fraction of plain throughput serving costs."""
         return 1.0 - statistics.fmean(self.served_tok_s) / statistics.fmean(self.in_process_tok_s)
 
+    @property
+    def interval(self) -> list[float] | None:
+        """95 % interval of the overhead, ``1 - `` the paired ratio served / in-process over the repeats
+        (:func:`~specbuild.bench.stats.paired_ratio`): ``[low, high]``, None with fewer than two repeats
+        or unpaired lists."""
+        if len(self.served_tok_s) != len(self.in_process_tok_s) or len(self.served_tok_s) < 2:
+            return None
+        _, ci = paired_ratio(self.served_tok_s, self.in_process_tok_s)
+        return None if ci is None else [1.0 - ci[1], 1.0 - ci[0]]
+
     def to_json(self) -> dict:
-        return {**asdict(self), "overhead": self.overhead}
+        return {**asdict(self), "overhead": self.overhead, "overhead_ci": self.interval}
 
 
 def engine_dir_of(deployment: Deployment) -> Path | None:
@@ -84,41 +98,56 @@ def in_process_tok_s(scheduler, prompts: Sequence[tuple[list[int], int]], *, con
     return tokens / (time.perf_counter() - start)
 
 
-def measure_serving_overhead(result: SweepResult, *, log: Callable[[str], None] = lambda message: None) -> list[OverheadRow]:
-    """An :class:`OverheadRow` per closed-loop k = 0 point of every reference recipe deployment in
-    ``result``, its engine run in this process with the sweep's prompts, loads and repeats.
+class InProcessArm:
+    """One recipe deployment's engine loaded in this process: the in-process side of
+    ``--serving-overhead``, run by the sweep next to each served plain closed-loop run.
 
-    Raises:
+    Raises (construction):
         FileNotFoundError / ValueError: an engine directory that does not load
             (:meth:`~specbuild.runtime.ReferenceEngine.from_engine_dir`).
     """
-    from specbuild.runtime import ReferenceEngine
-    from specbuild.engine.scheduler import Scheduler
-    from specbuild.tokenizer import load_tokenizer
 
-    plan, rows = result.plan, []
-    for deployment in result.deployments:
-        engine_dir = engine_dir_of(deployment)
-        points = [p for p in result.points if p.deployment == deployment.name and p.draft_len == 0 and p.request_rate is None]
-        if engine_dir is None or not points:
-            continue
-        log(f"serving overhead: {deployment.name}'s engine in-process ({engine_dir})")
-        engine = ReferenceEngine.from_engine_dir(engine_dir)
-        tokenizer = load_tokenizer(deployment.tokenizer_dir)
-        with Scheduler(engine) as scheduler:
-            for source in plan.prompt_sets:
-                prompts = [(tokenizer(text, add_special_tokens=True)["input_ids"], p.max_tokens or plan.max_tokens)
-                           for p, text in prepare_prompts(source, deployment, plan.chat_template, tokenizer)]
-                for ids, max_tokens in prompts[: plan.warmup]:
-                    in_process_tok_s(scheduler, [(ids, max_tokens)], concurrency=1, num_requests=1, end_id=plan.end_id)
-                for point in (p for p in points if p.prompt_set == source):
-                    runs = [in_process_tok_s(scheduler, prompts, concurrency=point.concurrency, end_id=plan.end_id,
-                                             num_requests=plan.num_requests(len(prompts), point.concurrency))
-                            for _ in range(plan.repeats)]
-                    rows.append(OverheadRow(deployment.name, source, point.concurrency, deployment.stream,
-                                            list(point.repeat_total_tok_s or [point.total_tok_s]), runs,
-                                            deployment.stream_interval))
-    return rows
+    def __init__(self, engine_dir: Path, tokenizer_dir: str | Path, *, end_id: int | None, warmup: int = 1) -> None:
+        from specbuild.runtime import ReferenceEngine
+        from specbuild.engine.scheduler import Scheduler
+        from specbuild.tokenizer import load_tokenizer
+
+        self.engine = ReferenceEngine.from_engine_dir(engine_dir)
+        self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.scheduler = Scheduler(self.engine)
+        self.end_id, self.warmup, self.warm = end_id, warmup, False
+
+    def tok_s(self, prompts: Sequence[tuple[Prompt, str]], *, max_tokens: int, concurrency: int, num_requests: int) -> float:
+        """Output tokens per second of ``num_requests`` plain requests over ``prompts`` (the sweep's
+        (prompt, text) pairs, cycled) at ``concurrency``, closed loop; the first call warms up first."""
+        ids = [(self.tokenizer(text, add_special_tokens=True)["input_ids"], p.max_tokens or max_tokens) for p, text in prompts]
+        if not self.warm:
+            for job in ids[: self.warmup]:
+                in_process_tok_s(self.scheduler, [job], concurrency=1, num_requests=1, end_id=self.end_id)
+            self.warm = True
+        return in_process_tok_s(self.scheduler, ids, concurrency=concurrency, num_requests=num_requests, end_id=self.end_id)
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+
+def in_process_arm(deployment: Deployment, plan: SweepPlan, *, log: Callable[[str], None] = lambda message: None
+                   ) -> InProcessArm | None:
+    """An :class:`InProcessArm` for a reference recipe deployment, None for any other target."""
+    engine_dir = engine_dir_of(deployment)
+    if engine_dir is None:
+        return None
+    log(f"serving overhead: {deployment.name}'s engine also in-process ({engine_dir}), next to each plain closed-loop run")
+    return InProcessArm(engine_dir, deployment.tokenizer_dir, end_id=plan.end_id, warmup=max(1, plan.warmup))
+
+
+def overhead_rows(result: SweepResult) -> list[OverheadRow]:
+    """An :class:`OverheadRow` per plain closed-loop point measured in-process too (the sweep ran with
+    an :class:`InProcessArm`), in the sweep's order."""
+    streams = {d.name: (d.stream, d.stream_interval) for d in result.deployments}
+    return [OverheadRow(p.deployment, p.prompt_set, p.concurrency, streams[p.deployment][0],
+                        list(p.repeat_total_tok_s or [p.total_tok_s]), list(p.in_process_tok_s), streams[p.deployment][1])
+            for p in result.points if p.in_process_tok_s]
 
 
 ADVISE_ABOVE = 0.05  # a streamed overhead above 5 % gets the stream_interval advice
@@ -145,15 +174,16 @@ def overhead_table(rows: Sequence[OverheadRow]):
     from rich.table import Table
 
     table = Table(title="serving overhead: plain decoding (k=0) served against the same engine in-process")
-    for column in ("deployment", "prompts", "load", "requests", "served tok/s", "in-process tok/s", "overhead"):
+    for column in ("deployment", "prompts", "load", "requests", "served tok/s", "in-process tok/s", "overhead", "95% interval"):
         table.add_column(column, justify="left" if column in ("deployment", "prompts") else "right")
     for r in rows:
         table.add_row(r.deployment, r.prompt_set, f"C={r.concurrency}",
                       ("streamed" + (f" /{r.stream_interval}" if r.stream_interval > 1 else "")) if r.streamed else "unary",
                       f"{statistics.fmean(r.served_tok_s):.1f}", f"{statistics.fmean(r.in_process_tok_s):.1f}",
-                      f"{100 * r.overhead:+.1f}%")
+                      f"{100 * r.overhead:+.1f}%",
+                      "-" if r.interval is None else f"[{100 * r.interval[0]:+.1f}, {100 * r.interval[1]:+.1f}]%")
     return table
 
 
-__all__ = ["OVERHEAD_FILE", "OverheadRow", "engine_dir_of", "in_process_tok_s", "measure_serving_overhead", "overhead_advice",
-           "overhead_table"]
+__all__ = ["OVERHEAD_FILE", "InProcessArm", "OverheadRow", "engine_dir_of", "in_process_arm", "in_process_tok_s",
+           "overhead_advice", "overhead_rows", "overhead_table"]

@@ -94,6 +94,9 @@ class PointResult:
     # the speed-up over k = 0 at this level exceeds tokens_per_step (stats.exceeds_speedup_bound): the baseline
     # was measured on a slower machine; tune does not recommend from it
     baseline_disturbed: bool = False
+    # --serving-overhead: k = 0 closed loop, the same requests on the same engine in the bench process, one per
+    # repeat, each run next to the served repeat (specbuild/bench/overhead.py)
+    in_process_tok_s: list[float] = field(default_factory=list)
 
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float:

@@ -231,10 +231,14 @@ def run_sweep(
     progress: Callable[[str, int], None] = lambda description, advance: None,
     log: Callable[[str], None] = lambda message: None,
     wait_s: float = 30.0,
+    in_process: Callable[[Deployment], object | None] | None = None,
 ) -> SweepResult:
     """Run ``plan`` on each deployment in turn (deployments must already answer; see :func:`serve_recipes`).
 
     ``timeout_s``: per request (seconds); ``wait_s``: how long each deployment may take to be ready.
+    ``in_process``: ``--serving-overhead``'s arm factory (:func:`specbuild.bench.overhead.in_process_arm`):
+    where it gives an arm for a deployment, every plain closed-loop run is also run in-process, next to
+    the served one, into :attr:`PointResult.in_process_tok_s`.
 
     ``progress(description, advance)`` is called as each request finishes. Order per deployment:
     prompt set -> load level -> repeat -> draft length, so the draft lengths compared at one load are
@@ -257,7 +261,7 @@ def run_sweep(
     watch.check()
     for deployment in deployments:
         points += _sweep_deployment(deployment, plan, rows, timeout_s=timeout_s, wait_s=wait_s, progress=progress,
-                                    log=log, watch=watch)
+                                    log=log, watch=watch, in_process=in_process)
     env["cpu"]["load_average_1_5_15_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     env["cpu"]["load_average_1_max_during"] = watch.highest
     return SweepResult(plan, list(deployments), points, started_at, time.perf_counter() - start, requests=rows,
@@ -288,13 +292,15 @@ class LoadWatch:
 
 
 def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict], *, timeout_s, wait_s=30.0, progress, log,
-                      watch: LoadWatch | None = None) -> list[PointResult]:
+                      watch: LoadWatch | None = None, in_process=None) -> list[PointResult]:
     synthetic = any(s.startswith("synthetic") for s in plan.prompt_sets)
     tokenizer = _tokenizer(deployment) if plan.chat_template != "never" or synthetic else None
     clients = _Clients(deployment, timeout_s)
     points = []
+    arm = None
     try:
         clients.get().wait_ready(timeout_s=min(wait_s, timeout_s))
+        arm = in_process(deployment) if in_process is not None else None
         prepared = {source: prepare_prompts(source, deployment, plan.chat_template, tokenizer) for source in plan.prompt_sets}
         check_prompt_lengths(deployment, prepared)  # before any point: a too-long prompt would end the sweep midway
         for source, prompts in prepared.items():
@@ -304,13 +310,15 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict],
                 )
             baseline: dict[str, tuple[int, ...]] = {}
             for load in plan.loads():
-                for point in _measure_load(deployment, plan, clients, prompts, source, load, baseline, rows, progress):
+                for point in _measure_load(deployment, plan, clients, prompts, source, load, baseline, rows, progress, arm=arm):
                     points.append(point)
                     log(point_line(point))
                 if watch is not None:
                     watch.check()
     finally:
         clients.close()
+        if arm is not None:
+            arm.close()
     return points
 
 
@@ -344,16 +352,28 @@ def measurement_order(ks: Sequence[int], num_requests: int, concurrency: int, *,
     return [(k, num_requests, 0) for k in others[:middle]] + [(0, num_requests, 0)] + [(k, num_requests, 0) for k in others[middle:]]
 
 
-def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseline, rows, progress) -> list[PointResult]:
+def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseline, rows, progress, *, arm=None
+                  ) -> list[PointResult]:
     """Every draft length at one load level, ``plan.repeats`` times; one point per k. The order of the
-    runs in each repeat: :func:`measurement_order` (the baseline around the k > 0 points)."""
+    runs in each repeat: :func:`measurement_order` (the baseline around the k > 0 points). With an
+    in-process ``arm`` (``--serving-overhead``) and a closed-loop level with k = 0, each repeat also runs
+    the plain requests in-process, after the served runs in even repeats and before them in odd ones."""
     ks = plan.draft_lengths_for(deployment)
     server = {k: [] for k in ks}  # OpenAI targets: (before, after) /metrics readings per repeat
     runs: dict[int, list[tuple[list[RequestRecord], float]]] = {k: [] for k in ks}
     checks: dict[int, list[str]] = {k: [] for k in ks}
     checked: dict[int, bool] = {k: True for k in ks}
     num_requests = plan.num_requests(len(prompts), load.concurrency)
+    in_process: list[float] = []
+
+    def run_in_process() -> None:
+        if arm is not None and 0 in ks and load.request_rate is None:
+            in_process.append(arm.tok_s(prompts, max_tokens=plan.max_tokens, concurrency=load.concurrency,
+                                        num_requests=num_requests))
+
     for repeat in range(plan.repeats):
+        if repeat % 2:
+            run_in_process()
         parts: dict[int, list[tuple[list[RequestRecord], float]]] = {k: [] for k in ks}
         order = measurement_order(ks, num_requests, load.concurrency, open_loop=load.request_rate is not None, repeat=repeat)
         for part, (k, count, offset) in enumerate(order):
@@ -380,10 +400,14 @@ def _measure_load(deployment, plan, clients, prompts, source, load: Load, baseli
                 records += [dataclasses.replace(r, repeat=repeat, start_s=r.start_s + wall) for r in part_records]
                 wall += part_wall
             runs[k].append((records, wall))
+        if not repeat % 2:
+            run_in_process()
     points = [_make_point(deployment, plan, source, load, k, runs[k], checks[k], checked[k], baseline, rows) for k in ks]
     flag_disturbed_baseline(points)
     for point in points:
         point.server_acceptance = _sum_over_repeats(server[point.draft_len])
+        if point.draft_len == 0:
+            point.in_process_tok_s = in_process
     return points
 
 
@@ -527,7 +551,7 @@ def _announce_server(recipe: str, log):
 def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: Path | None = None,
               timeout_s: float = 600.0, wait_s: float = 30.0, stream: bool | None = None, openai_urls: Sequence[str] = (),
               openai_chat: bool = False, openai_draft_len: int | None = None, labels: Sequence[str] = (),
-              **url_options) -> SweepResult:
+              serving_overhead: bool = False, **url_options) -> SweepResult:
     """``specbuild bench``: serve the recipe targets, sweep every target with a progress bar, print
     the table and the notes. ``url_options`` go to :func:`url_deployments`; ``labels`` name the
     host:port targets, then the ``openai_urls`` (:func:`openai_deployments`), in order.
@@ -535,6 +559,9 @@ def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: 
     ``stream``: ``None`` = stream the recipes (served decoupled) and the OpenAI targets, not the
     host:port targets (a deployment that is not decoupled refuses streamed requests, a decoupled one
     plain ones).
+
+    ``serving_overhead``: also run each reference recipe's plain closed-loop points in-process, next to
+    the served runs (:mod:`specbuild.bench.overhead`).
 
     Raises ``BenchError``, ``specbuild.builder.recipe.RecipeError``, ``specbuild.client.sdk.ClientError``.
     """
@@ -556,8 +583,13 @@ def run_bench(targets: Sequence[str], plan: SweepPlan, *, console, output_root: 
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
         with Progress(*columns, console=console, transient=False) as bar:
             task = bar.add_task("bench", total=sweep_size(plan, deployments, set_sizes))
+            in_process = None
+            if serving_overhead:
+                from .overhead import in_process_arm
+
+                in_process = lambda d: in_process_arm(d, plan, log=lambda line: bar.console.print(f"[dim]{line}[/dim]"))  # noqa: E731
             result = run_sweep(
-                deployments, plan, timeout_s=timeout_s, wait_s=wait_s,
+                deployments, plan, timeout_s=timeout_s, wait_s=wait_s, in_process=in_process,
                 progress=lambda description, advance: bar.update(task, description=description, advance=advance),
                 log=lambda line: bar.console.print(line, highlight=False),
             )

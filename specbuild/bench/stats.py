@@ -81,6 +81,33 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float], *, confid
     return [float(low), float(high)]
 
 
+def paired_ratio(numerators: Sequence[float], denominators: Sequence[float], *,
+                 confidence: float = CONFIDENCE) -> tuple[float, list[float] | None]:
+    """Geometric mean of the paired ratios ``numerators[i] / denominators[i]`` (e.g. per repeat, the
+    two arms measured next to each other) and its Student-t interval on the log scale: ``(ratio,
+    [low, high])``, the interval None with fewer than two pairs. Pairing removes the drift that both
+    arms of a pair share (a shared machine getting slower or faster between repeats).
+
+    Raises:
+        ValueError: no pairs, lengths differ, or a value is not positive.
+    """
+    import math
+    import statistics
+
+    from scipy.stats import t
+
+    if not numerators or len(numerators) != len(denominators):
+        raise ValueError(f"paired_ratio needs pairs: got {len(numerators)} numerators, {len(denominators)} denominators")
+    if min(*numerators, *denominators) <= 0:
+        raise ValueError("paired_ratio needs positive values")
+    logs = [math.log(a / b) for a, b in zip(numerators, denominators)]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), None
+    half = float(t.ppf(0.5 + confidence / 2, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), [math.exp(mean - half), math.exp(mean + half)]
+
+
 def overlaps(a: Sequence[float] | None, b: Sequence[float] | None) -> bool:
     """True when two ``[low, high]`` intervals share a value; False when either is missing."""
     if a is None or b is None:
