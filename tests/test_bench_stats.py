@@ -155,3 +155,15 @@ def test_tune_reports_ties_and_flags():
     assert [c.draft_len for c in report.ties["s"]] == [4]
     assert len([w for w in report.warnings if "rough" in w]) == 3
     assert report.to_json()["not_significantly_different"]["s"][0]["draft_len"] == 4
+
+
+def test_paired_ratio_is_the_geometric_mean_of_the_pairs_and_refuses_unpaired_input():
+    from specbuild.bench.stats import paired_ratio
+
+    ratio, ci = paired_ratio([90.0, 45.0], [100.0, 50.0])  # the same 0.9 in both pairs: no spread
+    assert ratio == pytest.approx(0.9) and ci == pytest.approx([0.9, 0.9])
+    assert paired_ratio([2.0], [1.0]) == (pytest.approx(2.0), None)
+    with pytest.raises(ValueError, match="pairs"):
+        paired_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="positive"):
+        paired_ratio([0.0, 1.0], [1.0, 1.0])
