@@ -1052,13 +1052,15 @@ class EagleDrafter(GroupedByProposer, FeatureTreeDrafter):
     grow their trees in shared head calls (a :class:`~specbuild.engine.drafters.BatchDrafter`)."""
 
     proposer: EagleProposer
+    # the batched feed of this drafter's head (EAGLE-1/2's :func:`update_batch`; EAGLE-3's drafter sets its own)
+    head_update_batch: Callable[..., None] = staticmethod(update_batch)
 
     @classmethod
     def draft_batch(cls, drafters: Sequence[EagleDrafter], contexts, *, max_accepts, samplers, max_draft_tokens=None) -> list[Block]:
-        """:meth:`draft` for requests of one head: one head call feeds every pending feature, then one
-        head call and one draft projection per tree depth for all of them."""
+        """:meth:`draft` for requests of one head: one head call feeds every pending feature
+        (:attr:`head_update_batch`), then one head call and one draft projection per tree depth for all of them."""
         del samplers
-        feed_pending(drafters, update_batch)
+        feed_pending(drafters, cls.head_update_batch)
         plans = [d.step_plan(m, max_draft_tokens) for d, m in zip(drafters, max_accepts)]
         proposals = propose_batch([p for p, _ in plans], [d.state for d in drafters], [c[-1] for c in contexts],
                                   [depth for _, depth in plans])

@@ -29,9 +29,7 @@ from typing import Any
 
 import torch
 
-from specbuild.engine.block import Block
-
-from ..eagle.engine import EagleDrafter, EagleProposer, EagleTreeConfig, feed_pending, propose_batch
+from ..eagle.engine import EagleDrafter, EagleProposer, EagleTreeConfig
 from . import Eagle3Speculation
 from .engine import Eagle3Proposer, update_batch
 
@@ -107,6 +105,7 @@ class Eagle3TreeDrafter(EagleDrafter):
     one head feed their features and grow their trees in shared head calls."""
 
     proposer: Eagle3TreeProposer
+    head_update_batch = staticmethod(update_batch)  # EAGLE-3's fused feed; draft_batch is EagleDrafter's
 
     def start(self, prompt, first_token, hidden_states) -> None:
         self.pending = ([*prompt[1:], first_token], self.proposer.capture([h[None] for h in hidden_states]))
@@ -118,14 +117,3 @@ class Eagle3TreeDrafter(EagleDrafter):
         """The iteration's K is a depth here: EAGLE-3's max_draft_len (and so draft_len_schedule's entries)
         counts draft layers, max_total_draft_tokens the nodes (TensorRT-LLM's EagleDecodingConfig)."""
         return self.proposer, max_accept if max_draft_tokens is None else min(max_accept, max_draft_tokens)
-
-    @classmethod
-    def draft_batch(cls, drafters: Sequence[Eagle3TreeDrafter], contexts, *, max_accepts, samplers, max_draft_tokens=None) -> list[Block]:
-        """:meth:`draft` for requests of one head: one head call feeds every pending feature (EAGLE-3's
-        fusion), then one head call and one draft projection per tree depth for all of them."""
-        del samplers
-        feed_pending(drafters, update_batch)
-        plans = [d.step_plan(m, max_draft_tokens) for d, m in zip(drafters, max_accepts)]
-        proposals = propose_batch([p for p, _ in plans], [d.state for d in drafters], [c[-1] for c in contexts],
-                                  [depth for _, depth in plans])
-        return [Block.of_tree(p.tree, p.tokens) for p in proposals]

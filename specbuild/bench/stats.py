@@ -17,6 +17,8 @@ close to its maximum and its interval wide. An interval is ``None`` where it can
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -91,9 +93,6 @@ def paired_ratio(numerators: Sequence[float], denominators: Sequence[float], *,
     Raises:
         ValueError: no pairs, lengths differ, or a value is not positive.
     """
-    import math
-    import statistics
-
     from scipy.stats import t
 
     if not numerators or len(numerators) != len(denominators):
