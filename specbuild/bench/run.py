@@ -26,7 +26,7 @@ from .stats import disturbed_note, exceeds_speedup_bound
 from .report import SweepResult, notes, point_line, points_table, request_row
 
 
-class _Clients:
+class ThreadClients:
     """One SpecClient per worker thread (tritonclient clients are not shared across threads)."""
 
     def __init__(self, deployment: Deployment, timeout_s: float):
@@ -124,7 +124,7 @@ def arrival_times(num_requests: int, rate: float, burstiness: float = 1.0, seed:
 
 
 def run_point(
-    clients: _Clients,
+    clients: ThreadClients,
     prompts: Sequence[tuple[Prompt, str]],
     *,
     concurrency: int,
@@ -295,7 +295,7 @@ def _sweep_deployment(deployment: Deployment, plan: SweepPlan, rows: list[dict],
                       watch: LoadWatch | None = None, in_process=None) -> list[PointResult]:
     synthetic = any(s.startswith("synthetic") for s in plan.prompt_sets)
     tokenizer = _tokenizer(deployment) if plan.chat_template != "never" or synthetic else None
-    clients = _Clients(deployment, timeout_s)
+    clients = ThreadClients(deployment, timeout_s)
     points = []
     arm = None
     try:
