@@ -159,7 +159,7 @@ def advised_interval(overhead: float, stream_interval: int) -> int:
     ``2 * stream_interval * overhead / ADVISE_ABOVE``. The cost per response stays, so the overhead
     falls with the interval, but on a machine whose cores the engine's threads fill it falls by less
     than the interval while responses are frequent, hence the factor 2. Measured on 2 cores
-    (docs/results/2026-12-06-serving-tax-paired.md), C=8: +20 % at 1, +7.5 % at 4, +2.5 % at 8
+    (docs/results/2026-12-06-serving-tax-paired.md for interval 1, -interval.md for 4 and 8), C=8: +20 % at 1, +7.5 % at 4, +2.5 % at 8
     -> advised 8; C=1: +10 % at 1, +2.9 % at 4 -> advised 4.
 
     Raises:
@@ -189,7 +189,7 @@ def overhead_advice(rows: Sequence[OverheadRow]) -> list[str]:
         interval = advised_interval(r.overhead, r.stream_interval)
         lines.append(f"{name}: streaming a response {every} costs {100 * r.overhead:.0f}% of plain throughput at "
                      f"C={r.concurrency}; set serve.stream_interval: {interval} (TensorRT-LLM's stream_interval: a response "
-                     f"every {interval}th iteration, with the tokens since the last) and measure again (docs/bench.md)")
+                     f"every {interval} iterations, with the tokens since the last) and measure again (docs/bench.md)")
     return lines
 
 
