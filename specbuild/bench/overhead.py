@@ -159,8 +159,8 @@ def advised_interval(overhead: float, stream_interval: int) -> int:
     ``2 * stream_interval * overhead / ADVISE_ABOVE``. The cost per response stays, so the overhead
     falls with the interval, but on a machine whose cores the engine's threads fill it falls by less
     than the interval while responses are frequent, hence the factor 2. Measured on 2 cores
-    (docs/results/2026-12-06-serving-tax-paired.md for interval 1, -interval.md for 4 and 8), C=8: +20 % at 1, +7.5 % at 4, +2.5 % at 8
-    -> advised 8; C=1: +10 % at 1, +2.9 % at 4 -> advised 4.
+    (docs/results/2026-12-06-serving-tax-paired.md: interval 1; 2026-12-06-serving-tax-interval.md: 4
+    and 8), C=8: +20 % at 1, +7.5 % at 4, +2.5 % at 8 -> advised 8; C=1: +10 % at 1, +2.9 % at 4 -> 4.
 
     Raises:
         ValueError: ``stream_interval`` < 1.
