@@ -282,6 +282,16 @@ def test_python_stdlib_texts_are_sources_without_test_suites_cut_to_the_token_bu
     assert pieces != text_chunks(tokenizer, texts, max_tokens=1000, chunk_len=64, seed=1)
 
 
+def test_python_docs_texts_are_english_prose_topics():
+    from specbuild.train.data import load_texts
+
+    texts = load_texts("python-docs")
+    names = dict(texts)
+    assert len(texts) > 50 and "assignment" in names and "for" in names
+    assert "statement is used to iterate over the elements of a sequence" in names["for"]
+    assert [n for n, _ in texts] == sorted(names)
+
+
 def test_teacher_forced_texts_join_the_data_and_medusa_skips_them(setup, prompt_files, tmp_path):
     from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads
     from specbuild.train.data import load_texts

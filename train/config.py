@@ -61,7 +61,8 @@ class TrainConfig(StrictModel):
         temperature: sampling temperature of the extra responses.
         texts: extra training text, teacher-forced (the target generates nothing there; its features and
             argmax labels are recorded on the text, as EAGLE trains on fixed ShareGPT text): ``python-stdlib``
-            (the running Python's standard-library sources, PSF licence) or a ``.jsonl`` (objects with
+            (the running Python's standard-library sources, PSF licence), ``python-docs`` (English prose:
+            the running Python's pydoc topics, PSF licence) or a ``.jsonl`` (objects with
             ``text``) / ``.txt`` (the whole file) path relative to the recipe. None: only generated data.
             Medusa skips these sequences (its labels must be the target's own tokens).
         text_tokens: how many tokens to take from ``texts`` (files in a seeded order, cut in
@@ -119,7 +120,7 @@ class TrainConfig(StrictModel):
     temperature: float = Field(0.8, gt=0, le=4)
     """Sampling temperature of the extra responses."""
     texts: str | None = None
-    """Extra teacher-forced text: `python-stdlib` or a .jsonl / .txt path; null: generated data only (Medusa skips it)."""
+    """Extra teacher-forced text: `python-stdlib`, `python-docs` or a .jsonl / .txt path; null: generated data only (Medusa skips it)."""
     text_tokens: int = Field(100_000, ge=1)
     """Tokens taken from `texts`."""
     text_chunk_tokens: int = Field(512, ge=16, le=8192)

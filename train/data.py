@@ -146,12 +146,15 @@ def weighted(prompts: Sequence[Prompt], weight: float) -> list[Prompt]:
 
 
 STDLIB_TEXTS = "python-stdlib"
+DOCS_TEXTS = "python-docs"
 _STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3", "idlelib"}
 
 
 def load_texts(source: str | None, *, base_dir: Path | None = None) -> list[tuple[str, str]]:
     """``(name, text)`` pairs of ``train.texts``: ``python-stdlib`` (every ``.py`` of the running
-    Python's standard library outside test suites, sorted by path), a ``.jsonl`` file (objects with
+    Python's standard library outside test suites, sorted by path), ``python-docs`` (English prose: the
+    running Python's ``pydoc_data.topics``, the language reference and library sections ``help()``
+    shows, PSF licence; about 110k SmolLM2 tokens on 3.11), a ``.jsonl`` file (objects with
     ``text``, read as :func:`~specbuild.prompts.load_prompts` reads prompt files) or a ``.txt``
     file (one text). None gives ``[]``.
 
@@ -166,10 +169,14 @@ def load_texts(source: str | None, *, base_dir: Path | None = None) -> list[tupl
         root = Path(sysconfig.get_paths()["stdlib"])
         files = sorted(p for p in root.rglob("*.py") if not _STDLIB_SKIP & set(p.relative_to(root).parts[:-1]))
         texts = [(str(p.relative_to(root)), p.read_text(encoding="utf-8", errors="replace")) for p in files]
+    elif source == DOCS_TEXTS:
+        from pydoc_data.topics import topics
+
+        texts = sorted(topics.items())
     else:
         path = Path(source) if base_dir is None or Path(source).is_absolute() else base_dir / source
         if not path.is_file():
-            raise TrainDataError(f"train.texts: no such file {path} (use {STDLIB_TEXTS!r}, a .jsonl or a .txt file)")
+            raise TrainDataError(f"train.texts: no such file {path} (use {STDLIB_TEXTS!r}, {DOCS_TEXTS!r}, a .jsonl or a .txt file)")
         if path.suffix == ".jsonl":  # the prompt files' format: objects with "text" (or "prompt")
             from specbuild.prompts import PromptSourceError
 
