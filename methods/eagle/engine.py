@@ -656,7 +656,7 @@ class EagleProposer:
 
     def _grow(self, state: EagleState, root: int, max_depth: int) -> Generator[tuple[str, Any], torch.Tensor, TreeDraft]:
         """This request's tree, grown one head call at a time: yields ``("project", outputs [b, H])`` and
-        receives their draft log-probabilities ``[b, vocab]``, or ``("forward", _HeadCall)`` and receives the
+        receives their draft log-probabilities (:meth:`_log_probs`, read through :meth:`_top_k`), or ``("forward", _HeadCall)`` and receives the
         nodes' outputs ``[b, H]``; returns the :class:`TreeDraft` (:func:`propose_batch` drives it)."""
         if state.last_output is None:
             raise ValueError("EagleState has no features yet: call update() with the prefill's features first")
@@ -671,6 +671,11 @@ class EagleProposer:
         """``[b, H]`` head outputs -> ``[b, vocab]`` draft log-probabilities through the target's lm_head."""
         return torch.log_softmax(self._project(outputs).float(), dim=-1)
 
+    def _top_k(self, log_probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[b, n]`` rows of :meth:`_log_probs` -> each row's ``k`` best: ``(values [b, k], target ids [b, k])``."""
+        top = log_probs.topk(k, dim=-1)
+        return top.values, top.indices
+
     def _static(self, state: EagleState, root: int, tree: SpecTree):
         """Fill ``tree``: child rank ``c`` of index ``i`` gets the ``c``-th best token of ``i``'s distribution."""
         tokens = [root] + [0] * tree.num_nodes
@@ -679,7 +684,7 @@ class EagleProposer:
         for depth in range(1, tree.max_depth + 1):
             top_k = tree.top_k_per_depth[depth - 1]
             log_probs = yield "project", outputs
-            candidates = log_probs.topk(top_k, dim=-1).indices.tolist()  # [len(frontier), top_k]
+            candidates = self._top_k(log_probs, top_k)[1].tolist()  # [len(frontier), top_k] target ids
             row = {index: r for r, index in enumerate(frontier)}
             level = [n for n in range(1, tree.num_nodes + 1) if tree.depths[n] == depth]
             for node in level:
@@ -709,13 +714,14 @@ class EagleProposer:
         frontier, outputs = [-1], state.last_output[None]  # -1: the root
         for d in range(1, depth + 1):
             log_probs = yield "project", outputs
-            top = log_probs.topk(k, dim=-1)  # values/indices [len(frontier), K]
+            values, ids = self._top_k(log_probs, k)  # [len(frontier), K] each: log-probs, target ids
+            values, ids = values.tolist(), ids.tolist()
             children: list[int] = []
             for r, parent in enumerate(frontier):
                 base = 0.0 if parent < 0 else nodes[parent].score
                 for rank in range(k):
                     children.append(len(nodes))
-                    nodes.append(_Node(int(top.indices[r, rank]), parent, rank, d, base + float(top.values[r, rank])))
+                    nodes.append(_Node(ids[r][rank], parent, rank, d, base + values[r][rank]))
             if d == depth:
                 break
             chosen = sorted(children, key=lambda n: -nodes[n].score)[:k]

@@ -88,15 +88,15 @@ class Eagle3TreeProposer(EagleProposer):
         return self.chain.capture(hidden_states)
 
     def _log_probs(self, outputs: torch.Tensor) -> torch.Tensor:
-        """``[b, H]`` pre-norm head outputs -> ``[b, V]`` draft log-probabilities indexed by target id: the
-        draft vocabulary's at ``arange(Vd) + d2t``, ``-inf`` elsewhere (as vLLM's ``compute_logits``
-        scatters them), so top-K picks target ids and never one outside the draft vocabulary."""
-        log_probs = torch.log_softmax(self._project(self.head.norm(outputs)).float(), dim=-1)  # [b, Vd]
-        if self.target_ids is None:
-            return log_probs
-        full = log_probs.new_full((len(log_probs), self.vocab_size), float("-inf"))  # [b, V]
-        full[:, self.target_ids] = log_probs
-        return full
+        """``[b, H]`` pre-norm head outputs -> ``[b, Vd]`` draft log-probabilities, indexed by DRAFT id."""
+        return torch.log_softmax(self._project(self.head.norm(outputs)).float(), dim=-1)
+
+    def _top_k(self, log_probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's ``k`` best draft ids as target ids (``d + d2t[d]``): top-K over the ``Vd`` draft
+        vocabulary, never a token outside it (what vLLM gets by scattering the draft logits to the full
+        vocabulary with ``-inf`` elsewhere, without the ``[b, V]`` scatter)."""
+        top = log_probs.topk(k, dim=-1)
+        return top.values, top.indices if self.target_ids is None else self.target_ids[top.indices]
 
 
 class Eagle3TreeDrafter(EagleDrafter):
