@@ -98,6 +98,13 @@ def _minutes(seconds: float) -> str:
     return f"{max(1, round(seconds / 60))} min"
 
 
+def _capture_layers(loaded: LoadedRecipe, target) -> tuple[int, ...]:
+    """The target layers the recipe's method trains on besides the last (:attr:`Training.capture_layers`)."""
+    spec = loaded.recipe.speculation
+    capture = spec.definition.training.capture_layers
+    return () if capture is None else tuple(capture(spec, target.config))
+
+
 def training_estimate(loaded: LoadedRecipe) -> TrainingEstimate | None:
     """The first run's training time, scaled from the steps per second measured for the recipe's method
     on a 2-core CPU; None where nothing comparable was measured (another target, CUDA, a method
@@ -234,7 +241,8 @@ def train_draft(
         raise loaded.error(("train", "prompts"), str(exc)) from None
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log, texts=texts,
-                              responses_key=responses_fingerprint(target_fp, train_prompts, config))
+                              responses_key=responses_fingerprint(target_fp, train_prompts, config),
+                              aux_layers=_capture_layers(loaded, target))
     data_s = time.perf_counter() - start
     if card is not None:  # only the token map was missing, and with it the data it is counted from
         write_frequent_tokens(data.path, map_path, config.token_map_size, log=log)
@@ -378,7 +386,8 @@ def fine_tune_from_log(
     target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log,
-                              responses_key=responses_fingerprint(target_fp, train_prompts, config))
+                              responses_key=responses_fingerprint(target_fp, train_prompts, config),
+                              aux_layers=_capture_layers(loaded, target))
     data_s = time.perf_counter() - start
     ckpt_dir = cache_dir() / "train-checkpoints" / f"finetune-{run_fp}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)

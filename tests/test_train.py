@@ -74,6 +74,41 @@ def test_distill_data_is_the_targets_own_greedy_output(setup):
         assert torch.equal(data.tokens[a + prompt_len : b], data.top1[a + prompt_len - 1 : b - 1])
 
 
+def test_one_target_pass_gives_each_sequence_its_own_features_and_the_captured_layers(setup, prompt_files, tmp_path):
+    """Sequences of mixed lengths are batched shortest first, yet every row's features, argmax and captured
+    layer outputs are its own unpadded forward's, in the data's order; EAGLE-3's layers come from the same
+    pass (aux file written with the data) and equal what a later separate pass computes."""
+    import shutil
+
+    from specbuild.train.data import ensure_aux_features, load_distill_data
+
+    model, tokenizer, _, _ = setup
+    train, _ = training_prompts(small_config(prompt_files))
+    config = small_config(prompt_files, generation_batch_size=3, max_new_tokens=8)
+    data = build_distill_data(model, tokenizer, train[::-1], config, fingerprint="one-pass", root=tmp_path,
+                              log=lambda m: None, aux_layers=(0, 1))
+    assert (data.path / "aux_0_1.safetensors").is_file()
+    aux = data.aux((0, 1))
+    hidden = model.config.hidden_size
+    assert aux.shape == (data.num_tokens, 2 * hidden)
+    lengths = {b - a for a, b in map(data.span, range(data.num_sequences))}
+    assert len(lengths) > 1  # batches really mix lengths
+    for i in range(data.num_sequences):
+        a, b = data.span(i)
+        with torch.inference_mode():
+            out = model.base_model(input_ids=data.tokens[a:b][None], output_hidden_states=True)
+            argmax = model.lm_head(out.last_hidden_state[0]).argmax(-1)
+        torch.testing.assert_close(data.features[a:b], out.last_hidden_state[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(aux[a:b], torch.cat([out.hidden_states[1][0], out.hidden_states[2][0]], -1),
+                                   rtol=1e-4, atol=1e-4)
+        assert torch.equal(data.top1[a:b], argmax)
+    again = tmp_path / "again"
+    shutil.copytree(data.path, again)
+    (again / "aux_0_1.safetensors").unlink()
+    separate = ensure_aux_features(model, load_distill_data(again), (0, 1), batch_size=2, log=lambda m: None)
+    torch.testing.assert_close(separate, aux, rtol=1e-4, atol=1e-4)
+
+
 def test_interrupted_generation_keeps_finished_batches(setup, prompt_files, tmp_path):
     from specbuild.train.data import generate_responses
 

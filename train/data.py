@@ -248,6 +248,7 @@ def build_distill_data(
     log: Callable[[str], None] = print,
     texts: Sequence[tuple[str, str]] = (),
     responses_key: str | None = None,
+    aux_layers: Sequence[int] = (),
 ) -> DistillData:
     """Generate (or reuse) the self-distillation data for ``prompts``; see the module docstring.
 
@@ -259,6 +260,9 @@ def build_distill_data(
         responses_key: :func:`responses_fingerprint` (default ``fingerprint``): the target's responses
             are kept in ``<root>/<responses_key>.responses.json`` as batches finish, so an interrupted
             run resumes and data that differs only in ``texts`` reuses them.
+        aux_layers: target layers whose outputs the method trains on (EAGLE-3's capture,
+            ``Training.capture_layers``): written in the features' forward as ``aux_<layers>.safetensors``
+            (:meth:`DistillData.aux`) instead of by a second pass over the data later.
     """
     out = (root or cache_dir() / "train-data") / fingerprint
     if not (out / "meta.json").is_file():
@@ -266,7 +270,7 @@ def build_distill_data(
             raise TrainDataError("train.prompts: no training prompts")
         partial = out.with_name(f"{responses_key or fingerprint}.responses.json")  # survives an interrupted run
         with staging_dir(out) as tmp:
-            _write_data(model, tokenizer, prompts, config, tmp, partial=partial, log=log, texts=texts)
+            _write_data(model, tokenizer, prompts, config, tmp, partial=partial, log=log, texts=texts, aux_layers=aux_layers)
         log(f"training data written to {out}")
     else:
         log(f"training data: reusing {out}")
@@ -280,7 +284,7 @@ def load_distill_data(path: Path) -> DistillData:
 
 
 def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig, out: Path, *, partial: Path, log,
-                texts: Sequence[tuple[str, str]]) -> None:
+                texts: Sequence[tuple[str, str]], aux_layers: Sequence[int]) -> None:
     start = time.perf_counter()
     encoded = [tokenizer(p.text, add_special_tokens=True)["input_ids"] for p in prompts]
     samples = config.samples_per_prompt
@@ -299,8 +303,10 @@ def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig
     tokens = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
     save_file({"tokens": tokens, "offsets": offsets, "prompt_lens": torch.tensor([len(p) for p in encoded])},
               str(out / "sequences.safetensors"))
-    features, top1 = target_features(model, sequences, batch_size=config.generation_batch_size, log=log)
-    save_file({"features": features, "top1": top1}, str(out / "features.safetensors"))
+    feats = target_features(model, sequences, batch_size=config.generation_batch_size, layers=aux_layers, log=log)
+    save_file({"features": feats["features"], "top1": feats["top1"]}, str(out / "features.safetensors"))
+    if aux_layers:  # the captured layers from the same forward (EAGLE-3), not a second pass later
+        _save_aux(out / _aux_name(aux_layers), feats["aux"])
     meta = {
         "format": DATA_FORMAT, "num_sequences": len(sequences), "num_tokens": int(offsets[-1]),
         "response_tokens": sum(len(r) for r in responses), "max_new_tokens": config.max_new_tokens,
@@ -396,38 +402,51 @@ def _write_partial(partial: Path, prompts: Sequence[list[int]], responses: dict[
 
 
 @torch.inference_mode()
-def target_features(model, sequences: Sequence[list[int]], *, batch_size: int, layers: Sequence[int] = (), log=print):
-    """Teacher-forced target pass over ``sequences`` (right-padded batches).
+def target_features(model, sequences: Sequence[list[int]], *, batch_size: int, layers: Sequence[int] = (), last: bool = True,
+                    log=print) -> dict[str, torch.Tensor]:
+    """Teacher-forced target pass over ``sequences`` (right-padded batches of similar length: the
+    sequences are taken shortest first, so little of a batch is padding; the rows come back in the
+    given order).
+
+    Args:
+        layers: decoder layers whose outputs to capture as well (EAGLE-3), in the same forward.
+        last: return the final hidden state and the target's argmax (False: only ``aux``).
 
     Returns:
-        ``(features [N, H] float32, top1 [N] int64)`` in concatenation order, or with ``layers`` given
-        ``aux [N, len(layers) * H]`` float32: the outputs of those decoder layers (``hidden_states[i + 1]``).
+        ``features [N, H]`` float32 (after the final norm) and ``top1 [N]`` int64 when ``last``;
+        ``aux [N, len(layers) * H]`` float32, the outputs of those decoder layers
+        (``hidden_states[i + 1]``), when ``layers``. N is the sequences' total length, in concatenation order.
     """
     device = next(model.parameters()).device
     lm_head = model.get_output_embeddings()
-    feats, top1, aux = [], [], []
-    order = list(range(len(sequences)))
+    feats, top1, aux = {}, {}, {}
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     for b in range(0, len(order), batch_size):
-        chunk = sequences[b : b + batch_size]
-        width = max(len(s) for s in chunk)
-        ids = torch.zeros((len(chunk), width), dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for r, s in enumerate(chunk):
-            ids[r, : len(s)] = torch.tensor(s)
-            mask[r, : len(s)] = 1
+        rows = order[b : b + batch_size]
+        width = max(len(sequences[i]) for i in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, i in enumerate(rows):
+            ids[r, : len(sequences[i])] = torch.tensor(sequences[i])
+            mask[r, : len(sequences[i])] = 1
         out = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=bool(layers))
         hidden = out.last_hidden_state.float()  # [B, T, H] after the final norm
-        for r, s in enumerate(chunk):
-            h = hidden[r, : len(s)]
+        for r, i in enumerate(rows):
+            n = len(sequences[i])
             if layers:
-                aux.append(torch.cat([out.hidden_states[i + 1][r, : len(s)].float() for i in layers], -1).cpu())
-            else:
-                feats.append(h.cpu())
-                top1.append(lm_head(h.to(lm_head.weight.dtype)).argmax(-1).cpu())
+                aux[i] = torch.cat([out.hidden_states[j + 1][r, :n].float() for j in layers], -1).cpu()
+            if last:
+                h = hidden[r, :n]
+                feats[i] = h.cpu()
+                top1[i] = lm_head(h.to(lm_head.weight.dtype)).argmax(-1).cpu()
         log(f"target features {min(b + batch_size, len(order))}/{len(order)} sequences")
+    result = {}
+    if last:
+        result["features"] = torch.cat([feats[i] for i in range(len(sequences))])
+        result["top1"] = torch.cat([top1[i] for i in range(len(sequences))])
     if layers:
-        return torch.cat(aux)
-    return torch.cat(feats), torch.cat(top1)
+        result["aux"] = torch.cat([aux[i] for i in range(len(sequences))])
+    return result
 
 
 def ensure_aux_features(model, data: DistillData, layers: Sequence[int], *, batch_size: int, log=print) -> torch.Tensor:
@@ -435,11 +454,15 @@ def ensure_aux_features(model, data: DistillData, layers: Sequence[int], *, batc
     path = data.path / _aux_name(layers)
     if not path.is_file():
         sequences = [data.tokens[a:b].tolist() for a, b in map(data.span, range(data.num_sequences))]
-        aux = target_features(model, sequences, batch_size=batch_size, layers=layers, log=log)
-        tmp = path.with_suffix(".tmp")
-        save_file({"aux": aux.contiguous()}, str(tmp))
-        tmp.replace(path)
+        aux = target_features(model, sequences, batch_size=batch_size, layers=layers, last=False, log=log)["aux"]
+        _save_aux(path, aux)
     return data.aux(layers)
+
+
+def _save_aux(path: Path, aux: torch.Tensor) -> None:
+    tmp = path.with_suffix(".tmp")
+    save_file({"aux": aux.contiguous()}, str(tmp))
+    tmp.replace(path)
 
 
 def _aux_name(layers: Sequence[int]) -> str:

@@ -55,6 +55,13 @@ def eagle3_config_for(target_config) -> Eagle3Config:
     )
 
 
+def training_capture_layers(params, target_config) -> tuple[int, ...]:
+    """:attr:`~specbuild.methods.Training.capture_layers` of EAGLE-3: the layers the head trained for
+    ``target_config`` fuses (:func:`eagle3_config_for`, then
+    :func:`~specbuild.methods.eagle3.engine.capture_layers_for`); the settings choose nothing."""
+    return capture_layers_for(eagle3_config_for(target_config), target_config.get_text_config().num_hidden_layers)
+
+
 def draft_vocabulary(top1: torch.Tensor, vocab_size: int, size: int) -> torch.Tensor:
     """The ``size`` target ids the target predicts most often in ``top1`` (its argmax at every training
     position; ranked by :func:`~specbuild.methods.token_map.frequency_order`, unseen ids by id if fewer were
@@ -156,7 +163,7 @@ def train_eagle3(
         share = float(torch.isin(data.top1, target_ids).float().mean())
         log(f"EAGLE-3 draft vocabulary: the {len(target_ids)} target tokens predicted most often ({share:.1%} of "
             f"{data.num_tokens:,} predictions)")
-    layers = capture_layers_for(head_config, target.config.get_text_config().num_hidden_layers)
+    layers = training_capture_layers(None, target.config)
     aux = ensure_aux_features(target, data, layers, batch_size=config.generation_batch_size, log=log)
     head, result = train_beside_target(
         target, lambda: draft_head(head_config, target, target_ids).to(device),
