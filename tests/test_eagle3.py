@@ -306,22 +306,71 @@ def test_eagle3_recipe_is_lossless_through_triton(checkpoint, tmp_path):
         verify_lossless(client)
 
 
-@pytest.mark.parametrize("extra, yaml_lines, field", [
-    ({"sa_config": {"threshold": 4}}, "  sa_config: {threshold: 4}\n", "sa_config"),
-])
-def test_tensorrt_llm_only_eagle3_settings_are_refused_by_the_reference_engine(model, head_dirs, checkpoint, tmp_path, extra,
-                                                                                yaml_lines, field):
-    """The SA enhancer is TensorRT-LLM's: refused at the recipe's line before any build, and by the engine
-    itself when handed such a speculative_config (the dynamic tree runs: tests/test_eagle3_tree.py)."""
+# --- the SA enhancer (sa_config) ------------------------------------------------------------------------
+
+
+def test_sa_override_takes_the_automatons_chain_from_the_threshold_on():
+    """TensorRT-LLM's SADraftEnhancer rule: the whole chain is the automaton's when the context's longest
+    earlier-matched suffix is >= threshold tokens, else the head's, untouched."""
+    from specbuild.methods.eagle3.engine import SAOverride
+    from specbuild.methods.sa import SASpeculation
+    from specbuild.methods.sa.engine import SAPool
+
+    pool = SAPool(SASpeculation(method="sa", max_draft_len=MAX_DRAFT_LEN))
+    context = [5, 6, 7, 8, 9, 1, 5, 6, 7]  # "5 6 7" (3 tokens) ended first at index 2 -> continues 8 9 1 5
+    head_chain = [40, 41, 42, 43]
+    at_three, at_four = SAOverride(pool, threshold=3), SAOverride(pool, threshold=4)
+    assert at_three.apply(context, head_chain) == [8, 9, 1, 5] and at_three.overrides == 1
+    assert at_three.apply(context + [2], head_chain[:2]) is None  # "...7 2": no earlier match
+    assert at_four.apply(context, head_chain) is None and at_four.overrides == 0
+    assert SAOverride(pool, threshold=1).apply(context, []) is None  # no drafting this step: nothing to replace
+    assert SAOverride(pool, threshold=2).apply(context, head_chain[:2]) == [8, 9]  # never longer than the head's chain
+
+
+@pytest.mark.parametrize("global_pool", [False, True])
+def test_eagle3_with_an_sa_enhancer_equals_plain_greedy_alone_and_in_a_batch(model, head_dirs, monkeypatch, global_pool):
+    """With sa_config the reference engine replaces chains where the suffix matched (repetitive prompts
+    here, threshold 2) and stays token-for-token plain greedy, alone and with requests in flight together."""
+    from specbuild.engine.scheduler import Scheduler
+    from specbuild.engine.stream import collect
+    from specbuild.methods.eagle3 import engine as eagle3_module
+
+    overridden: list[list[int]] = []
+    real_apply = eagle3_module.SAOverride.apply
+
+    def recording(self, context, chain):
+        result = real_apply(self, context, chain)
+        if result is not None:
+            overridden.append(result)
+        return result
+
+    monkeypatch.setattr(eagle3_module.SAOverride, "apply", recording)
+    limits = EngineLimits(max_batch_size=3, max_input_len=64, max_seq_len=160, max_draft_len=MAX_DRAFT_LEN)
+    sa = {"threshold": 2, "enable_global_pool": global_pool}
+    engine = ReferenceEngine(model, limits=limits, end_id=-1, speculative_config=eagle3_config(head_dirs["draft_vocab"], sa_config=sa))
+    plain = ReferenceEngine(model, limits=limits, end_id=-1)
+    prompts = [PROMPTS[1], [3, 4, 3, 4, 3, 4, 3], PROMPTS[0]]
+    expected = [_run(plain, p, max_tokens=24).output_ids for p in prompts]
+    for prompt, want in zip(prompts, expected):
+        assert_equals_plain(_run(engine, prompt, max_tokens=24), want, prompt)
+    assert overridden  # the automaton's chains were verified, not only the head's
+    requests = [GenerationRequest(list(p), 24, end_id=-1) for p in prompts]
+    with Scheduler(engine, max_batch_size=3) as scheduler:
+        together = [collect(s) for s in [scheduler.stream(r) for r in requests]]
+    assert scheduler.max_active_seen >= 2
+    assert [r.output_ids for r in together] == expected
+
+
+def test_sa_enhancer_is_refused_with_a_dynamic_tree(checkpoint, tmp_path):
+    """TensorRT-LLM's dynamic-tree EAGLE-3 worker refuses sa_config; the recipe says so at its line."""
     from specbuild.builder.recipe import RecipeError, load_recipe
-    from specbuild.pipeline import check_inputs
 
     save_eagle3_head(tmp_path / "head", _head("draft_vocab").state_dict(), DRAFT_CONFIG)
-    path = write_recipe(tmp_path / "r.yaml", checkpoint, speculation=f"  method: eagle3\n  eagle_model: head\n  max_draft_len: 3\n{yaml_lines}")
-    with pytest.raises(RecipeError, match=rf"r.yaml:\d+: speculation.{field}: .*TensorRT-LLM's"):
-        check_inputs(load_recipe(str(path)))
-    with pytest.raises(ValueError, match=rf"speculative_config.{field}: .*TensorRT-LLM's"):
-        ReferenceEngine(model, limits=LIMITS, end_id=-1, speculative_config=eagle3_config(head_dirs["random"], **extra))
+    path = write_recipe(tmp_path / "r.yaml", checkpoint, speculation=(
+        "  method: eagle3\n  eagle_model: head\n  max_draft_len: 3\n  use_dynamic_tree: true\n  dynamic_tree_max_topK: 2\n"
+        "  sa_config: {threshold: 4}\n"))
+    with pytest.raises(RecipeError, match=r"r.yaml:\d+: speculation: .*sa_config needs a chain \(use_dynamic_tree: false\)"):
+        load_recipe(str(path))
 
 
 def test_written_heads_are_readable_by_other_users(tmp_path):

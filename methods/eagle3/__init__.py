@@ -58,7 +58,9 @@ class Eagle3Speculation(MethodParams):
     """With use_dynamic_tree: tree nodes the target verifies (default topK * max_draft_len), as
     EagleDecodingConfig checks."""
     sa_config: SAEnhancer | None = None
-    """TensorRT-LLM >= 1.4 only: a suffix-automaton enhancer (SAEnhancerConfig); the reference engine has none."""
+    """A suffix-automaton enhancer (TensorRT-LLM's SAEnhancerConfig, >= 1.4; the reference engine too): where
+    the context's suffix matched earlier for at least threshold tokens, the automaton's continuation
+    replaces the head's chain. Chains only: TensorRT-LLM's dynamic-tree worker refuses it."""
     use_rejection_sampling: bool = False
     """Sampled requests: draw the drafts from the head's distribution and accept each with probability
     min(1, p/q) (speculative sampling); false: the head's argmax, accepted when the target's sample matches.
@@ -66,6 +68,11 @@ class Eagle3Speculation(MethodParams):
 
     @model_validator(mode="after")
     def _dynamic_tree(self) -> Eagle3Speculation:
+        if self.use_dynamic_tree and self.sa_config is not None:
+            # TensorRT-LLM's Eagle3OneModelDynamicTreeWorker raises "Dynamic tree mode does not support relaxed
+            # acceptance or suffix-automaton enhancement" (_torch/speculative/eagle3_dynamic_tree.py)
+            raise ValueError("sa_config needs a chain (use_dynamic_tree: false): TensorRT-LLM's dynamic-tree EAGLE-3 "
+                             "does not support suffix-automaton enhancement; drop one of them")
         if not self.use_dynamic_tree:
             if self.dynamic_tree_max_topK is not None or self.max_total_draft_tokens is not None:
                 raise ValueError("dynamic_tree_max_topK / max_total_draft_tokens need use_dynamic_tree: true (a chain drafts max_draft_len tokens)")
@@ -124,17 +131,6 @@ def check_fit(loaded: LoadedRecipe, target_dir: Path, head_dir: Path) -> None:
         raise loaded.error(("speculation", "eagle_model"), str(exc)) from None
 
 
-# --- the reference engine's refusals ------------------------------------------------------------------
-
-
-def _reference_check(spec: Eagle3Speculation) -> tuple[str, str] | None:
-    """TensorRT-LLM-only settings: the reference engine's EAGLE-3 (a chain, or EAGLE-2's dynamic tree) has no SA enhancer."""
-    if spec.sa_config is not None:
-        return ("sa_config", "the SA enhancer is TensorRT-LLM's (1.4 line, build.backend: pytorch); the reference engine's "
-                             "EAGLE-3 has none: remove sa_config, or use method: sa for suffix-automaton drafts")
-    return None
-
-
 METHOD = SpeculationMethod(
     name="eagle3",
     title="EAGLE-3",
@@ -154,5 +150,4 @@ METHOD = SpeculationMethod(
                       capture_layers="specbuild.methods.eagle3.train:training_capture_layers"),
     ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here
     unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain or, with use_dynamic_tree, EAGLE-2's dynamic tree)",
-    reference_check=_reference_check,
 )

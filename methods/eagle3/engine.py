@@ -620,14 +620,45 @@ def propose_batch(proposer: Eagle3Proposer, states: Sequence[Eagle3State], num_d
 
 # --- the reference engine's side of "eagle3": settings -> head loaded once -> proposer ----------------
 
-LoadedEagle3 = LoadedHead[Eagle3Speculation, Any]  # the engine state of "Eagle3": an Eagle3Proposer or (dynamic tree) Eagle3TreeProposer
+@dataclass(frozen=True)
+class LoadedEagle3(LoadedHead[Eagle3Speculation, Any]):
+    """The engine state of "Eagle3": an :class:`Eagle3Proposer` or (dynamic tree) ``Eagle3TreeProposer``,
+    and with ``sa_config`` the suffix automata of the SA enhancer (an :class:`~specbuild.methods.sa.engine.SAPool`)."""
+
+    sa_pool: Any = None
+
+
+class SAOverride:
+    """TensorRT-LLM's SA draft enhancer (``sa_config``; ``tensorrt_llm/_torch/speculative/sa_enhancer.py``,
+    ``SADraftEnhancer``) for one request: after the head has drafted its chain, the whole chain is replaced
+    by the suffix automaton's continuation when the context's longest earlier-matched suffix is at least
+    ``threshold`` tokens long (per request, per step, all positions or none; the head never sees SA
+    tokens). The automaton follows the request's context, as :class:`~specbuild.methods.sa.engine.SAProposer`."""
+
+    def __init__(self, pool: Any, threshold: int) -> None:
+        from ..sa.engine import SAProposer
+
+        self.proposer, self.threshold = SAProposer(pool), threshold
+        self.overrides = 0  # steps whose chain was the automaton's
+
+    def apply(self, context: Sequence[int], chain: list[int]) -> list[int] | None:
+        """The automaton's chain of at most ``len(chain)`` tokens if its match is long enough, else None."""
+        length, draft = self.proposer.match(context, len(chain))
+        if not chain or length < self.threshold or not draft:
+            return None
+        self.overrides += 1
+        return draft
+
+    def follow(self, context: Sequence[int]) -> None:
+        """After a verified step: the automaton takes the emitted tokens (the global pool sees them at once)."""
+        self.proposer.update(context, 0)
 
 
 def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagle3:
     """Load the head from ``config.eagle_model`` in the target's dtype and device; it drafts chains of
     ``config.max_draft_len``, or with ``use_dynamic_tree`` EAGLE-2's dynamic trees
     (:class:`~specbuild.methods.eagle3.tree.Eagle3TreeProposer`); ``eagle3_one_model`` changes nothing in
-    one process.
+    one process. With ``sa_config`` the engine keeps the SA enhancer's suffix automata (:class:`SAOverride`).
 
     Raises:
         FileNotFoundError / ValueError: as :func:`load_eagle3_head`; a head that does not fit the target;
@@ -650,7 +681,14 @@ def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagl
     pack_draft_linears(head, context.draft_weight_dtype)
     if own is not None:
         head.lm_head = own
-    return LoadedHead(config, proposer, path)
+    sa_pool = None
+    if config.sa_config is not None:  # chains only: the recipe refuses sa_config with use_dynamic_tree
+        from ..sa import SASpeculation
+        from ..sa.engine import SAPool
+
+        sa_pool = SAPool(SASpeculation(method="sa", max_draft_len=config.max_draft_len,
+                                       enable_global_pool=config.sa_config.enable_global_pool), context.max_batch_size)
+    return LoadedEagle3(config, proposer, path, sa_pool)
 
 
 # --- drafting: a request's chains from the fusion of captured target layers ---------------------------
@@ -667,10 +705,19 @@ class FeatureChainDrafter(PlainDrafter):
     wants_hidden = True
     rejection_sampling = False  # sampled requests draw their drafts from the head's q (use_rejection_sampling)
 
-    def __init__(self, proposer: Any, num_draft_tokens: int) -> None:
-        self.proposer, self.k = proposer, num_draft_tokens
+    def __init__(self, proposer: Any, num_draft_tokens: int, sa: SAOverride | None = None) -> None:
+        self.proposer, self.k, self.sa = proposer, num_draft_tokens, sa
         self.state = proposer.new_state()
         self.pending: tuple[list[int], torch.Tensor] | None = None  # (tokens, fused features [m, 3 Ht]) not yet fed
+
+    def _block(self, context, chain: list[int], probs: list[torch.Tensor] | None) -> Block:
+        """The step's block: the head's chain (with its ``q`` rows when drawn from it), or the SA enhancer's
+        (deterministic: one-hot ``q``, exact-match verification)."""
+        if self.sa is not None:
+            override = self.sa.apply(context, chain)
+            if override is not None:
+                return Block.chain(context[-1], override)
+        return Block.chain(context[-1], chain, torch.stack(probs) if probs else None)
 
     def _features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return self.proposer.capture([h[None] for h in hidden_states])  # [T, 3 Ht]
@@ -685,11 +732,13 @@ class FeatureChainDrafter(PlainDrafter):
         if sampler is not None and self.rejection_sampling:
             probs: list[list[torch.Tensor]] = [[]]
             (chain,) = propose_batch(self.proposer, [self.state], [min(self.k, max_accept)], [sampler], probs)
-            return Block.chain(context[-1], chain, torch.stack(probs[0]) if chain else None)
-        return Block.chain(context[-1], self.proposer.propose(self.state, min(self.k, max_accept)))
+            return self._block(context, chain, probs[0])
+        return self._block(context, self.proposer.propose(self.state, min(self.k, max_accept)), None)
 
     def update(self, context, step) -> None:
         self.pending = (step.emitted, self._features(step.hidden_states)[step.keep])
+        if self.sa is not None:
+            self.sa.follow(context)
 
 
 class Eagle3Drafter(GroupedByProposer, FeatureChainDrafter):
@@ -707,7 +756,7 @@ class Eagle3Drafter(GroupedByProposer, FeatureChainDrafter):
         probs: list[list[torch.Tensor]] = [[] for _ in drafters]
         chains = propose_batch(drafters[0].proposer, [d.state for d in drafters],
                                [min(d.k, m) for d, m in zip(drafters, max_accepts)], samplers, probs)
-        return [Block.chain(c[-1], chain, torch.stack(q) if q else None) for c, chain, q in zip(contexts, chains, probs)]
+        return [d._block(c, chain, q) for d, c, chain, q in zip(drafters, contexts, chains, probs)]
 
 
 def make_drafter(loaded: LoadedEagle3, request: ResolvedRequest) -> Eagle3Drafter:
@@ -717,7 +766,8 @@ def make_drafter(loaded: LoadedEagle3, request: ResolvedRequest) -> Eagle3Drafte
     Sampled requests (``temperature > 0``) draft chains (speculative sampling verifies chains; a
     tree engine's sampled requests use its head's chain, of at most ``max_draft_len`` tokens) and are
     verified by :func:`~specbuild.engine.acceptance.accept_speculative`, so their tokens are distributed
-    exactly as the target's (Leviathan et al. 2023, §2.3). With ``use_rejection_sampling`` (TensorRT-LLM's
+    exactly as the target's (Leviathan et al. 2023, §2.3). With ``sa_config`` (chains only) a request's
+    chain is the suffix automaton's when its match reaches the threshold (:class:`SAOverride`). With ``use_rejection_sampling`` (TensorRT-LLM's
     ``DecodingBaseConfig`` field) the drafts are drawn from the head's distribution ``q`` and accepted with
     probability ``min(1, p / q)``; without it they are the head's argmax, accepted when the target's
     sample matches (one-hot ``q``: TensorRT-LLM's exact-match verification of non-greedy requests)."""
@@ -729,7 +779,8 @@ def make_drafter(loaded: LoadedEagle3, request: ResolvedRequest) -> Eagle3Drafte
         if not sampled:
             return Eagle3TreeDrafter(proposer.capped(request.num_draft_tokens))
         proposer = proposer.chain
-    drafter = Eagle3Drafter(proposer, request.num_draft_tokens)
+    sa = None if loaded.sa_pool is None else SAOverride(loaded.sa_pool, loaded.config.sa_config.threshold)
+    drafter = Eagle3Drafter(proposer, request.num_draft_tokens, sa)
     drafter.rejection_sampling = sampled and loaded.config.use_rejection_sampling
     return drafter
 

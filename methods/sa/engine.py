@@ -260,14 +260,21 @@ class SAProposer:
         context's suffix; ``[]`` when no suffix occurred before. Deterministic: ``sampler`` is unused
         (acceptance treats the draft distribution as one-hot)."""
         del sampler
+        return self.match(context, num_draft_tokens)[1]
+
+    def match(self, context: Sequence[int], num_draft_tokens: int) -> tuple[int, list[int]]:
+        """``(match length, draft)``: how many trailing tokens of the context matched earlier (0: none) and
+        the draft :meth:`propose` returns; the length is what TensorRT-LLM's SA enhancer compares with
+        ``sa_config.threshold`` (``SADraftEnhancer.maybe_override_all_draft_tokens``)."""
         count = min(num_draft_tokens, self.params.max_draft_len)
-        if not self.pool.global_pool:
-            self._sync(context)
-            return self._own_draft(count)
-        with self.pool.lock:
-            self._sync(context)
-            found = global_match(self.entry_id, self.automaton, self.pool, self.params.max_matching_ngram_size)
-            return [] if found is None or count <= 0 else found[0].continuation(found[1], count)
+        if self.pool.global_pool:
+            with self.pool.lock:  # the other automata grow under the same lock
+                self._sync(context)
+                found = global_match(self.entry_id, self.automaton, self.pool, self.params.max_matching_ngram_size)
+                return (0, []) if found is None else (found[1].length, found[0].continuation(found[1], count))
+        self._sync(context)
+        match = self.automaton.longest_match(self.params.max_matching_ngram_size)
+        return (0, []) if match is None else (match.length, self.automaton.continuation(match, count))
 
     def update(self, context: Sequence[int], num_accepted: int) -> None:
         """After a verified step: append the emitted tokens (so the pool sees them before anyone drafts next)."""
@@ -277,12 +284,6 @@ class SAProposer:
                 self._sync(context)
         else:
             self._sync(context)
-
-    def _own_draft(self, count: int) -> list[int]:
-        if count <= 0:
-            return []
-        match = self.automaton.longest_match(self.params.max_matching_ngram_size)
-        return [] if match is None else self.automaton.continuation(match, count)
 
     def _sync(self, context: Sequence[int]) -> None:
         seen = len(self.automaton)
