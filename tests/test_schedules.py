@@ -271,7 +271,13 @@ def test_write_recipe_refuses_an_eagle3_dynamic_tree_whose_units_differ(tmp_path
     nodes: no schedule is written from one for the other."""
     from specbuild.tune.write_recipe import WriteRecipeError, write_scheduled_recipe
 
-    schedule = Schedule("smollm2-eagle3", "humaneval", {1: 8, 4: 0}, {1: 8}, 1, 8)
+    from specbuild.builder.recipe import bundled_recipes
+
+    text = bundled_recipes()["smollm2-eagle3"].read_text()
+    spec = text[text.index("  max_draft_len:"):text.index("train:")]
+    tree = tmp_path / "tree.yaml"  # the bundled recipe with EAGLE-2's dynamic tree instead of its chain
+    tree.write_text(text.replace(spec, "  max_draft_len: 4\n  use_dynamic_tree: true\n  dynamic_tree_max_topK: 3\n  max_total_draft_tokens: 8\n"))
+    schedule = Schedule(str(tree), "humaneval", {1: 8, 4: 0}, {1: 8}, 1, 8)
     with pytest.raises(WriteRecipeError, match="counts draft layers .* counts the tree's nodes"):
-        write_scheduled_recipe(tmp_path / "e.yaml", "smollm2-eagle3", schedule, engine_schedules(schedule, "eagle3"))
+        write_scheduled_recipe(tmp_path / "e.yaml", str(tree), schedule, engine_schedules(schedule, "eagle3"))
     assert not (tmp_path / "e.yaml").exists()
