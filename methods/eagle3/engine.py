@@ -767,10 +767,11 @@ def make_drafter(loaded: LoadedEagle3, request: ResolvedRequest) -> Eagle3Drafte
     tree engine's sampled requests use its head's chain, of at most ``max_draft_len`` tokens) and are
     verified by :func:`~specbuild.engine.acceptance.accept_speculative`, so their tokens are distributed
     exactly as the target's (Leviathan et al. 2023, §2.3). With ``sa_config`` (chains only) a request's
-    chain is the suffix automaton's when its match reaches the threshold (:class:`SAOverride`). With ``use_rejection_sampling`` (TensorRT-LLM's
-    ``DecodingBaseConfig`` field) the drafts are drawn from the head's distribution ``q`` and accepted with
-    probability ``min(1, p / q)``; without it they are the head's argmax, accepted when the target's
-    sample matches (one-hot ``q``: TensorRT-LLM's exact-match verification of non-greedy requests)."""
+    chain is the suffix automaton's when its match reaches the threshold (:class:`SAOverride`). With
+    ``use_rejection_sampling`` (TensorRT-LLM's ``DecodingBaseConfig`` field) the drafts are drawn from
+    the head's distribution ``q`` and accepted with probability ``min(1, p / q)``; without it they are
+    the head's argmax, accepted when the target's sample matches (one-hot ``q``: TensorRT-LLM's
+    exact-match verification of non-greedy requests; also an SA chain's)."""
     from .tree import Eagle3TreeDrafter, Eagle3TreeProposer
 
     sampled = request.sampling is not None  # None: greedy (validation maps temperature 0 / top_k 1 to None)
