@@ -320,11 +320,36 @@ def test_sa_override_takes_the_automatons_chain_from_the_threshold_on():
     context = [5, 6, 7, 8, 9, 1, 5, 6, 7]  # "5 6 7" (3 tokens) ended first at index 2 -> continues 8 9 1 5
     head_chain = [40, 41, 42, 43]
     at_three, at_four = SAOverride(pool, threshold=3), SAOverride(pool, threshold=4)
+    assert at_three.apply(context, head_chain) is None  # the draft made with the prefill stays the head's (TensorRT-LLM:
+    at_three.follow(context)                            # generation requests only), then steps follow
+    at_four.follow(context)
     assert at_three.apply(context, head_chain) == [8, 9, 1, 5] and at_three.overrides == 1
     assert at_three.apply(context + [2], head_chain[:2]) is None  # "...7 2": no earlier match
     assert at_four.apply(context, head_chain) is None and at_four.overrides == 0
-    assert SAOverride(pool, threshold=1).apply(context, []) is None  # no drafting this step: nothing to replace
-    assert SAOverride(pool, threshold=2).apply(context, head_chain[:2]) == [8, 9]  # never longer than the head's chain
+    at_one, at_two = SAOverride(pool, threshold=1), SAOverride(pool, threshold=2)
+    at_one.follow(context)
+    at_two.follow(context)
+    assert at_one.apply(context, []) is None  # no drafting this step: nothing to replace
+    assert at_two.apply(context, head_chain[:2]) == [8, 9]  # never longer than the head's chain
+
+
+def test_a_sampled_requests_sa_chain_is_verified_one_hot(model):
+    """With use_rejection_sampling the head's chain carries the q rows it was drawn from; a chain the SA
+    enhancer replaced carries none (its tokens are deterministic: exact-match verification, one-hot q)."""
+    from specbuild.methods.eagle3.engine import Eagle3Drafter, SAOverride
+    from specbuild.methods.sa import SASpeculation
+    from specbuild.methods.sa.engine import SAPool
+
+    pool = SAPool(SASpeculation(method="sa", max_draft_len=MAX_DRAFT_LEN))
+    proposer = Eagle3Proposer(model, _head("draft_vocab"), max_draft_len=MAX_DRAFT_LEN)
+    context = list(PROMPTS[1])  # 5 6 7 8 9 5 6 7 8 9 5 6 7: the suffix matched 8 tokens, continuing 8 9 5
+    probs = [torch.full((VOCAB,), 1.0 / VOCAB)] * 3
+    for threshold, tokens, has_q in ((2, [8, 9, 5], False), (50, [1, 2, 3], True)):
+        drafter = Eagle3Drafter(proposer, MAX_DRAFT_LEN, SAOverride(pool, threshold))
+        drafter.rejection_sampling = True
+        drafter.sa.follow(context)
+        block = drafter._block(context, [1, 2, 3], probs)
+        assert block.tokens[1:] == tokens and (block.draft_probs is not None) == has_q
 
 
 @pytest.mark.parametrize("global_pool", [False, True])

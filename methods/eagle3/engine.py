@@ -640,11 +640,13 @@ class SAOverride:
 
         self.proposer, self.threshold = SAProposer(pool), threshold
         self.overrides = 0  # steps whose chain was the automaton's
+        self.generating = False  # TensorRT-LLM overrides generation requests only: not the drafts made with the prefill
 
     def apply(self, context: Sequence[int], chain: list[int]) -> list[int] | None:
-        """The automaton's chain of at most ``len(chain)`` tokens if its match is long enough, else None."""
+        """The automaton's chain of at most ``len(chain)`` tokens if its match is long enough, else None
+        (always None for the first draft, made with the prefill, before any :meth:`follow`)."""
         length, draft = self.proposer.match(context, len(chain))
-        if not chain or length < self.threshold or not draft:
+        if not self.generating or not chain or length < self.threshold or not draft:
             return None
         self.overrides += 1
         return draft
@@ -652,6 +654,7 @@ class SAOverride:
     def follow(self, context: Sequence[int]) -> None:
         """After a verified step: the automaton takes the emitted tokens (the global pool sees them at once)."""
         self.proposer.update(context, 0)
+        self.generating = True
 
 
 def load_eagle3(config: Eagle3Speculation, context: MethodContext) -> LoadedEagle3:

@@ -95,7 +95,7 @@ class Eagle3TreeProposer(EagleProposer):
         """Each row's ``k`` best draft ids as target ids (``d + d2t[d]``): top-K over the ``Vd`` draft
         vocabulary, never a token outside it (what vLLM gets by scattering the draft logits to the full
         vocabulary with ``-inf`` elsewhere, without the ``[b, V]`` scatter)."""
-        top = log_probs.topk(k, dim=-1)
+        top = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)  # dynamic_tree_max_topK may exceed a small Vd
         return top.values, top.indices if self.target_ids is None else self.target_ids[top.indices]
 
 

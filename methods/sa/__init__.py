@@ -9,7 +9,8 @@ TensorRT-LLM runs SA on its PyTorch backend only, from the 1.3 line (1.2.1's
 ``DecodingBaseConfig.from_dict`` has no ``SA`` key; ``SADecodingConfig`` is in the 1.3.0rc and 1.4.0rc
 API references). ``SAEnhancerConfig`` (``threshold``, ``enable_global_pool``) is the same automaton as an
 ``sa_config`` on Eagle3, MTP or PARD, overriding the neural drafts when the match is at least
-``threshold`` tokens long (``_torch/speculative/sa_enhancer.py``); the reference engine runs SA standalone.
+``threshold`` tokens long (``_torch/speculative/sa_enhancer.py``); the reference engine runs both (the
+enhancer on EAGLE-3 chains: ``specbuild.methods.eagle3.engine.SAOverride``).
 """
 
 from __future__ import annotations

@@ -10,5 +10,4 @@ seqs = [data.tokens[a:b].tolist() for a, b in map(data.span, range(data.num_sequ
 t = time.perf_counter()
 out = target_features(model, seqs, batch_size=32, layers=(1, 14, 26), log=lambda m: None)
 print(f"one pass, {data.num_tokens} tokens, {len(seqs)} sequences: {time.perf_counter() - t:.1f} s")
-old = torch.load if False else None
 print("max |features - cached|", float((out["features"] - data.features).abs().max()), "top1 equal", bool(torch.equal(out["top1"], data.top1)))
