@@ -283,8 +283,13 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
                                   "--goal-concurrency", "2", "--results-dir", str(tune_dir)])
     assert result.exit_code == 0, result.output
     report = json.loads((tune_dir / "tune.json").read_text())
-    (recommended,) = report["recommendations"].values()
-    assert recommended["concurrency"] == 2
+    if report["recommendation_errors"]:  # on a loaded machine every speculative point's baseline was disturbed:
+        # no pick, and the reason given (as a CI run of this test on a busy host showed), never a wrong pick
+        assert not report["recommendations"]
+        assert all("baseline disturbed" in e for e in report["recommendation_errors"].values())
+    else:
+        (recommended,) = report["recommendations"].values()
+        assert recommended["concurrency"] == 2
     assert report["frontiers"] and report["analytic"]
     if report["baseline_disturbed"]:  # a noisy point of this tiny run: no schedule for its deployment, said so
         assert not report["schedules"] and any("no draft_len_schedule" in w for w in report["warnings"])
@@ -292,7 +297,11 @@ def test_bench_and_tune_through_a_real_server(tiny_checkpoint, tmp_path):
         assert report["schedules"]
     for png in ("frontier.png", "speedup.png"):
         assert (tune_dir / png).read_bytes()[:4] == b"\x89PNG"
-    assert "Frontier" in result.output and "Recommendation" in result.output and "cannot be told apart" in result.output
+    assert "Frontier" in result.output
+    if report["recommendation_errors"]:
+        assert "no recommendation for" in result.output
+    else:
+        assert "Recommendation" in result.output and "cannot be told apart" in result.output
 
 
 @pytest.mark.e2e
