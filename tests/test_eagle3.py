@@ -320,8 +320,9 @@ def test_sa_override_takes_the_automatons_chain_from_the_threshold_on():
     context = [5, 6, 7, 8, 9, 1, 5, 6, 7]  # "5 6 7" (3 tokens) ended first at index 2 -> continues 8 9 1 5
     head_chain = [40, 41, 42, 43]
     at_three, at_four = SAOverride(pool, threshold=3), SAOverride(pool, threshold=4)
-    assert at_three.apply(context, head_chain) is None  # the draft made with the prefill stays the head's (TensorRT-LLM:
-    at_three.follow(context)                            # generation requests only), then steps follow
+    # the draft made with the prefill stays the head's (TensorRT-LLM overrides generation requests only)
+    assert at_three.apply(context, head_chain) is None
+    at_three.follow(context)  # a verified step: from now on the automaton may replace the chain
     at_four.follow(context)
     assert at_three.apply(context, head_chain) == [8, 9, 1, 5] and at_three.overrides == 1
     assert at_three.apply(context + [2], head_chain[:2]) is None  # "...7 2": no earlier match

@@ -20,7 +20,8 @@ generation settings; reused while they are unchanged)::
     sequences.safetensors   tokens [N] int64 (all sequences concatenated), offsets [S + 1] int64,
                             prompt_lens [S] int64
     features.safetensors    features [N, H] float32, top1 [N] int64
-    aux_<a>_<b>_<c>.safetensors   aux [N, 3 Ht] float32 (written on demand)
+    aux_<a>_<b>_<c>.safetensors   aux [N, 3 Ht] float32 (EAGLE-3: written with the features, in the same
+                            forward; for data made without it, by a later pass on first use)
     meta.json               prompts used, token counts, timings
 
 and beside it ``<responses fingerprint>.responses.json``, the target's responses as batches finish
