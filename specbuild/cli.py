@@ -1291,5 +1291,23 @@ def _write_tuned_recipe(console, report, out: Path, *, force: bool = False, reci
                   f"check it with: specbuild plan {path}", highlight=False)
 
 
+def _run_as_module() -> None:
+    """``python -m specbuild.cli``: :func:`main`, with the exit status it chose.
+
+    Under ``-m`` CPython's ``Py_RunMain`` turns any exit into death by SIGINT (status -2, no
+    traceback) when a KeyboardInterrupt ever left code run by a string ``exec``/``eval``, even one
+    caught later (``run_eval_code_obj`` in Python/pythonrun.c sets the flag; bpo-1054041 added the
+    check). A Ctrl-C or SIGTERM that lands while a dataclass or namedtuple is being created (they
+    are built with string ``exec``) did that to an interrupted run that had stopped its server and
+    chosen 130. Every string eval first clears the flag, so one empty ``exec`` on the way out keeps
+    the status; click has already turned an unhandled Ctrl-C into "Aborted!" (status 1). The
+    ``specbuild`` console script runs as a file, which never checks the flag.
+    """
+    try:
+        main()
+    finally:
+        exec("", {})  # noqa: S102 - empty, constant: clears the flag (see the docstring)
+
+
 if __name__ == "__main__":
-    main()
+    _run_as_module()

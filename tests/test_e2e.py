@@ -250,6 +250,29 @@ def test_recipe_run_killed_with_sigterm_leaves_no_server_behind(tiny_checkpoint,
     assert server_pids(repo) == []
 
 
+def test_python_m_keeps_the_exit_status_after_a_caught_interrupt_in_string_exec(tmp_path):
+    """A stop signal that lands while a dataclass is being built (string ``exec``) must not turn the
+    interrupted run's 130 (or any status) into death by SIGINT under ``python -m specbuild.cli``."""
+    caller = """
+import sys
+from specbuild import cli
+sys.argv = ["specbuild", "--help"]                    # status 0
+try:
+    exec("raise KeyboardInterrupt", {})              # what the signal handler did mid-dataclass
+except KeyboardInterrupt:
+    pass
+{call}
+"""
+    statuses = {}
+    for name, call in (("fixed", "cli._run_as_module()"), ("bare", "cli.main()")):
+        (tmp_path / f"{name}_caller.py").write_text(caller.replace("{call}", call))
+        run = subprocess.run([sys.executable, "-m", f"{name}_caller"], cwd=tmp_path, capture_output=True, timeout=60)
+        statuses[name] = run.returncode
+    assert statuses["fixed"] == 0, statuses
+    if statuses["bare"] != -2:
+        pytest.skip(f"this Python keeps the status without the fix ({statuses})")
+
+
 def server_pids(repo: str) -> list[int]:
     """tritonserver processes serving ``repo`` (read from /proc)."""
     pids = []
