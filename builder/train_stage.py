@@ -165,13 +165,22 @@ def training_status(loaded: LoadedRecipe) -> str:
     )
 
 
+LATER_FIELDS = {"soft_labels": False}
+"""``train:`` settings added after drafts were cached, left out of the hash at these defaults so cached drafts keep it."""
+
+
+def _later_defaults(train) -> set[str]:
+    return {name for name, default in LATER_FIELDS.items() if getattr(train, name) == default}
+
+
 def train_fingerprint(loaded: LoadedRecipe, data_fp: str) -> str:
     """Hash of the data fingerprint, the method, its head count and every ``train:`` setting."""
     spec = loaded.recipe.speculation
     settings = {
         "format": TRAIN_FORMAT, "data": data_fp, "method": spec.method,
         "num_medusa_heads": getattr(spec, "num_medusa_heads", None),  # as first written: cached drafts keep their hash
-        "train": loaded.recipe.train.model_dump(mode="json", exclude={"token_map_size"}),  # the map is not the draft
+        # the map is not the draft; settings added later are left out at their defaults
+        "train": loaded.recipe.train.model_dump(mode="json", exclude={"token_map_size"} | _later_defaults(loaded.recipe.train)),
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 

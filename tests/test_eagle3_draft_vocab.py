@@ -22,7 +22,7 @@ from specbuild.builder.recipe import RecipeError, parse_recipe
 from specbuild.builder.train_evaluate import measure_acceptance
 from specbuild.engine.target import load_target
 from specbuild.methods.eagle3.engine import Eagle3Proposer, load_eagle3_head, vocab_mapping
-from specbuild.methods.eagle3.train import draft_vocabulary, train_eagle3
+from specbuild.methods.eagle3.train import draft_vocabulary, soft_cross_entropy, train_eagle3
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import build_distill_data, training_prompts
 
@@ -143,3 +143,59 @@ def test_draft_vocab_size_is_refused_for_methods_without_a_draft_vocabulary(tmp_
     with pytest.raises(RecipeError, match=r"train.draft_vocab_size: method 'eagle' drafts over the target's vocabulary.*eagle3 only"):
         parse_recipe(text, tmp_path / "x.yaml")
     parse_recipe(text.replace("method: eagle,", "method: eagle3,"), tmp_path / "x.yaml")
+
+
+# --- soft labels: the target's distribution over the draft vocabulary ----------------------------
+
+
+@pytest.fixture(scope="module")
+def soft_objective(setup, tmp_path_factory):
+    from specbuild.methods.eagle3.train import Eagle3Objective, draft_head, eagle3_config_for, training_capture_layers
+    from specbuild.methods.eagle3.engine import Eagle3Config
+    from specbuild.train.data import ensure_aux_features
+
+    model, data, config, _ = setup
+    ids = draft_vocabulary(data.top1, VOCAB, DRAFT_VOCAB)
+    head_config = Eagle3Config(**{**eagle3_config_for(model.config).__dict__, "vocab_size": VOCAB, "draft_vocab_size": DRAFT_VOCAB})
+    head = draft_head(head_config, model, ids)
+    aux = ensure_aux_features(model, data, training_capture_layers(None, model.config), batch_size=8, log=lambda m: None)
+    soft = config.model_copy(update={"soft_labels": True})
+    return Eagle3Objective(head, model, data, aux, soft, CPU), ids
+
+
+def test_soft_loss_is_smallest_at_the_targets_own_logits_and_skips_tokens_outside_the_vocabulary(setup, soft_objective):
+    model, data, _, _ = setup
+    objective, ids = soft_objective
+    at = torch.arange(40)
+    target_logits = data.features[at] @ model.get_output_embeddings().weight[ids].T  # [40, Vd]
+    keep = torch.isin(data.top1[at], ids)
+    assert keep.any() and not keep.all()  # the tiny data has predictions on both sides of the vocabulary
+    p = torch.softmax(target_logits, -1)
+    target_p = objective.target_probs(at)
+    assert torch.allclose(target_p, p, atol=1e-6)
+    entropy = float(-(p * torch.log_softmax(target_logits, -1)).sum(-1)[keep].mean())
+    assert float(soft_cross_entropy(target_logits, target_p, keep)) == pytest.approx(entropy, rel=1e-5)
+    other = target_logits + torch.randn(target_logits.shape, generator=torch.Generator().manual_seed(0))
+    assert float(soft_cross_entropy(other, target_p, keep)) > entropy + 1e-3
+    changed = other.clone()
+    changed[~keep] = 100 * torch.randn(int((~keep).sum()), DRAFT_VOCAB)  # rows left out change nothing
+    assert float(soft_cross_entropy(changed, target_p, keep)) == pytest.approx(float(soft_cross_entropy(other, target_p, keep)))
+
+
+def test_a_head_trained_on_soft_labels_learns_and_stays_lossless(setup, soft_objective, trained, tmp_path_factory):
+    model, data, config, held_ids = setup
+    out = tmp_path_factory.mktemp("e3soft") / "head"
+    soft = config.model_copy(update={"soft_labels": True})
+    train_eagle3(model, data, soft, out, out.parent / "ckpt", device=CPU, log=lambda m: None, show_progress=False)
+    objective, _ = soft_objective  # a fresh head; the loss holds the target's entropy (the tiny target's is near
+    # log(48) over the draft vocabulary), which no head goes below, so the differences are small
+    fresh = float(objective(0).loss)
+    objective.head = load_eagle3_head(trained[0])  # trained on the argmax
+    hard = float(objective(0).loss)
+    objective.head = load_eagle3_head(out)
+    soft_loss = float(objective(0).loss)
+    assert fresh - soft_loss > 0.02, (fresh, soft_loss)  # nearer the target's distribution than where it started
+    assert fresh - soft_loss > 5 * (fresh - hard), (fresh, hard, soft_loss)  # and much nearer than argmax training got
+    spec = {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model_dir": str(out)}
+    measured = measure_acceptance(model, held_ids, spec, max_tokens=16, end_id=-1, timing=True)
+    assert measured.identical_to_plain is True and measured.draft_tokens > 0

@@ -386,3 +386,19 @@ def test_recipe_with_a_train_section_trains_then_serves_losslessly_and_reuses_th
     second = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "trained draft is up to date" in second.stdout and "LOSSLESS" in second.stdout
+
+
+def test_a_train_setting_added_later_keeps_cached_drafts_at_its_default_and_retrains_when_set():
+    """Drafts cached before ``train.soft_labels`` existed must not retrain after an upgrade; setting it must."""
+    import dataclasses
+    import hashlib
+
+    from specbuild.builder.train_stage import TRAIN_FORMAT, train_fingerprint
+
+    loaded = load_recipe("smollm2-eagle3")
+    assert loaded.recipe.train.soft_labels is False
+    before = {"format": TRAIN_FORMAT, "data": "d", "method": "eagle3", "num_medusa_heads": None,
+              "train": loaded.recipe.train.model_dump(mode="json", exclude={"token_map_size", "soft_labels"})}
+    assert train_fingerprint(loaded, "d") == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+    soft = loaded.recipe.model_copy(update={"train": loaded.recipe.train.model_copy(update={"soft_labels": True})})
+    assert train_fingerprint(dataclasses.replace(loaded, recipe=soft), "d") != train_fingerprint(loaded, "d")

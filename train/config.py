@@ -86,6 +86,10 @@ class TrainConfig(StrictModel):
             ``token_map_size`` tokens the target predicts most often in the training data (its argmax at
             every position), most frequent first (FR-Spec, Zhao et al. 2025). Not part of the training
             fingerprint: changing it rewrites the map, not the draft. None: write none.
+        soft_labels: EAGLE-3 only: the loss of each training-time-test step is the cross-entropy against
+            the target's softmax over the draft vocabulary (the target's logits recomputed from the stored
+            final hidden states), at positions whose target argmax is in that vocabulary, as EAGLE-3's reference
+            trainer (SafeAILab/EAGLE ``eagle/traineagle3/cnets.py``) and SpecForge train; False: against the argmax only.
         draft_vocab_size: EAGLE-3 only: the head drafts over a reduced vocabulary of this many target tokens,
             those the target predicts most often in the training data (ranked as ``token_map_size``), with
             an ``lm_head`` of its own ``[draft_vocab_size, hidden]`` (started from the target's rows) and
@@ -155,6 +159,8 @@ class TrainConfig(StrictModel):
     """Weight loss_decay**k of Medusa head k and of EAGLE-3's k-th training-time-test step."""
     ttt_steps: int = Field(3, ge=1, le=8)
     """EAGLE-3 training-time-test depth."""
+    soft_labels: bool = False
+    """EAGLE-3 only: cross-entropy against the target's distribution over the draft vocabulary (EAGLE-3's and SpecForge's loss) instead of its argmax."""
     distill_temperature: float = Field(1.0, gt=0)
     """Draft model: KL distillation temperature."""
     token_map_size: int | None = Field(None, ge=1)

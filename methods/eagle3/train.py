@@ -101,11 +101,13 @@ class Eagle3Objective:
         self.embedding = target.get_input_embeddings()
         self.lm_head = head.lm_head if hasattr(head, "lm_head") else target.get_output_embeddings()
         self.to_draft = None  # [V] long: target id -> draft id, -1 outside the draft vocabulary
+        rows = target.get_output_embeddings().weight.detach()  # [V, H]
         if hasattr(head, "d2t"):
-            vocab = target.get_output_embeddings().weight.shape[0]
             ids = torch.arange(len(head.d2t), device=head.d2t.device) + head.d2t  # [Vd] target ids
-            self.to_draft = torch.full((vocab,), -1, dtype=torch.long, device=device)
+            self.to_draft = torch.full((rows.shape[0],), -1, dtype=torch.long, device=device)
             self.to_draft[ids.to(device)] = torch.arange(len(ids), device=device)
+            rows = rows[ids.to(rows.device)]  # [Vd, H]
+        self.target_rows = rows if config.soft_labels else None  # the target's lm_head rows soft labels are taken over
         self.batches = PackedBatches([int(n) - 1 for n in data.offsets.diff()], config.batch_tokens, config.seed)
 
     def __call__(self, step: int) -> StepOutput:
@@ -119,6 +121,9 @@ class Eagle3Objective:
         hidden = self.head.fc(self.aux[index].to(self.device))  # [S, H]
         kv, mask = None, causal
         loss, metrics = hidden.new_zeros(()), {}
+        if self.target_rows is not None:  # every position some step labels, each once
+            span = torch.unique(torch.cat([index + 1 + d for d in range(self.config.ttt_steps)]).clamp(max=last))  # [U] sorted
+            probs = self.target_probs(span)  # [U, Vd]
         for d in range(self.config.ttt_steps):
             token_at = index + 1 + d  # c_{j+1+d}
             valid = (token_at < end).to(self.device)  # [S]
@@ -129,16 +134,32 @@ class Eagle3Objective:
             mask = torch.cat([causal] + [eye] * (d + 1), dim=1)  # next step: true keys + the chain so far + itself
             labels = self.data.top1[token_at.clamp(max=last)].to(self.device)[valid]  # [valid] target ids
             logits = self.lm_head(self.head.norm(hidden[valid]))  # [valid, V] (or [valid, Vd])
-            if self.to_draft is None:
-                ce = nn.functional.cross_entropy(logits, labels)
-                hits = logits.detach().argmax(-1) == labels
+            drafts = labels if self.to_draft is None else self.to_draft[labels]  # [valid] draft ids, -1 outside the draft vocabulary
+            if self.target_rows is not None:
+                ce = soft_cross_entropy(logits, probs[torch.searchsorted(span, token_at.clamp(max=last)[valid.cpu()])], drafts >= 0)
             else:
-                drafts = self.to_draft[labels]  # [valid] draft ids, -1 outside the draft vocabulary
-                ce = nn.functional.cross_entropy(logits, drafts, ignore_index=-1, reduction="sum") / max(int((drafts >= 0).sum()), 1)
-                hits = logits.detach().argmax(-1) == drafts  # an out-of-vocabulary label is a miss
+                kept = max(int((drafts >= 0).sum()), 1)
+                ce = nn.functional.cross_entropy(logits, drafts, ignore_index=-1, reduction="sum") / kept
+            hits = logits.detach().argmax(-1) == drafts  # an out-of-vocabulary label is a miss
             loss = loss + self.config.loss_decay**d * ce
             metrics[f"acc{d}"] = float(hits.float().mean())
         return StepOutput(loss, len(index), metrics)
+
+    @torch.no_grad()
+    def target_probs(self, at: torch.Tensor) -> torch.Tensor:
+        """``[R, Vd]`` float32: the target's softmax over the draft vocabulary (``[R, V]`` without one) at
+        data positions ``at [R]``, its logits recomputed from the stored final-norm features (the ones
+        ``top1`` came from). Needs ``train.soft_labels``."""
+        feats = self.data.features[at].to(self.device, self.target_rows.dtype)  # [R, H]
+        return torch.softmax(nn.functional.linear(feats, self.target_rows).float(), -1)
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Mean over the rows where ``keep [R]`` of the cross-entropy of ``logits [R, Vd]`` against
+    ``target_p [R, Vd]``: EAGLE-3's loss over the draft vocabulary (rows whose target argmax is outside
+    it left out, as its reference trainer masks them); 0 when no row is kept."""
+    logp = torch.log_softmax(logits.float(), -1)
+    return -(target_p[keep] * logp[keep]).sum() / max(int(keep.sum()), 1)
 
 
 def train_eagle3(
