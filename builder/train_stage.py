@@ -67,6 +67,11 @@ MEASURED_BATCH_TOKENS = 512
 MEASURED_STEPS_PER_S = {"eagle": 3000 / 900, "medusa": 600 / 780, "draft_target": 1500 / 1200,
                         "eagle3": 1500 / 1020}  # EAGLE-3: ttt_steps 3, about 17 min on two idle cores (docs/results/2026-12-06-eagle3-2core.md)
 MEASURED_DATA_S = 912.0
+# EAGLE-3 trains on its own data (the six-category mix, a greedy and a sampled response per prompt):
+# 1731.7 s to make on two EPYC cores; soft labels slowed its steps from 739 to 601-618 tokens/s there
+# (docs/results/2026-12-07-eagle3-soft-labels.md).
+MEASURED_DATA_S_BY_METHOD = {"eagle3": 1731.7}
+SOFT_LABELS_STEP_COST = 739 / 610
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,10 @@ def training_estimate(loaded: LoadedRecipe) -> TrainingEstimate | None:
     if config is None or rate is None or loaded.recipe.target.checkpoint != MEASURED_TARGET or loaded.recipe.build.device != "cpu":
         return None
     rate *= MEASURED_BATCH_TOKENS / config.batch_tokens
-    return TrainingEstimate(train_s=config.steps / rate, data_s=MEASURED_DATA_S, steps_per_s=rate)
+    if config.soft_labels:
+        rate /= SOFT_LABELS_STEP_COST
+    data_s = MEASURED_DATA_S_BY_METHOD.get(loaded.recipe.speculation.method, MEASURED_DATA_S)
+    return TrainingEstimate(train_s=config.steps / rate, data_s=data_s, steps_per_s=rate)
 
 
 def training_info(loaded: LoadedRecipe) -> dict | None:

@@ -210,3 +210,19 @@ def test_training_docs_state_the_same_duration_as_the_estimate():
                 if line.startswith("specbuild train-draft smollm2-eagle"))
     assert f"~{round(estimate.total_s / 60)} min on a 2-core CPU" in line, line
     assert f"{round(estimate.train_s / 60)} min training + {round(estimate.data_s / 60)} min making the data" in line, line
+
+
+def test_the_eagle3_estimate_counts_its_own_data_and_the_soft_label_steps():
+    """The bundled EAGLE-3 recipe makes more data than the shared one and trains on soft labels, which cost
+    more per step: `plan` / `recipes` must not promise the first run in the time of the argmax recipes."""
+    import dataclasses
+
+    from specbuild.builder.train_stage import MEASURED_DATA_S, training_estimate
+
+    loaded = load_recipe("smollm2-eagle3")
+    assert loaded.recipe.train.soft_labels
+    soft = training_estimate(loaded)
+    hard_train = loaded.recipe.train.model_copy(update={"soft_labels": False})
+    hard = training_estimate(dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"train": hard_train})))
+    assert soft.train_s > 1.15 * hard.train_s and soft.data_s == hard.data_s > MEASURED_DATA_S
+    assert 40 * 60 <= soft.total_s <= 55 * 60, soft.describe()  # measured: 29 min of data and 17-19 min of steps
