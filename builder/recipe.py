@@ -323,6 +323,12 @@ class Recipe(_Strict):
                 f"draft vocabulary (d2t) is trained for {', '.join(takers)} only: remove draft_vocab_size (or use "
                 "speculative_token_map + train.token_map_size, FR-Spec's hot-token map)"
             )
+        if self.train is not None and self.train.soft_labels and not training.soft_labels:
+            takers = [name for name, m in registered().items() if m.training is not None and m.training.soft_labels]
+            raise ValueError(
+                f"train.soft_labels: method {self.speculation.method!r} has no soft-label loss; it is trained for "
+                f"{', '.join(takers)} only: remove soft_labels"
+            )
         return self
 
     @model_validator(mode="after")

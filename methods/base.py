@@ -356,6 +356,8 @@ class Training:
             measures ``artefact`` as a chain of ``k`` draft tokens.
         draft_vocabulary: the method trains over a reduced draft vocabulary when ``train.draft_vocab_size``
             is set (EAGLE-3's ``d2t``); a recipe setting it for another method is refused.
+        soft_labels: the method trains on the target's distribution when ``train.soft_labels`` is set
+            (EAGLE-3); a recipe setting it for another method is refused.
         capture_layers: ``(params, target_config)`` -> the target's decoder layers whose outputs the
             method trains on besides the final hidden state (EAGLE-3's low / mid / high features), an
             :class:`Entry` or None; the data's one teacher-forced target pass captures them too.
@@ -364,6 +366,7 @@ class Training:
     train: Entry
     held_out_config: Callable[[Any, Path, int], dict[str, Any]]
     draft_vocabulary: bool = False
+    soft_labels: bool = False
     capture_layers: Entry | None = None
 
     def __post_init__(self) -> None:

