@@ -209,3 +209,29 @@ def test_a_head_trained_on_soft_labels_learns_and_stays_lossless(setup, soft_obj
     spec = {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model_dir": str(out)}
     measured = measure_acceptance(model, held_ids, spec, max_tokens=16, end_id=-1, timing=True)
     assert measured.identical_to_plain is True and measured.draft_tokens > 0
+
+
+def test_fine_tuning_keeps_the_draft_vocabulary_of_the_head_it_starts_from(setup, trained, tmp_path):
+    """`train-draft --from-log` starts from the saved head: its lm_head rows belong to its own d2t, so the
+    fine-tune must keep that vocabulary, not pick a new one from the (smaller) traffic data."""
+    from safetensors.torch import save_file
+
+    from specbuild.train.loop import INIT_WEIGHTS
+
+    model, data, config, _ = setup
+    out, _ = trained
+    tensors = load_file(str(out / "model.safetensors"))
+    counts = torch.bincount(data.top1, minlength=VOCAB)
+    other = counts.argsort(stable=True)[:DRAFT_VOCAB].sort().values  # the least predicted tokens: not the data's choice
+    assert not torch.equal(other, draft_vocabulary(data.top1, VOCAB, DRAFT_VOCAB))
+    d2t, t2d = vocab_mapping(other, VOCAB)
+    (tmp_path / "ckpt").mkdir()
+    save_file(tensors | {"d2t": d2t, "t2d": t2d}, str(tmp_path / "ckpt" / INIT_WEIGHTS))
+    tuned = config.model_copy(update={"steps": 2, "checkpoint_every": 2})
+    train_eagle3(model, data, tuned, tmp_path / "head", tmp_path / "ckpt", device=CPU, log=lambda m: None, show_progress=False)
+    assert torch.equal(load_file(str(tmp_path / "head" / "model.safetensors"))["d2t"], d2t)
+
+    (tmp_path / "ckpt2").mkdir()
+    save_file(tensors | {"d2t": d2t[:-1]}, str(tmp_path / "ckpt2" / INIT_WEIGHTS))
+    with pytest.raises(ValueError, match=rf"drafts over {DRAFT_VOCAB - 1} tokens, train.draft_vocab_size is {DRAFT_VOCAB}"):
+        train_eagle3(model, data, tuned, tmp_path / "head2", tmp_path / "ckpt2", device=CPU, log=lambda m: None, show_progress=False)

@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from specbuild.methods.eagle3.engine import Eagle3Config, Eagle3Head, capture_layers_for, save_eagle3_head, vocab_mapping
@@ -37,7 +38,7 @@ from specbuild.methods.token_map import frequency_order
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import DistillData, ensure_aux_features
 from specbuild.methods.eagle.train import eagle_config_for
-from specbuild.train.loop import PackedBatches, StepOutput, TrainResult, block_causal_mask, settings_free, train_beside_target
+from specbuild.train.loop import INIT_WEIGHTS, PackedBatches, StepOutput, TrainResult, block_causal_mask, settings_free, train_beside_target
 
 
 def eagle3_config_for(target_config) -> Eagle3Config:
@@ -162,6 +163,27 @@ def soft_cross_entropy(logits: torch.Tensor, target_p: torch.Tensor, keep: torch
     return -(target_p[keep] * logp[keep]).sum() / max(int(keep.sum()), 1)
 
 
+def initial_vocabulary(ckpt_dir: Path, size: int) -> torch.Tensor | None:
+    """The draft vocabulary (``[size]`` target ids) of the head a fine-tune starts from: the ``d2t`` of
+    ``<ckpt_dir>/init.safetensors`` (:data:`~specbuild.train.loop.INIT_WEIGHTS`), whose ``lm_head`` rows
+    belong to those ids; None without one (a fresh head picks its vocabulary from the data).
+
+    Raises:
+        ValueError: the saved head's vocabulary is not ``size`` tokens.
+    """
+    init = ckpt_dir / INIT_WEIGHTS
+    if not init.is_file():
+        return None
+    with safe_open(str(init), "pt") as f:
+        if "d2t" not in f.keys():
+            return None
+        d2t = f.get_tensor("d2t").long()
+    if len(d2t) != size:
+        raise ValueError(f"{init}: the saved head drafts over {len(d2t)} tokens, train.draft_vocab_size is {size}: "
+                         f"fine-tune with draft_vocab_size: {len(d2t)}, or train a new head without --from-log")
+    return torch.arange(size) + d2t
+
+
 def train_eagle3(
     target, data: DistillData, config: TrainConfig, out_dir: Path, ckpt_dir: Path, *, device: torch.device,
     log=print, show_progress: bool = True, on_step=None,
@@ -179,10 +201,13 @@ def train_eagle3(
     target_ids = None
     if config.draft_vocab_size is not None:
         vocab = target.get_output_embeddings().weight.shape[0]
-        target_ids = draft_vocabulary(data.top1, vocab, config.draft_vocab_size)
+        target_ids = initial_vocabulary(ckpt_dir, config.draft_vocab_size)  # a fine-tune keeps its head's vocabulary
+        which = "of the head being fine-tuned (its d2t)"
+        if target_ids is None:
+            target_ids, which = draft_vocabulary(data.top1, vocab, config.draft_vocab_size), "predicted most often"
         head_config = Eagle3Config(**{**head_config.__dict__, "vocab_size": vocab, "draft_vocab_size": config.draft_vocab_size})
         share = float(torch.isin(data.top1, target_ids).float().mean())
-        log(f"EAGLE-3 draft vocabulary: the {len(target_ids)} target tokens predicted most often ({share:.1%} of "
+        log(f"EAGLE-3 draft vocabulary: the {len(target_ids)} target tokens {which} ({share:.1%} of "
             f"{data.num_tokens:,} predictions)")
     layers = training_capture_layers(None, target.config)
     aux = ensure_aux_features(target, data, layers, batch_size=config.generation_batch_size, log=log)
