@@ -316,18 +316,22 @@ class Recipe(_Strict):
                 f"apply; trainable methods: {', '.join(trainable_methods())}"
             )
         training = self.speculation.definition.training
-        if self.train is not None and self.train.draft_vocab_size is not None and not training.draft_vocabulary:
-            takers = [name for name, m in registered().items() if m.training is not None and m.training.draft_vocabulary]
+        if self.train is None:
+            return self
+
+        def takers(flag: str) -> str:  # the methods whose training offers `flag`
+            return ", ".join(name for name, m in registered().items() if m.training is not None and getattr(m.training, flag))
+
+        if self.train.draft_vocab_size is not None and not training.draft_vocabulary:
             raise ValueError(
                 f"train.draft_vocab_size: method {self.speculation.method!r} drafts over the target's vocabulary; a reduced "
-                f"draft vocabulary (d2t) is trained for {', '.join(takers)} only: remove draft_vocab_size (or use "
+                f"draft vocabulary (d2t) is trained for {takers('draft_vocabulary')} only: remove draft_vocab_size (or use "
                 "speculative_token_map + train.token_map_size, FR-Spec's hot-token map)"
             )
-        if self.train is not None and self.train.soft_labels and not training.soft_labels:
-            takers = [name for name, m in registered().items() if m.training is not None and m.training.soft_labels]
+        if self.train.soft_labels and not training.soft_labels:
             raise ValueError(
                 f"train.soft_labels: method {self.speculation.method!r} has no soft-label loss; it is trained for "
-                f"{', '.join(takers)} only: remove soft_labels"
+                f"{takers('soft_labels')} only: remove soft_labels"
             )
         return self
 

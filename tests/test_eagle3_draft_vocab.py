@@ -199,11 +199,15 @@ def test_a_head_trained_on_soft_labels_learns_and_stays_lossless(setup, soft_obj
     train_eagle3(model, data, soft, out, out.parent / "ckpt", device=CPU, log=lambda m: None, show_progress=False)
     objective, _ = soft_objective  # a fresh head; the loss holds the target's entropy (the tiny target's is near
     # log(48) over the draft vocabulary), which no head goes below, so the differences are small
-    fresh = float(objective(0).loss)
-    objective.head = load_eagle3_head(trained[0])  # trained on the argmax
-    hard = float(objective(0).loss)
-    objective.head = load_eagle3_head(out)
-    soft_loss = float(objective(0).loss)
+    fresh_head = objective.head
+    try:
+        fresh = float(objective(0).loss)
+        objective.head = load_eagle3_head(trained[0])  # trained on the argmax
+        hard = float(objective(0).loss)
+        objective.head = load_eagle3_head(out)
+        soft_loss = float(objective(0).loss)
+    finally:
+        objective.head = fresh_head  # the module's fixture, as other tests get it
     assert fresh - soft_loss > 0.02, (fresh, soft_loss)  # nearer the target's distribution than where it started
     assert fresh - soft_loss > 5 * (fresh - hard), (fresh, hard, soft_loss)  # and much nearer than argmax training got
     spec = {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model_dir": str(out)}
