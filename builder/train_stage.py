@@ -225,18 +225,33 @@ def train_draft(
     from specbuild.prompts import render_messages
     from specbuild.tokenizer import load_tokenizer
 
-    from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_fingerprint, training_prompts
+    from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_cache_key, training_prompts
+    from specbuild.train.magpie import MagpieError
 
     config: TrainConfig = loaded.recipe.train
     artefact = artefact_path(loaded)
-    try:
-        train_prompts, held_out = training_prompts(config, base_dir=loaded.path.parent)
-        texts = load_texts(config.texts, base_dir=loaded.path.parent)
-    except TrainDataError as exc:
-        field = str(exc).split(":")[0].removeprefix("train.")
-        raise loaded.error(("train", field if field in ("held_out", "texts") else "prompts"), str(exc)) from None
     source = locate_target(loaded)
     target_fp = source.fingerprint()
+    target = tokenizer = None
+    device = torch.device("cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
+
+    def load():  # the target, once, when data has to be made
+        nonlocal target, tokenizer
+        if target is None:
+            checkpoint = materialize_checkpoint(source, log=log)
+            target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
+            tokenizer = load_tokenizer(checkpoint)
+        return target, tokenizer
+
+    start = time.perf_counter()
+    try:
+        generated = _magpie_prompts(config, target_fp, load, log)
+        train_prompts, held_out = training_prompts(config, base_dir=loaded.path.parent, generated=generated)
+        texts = load_texts(config.texts, base_dir=loaded.path.parent)
+    except (TrainDataError, MagpieError) as exc:
+        field = str(exc).split(":")[0].removeprefix("train.")
+        raise loaded.error(("train", field if field in ("held_out", "texts") else "prompts"), str(exc)) from None
+    magpie_s = time.perf_counter() - start  # the target writing magpie:N prompts (0 when cached)
     data_fp = data_fingerprint(target_fp, train_prompts, config, texts)
     fingerprint = train_fingerprint(loaded, data_fp)
     card = None if force else cached_card(artefact, fingerprint)
@@ -248,19 +263,16 @@ def train_draft(
             write_frequent_tokens(data_dir, map_path, config.token_map_size, log=log)
         return TrainOutcome(artefact, fingerprint, True, card)
 
-    device = torch.device("cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
-    checkpoint = materialize_checkpoint(source, log=log)
-    target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
-    tokenizer = load_tokenizer(checkpoint)
+    target, tokenizer = load()
     try:  # chat logs and bundled user messages go inside the target's chat template
         train_prompts, held_out = render_messages(train_prompts, tokenizer), render_messages(held_out, tokenizer)
     except ValueError as exc:
         raise loaded.error(("train", "prompts"), str(exc)) from None
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log, texts=texts,
-                              responses_key=responses_fingerprint(target_fp, train_prompts, config),
+                              responses_key=responses_cache_key(target_fp, config),
                               aux_layers=_capture_layers(loaded, target))
-    data_s = time.perf_counter() - start
+    data_s = time.perf_counter() - start + magpie_s
     if card is not None:  # only the token map was missing, and with it the data it is counted from
         write_frequent_tokens(data.path, map_path, config.token_map_size, log=log)
         return TrainOutcome(artefact, fingerprint, True, card)
@@ -281,6 +293,28 @@ def train_draft(
     if map_path is not None:
         write_frequent_tokens(data.path, map_path, config.token_map_size, log=log)
     return TrainOutcome(artefact, fingerprint, False, card)
+
+
+def _magpie_prompts(config: TrainConfig, target_fp: str, load, log) -> dict[str, list]:
+    """source -> prompts of each ``magpie:N`` source of ``train.prompts``: read from their cache, or written by
+    the target (``load()`` -> ``(target, tokenizer)``, called only then) and cached
+    (:mod:`specbuild.train.magpie`). Raises ``MagpieError`` (no chat template, nothing usable)."""
+    from specbuild.train.magpie import generate_magpie, load_magpie, magpie_count, magpie_path, save_magpie
+
+    generated = {}
+    for item in config.prompt_sources:
+        count = magpie_count(item.source)
+        if count is None or item.source in generated:
+            continue
+        path = magpie_path(target_fp, count, config)
+        if not path.is_file():
+            log(f"{item.source}: the target writes {count} user messages (Magpie)")
+            start = time.perf_counter()
+            target, tokenizer = load()
+            save_magpie(path, generate_magpie(target, tokenizer, count, config, log=log))
+            log(f"{item.source}: written to {path} in {time.perf_counter() - start:.1f} s")
+        generated[item.source] = load_magpie(path)
+    return generated
 
 
 # --- fine-tuning on served traffic (train-draft --from-log) ------------------------------------------
@@ -373,7 +407,7 @@ def fine_tune_from_log(
     from specbuild.engine.target import load_target
     from specbuild.methods.token_map import recipe_token_map, write_token_map
     from specbuild.tokenizer import load_tokenizer
-    from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, responses_fingerprint
+    from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, responses_cache_key
     from specbuild.train.loop import INIT_WEIGHTS
     from specbuild.util.atomic import staging_dir
     from specbuild.util.checkpoints import materialize_checkpoint
@@ -403,7 +437,7 @@ def fine_tune_from_log(
     target = load_target(checkpoint, dtype="float32", device=str(device), trust_remote_code=loaded.recipe.target.trust_remote_code)
     start = time.perf_counter()
     data = build_distill_data(target, tokenizer, train_prompts, config, fingerprint=data_fp, log=log,
-                              responses_key=responses_fingerprint(target_fp, train_prompts, config),
+                              responses_key=responses_cache_key(target_fp, config),
                               aux_layers=_capture_layers(loaded, target))
     data_s = time.perf_counter() - start
     ckpt_dir = cache_dir() / "train-checkpoints" / f"finetune-{run_fp}"

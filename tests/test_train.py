@@ -116,11 +116,27 @@ def test_interrupted_generation_keeps_finished_batches(setup, prompt_files, tmp_
     config = small_config(prompt_files, generation_batch_size=2, max_new_tokens=6)
     prompts = [tokenizer(c[:20])["input_ids"] for c in CORPUS[:4]]
     partial = tmp_path / "partial.json"
+    generate, calls = model.generate, []
+
+    def interrupted(**kw):  # the second batch is interrupted (Ctrl-C)
+        calls.append(kw["input_ids"].shape[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return generate(**kw)
+
+    model.generate = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            generate_responses(model, prompts, config, eos_id=None, partial=partial, log=lambda m: None)
+    finally:
+        del model.generate
+    assert len(json.loads(partial.read_text())) == 2  # the first batch's two responses
     full = generate_responses(model, prompts, config, eos_id=None, partial=partial, log=lambda m: None)
+    assert full == generate_responses(model, prompts, config, eos_id=None, partial=None, log=lambda m: None)
     saved = json.loads(partial.read_text())
-    assert {int(i): r["response"] for i, r in saved.items()} == dict(enumerate(full))
-    # a rerun takes the saved batches instead of generating again (here: marked responses)
-    partial.write_text(json.dumps({i: {"prompt": r["prompt"], "response": [7]} for i, r in saved.items()}))
+    assert sorted(saved.values()) == sorted(full)
+    # a rerun takes the saved responses instead of generating again (here: marked responses)
+    partial.write_text(json.dumps({k: [7] for k in saved}))
     assert generate_responses(model, prompts, config, eos_id=None, partial=partial, log=lambda m: None) == [[7]] * 4
 
 

@@ -5,55 +5,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 from pathlib import Path
 
 import pytest
 
-from specbuild.prompts import BUNDLED_DIR, MIXED_CATEGORIES, SPECBENCH_TASKS, PromptSourceError, load_prompts
+from specbuild.prompts import BUNDLED_DIR, MIXED_CATEGORIES, PromptSourceError, evaluation_prompts, load_prompts, near_duplicates
 
 ROOT = Path(__file__).resolve().parents[1]
-SHINGLE = 3  # words per shingle (short questions need short shingles)
-NEAR = 0.5  # more than this share of the shorter text's shingles found in the other: a near duplicate
-
-
-def normalized(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
-def shingles(text: str) -> set[tuple[str, ...]]:
-    words = normalized(text)
-    return {tuple(words[i : i + SHINGLE]) for i in range(max(1, len(words) - SHINGLE + 1))}
-
-
-def near_duplicates(train: list[tuple[str, str]], evaluation: list[tuple[str, str]]) -> list[tuple[str, str, float]]:
-    """``(train id, eval id, overlap)`` for each pair whose normalised texts are equal or share more than
-    ``NEAR`` of the shorter one's word 3-grams (an inverted index keeps this linear in practice). A shared
-    question frame alone ("what is the difference between A and B?" against C and D) is half: not flagged."""
-    index: dict[tuple[str, ...], set[int]] = {}
-    evaluated = [(eid, shingles(text), " ".join(normalized(text))) for eid, text in evaluation]
-    for k, (_, sh, _) in enumerate(evaluated):
-        for s in sh:
-            index.setdefault(s, set()).add(k)
-    found = []
-    for tid, text in train:
-        sh, flat = shingles(text), " ".join(normalized(text))
-        counts: dict[int, int] = {}
-        for s in sh:
-            for k in index.get(s, ()):
-                counts[k] = counts.get(k, 0) + 1
-        for k, shared in counts.items():
-            eid, esh, eflat = evaluated[k]
-            overlap = shared / min(len(sh), len(esh))
-            if flat == eflat or overlap > NEAR:
-                found.append((tid, eid, round(overlap, 3)))
-    return found
 
 
 def evaluation_sets() -> list[tuple[str, str]]:
-    prompts = load_prompts("humaneval:40") + load_prompts("chat") + load_prompts("summarize")
-    prompts += [p for task in SPECBENCH_TASKS for p in load_prompts(f"specbench:{task}")]
-    return [(p.id, p.text) for p in prompts]
+    return [(p.id, p.text) for p in evaluation_prompts()]
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,32 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+import re
+
+from pydantic import ConfigDict, Field, field_validator
 
 from specbuild.util.strict import StrictModel
 
 HUMANEVAL_TRAIN = "humaneval-train"
 MIXED_TRAIN = "mixed"  # the bundled training mix (specbuild/data/train_mix.jsonl; SOURCES.md)
 HUMANEVAL_TRAIN_START = 40  # HumanEval/40 .. HumanEval/163 train; 0 .. 39 stay held out
+MAGPIE_TRAIN = "magpie"  # magpie:N, N user messages the target writes itself (specbuild.train.magpie)
+MAGPIE_MAX = 20_000
+
+
+def magpie_count(source: str) -> int | None:
+    """N of a ``magpie:N`` prompt source; None for any other source.
+
+    Raises:
+        ValueError: ``magpie`` without N, or N outside 1..:data:`MAGPIE_MAX`.
+    """
+    if source != MAGPIE_TRAIN and not source.startswith(f"{MAGPIE_TRAIN}:"):
+        return None
+    match = re.fullmatch(r"magpie:(\d+)", source)
+    if match is None or not 1 <= int(match.group(1)) <= MAGPIE_MAX:
+        raise ValueError(f"prompt source {source!r}: expected 'magpie:N' with N in 1..{MAGPIE_MAX} "
+                         "(N user messages the target writes itself, e.g. magpie:400)")
+    return int(match.group(1))
 
 
 class PromptSourceWeight(StrictModel):
@@ -35,9 +54,15 @@ class PromptSourceWeight(StrictModel):
     """
 
     source: str
-    """A training prompt source, as `train.prompts` names one (`mixed`, `humaneval-train`, a .jsonl / .txt file)."""
+    """A training prompt source, as `train.prompts` names one (`mixed`, `humaneval-train`, `magpie:N`, a .jsonl / .txt file)."""
     weight: float = Field(1.0, gt=0, le=100)
     """Share of that source taken: round(weight * its prompts), its prompts in order, cycled when weight > 1."""
+
+    @field_validator("source")
+    @classmethod
+    def _known_magpie(cls, source: str) -> str:
+        magpie_count(source)
+        return source
 
 
 class TrainConfig(StrictModel):
@@ -46,7 +71,9 @@ class TrainConfig(StrictModel):
     Attributes:
         prompts: training prompts: ``humaneval-train`` (HumanEval problems 40..163, never the first 40),
             ``mixed`` (the bundled training mix of six categories, disjoint from every evaluation set;
-            ``mixed:CATEGORY`` one of them), or a ``.jsonl`` / ``.txt`` file relative to the recipe: objects
+            ``mixed:CATEGORY`` one of them), ``magpie:N`` (N user messages the target writes itself from its
+            chat template's user turn, Magpie, Xu et al. 2025: :mod:`specbuild.train.magpie`), or a
+            ``.jsonl`` / ``.txt`` file relative to the recipe: objects
             with ``prompt`` or ``text`` (sent as written) or OpenAI-style ``messages`` (a chat log, rendered
             with the target's chat template, a final assistant turn dropped); or a list of these, each
             optionally ``{source, weight}`` (:class:`PromptSourceWeight`). Bundled user messages (``mixed``,
@@ -101,12 +128,20 @@ class TrainConfig(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     prompts: str | list[str | PromptSourceWeight] = Field(HUMANEVAL_TRAIN, min_length=1)
-    """Training prompts: `humaneval-train` (HumanEval 40..163), `mixed[:CATEGORY]` (the bundled six-category mix), or a .jsonl (`prompt` / `text`, or OpenAI `messages` chat logs, rendered with the target's chat template) / .txt file relative to the recipe; or a list of these, each optionally `{source, weight}`."""
+    """Training prompts: `humaneval-train` (HumanEval 40..163), `mixed[:CATEGORY]` (the bundled six-category mix), `magpie:N` (N user messages the target writes itself), or a .jsonl (`prompt` / `text`, or OpenAI `messages` chat logs, rendered with the target's chat template) / .txt file relative to the recipe; or a list of these, each optionally `{source, weight}`."""
     @property
     def prompt_sources(self) -> list[PromptSourceWeight]:
         """``prompts`` as a list of weighted sources (a single name: weight 1)."""
         items = [self.prompts] if isinstance(self.prompts, str) else self.prompts
         return [PromptSourceWeight(source=i) if isinstance(i, str) else i for i in items]
+
+    @field_validator("prompts")
+    @classmethod
+    def _known_magpie_names(cls, prompts):
+        for item in [prompts] if isinstance(prompts, str) else prompts:
+            if isinstance(item, str):
+                magpie_count(item)
+        return prompts
 
     @property
     def prompts_label(self) -> str:

@@ -24,8 +24,10 @@ generation settings; reused while they are unchanged)::
                             forward; for data made without it, by a later pass on first use)
     meta.json               prompts used, token counts, timings
 
-and beside it ``<responses fingerprint>.responses.json``, the target's responses as batches finish
-(an interrupted run resumes from it; data differing only in ``texts`` reuses it).
+and beside it ``responses-<key>.json`` (:func:`responses_cache_key`: the target and generation settings),
+the target's responses as batches finish, each under its prompt's tokens: an interrupted run resumes from
+it, data differing only in ``texts`` reuses it, and a prompt set sharing prompts with an earlier one
+generates only its new prompts' responses.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specbuild.util.atomic import staging_dir
+from specbuild.util.atomic import staging_dir, write_file_atomic
 from specbuild.cache import cache_dir
 from specbuild.prompts import Prompt, load_prompts
 
-from .config import HUMANEVAL_TRAIN, HUMANEVAL_TRAIN_START, TrainConfig
+from .config import HUMANEVAL_TRAIN, HUMANEVAL_TRAIN_START, TrainConfig, magpie_count
 
 DATA_FORMAT = 1
 
@@ -88,21 +90,32 @@ class DistillData:
         return load_file(str(self.path / _aux_name(layers)))["aux"]
 
 
-def training_prompts(config: TrainConfig, *, base_dir: Path | None = None) -> tuple[list[Prompt], list[Prompt]]:
+def training_prompts(
+    config: TrainConfig, *, base_dir: Path | None = None, generated: dict[str, list[Prompt]] | None = None,
+) -> tuple[list[Prompt], list[Prompt]]:
     """``(training prompts, held-out prompts)`` for ``config``.
 
-    Each source of ``train.prompts`` is loaded (:func:`load_source`) and weighted (:func:`weighted`), in
-    order. Prompts meant for the chat template (chat logs, and the bundled user-message sets such as
+    Each source of ``train.prompts`` is loaded (:func:`load_source`; a ``magpie:N`` source from
+    ``generated``, source -> the prompts :mod:`specbuild.train.magpie` made) and weighted
+    (:func:`weighted`), in order. Prompts meant for the chat template (chat logs, and the bundled user-message sets such as
     ``mixed``) carry ``Prompt.messages``; :func:`~specbuild.prompts.render_messages` turns them into the
     target's chat-template text once its tokenizer is loaded.
 
     Raises:
-        TrainDataError: a source cannot be read, or a held-out prompt's text is also a training prompt.
+        TrainDataError: a source cannot be read, a ``magpie:N`` source is not in ``generated``, or a held-out
+            prompt's text is also a training prompt.
     """
     from specbuild.prompts import PromptSourceError
 
+    def source_prompts(source: str) -> list[Prompt]:
+        if magpie_count(source) is None:
+            return load_source(source, base_dir=base_dir)
+        if generated is None or source not in generated:
+            raise TrainDataError(f"train.prompts: {source!r} is written by the target; it is made when the draft trains")
+        return generated[source]
+
     try:
-        train = [p for s in config.prompt_sources for p in weighted(load_source(s.source, base_dir=base_dir), s.weight)]
+        train = [p for s in config.prompt_sources for p in weighted(source_prompts(s.source), s.weight)]
         held_out = load_source(config.held_out, base_dir=base_dir)
     except PromptSourceError as exc:
         raise TrainDataError(f"train.prompts / train.held_out: {exc}") from None
@@ -225,6 +238,13 @@ def responses_fingerprint(target_fingerprint: str, prompts: Sequence[Prompt], co
     return h.hexdigest()[:16]
 
 
+def responses_cache_key(target_fingerprint: str, config: TrainConfig) -> str:
+    """Names the file of saved responses (``responses-<key>.json``): the target and the generation settings,
+    not the prompts, so every prompt set made with the same settings reuses the responses it shares."""
+    key = f"{DATA_FORMAT}:{target_fingerprint}:{config.max_new_tokens}:{config.temperature}:{config.seed}"
+    return "responses-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def data_fingerprint(
     target_fingerprint: str, prompts: Sequence[Prompt], config: TrainConfig, texts: Sequence[tuple[str, str]] = (),
 ) -> str:
@@ -258,9 +278,10 @@ def build_distill_data(
         texts: ``(name, text)`` pairs to add teacher-forced (:func:`load_texts`).
         fingerprint: :func:`data_fingerprint`; names the cache directory under ``root``
             (default ``$SPECBUILD_CACHE/train-data``).
-        responses_key: :func:`responses_fingerprint` (default ``fingerprint``): the target's responses
-            are kept in ``<root>/<responses_key>.responses.json`` as batches finish, so an interrupted
-            run resumes and data that differs only in ``texts`` reuses them.
+        responses_key: :func:`responses_cache_key` (default ``fingerprint``): the target's responses
+            are kept in ``<root>/<responses_key>.json`` as batches finish, each under its prompt's tokens,
+            so an interrupted run resumes, data that differs only in ``texts`` reuses them, and a prompt
+            set that shares prompts with an earlier one generates only the prompts it adds.
         aux_layers: target layers whose outputs the method trains on (EAGLE-3's capture,
             ``Training.capture_layers``): written in the features' forward as ``aux_<layers>.safetensors``
             (:meth:`DistillData.aux`) instead of by a second pass over the data later.
@@ -269,7 +290,7 @@ def build_distill_data(
     if not (out / "meta.json").is_file():
         if not prompts:
             raise TrainDataError("train.prompts: no training prompts")
-        partial = out.with_name(f"{responses_key or fingerprint}.responses.json")  # survives an interrupted run
+        partial = out.with_name(f"{responses_key or fingerprint}.json")  # survives an interrupted run
         with staging_dir(out) as tmp:
             _write_data(model, tokenizer, prompts, config, tmp, partial=partial, log=log, texts=texts, aux_layers=aux_layers)
         log(f"training data written to {out}")
@@ -338,26 +359,27 @@ def generate_responses(
     batch seeded from ``config.seed`` and its position, so the same settings give the same data).
     Greedy and sampled prompts are batched apart, each in length order (less padding); each response
     ends at its first ``eos_id`` (kept) or after ``max_new_tokens``. Returns responses in the order of
-    ``prompts``. With ``partial`` (a JSON file) finished batches are saved as they complete and skipped
-    when a run starts again.
+    ``prompts``. With ``partial`` (a JSON file) finished batches are saved as they complete; a later run
+    batches only the prompts without a saved response (same index, same tokens), so an interrupted run
+    resumes and a source appended to ``train.prompts`` costs only its own responses.
     """
     device = next(model.parameters()).device
     pad = eos_id if eos_id is not None else 0
     sampled = list(sampled) if sampled is not None else [False] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: (sampled[i], len(prompts[i]), i))
-    responses: dict[int, list[int]] = _read_partial(partial, prompts)
+    keys = _entry_keys(prompts, sampled)
+    saved = _read_partial(partial)
+    responses: dict[int, list[int]] = {i: saved[k] for i, k in enumerate(keys) if k in saved}
     if responses:
-        log(f"resuming generation: {len(responses)}/{len(prompts)} responses already generated")
+        log(f"reusing {len(responses)}/{len(prompts)} saved responses (same prompt, same generation settings)")
     bs = config.generation_batch_size
-    batches = []  # a batch never mixes greedy and sampled prompts
+    batches = []  # a batch never mixes greedy and sampled prompts; only prompts without a saved response
     for kind in (False, True):
-        part = [i for i in order if sampled[i] == kind]
+        part = [i for i in order if sampled[i] == kind and i not in responses]
         batches += [part[b : b + bs] for b in range(0, len(part), bs)]
-    done = 0
+    done = len(responses)
     for chunk in batches:
         done += len(chunk)
-        if all(i in responses for i in chunk):
-            continue
         width = max(len(prompts[i]) for i in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -379,27 +401,37 @@ def generate_responses(
                 row = row[: row.index(eos_id) + 1]
             responses[i] = row
         if partial is not None:
-            _write_partial(partial, prompts, responses)
+            _write_partial(partial, {keys[i]: responses[i] for i in chunk})
         log(f"generated {done}/{len(order)} responses ({time.perf_counter() - start:.1f} s for this batch)")
     return [responses[i] for i in range(len(prompts))]
 
 
-def _read_partial(partial: Path | None, prompts: Sequence[list[int]]) -> dict[int, list[int]]:
-    """Responses saved by an interrupted run, kept only where the prompt's tokens are the same."""
+def _entry_keys(prompts: Sequence[list[int]], sampled: Sequence[bool]) -> list[str]:
+    """A saved response's key: the prompt's tokens (hashed), greedy or sampled, and which repeat of that
+    pair it is (a prompt's second sampled response is another entry than its first)."""
+    seen: dict[tuple[str, bool], int] = {}
+    keys = []
+    for ids, s in zip(prompts, sampled):
+        digest = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:32]
+        k = seen[(digest, s)] = seen.get((digest, s), -1) + 1
+        keys.append(f"{digest}:{'s' if s else 'g'}:{k}")
+    return keys
+
+
+def _read_partial(partial: Path | None) -> dict[str, list[int]]:
+    """Responses saved by earlier runs with the same generation settings, by :func:`_entry_keys` key."""
     if partial is None or not partial.is_file():
         return {}
     try:
         saved = json.loads(partial.read_text())
     except ValueError:
         return {}
-    return {int(i): r["response"] for i, r in saved.items() if int(i) < len(prompts) and r.get("prompt") == prompts[int(i)]}
+    return {k: r for k, r in saved.items() if isinstance(r, list)} if isinstance(saved, dict) else {}
 
 
-def _write_partial(partial: Path, prompts: Sequence[list[int]], responses: dict[int, list[int]]) -> None:
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    tmp = partial.with_suffix(".tmp")
-    tmp.write_text(json.dumps({str(i): {"prompt": prompts[i], "response": r} for i, r in responses.items()}))
-    tmp.replace(partial)
+def _write_partial(partial: Path, new: dict[str, list[int]]) -> None:
+    """Add ``new`` to the saved responses (re-read first: another run may share the file)."""
+    write_file_atomic(partial, json.dumps(_read_partial(partial) | new).encode())
 
 
 @torch.inference_mode()
