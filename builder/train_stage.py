@@ -299,7 +299,8 @@ def _magpie_prompts(config: TrainConfig, target_fp: str, load, log) -> dict[str,
     """source -> prompts of each ``magpie:N`` source of ``train.prompts``: read from their cache, or written by
     the target (``load()`` -> ``(target, tokenizer)``, called only then) and cached
     (:mod:`specbuild.train.magpie`). Raises ``MagpieError`` (no chat template, nothing usable)."""
-    from specbuild.train.magpie import generate_magpie, load_magpie, magpie_count, magpie_path, save_magpie
+    from specbuild.train.config import magpie_count
+    from specbuild.train.magpie import generate_magpie, load_magpie, magpie_path, save_magpie
 
     generated = {}
     for item in config.prompt_sources:

@@ -15,7 +15,7 @@ any evaluation prompt (:func:`specbuild.prompts.near_duplicates` against
 prompt's (``samples_per_prompt``).
 
 The messages are cached as ``$SPECBUILD_CACHE/train-data/magpie-<key>.jsonl`` (key: the target's
-fingerprint, N, ``train.seed`` and this module's settings), one OpenAI-style ``messages`` line each, so
+fingerprint, N, ``train.seed``, ``train.generation_batch_size`` and this module's settings), one OpenAI-style ``messages`` line each, so
 later runs, plans and fingerprints read them without loading the target.
 """
 
@@ -30,7 +30,7 @@ from specbuild.cache import cache_dir
 from specbuild.prompts import Prompt, evaluation_prompts, near_duplicates
 from specbuild.util.atomic import write_file_atomic
 
-from .config import TrainConfig, magpie_count  # noqa: F401  (magpie_count: re-exported)
+from .config import TrainConfig
 
 TEMPERATURE = 1.0  # Magpie §2.1 samples the query at temperature 1 (top-p 1)
 MAX_TOKENS = 96  # a message not ended within this many tokens is dropped
@@ -41,12 +41,15 @@ _SENTINEL = "\x00specbuild-magpie\x00"
 
 
 class MagpieError(ValueError):
-    """A ``magpie:N`` source that cannot be made: bad N, or a target without a chat template."""
+    """A ``magpie:N`` source that cannot be made: a target without a chat template, or no usable message
+    (``N`` itself is checked with the recipe: :func:`specbuild.train.config.magpie_count`)."""
 
 
 def magpie_path(target_fingerprint: str, count: int, config: TrainConfig) -> Path:
-    """Where the ``magpie:count`` prompts of this target and ``config.seed`` are cached."""
-    key = f"{FORMAT}:{target_fingerprint}:{count}:{config.seed}:{TEMPERATURE}:{MAX_TOKENS}:{MIN_TOKENS}"
+    """Where the ``magpie:count`` prompts of this target, ``config.seed`` and ``config.generation_batch_size``
+    (each batch is seeded by its position) are cached."""
+    key = (f"{FORMAT}:{target_fingerprint}:{count}:{config.seed}:{config.generation_batch_size}:"
+           f"{TEMPERATURE}:{MAX_TOKENS}:{MIN_TOKENS}")
     return cache_dir() / "train-data" / f"magpie-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsonl"
 
 
