@@ -226,6 +226,7 @@ def train_draft(
     from specbuild.tokenizer import load_tokenizer
 
     from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_cache_key, training_prompts
+    from specbuild.train.config import magpie_count
     from specbuild.train.magpie import MagpieError
 
     config: TrainConfig = loaded.recipe.train
@@ -244,10 +245,12 @@ def train_draft(
         return target, tokenizer
 
     start = time.perf_counter()
-    try:
+    try:  # every other source, the held-out prompts and the texts are checked before the target writes any
+        unwritten = {s.source: [] for s in config.prompt_sources if magpie_count(s.source) is not None}
+        training_prompts(config, base_dir=loaded.path.parent, generated=unwritten)
+        texts = load_texts(config.texts, base_dir=loaded.path.parent)
         generated = _magpie_prompts(config, target_fp, load, log)
         train_prompts, held_out = training_prompts(config, base_dir=loaded.path.parent, generated=generated)
-        texts = load_texts(config.texts, base_dir=loaded.path.parent)
     except (TrainDataError, MagpieError) as exc:
         field = str(exc).split(":")[0].removeprefix("train.")
         raise loaded.error(("train", field if field in ("held_out", "texts") else "prompts"), str(exc)) from None

@@ -130,6 +130,15 @@ def test_a_base_target_is_refused_before_any_work(tiny_checkpoint, prompt_files,
     assert not list((tmp_path / "cache").glob("train-data/*"))
 
 
+def test_a_bad_other_source_is_reported_before_the_target_writes_anything(chat_checkpoint, prompt_files, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
+    recipe = _magpie_recipe(tmp_path, chat_checkpoint, prompt_files)
+    recipe.write_text(recipe.read_text().replace("'magpie:4'", "'magpie:4', missing.jsonl"))
+    with pytest.raises(RecipeError, match=r"train\.prompts.*no such file.*missing\.jsonl"):
+        train_draft(load_recipe(str(recipe)), log=lambda m: None, show_progress=False)
+    assert not list((tmp_path / "cache").glob("train-data/magpie-*"))
+
+
 def test_appending_a_source_generates_only_the_new_prompts_responses(chat_checkpoint, tmp_path):
     from specbuild.engine.target import load_target
 
