@@ -28,7 +28,7 @@ from pathlib import Path
 from specbuild.builder.recipe import LoadedRecipe, RecipeError, trainable_methods
 from specbuild.cache import cache_dir
 
-from specbuild.train.config import TrainConfig
+from specbuild.train.config import TrainConfig, magpie_count
 
 TRAIN_FORMAT = 1
 CARD_JSON, CARD_MD = "model_card.json", "MODEL_CARD.md"
@@ -226,7 +226,6 @@ def train_draft(
     from specbuild.tokenizer import load_tokenizer
 
     from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_cache_key, training_prompts
-    from specbuild.train.config import magpie_count
     from specbuild.train.magpie import MagpieError
 
     config: TrainConfig = loaded.recipe.train
@@ -302,7 +301,6 @@ def _magpie_prompts(config: TrainConfig, target_fp: str, load, log) -> dict[str,
     """source -> prompts of each ``magpie:N`` source of ``train.prompts``: read from their cache, or written by
     the target (``load()`` -> ``(target, tokenizer)``, called only then) and cached
     (:mod:`specbuild.train.magpie`). Raises ``MagpieError`` (no chat template, nothing usable)."""
-    from specbuild.train.config import magpie_count
     from specbuild.train.magpie import generate_magpie, load_magpie, magpie_path, save_magpie
 
     generated = {}

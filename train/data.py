@@ -360,8 +360,9 @@ def generate_responses(
     Greedy and sampled prompts are batched apart, each in length order (less padding); each response
     ends at its first ``eos_id`` (kept) or after ``max_new_tokens``. Returns responses in the order of
     ``prompts``. With ``partial`` (a JSON file) finished batches are saved as they complete; a later run
-    batches only the prompts without a saved response (same index, same tokens), so an interrupted run
-    resumes and a source appended to ``train.prompts`` costs only its own responses.
+    batches only the prompts without a saved response (same tokens, greedy or sampled, same repeat:
+    :func:`_entry_keys`), so an interrupted run resumes and a source added to ``train.prompts`` costs only
+    its own responses.
     """
     device = next(model.parameters()).device
     pad = eos_id if eos_id is not None else 0
