@@ -29,7 +29,7 @@ import torch
 from . import decoder
 from .attention import ENGINE_ATTENTION, ROWS_KWARG
 from .kv_pool import KVPool, SlotCache
-from .target import cache_keyword
+from specbuild.util.checkpoints import cache_keyword
 
 # Attention implementations that apply a custom 4D float mask as given (flash kernels would ignore it).
 MASK_ATTENTION = ("eager", "sdpa", ENGINE_ATTENTION)

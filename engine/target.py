@@ -7,7 +7,6 @@ over a :class:`~specbuild.engine.kv_pool.KVPool`.
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import torch
@@ -51,17 +50,3 @@ def load_target(
     )
     use_engine_attention(model)  # one fused GQA attention for every block width (engine/attention.py)
     return model.to(device).eval()
-
-
-def cache_keyword(model: PreTrainedModel) -> str:
-    """The forward() keyword for the KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``.
-
-    A model that ignored an unknown keyword would silently recompute without the cache, so the
-    name is read from the signature rather than assumed.
-    """
-    parameters = inspect.signature(model.forward).parameters
-    if "cache" in parameters:
-        return "cache"
-    if "past_key_values" in parameters:
-        return "past_key_values"
-    raise TypeError(f"{type(model).__name__}.forward takes neither cache= nor past_key_values=; cannot own its KV cache")

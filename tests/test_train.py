@@ -109,6 +109,44 @@ def test_one_target_pass_gives_each_sequence_its_own_features_and_the_captured_l
     torch.testing.assert_close(separate, aux, rtol=1e-4, atol=1e-4)
 
 
+def test_features_read_from_the_generation_equal_a_teacher_forced_pass(setup, prompt_files, tmp_path):
+    """The features, argmax and captured layers of freshly generated sequences come from generate()'s own
+    forwards (no second pass), those of saved responses and texts from a teacher-forced pass; either way
+    every row is its unpadded forward's: greedy and sampled rows, rows that ended early at the end token
+    (then fed padding) and rows cut at max_new_tokens, in batches that mix prompt lengths."""
+    model, tokenizer, _, _ = setup
+    train, _ = training_prompts(small_config(prompt_files))
+    config = small_config(prompt_files, generation_batch_size=3, max_new_tokens=8, samples_per_prompt=2,
+                          texts=None)
+    first = build_distill_data(model, tokenizer, train, config, fingerprint="plain", root=tmp_path, log=lambda m: None)
+    a, b = first.span(0)
+    stop = int(first.tokens[a + int(first.prompt_lens[0]) + 2])  # the first response's third token
+    eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = stop
+    try:
+        half = build_distill_data(model, tokenizer, train[:2], config, fingerprint="half", root=tmp_path,
+                                  log=lambda m: None, responses_key="responses", aux_layers=(0, 1))
+        data = build_distill_data(model, tokenizer, train, config, fingerprint="all", root=tmp_path,
+                                  log=lambda m: None, responses_key="responses", aux_layers=(0, 1))
+    finally:
+        model.generation_config.eos_token_id = eos
+    meta = json.loads((data.path / "meta.json").read_text())
+    assert json.loads((half.path / "meta.json").read_text())["features_from_generation"] == 4
+    assert meta["features_from_generation"] == 4  # the other 4 responses were saved by the run before
+    generated = [data.span(i)[1] - data.span(i)[0] - int(data.prompt_lens[i]) for i in range(data.num_sequences)]
+    assert min(generated) < 8 and max(generated) == 8  # some ended at the end token, some ran to the limit
+    aux = data.aux((0, 1))
+    for i in range(data.num_sequences):
+        a, b = data.span(i)
+        with torch.inference_mode():
+            out = model.base_model(input_ids=data.tokens[a:b][None], output_hidden_states=True)
+            argmax = model.lm_head(out.last_hidden_state[0]).argmax(-1)
+        torch.testing.assert_close(data.features[a:b], out.last_hidden_state[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(aux[a:b], torch.cat([out.hidden_states[1][0], out.hidden_states[2][0]], -1),
+                                   rtol=1e-4, atol=1e-4)
+        assert torch.equal(data.top1[a:b], argmax)
+
+
 def test_interrupted_generation_keeps_finished_batches(setup, prompt_files, tmp_path):
     from specbuild.train.data import generate_responses
 

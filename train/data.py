@@ -7,12 +7,17 @@ argmax, which is the label at every position whichever response the tokens came 
 ``texts`` set, pieces of existing text (e.g. the Python standard library's sources) are added as
 teacher-forced sequences: no generation, only the target's features and argmax on the text, which is
 cheap data (one forward pass per token) the way EAGLE trains on fixed text. Their ``prompt_lens``
-equal their lengths (nothing in them is target-generated). One teacher-forced pass over every
-sequence then records, per position ``j`` of each sequence ``c_0 .. c_{n-1}``::
+equal their lengths (nothing in them is target-generated). Per position ``j`` of each sequence
+``c_0 .. c_{n-1}`` the data records what one teacher-forced pass over it gives::
 
     features[j]   [H]     the target's final-norm hidden state f_j (the lm_head input; EAGLE's feature)
     top1[j]               argmax lm_head(f_j): the target's greedy next token after c_0 .. c_j
     aux[j]        [3 Ht]  (EAGLE-3 only) the outputs of the captured target layers, concatenated
+
+For the responses generated in this run those values are read from ``generate()``'s own forwards (the
+prefill for the prompt, one decode step per response token, and one more step for the last token:
+:class:`_Recorder`), which saves a second pass over the prompts and responses; saved responses reused
+from an earlier run and the texts get the teacher-forced pass.
 
 On disk (``$SPECBUILD_CACHE/train-data/<fingerprint>/``, fingerprint of the target checkpoint, prompts and
 generation settings; reused while they are unchanged)::
@@ -43,6 +48,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specbuild.util.atomic import staging_dir, write_file_atomic
+from specbuild.util.checkpoints import cache_keyword
 from specbuild.cache import cache_dir
 from specbuild.prompts import Prompt, load_prompts
 
@@ -312,8 +318,8 @@ def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig
     samples = config.samples_per_prompt
     jobs = [ids for ids in encoded for _ in range(samples)]  # prompt i's responses at i*samples .. i*samples+samples-1
     sampled = [s > 0 for _ in encoded for s in range(samples)]
-    responses = generate_responses(model, jobs, config, eos_id=_eos_id(model, tokenizer), partial=partial, log=log,
-                                   sampled=sampled)
+    responses, captured = _generate(model, jobs, config, eos_id=_eos_id(model, tokenizer), partial=partial, log=log,
+                                    sampled=sampled, capture=aux_layers)
     generated_s = time.perf_counter() - start
     encoded = jobs
     sequences = [p + r for p, r in zip(encoded, responses)]
@@ -325,7 +331,14 @@ def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig
     tokens = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
     save_file({"tokens": tokens, "offsets": offsets, "prompt_lens": torch.tensor([len(p) for p in encoded])},
               str(out / "sequences.safetensors"))
-    feats = target_features(model, sequences, batch_size=config.generation_batch_size, layers=aux_layers, log=log)
+    # the sequences generate() did not just write (saved responses, texts) get their teacher-forced pass
+    rest = [i for i in range(len(sequences)) if i not in captured]
+    if captured:
+        log(f"target features: {len(captured)} sequences read from the generation's forwards, "
+            f"{len(rest)} need a teacher-forced pass")
+    forced = target_features(model, [sequences[i] for i in rest], batch_size=config.generation_batch_size,
+                             layers=aux_layers, log=log) if rest else {}
+    feats = _merge_features(captured, forced, rest, [len(s) for s in sequences], aux=bool(aux_layers))
     save_file({"features": feats["features"], "top1": feats["top1"]}, str(out / "features.safetensors"))
     if aux_layers:  # the captured layers from the same forward (EAGLE-3), not a second pass later
         _save_aux(out / _aux_name(aux_layers), feats["aux"])
@@ -334,11 +347,25 @@ def _write_data(model, tokenizer, prompts: Sequence[Prompt], config: TrainConfig
         "response_tokens": sum(len(r) for r in responses), "max_new_tokens": config.max_new_tokens,
         "samples_per_prompt": samples, "text_tokens": sum(map(len, pieces)), "text_sequences": len(pieces), "temperature": config.temperature if samples > 1 else None,
         "prompt_ids": [p.id for p in prompts], "generate_seconds": round(generated_s, 1),
+        "features_from_generation": len(captured),
         "total_seconds": round(time.perf_counter() - start, 1),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     log(f"training data: {meta['num_sequences']} sequences, {meta['num_tokens']} tokens "
         f"({meta['response_tokens']} generated) in {meta['total_seconds']} s")
+
+
+def _merge_features(captured: dict[int, dict[str, torch.Tensor]], forced: dict[str, torch.Tensor], rest: Sequence[int],
+                    lens: Sequence[int], *, aux: bool) -> dict[str, torch.Tensor]:
+    """Every sequence's rows in order: from ``captured`` (by index) or from ``forced``, the teacher-forced
+    pass over the sequences ``rest`` (concatenated in that order)."""
+    keys = ["features", "top1"] + (["aux"] if aux else [])
+    starts, at = {}, 0
+    for i in rest:
+        starts[i] = at
+        at += lens[i]
+    return {key: torch.cat([captured[i][key] if i in captured else forced[key][starts[i]: starts[i] + lens[i]]
+                            for i in range(len(lens))]) for key in keys}
 
 
 def _eos_id(model, tokenizer) -> int | None:
@@ -364,6 +391,19 @@ def generate_responses(
     :func:`_entry_keys`), so an interrupted run resumes and a source added to ``train.prompts`` costs only
     its own responses.
     """
+    return _generate(model, prompts, config, eos_id=eos_id, partial=partial, log=log, sampled=sampled)[0]
+
+
+def _generate(
+    model, prompts: Sequence[list[int]], config: TrainConfig, *, eos_id: int | None, partial: Path | None, log,
+    sampled: Sequence[bool] | None, capture: Sequence[int] | None = None,
+) -> tuple[list[list[int]], dict[int, dict[str, torch.Tensor]]]:
+    """:func:`generate_responses`, and with ``capture`` (decoder layer ids, possibly none) the features of
+    every newly generated ``prompt + response`` read from the generation's own forwards
+    (:class:`_Recorder`): ``{index: {"features": [L, H], "top1": [L], "aux": [L, len(capture) * H]}}``,
+    the values :func:`target_features` gives for that sequence (to float rounding), without a second pass.
+    Responses reused from ``partial`` have no entry; neither has anything when the target's layers
+    cannot be hooked (:func:`_capture_modules`)."""
     device = next(model.parameters()).device
     pad = eos_id if eos_id is not None else 0
     sampled = list(sampled) if sampled is not None else [False] * len(prompts)
@@ -373,6 +413,9 @@ def generate_responses(
     responses: dict[int, list[int]] = {i: saved[k] for i, k in enumerate(keys) if k in saved}
     if responses:
         log(f"reusing {len(responses)}/{len(prompts)} saved responses (same prompt, same generation settings)")
+    if capture is not None and _capture_modules(model) is None:
+        capture = None  # not a decoder stack this can hook: the caller's teacher-forced pass does it all
+    captured: dict[int, dict[str, torch.Tensor]] = {}
     bs = config.generation_batch_size
     batches = []  # a batch never mixes greedy and sampled prompts; only prompts without a saved response
     for kind in (False, True):
@@ -392,19 +435,107 @@ def generate_responses(
         if sampled[chunk[0]]:
             torch.manual_seed(config.seed * 1_000_003 + chunk[0])
             sampling = {"do_sample": True, "temperature": config.temperature, "top_k": 0, "top_p": 1.0}
-        out = model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=config.max_new_tokens,
-            min_new_tokens=1, eos_token_id=eos_id, pad_token_id=pad, **sampling,
-        )[:, width:].tolist()
+        recorder = _Recorder(model, capture) if capture is not None else None
+        try:
+            out = model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=config.max_new_tokens,
+                min_new_tokens=1, eos_token_id=eos_id, pad_token_id=pad, return_dict_in_generate=recorder is not None,
+                **sampling,
+            )
+            if recorder is not None:
+                recorder.feed_last(model, out, mask.to(device))
+        finally:
+            if recorder is not None:
+                recorder.close()
+        sequences = out.sequences if recorder is not None else out
+        rows = sequences[:, width:].tolist()
         for r, i in enumerate(chunk):
-            row = out[r]
+            row = rows[r]
             if eos_id is not None and eos_id in row:
                 row = row[: row.index(eos_id) + 1]
             responses[i] = row
+        if recorder is not None:
+            captured.update(recorder.sequences(model, chunk, [len(prompts[i]) for i in chunk],
+                                               [len(responses[i]) for i in chunk], width))
         if partial is not None:
             _write_partial(partial, {keys[i]: responses[i] for i in chunk})
         log(f"generated {done}/{len(order)} responses ({time.perf_counter() - start:.1f} s for this batch)")
-    return [responses[i] for i in range(len(prompts))]
+    return [responses[i] for i in range(len(prompts))], captured
+
+
+def _capture_modules(model) -> tuple[Sequence[torch.nn.Module], torch.nn.Module] | None:
+    """The target's decoder layers and final norm (``base_model.layers``, ``base_model.norm``: Llama,
+    Mistral, Qwen, Gemma and the other decoder stacks transformers builds that way), or None."""
+    base = model.base_model
+    layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not isinstance(norm, torch.nn.Module):
+        return None
+    return layers, norm
+
+
+class _Recorder:
+    """Forward hooks that keep what :func:`target_features` computes, from ``generate()``'s own forwards.
+
+    Each forward of the target (the prefill ``[B, width]``, then one ``[B, 1]`` per decode step) leaves
+    the final norm's output and the captured layers' outputs (``hidden_states[i + 1]`` as transformers
+    numbers them: the last layer's is the final norm's output). ``generate()`` never feeds its last token,
+    so :meth:`feed_last` runs one more ``[B, 1]`` forward on the returned cache; then forward ``k + 1``
+    holds response token ``k`` of every row, and each ``prompt + response`` has its features at every
+    position, as a teacher-forced pass over it would give them (the same positions; left padding masked).
+    """
+
+    def __init__(self, model, layers: Sequence[int]):
+        decoder, norm = _capture_modules(model)
+        # transformers' hidden_states[L] (the last layer's) is the final norm's output, not the layer's own
+        self.keys = ["last" if j == len(decoder) - 1 else j for j in layers]
+        self.calls: list[dict] = []  # one per forward: {"last": [B, T, H], layer id: [B, T, H]}
+        self._pending: dict = {}
+        self._handles = [norm.register_forward_hook(self._hook("last"))]
+        self._handles += [decoder[j].register_forward_hook(self._hook(j)) for j in set(self.keys) - {"last"}]
+
+    def _hook(self, key):
+        def hook(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            self._pending[key] = out.detach()
+            if key == "last":  # the norm runs after every layer: the forward is complete
+                self.calls.append(self._pending)
+                self._pending = {}
+        return hook
+
+    def feed_last(self, model, out, mask: torch.Tensor) -> None:
+        """Feed the last generated token of every row through the cache ``generate()`` returned."""
+        cache = getattr(out, "cache", None)
+        if cache is None:
+            cache = getattr(out, "past_key_values", None)
+        if cache is None:
+            raise RuntimeError("generate() returned no cache; cannot read the last token's features")
+        n = out.sequences.shape[1] - mask.shape[1]
+        full = torch.cat([mask, mask.new_ones((mask.shape[0], n))], 1)
+        base = model.base_model
+        base(input_ids=out.sequences[:, -1:], attention_mask=full, position_ids=full.sum(-1, keepdim=True) - 1,
+             use_cache=True, **{cache_keyword(base): cache})
+
+    def sequences(self, model, chunk: Sequence[int], prompt_lens: Sequence[int], response_lens: Sequence[int],
+                  width: int) -> dict[int, dict[str, torch.Tensor]]:
+        """Per row: its prompt's positions from the prefill, response token ``k``'s from forward ``k + 1``."""
+        calls, need = self.calls, max(response_lens) + 1
+        if len(calls) < need or calls[0]["last"].shape[1] != width or any(c["last"].shape[1] != 1 for c in calls[1:]):
+            raise RuntimeError(f"generate() ran {len(calls)} forwards, not a prefill and {need - 1} single-token steps")
+        steps = {key: torch.cat([c[key] for c in calls[1:need]], 1) for key in calls[0]}  # [B, need - 1, H]
+        lm_head = model.get_output_embeddings()
+        result = {}
+        for r, (i, p, n) in enumerate(zip(chunk, prompt_lens, response_lens)):
+            per = {key: torch.cat([calls[0][key][r, width - p:], steps[key][r, :n]]).float().cpu() for key in calls[0]}
+            entry = {"features": per["last"],
+                     "top1": lm_head(per["last"].to(lm_head.weight.device, lm_head.weight.dtype)).argmax(-1).cpu()}
+            if self.keys:
+                entry["aux"] = torch.cat([per[key] for key in self.keys], -1)
+            result[i] = entry
+        return result
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 def _entry_keys(prompts: Sequence[list[int]], sampled: Sequence[bool]) -> list[str]:

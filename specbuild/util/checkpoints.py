@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import inspect
 import importlib.util
 import json
 import re
@@ -280,3 +281,17 @@ def package_version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def cache_keyword(model) -> str:
+    """The forward() keyword for the KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``.
+
+    A model that ignored an unknown keyword would silently recompute without the cache, so the
+    name is read from the signature rather than assumed.
+    """
+    parameters = inspect.signature(model.forward).parameters
+    if "cache" in parameters:
+        return "cache"
+    if "past_key_values" in parameters:
+        return "past_key_values"
+    raise TypeError(f"{type(model).__name__}.forward takes neither cache= nor past_key_values=; cannot own its KV cache")
