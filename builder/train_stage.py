@@ -22,6 +22,7 @@ import hashlib
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +138,7 @@ def data_estimate(loaded: LoadedRecipe) -> float:
     :data:`MEASURED_TEXT_TOKEN_S` and :data:`MEASURED_MAGPIE_MESSAGE_S`. A source that cannot be read
     counts nothing (the recipe check reports it)."""
     from specbuild.prompts import PromptSourceError
-    from specbuild.train.data import load_source
+    from specbuild.train.sources import load_source
 
     config = loaded.recipe.train
     prompts = magpie = 0
@@ -158,52 +159,75 @@ def data_estimate(loaded: LoadedRecipe) -> float:
     return responses * MEASURED_RESPONSE_S + texts * MEASURED_TEXT_TOKEN_S + magpie * MEASURED_MAGPIE_MESSAGE_S
 
 
-def training_info(loaded: LoadedRecipe) -> dict | None:
+def training_info(loaded: LoadedRecipe, *, check: bool = False) -> dict | None:
     """The recipe's draft training as data, from the file system only (no torch); None without a
-    ``train:`` section. Keys: ``trained`` (a model card is there), ``artefact``, ``steps``, and when
-    trained ``seconds`` (training) and ``data_seconds`` (making the data), from the model card; when
-    not trained ``estimated_seconds`` (:func:`training_estimate`, training and data; None: no estimate)."""
+    ``train:`` section. Keys: ``trained`` (a model card is there), ``artefact``, ``steps``, ``up_to_date``
+    (the card's fingerprint equals the recipe's, :func:`planned_fingerprint`: a run reuses the draft;
+    False: it retrains; None: not known, e.g. a ``magpie:N`` source not written yet), when trained
+    ``seconds`` (training) and ``data_seconds`` (making the data) from the model card, and
+    ``estimated_seconds`` (:func:`training_estimate`, training and data; None: no estimate) where a run
+    trains.
+
+    Raises:
+        RecipeError: with ``check``, what :func:`planned_fingerprint` raises (``plan``); without it such
+            a recipe gets ``up_to_date`` None (``recipes`` lists every bundled recipe).
+    """
     config = loaded.recipe.train
     if config is None:
         return None
+    try:
+        planned = planned_fingerprint(loaded)
+    except RecipeError:
+        if check:
+            raise
+        planned = None
     artefact = artefact_path(loaded)
     estimate = training_estimate(loaded)
-    info = {"trained": False, "artefact": str(artefact), "steps": config.steps, "seconds": None, "data_seconds": None,
-            "estimated_seconds": None if estimate is None else round(estimate.total_s)}
+    estimated = None if estimate is None else round(estimate.total_s)
+    info = {"trained": False, "artefact": str(artefact), "steps": config.steps, "up_to_date": False, "seconds": None,
+            "data_seconds": None, "estimated_seconds": estimated}
     try:
         card = json.loads((artefact / CARD_JSON).read_text())
         training, data = card["training"], card["data"]
     except (OSError, ValueError, KeyError, TypeError):
         return info
-    return info | {"trained": True, "estimated_seconds": None, "steps": training.get("steps"), "seconds": training.get("seconds"),
+    up_to_date = None if planned is None else card.get("fingerprint") == planned
+    return info | {"trained": True, "up_to_date": up_to_date, "estimated_seconds": None if up_to_date else estimated,
+                   "steps": training.get("steps"), "seconds": training.get("seconds"),
                    "data_seconds": data.get("seconds_when_made"), "device": training.get("device")}
 
 
 def training_status(loaded: LoadedRecipe) -> str:
     """One line on the recipe's draft training (see :func:`training_info`): not needed, to do (and how
-    much work), or done (steps and seconds from its model card).
+    much work), or done (steps and seconds from its model card) and reused, or done with other data or
+    settings and retrained.
 
     Example: ``"not trained yet: trains first (humaneval-train x 4 response(s) of up to 128 tokens; 3000 steps of 512 tokens) -> ..."``.
+
+    Raises:
+        RecipeError: a prompt source, the held-out prompts or the texts cannot be used (:func:`planned_fingerprint`).
     """
-    info = training_info(loaded)
+    info = training_info(loaded, check=True)
     if info is None:
         return "no training needed"
     config = loaded.recipe.train
-    if not info["trained"]:
-        texts = f" + {config.text_tokens:,} teacher-forced tokens of {config.texts}" if config.texts else ""
-        prompts = f"first {config.max_prompts} of " if config.max_prompts else ""
-        estimate = training_estimate(loaded)
-        return (
-            f"not trained yet: trains first ({prompts}{config.prompts_label} x {config.samples_per_prompt} response(s) of up to "
+    estimate = training_estimate(loaded)
+    texts = f" + {config.text_tokens:,} teacher-forced tokens of {config.texts}" if config.texts else ""
+    prompts = f"first {config.max_prompts} of " if config.max_prompts else ""
+    work = (f"{prompts}{config.prompts_label} x {config.samples_per_prompt} response(s) of up to "
             f"{config.max_new_tokens} tokens{texts}; {config.steps} steps of {config.batch_tokens} tokens"
-            + ("" if estimate is None else f"; {estimate.describe()}") + f") -> {info['artefact']}"
-        )
+            + ("" if estimate is None else f"; {estimate.describe()}"))
+    if not info["trained"]:
+        return f"not trained yet: trains first ({work}) -> {info['artefact']}"
     made = info["data_seconds"]
     data_time = f" + {made:.0f} s making data" if isinstance(made, (int, float)) else ""
-    return (
-        f"trained: {info['steps']} steps, {info['seconds']} s of training{data_time} on {info.get('device')} (model card); "
-        f"reused while its data and settings are unchanged, else retrained -> {info['artefact']}"
-    )
+    done = f"{info['steps']} steps, {info['seconds']} s of training{data_time} on {info.get('device')} (model card)"
+    if info["up_to_date"] is False:
+        return (f"trained with other data or settings ({done}): retrains first ({work}); cached data and responses "
+                f"are reused where they match -> {info['artefact']}")
+    how = "reused: the recipe's data and settings are unchanged" if info["up_to_date"] else (
+        "reused while its data and settings are unchanged, else retrained")
+    return f"trained: {done}; {how} -> {info['artefact']}"
 
 
 LATER_FIELDS = {"soft_labels": False}
@@ -224,6 +248,60 @@ def train_fingerprint(loaded: LoadedRecipe, data_fp: str) -> str:
         "train": loaded.recipe.train.model_dump(mode="json", exclude={"token_map_size"} | _later_defaults(loaded.recipe.train)),
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _as_recipe_error(loaded: LoadedRecipe):
+    """A prompt source, the held-out prompts, the texts or a ``magpie:N`` source that cannot be used, as the
+    recipe error at its field (``train.held_out``, ``train.texts``, else ``train.prompts``)."""
+    from specbuild.train.magpie import MagpieError
+    from specbuild.train.sources import TrainDataError
+
+    try:
+        yield
+    except (TrainDataError, MagpieError) as exc:
+        head, _, rest = str(exc).partition(": ")
+        field = head.removeprefix("train.")
+        if field in ("prompts", "held_out", "texts") and rest:  # the error's location says the field
+            raise loaded.error(("train", field), rest) from None
+        raise loaded.error(("train", "prompts"), str(exc)) from None
+
+
+def _read_sources(loaded: LoadedRecipe, generated: dict[str, list]) -> tuple[tuple[list, list], list[tuple[str, str]]]:
+    """``((training prompts, held-out prompts), texts)`` of the recipe, ``magpie:N`` sources taken from
+    ``generated``. Raises RecipeError (:func:`_as_recipe_error`)."""
+    from specbuild.train.sources import load_texts, training_prompts
+
+    with _as_recipe_error(loaded):
+        prompts = training_prompts(loaded.recipe.train, base_dir=loaded.path.parent, generated=generated)
+        return prompts, load_texts(loaded.recipe.train.texts, base_dir=loaded.path.parent)
+
+
+def planned_fingerprint(loaded: LoadedRecipe) -> str | None:
+    """The fingerprint :func:`train_draft` computes for the recipe, read from files only (no torch, the
+    target is not loaded): compare it with a model card's to know whether a run reuses the draft. None
+    while a ``magpie:N`` source has not been written by the target yet (the run writes it, then trains).
+
+    Raises:
+        RecipeError: what :func:`train_draft` raises before it loads the target: the target checkpoint
+            is missing, or a prompt source, the held-out prompts or the texts cannot be used.
+    """
+    from specbuild.builder.reference import locate_target
+    from specbuild.train.magpie import load_magpie, magpie_path
+    from specbuild.train.sources import data_fingerprint
+
+    config = loaded.recipe.train
+    target_fp = locate_target(loaded).fingerprint()
+    generated = {}
+    with _as_recipe_error(loaded):
+        for item in config.prompt_sources:
+            count = magpie_count(item.source)
+            if count is not None:
+                path = magpie_path(target_fp, count, config)
+                generated[item.source] = load_magpie(path) if path.is_file() else None
+    pending = any(v is None for v in generated.values())
+    (train_prompts, _), texts = _read_sources(loaded, {k: v or [] for k, v in generated.items()})
+    return None if pending else train_fingerprint(loaded, data_fingerprint(target_fp, train_prompts, config, texts))
 
 
 def cached_card(artefact: Path, fingerprint: str) -> dict | None:
@@ -258,8 +336,8 @@ def train_draft(
     from specbuild.prompts import render_messages
     from specbuild.tokenizer import load_tokenizer
 
-    from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, load_texts, responses_cache_key, training_prompts
-    from specbuild.train.magpie import MagpieError
+    from specbuild.train.data import build_distill_data
+    from specbuild.train.sources import data_fingerprint, responses_cache_key
 
     config: TrainConfig = loaded.recipe.train
     artefact = artefact_path(loaded)
@@ -277,15 +355,11 @@ def train_draft(
         return target, tokenizer
 
     start = time.perf_counter()
-    try:  # every other source, the held-out prompts and the texts are checked before the target writes any
-        unwritten = {s.source: [] for s in config.prompt_sources if magpie_count(s.source) is not None}
-        training_prompts(config, base_dir=loaded.path.parent, generated=unwritten)
-        texts = load_texts(config.texts, base_dir=loaded.path.parent)
+    # every other source, the held-out prompts and the texts are checked before the target writes any
+    _, texts = _read_sources(loaded, {s.source: [] for s in config.prompt_sources if magpie_count(s.source) is not None})
+    with _as_recipe_error(loaded):
         generated = _magpie_prompts(config, target_fp, load, log)
-        train_prompts, held_out = training_prompts(config, base_dir=loaded.path.parent, generated=generated)
-    except (TrainDataError, MagpieError) as exc:
-        field = str(exc).split(":")[0].removeprefix("train.")
-        raise loaded.error(("train", field if field in ("held_out", "texts") else "prompts"), str(exc)) from None
+    train_prompts, held_out = _read_sources(loaded, generated)[0]
     magpie_s = time.perf_counter() - start  # the target writing magpie:N prompts (0 when cached)
     data_fp = data_fingerprint(target_fp, train_prompts, config, texts)
     fingerprint = train_fingerprint(loaded, data_fp)
@@ -402,7 +476,7 @@ def log_prompts(request_log: Path, held_out_source: str, *, base_dir: Path, toke
             cannot be rendered, or nothing is left.
     """
     from specbuild.prompts import PromptSourceError, as_user_messages, render_messages
-    from specbuild.train.data import TrainDataError, load_source
+    from specbuild.train.sources import TrainDataError, load_source
 
     try:
         logged = load_source(str(request_log), base_dir=base_dir)
@@ -442,7 +516,8 @@ def fine_tune_from_log(
     from specbuild.engine.target import load_target
     from specbuild.methods.token_map import recipe_token_map, write_token_map
     from specbuild.tokenizer import load_tokenizer
-    from specbuild.train.data import TrainDataError, build_distill_data, data_fingerprint, responses_cache_key
+    from specbuild.train.data import build_distill_data
+    from specbuild.train.sources import TrainDataError, data_fingerprint, responses_cache_key
     from specbuild.train.loop import INIT_WEIGHTS
     from specbuild.util.atomic import staging_dir
     from specbuild.util.checkpoints import materialize_checkpoint

@@ -73,7 +73,7 @@ def print_recipes(console: Console, rows: list[dict], *, wide: bool = False) -> 
             console.print(table)
         console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     notes = [] if described else ["descriptions: specbuild recipes --wide"]
-    if any(r.get("training") and not r["training"]["trained"] for r in rows):
+    if any(r.get("training") and (not r["training"]["trained"] or r["training"].get("up_to_date") is False) for r in rows):
         notes.append("'est.': estimated training time on 2 CPU cores; 'trained': how long it took here")
     for note in notes:
         console.print(note, highlight=False, soft_wrap=True)
@@ -81,12 +81,13 @@ def print_recipes(console: Console, rows: list[dict], *, wide: bool = False) -> 
 
 def _training_cell(info: dict | None) -> str:
     """``no``; ``yes, ~30 min est.``; ``yes, 3000 steps``; ``trained, 40 min`` (training and data; the
-    split is in ``--json``)."""
+    split is in ``--json``); ``retrains, ~41 min est.`` (trained with other data or settings than the recipe's)."""
     if info is None:
         return "no"
-    if not info["trained"]:
+    if not info["trained"] or info.get("up_to_date") is False:
         estimate = info.get("estimated_seconds")
-        return f"yes, ~{max(1, round(estimate / 60))} min est." if estimate else f"yes, {info['steps']} steps"
+        todo = "yes" if not info["trained"] else "retrains"
+        return f"{todo}, ~{max(1, round(estimate / 60))} min est." if estimate else f"{todo}, {info['steps']} steps"
     minutes = lambda s: f"{max(1, round(s / 60))} min"  # noqa: E731
     seconds = info.get("seconds")
     if not isinstance(seconds, (int, float)):

@@ -563,6 +563,41 @@ def test_refusals_never_import_torch(tmp_path):
     assert max(seconds for _, seconds in report["results"][1:]) < FAST_S and wall < 10, (report, wall)
 
 
+PLAN_AND_LIST = """
+import json, sys
+from click.testing import CliRunner
+from specbuild.cli import main
+plan = CliRunner().invoke(main, ["plan", sys.argv[1]])
+listing = CliRunner().invoke(main, ["recipes"])
+print(json.dumps({"plan": [plan.exit_code, plan.output], "recipes": listing.exit_code, "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("bad", ["missing.jsonl", "broken.jsonl", "held_out"])
+def test_plan_refuses_training_prompts_it_cannot_read_without_importing_torch(tmp_path, bad):
+    """`plan` reads the train section's prompt sources as the train stage would before it loads the target
+    (a run would stop there after minutes of start-up): a missing or broken file is refused with the
+    field, the file and the line; `plan` and `recipes` import no torch (training estimates included)."""
+    (tmp_path / "broken.jsonl").write_text('{"prompt": "fine"}\nnot json\n')
+    text = (Path(__file__).parents[1] / "recipes" / "smollm2-eagle3.yaml").read_text()
+    source = "missing.jsonl" if bad == "held_out" else bad
+    if bad == "held_out":
+        text = text.replace("held_out: humaneval:20", f"held_out: {source}")
+    else:
+        text = text.replace("    - {source: humaneval-train, weight: 0.5}\n", f"    - {{source: humaneval-train, weight: 0.5}}\n    - {source}\n")
+    recipe = write(tmp_path, text)
+    proc = subprocess.run([sys.executable, "-c", PLAN_AND_LIST, str(recipe)], capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    code, output = report["plan"]
+    assert code == ExitCode.BAD_INPUT and "Traceback" not in output, output
+    field = "train.held_out" if bad == "held_out" else "train.prompts"
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if row.lstrip().startswith(field.split(".")[1] + ":"))
+    assert f"r.yaml:{line}: {field}: " in output and str(tmp_path / source) in output, output
+    if bad == "broken.jsonl":
+        assert "broken.jsonl:2: invalid JSON" in output, output
+    assert report["recipes"] == 0 and not report["torch"]
+
+
 def table(tmp_path: Path) -> list[tuple[str, int, str]]:
     """(case, exit code, first line of the message) for every class above, for the closing note."""
     make_checkpoint(tmp_path / "target", ["<s>", "a", "b"])

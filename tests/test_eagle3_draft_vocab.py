@@ -24,7 +24,8 @@ from specbuild.engine.target import load_target
 from specbuild.methods.eagle3.engine import Eagle3Proposer, load_eagle3_head, vocab_mapping
 from specbuild.methods.eagle3.train import draft_vocabulary, soft_cross_entropy, train_eagle3
 from specbuild.train.config import TrainConfig
-from specbuild.train.data import build_distill_data, training_prompts
+from specbuild.train.data import build_distill_data
+from specbuild.train.sources import training_prompts
 
 CPU = torch.device("cpu")
 VOCAB, DRAFT_VOCAB = 384, 48

@@ -30,7 +30,8 @@ from specbuild.methods.eagle3.train import train_eagle3
 from specbuild.methods.eagle3.tree import Eagle3TreeProposer
 from specbuild.runtime import EngineLimits, ReferenceEngine
 from specbuild.train.config import TrainConfig
-from specbuild.train.data import build_distill_data, training_prompts
+from specbuild.train.data import build_distill_data
+from specbuild.train.sources import training_prompts
 
 DEPTH, TOP_K, NODES = 3, 3, 8
 LIMITS = EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=160, max_draft_len=NODES)

@@ -233,6 +233,7 @@ def test_the_plan_names_the_map_and_who_writes_it(tmp_path, tiny_checkpoint, con
     from specbuild.pipeline import RunPaths, plan_lines
 
     train = "train:\n  prompts: prompts.txt\n  token_map_size: 64\n"
+    (tmp_path / "prompts.txt").write_text("def add(a, b):\n")  # plan reads the training prompts, as the run would
     loaded = load_recipe(str(_medusa_recipe(tmp_path, tiny_checkpoint, configs, token_map="map.json", extra=train)))
     lines = plan_lines(loaded, RunPaths(tmp_path / "out"))
     assert f"drafts    over a token map {tmp_path / 'map.json'} (written by the train stage: the target's 64 most frequent predictions)" in lines

@@ -20,13 +20,14 @@ from specbuild.methods.medusa.engine import load_medusa_heads
 from specbuild.engine.target import load_target
 from specbuild.methods import registered
 from specbuild.train.config import TrainConfig
-from specbuild.train.data import build_distill_data, training_prompts
+from specbuild.train.data import build_distill_data
+from specbuild.train.sources import training_prompts
 from specbuild.methods.draft_target.train import train_draft as distil_draft
 from specbuild.methods.eagle.train import train_eagle
 from specbuild.methods.eagle3.train import train_eagle3
 from specbuild.builder.train_evaluate import measure_acceptance, speculative_config_for
 from specbuild.methods.medusa.train import train_medusa
-from specbuild.builder.train_stage import train_draft
+from specbuild.builder.train_stage import planned_fingerprint, train_draft, training_info, training_status
 
 CPU = torch.device("cpu")
 
@@ -304,10 +305,18 @@ def test_train_stage_is_skipped_while_cached_and_reruns_when_settings_change(tin
     again = train_draft(load_recipe(str(recipe)), log=lambda m: None, show_progress=False)
     assert again.reused and again.fingerprint == first.fingerprint
     assert (head / "model.safetensors").stat().st_mtime_ns == mtime
+    # plan knows, without loading the target, that the cached draft is reused ...
+    assert planned_fingerprint(load_recipe(str(recipe))) == first.fingerprint
+    assert training_info(load_recipe(str(recipe)))["up_to_date"] is True
+    assert "reused: the recipe's data and settings are unchanged" in training_status(load_recipe(str(recipe)))
 
-    changed = train_draft(load_recipe(str(write_train_recipe(recipe, tiny_checkpoint, prompt_files, steps=4))),
-                          log=lambda m: None, show_progress=False)
+    edited = load_recipe(str(write_train_recipe(recipe, tiny_checkpoint, prompt_files, steps=4)))
+    # ... and that an edited train section retrains it
+    assert training_info(edited)["trained"] and training_info(edited)["up_to_date"] is False
+    assert "trained with other data or settings" in training_status(edited)
+    changed = train_draft(edited, log=lambda m: None, show_progress=False)
     assert not changed.reused and changed.fingerprint != first.fingerprint
+    assert changed.fingerprint == planned_fingerprint(edited) and training_info(edited)["up_to_date"] is True
     assert json.loads((head / "model_card.json").read_text())["training"]["steps"] == 4
 
 
@@ -358,7 +367,8 @@ def test_train_section_needs_a_method_with_a_draft(tmp_path):
 
 
 def test_python_stdlib_texts_are_sources_without_test_suites_cut_to_the_token_budget(setup):
-    from specbuild.train.data import load_texts, text_chunks
+    from specbuild.train.data import text_chunks
+    from specbuild.train.sources import load_texts
 
     _, tokenizer, _, _ = setup
     texts = load_texts("python-stdlib")
@@ -372,7 +382,7 @@ def test_python_stdlib_texts_are_sources_without_test_suites_cut_to_the_token_bu
 
 
 def test_python_docs_texts_are_english_prose_topics():
-    from specbuild.train.data import load_texts
+    from specbuild.train.sources import load_texts
 
     texts = load_texts("python-docs")
     names = dict(texts)
@@ -383,7 +393,7 @@ def test_python_docs_texts_are_english_prose_topics():
 
 def test_teacher_forced_texts_join_the_data_and_medusa_skips_them(setup, prompt_files, tmp_path):
     from specbuild.methods.medusa.engine import MedusaConfig, MedusaHeads
-    from specbuild.train.data import load_texts
+    from specbuild.train.sources import load_texts
     from specbuild.methods.medusa.train import MedusaObjective
 
     model, tokenizer, data, _ = setup

@@ -9,7 +9,7 @@ import pytest
 
 from specbuild.prompts import Prompt, PromptSourceError, apply_chat_template, load_prompts, render_messages
 from specbuild.train.config import TrainConfig
-from specbuild.train.data import responses_fingerprint, training_prompts, weighted
+from specbuild.train.sources import responses_fingerprint, training_prompts, weighted
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
