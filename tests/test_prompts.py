@@ -70,6 +70,31 @@ def test_bad_jsonl_line_names_file_line_and_expectation(tmp_path, line, expected
     assert 'expected a JSON object with a string "prompt" or "text"' in message
 
 
+@pytest.mark.parametrize(
+    ("name", "data", "expected"),
+    [
+        ("latin1.txt", "first\ncaf\xe9 au lait\n".encode("latin-1"), r"latin1\.txt:2: not UTF-8 text \(byte 0xe9 at column 4\); save the file as UTF-8"),
+        ("latin1.jsonl", b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', r"latin1\.jsonl:2: not UTF-8 text"),
+        ("surrogate.jsonl", b'{"prompt": "a"}\n{"prompt": "bad \\ud800 escape"}\n', r"surrogate\.jsonl:2: .*lone UTF-16 surrogate"),
+        ("surrogate-chat.jsonl", b'{"prompt": "a"}\n{"messages": [{"role": "user", "content": "x\\udfff"}]}\n', r"surrogate-chat\.jsonl:2: .*surrogate"),
+        ("deep.jsonl", b'{"prompt": "a"}\n' + b"[" * 200_000 + b"\n", r"deep\.jsonl:2: JSON that cannot be read \(nested too deeply\)"),
+        ("bigint.jsonl", b'{"prompt": "a"}\n{"prompt": "b", "id": ' + b"9" * 5000 + b"}\n", r"bigint\.jsonl:2: JSON that cannot be read"),
+    ],
+)
+def test_text_python_cannot_hold_is_refused_with_its_line(tmp_path, name, data, expected):
+    """A Latin-1 chat export, a JSON lone surrogate escape, absurd nesting or a 5000-digit id: a clear error
+    at the line (a verify, bench or training prompt file), not a UnicodeDecodeError or RecursionError."""
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(PromptSourceError, match=expected):
+        load_prompts(str(tmp_path / name))
+
+
+def test_lines_end_as_in_text_mode(tmp_path):
+    (tmp_path / "ends.txt").write_bytes(b"one\r\ntwo\rthree\n\nfour")
+    assert [(p.id, p.text) for p in load_prompts(str(tmp_path / "ends.txt"))] == [
+        ("ends.txt:1", "one"), ("ends.txt:2", "two"), ("ends.txt:3", "three"), ("ends.txt:5", "four")]
+
+
 def test_duplicate_id_is_an_error(tmp_path):
     path = tmp_path / "dup.jsonl"
     path.write_text('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n')

@@ -229,6 +229,14 @@ def test_the_eagle3_estimate_counts_its_own_data_and_the_soft_label_steps():
     assert 35 * 60 <= soft.total_s <= 45 * 60, soft.describe()  # measured from an empty cache: 25 min of data, 15-17 min of steps, 41.5 min in all
 
 
+def test_the_medusa_estimate_is_the_measured_13_minutes_of_its_256_token_steps():
+    """smollm2-medusa's 600 steps took about 13 min at its own batch_tokens (256); the estimate once stored
+    that as a 512-token rate and so promised half the time."""
+    from specbuild.builder.train_stage import training_estimate
+
+    assert round(training_estimate(load_recipe("smollm2-medusa")).train_s / 60) == 13
+
+
 def test_the_data_estimate_counts_the_recipes_own_prompts_responses_and_magpie_messages(tmp_path):
     """plan's estimate follows what the recipe makes: more prompts, more responses per prompt or longer
     responses take longer, and a magpie:N source adds the target's writing of N messages and their responses."""
@@ -248,4 +256,6 @@ def test_the_data_estimate_counts_the_recipes_own_prompts_responses_and_magpie_m
     assert mine - base == pytest.approx(50 * train.samples_per_prompt * MEASURED_RESPONSE_S)
     magpie = with_train(prompts=[*train.prompt_sources, "magpie:100"])
     assert magpie - base == pytest.approx(100 * (train.samples_per_prompt * MEASURED_RESPONSE_S + MEASURED_MAGPIE_MESSAGE_S))
+    twice = with_train(prompts=[*train.prompt_sources, "magpie:100", "magpie:100"])  # written once, trained on twice
+    assert twice - base == pytest.approx(100 * (2 * train.samples_per_prompt * MEASURED_RESPONSE_S + MEASURED_MAGPIE_MESSAGE_S))
     assert with_train(max_new_tokens=256) > base > with_train(samples_per_prompt=1)

@@ -21,7 +21,7 @@ from specbuild.engine.target import load_target
 from specbuild.methods import registered
 from specbuild.train.config import TrainConfig
 from specbuild.train.data import build_distill_data
-from specbuild.train.sources import training_prompts
+from specbuild.train.sources import TrainDataError, training_prompts
 from specbuild.methods.draft_target.train import train_draft as distil_draft
 from specbuild.methods.eagle.train import train_eagle
 from specbuild.methods.eagle3.train import train_eagle3
@@ -311,9 +311,10 @@ def test_train_stage_is_skipped_while_cached_and_reruns_when_settings_change(tin
     assert "reused: the recipe's data and settings are unchanged" in training_status(load_recipe(str(recipe)))
 
     edited = load_recipe(str(write_train_recipe(recipe, tiny_checkpoint, prompt_files, steps=4)))
-    # ... and that an edited train section retrains it
+    # ... and that an edited train section retrains it, on the data already made
     assert training_info(edited)["trained"] and training_info(edited)["up_to_date"] is False
-    assert "trained with other data or settings" in training_status(edited)
+    assert training_info(edited)["data_cached"]
+    assert "trained with other data or settings" in training_status(edited) and "its data is made already" in training_status(edited)
     changed = train_draft(edited, log=lambda m: None, show_progress=False)
     assert not changed.reused and changed.fingerprint != first.fingerprint
     assert changed.fingerprint == planned_fingerprint(edited) and training_info(edited)["up_to_date"] is True
@@ -413,6 +414,9 @@ def test_teacher_forced_texts_join_the_data_and_medusa_skips_them(setup, prompt_
     assert {s for s, _, _ in objective.batches.pieces} <= set(range(data.num_sequences))
     with pytest.raises(Exception, match="train.texts: .*texts.txt"):
         load_texts("texts.txt", base_dir=tmp_path)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(TrainDataError, match=r"train.texts: .*latin1.txt is not UTF-8 text .*save it as UTF-8"):
+        load_texts("latin1.txt", base_dir=tmp_path)
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\nnot json\n')
     with pytest.raises(Exception, match=r"train.texts: .*bad.jsonl.*2"):
         load_texts("bad.jsonl", base_dir=tmp_path)

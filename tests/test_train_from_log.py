@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from test_train import CPU, prompt_files, quiet, setup, small_config, write_train_recipe  # noqa: F401 - fixtures
 
 from specbuild.builder.recipe import RecipeError, load_recipe
-from specbuild.builder.train_stage import fine_tune_config, fine_tune_from_log, train_draft
+from specbuild.builder.train_stage import fine_tune_config, fine_tune_from_log, train_draft, training_status
 from specbuild.methods.draft_target.train import DraftObjective, train_draft as distil_draft
 from specbuild.methods.eagle.engine import load_eagle_head
 from specbuild.methods.eagle.train import EagleObjective, train_eagle
@@ -130,6 +130,8 @@ def test_from_log_replaces_the_draft_keeps_the_old_one_and_the_recipe_keeps_serv
     assert card["fingerprint"] == first.fingerprint  # `specbuild recipe` serves it: no retraining from scratch
     again = train_draft(load_recipe(str(recipe)), **quiet_log)
     assert again.reused and (head / "model.safetensors").read_bytes() != before
+    status = training_status(load_recipe(str(recipe)))  # plan says what it serves
+    assert f"fine-tuned on the request log {tmp_path / 'requests.jsonl'}" in status and "reused" in status
 
 
 def test_from_log_keeps_the_token_map_and_adds_the_traffics_tokens(tiny_checkpoint, prompt_files, tmp_path, monkeypatch):

@@ -158,3 +158,14 @@ def test_appending_a_source_generates_only_the_new_prompts_responses(chat_checkp
     after = generate_responses(model, more, config, eos_id=None, partial=partial, log=lambda m: None, sampled=sampled + [False, True])
     assert calls == [1, 1] and after[:8] == before  # one greedy and one sampled row: the new prompt's, nothing else
     assert torch.tensor(after[8]).shape == (6,)
+
+
+@pytest.mark.parametrize("content", ['{"id": "magpie/0"}\n', "not json\n", '{"id": "m", "messages": []}\n'])
+def test_a_damaged_magpie_cache_is_refused_with_the_file_and_the_fix(tmp_path, content):
+    """The cache is written atomically; a file damaged by hand is named, with what to do, not a KeyError."""
+    from specbuild.train.magpie import load_magpie
+
+    path = tmp_path / "magpie-x.jsonl"
+    path.write_text(content)
+    with pytest.raises(MagpieError, match=rf"{path}.*cannot be read .*delete the file and the next run writes them again"):
+        load_magpie(path)

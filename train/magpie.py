@@ -54,12 +54,20 @@ def magpie_path(target_fingerprint: str, count: int, config: TrainConfig) -> Pat
 
 
 def load_magpie(path: Path) -> list[Prompt]:
-    """The cached messages at ``path`` as one-user-turn conversations (ids ``magpie/<n>``)."""
+    """The cached messages at ``path`` as one-user-turn conversations (ids ``magpie/<n>``).
+
+    Raises:
+        MagpieError: the file cannot be read as :func:`save_magpie` writes it (the message says to delete it).
+    """
     prompts = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        (turn,) = row["messages"]
-        prompts.append(Prompt(row["id"], turn["content"], messages=(("user", turn["content"]),)))
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            (turn,) = row["messages"]
+            prompts.append(Prompt(row["id"], turn["content"], messages=(("user", turn["content"]),)))
+    except (ValueError, KeyError, TypeError) as exc:  # written atomically by save_magpie: damaged by hand
+        raise MagpieError(f"train.prompts: the cached Magpie prompts {path} cannot be read ({type(exc).__name__}: {exc}); "
+                          "delete the file and the next run writes them again") from None
     return prompts
 
 

@@ -139,7 +139,11 @@ def load_texts(source: str | None, *, base_dir: Path | None = None) -> list[tupl
             except PromptSourceError as exc:
                 raise TrainDataError(f"train.texts: {exc}") from None
         elif path.suffix == ".txt":
-            texts = [(path.name, path.read_text(encoding="utf-8"))]
+            try:
+                texts = [(path.name, path.read_text(encoding="utf-8"))]
+            except UnicodeDecodeError as exc:
+                raise TrainDataError(f"train.texts: {path} is not UTF-8 text (byte offset {exc.start}); "
+                                     "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
         else:
             raise TrainDataError(f"train.texts: {path} is neither .jsonl nor .txt")
     texts = [(name, text) for name, text in texts if text.strip()]
