@@ -168,8 +168,9 @@ def training_info(loaded: LoadedRecipe, *, check: bool = False) -> dict | None:
       reuses the draft; False: it retrains; None: not known (a ``magpie:N`` source not written yet, or
       with ``check`` off a source that cannot be read);
     - ``data_cached``: the recipe's training data is made already (a run that trains only trains);
-    - when trained, ``seconds`` (training), ``data_seconds`` (making the data) and ``fine_tuned`` (the
-      request log of a ``train-draft --from-log`` run, else None) from the model card;
+    - when trained, ``seconds`` (training), ``data_seconds`` (making the data), ``fine_tuned`` (the
+      request log of a ``train-draft --from-log`` run, else None) and ``recipe`` (the recipe file it was
+      trained for) from the model card;
     - ``estimated_seconds``: :func:`training_estimate` (training, plus the data unless cached) where a
       run trains or may train; None where it reuses the draft or nothing comparable was measured.
 
@@ -206,7 +207,8 @@ def training_info(loaded: LoadedRecipe, *, check: bool = False) -> dict | None:
     return info | {"trained": True, "up_to_date": up_to_date, "estimated_seconds": None if up_to_date else estimated,
                    "steps": training.get("steps"), "seconds": training.get("seconds"),
                    "data_seconds": data.get("seconds_when_made"), "device": training.get("device"),
-                   "fine_tuned": tuned.get("from_log") if isinstance(tuned, dict) else None}
+                   "fine_tuned": tuned.get("from_log") if isinstance(tuned, dict) else None,
+                   "recipe": card.get("recipe") if isinstance(card.get("recipe"), str) else None}
 
 
 def training_status(loaded: LoadedRecipe) -> str:
@@ -242,7 +244,11 @@ def training_status(loaded: LoadedRecipe) -> str:
     if info["fine_tuned"]:
         done += f", then fine-tuned on the request log {info['fine_tuned']} (train-draft --from-log)"
     if info["up_to_date"] is False:
-        return f"trained with other data or settings ({done}): retrains first ({work}) -> {info['artefact']}"
+        other = info.get("recipe")
+        replaces = ("" if other is None or Path(other).resolve() == loaded.path.resolve() else
+                    f"; this replaces the draft of {other} (set {loaded.recipe.speculation.definition.weights.field} "
+                    "elsewhere to keep both)")
+        return f"trained with other data or settings ({done}): retrains first ({work}){replaces} -> {info['artefact']}"
     if info["up_to_date"] is None:
         return (f"trained: {done}; reused if its data and settings are unchanged (not known before the target "
                 f"writes the magpie:N prompts), else retrained ({work}) -> {info['artefact']}")

@@ -319,6 +319,10 @@ def test_train_stage_is_skipped_while_cached_and_reruns_when_settings_change(tin
     assert not changed.reused and changed.fingerprint != first.fingerprint
     assert changed.fingerprint == planned_fingerprint(edited) and training_info(edited)["up_to_date"] is True
     assert json.loads((head / "model_card.json").read_text())["training"]["steps"] == 4
+    # a copy of the recipe beside it, with other settings, would train into the same folder: plan says whose draft goes
+    copy = load_recipe(str(write_train_recipe(tmp_path / "copy.yaml", tiny_checkpoint, prompt_files, steps=5)))
+    assert f"this replaces the draft of {recipe.resolve()} (set eagle_model elsewhere to keep both)" in training_status(copy)
+    assert "replaces" not in training_status(load_recipe(str(write_train_recipe(recipe, tiny_checkpoint, prompt_files, steps=5))))
 
 
 def test_train_stage_writes_the_token_map_from_the_targets_predictions_without_retraining(
