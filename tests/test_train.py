@@ -418,6 +418,10 @@ def test_teacher_forced_texts_join_the_data_and_medusa_skips_them(setup, prompt_
     assert {s for s, _, _ in objective.batches.pieces} <= set(range(data.num_sequences))
     with pytest.raises(Exception, match="train.texts: .*texts.txt"):
         load_texts("texts.txt", base_dir=tmp_path)
+    with pytest.raises(TrainDataError, match=r"train.texts: .* is a directory; use 'python-stdlib'"):
+        load_texts(".", base_dir=tmp_path)
+    with pytest.raises(TrainDataError, match=r"train.texts: empty; .*or leave train.texts out"):
+        load_texts("", base_dir=tmp_path)
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(TrainDataError, match=r"train.texts: .*latin1.txt is not UTF-8 text .*save it as UTF-8"):
         load_texts("latin1.txt", base_dir=tmp_path)

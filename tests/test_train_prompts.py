@@ -4,12 +4,13 @@ target's chat template, weighted mixes of sources, and clear errors for bad line
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from specbuild.prompts import Prompt, PromptSourceError, apply_chat_template, load_prompts, render_messages
 from specbuild.train.config import TrainConfig
-from specbuild.train.sources import responses_fingerprint, training_prompts, weighted
+from specbuild.train.sources import TrainDataError, responses_fingerprint, training_prompts, weighted
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -110,6 +111,16 @@ def test_train_prompts_mix_several_sources_with_weights_and_template_the_bundled
     assert humaneval[0].id == "HumanEval/40" and all(p.messages is None for p in humaneval)  # code stays raw
     assert [p.id for p in held_out] == [f"HumanEval/{i}" for i in range(20)]
     assert config.prompts_label == f"mixed:code x0.1 + {log} x2 + humaneval-train"
+
+
+@pytest.mark.parametrize(("held_out", "fix"), [
+    ("humaneval:50", "use humaneval:N with N <= 40"),
+    ("mixed:code:3", "take them out of train.prompts, or hold out another prompt set"),
+])
+def test_held_out_prompts_that_are_trained_on_are_refused_with_the_fix_for_their_source(held_out, fix):
+    config = TrainConfig(prompts=["mixed:code", "humaneval-train"], held_out=held_out)
+    with pytest.raises(TrainDataError, match=r"train.held_out: \d+ held-out prompt\(s\) are also training prompts.*" + re.escape(fix)):
+        training_prompts(config)
 
 
 def test_a_conversation_changes_the_data_fingerprint_even_with_the_same_last_user_message():

@@ -59,10 +59,12 @@ def training_prompts(
         train = train[: config.max_prompts]
     overlap = sorted({p.id for p in held_out if p.text in {t.text for t in train}})
     if overlap:
+        fix = (f"humaneval-train starts at HumanEval/{HUMANEVAL_TRAIN_START}: use humaneval:N with N <= {HUMANEVAL_TRAIN_START}"
+               if all(i.startswith("HumanEval/") for i in overlap) else
+               "take them out of train.prompts, or hold out another prompt set")
         raise TrainDataError(
             f"train.held_out: {len(overlap)} held-out prompt(s) are also training prompts (e.g. {overlap[:3]}); "
-            f"held-out acceptance must come from prompts never trained on (humaneval-train starts at "
-            f"HumanEval/{HUMANEVAL_TRAIN_START}: use humaneval:N with N <= {HUMANEVAL_TRAIN_START})"
+            f"held-out acceptance must come from prompts never trained on ({fix})"
         )
     return train, held_out
 
@@ -129,8 +131,13 @@ def load_texts(source: str | None, *, base_dir: Path | None = None) -> list[tupl
         texts = sorted(topics.items())
     else:
         path = Path(source) if base_dir is None or Path(source).is_absolute() else base_dir / source
+        use = f"use {STDLIB_TEXTS!r}, {DOCS_TEXTS!r}, a .jsonl or a .txt file"
+        if not source.strip():
+            raise TrainDataError(f"train.texts: empty; {use}, or leave train.texts out")
+        if path.is_dir():
+            raise TrainDataError(f"train.texts: {path} is a directory; {use}")
         if not path.is_file():
-            raise TrainDataError(f"train.texts: no such file {path} (use {STDLIB_TEXTS!r}, {DOCS_TEXTS!r}, a .jsonl or a .txt file)")
+            raise TrainDataError(f"train.texts: no such file {path} ({use})")
         if path.suffix == ".jsonl":  # the prompt files' format: objects with "text" (or "prompt")
             from specbuild.prompts import PromptSourceError
 
