@@ -655,13 +655,26 @@ def recipe_check_line(loaded) -> str | None:
     engine = "reference" if loaded.recipe.build.backend == "reference" else "trtllm"
     draft = loaded.resolve_path(value)
     command = f"specbuild check-draft DIR --target {loaded.recipe.target.checkpoint} --engine {engine}"
+    if loaded.recipe.train is not None and not _reused(loaded):  # the train stage writes it first
+        return f"check     draft: runs after training (train-draft): {command.replace('DIR', str(draft))}"
     if not draft.is_dir():
-        when = "after training (train-draft)" if loaded.recipe.train is not None else f"once {value} is a local directory"
-        return f"check     draft: runs {when}: {command.replace('DIR', str(draft) if loaded.recipe.train else 'DIR')}"
+        return f"check     draft: runs once {value} is a local directory: {command}"
     target = _local_target(loaded)
     if target is None:
         return f"check     draft {draft}: runs once the target is a local directory (converted or downloaded): {command.replace('DIR', str(draft))}"
     return plan_line(draft, target, engine, spec.method)
+
+
+def _reused(loaded) -> bool:
+    """Whether the train stage reuses the draft there (:func:`~specbuild.builder.train_stage.reuses_draft`);
+    False where that cannot be told (a source the plan reports itself)."""
+    from specbuild.builder.recipe import RecipeError
+    from specbuild.builder.train_stage import reuses_draft
+
+    try:
+        return reuses_draft(loaded)
+    except RecipeError:
+        return False
 
 
 def _local_target(loaded) -> Path | None:

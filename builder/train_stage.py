@@ -320,6 +320,23 @@ def planned_fingerprint(loaded: LoadedRecipe) -> str | None:
     return None if planned is None else planned[1]
 
 
+def reuses_draft(loaded: LoadedRecipe) -> bool:
+    """Whether the train stage would reuse the draft at the recipe's artefact path: its model card's
+    fingerprint is the recipe's (:func:`planned_fingerprint`). Otherwise the stage writes the draft there,
+    so checks of its files wait for it. False for a recipe without ``train:``.
+
+    Raises:
+        RecipeError: as :func:`planned_fingerprint`, where a model card is there to compare with.
+    """
+    if loaded.recipe.train is None:
+        return False
+    artefact = artefact_path(loaded)
+    if not (artefact / CARD_JSON).is_file():
+        return False
+    planned = planned_fingerprint(loaded)
+    return planned is not None and cached_card(artefact, planned) is not None
+
+
 def _planned_fingerprints(loaded: LoadedRecipe) -> tuple[str, str] | None:
     """``(data fingerprint, train fingerprint)`` as :func:`planned_fingerprint` (None: a ``magpie:N``
     source not written yet)."""

@@ -325,6 +325,19 @@ def test_train_stage_is_skipped_while_cached_and_reruns_when_settings_change(tin
     assert "replaces" not in training_status(load_recipe(str(write_train_recipe(recipe, tiny_checkpoint, prompt_files, steps=5))))
 
 
+def test_a_folder_the_train_stage_will_write_is_not_checked_before_it(tiny_checkpoint, prompt_files, tmp_path, monkeypatch):
+    """An empty (or stale) eagle_model folder that the train stage fills was refused before any work
+    ("has none of model.safetensors ..."); its check belongs after training, as for a missing folder."""
+    from specbuild.builder.check_draft import recipe_check_line
+    from specbuild.pipeline import check_inputs
+
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "heads" / "eagle").mkdir(parents=True)
+    loaded = load_recipe(str(write_train_recipe(tmp_path / "r.yaml", tiny_checkpoint, prompt_files)))
+    check_inputs(loaded)
+    assert recipe_check_line(loaded).startswith("check     draft: runs after training (train-draft)")
+
+
 def test_train_stage_writes_the_token_map_from_the_targets_predictions_without_retraining(
     tiny_checkpoint, prompt_files, tmp_path, monkeypatch,
 ):
