@@ -159,6 +159,14 @@ def data_estimate(loaded: LoadedRecipe) -> float:
     return responses * MEASURED_RESPONSE_S + texts * MEASURED_TEXT_TOKEN_S + magpie * MEASURED_MAGPIE_MESSAGE_S
 
 
+def _run_estimate(loaded: LoadedRecipe, data_cached: bool) -> TrainingEstimate | None:
+    """:func:`training_estimate` for the next run: without making the data where it is cached already."""
+    import dataclasses
+
+    estimate = training_estimate(loaded)
+    return dataclasses.replace(estimate, data_s=0.0) if estimate is not None and data_cached else estimate
+
+
 def training_info(loaded: LoadedRecipe, *, check: bool = False) -> dict | None:
     """The recipe's draft training as data, from the file system only (no torch); None without a
     ``train:`` section. Keys:
@@ -178,8 +186,6 @@ def training_info(loaded: LoadedRecipe, *, check: bool = False) -> dict | None:
         RecipeError: with ``check``, what :func:`planned_fingerprint` raises (``plan``); without it such
             a recipe gets ``up_to_date`` None (``recipes`` lists every bundled recipe).
     """
-    import dataclasses
-
     config = loaded.recipe.train
     if config is None:
         return None
@@ -191,9 +197,7 @@ def training_info(loaded: LoadedRecipe, *, check: bool = False) -> dict | None:
         planned = None
     data_cached = planned is not None and (cache_dir() / "train-data" / planned[0] / "meta.json").is_file()
     artefact = artefact_path(loaded)
-    estimate = training_estimate(loaded)
-    if estimate is not None and data_cached:
-        estimate = dataclasses.replace(estimate, data_s=0.0)
+    estimate = _run_estimate(loaded, data_cached)
     estimated = None if estimate is None else round(estimate.total_s)
     info = {"trained": False, "artefact": str(artefact), "steps": config.steps, "up_to_date": False, "data_cached": data_cached,
             "seconds": None, "data_seconds": None, "fine_tuned": None, "estimated_seconds": estimated}
@@ -221,15 +225,11 @@ def training_status(loaded: LoadedRecipe) -> str:
     Raises:
         RecipeError: a prompt source, the held-out prompts or the texts cannot be used (:func:`planned_fingerprint`).
     """
-    import dataclasses
-
     info = training_info(loaded, check=True)
     if info is None:
         return "no training needed"
     config = loaded.recipe.train
-    estimate = training_estimate(loaded)
-    if estimate is not None and info["data_cached"]:
-        estimate = dataclasses.replace(estimate, data_s=0.0)
+    estimate = _run_estimate(loaded, info["data_cached"])
     texts = f" + {config.text_tokens:,} teacher-forced tokens of {config.texts}" if config.texts else ""
     prompts = f"first {config.max_prompts} of " if config.max_prompts else ""
     data = ("its data is made already" if info["data_cached"] else
