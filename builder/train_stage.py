@@ -206,6 +206,8 @@ def training_info(loaded: LoadedRecipe, *, check: bool = False) -> dict | None:
         training, data = card["training"], card["data"]
     except (OSError, ValueError, KeyError, TypeError):
         return info
+    if not isinstance(training, dict) or not isinstance(data, dict):  # not a card the train stage wrote
+        return info
     up_to_date = None if planned is None else card.get("fingerprint") == planned[1]
     tuned = card.get("fine_tuned")
     return info | {"trained": True, "up_to_date": up_to_date, "estimated_seconds": None if up_to_date else estimated,
@@ -220,7 +222,8 @@ def training_status(loaded: LoadedRecipe) -> str:
     much work), or done (steps and seconds from its model card) and reused, or done with other data or
     settings and retrained.
 
-    Example: ``"not trained yet: trains first (humaneval-train x 4 response(s) of up to 128 tokens; 3000 steps of 512 tokens) -> ..."``.
+    Example: ``"not trained yet: trains first (4 response(s) of up to 128 tokens to each prompt of humaneval-train + 150,000
+    teacher-forced tokens of python-stdlib; 3000 steps of 512 tokens; estimate: ...) -> ..."``.
 
     Raises:
         RecipeError: a prompt source, the held-out prompts or the texts cannot be used (:func:`planned_fingerprint`).
@@ -367,7 +370,7 @@ def cached_card(artefact: Path, fingerprint: str) -> dict | None:
         card = json.loads((artefact / CARD_JSON).read_text())
     except (OSError, ValueError):
         return None
-    return card if card.get("fingerprint") == fingerprint else None
+    return card if isinstance(card, dict) and card.get("fingerprint") == fingerprint else None
 
 
 def train_draft(

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import importlib.util
-import io
 import json
 import os
 import re
@@ -298,7 +297,7 @@ def _parse_jsonl_line(path: Path, number: int, line: str) -> Prompt:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:  # json.loads accepts a lone surrogate escape such as "\ud800"
-            raise PromptSourceError(f"{path}:{number}: the text holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), "
+            raise PromptSourceError(f"{path}:{number}: a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), "
                                     "which is not a character; write the character itself or its surrogate pair") from None
     return Prompt(id=str(prompt_id), text=text, messages=messages)
 
@@ -339,16 +338,21 @@ def _load_txt(path: Path) -> list[Prompt]:
 def _numbered_lines(path: Path) -> list[tuple[int, str]]:
     """Non-blank lines with their 1-based line numbers, trailing newline removed (``.gz``: gunzipped)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line, start = data[: exc.start].count(b"\n") + 1, data.rfind(b"\n", 0, exc.start) + 1
-        raise PromptSourceError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {exc.start - start + 1}); "
-                                "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-    stream = io.StringIO(text, newline=None)  # universal newlines, as reading the file in text mode
-    return [(n, line.rstrip("\r\n")) for n, line in enumerate(stream, start=1) if line.strip()]
+        with opener(path, "rt", encoding="utf-8") as f:
+            return [(n, line.rstrip("\r\n")) for n, line in enumerate(f, start=1) if line.strip()]
+    except UnicodeDecodeError:  # read once more, as bytes, to name the line
+        with opener(path, "rb") as f:
+            data = f.read()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            prefix = data[: exc.start]
+            line = len((prefix + b"x").splitlines())  # lines end as in text mode: \n, \r\n or \r
+            start = max(prefix.rfind(b"\n"), prefix.rfind(b"\r")) + 1
+            raise PromptSourceError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}, byte {exc.start - start + 1} "
+                                    "of the line); save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise
 
 
 # --- Spec-Bench ------------------------------------------------------------------------------------

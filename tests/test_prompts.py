@@ -73,7 +73,8 @@ def test_bad_jsonl_line_names_file_line_and_expectation(tmp_path, line, expected
 @pytest.mark.parametrize(
     ("name", "data", "expected"),
     [
-        ("latin1.txt", "first\ncaf\xe9 au lait\n".encode("latin-1"), r"latin1\.txt:2: not UTF-8 text \(byte 0xe9 at column 4\); save the file as UTF-8"),
+        ("latin1.txt", "first\ncaf\xe9 au lait\n".encode("latin-1"), r"latin1\.txt:2: not UTF-8 text \(byte 0xe9, byte 4 of the line\); save the file as UTF-8"),
+        ("cr-only.txt", b"one\rtwo\rcaf\xe9\r", r"cr-only\.txt:3: not UTF-8 text \(byte 0xe9, byte 4 of the line\)"),
         ("latin1.jsonl", b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', r"latin1\.jsonl:2: not UTF-8 text"),
         ("surrogate.jsonl", b'{"prompt": "a"}\n{"prompt": "bad \\ud800 escape"}\n', r"surrogate\.jsonl:2: .*lone UTF-16 surrogate"),
         ("surrogate-chat.jsonl", b'{"prompt": "a"}\n{"messages": [{"role": "user", "content": "x\\udfff"}]}\n', r"surrogate-chat\.jsonl:2: .*surrogate"),

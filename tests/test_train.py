@@ -336,6 +336,9 @@ def test_a_folder_the_train_stage_will_write_is_not_checked_before_it(tiny_check
     loaded = load_recipe(str(write_train_recipe(tmp_path / "r.yaml", tiny_checkpoint, prompt_files)))
     check_inputs(loaded)
     assert recipe_check_line(loaded).startswith("check     draft: runs after training (train-draft)")
+    (tmp_path / "heads" / "eagle" / "model_card.json").write_text("null")  # not a card the train stage wrote
+    check_inputs(loaded)
+    assert training_info(loaded)["trained"] is False and "not trained yet" in training_status(loaded)
 
 
 def test_train_stage_writes_the_token_map_from_the_targets_predictions_without_retraining(

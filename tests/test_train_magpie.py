@@ -160,7 +160,9 @@ def test_appending_a_source_generates_only_the_new_prompts_responses(chat_checkp
     assert torch.tensor(after[8]).shape == (6,)
 
 
-@pytest.mark.parametrize("content", ['{"id": "magpie/0"}\n', "not json\n", '{"id": "m", "messages": []}\n'])
+@pytest.mark.parametrize("content", ['{"id": "magpie/0"}\n', "not json\n", '{"id": "m", "messages": []}\n', "null\n",
+                                     '{"id": "m", "messages": [{"role": "user", "content": 5}]}\n',
+                                     '{"id": "m", "messages": [{"role": "user", "content": "a\\ud800"}]}\n'])
 def test_a_damaged_magpie_cache_is_refused_with_the_file_and_the_fix(tmp_path, content):
     """The cache is written atomically; a file damaged by hand is named, with what to do, not a KeyError."""
     from specbuild.train.magpie import load_magpie

@@ -64,7 +64,11 @@ def load_magpie(path: Path) -> list[Prompt]:
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             (turn,) = row["messages"]
-            prompts.append(Prompt(row["id"], turn["content"], messages=(("user", turn["content"]),)))
+            content, prompt_id = turn["content"], row["id"]
+            if not isinstance(content, str) or not isinstance(prompt_id, str):
+                raise TypeError(f"line {len(prompts) + 1}: content and id must be strings")
+            content.encode("utf-8"), prompt_id.encode("utf-8")  # no lone surrogates (UnicodeEncodeError)
+            prompts.append(Prompt(prompt_id, content, messages=(("user", content),)))
     except (ValueError, KeyError, TypeError) as exc:  # written atomically by save_magpie: damaged by hand
         raise MagpieError(f"train.prompts: the cached Magpie prompts {path} cannot be read ({type(exc).__name__}: {exc}); "
                           "delete the file and the next run writes them again") from None
