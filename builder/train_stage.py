@@ -95,19 +95,20 @@ class TrainingEstimate:
 
     def short(self) -> str:
         """``~28 min est.``"""
-        return f"~{_minutes(self.total_s)} est."
+        return f"~{duration_text(self.total_s)} est."
 
     def describe(self) -> str:
         """The estimate with its basis, for the plan."""
-        data = f" + {_minutes(self.data_s)} making the data, once" if self.data_s else ", the data made already"
+        data = f" + {duration_text(self.data_s)} making the data, once" if self.data_s else ", the data made already"
         return (
-            f"estimate: about {_minutes(self.total_s)} on a 2-core CPU ({_minutes(self.train_s)} of training at "
+            f"estimate: about {duration_text(self.total_s)} on a 2-core CPU ({duration_text(self.train_s)} of training at "
             f"{self.steps_per_s:.1f} steps/s as measured there{data}); up to twice that on a busy machine"
         )
 
 
-def _minutes(seconds: float) -> str:
-    return f"{max(1, round(seconds / 60))} min"
+def duration_text(seconds: float) -> str:
+    """A duration in seconds as people read it: ``7 min`` (at least 1); from two hours on ``19.6 h``."""
+    return f"{max(1, round(seconds / 60))} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _capture_layers(loaded: LoadedRecipe, target) -> tuple[int, ...]:

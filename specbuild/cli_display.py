@@ -82,18 +82,19 @@ def print_recipes(console: Console, rows: list[dict], *, wide: bool = False) -> 
 def _training_cell(info: dict | None) -> str:
     """``no``; ``yes, ~30 min est.``; ``yes, 3000 steps``; ``trained, 40 min`` (training and data; the
     split is in ``--json``); ``retrains, ~41 min est.`` (trained with other data or settings than the recipe's)."""
+    from specbuild.builder.train_stage import duration_text
+
     if info is None:
         return "no"
     if not info["trained"] or info.get("up_to_date") is False:
         estimate = info.get("estimated_seconds")
         todo = "yes" if not info["trained"] else "retrains"
-        return f"{todo}, ~{max(1, round(estimate / 60))} min est." if estimate else f"{todo}, {info['steps']} steps"
-    minutes = lambda s: f"{max(1, round(s / 60))} min"  # noqa: E731
+        return f"{todo}, ~{duration_text(estimate)} est." if estimate else f"{todo}, {info['steps']} steps"
     seconds = info.get("seconds")
     if not isinstance(seconds, (int, float)):
         return f"trained, {info['steps']} steps"
     data = info.get("data_seconds")
-    return f"trained, {minutes(seconds + (data if isinstance(data, (int, float)) else 0))}"
+    return f"trained, {duration_text(seconds + (data if isinstance(data, (int, float)) else 0))}"
 
 
 @contextmanager

@@ -259,3 +259,9 @@ def test_the_data_estimate_counts_the_recipes_own_prompts_responses_and_magpie_m
     twice = with_train(prompts=[*train.prompt_sources, "magpie:100", "magpie:100"])  # written once, trained on twice
     assert twice - base == pytest.approx(100 * (2 * train.samples_per_prompt * MEASURED_RESPONSE_S + MEASURED_MAGPIE_MESSAGE_S))
     assert with_train(max_new_tokens=256) > base > with_train(samples_per_prompt=1)
+
+
+def test_long_estimates_read_in_hours():
+    from specbuild.builder.train_stage import duration_text
+
+    assert [duration_text(s) for s in (10, 90, 41.5 * 60, 7199, 7200, 77040)] == ["1 min", "2 min", "42 min", "120 min", "2.0 h", "21.4 h"]
