@@ -647,7 +647,10 @@ def dumps(result: DraftCheck) -> str:
 def recipe_check_line(loaded) -> str | None:
     """``specbuild plan``'s line for a recipe with a draft: the check's summary for the engine the recipe
     builds (``reference``, else ``trtllm``) when the draft and the target are local directories, else
-    when and how it runs. None for a recipe without draft files. Milliseconds; never raises."""
+    when and how it runs. None for a recipe without draft files. Well under a second (a recipe that
+    trains reads its training sources: :func:`~specbuild.builder.train_stage.reuses_draft`); never raises."""
+    from specbuild.builder.train_stage import reuses_draft
+
     spec = loaded.recipe.speculation
     value = spec.weights_path
     if value is None or spec.method not in METHODS:
@@ -655,7 +658,7 @@ def recipe_check_line(loaded) -> str | None:
     engine = "reference" if loaded.recipe.build.backend == "reference" else "trtllm"
     draft = loaded.resolve_path(value)
     command = f"specbuild check-draft DIR --target {loaded.recipe.target.checkpoint} --engine {engine}"
-    if loaded.recipe.train is not None and not _reused(loaded):  # the train stage writes it first
+    if loaded.recipe.train is not None and not reuses_draft(loaded):  # the train stage writes it first
         return f"check     draft: runs after training (train-draft): {command.replace('DIR', str(draft))}"
     if not draft.is_dir():
         return f"check     draft: runs once {value} is a local directory: {command}"
@@ -663,18 +666,6 @@ def recipe_check_line(loaded) -> str | None:
     if target is None:
         return f"check     draft {draft}: runs once the target is a local directory (converted or downloaded): {command.replace('DIR', str(draft))}"
     return plan_line(draft, target, engine, spec.method)
-
-
-def _reused(loaded) -> bool:
-    """Whether the train stage reuses the draft there (:func:`~specbuild.builder.train_stage.reuses_draft`);
-    False where that cannot be told (a source the plan reports itself)."""
-    from specbuild.builder.recipe import RecipeError
-    from specbuild.builder.train_stage import reuses_draft
-
-    try:
-        return reuses_draft(loaded)
-    except RecipeError:
-        return False
 
 
 def _local_target(loaded) -> Path | None:

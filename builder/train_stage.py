@@ -139,20 +139,22 @@ def data_estimate(loaded: LoadedRecipe) -> float:
     :data:`MEASURED_TEXT_TOKEN_S` and :data:`MEASURED_MAGPIE_MESSAGE_S`. A source that cannot be read
     counts nothing (the recipe check reports it)."""
     from specbuild.prompts import PromptSourceError
-    from specbuild.train.sources import load_source
+    from specbuild.train.sources import load_source, weighted_count
 
     config = loaded.recipe.train
     prompts = magpie = 0
-    for k, item in enumerate(config.prompt_sources):
+    written = set()  # the target writes each magpie:N source once, however often it is listed
+    for item in config.prompt_sources:
         count = magpie_count(item.source)
         if count is None:
             try:
                 count = len(load_source(item.source, base_dir=loaded.path.parent))
             except PromptSourceError:
                 count = 0
-        elif item.source not in [s.source for s in config.prompt_sources[:k]]:  # the target writes each source once
+        elif item.source not in written:
+            written.add(item.source)
             magpie += count
-        prompts += max(1, round(item.weight * count)) if count else 0
+        prompts += weighted_count(count, item.weight)
     if config.max_prompts is not None:
         prompts = min(prompts, config.max_prompts)
     responses = prompts * config.samples_per_prompt * config.max_new_tokens / MEASURED_MAX_NEW_TOKENS
@@ -327,17 +329,20 @@ def planned_fingerprint(loaded: LoadedRecipe) -> str | None:
 def reuses_draft(loaded: LoadedRecipe) -> bool:
     """Whether the train stage would reuse the draft at the recipe's artefact path: its model card's
     fingerprint is the recipe's (:func:`planned_fingerprint`). Otherwise the stage writes the draft there,
-    so checks of its files wait for it. False for a recipe without ``train:``.
-
-    Raises:
-        RecipeError: as :func:`planned_fingerprint`, where a model card is there to compare with.
+    so checks of its files wait for it. False for a recipe without ``train:``. Where the training sources
+    cannot be read (a prompt file deleted since training), a draft with a model card counts as reused:
+    ``build`` and ``train-draft --from-log`` read no training source, and the train stage and ``plan``
+    report the source themselves. Never raises.
     """
     if loaded.recipe.train is None:
         return False
     artefact = artefact_path(loaded)
     if not (artefact / CARD_JSON).is_file():
         return False
-    planned = planned_fingerprint(loaded)
+    try:
+        planned = planned_fingerprint(loaded)
+    except RecipeError:
+        return True
     return planned is not None and cached_card(artefact, planned) is not None
 
 

@@ -81,12 +81,13 @@ def check_inputs(loaded: LoadedRecipe) -> CheckedInputs:
         RecipeError: naming the recipe line of the field at fault.
     """
     from specbuild.builder.reference import check_kernels, check_reference_inputs, check_reference_speculation
+    from specbuild.builder.train_stage import reuses_draft
     from specbuild.prompts import PromptSourceError, load_prompts
 
     check_reference_speculation(loaded)
     _check_device(loaded)
     check_kernels(loaded)
-    untrained = draft_from_train_stage(loaded) and not _reused_draft(loaded)  # written by the train stage, checked after it
+    untrained = draft_from_train_stage(loaded) and not reuses_draft(loaded)  # written by the train stage, checked after it
     reference = check_reference_inputs(loaded, trained_later=untrained)
     try:
         prompts = load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
@@ -143,19 +144,6 @@ def _check_device(loaded: LoadedRecipe) -> None:
 def draft_from_train_stage(loaded: LoadedRecipe) -> bool:
     """True when the recipe's ``train:`` section makes its draft (EAGLE/Medusa heads, draft model)."""
     return loaded.recipe.train is not None
-
-
-def _reused_draft(loaded: LoadedRecipe) -> bool:
-    """Whether the draft already at the artefact path is the one the run serves
-    (:func:`~specbuild.builder.train_stage.reuses_draft`). Where the training sources cannot be read
-    (a prompt file deleted since training), a draft with a model card counts as reused: ``build`` and
-    ``train-draft --from-log`` read no training source, and the train stage reports the source itself."""
-    from specbuild.builder.train_stage import CARD_JSON, artefact_path, reuses_draft
-
-    try:
-        return reuses_draft(loaded)
-    except RecipeError:
-        return (artefact_path(loaded) / CARD_JSON).is_file()
 
 
 def check_runnable(loaded: LoadedRecipe) -> CheckedInputs:

@@ -92,9 +92,15 @@ def weighted(prompts: Sequence[Prompt], weight: float) -> list[Prompt]:
     ``weight > 1``; repeats get ids ``<id>#2``, ``<id>#3``, ... Example: 4 prompts, weight 1.5 -> p0..p3, p0#2, p1#2."""
     import dataclasses
 
-    count = max(1, round(weight * len(prompts))) if prompts else 0
+    count = weighted_count(len(prompts), weight)
     return [p if k < len(prompts) else dataclasses.replace(p, id=f"{p.id}#{k // len(prompts) + 1}")
             for k, p in ((k, prompts[k % len(prompts)]) for k in range(count))]
+
+
+def weighted_count(count: int, weight: float) -> int:
+    """How many prompts :func:`weighted` takes from a source of ``count``: ``round(weight * count)``, at
+    least 1 (0 for an empty source)."""
+    return max(1, round(weight * count)) if count else 0
 
 
 STDLIB_TEXTS = "python-stdlib"
