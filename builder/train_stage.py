@@ -151,15 +151,55 @@ def data_estimate(loaded: LoadedRecipe) -> float:
                 count = len(load_source(item.source, base_dir=loaded.path.parent))
             except PromptSourceError:
                 count = 0
-        elif item.source not in written:
-            written.add(item.source)
-            magpie += count
+        else:
+            cached = _cached_magpie_count(loaded, count)
+            if cached is not None:  # written already: its messages (fewer than N) are what is answered
+                count = cached
+            elif item.source not in written:
+                written.add(item.source)
+                magpie += count
         prompts += weighted_count(count, item.weight)
     if config.max_prompts is not None:
         prompts = min(prompts, config.max_prompts)
     responses = prompts * config.samples_per_prompt * config.max_new_tokens / MEASURED_MAX_NEW_TOKENS
-    texts = config.text_tokens if config.texts else 0
+    texts = _text_tokens_estimate(loaded)
     return responses * MEASURED_RESPONSE_S + texts * MEASURED_TEXT_TOKEN_S + magpie * MEASURED_MAGPIE_MESSAGE_S
+
+
+def _cached_magpie_count(loaded: LoadedRecipe, count: int) -> int | None:
+    """How many messages the cached ``magpie:count`` prompts of the recipe's target hold; None where they
+    are not written yet or cannot be read (the target is not there yet, a damaged cache file)."""
+    from specbuild.builder.reference import locate_target
+    from specbuild.train.magpie import MagpieError, load_magpie, magpie_path
+
+    try:
+        path = magpie_path(locate_target(loaded).fingerprint(), count, loaded.recipe.train)
+        return len(load_magpie(path)) if path.is_file() else None
+    except (RecipeError, MagpieError, OSError):
+        return None
+
+
+# characters per SmolLM2 token in English prose: Python's pydoc topics, 464,970 characters in about 110k
+# tokens (train/sources.py, load_texts); code has fewer per token, so this counts a text file's tokens on the high side
+TEXT_CHARS_PER_TOKEN = 4.0
+
+
+def _text_tokens_estimate(loaded: LoadedRecipe) -> float:
+    """The teacher-forced tokens the data stage takes from ``train.texts``: ``text_tokens``, or fewer where
+    the texts hold fewer (counted from their characters; the standard library holds millions). 0 for none
+    or for texts that cannot be read (the recipe check reports them)."""
+    from specbuild.train.sources import STDLIB_TEXTS, TrainDataError, load_texts
+
+    config = loaded.recipe.train
+    if not config.texts:
+        return 0
+    if config.texts == STDLIB_TEXTS:
+        return config.text_tokens
+    try:
+        chars = sum(len(text) for _, text in load_texts(config.texts, base_dir=loaded.path.parent))
+    except TrainDataError:
+        return 0
+    return min(config.text_tokens, chars / TEXT_CHARS_PER_TOKEN)
 
 
 def _run_estimate(loaded: LoadedRecipe, data_cached: bool) -> TrainingEstimate | None:
@@ -297,6 +337,9 @@ def _as_recipe_error(loaded: LoadedRecipe):
     except (TrainDataError, MagpieError) as exc:
         head, _, rest = str(exc).partition(": ")
         field = head.removeprefix("train.")
+        item = getattr(exc, "item", None)
+        if field == "prompts" and rest and item is not None:  # one source of the list: its own line
+            raise loaded.error(("train", "prompts", item), rest) from None
         if field in ("prompts", "held_out", "texts") and rest:  # the error's location says the field
             raise loaded.error(("train", field), rest) from None
         raise loaded.error(("train", "prompts"), str(exc)) from None
@@ -363,11 +406,44 @@ def _planned_fingerprints(loaded: LoadedRecipe) -> tuple[str, str] | None:
                 path = magpie_path(target_fp, count, config)
                 generated[item.source] = load_magpie(path) if path.is_file() else None
     pending = any(v is None for v in generated.values())
-    (train_prompts, _), texts = _read_sources(loaded, {k: v or [] for k, v in generated.items()})
-    if pending:
-        return None
-    data_fp = data_fingerprint(target_fp, train_prompts, config, texts)
+    key = _inputs_key(loaded, target_fp)
+    if pending or key not in _DATA_FP_MEMO:
+        (train_prompts, _), texts = _read_sources(loaded, {k: v or [] for k, v in generated.items()})
+        if pending:
+            return None
+        while len(_DATA_FP_MEMO) >= 8:
+            del _DATA_FP_MEMO[next(iter(_DATA_FP_MEMO))]
+        _DATA_FP_MEMO[key] = data_fingerprint(target_fp, train_prompts, config, texts)
+    data_fp = _DATA_FP_MEMO[key]
     return data_fp, train_fingerprint(loaded, data_fp)
+
+
+_DATA_FP_MEMO: dict[tuple, str] = {}  # _inputs_key -> data fingerprint: plan asks 3-5 times per recipe
+
+
+def _inputs_key(loaded: LoadedRecipe, target_fp: str) -> tuple:
+    """What :func:`_planned_fingerprints` reads, as a key: the target, the ``train:`` settings and, for each
+    prompt source, the held-out set, the texts and cached Magpie prompts, the file's identity and
+    modification time where it is a file (a file edited since gives another key)."""
+    from specbuild.train.magpie import magpie_path
+
+    config = loaded.recipe.train
+    base = loaded.path.parent
+
+    def signature(source: str | None, path: Path | None = None):
+        if source is None:
+            return None
+        try:
+            path = path or (Path(source) if Path(source).is_absolute() else base / source)
+            stat = path.stat()
+        except (OSError, ValueError):  # not a file (a bundled set) or not there (reported when read)
+            return source
+        return (source, str(path.resolve()), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+    sources = [signature(item.source, None if magpie_count(item.source) is None else
+                         magpie_path(target_fp, magpie_count(item.source), config)) for item in config.prompt_sources]
+    return (target_fp, str(base.resolve()), config.model_dump_json(), tuple(sources),
+            signature(config.held_out), signature(config.texts))
 
 
 def cached_card(artefact: Path, fingerprint: str) -> dict | None:

@@ -186,10 +186,8 @@ def load_prompts(source: str, *, base_dir: str | Path | None = None) -> list[Pro
         if path.is_dir():
             raise PromptSourceError(f"prompt source {source!r}: {str(path)!r} is a directory; give a .jsonl or .txt file in it")
         raise PromptSourceError(f"prompt source {source!r}: no such file {str(path)!r}; expected {EXPECTED}")
-    if path.suffix == ".jsonl":
-        prompts = _load_jsonl(path)
-    elif path.suffix == ".txt":
-        prompts = _load_txt(path)
+    if path.suffix in (".jsonl", ".txt"):
+        prompts = _read_file(path)
     else:
         raise PromptSourceError(
             f"prompt source {source!r}: unsupported file type {path.suffix!r}; expected {EXPECTED}"
@@ -254,6 +252,24 @@ def _load_bundled(source: str) -> list[Prompt]:
     if not n.isdigit() or not 1 <= int(n) <= len(prompts):
         raise PromptSourceError(f"prompt source {source!r}: expected {name}:N with N in 1..{len(prompts)}")
     return prompts[: int(n)]
+
+
+_FILE_MEMO: dict[tuple, tuple[Prompt, ...]] = {}  # (path, mtime_ns, size, inode) -> its prompts, the newest few
+_FILE_MEMO_SIZE = 4
+
+
+def _read_file(path: Path) -> list[Prompt]:
+    """A .jsonl or .txt prompt file's prompts, read once while the file is unchanged: ``plan`` checks,
+    fingerprints and estimates a recipe's training from the same files several times, and a request log
+    can hold 100k+ prompts. Prompts are frozen, so the lists returned share them safely."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    if key not in _FILE_MEMO:
+        prompts = tuple(_load_jsonl(path) if path.suffix == ".jsonl" else _load_txt(path))
+        while len(_FILE_MEMO) >= _FILE_MEMO_SIZE:
+            del _FILE_MEMO[next(iter(_FILE_MEMO))]
+        _FILE_MEMO[key] = prompts
+    return list(_FILE_MEMO[key])
 
 
 def _load_jsonl(path: Path) -> list[Prompt]:

@@ -591,8 +591,10 @@ def test_plan_refuses_training_prompts_it_cannot_read_without_importing_torch(tm
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     code, output = report["plan"]
     assert code == ExitCode.BAD_INPUT and "Traceback" not in output, output
-    field = "train.held_out" if bad == "held_out" else "train.prompts"
-    line = next(n for n, row in enumerate(text.splitlines(), 1) if row.lstrip().startswith(field.split(".")[1] + ":"))
+    if bad == "held_out":
+        field, line = "train.held_out", next(n for n, row in enumerate(text.splitlines(), 1) if row.lstrip().startswith("held_out:"))
+    else:  # the failing list item, on its own line: train.prompts' third source
+        field, line = "train.prompts.2", next(n for n, row in enumerate(text.splitlines(), 1) if row.strip() == f"- {source}")
     assert f"r.yaml:{line}: {field}: " in output and str(tmp_path / source) in output, output
     if bad != "missing.jsonl" and bad != "held_out":
         assert {"broken.jsonl": "broken.jsonl:2: invalid JSON", "latin1.txt": "latin1.txt:2: not UTF-8 text"}[bad] in output, output

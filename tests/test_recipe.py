@@ -261,6 +261,40 @@ def test_the_data_estimate_counts_the_recipes_own_prompts_responses_and_magpie_m
     assert with_train(max_new_tokens=256) > base > with_train(samples_per_prompt=1)
 
 
+def test_the_data_estimate_counts_what_is_there_to_make(tmp_path, monkeypatch):
+    """A texts file shorter than text_tokens is counted at its own length, and a magpie:N source whose
+    messages are cached is not written again: only their responses count, as many as were kept."""
+    import dataclasses
+
+    from specbuild.builder.reference import locate_target
+    from specbuild.builder.train_stage import (
+        MEASURED_MAGPIE_MESSAGE_S, MEASURED_RESPONSE_S, MEASURED_TEXT_TOKEN_S, TEXT_CHARS_PER_TOKEN, data_estimate,
+    )
+    from specbuild.train.magpie import magpie_path
+
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
+    loaded = load_recipe("smollm2-eagle3")
+    train = loaded.recipe.train
+
+    def with_train(**update):
+        return data_estimate(dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"train": train.model_copy(update=update)})))
+
+    base = data_estimate(loaded)
+    (tmp_path / "short.txt").write_text("word " * 2000)  # 10,000 characters: about 2,500 tokens, not 100,000
+    short = with_train(texts=str(tmp_path / "short.txt"))
+    assert base - short == pytest.approx((train.text_tokens - 10_000 / TEXT_CHARS_PER_TOKEN) * MEASURED_TEXT_TOKEN_S)
+    assert with_train(texts=str(tmp_path / "short.txt"), text_tokens=1000) == pytest.approx(base - 99_000 * MEASURED_TEXT_TOKEN_S)
+
+    to_write = with_train(prompts=[*train.prompt_sources, "magpie:100"])
+    path = magpie_path(locate_target(loaded).fingerprint(), 100, train)
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps({"id": f"magpie/{k}", "messages": [{"role": "user", "content": f"Plan a trip, day {k}."}]}) + "\n"
+                            for k in range(77)))
+    written = with_train(prompts=[*train.prompt_sources, "magpie:100"])
+    assert to_write - base == pytest.approx(100 * (train.samples_per_prompt * MEASURED_RESPONSE_S + MEASURED_MAGPIE_MESSAGE_S))
+    assert written - base == pytest.approx(77 * train.samples_per_prompt * MEASURED_RESPONSE_S)
+
+
 def test_long_estimates_read_in_hours():
     from specbuild.builder.train_stage import duration_text
 

@@ -5,6 +5,7 @@ run resumes to the same weights, and the recipe's train stage is cached."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -323,6 +324,28 @@ def test_train_stage_is_skipped_while_cached_and_reruns_when_settings_change(tin
     copy = load_recipe(str(write_train_recipe(tmp_path / "copy.yaml", tiny_checkpoint, prompt_files, steps=5)))
     assert f"this replaces the draft of {recipe.resolve()} (set eagle_model elsewhere to keep both)" in training_status(copy)
     assert "replaces" not in training_status(load_recipe(str(write_train_recipe(recipe, tiny_checkpoint, prompt_files, steps=5))))
+
+
+def test_plan_sees_a_prompt_file_edited_between_two_plans_in_one_process(tiny_checkpoint, prompt_files, tmp_path, monkeypatch):
+    """plan reads each training source once per state of the file (a request log can hold 100k+ prompts):
+    an edit, even one that keeps the size, gives another fingerprint, and the original content the first again."""
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
+    train = tmp_path / "train.jsonl"
+    original = prompt_files[0].read_text()
+    train.write_text(original)
+    recipe = write_train_recipe(tmp_path / "r.yaml", tiny_checkpoint, (train, prompt_files[1]))
+    first = planned_fingerprint(load_recipe(str(recipe)))
+    assert planned_fingerprint(load_recipe(str(recipe))) == first
+    same_size = original.replace("def", "fed", 1)
+    assert same_size != original and len(same_size) == len(original)
+    train.write_text(same_size)
+    os.utime(train, ns=(train.stat().st_atime_ns, train.stat().st_mtime_ns + 1_000_000))  # a coarse clock
+    edited = planned_fingerprint(load_recipe(str(recipe)))
+    assert edited != first
+    train.write_text(original + json.dumps({"prompt": "one more"}) + "\n")
+    assert planned_fingerprint(load_recipe(str(recipe))) not in (first, edited)
+    train.write_text(original)
+    assert planned_fingerprint(load_recipe(str(recipe))) == first
 
 
 def test_a_folder_the_train_stage_will_write_is_not_checked_before_it(tiny_checkpoint, prompt_files, tmp_path, monkeypatch):

@@ -20,7 +20,15 @@ DATA_FORMAT = 1
 
 
 class TrainDataError(ValueError):
-    """Training prompts that cannot be used (missing, empty, or overlapping the held-out set)."""
+    """Training prompts that cannot be used (missing, empty, or overlapping the held-out set).
+
+    ``item``: the position in ``train.prompts`` of the source that failed, where one did (else None),
+    so a recipe error can point at that list item's line.
+    """
+
+    def __init__(self, message: str, *, item: int | None = None):
+        super().__init__(message)
+        self.item = item
 
 
 def training_prompts(
@@ -47,17 +55,21 @@ def training_prompts(
             raise TrainDataError(f"train.prompts: {source!r} is written by the target; it is made when the draft trains")
         return generated[source]
 
-    try:
-        train = [p for s in config.prompt_sources for p in weighted(source_prompts(s.source), s.weight)]
-    except PromptSourceError as exc:
-        raise TrainDataError(f"train.prompts: {exc}") from None
+    train = []
+    for item, source in enumerate(config.prompt_sources):
+        try:
+            train += weighted(source_prompts(source.source), source.weight)
+        except (PromptSourceError, TrainDataError) as exc:
+            message = str(exc) if isinstance(exc, TrainDataError) else f"train.prompts: {exc}"
+            raise TrainDataError(message, item=item if isinstance(config.prompts, list) else None) from None
     try:
         held_out = load_source(config.held_out, base_dir=base_dir)
     except PromptSourceError as exc:
         raise TrainDataError(f"train.held_out: {exc}") from None
     if config.max_prompts is not None:
         train = train[: config.max_prompts]
-    overlap = sorted({p.id for p in held_out if p.text in {t.text for t in train}})
+    trained_texts = {t.text for t in train}
+    overlap = sorted({p.id for p in held_out if p.text in trained_texts})
     if overlap:
         fix = (f"humaneval-train starts at HumanEval/{HUMANEVAL_TRAIN_START}: use humaneval:N with N <= {HUMANEVAL_TRAIN_START}"
                if all(i.startswith("HumanEval/") for i in overlap) else
