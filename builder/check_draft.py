@@ -14,8 +14,17 @@ What each engine's loader expects of an EAGLE-3 head (:data:`EAGLE3_LOADERS`; so
                                                                         draft_vocab_size
 
 vLLM (0.32.0, observed) parses the head's config.json with transformers' ``AutoConfig`` and refuses one without
-``model_type`` (``Unrecognized model in DIR. Should have a `model_type` key``); TensorRT-LLM and SGLang were not
-tried without it (a warning there).
+``model_type`` (``Unrecognized model in DIR. Should have a `model_type` key``); so does TensorRT-LLM
+(``_torch/pyexecutor/config_utils.py`` ``load_pretrained_config`` hands configs outside its own registry to
+``AutoConfig``). SGLang was not tried without it (a warning there).
+
+Beyond the table: config.json values of the wrong JSON type fail first (:func:`~.draft_files.config_type_problems`);
+``fc.weight`` is required (every engine builds ``fc`` for three captured layers); ``num_hidden_layers`` must be
+present (LlamaConfig's default is 32 layers) and 1 for the reference engine and SGLang; the reference engine
+and SGLang read ``eagle_config.eagle_aux_hidden_state_layer_ids`` only (SGLang ``model_runner.py``); a
+head narrower than the target (``target_hidden_size``) needs its own ``embed_tokens``; TensorRT-LLM ignores
+``d2t`` when ``draft_vocab_size == vocab_size`` and ties a ``tie_word_embeddings`` head's lm_head to
+embeddings it does not have.
 
 Every :class:`Finding` names the field, what the engine expects and the fix. Statuses: ``ok``,
 ``warn`` (loads, but check it), ``fail`` (the engine refuses it or drafts wrongly), ``skip`` (not
@@ -32,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .draft_files import FLOAT_DTYPES, CheckpointFiles, DraftFileError, torch_dtype_name
+from .draft_files import FLOAT_DTYPES, CheckpointFiles, DraftFileError, config_type_problems, torch_dtype_name
 
 Engine = Literal["reference", "trtllm", "vllm", "sglang"]
 ENGINES: tuple[str, ...] = ("reference", "trtllm", "vllm", "sglang")
@@ -113,7 +122,8 @@ class Eagle3Loader:
 EAGLE3_LOADERS: dict[str, Eagle3Loader] = {
     "reference": Eagle3Loader(EAGLE3_NAMES[:2], False, "always", False, True, "specbuild methods/eagle3/engine.py"),
     "trtllm": Eagle3Loader(None, False, "always", False, False,
-                           "NVIDIA/TensorRT-LLM@00679c6 tensorrt_llm/_torch/models/modeling_speculative.py"),
+                           "NVIDIA/TensorRT-LLM@00679c6 tensorrt_llm/_torch/models/modeling_speculative.py, "
+                           "_torch/pyexecutor/config_utils.py (load_pretrained_config)", needs_model_type=True),
     "vllm": Eagle3Loader(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM"), True, "always", True, False,
                          "vllm-project/vllm@00bd149 vllm/model_executor/models/llama_eagle3.py, @008603a v1/spec_decode/eagle.py, "
                          "v0.32.0 vllm/transformers_utils/config.py", needs_model_type=True),
@@ -133,6 +143,8 @@ EAGLE3_LAYER_SHAPES = (  # name under midlayer. -> shape from (H, q, kv, I)
     ("hidden_norm.weight", lambda h, q, kv, i: (h,)),
     ("post_attention_layernorm.weight", lambda h, q, kv, i: (h,)),
 )
+REFERENCE_EAGLE3_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                         "max_position_embeddings")  # methods/eagle3/engine.py Eagle3Config.REQUIRED (a test keeps them equal)
 EAGLE3_KNOWN_EXTRA = ("d2t", "t2d", "embed_tokens.weight", "lm_head.weight")
 
 
@@ -162,6 +174,9 @@ def check_draft(
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
     context = Context(draft_files, target_files, engine)
+    malformed = _config_types(context)
+    if malformed:  # the checks below would read them as numbers, lists and objects
+        return DraftCheck(draft_files.path, target_files.path, engine, method, tuple(malformed))
     if config_only:
         if method != "eagle3":
             raise ValueError("config_only checks an EAGLE-3 head's config.json; give method eagle3")
@@ -218,6 +233,18 @@ def _architecture(config: dict[str, Any]) -> str | None:
     return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
 
 
+def _config_types(c: Context) -> list[Finding]:
+    """A fail finding per config.json whose keys have the wrong JSON type (:func:`config_type_problems`)."""
+    findings = []
+    for files, what in ((c.draft, "draft"), (c.target, "target")):
+        problems = config_type_problems(files.config)
+        if problems:
+            findings.append(Finding("config.json", "fail", f"{what} {files.path / 'config.json'}: {'; '.join(problems)}",
+                                    "write each value with the JSON type named (an engine's config class reads them so); "
+                                    "then check again"))
+    return findings
+
+
 def _weights_readable(c: Context) -> list[Finding]:
     if c.draft.tensors:
         return [Finding("weights", "ok", f"{len(c.draft.tensors)} tensors in {', '.join(sorted({t.file.name for t in c.draft.tensors.values()}))}")]
@@ -234,7 +261,8 @@ def _weights_readable(c: Context) -> list[Finding]:
 def _eagle3(c: Context) -> list[Finding]:
     loader = EAGLE3_LOADERS[c.engine]
     checks: list[Callable[[Context, Eagle3Loader], list[Finding]]] = [
-        _e3_architecture, _e3_model_type, _e3_hidden, _e3_vocab, _e3_lm_head, _e3_d2t, _e3_layers, _e3_tensors, _rope, _embed_tokens, _dtype,
+        _e3_architecture, _e3_model_type, _e3_hidden, _e3_vocab, _e3_draft_vocab, _e3_lm_head, _e3_d2t, _e3_layers,
+        _e3_num_layers, _e3_tensors, _e3_norm, _e3_reference_keys, _rope, _embed_tokens, _dtype,
     ]
     return [f for check in checks for f in check(c, loader)]
 
@@ -280,10 +308,12 @@ def _e3_hidden(c: Context, loader: Eagle3Loader) -> list[Finding]:
     target_hidden = c.draft.config.get("target_hidden_size", hidden)
     fc = c.draft.tensors.get("fc.weight")
     problems = []
+    narrower = c.engine != "reference" and "target_hidden_size" in c.draft.config and hidden != target_hidden
     if hidden is None:
         problems.append("config.json has no hidden_size")
-    elif target is not None and hidden != target:
-        problems.append(f"hidden_size={hidden} but the target's is {target}")
+    elif target is not None and hidden != target and not narrower:
+        problems.append(f"hidden_size={hidden} but the target's is {target}" + (
+            " (the reference engine runs heads of the target's width)" if c.engine == "reference" and target_hidden == target else ""))
     if target is not None and target_hidden is not None and target_hidden != target:
         problems.append(f"target_hidden_size={target_hidden} but the target's hidden_size is {target}")
     if fc is not None and hidden is not None and target_hidden is not None and fc.shape != (hidden, 3 * target_hidden):
@@ -291,7 +321,10 @@ def _e3_hidden(c: Context, loader: Eagle3Loader) -> list[Finding]:
     if problems:
         return [Finding("hidden size", "fail", "; ".join(problems), "train the head on this target (its hidden_size), or "
                         "check it against the target it was trained for")]
-    return [Finding("hidden size", "ok", f"{hidden}" + (f" (fc.weight [{hidden}, {3 * target_hidden}])" if fc is not None else ""))]
+    detail = f"{hidden}" + (f" (fc.weight [{hidden}, {3 * target_hidden}])" if fc is not None else "")
+    if narrower:
+        detail += f": a head narrower than the target, fed {target_hidden}-wide target layers (target_hidden_size), with embed_tokens of its own"
+    return [Finding("hidden size", "ok", detail)]
 
 
 def _e3_vocab(c: Context, loader: Eagle3Loader) -> list[Finding]:
@@ -320,6 +353,10 @@ def _e3_lm_head(c: Context, loader: Eagle3Loader) -> list[Finding]:
     if c.engine == "sglang" and c.draft.config.get("tie_word_embeddings"):
         return [Finding("lm_head", "fail", "tie_word_embeddings is true: SGLang then uses the draft's embed_tokens "
                         "(vocab_size rows) as lm_head", 'set "tie_word_embeddings": false in config.json')]
+    if c.engine == "trtllm" and c.draft.config.get("tie_word_embeddings"):
+        return [Finding("lm_head", "fail", "tie_word_embeddings is true: TensorRT-LLM ties lm_head to the head's embed_tokens, "
+                        "which an EAGLE-3 head shares with the target (None in the draft model), and skips loading lm_head "
+                        "(modeling_utils.py DecoderModelForCausalLM)", 'set "tie_word_embeddings": false in config.json')]
     if head is None:
         return [_missing_lm_head(c, loader, declared)]
     rows, cols = head.shape if len(head.shape) == 2 else (None, None)
@@ -372,6 +409,12 @@ def _e3_d2t(c: Context, loader: Eagle3Loader) -> list[Finding]:
     if len(np.unique(targets)) != rows:
         return [Finding("d2t", "warn", f"i + d2t[i] repeats target ids ({rows - len(np.unique(targets))} duplicates)",
                         "each draft id should map to its own target id"), *findings]
+    if rows == vocab and np.any(targets != np.arange(rows)):
+        moved = int(np.count_nonzero(targets != np.arange(rows)))
+        detail = (f"the draft vocabulary is the target's ({rows}) but d2t moves {moved} ids: vLLM and SGLang apply it, "
+                  "TensorRT-LLM creates d2t only when draft_vocab_size != vocab_size and reads draft id i as target id i")
+        return [Finding("d2t", "fail" if c.engine == "trtllm" else "warn", detail,
+                        "reorder lm_head.weight's rows into target order and drop d2t (or set all of it to 0)"), *findings]
     return [Finding("d2t", "ok", f"{rows} draft ids -> distinct target ids in [{low}, {high}]"), *findings]
 
 
@@ -381,22 +424,57 @@ def _t2d(c: Context, rows: int | None) -> list[Finding]:
         return []
     if info.shape != (c.target_vocab,) or rows is None:
         return [Finding("t2d", "warn", f"t2d is {list(info.shape)}, expected [{c.target_vocab}] (engines skip it)", "drop t2d or rewrite it")]
-    count = int(np.count_nonzero(c.draft.read("t2d")))
+    marked = c.draft.read("t2d") != 0  # [V] bool
+    count = int(np.count_nonzero(marked))
     if count != rows:
         return [Finding("t2d", "warn", f"t2d marks {count} target ids, the draft vocabulary has {rows} (engines skip t2d)",
                         "rewrite t2d from d2t: t2d[i + d2t[i]] = True")]
+    d2t = c.draft.tensors.get("d2t")
+    if d2t is not None and d2t.shape == (rows,) and d2t.dtype not in FLOAT_DTYPES:
+        targets = np.arange(rows) + c.draft.read("d2t")
+        inside = (targets >= 0) & (targets < len(marked))
+        unmarked = int(np.count_nonzero(~inside)) + int(np.count_nonzero(~marked[targets[inside]]))
+        if unmarked:
+            return [Finding("t2d", "warn", f"{unmarked} of the {rows} target ids i + d2t[i] are not marked in t2d: d2t and "
+                            "t2d disagree, and engines read d2t (does d2t hold target ids instead of offsets target_id - i?)",
+                            "d2t[i] = target_id - i; then t2d[i + d2t[i]] = True")]
     return [Finding("t2d", "ok", f"marks {count} target ids (skipped by every engine)")]
 
 
-def _aux_ids(config: dict[str, Any]) -> list[int] | None:
+NESTED_AUX_ONLY = ("reference", "sglang")  # read eagle_config.eagle_aux_hidden_state_layer_ids, not the top-level key
+
+
+def _aux_ids(config: dict[str, Any], engine: str | None = None) -> list[int] | None:
+    """The head's auxiliary layer ids as ``engine`` reads them: the reference engine and SGLang
+    (``model_runner.py``) read ``eagle_config.eagle_aux_hidden_state_layer_ids`` only; otherwise the
+    top-level key first. None: not given (the engine's default)."""
     top = config.get("eagle_aux_hidden_state_layer_ids")
     nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    ids = top if top is not None else nested
+    ids = nested if engine in NESTED_AUX_ONLY else (top if top is not None else nested)
     return list(ids) if isinstance(ids, (list, tuple)) else None
 
 
 def _e3_layers(c: Context, loader: Eagle3Loader) -> list[Finding]:
-    ids, layers = _aux_ids(c.draft.config), c.target_layers
+    return _aux_placement(c) + _e3_layer_ids(c, loader)
+
+
+def _aux_placement(c: Context) -> list[Finding]:
+    """A warning where the layer ids sit where this engine does not read them, or the two keys disagree."""
+    top = c.draft.config.get("eagle_aux_hidden_state_layer_ids")
+    nested = (c.draft.config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if top is not None and nested is None and c.engine in NESTED_AUX_ONLY:
+        return [Finding("aux layer ids", "warn", f"eagle_aux_hidden_state_layer_ids {top} is at the top level: {c.title} reads "
+                        "eagle_config.eagle_aux_hidden_state_layer_ids only and captures its default layers",
+                        f'add "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {top}}} to config.json')]
+    if top is not None and nested is not None and list(top) != list(nested):
+        return [Finding("aux layer ids", "warn", f"eagle_aux_hidden_state_layer_ids {top} at the top level, {nested} in eagle_config: "
+                        f"{c.title} reads {_aux_ids(c.draft.config, c.engine)}; other engines read the other",
+                        "keep one set of layer ids (the layers the head was trained on) in both places")]
+    return []
+
+
+def _e3_layer_ids(c: Context, loader: Eagle3Loader) -> list[Finding]:
+    ids, layers = _aux_ids(c.draft.config, c.engine), c.target_layers
     if layers is None:
         return [Finding("aux layer ids", "skip", "the target's config.json has no num_hidden_layers")]
     if ids is None:
@@ -417,6 +495,47 @@ def _e3_layers(c: Context, loader: Eagle3Loader) -> list[Finding]:
     return [Finding("aux layer ids", "ok", f"{ids} of {layers} layers")]
 
 
+def _e3_num_layers(c: Context, loader: Eagle3Loader) -> list[Finding]:
+    del loader
+    layers = c.draft.config.get("num_hidden_layers")
+    if layers is None:
+        if c.engine == "reference":
+            return [Finding("num_hidden_layers", "ok", f"absent: {c.title} reads one decoder layer")]
+        return [Finding("num_hidden_layers", "fail", f"config.json has no num_hidden_layers: {c.title} builds the head from "
+                        "LlamaConfig, whose default is 32 decoder layers, and loads one", 'add "num_hidden_layers": 1 to config.json')]
+    if layers == 1:
+        return [Finding("num_hidden_layers", "ok", "1 decoder layer")]
+    if c.engine in ("reference", "sglang"):
+        return [Finding("num_hidden_layers", "fail", f"num_hidden_layers={layers}: {c.title} runs EAGLE-3 heads of one decoder layer",
+                        "use a one-layer head (EAGLE-3's layout), or serve this one with TensorRT-LLM or vLLM")]
+    return [Finding("num_hidden_layers", "warn", f"num_hidden_layers={layers}: {c.title} builds {layers} decoder layers; "
+                    "check-draft checks the tensors of one-layer heads only", "check the layers' names against the engine's loader")]
+
+
+def _e3_norm(c: Context, loader: Eagle3Loader) -> list[Finding]:
+    del loader
+    if not c.draft.config.get("norm_before_residual"):
+        return []
+    if c.engine == "vllm":
+        return [Finding("norm_before_residual", "ok", "true: vLLM takes the residual after hidden_norm, as the head was trained")]
+    status = "fail" if c.engine == "reference" else "warn"
+    return [Finding("norm_before_residual", status, f"true, but {c.title} takes the residual before hidden_norm whatever the "
+                    "config says: the head drafts other tokens than it was trained to (lossless, lower acceptance)",
+                    "serve this head with vLLM, or retrain it without norm_before_residual")]
+
+
+def _e3_reference_keys(c: Context, loader: Eagle3Loader) -> list[Finding]:
+    del loader
+    if c.engine != "reference":
+        return []
+    missing = [k for k in REFERENCE_EAGLE3_KEYS if c.draft.config.get(k) is None]
+    if missing:
+        values = {k: c.target.config.get(k) for k in missing if c.target.config.get(k) is not None}
+        return [Finding("config keys", "fail", f"config.json lacks {', '.join(missing)}: {c.title} reads them from the head's config",
+                        f"add {json.dumps(values)[1:-1] or ', '.join(missing)} (the target's values) to config.json")]
+    return []
+
+
 def _e3_tensors(c: Context, loader: Eagle3Loader) -> list[Finding]:
     cfg = c.draft.config
     hidden, inter = cfg.get("hidden_size"), cfg.get("intermediate_size")
@@ -424,14 +543,24 @@ def _e3_tensors(c: Context, loader: Eagle3Loader) -> list[Finding]:
     if None in (hidden, inter, heads):
         return [Finding("tensors", "fail", "config.json lacks hidden_size, intermediate_size or num_attention_heads",
                         "write a LlamaConfig-style config.json")]
+    if cfg.get("num_hidden_layers", 1) != 1 and c.engine in ("trtllm", "vllm"):
+        return [Finding("tensors", "skip", f"a {cfg['num_hidden_layers']}-layer head: names and shapes not checked")]
     head_dim = cfg.get("head_dim") or hidden // heads
     names = set(c.draft.tensors)
     prefix = "midlayer." if any(n.startswith("midlayer.") for n in names) or not any(n.startswith("layers.0.") for n in names) else "layers.0."
     expected = {f"{prefix}{name}": shape(hidden, heads * head_dim, kv_heads * head_dim, inter) for name, shape in EAGLE3_LAYER_SHAPES}
     expected["norm.weight"] = (hidden,)
+    expected["fc.weight"] = (hidden, 3 * (cfg.get("target_hidden_size") or hidden))  # built by every engine for 3 captured layers
+    biases = {f"{prefix}self_attn.{p}_proj.bias": (n,) for p, n in
+              (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim), ("o", hidden))}
+    if cfg.get("attention_bias") and c.engine != "reference":  # LlamaConfig.attention_bias: loaders build and load them
+        expected |= {n: shape for n, shape in biases.items() if n in names}
     missing = sorted(set(expected) - names)
     wrong = sorted(f"{n} {list(c.draft.tensors[n].shape)} != {list(s)}" for n, s in expected.items() if n in names and c.draft.tensors[n].shape != s)
-    unknown = sorted(names - set(expected) - {"fc.weight", *EAGLE3_KNOWN_EXTRA})
+    unknown = sorted(names - set(expected) - set(EAGLE3_KNOWN_EXTRA))
+    if unknown and cfg.get("attention_bias") and c.engine == "reference" and set(unknown) <= set(biases):
+        return [Finding("tensors", "fail", f"attention biases ({_few(unknown)}): {c.title}'s EAGLE-3 head has none",
+                        "serve this head with TensorRT-LLM, vLLM or SGLang (they load attention_bias heads)")]
     if missing or wrong or unknown:
         parts = [f"missing {_few(missing)}" if missing else "", f"shapes {_few(wrong)}" if wrong else "",
                  f"unexpected {_few(unknown)}" if unknown else ""]
@@ -475,20 +604,30 @@ def _rope(c: Context, loader: Any = None) -> list[Finding]:
 
 def _embed_tokens(c: Context, loader: Eagle3Loader | None = None) -> list[Finding]:
     name = c.draft.find("embed_tokens.weight")
+    hidden, vocab = c.draft.config.get("hidden_size"), c.target_vocab
+    if (loader is not None and c.engine != "reference" and "target_hidden_size" in c.draft.config
+            and hidden is not None and hidden != c.target_hidden):  # a narrower head embeds tokens itself
+        shape = None if name is None else c.draft.tensors[name].shape
+        if shape == (vocab, hidden):
+            return [Finding("embed_tokens", "ok", f"{name} {list(shape)}: the head's own, {c.title} uses it (narrower than the target)")]
+        found = "no embed_tokens.weight" if name is None else f"{name} is {list(shape)}"
+        return [Finding("embed_tokens", "fail", f"{found}: a head of hidden_size {hidden}, narrower than the target's "
+                        f"{c.target_hidden}, embeds tokens with its own [{vocab}, {hidden}] embed_tokens, which {c.title} "
+                        "otherwise leaves random", f"write the head's trained embed_tokens.weight [{vocab}, {hidden}]")]
     if name is None:
         return [Finding("embed_tokens", "ok", "absent: the target's are used")]
     own = loader.uses_own_embed_tokens if loader is not None else c.engine == "vllm"
     hidden_in = c.draft.config.get("target_hidden_size", c.draft.config.get("hidden_size"))
     own = own or (loader is not None and c.engine in ("trtllm", "sglang") and hidden_in != c.draft.config.get("hidden_size"))
     target_name = c.target.find("embed_tokens.weight", "wte.weight")
-    shape, hidden = c.draft.tensors[name].shape, c.draft.config.get("hidden_size")
+    shape = c.draft.tensors[name].shape
     if target_name is None:
         return [Finding("embed_tokens", "skip", "the target has no safetensors embed_tokens to compare with")]
     target_shape = c.target.tensors[target_name].shape
     if shape != target_shape:
         status = "fail" if own else "warn"
         return [Finding("embed_tokens", status, f"{name} is {list(shape)}, the target's {list(target_shape)}"
-                        + ("" if own else f" (ignored by {c.title})"), f"remove {name}, or write the target's (hidden {hidden})")]
+                        + ("" if own else f" (ignored by {c.title})"), f"remove {name}, or write the target's {list(target_shape)}")]
     equal, max_diff = _same_rows(c.draft, name, c.target, target_name)
     if equal:
         return [Finding("embed_tokens", "ok", f"equal to the target's ({name})")]
@@ -543,7 +682,8 @@ def _dtype(c: Context, loader: Any = None) -> list[Finding]:
 # --- EAGLE-1/2, Medusa, draft model ----------------------------------------------------------------------
 
 
-EAGLE3_CONFIG_CHECKS = (_e3_architecture, _e3_model_type, _e3_hidden, _e3_vocab, _e3_draft_vocab, _e3_layers, _rope)  # config.json only
+EAGLE3_CONFIG_CHECKS = (_e3_architecture, _e3_model_type, _e3_hidden, _e3_vocab, _e3_draft_vocab, _e3_layers, _e3_num_layers,
+                        _e3_norm, _rope)  # config.json only
 EAGLE_NAMES = ("LlamaForCausalLM", "EagleLlamaForCausalLM", "LlamaForCausalLMEagle")
 
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .draft_files import CheckpointFiles, DraftFileError
+from .draft_files import CheckpointFiles, DraftFileError, config_type_problems
 
 
 def export_eagle3(draft: Path, target: Path, out: Path) -> Path:
@@ -36,6 +36,10 @@ def export_eagle3(draft: Path, target: Path, out: Path) -> Path:
     out = Path(out).expanduser()
     if out.resolve() == draft_files.path.resolve():
         raise DraftFileError(f"--export {out} is the draft directory itself; give a new directory")
+    for files, what in ((draft_files, "draft"), (target_files, "target")):
+        problems = config_type_problems(files.config)
+        if problems:
+            raise DraftFileError(f"{what} {files.path / 'config.json'}: {'; '.join(problems)}")
     if not draft_files.tensors:
         raise ValueError(f"draft {draft_files.path} has no *.safetensors weights to export")
     tensors: dict[str, torch.Tensor] = {}

@@ -24,6 +24,54 @@ class DraftFileError(ValueError):
     """A directory that cannot be checked: missing, no config.json, a config that is not one JSON object."""
 
 
+# config.json keys the checks and the engines' loaders read, by the JSON type they must have (null: absent)
+POSITIVE_INT_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                     "draft_vocab_size", "num_hidden_layers", "max_position_embeddings", "target_hidden_size",
+                     "medusa_num_heads", "medusa_num_layers")
+NUMBER_KEYS = ("rope_theta", "rms_norm_eps")
+OBJECT_KEYS = ("eagle_config", "rope_scaling", "rope_parameters")
+BOOL_KEYS = ("tie_word_embeddings", "norm_before_residual", "attention_bias")
+STRING_KEYS = ("model_type", "torch_dtype", "dtype")
+
+
+def config_type_problems(config: dict[str, Any]) -> list[str]:
+    """What in a config.json has the wrong JSON type for the keys specbuild and the engines read: a
+    positive integer as a string, a list where an object belongs, ``architectures`` not a list of
+    strings, layer ids not a list of integers. Each item names the key, its value and what it must be;
+    ``[]`` when every present key is well typed (null counts as absent)."""
+    problems = []
+
+    def bad(key: str, value: Any, must: str) -> None:
+        problems.append(f"{key} is {json.dumps(value)[:60]}, must be {must}")
+
+    for key in POSITIVE_INT_KEYS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            bad(key, value, "a positive integer")
+    for key in NUMBER_KEYS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            bad(key, value, "a positive number")
+    for key in OBJECT_KEYS:
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            bad(key, config[key], "an object")
+    for key in BOOL_KEYS:
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            bad(key, config[key], "true or false")
+    for key in STRING_KEYS:
+        if config.get(key) is not None and not isinstance(config[key], str):
+            bad(key, config[key], "a string")
+    names = config.get("architectures")
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        bad("architectures", names, 'a list of class names, e.g. ["LlamaForCausalLMEagle3"]')
+    nested = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    for key, value in (("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids")),
+                       ("eagle_config.eagle_aux_hidden_state_layer_ids", nested.get("eagle_aux_hidden_state_layer_ids"))):
+        if value is not None and not (isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)):
+            bad(key, value, "a list of layer ids, e.g. [1, 14, 26]")
+    return problems
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor as its file's header describes it: safetensors dtype (``"F32"``, ``"BF16"``, ``"I64"``, ...),

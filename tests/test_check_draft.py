@@ -182,7 +182,9 @@ def test_random_embed_tokens_fail_for_vllm_and_are_flagged_elsewhere(project_eag
     assert embed.status == "ok" and "equal to the target's" in embed.detail
 
 
-def test_missing_model_type_fails_for_vllm_and_warns_for_the_untried_engines(project_eagle3, target, tmp_path):
+def test_missing_model_type_fails_for_vllm_and_tensorrt_llm_and_warns_for_sglang(project_eagle3, target, tmp_path):
+    """vLLM (observed) and TensorRT-LLM (config_utils.load_pretrained_config -> AutoConfig) parse the head's
+    config.json with transformers' AutoConfig, which refuses one without model_type."""
     raw = json.loads((project_eagle3 / "config.json").read_text())
     assert raw["model_type"] == "llama"  # the trainer writes it
     head = _copy(project_eagle3, tmp_path / "no_model_type")
@@ -192,7 +194,7 @@ def test_missing_model_type_fails_for_vllm_and_warns_for_the_untried_engines(pro
     assert "Should have a `model_type` key" in failed["model_type"] and '"model_type": "llama"' in failed["model_type"]
     assert check_draft(head, target, engine="vllm", method="eagle3", config_only=True).failed[0].check == "model_type"
     statuses = {e: {f.check: f.status for f in check_draft(head, target, engine=e).findings}["model_type"] for e in ENGINES}
-    assert statuses == {"reference": "ok", "trtllm": "warn", "vllm": "fail", "sglang": "warn"}
+    assert statuses == {"reference": "ok", "trtllm": "fail", "vllm": "fail", "sglang": "warn"}
     exported = export_eagle3(head, target, tmp_path / "exported")
     assert check_draft(exported, target, engine="vllm").ok
 
@@ -294,7 +296,7 @@ def test_plan_runs_the_check_for_a_recipe_with_a_local_draft(project_eagle3, dra
     plan = runner.invoke(main, ["plan", str(recipe), "--json"])
     assert plan.exit_code == 0, plan.output
     lines = [s for s in json.loads(plan.output)["lines"] if s.startswith("check ")]
-    assert lines == [f"check     draft {project_eagle3} for the reference engine: 12 checks: 12 ok"]
+    assert lines == [f"check     draft {project_eagle3} for the reference engine: 14 checks: 14 ok"]
 
     bad = _copy(draft_vocab_eagle3, tmp_path / "bad", tensors={"d2t": torch.full((DRAFT_VOCAB,), 1000, dtype=torch.int64)})
     recipe = write_recipe(tmp_path / "bad.yaml", target, speculation=f"  method: eagle3\n  eagle_model: {bad}\n  max_draft_len: 3\n")
@@ -302,3 +304,105 @@ def test_plan_runs_the_check_for_a_recipe_with_a_local_draft(project_eagle3, dra
     assert plan.exit_code == 0, plan.output  # the plan shows the failure; the build refuses the head when it loads it
     [line] = [s for s in json.loads(plan.output)["lines"] if s.startswith("check ")]
     assert "1 fail (d2t)" in line and f"run: specbuild check-draft {bad} --target {target} --engine reference" in line
+
+
+# --- loader contracts beyond the table (upstream sources: module docstring) ---------------------------------
+
+
+def _statuses(head: Path, target: Path, check: str) -> dict[str, str]:
+    """engine -> the status of ``check`` ("absent" where the engine does not report it)."""
+    return {e: next((f.status for f in check_draft(head, target, engine=e).findings if f.check == check), "absent") for e in ENGINES}
+
+
+@pytest.mark.parametrize("config", [
+    {"hidden_size": "64"}, {"num_attention_heads": 0}, {"eagle_config": [1, 3, 5]}, {"rope_scaling": [1, 2]},
+    {"architectures": "LlamaForCausalLMEagle3"}, {"draft_vocab_size": "96"}, {"eagle_aux_hidden_state_layer_ids": "1,3,5"},
+    {"rms_norm_eps": True}, {"tie_word_embeddings": "false"},
+], ids=lambda c: next(iter(c)))
+def test_a_config_value_of_the_wrong_json_type_is_named_not_a_traceback(project_eagle3, target, tmp_path, config):
+    head = _copy(project_eagle3, tmp_path / "bad", config=config)
+    key = next(iter(config))
+    for engine in ENGINES:
+        failed = _failed(check_draft(head, target, engine=engine))
+        assert list(failed) == ["config.json"] and f"{key} is {json.dumps(config[key])}" in failed["config.json"], failed
+    with pytest.raises(DraftFileError, match=key):
+        export_eagle3(head, target, tmp_path / "exported")
+    result = CliRunner().invoke(main, ["check-draft", str(head), "--target", str(target)])
+    assert result.exit_code == 4 and "Traceback" not in result.output and key in result.output
+
+
+def test_a_head_without_fc_is_refused_by_every_engine(project_eagle3, target, tmp_path):
+    """Every engine builds fc for three captured layers; a checkpoint without it leaves fc random."""
+    head = _copy(project_eagle3, tmp_path / "no_fc", drop=("fc.weight",))
+    for engine in ENGINES:
+        assert "missing fc.weight" in _failed(check_draft(head, target, engine=engine))["tensors"]
+
+
+def test_num_hidden_layers_missing_or_more_than_one(project_eagle3, target, tmp_path):
+    raw = json.loads((project_eagle3 / "config.json").read_text())
+    missing = _copy(project_eagle3, tmp_path / "missing")
+    (missing / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if k != "num_hidden_layers"}))
+    assert _statuses(missing, target, "num_hidden_layers") == {"reference": "ok", "trtllm": "fail", "vllm": "fail", "sglang": "fail"}
+    assert '"num_hidden_layers": 1' in _failed(check_draft(missing, target, engine="vllm"))["num_hidden_layers"]
+    two = _copy(project_eagle3, tmp_path / "two", config={"num_hidden_layers": 2})
+    assert _statuses(two, target, "num_hidden_layers") == {"reference": "fail", "trtllm": "warn", "vllm": "warn", "sglang": "fail"}
+
+
+def test_engine_specific_config_flags(project_eagle3, target, tmp_path):
+    tied = _copy(project_eagle3, tmp_path / "tied", config={"tie_word_embeddings": True})
+    assert {e: s for e, s in _statuses(tied, target, "lm_head").items() if s == "fail"} == {"trtllm": "fail", "sglang": "fail"}
+    norm = _copy(project_eagle3, tmp_path / "norm", config={"norm_before_residual": True})
+    assert _statuses(norm, target, "norm_before_residual") == {"reference": "fail", "trtllm": "warn", "vllm": "ok", "sglang": "warn"}
+    raw = json.loads((project_eagle3 / "config.json").read_text())
+    ids = [1, 3, 5]
+    top = _copy(project_eagle3, tmp_path / "top")
+    (top / "config.json").write_text(json.dumps({**{k: v for k, v in raw.items() if k != "eagle_config"},
+                                                 "eagle_aux_hidden_state_layer_ids": ids}))
+    for engine in ("reference", "sglang"):  # they read eagle_config.eagle_aux_hidden_state_layer_ids only
+        warned = [f for f in check_draft(top, target, engine=engine).findings if f.check == "aux layer ids" and f.status == "warn"]
+        assert warned and "reads eagle_config.eagle_aux_hidden_state_layer_ids only" in warned[0].detail
+    no_eps = _copy(project_eagle3, tmp_path / "no_eps")
+    (no_eps / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if k != "rms_norm_eps"}))
+    assert "rms_norm_eps" in _failed(check_draft(no_eps, target, engine="reference"))["config keys"]
+    assert check_draft(no_eps, target, engine="vllm").ok
+
+
+def test_d2t_contracts_tensorrt_llm_and_t2d(project_eagle3, draft_vocab_eagle3, target, target_config, tmp_path):
+    """A full-size vocabulary with a permuting d2t: TensorRT-LLM has no d2t then; a t2d that contradicts d2t is named."""
+    vocab = target_config.vocab_size
+    permuted = _copy(project_eagle3, tmp_path / "permuted", config={"draft_vocab_size": vocab}, tensors={
+        "lm_head.weight": torch.randn(vocab, target_config.hidden_size),
+        "d2t": torch.roll(torch.arange(vocab), 1) - torch.arange(vocab)})
+    statuses = _statuses(permuted, target, "d2t")
+    assert statuses["trtllm"] == "fail" and statuses["vllm"] == statuses["sglang"] == "warn"
+    ids = torch.arange(DRAFT_VOCAB) * 2  # the fixture's d2t: draft d -> target 3 d
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True  # marks target ids d2t[d], as if d2t held target ids rather than offsets
+    wrong = _copy(draft_vocab_eagle3, tmp_path / "t2d", tensors={"t2d": t2d})
+    finding = next(f for f in check_draft(wrong, target, engine="vllm").findings if f.check == "t2d")
+    assert finding.status == "warn" and "disagree" in finding.detail
+    right = torch.zeros(vocab, dtype=torch.bool)
+    right[torch.arange(DRAFT_VOCAB) * 3] = True
+    assert next(f for f in check_draft(_copy(draft_vocab_eagle3, tmp_path / "t2d_ok", tensors={"t2d": right}), target,
+                                       engine="vllm").findings if f.check == "t2d").status == "ok"
+
+
+def test_a_head_narrower_than_the_target_needs_its_own_embeddings(target, target_config, tmp_path):
+    """target_hidden_size: fc reads 3 x the target's width into a narrower head, which embeds tokens itself."""
+    wide = eagle3_config_for(target_config)
+    narrow = Eagle3Config(**{**wide.__dict__, "hidden_size": wide.hidden_size // 2, "intermediate_size": wide.intermediate_size // 2,
+                             "target_hidden_size": wide.hidden_size, "head_dim": wide.hidden_size // 2 // wide.num_attention_heads})
+    torch.manual_seed(5)
+    state = Eagle3Head(narrow, lm_head=True).state_dict()
+    head = save_eagle3_head(tmp_path / "narrow", state, narrow)
+    with_embed = _copy(head, tmp_path / "with", tensors={"embed_tokens.weight": torch.randn(target_config.vocab_size, narrow.hidden_size)})
+    for engine in ("trtllm", "vllm", "sglang"):
+        assert check_draft(with_embed, target, engine=engine).ok, _failed(check_draft(with_embed, target, engine=engine))
+        assert "embed_tokens" in _failed(check_draft(head, target, engine=engine))
+    assert "hidden size" in _failed(check_draft(with_embed, target, engine="reference"))
+
+
+def test_the_reference_keys_are_the_engines_own():
+    from specbuild.builder.check_draft import REFERENCE_EAGLE3_KEYS
+
+    assert REFERENCE_EAGLE3_KEYS == Eagle3Config.REQUIRED
