@@ -701,8 +701,45 @@ def _eagle(c: Context) -> list[Finding]:
         problems.append("no fc.weight")
     findings.append(Finding("hidden size", "fail", "; ".join(problems), "train the head on this target") if problems
                     else Finding("hidden size", "ok", f"{hidden} (fc.weight [{hidden}, {2 * hidden}])"))
-    findings += _vocab_size(c) + _rope(c) + _embed_tokens(c) + _dtype(c)
+    findings += _eagle_tensors(c) + _vocab_size(c) + _rope(c) + _embed_tokens(c) + _dtype(c)
     return findings
+
+
+EAGLE_LAYER_SHAPES = (  # name under layers.{n}. -> shape from (H, q, kv, I); input_layernorm from the second layer on
+    ("self_attn.q_proj.weight", lambda h, q, kv, i: (q, h)), ("self_attn.k_proj.weight", lambda h, q, kv, i: (kv, h)),
+    ("self_attn.v_proj.weight", lambda h, q, kv, i: (kv, h)), ("self_attn.o_proj.weight", lambda h, q, kv, i: (h, q)),
+    ("mlp.gate_proj.weight", lambda h, q, kv, i: (i, h)), ("mlp.up_proj.weight", lambda h, q, kv, i: (i, h)),
+    ("mlp.down_proj.weight", lambda h, q, kv, i: (h, i)), ("post_attention_layernorm.weight", lambda h, q, kv, i: (h,)),
+)
+
+
+def _eagle_tensors(c: Context) -> list[Finding]:
+    """EAGLE-1/2 tensor names and shapes as the format holds them (methods/eagle/engine.py
+    ``EagleConfig.expected_shapes``: fc, then ``num_hidden_layers`` decoder layers ``layers.{n}.*``)."""
+    cfg = c.draft.config
+    hidden, inter, heads, layers = (cfg.get(k) for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers"))
+    if None in (hidden, inter, heads, layers):
+        absent = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers") if cfg.get(k) is None]
+        return [Finding("tensors", "fail", f"config.json lacks {', '.join(absent)}", "write a LlamaConfig-style config.json")]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    expected = {"fc.weight": (hidden, 2 * hidden)}
+    for n in range(layers):
+        expected |= {f"layers.{n}.{name}": shape(hidden, heads * head_dim, kv_heads * head_dim, inter) for name, shape in EAGLE_LAYER_SHAPES}
+        if n > 0:
+            expected[f"layers.{n}.input_layernorm.weight"] = (hidden,)
+    names = set(c.draft.tensors)
+    if "fc.bias" in names:
+        expected["fc.bias"] = (hidden,)
+    missing = sorted(set(expected) - names)
+    wrong = sorted(f"{n} {list(c.draft.tensors[n].shape)} != {list(s)}" for n, s in expected.items() if n in names and c.draft.tensors[n].shape != s)
+    unknown = sorted(names - set(expected) - {"embed_tokens.weight", "model.embed_tokens.weight"})
+    if missing or wrong or unknown:
+        parts = [f"missing {_few(missing)}" if missing else "", f"shapes {_few(wrong)}" if wrong else "",
+                 f"unexpected {_few(unknown)}" if unknown else ""]
+        return [Finding("tensors", "fail", "; ".join(p for p in parts if p) + f" (num_hidden_layers={layers})",
+                        "write fc and layers.{n}.* (num_hidden_layers decoder layers over hidden_size) as EAGLE names them")]
+    return [Finding("tensors", "ok", f"fc, layers.0..{layers - 1}.*: names and shapes")]
 
 
 def _vocab_size(c: Context) -> list[Finding]:
@@ -743,8 +780,23 @@ def _draft_model(c: Context) -> list[Finding]:
     findings = [Finding("architecture", "ok", arch) if arch.endswith("ForCausalLM") else
                 Finding("architecture", "fail", f"architectures {[arch] if arch else 'missing'}: a draft model is a *ForCausalLM",
                         "give a causal language model checkpoint")]
-    findings += _vocab_size(c) + _tokenizer(c) + _dtype(c)
+    findings += _whole_model(c) + _vocab_size(c) + _tokenizer(c) + _dtype(c)
     return findings
+
+
+def _whole_model(c: Context) -> list[Finding]:
+    """A draft model is a whole causal LM: token embeddings and num_hidden_layers decoder layers (a head's
+    files, e.g. an EAGLE head checked with --method draft_target, have neither)."""
+    names = set(c.draft.tensors)
+    embeds = any(n.endswith(("embed_tokens.weight", "wte.weight", "embed_in.weight", "word_embeddings.weight")) for n in names)
+    layers = c.draft.config.get("num_hidden_layers") or c.draft.config.get("n_layer")
+    found = {int(part) for n in names for part in n.split(".")[1:3] if part.isdigit()} if names else set()
+    if not embeds or not layers or len(found) < layers:
+        looks = detect_method(c.draft)
+        return [Finding("weights", "fail", f"not a whole causal LM: token embeddings {'present' if embeds else 'missing'}, "
+                        f"{len(found)} of num_hidden_layers={layers} decoder layers" + (f"; the files look like {looks} weights" if looks != "draft_target" else ""),
+                        "give a complete draft model checkpoint" + (f", or check this one with --method {looks}" if looks != "draft_target" else ""))]
+    return [Finding("layers", "ok", f"embeddings and {layers} decoder layers")]
 
 
 def _tokenizer(c: Context) -> list[Finding]:

@@ -11,6 +11,9 @@ from typing import Any
 from .draft_files import CheckpointFiles, DraftFileError, config_type_problems
 
 
+EXPORTED = ("config.json", "model.safetensors")
+
+
 def export_eagle3(draft: Path, target: Path, out: Path) -> Path:
     """Write ``draft`` (an EAGLE-3 head) to ``out`` in the layout every engine of
     :data:`~specbuild.builder.check_draft.EAGLE3_LOADERS` loads: ``midlayer.*`` names (``layers.0.*`` renamed), an ``lm_head.weight`` of its own (the target's
@@ -22,20 +25,36 @@ def export_eagle3(draft: Path, target: Path, out: Path) -> Path:
     Returns ``out``. Imports torch.
 
     Raises:
-        DraftFileError: a directory missing or unreadable; ``out`` is ``draft``.
-        ValueError: the draft has no safetensors weights, or no lm_head while declaring a draft
-            vocabulary other than the target's.
+        DraftFileError: a directory missing or unreadable; ``out`` empty, the draft itself, a file, a
+            directory holding other files than an earlier export, or not writable; a config.json value of
+            the wrong JSON type.
+        ValueError: the draft is not an EAGLE-3 head (:func:`~.check_draft.detect_method`), has no
+            safetensors weights, or no lm_head while declaring a draft vocabulary other than the target's.
     """
     import torch
     from safetensors.torch import load_file
 
-    from specbuild.util.atomic import save_safetensors
+    from specbuild.util.atomic import save_safetensors, write_json_atomic
+
+    from .check_draft import detect_method
 
     draft_files = CheckpointFiles.open(Path(draft), what="draft")
     target_files = CheckpointFiles.open(Path(target), what="target")
     out = Path(out).expanduser()
+    if not str(out).strip():
+        raise DraftFileError("--export is empty; give a new directory for the exported head")
     if out.resolve() == draft_files.path.resolve():
         raise DraftFileError(f"--export {out} is the draft directory itself; give a new directory")
+    if out.exists() and not out.is_dir():
+        raise DraftFileError(f"--export {out} is a file; give a new directory")
+    others = sorted(p.name for p in out.iterdir() if p.name not in EXPORTED) if out.is_dir() else []
+    if others:
+        raise DraftFileError(f"--export {out} holds other files ({', '.join(others[:3])}); give a new or empty directory "
+                             f"(an earlier export there, {' and '.join(EXPORTED)} only, is replaced)")
+    method = detect_method(draft_files)
+    if method != "eagle3":
+        raise ValueError(f"draft {draft_files.path} is {method} weights, not an EAGLE-3 head: --export writes EAGLE-3 heads only "
+                         "(check it without --export)")
     for files, what in ((draft_files, "draft"), (target_files, "target")):
         problems = config_type_problems(files.config)
         if problems:
@@ -61,9 +80,12 @@ def export_eagle3(draft: Path, target: Path, out: Path) -> Path:
         "draft_vocab_size": int(tensors["lm_head.weight"].shape[0]), "tie_word_embeddings": False,
         "torch_dtype": str(weight_dtype).removeprefix("torch."), "num_hidden_layers": config.get("num_hidden_layers", 1),
     })
-    out.mkdir(parents=True, exist_ok=True)
-    save_safetensors({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        save_safetensors({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors")
+        write_json_atomic(out / "config.json", config)  # last: a folder without it is not a checkpoint
+    except OSError as exc:
+        raise DraftFileError(f"--export {out}: cannot write there ({exc.strerror or exc}); give a writable directory") from None
     return out
 
 

@@ -493,6 +493,13 @@ WORDS = ("the of and to in is was for on that with as by at from his her an whic
          "into than them can only other time new some could these two may first then do any like my now over such "
          "our man me even most made after also did many off before must well back through years much where your way").split()
 SYNTHETIC_DEFAULTS = {"in": 128.0, "out": 64.0, "in_std": 0.0, "out_std": 0.0, "seed": 0.0}
+SYNTHETIC_MAX_TOKENS = 1 << 20  # a token count past any context window; drawn lengths are clipped to it
+SYNTHETIC_MAX_PROMPTS = 1_000_000
+SYNTHETIC_MAX_TOTAL = 100_000_000  # input tokens of a whole set (about 0.5 GB of text)
+SYNTHETIC_RANGES = {  # setting -> (least, most, integer only)
+    "in": (1, SYNTHETIC_MAX_TOKENS, False), "out": (1, SYNTHETIC_MAX_TOKENS, False),
+    "in_std": (0, SYNTHETIC_MAX_TOKENS, False), "out_std": (0, SYNTHETIC_MAX_TOKENS, False), "seed": (0, 2**63 - 1, True),
+}
 
 
 def synthetic_prompts(source: str, tokenizer=None) -> list[Prompt]:
@@ -508,21 +515,29 @@ def synthetic_prompts(source: str, tokenizer=None) -> list[Prompt]:
 
     parts = source.split(":", 2)
     count = parts[1] if len(parts) > 1 else ""
-    if not count.isdigit() or int(count) < 1:
-        raise PromptSourceError(f"prompt source {source!r}: expected synthetic:N[:in=I,out=O,in_std=S,out_std=S,seed=K], N >= 1")
+    if not count.isdigit() or not 1 <= int(count) <= SYNTHETIC_MAX_PROMPTS:
+        raise PromptSourceError(f"prompt source {source!r}: expected synthetic:N[:in=I,out=O,in_std=S,out_std=S,seed=K], "
+                                f"N in 1..{SYNTHETIC_MAX_PROMPTS:,}")
     settings = dict(SYNTHETIC_DEFAULTS)
     for item in (parts[2].split(",") if len(parts) > 2 and parts[2] else []):
         key, _, value = item.partition("=")
         if key not in settings:
             raise PromptSourceError(f"prompt source {source!r}: unknown setting {key!r}; expected {', '.join(settings)}")
+        least, most, integer = SYNTHETIC_RANGES[key]
         try:
-            settings[key] = float(value)
+            number = int(value) if integer else float(value)
         except ValueError:
-            raise PromptSourceError(f"prompt source {source!r}: {key}={value!r} is not a number") from None
-    rng = np.random.default_rng(int(settings["seed"]))
+            raise PromptSourceError(f"prompt source {source!r}: {key}={value!r} is not " + ("an integer" if integer else "a number")) from None
+        if not least <= number <= most:  # also NaN and inf
+            raise PromptSourceError(f"prompt source {source!r}: {key}={value} is out of range; expected {least} <= {key} <= {most:,}")
+        settings[key] = number
     n = int(count)
-    inputs = np.maximum(1, np.rint(rng.normal(settings["in"], settings["in_std"], n))).astype(int)
-    outputs = np.maximum(1, np.rint(rng.normal(settings["out"], settings["out_std"], n))).astype(int)
+    if n * (settings["in"] + 3 * settings["in_std"]) > SYNTHETIC_MAX_TOTAL:
+        raise PromptSourceError(f"prompt source {source!r}: {n:,} prompts of about {settings['in']:,.0f} input tokens are more "
+                                f"than {SYNTHETIC_MAX_TOTAL:,} tokens in all; ask for fewer or shorter prompts")
+    rng = np.random.default_rng(int(settings["seed"]))
+    inputs = np.clip(np.rint(rng.normal(settings["in"], settings["in_std"], n)), 1, SYNTHETIC_MAX_TOKENS).astype(int)
+    outputs = np.clip(np.rint(rng.normal(settings["out"], settings["out_std"], n)), 1, SYNTHETIC_MAX_TOKENS).astype(int)
     prompts = []
     for i, (length, out) in enumerate(zip(inputs, outputs)):
         words = [WORDS[j] for j in rng.integers(0, len(WORDS), size=int(length))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -106,6 +107,21 @@ def test_synthetic_prompts_have_the_asked_lengths():
     assert all(len(p.text.split()) == 128 and p.max_tokens == 64 for p in fixed)
     with pytest.raises(PromptSourceError, match="unknown setting"):
         synthetic_prompts("synthetic:3:length=5")
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("synthetic:2:seed=-1", "seed=-1 is out of range"), ("synthetic:2:seed=nan", "seed='nan' is not an integer"),
+    ("synthetic:2:seed=inf", "not an integer"), ("synthetic:2:in=nan", "in=nan is out of range"),
+    ("synthetic:2:in=inf", "in=inf is out of range"), ("synthetic:2:in_std=-1", "in_std=-1 is out of range"),
+    ("synthetic:3:in=-1,out=0", "in=-1 is out of range"), ("synthetic:2:in=1e9", "in=1e9 is out of range"),
+    ("synthetic:1000:in=1000000", "more than 100,000,000 tokens"), ("synthetic:0", "N in 1..1,000,000"),
+])
+def test_synthetic_settings_out_of_range_are_named_before_any_work(spec, says):
+    """A seed of -1 or NaN, an infinite or negative length, or a set of a billion tokens: a PromptSourceError
+    naming the setting and its range (plan, verify and bench report it as bad input), not a numpy traceback
+    or minutes of allocation."""
+    with pytest.raises(PromptSourceError, match=re.escape(says)):
+        load_prompts(spec)
 
 
 def test_synthetic_prompts_are_exact_in_tokens_with_a_tokenizer(tiny_checkpoint):

@@ -406,3 +406,43 @@ def test_the_reference_keys_are_the_engines_own():
     from specbuild.builder.check_draft import REFERENCE_EAGLE3_KEYS
 
     assert REFERENCE_EAGLE3_KEYS == Eagle3Config.REQUIRED
+
+
+@pytest.fixture(scope="module")
+def project_eagle(tmp_path_factory, target_config) -> Path:
+    config = eagle_config_for(target_config)
+    torch.manual_seed(6)
+    return save_eagle_head(tmp_path_factory.mktemp("e1") / "head", EagleHead(config).state_dict(), config)
+
+
+def test_eagle_head_tensors_are_checked_as_the_engine_loads_them(project_eagle, target, tmp_path):
+    """A reshaped or missing projection, or more layers in config.json than in the file: the engine refuses
+    them at build time, so the check must too."""
+    name = "layers.0.self_attn.q_proj.weight"
+    reshaped = _copy(project_eagle, tmp_path / "reshaped", tensors={name: torch.zeros(10, 10)})
+    assert f"{name} [10, 10]" in _failed(check_draft(reshaped, target))["tensors"]
+    assert f"missing {name}" in _failed(check_draft(_copy(project_eagle, tmp_path / "dropped", drop=(name,)), target))["tensors"]
+    three = _copy(project_eagle, tmp_path / "three", config={"num_hidden_layers": 3})
+    assert "missing layers.1." in _failed(check_draft(three, target))["tensors"]
+    as_model = _failed(check_draft(project_eagle, target, method="draft_target"))
+    assert "not a whole causal LM" in as_model["weights"] and "--method eagle" in as_model["weights"]
+
+
+def test_export_writes_only_eagle3_heads_into_a_new_or_earlier_export_folder(project_eagle, project_eagle3, target, tmp_path):
+    with pytest.raises(ValueError, match="not an EAGLE-3 head"):
+        export_eagle3(project_eagle, target, tmp_path / "e1-out")
+    assert not (tmp_path / "e1-out").exists()
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(DraftFileError, match="is a file"):
+        export_eagle3(project_eagle3, target, tmp_path / "afile")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("keep me")
+    with pytest.raises(DraftFileError, match="holds other files"):
+        export_eagle3(project_eagle3, target, busy)
+    assert sorted(p.name for p in busy.iterdir()) == ["notes.txt"]
+    with pytest.raises(DraftFileError, match="empty"):
+        export_eagle3(project_eagle3, target, Path(""))
+    out = export_eagle3(project_eagle3, target, tmp_path / "out")
+    again = export_eagle3(project_eagle3, target, out)  # an earlier export is replaced
+    assert check_draft(again, target, engine="vllm").ok
