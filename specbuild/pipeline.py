@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -93,7 +94,36 @@ def check_inputs(loaded: LoadedRecipe) -> CheckedInputs:
         prompts = load_prompts(loaded.recipe.verify.prompts, base_dir=loaded.path.parent)
     except PromptSourceError as exc:
         raise loaded.error(("verify", "prompts"), str(exc)) from None
+    _check_request_log(loaded)
     return CheckedInputs(prompts, reference)
+
+
+def _check_request_log(loaded: LoadedRecipe) -> None:
+    """``serve.request_log`` names a ``.jsonl`` file the deployment may append to: not a directory, and
+    not an existing file of something else (a checkpoint's config.json would get prompts appended).
+
+    Raises:
+        RecipeError: at ``serve.request_log``.
+    """
+    value = loaded.recipe.serve.request_log
+    if value is None:
+        return
+    path = loaded.resolve_path(value)
+    fix = "name a new .jsonl file (or an earlier request log)"
+    if path.suffix != ".jsonl":
+        raise loaded.error(("serve", "request_log"), f"{path} is not a .jsonl file: train-draft --from-log reads the log as "
+                           f"JSON lines; {fix}")
+    if path.is_dir():
+        raise loaded.error(("serve", "request_log"), f"{path} is a directory; {fix}")
+    if path.is_file() and path.stat().st_size:
+        try:
+            with path.open(encoding="utf-8") as f:
+                first = json.loads(f.readline())
+        except (OSError, UnicodeDecodeError, ValueError):
+            first = None
+        if not (isinstance(first, dict) and isinstance(first.get("prompt"), str)):
+            raise loaded.error(("serve", "request_log"), f'{path} holds something other than a request log (line 1 is not '
+                               f'{{"prompt": ...}}), and the deployment would append prompts to it; {fix}')
 
 
 def check_recipe(loaded: LoadedRecipe) -> None:

@@ -151,3 +151,25 @@ def test_a_recipe_with_a_request_log_logs_triton_and_openai_requests_then_train_
     # exactly the two prompts, once each: no outputs, ids or settings (the front's request reached Triton once)
     assert [json.loads(line) for line in lines] == [{"prompt": "def fib(n):"}, {"prompt": "The quick brown fox"}]
     assert [p.text for p in load_prompts(str(log))] == ["def fib(n):", "The quick brown fox"]
+
+
+def test_plan_refuses_a_request_log_that_is_not_a_new_or_earlier_log(tmp_path, tiny_checkpoint):
+    """A folder, a non-.jsonl name (--from-log could not read it) or an existing file of something else
+    (a checkpoint's config.json would get prompts appended) is refused before the build; a new path and an
+    earlier log are fine."""
+    from conftest import write_recipe
+
+    from specbuild.builder.recipe import RecipeError, load_recipe
+    from specbuild.pipeline import check_inputs
+
+    (tmp_path / "logs.jsonl").mkdir()
+    (tmp_path / "other.jsonl").write_text('{"id": 1, "text": "not a prompt log"}\n')
+    (tmp_path / "earlier.jsonl").write_text('{"prompt": "def f():"}\n')
+    cases = {"logs.jsonl": "is a directory", "requests.log": "is not a .jsonl file", "other.jsonl": "holds something other than a request log"}
+    for value, says in cases.items():
+        recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra=f"  request_log: {value}\n")
+        with pytest.raises(RecipeError, match=f"serve.request_log: .*{says}"):
+            check_inputs(load_recipe(str(recipe)))
+    for value in ("earlier.jsonl", "new/folder/requests.jsonl"):
+        check_inputs(load_recipe(str(write_recipe(tmp_path / "r.yaml", tiny_checkpoint, extra=f"  request_log: {value}\n"))))
+    assert (tmp_path / "other.jsonl").read_text() == '{"id": 1, "text": "not a prompt log"}\n'
