@@ -252,6 +252,9 @@ def _weights_readable(c: Context) -> list[Finding]:
         return [Finding("weights", "fail", f"only PyTorch pickles ({', '.join(c.draft.pickles)}); check-draft never unpickles",
                         "convert them to model.safetensors (safetensors.torch.save_file of the tensors loaded with "
                         "torch.load(weights_only=True)), then check again")]
+    files = sorted(f.name for f in c.draft.path.glob("*.safetensors"))
+    if files:
+        return [Finding("weights", "fail", f"{', '.join(files)} hold(s) no tensors", "write the draft's weights into model.safetensors")]
     return [Finding("weights", "fail", "no *.safetensors file", "write the weights as model.safetensors")]
 
 

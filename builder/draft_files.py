@@ -105,6 +105,9 @@ class CheckpointFiles:
                 a ``*.safetensors`` file whose header does not parse.
         """
         path = Path(path).expanduser()
+        if path.is_file():
+            raise DraftFileError(f"{what} {path} is a file; give the checkpoint directory holding config.json and the "
+                                 f"*.safetensors weights (here perhaps {path.parent})")
         if not path.is_dir():
             raise DraftFileError(f"{what} {path}: no such directory; give a checkpoint directory (config.json + *.safetensors)")
         config_file = path / "config.json"
@@ -116,7 +119,8 @@ class CheckpointFiles:
             raise DraftFileError(f"{what} {config_file} is not readable JSON ({exc})") from None
         if not isinstance(raw, dict):
             raise DraftFileError(f"{what} {config_file} is a JSON {type(raw).__name__}, not an object")
-        config = {**(raw.get("text_config") or {}), **raw}
+        text = raw.get("text_config")
+        config = {**(text if isinstance(text, dict) else {}), **raw}
         pickles = tuple(sorted(p.name for p in path.iterdir() if p.name in PICKLES or p.suffix in (".bin", ".pt", ".pth")))
         return cls(path, config, _headers(sorted(path.glob("*.safetensors"))), pickles)
 

@@ -166,6 +166,8 @@ def load_prompts(source: str, *, base_dir: str | Path | None = None) -> list[Pro
     Raises ``PromptSourceError`` for an unknown scheme, a missing or empty file, a bad line,
     a duplicate id, or N out of range.
     """
+    if not source.strip():
+        raise PromptSourceError(f"prompt source is empty; expected {EXPECTED}")
     if source == "humaneval" or source.startswith("humaneval:"):
         return _load_humaneval(source)
     if source.startswith("synthetic:") or source == "synthetic":

@@ -446,3 +446,13 @@ def test_export_writes_only_eagle3_heads_into_a_new_or_earlier_export_folder(pro
     out = export_eagle3(project_eagle3, target, tmp_path / "out")
     again = export_eagle3(project_eagle3, target, out)  # an earlier export is replaced
     assert check_draft(again, target, engine="vllm").ok
+
+
+def test_a_file_for_the_draft_or_a_weights_file_without_tensors_is_named(project_eagle3, target, tmp_path):
+    with pytest.raises(DraftFileError, match="is a file; give the checkpoint directory"):
+        check_draft(project_eagle3 / "model.safetensors", target)
+    empty = _copy(project_eagle3, tmp_path / "empty")
+    save_file({}, str(empty / "model.safetensors"))
+    assert "model.safetensors hold(s) no tensors" in _failed(check_draft(empty, target))["weights"]
+    odd = _copy(project_eagle3, tmp_path / "odd", config={"text_config": [1, 2]})
+    check_draft(odd, target)  # a text_config that is not an object is not merged (no traceback)

@@ -195,3 +195,9 @@ def test_verify_cli_asks_the_deployment_for_the_tokenizer_of_chat_prompts(monkey
     result = CliRunner().invoke(main, ["verify", "--url", "127.0.0.1:9", "--prompts", "chat:2", "--wait-s", "0"])
     assert result.exit_code == 2  # bad input
     assert "--chat-template never" in result.output and "unavailable" not in result.output.lower()
+
+
+def test_an_empty_prompt_source_is_named_not_read_as_the_recipes_folder(tmp_path):
+    for source in ("", "   "):
+        with pytest.raises(PromptSourceError, match="prompt source is empty; expected 'humaneval'"):
+            load_prompts(source, base_dir=tmp_path)
