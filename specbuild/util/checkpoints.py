@@ -186,13 +186,17 @@ def missing_checkpoint_files(path: Path, *, tokenizer: bool = True) -> list[str]
     Args:
         tokenizer: also require tokenizer files (a target's; a draft shares the target's tokenizer).
     """
-    names = {p.name for p in path.iterdir()} if path.is_dir() else set()
-    missing = []
-    if "config.json" not in names:
+    entries = list(path.iterdir()) if path.is_dir() else []
+    names = {p.name for p in entries if p.exists()}  # a link to a missing file (a half-synced hub cache) counts as absent
+    broken = sorted(p.name for p in entries if p.is_symlink() and not p.exists())
+    weights = SAFE_WEIGHT_FILES + PICKLED_WEIGHT_FILES
+    missing = [f"{name} (a link to a missing file)" for name in broken
+               if name == "config.json" or (name in weights and not names.intersection(weights))]
+    if "config.json" not in names and "config.json" not in broken:
         missing.append("config.json")
     if tokenizer and not any(all(n in names for n in files) for files in TOKENIZER_FILE_SETS) and not _remote_tokenizer(path):
         missing.append("tokenizer files (tokenizer.json, or tokenizer.model, or vocab.json + merges.txt, or vocab.txt)")
-    if not names.intersection(SAFE_WEIGHT_FILES + PICKLED_WEIGHT_FILES):
+    if not names.intersection(weights) and not set(broken).intersection(weights):
         other = sorted(n for n in names if n.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")))
         found = f"; found {', '.join(other[:3])}, which from_pretrained does not read by that name" if other else ""
         missing.append(f"weights (model.safetensors, or sharded with model.safetensors.index.json){found}")
