@@ -123,13 +123,19 @@ def migrate(loaded: LoadedRecipe, *, version: str = DEFAULT_VERSION, eagle_model
     """``loaded`` (an engine-path recipe) as a PyTorch-path recipe for TensorRT-LLM ``version``.
 
     Raises:
-        RecipeError: the recipe is not on the engine path; ``to`` is not ``ngram`` / ``sa``.
+        RecipeError: the recipe is not on the engine path; ``to`` is not ``ngram`` / ``sa``; ``version`` is
+            not a TensorRT-LLM version (``--trtllm-version abc``, named as the flag); ``eagle_model`` is empty.
     """
+    from specbuild.builder.trtllm_plan import with_trtllm_version
+
     r = loaded.recipe
     if r.build.backend != "tensorrt":
         raise RecipeError(f"{loaded.path}: build.backend is {r.build.backend!r}; migrate moves engine-path (tensorrt) recipes")
     if to not in ("ngram", "sa"):
         raise RecipeError(f"migrate --to {to!r}: lookahead migrates to ngram or sa")
+    with_trtllm_version(loaded, version)  # the flag's value as the recipe field takes it, named as the flag
+    if eagle_model is not None and not eagle_model.strip():
+        raise RecipeError("--eagle-model is empty: give an EAGLE-3 head (a Hugging Face id or a directory), or leave it out")
     notes: list[str] = []
     spec = r.speculation
     dumped = spec.model_dump(exclude_unset=True)

@@ -22,10 +22,10 @@ def host_port(url: str) -> str:
     """``host:port`` from ``url``: an ``http://`` or ``grpc://`` scheme, a trailing ``/`` and a path are dropped.
 
     Examples: ``"http://127.0.0.1:8000/"`` -> ``"127.0.0.1:8000"``; ``"grpc://gpu:8001"`` -> ``"gpu:8001"``.
-    Raises ``ValueError`` for ``https://`` / ``grpcs://`` (TLS: not supported by specbuild's client) and
-    any other scheme.
+    Raises ``ValueError`` for ``https://`` / ``grpcs://`` (TLS: not supported by specbuild's client), any
+    other scheme, an empty address, and a port that is not a number from 1 to 65535 (``:99999``, ``:-1``).
     """
-    url = url.strip()
+    given, url = url, url.strip()
     match = _SCHEME.match(url)
     if match:
         scheme = match["scheme"].lower()
@@ -35,7 +35,16 @@ def host_port(url: str) -> str:
         if scheme not in ("http", "grpc"):
             raise ValueError(f"url must be host:port (or http://host:port), got {url!r}")
         url = url[match.end():]
-    return url.split("/", 1)[0]
+    address = url.split("/", 1)[0]
+    if not address:
+        raise ValueError(f"url {given!r} names no server; give host:port, e.g. 127.0.0.1:8001")
+    host, sep, port = address.rpartition(":")
+    if sep and "]" not in port:  # host:port ([v6]:port); a bare host or [v6] keeps the library's default port
+        if not host:
+            raise ValueError(f"url {given!r} names no host; give host:port, e.g. 127.0.0.1:{port or 8001}")
+        if not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"url {given!r}: port {port!r} is not a port number (1-65535)")
+    return address
 
 
 def protocol_hint(url: str, protocol: str, timeout_s: float = 1.0) -> str:

@@ -117,16 +117,21 @@ class OpenAIClient:
 
     def wait_ready(self, timeout_s: float = 60.0, *, poll_s: float = 0.5) -> None:
         """Poll ``/v1/models`` until it lists a model. Raises ``ServerUnavailableError`` after ``timeout_s``."""
+        if timeout_s != timeout_s:  # nan: every deadline test is False, so the loop never ends
+            raise ValueError("timeout_s must be a number of seconds, got nan")
         deadline = time.monotonic() + timeout_s
         while True:
+            state = "not ready"
             try:
                 if self.models():
                     return
-                problem = "lists no model"
-            except (ServerUnavailableError, ResponseError) as exc:
+                problem = "/models lists no model"
+            except ServerUnavailableError as exc:  # nothing answers: the words the Triton client uses
+                state, problem = "is not reachable", str(exc)
+            except ResponseError as exc:
                 problem = str(exc)
             if time.monotonic() >= deadline:
-                raise ServerUnavailableError(f"OpenAI server at {self.base_url} not ready: {problem} (waited {timeout_s:g} s)")
+                raise ServerUnavailableError(f"OpenAI server at {self.base_url} {state}: {problem} (waited {timeout_s:g} s)")
             time.sleep(poll_s)
 
     # --- generation -------------------------------------------------------------------------------

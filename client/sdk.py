@@ -352,6 +352,8 @@ class SpecClient(_Client):
         Raises ``ServerUnavailableError`` naming the url (server down), or ``ModelNotReadyError``
         naming the model (with the repository's model states when the server can list them).
         """
+        if timeout_s != timeout_s:  # nan: every deadline test is False, so the loop never ends
+            raise ValueError("timeout_s must be a number of seconds, got nan")
         start = time.monotonic()
         deadline = start + timeout_s
         while True:
@@ -603,6 +605,8 @@ class AsyncSpecClient(_Client):
 
     async def wait_ready(self, timeout_s: float = 60.0, *, poll_s: float = 0.5) -> None:
         """Poll until the server is live and ``model_name`` is ready (see :meth:`SpecClient.wait_ready`)."""
+        if timeout_s != timeout_s:  # nan: every deadline test is False, so the loop never ends
+            raise ValueError("timeout_s must be a number of seconds, got nan")
         deadline = time.monotonic() + timeout_s
         while True:
             try:

@@ -7,7 +7,9 @@ Exit statuses (:mod:`specbuild.exit_codes`, ``docs/cli.md``): 0 ok, 1 failed, 2 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -19,15 +21,62 @@ from specbuild.exit_codes import CommandError, ExitCode, bad_input
 from specbuild.util.atomic import write_json_atomic
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
+# The status of a command whose reader went away (`specbuild recipes | head -1`): a process killed by
+# SIGPIPE reads as 128 + 13 in the shell, so a script's `set -o pipefail` still sees the output cut short.
+EXIT_BROKEN_PIPE = 141
 
 
 def _console(*, stderr: bool = False):
     from rich.console import Console
 
-    console = Console(stderr=stderr)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:  # rich's own exits 1; the command's handler exits quietly
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "output closed")
+
+    console = _Console(stderr=stderr)
     # Piped or logged output: wide enough for the tables instead of rich's 80-column default,
     # unless $COLUMNS says how wide (rich reads it).
-    return console if console.is_terminal or os.environ.get("COLUMNS", "").isdigit() else Console(width=160, stderr=stderr)
+    return console if console.is_terminal or os.environ.get("COLUMNS", "").isdigit() else _Console(width=160, stderr=stderr)
+
+
+def _output_pipe_closed() -> bool:
+    """Whether stdout or stderr is a pipe whose reader has gone (poll says POLLERR on its write end), so a
+    BrokenPipeError came from our own output rather than from a socket."""
+    import select
+
+    try:
+        poller = select.poll()
+        fds = [stream.fileno() for stream in (sys.stdout, sys.stderr)]
+    except (AttributeError, OSError, ValueError):  # no poll here, or no real file descriptor (a test runner's stream)
+        return False
+    for fd in fds:
+        poller.register(fd, select.POLLOUT)
+    return any(event & select.POLLERR for _, event in poller.poll(0))
+
+
+def _quiet_broken_pipe(exc: BrokenPipeError) -> None:
+    """The reader of stdout (or stderr) is gone: point stdout at /dev/null (so the flush at exit finds
+    nowhere to fail) and exit :data:`EXIT_BROKEN_PIPE` without a message (Python's docs, "Note on
+    SIGPIPE"). A BrokenPipeError of anything else (a socket) is raised again."""
+    if not _output_pipe_closed():
+        raise exc
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(EXIT_BROKEN_PIPE)
+
+
+class FiniteFloat(click.FloatRange):
+    """:class:`click.FloatRange` that also refuses ``nan`` and ``inf`` (which every comparison lets
+    through: ``--wait-s nan`` waited forever), naming the option."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            bounds = [f"{'>' if self.min_open else '>='} {self.min:g}" if self.min is not None else "",
+                      f"{'<' if self.max_open else '<='} {self.max:g}" if self.max is not None else ""]
+            self.fail(f"{value!r} is not a finite number; give a number {' and '.join(b for b in bounds if b)}".rstrip(), param, ctx)
+        return number
 
 
 def _load(recipe: str):
@@ -63,7 +112,23 @@ def _check(loaded) -> None:
 def _paths(loaded, output_dir: str | None):
     from specbuild.pipeline import RunPaths, default_output_dir
 
+    if output_dir is not None:
+        _check_output_dir(output_dir)
     return RunPaths(Path(output_dir) if output_dir else default_output_dir(loaded))
+
+
+def _check_output_dir(output_dir: str) -> None:
+    """``-o DIR`` of ``recipe``, ``plan`` and ``build``: a folder (made if missing), not an empty string and not
+    a file or under one (the build would stop halfway with FileExistsError / NotADirectoryError)."""
+    if not output_dir.strip():
+        raise bad_input("-o is empty; give the deployment directory, e.g. -o specbuild-out/NAME (or leave -o out)")
+    path = Path(output_dir)
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                where = "is a file" if folder == path else f"is under {folder}, which is a file"
+                raise bad_input(f"-o {output_dir} {where}; give a directory")
+            return
 
 
 DEBUG = "specbuild.debug"  # click context meta key: the group's --debug
@@ -75,9 +140,15 @@ class _Commands(click.Group):
 
     def invoke(self, ctx: click.Context):
         """Run the command; a :class:`specbuild.deploy.StageFailure` (an unexpected error inside a build
-        stage) is printed as its one line, with the traceback first under ``--debug``."""
+        stage) is printed as its one line, with the traceback first under ``--debug``. Output into a pipe
+        whose reader has gone (``specbuild recipes | head -1``) ends the command quietly with
+        :data:`EXIT_BROKEN_PIPE`."""
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a reader gone: found here, not as "Exception ignored" at exit
+            return result
+        except BrokenPipeError as exc:
+            _quiet_broken_pipe(exc)
         except Exception as exc:
             from specbuild.deploy import StageFailure
 
@@ -206,7 +277,8 @@ def plan_command(recipe: str, output_dir: str | None, trtllm_version: str | None
 
 @main.command("migrate")
 @click.argument("recipe")
-@click.option("--output", "-o", "output", required=True, help="Where to write the migrated recipe (YAML).")
+@click.option("--output", "-o", "output", required=True, callback=lambda ctx, param, value: _output_file(ctx, param, value),
+              help="Where to write the migrated recipe (YAML); written only once it passes the checks, replacing a file there whole.")
 @click.option("--trtllm-version", default="1.3.0", show_default=True, help="TensorRT-LLM version the new recipe pins (>= 1.3).")
 @click.option("--eagle-model", help="EAGLE-3 head (Hugging Face id or directory) for EAGLE / Medusa / ReDrafter recipes.")
 @click.option("--to", "to", type=click.Choice(["ngram", "sa"]), default="ngram", show_default=True, help="What lookahead becomes.")
@@ -224,19 +296,49 @@ def migrate_command(recipe: str, output: str, trtllm_version: str, eagle_model: 
           --eagle-model ./my-eagle3-head
     """
     from specbuild.builder.migrate import migrate
-    from specbuild.builder.recipe import RecipeError, load_recipe
+    from specbuild.builder.recipe import RecipeError, parse_recipe
+    from specbuild.pipeline import check_recipe
+    from specbuild.util.atomic import write_file_atomic
 
+    out = output
+    untouched = f"{out} is unchanged" if out.exists() else f"nothing was written to {out}"
     loaded = _load(recipe)
     try:
         migration = migrate(loaded, version=trtllm_version, eagle_model=eagle_model, to=to)
-        out = Path(output)
-        out.write_text(migration.yaml_text(loaded.path))
-        _check(load_recipe(str(out.resolve())))
     except RecipeError as exc:
-        raise bad_input(str(exc)) from None
+        raise bad_input(f"{exc} ({untouched})") from None
+    text = migration.yaml_text(loaded.path)
+    try:  # the whole check of `plan`, on the text, before anything is written: the user's file stays as it was
+        migrated = parse_recipe(text, out.resolve())
+        flags = {("build", "trtllm_version"): f"--trtllm-version {trtllm_version}"}
+        if eagle_model is not None:
+            flags[("speculation", "eagle_model")] = f"--eagle-model {eagle_model}"
+        check_recipe(dataclasses.replace(migrated, overrides={**migrated.overrides, **flags}))
+    except RecipeError as exc:
+        raise bad_input(f"the migrated recipe does not pass plan's checks, so {untouched} (lines are those of the "
+                        f"recipe it would have written):\n{exc}") from None
+    try:
+        write_file_atomic(out, text.encode("utf-8"))  # a sibling temporary file, then os.replace: never half a recipe
+    except OSError as exc:
+        raise bad_input(f"-o {out}: cannot write there ({exc.strerror or exc}); {untouched}. Give a path in a folder you "
+                        "can write to") from None
     for note in migration.notes:
         click.echo(f"note: {note}")
     click.echo(f"wrote {out}; review it with: specbuild plan {out}")
+
+
+def _output_file(ctx, param, value: str) -> Path:
+    """``-o FILE`` of a command that writes one file: refused at parsing when empty, a folder, or in a
+    folder that does not exist."""
+    if not value.strip():
+        raise click.BadParameter("is empty; give the file to write, e.g. -o my-recipe.yaml")
+    path = Path(value)
+    if path.is_dir():
+        raise click.BadParameter(f"{value} is a folder; give a file path, e.g. -o {path / 'recipe.yaml'}")
+    if not path.parent.is_dir():
+        what = "is not a folder" if path.parent.exists() else "does not exist"
+        raise click.BadParameter(f"{value}: {path.parent} {what}; give a file in an existing folder")
+    return path
 
 
 def _with_trtllm_version(loaded, version: str | None):
@@ -629,6 +731,43 @@ def serve_command(repo: Path, host: str, http_port: int, grpc_port: int, metrics
         raise CommandError(str(exc), ExitCode.SERVER_UNAVAILABLE) from None
 
 
+TOKENIZER = "specbuild.tokenizer"  # click context meta key: --tokenizer DIR -> the tokenizer its check loaded
+
+
+def _load_tokenizer(path: str, source: str):
+    """The tokenizer in folder ``path`` (``source``: where the path came from, for the message), or a
+    ``click.BadParameter`` naming the folder and what is missing or broken there, instead of
+    transformers' traceback (``Couldn't instantiate the backend tokenizer``, a JSONDecodeError)."""
+    from specbuild.tokenizer import load_tokenizer
+    from specbuild.util.checkpoints import missing_checkpoint_files
+
+    folder = Path(path)
+    try:
+        return load_tokenizer(path)
+    except ImportError as exc:
+        raise CommandError(str(exc), ExitCode.FAILED) from None
+    except Exception as exc:  # noqa: BLE001 - transformers raises anything for a broken folder
+        if any(m.startswith("tokenizer files") for m in missing_checkpoint_files(folder, tokenizer=True)):
+            raise click.BadParameter(
+                f"{path} holds no tokenizer: no tokenizer.json, tokenizer.model, vocab.json + merges.txt or vocab.txt in it; "
+                "give the deployment's tokenizer folder (OUT/engine/tokenizer) or the target checkpoint's folder",
+                param_hint=f"'{source}'") from None
+        lines = str(exc).strip().splitlines()
+        detail = f"{type(exc).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
+        raise click.BadParameter(
+            f"{path}: the tokenizer there cannot be loaded ({detail}); check its tokenizer.json / tokenizer_config.json "
+            "(e.g. copy them again from the checkpoint) or give another folder", param_hint=f"'{source}'") from None
+
+
+def _tokenizer_dir(ctx, param, value: str | None) -> str | None:
+    """``--tokenizer DIR``: refused at parsing when DIR holds no tokenizer or a broken one (the tokenizer
+    loaded is kept in ``ctx.meta[TOKENIZER]`` for the command)."""
+    if value is None:
+        return None
+    ctx.meta.setdefault(TOKENIZER, {})[value] = _load_tokenizer(value, "--tokenizer")
+    return value
+
+
 def _scheme_protocol(url: str | None) -> str:
     """The protocol a ``--url`` names by its scheme (``http://`` -> http); grpc without one."""
     return "http" if url is not None and url.strip().lower().startswith("http://") else "grpc"
@@ -684,11 +823,49 @@ def _openai_companion(repo: Path, host: str, port: int, model: str | None, num_d
     return start
 
 
+def _server_url(ctx, param, value: str | None) -> str | None:
+    """``--url``: host:port (or http:// / grpc://host:port), refused at parsing when empty or when its
+    port is no port (``:99999``, ``:-1``); ``None`` (not given) keeps the protocol's default."""
+    if value is None:
+        return None
+    from specbuild.client.connect import host_port
+
+    try:
+        host_port(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def _openai_url(ctx, param, value):
+    """An OpenAI base URL (``http://host:port/v1``, or host:port): refused at parsing when empty or its port
+    is out of range. ``value`` may be one URL or a tuple of them (bench's repeatable ``--openai``)."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    from specbuild.client.openai_client import normalize_base_url
+
+    for url in (value,) if isinstance(value, str) else value:
+        if not url.strip():
+            raise click.BadParameter("is empty; give the server's base URL, e.g. http://127.0.0.1:9000/v1")
+        try:
+            parts = urlsplit(normalize_base_url(url.strip()))
+            port = parts.port
+        except ValueError as exc:
+            raise click.BadParameter(f"{url!r}: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise click.BadParameter(f"{url!r} is not an http:// URL; give the server's base URL, e.g. http://127.0.0.1:9000/v1")
+        if port == 0:
+            raise click.BadParameter(f"{url!r}: port 0 is not a port a server listens on")
+    return value
+
+
 def _openai_options(f):
     """--openai / --openai-baseline and their settings (verify; bench has its own target options)."""
     options = [
-        click.option("--openai", "openai_url", metavar="URL", help="Verify through an OpenAI-compatible base URL (e.g. http://127.0.0.1:9000/v1) instead of Triton."),
-        click.option("--openai-baseline", "openai_baseline", metavar="URL", help="The same target served without speculation: the baseline for --openai servers that take no per-request draft length."),
+        click.option("--openai", "openai_url", metavar="URL", callback=_openai_url, help="Verify through an OpenAI-compatible base URL (e.g. http://127.0.0.1:9000/v1) instead of Triton."),
+        click.option("--openai-baseline", "openai_baseline", metavar="URL", callback=_openai_url, help="The same target served without speculation: the baseline for --openai servers that take no per-request draft length."),
         click.option("--openai-model", default=None, help="The model field of OpenAI requests [the first one /v1/models lists]."),
         click.option("--openai-chat", is_flag=True, help="Send prompts as one user message to /chat/completions instead of /completions."),
         click.option("--openai-token-ids", type=click.Choice(["return-token-ids", "response", "tokenizer"]), default="return-token-ids", show_default=True, help="Output ids: ask with return_token_ids (vLLM, specbuild), read the response's token_ids (trtllm-serve), or re-tokenize the text with --tokenizer (SGLang, others)."),
@@ -699,33 +876,33 @@ def _openai_options(f):
 
 
 @main.command("verify")
-@click.option("--url", default=None, help="Server host:port; http:// or grpc:// also picks --protocol [127.0.0.1:8001 for grpc, :8000 for http].")
+@click.option("--url", default=None, callback=lambda ctx, param, value: _server_url(ctx, param, value), help="Server host:port; http:// or grpc:// also picks --protocol [127.0.0.1:8001 for grpc, :8000 for http].")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default=None, help="[the --url scheme's, else grpc]")
 @click.option("--prompts", default="humaneval:20", show_default=True, help="humaneval:N, chat[:N] or summarize[:N] (bundled chat-style sets, in the chat template with --tokenizer), or a .jsonl / .txt file.")
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--num-draft-tokens", default=None, type=click.IntRange(min=0), help="Draft length for the speculative runs [engine's max_draft_len].")
 @click.option("--end-id", default=None, type=int, help="End token id; -1 never stops early [tokenizer's].")
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="The deployment's tokenizer dir (e.g. OUT/engine/tokenizer): chat template, divergences shown as text [a specbuild deployment's own, read from its preprocessing model when on this machine].")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), callback=lambda ctx, param, value: _tokenizer_dir(ctx, param, value), help="The deployment's tokenizer dir (e.g. OUT/engine/tokenizer): chat template, divergences shown as text [a specbuild deployment's own, read from its preprocessing model when on this machine].")
 @click.option("--chat-template", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True, help="Wrap prompts in the tokenizer's chat template (auto: the bundled chat/summarize sets; needs --tokenizer).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The JSON report [RESULTS_DIR/report.json].")
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("specbuild-out/verify"), show_default=True, help="Where the report goes (with --hf-oracle also report.oracle.json).")
-@click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for the server to be ready (seconds).")
+@click.option("--wait-s", default=30.0, show_default=True, type=FiniteFloat(min=0), help="How long to wait for the server to be ready (seconds).")
 @click.option("--streaming", is_flag=True, help="Send each request over a gRPC stream (a decoupled deployment: recipe serve.decoupled: true).")
 @click.option("--decoupled", "decoupled_alias", is_flag=True, hidden=True, callback=_deprecated_decoupled, help="Deprecated name of --streaming.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout (progress and tables go to stderr).")
-@click.option("--near-tie-margin", default=None, type=click.FloatRange(min=0), help="Greedy: let a divergence pass when speculation took the target's runner-up and the top-two logits differ by at most this (logit units) [off: exact].")
+@click.option("--near-tie-margin", default=None, type=FiniteFloat(min=0), help="Greedy: let a divergence pass when speculation took the target's runner-up and the top-two logits differ by at most this (logit units) [off: exact].")
 @click.option("--hf-oracle", "hf_oracle", type=click.Path(exists=True, file_okay=False), help="Also compare both runs with Hugging Face generate() on this local checkpoint folder (the target's).")
 @click.option("--sampling", is_flag=True, help="Run the statistical test of speculative vs plain sampling instead of the greedy check.")
 @click.option("--samples", default=500, show_default=True, type=click.IntRange(min=2), help="Sampling: seeded requests per arm and prompt.")
 @click.option("--positions", default=4, show_default=True, type=click.IntRange(min=1), help="Sampling: leading tokens compared (= max_tokens of each request).")
 @click.option("--sampling-prompts", default=2, show_default=True, type=click.IntRange(min=1), help="Sampling: use the first N of --prompts.")
-@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Sampling temperature.")
+@click.option("--temperature", default=1.0, show_default=True, type=FiniteFloat(min=0, min_open=True), help="Sampling temperature.")
 @click.option("--top-k", default=None, type=click.IntRange(min=0), help="Sampling top_k [off].")
-@click.option("--top-p", default=None, type=click.FloatRange(min=0, max=1, min_open=True), help="Sampling top_p [off].")
-@click.option("--alpha", default=0.01, show_default=True, type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), help="Sampling: significance level of the whole family of tests.")
+@click.option("--top-p", default=None, type=FiniteFloat(min=0, max=1, min_open=True), help="Sampling top_p [off].")
+@click.option("--alpha", default=0.01, show_default=True, type=FiniteFloat(min=0, max=1, min_open=True, max_open=True), help="Sampling: significance level of the whole family of tests.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Sampling: first seed (arms use disjoint seed ranges).")
-@click.option("--concurrency", default=None, callback=lambda ctx, param, value: _int_list(ctx, param, value), metavar="N[,N,...]", help="Greedy: check under load at each of these levels, e.g. 1,4,8,16 (staggered arrivals; each output against its prompt run alone). Sampling: requests in flight [8].")
-@click.option("--stagger-s", default=None, type=click.FloatRange(min=0), help="Greedy under load: seconds between request releases [median plain latency / C].")
+@click.option("--concurrency", default=None, callback=lambda ctx, param, value: _level_list(ctx, param, value), metavar="N[,N,...]", help="Greedy: check under load at each of these levels, e.g. 1,4,8,16 (staggered arrivals; each output against its prompt run alone). Sampling: requests in flight [8].")
+@click.option("--stagger-s", default=None, type=FiniteFloat(min=0), help="Greedy under load: seconds between request releases [median plain latency / C].")
 @_openai_options
 def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id, tokenizer_dir, chat_template, report_path, results_dir, wait_s,
                    streaming, decoupled_alias, as_json, near_tie_margin, hf_oracle, sampling, samples, positions, sampling_prompts,
@@ -772,12 +949,15 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
     from specbuild.prompts import PromptSourceError, apply_chat_template, load_prompts
     from specbuild.client.sdk import ClientError, ServerUnavailableError, SpecClient
 
+    if url is not None and openai["openai_url"]:
+        raise click.UsageError("--url names a Triton server and --openai an OpenAI-compatible one: give one of them, not both")
+    if openai["openai_baseline"] and not openai["openai_url"]:
+        raise click.UsageError("--openai-baseline is the baseline of an --openai server: give --openai URL too")
     protocol = protocol or _scheme_protocol(url)
     tokenizer = None
     if tokenizer_dir:
-        from specbuild.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(tokenizer_dir)
+        checked = click.get_current_context().meta.get(TOKENIZER, {})  # loaded by --tokenizer's check
+        tokenizer = checked[tokenizer_dir] if tokenizer_dir in checked else _load_tokenizer(tokenizer_dir, "--tokenizer")
     report_path = report_path or results_dir / "report.json"
     console = _console(stderr=as_json)
     try:
@@ -791,10 +971,12 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
                 streaming = True
                 console.print("note: the deployment streams (decoupled tensorrt_llm): verifying with --streaming", highlight=False)
             if tokenizer is None and facts.get("tokenizer_dir"):
-                from specbuild.tokenizer import load_tokenizer
-
                 tokenizer_dir = facts["tokenizer_dir"]
-                tokenizer = load_tokenizer(tokenizer_dir)
+                try:
+                    tokenizer = _load_tokenizer(tokenizer_dir, "--tokenizer")
+                except click.BadParameter as exc:
+                    raise bad_input(f"the deployment's tokenizer (its preprocessing model's tokenizer_dir): {exc.message}; "
+                                    "or give --tokenizer DIR") from None
         made_by = _verify_provenance(url, protocol, streaming or decoupled_alias, prompts, tokenizer_dir, openai["openai_url"])
         prompt_list = apply_chat_template(raw_prompts, prompts, chat_template, tokenizer)
         if openai["openai_url"] and sampling:
@@ -803,7 +985,7 @@ def verify_command(url, protocol, prompts, max_tokens, num_draft_tokens, end_id,
             raise click.BadParameter(f"levels must be integers >= 1, got {','.join(map(str, concurrency))}", param_hint="--concurrency")
         if sampling and concurrency and len(concurrency) > 1:
             raise click.UsageError("--sampling takes one --concurrency (requests in flight), not a list")
-        make_client = lambda: (_openai_client(tokenizer=tokenizer, **openai) if openai["openai_url"]  # noqa: E731
+        make_client = lambda: (_openai_client(tokenizer=tokenizer, wait_s=wait_s, **openai) if openai["openai_url"]  # noqa: E731
                                else SpecClient(url, protocol=protocol, decoupled=streaming or decoupled_alias))
         if concurrency and not sampling:
             with make_client() as client:
@@ -895,11 +1077,13 @@ def _verify_under_load(console, make_client, prompt_list, report_path: Path, *, 
         sys.exit(ExitCode.NOT_LOSSLESS)
 
 
-def _openai_client(*, openai_url, openai_baseline, openai_model, openai_chat, openai_token_ids, tokenizer, timeout_s=600.0):
+def _openai_client(*, openai_url, openai_baseline, openai_model, openai_chat, openai_token_ids, tokenizer, timeout_s=600.0,
+                   wait_s=30.0):
     """The client for verify --openai: one specbuild front (draft length per request) or a pair of
-    servers (speculative, baseline). Raises ClickException for a foreign server without a baseline."""
+    servers (speculative, baseline). Raises ClickException for a foreign server without a baseline, and
+    ``ServerUnavailableError`` (exit 3) when the server does not answer within ``wait_s``."""
     from specbuild.client.openai_client import OpenAIClient, PairedClient
-    from specbuild.client.sdk import ClientError
+    from specbuild.client.sdk import ClientError, ServerUnavailableError
 
     def make(base, draft_field):
         return OpenAIClient(base, model=openai_model, chat=openai_chat, token_ids=openai_token_ids, tokenizer=tokenizer,
@@ -909,7 +1093,11 @@ def _openai_client(*, openai_url, openai_baseline, openai_model, openai_chat, op
         return PairedClient(make(openai_url, False), make(openai_baseline, False))
     client = make(openai_url, True)
     try:
+        client.wait_ready(timeout_s=wait_s)
         ours = client.is_specbuild()
+    except ServerUnavailableError:
+        client.close()
+        raise
     except ClientError as exc:
         client.close()
         raise click.ClickException(str(exc)) from None
@@ -970,23 +1158,53 @@ def _verify_oracle(console, client, prompt_list, checkpoint, report_path: Path, 
     return result.all_match
 
 
-def _comma_list(kind: type, what: str):
-    """A click callback parsing ``"1,2,4"`` into a tuple of ``kind`` (None stays None); a bad item is a
-    ``click.BadParameter`` naming ``what`` is expected, with an example."""
+def _comma_list(kind: type, what: str, *, minimum: float | None = None, min_open: bool = False):
+    """A click callback parsing ``"1,2,4"`` into a tuple of ``kind`` (None stays None). An empty list or
+    item (``""``, ``1,,4``), a value that is not a finite ``kind``, or one below ``minimum`` (at or below
+    it with ``min_open``) is a ``click.BadParameter`` naming ``what`` is expected, with an example."""
 
     def parse(ctx, param, value: str | None) -> tuple | None:
         if value is None:
             return None
+        items = value.split(",")
+        if not value.strip():
+            raise click.BadParameter(f"is empty; give comma-separated {what}, or leave the option out")
+        if any(not item.strip() for item in items):
+            raise click.BadParameter(f"expected comma-separated {what}, got {value!r} (an empty item)")
         try:
-            return tuple(kind(v) for v in value.split(",") if v.strip())
+            values = tuple(kind(item) for item in items)
         except ValueError:
             raise click.BadParameter(f"expected comma-separated {what}, got {value!r}") from None
+        for number in values:
+            if not math.isfinite(number) or (minimum is not None and (number <= minimum if min_open else number < minimum)):
+                raise click.BadParameter(f"expected comma-separated {what}, got {number:g} in {value!r}")
+        return values
 
     return parse
 
 
-_int_list = _comma_list(int, "integers like 0,2,4")
-_float_list = _comma_list(float, "numbers like 0.5,1,2")
+_int_list = _comma_list(int, "integers >= 0 like 0,2,4", minimum=0)
+_level_list = _comma_list(int, "integers >= 1 like 1,4,8", minimum=1)
+_float_list = _comma_list(float, "numbers > 0 like 0.5,1,2", minimum=0, min_open=True)
+
+
+def _slo(ctx, param, value: str | None) -> str:
+    """``--slo``: ``""`` when not given; given, it must hold key=milliseconds pairs (refused at parsing, not
+    silently ignored when empty), each a finite number > 0."""
+    if value is None:
+        return ""
+    from specbuild.bench.stats import parse_slo
+
+    if not value.strip():
+        raise click.BadParameter("is empty; give key=milliseconds pairs, e.g. ttft=500,tpot=50,e2el=5000, or leave --slo out")
+    try:
+        bounds = parse_slo(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--slo ")) from None
+    for key, bound in bounds.items():
+        if not math.isfinite(bound):
+            raise click.BadParameter(f"{key}={bound:g} is not a finite number of milliseconds")
+    return value
 
 
 def _deprecated(old: str, new: str) -> None:
@@ -1001,15 +1219,15 @@ def _sweep_options(f):
         click.option("--num-draft-tokens", "draft_lengths", default="0,2,4", show_default=True, callback=_int_list, metavar="K,K,...", help="num_draft_tokens per request to sweep (comma list, each <= the deployment's max_draft_len; 0 = speculation off, the baseline)."),
         click.option("--draft-lengths", "draft_lengths_old", default=None, callback=_int_list, hidden=True),
         click.option("--concurrency", "concurrency", default=None, metavar="N", help="Closed loop at N requests in flight (one level). With no load flag: a sweep of 1,2,4,8,16."),
-        click.option("--concurrency-sweep", "concurrency_sweep", default=None, callback=_int_list, metavar="N,N,...", help="Closed loop at each of these concurrency levels."),
-        click.option("--levels", "levels", default=None, callback=_int_list, hidden=True),
-        click.option("--request-rate", "request_rate", type=click.FloatRange(min=0, min_open=True), default=None, help="Open loop: requests arrive at this mean rate (requests/s; gamma gaps, see --burstiness)."),
+        click.option("--concurrency-sweep", "concurrency_sweep", default=None, callback=_level_list, metavar="N,N,...", help="Closed loop at each of these concurrency levels."),
+        click.option("--levels", "levels", default=None, callback=_level_list, hidden=True),
+        click.option("--request-rate", "request_rate", type=FiniteFloat(min=0, min_open=True), default=None, help="Open loop: requests arrive at this mean rate (requests/s; gamma gaps, see --burstiness)."),
         click.option("--request-rate-sweep", "request_rate_sweep", default=None, callback=_float_list, metavar="R,R,...", help="Open loop at each of these rates (requests/s)."),
-        click.option("--burstiness", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape of the arrival gaps (1 = Poisson; < 1 burstier)."),
+        click.option("--burstiness", default=1.0, show_default=True, type=FiniteFloat(min=0, min_open=True), help="Open loop: gamma shape of the arrival gaps (1 = Poisson; < 1 burstier)."),
         click.option("--max-concurrency", type=click.IntRange(min=1), default=None, help="Open loop: at most this many requests in flight [no cap]."),
         click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1), help="Measure every point this many times (draft lengths interleaved); adds 95% bootstrap intervals."),
-        click.option("--slo", default="", help="Goodput objectives in ms, e.g. ttft=500,tpot=50,e2el=5000 (vLLM's --goodput keys)."),
-        click.option("--stability-percentage", default=10.0, show_default=True, type=click.FloatRange(min=0), help="Repeats whose tokens/s differ from their mean by more than this % mark the point unstable."),
+        click.option("--slo", default=None, callback=_slo, help="Goodput objectives in ms, e.g. ttft=500,tpot=50,e2el=5000 (vLLM's --goodput keys)."),
+        click.option("--stability-percentage", default=10.0, show_default=True, type=FiniteFloat(min=0), help="Repeats whose tokens/s differ from their mean by more than this % mark the point unstable."),
         click.option("--prompts", "prompt_sets", multiple=True, default=("humaneval:8",), show_default=True, help="Prompt set, repeatable: humaneval:N, chat:N, summarize:N, specbench[:TASK][:N] (specbench[:N]: one set per task), synthetic:N[:in=I,out=O,...], or a .jsonl/.txt file (docs/bench.md)."),
         click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1)),
         click.option("--request-count", "requests", default=None, type=click.IntRange(min=1), help="Requests per point and repeat [max(prompts, concurrency)]."),
@@ -1021,14 +1239,14 @@ def _sweep_options(f):
         click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True, help="For host:port targets."),
         click.option("--label", "labels", multiple=True, help="Name of each host:port (then --openai) target, in order [host:port]."),
         click.option("--metrics-url", "metrics_urls", multiple=True, help="Metrics host:port of each host:port target, for the counter cross-check."),
-        click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), help="Tokenizer dir of host:port targets (chat template)."),
-        click.option("--openai", "openai_urls", multiple=True, metavar="URL", help="An OpenAI-compatible base URL to bench (repeatable): specbuild serve --openai-port, trtllm-serve, vLLM, SGLang."),
+        click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False), callback=_tokenizer_dir, help="Tokenizer dir of host:port targets (chat template)."),
+        click.option("--openai", "openai_urls", multiple=True, metavar="URL", callback=_openai_url, help="An OpenAI-compatible base URL to bench (repeatable): specbuild serve --openai-port, trtllm-serve, vLLM, SGLang."),
         click.option("--openai-chat", is_flag=True, help="OpenAI targets: send prompts to /chat/completions."),
         click.option("--openai-max-draft-len", "openai_draft_len", type=click.IntRange(min=0), default=None, help="OpenAI targets other than specbuild's: the max_draft_len the server was deployed with (a label) [0]."),
         click.option("--openai-draft-len", "openai_draft_len_old", type=click.IntRange(min=0), default=None, hidden=True),
         click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path), help="Recipe targets: the folder their deployment folders go in, as DIR/NAME, or one recipe's deployment folder (specbuild recipe -o DIR), reused as it is (its engine; streamed runs serve a triton_repo_decoupled/ beside its triton_repo/, which is left alone) [./specbuild-out]."),
-        click.option("--timeout-s", default=600.0, show_default=True, type=click.FloatRange(min=1), help="Per-request timeout (seconds)."),
-        click.option("--wait-s", default=30.0, show_default=True, type=click.FloatRange(min=0), help="How long to wait for each server to be ready (seconds)."),
+        click.option("--timeout-s", default=600.0, show_default=True, type=FiniteFloat(min=1), help="Per-request timeout (seconds)."),
+        click.option("--wait-s", default=30.0, show_default=True, type=FiniteFloat(min=0), help="How long to wait for each server to be ready (seconds)."),
         click.option("--streaming/--no-streaming", "stream", default=None, help="Stream every request: measures TTFT, inter-token latency and per-step acceptance. [recipes: on, served decoupled; host:port: off, must match how it was served; OpenAI: on]"),
         click.option("--stream/--no-stream", "stream_old", default=None, hidden=True),
     ]
@@ -1057,13 +1275,18 @@ def _resolve_sweep_options(options: dict) -> dict:
         sweep = levels
     if one is not None and "," in one:  # the old list form of --concurrency
         _deprecated("--concurrency A,B,...", "--concurrency-sweep A,B,...")
-        sweep, one = _int_list(None, None, one), None
+        try:
+            sweep, one = _level_list(None, None, one), None
+        except click.BadParameter as exc:
+            raise click.BadParameter(exc.message, param_hint="'--concurrency'") from None
     if one is not None and sweep is not None:
         raise click.UsageError("give --concurrency N (one level) or --concurrency-sweep A,B,... (several), not both")
     try:
         levels = (int(one),) if one is not None else sweep or (1, 2, 4, 8, 16)
     except ValueError:
-        raise click.BadParameter(f"--concurrency takes one integer, got {one!r}") from None
+        raise click.BadParameter(f"takes one integer >= 1, got {one!r}", param_hint="'--concurrency'") from None
+    if min(levels) < 1:
+        raise click.BadParameter(f"takes one integer >= 1 (requests in flight), got {one!r}", param_hint="'--concurrency'")
     rate, rates = options.pop("request_rate"), options.pop("request_rate_sweep")
     if rate is not None and rates is not None:
         raise click.UsageError("give --request-rate R or --request-rate-sweep A,B,..., not both")
@@ -1071,6 +1294,7 @@ def _resolve_sweep_options(options: dict) -> dict:
         raise click.UsageError("closed loop (--concurrency*) or open loop (--request-rate*): one at a time; cap open-loop requests in flight with --max-concurrency")
     options["levels"] = levels
     options["request_rates"] = (rate,) if rate is not None else tuple(rates or ())
+    _check_server_addresses(options.get("targets", ()), options.get("metrics_urls", ()))
     from specbuild.prompts import expand_prompt_sets
 
     options["prompt_sets"] = expand_prompt_sets(options["prompt_sets"])
@@ -1087,6 +1311,7 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
     from specbuild.client.sdk import ClientError
     from specbuild.triton_repo.tritonserver import ServerNotFoundError, ServerStartError, stop_signals_interrupt
 
+    _wait_openai_targets(openai_urls, wait_s=wait_s, timeout_s=timeout_s)
     try:
         plan = SweepPlan(
             draft_lengths=draft_lengths, concurrencies=levels, prompt_sets=tuple(prompt_sets), max_tokens=max_tokens,
@@ -1109,6 +1334,33 @@ def _run_bench(console, targets, *, draft_lengths, levels, request_rates, bursti
         raise CommandError(str(exc), ExitCode.FAILED) from None
 
 
+def _check_server_addresses(targets, metrics_urls) -> None:
+    """host:port TARGETS and --metrics-url values are addresses a server can have (port 1-65535)."""
+    from specbuild.bench.plan import is_url
+    from specbuild.client.connect import host_port
+
+    for where, values in (("TARGET", [t for t in targets if is_url(t)]), ("'--metrics-url'", metrics_urls)):
+        for value in values:
+            try:
+                host_port(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=where) from None
+
+
+def _wait_openai_targets(urls, *, wait_s: float, timeout_s: float) -> None:
+    """bench's ``--openai`` servers are up within ``wait_s`` (exit 3 naming the server otherwise, as for a
+    host:port target), before the sweep asks them what they are."""
+    from specbuild.client.openai_client import OpenAIClient
+    from specbuild.client.sdk import ServerUnavailableError
+
+    for url in urls:
+        with OpenAIClient(url, timeout_s=timeout_s) as client:
+            try:
+                client.wait_ready(timeout_s=wait_s)
+            except ServerUnavailableError as exc:
+                raise CommandError(str(exc), ExitCode.SERVER_UNAVAILABLE) from None
+
+
 def _results_dir(results_dir: Path | None, output_dir_old: Path | None, default: str) -> Path:
     if output_dir_old is not None:
         _deprecated("--output-dir/-o (results)", "--results-dir")
@@ -1120,8 +1372,8 @@ def _results_dir(results_dir: Path | None, output_dir_old: Path | None, default:
 @_sweep_options
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where bench.json, bench.csv and requests.jsonl go [specbuild-out/bench].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
-@click.option("--ramp", default=None, callback=lambda ctx, param, value: _int_list(ctx, param, value), metavar="C,C,...", help="Instead of the sweep: step the load through these concurrency levels (e.g. 1,2,4,8,16,8,4,2,1) with the deployment's own draft length or schedule; writes ramp.json and ramp.png.")
-@click.option("--ramp-step-s", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Seconds per --ramp level.")
+@click.option("--ramp", default=None, callback=lambda ctx, param, value: _level_list(ctx, param, value), metavar="C,C,...", help="Instead of the sweep: step the load through these concurrency levels (e.g. 1,2,4,8,16,8,4,2,1) with the deployment's own draft length or schedule; writes ramp.json and ramp.png.")
+@click.option("--ramp-step-s", default=30.0, show_default=True, type=FiniteFloat(min=0, min_open=True), help="Seconds per --ramp level.")
 @click.option("--serving-overhead", is_flag=True, help="Recipe targets: run each k=0 closed-loop point on the same engine in-process too, next to each served repeat, and report served against in-process tokens/s with a paired interval (serving_overhead.json).")
 def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, ramp_step_s, serving_overhead: bool,
                   **options) -> None:
@@ -1157,6 +1409,11 @@ def bench_command(results_dir: Path | None, output_dir_old: Path | None, ramp, r
     """
     console = _console()
     if ramp:
+        load_flags = {"concurrency": "--concurrency", "concurrency_sweep": "--concurrency-sweep", "levels": "--levels",
+                      "request_rate": "--request-rate", "request_rate_sweep": "--request-rate-sweep"}
+        given = [flag for key, flag in load_flags.items() if options.get(key) is not None]
+        if given:
+            raise click.UsageError(f"--ramp steps the load through its own levels; give --ramp or {' / '.join(given)}, not both")
         _run_ramp(console, ramp, ramp_step_s, _results_dir(results_dir, output_dir_old, "specbuild-out/bench"), options)
         return
     result = _run_bench(console, serving_overhead=serving_overhead, **_resolve_sweep_options(options))
@@ -1177,6 +1434,7 @@ def _run_ramp(console, levels, step_s: float, results_dir: Path, options: dict) 
     from specbuild.triton_repo.tritonserver import ServerStartError, stop_signals_interrupt
 
     o = _resolve_sweep_options(options)
+    _wait_openai_targets(o["openai_urls"], wait_s=o["wait_s"], timeout_s=o["timeout_s"])
     keep = ("targets", "prompt_sets", "max_tokens", "end_id", "chat_template", "timeout_s", "openai_urls", "openai_chat",
             "labels", "protocol", "metrics_urls", "tokenizer_dir")
     try:
@@ -1213,9 +1471,9 @@ def _report_serving_overhead(console, result, results_dir: Path) -> None:
 @click.option("--from", "from_json", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Tune on a bench.json instead of running a sweep.")
 @click.option("--goal", type=click.Choice(["latency", "throughput"]), default="latency", show_default=True)
 @click.option("--goal-concurrency", "goal_concurrency", type=click.IntRange(min=1), help="--goal latency: the concurrency to be fastest at [lowest measured].")
-@click.option("--max-latency-ms", type=click.FloatRange(min=0), help="--goal throughput: the latency bound (ms).")
+@click.option("--max-latency-ms", type=FiniteFloat(min=0), help="--goal throughput: the latency bound (ms).")
 @click.option("--latency-metric", type=click.Choice(["p50", "p90", "p99", "tpot"]), default="p50", show_default=True, help="Latency axis: request latency percentile or time per output token.")
-@click.option("--min-gain", default=0.05, show_default=True, type=click.FloatRange(0, 1), help="Schedule: speculate at a concurrency only when at least this much faster than k=0 (0.05 = 5%).")
+@click.option("--min-gain", default=0.05, show_default=True, type=FiniteFloat(0, 1), help="Schedule: speculate at a concurrency only when at least this much faster than k=0 (0.05 = 5%).")
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Where tune.json, the PNG plots (and bench.json/csv/jsonl of a sweep) go [specbuild-out/tune; with --from: tune/ beside its bench.json].")
 @click.option("--output-dir", "-o", "output_dir_old", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True)
 @click.option("--write-recipe", "write_recipe", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the recommended deployment's recipe with its schedule (build.draft_len_schedule) to this YAML file.")
@@ -1242,6 +1500,7 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
     """
     from specbuild.bench import BenchError, load_result
     from specbuild.tune import TuneError, run_tune
+    from specbuild.tune.analysis import check_points
 
     console = _console()
     # --from: beside the sweep it reads (DIR/bench.json -> DIR/tune), so tuning two sweeps keeps both
@@ -1253,8 +1512,11 @@ def tune_command(from_json, goal, goal_concurrency, max_latency_ms, latency_metr
             raise click.UsageError("give TARGETS to run a sweep, or --from bench.json, not both")
         try:
             result = load_result(from_json)
+            check_points(result.points)
         except BenchError as exc:
             raise bad_input(str(exc)) from None
+        except TuneError as exc:
+            raise bad_input(f"{from_json}: {exc}") from None
     else:
         result = _run_bench(console, **options)
         json_path, _ = result.write(output_dir)

@@ -5,6 +5,7 @@ analytic comparison of :mod:`specbuild.tune.analytic`) into a :class:`TuneReport
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -73,6 +74,84 @@ class Candidate:
     @property
     def label(self) -> str:
         return f"{self.deployment} k={self.draft_len} {self.load}"
+
+
+_EXPECTED = {"float": "a finite number >= 0", "int": "a whole number >= 0", "str": "a string", "bool": "true or false",
+             "None": "null", "dict": "an object"}
+
+
+def _split_top(spec: str, sep: str) -> list[str]:
+    """``spec`` split at ``sep`` outside brackets: ``"list[float] | None"`` -> ``["list[float]", "None"]``."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += ch == "["
+        depth -= ch == "]"
+        if depth == 0 and spec.startswith(sep, i):
+            parts.append(spec[start:i].strip())
+            start = i + len(sep)
+    return parts + [spec[start:].strip()]
+
+
+def _expected(spec: str) -> str:
+    """Words for a field annotation: ``"float | None"`` -> ``"a finite number >= 0 or null"``."""
+    words = []
+    for alt in _split_top(spec, "|"):
+        if alt.startswith("list["):
+            words.append(f"a list (items: {_expected(alt[5:-1])})")
+        elif alt.startswith("dict["):
+            words.append(f"an object (values: {_expected(_split_top(alt[5:-1], ',')[1])})")
+        else:
+            words.append(_EXPECTED.get(alt, alt))
+    return " or ".join(words)
+
+
+def _mismatch(value, spec: str) -> tuple[str, object, str] | None:
+    """``None`` when ``value`` (read from JSON) is what annotation ``spec`` allows, else ``(where, the
+    value at fault, its annotation)``: ``where`` is ``""`` (the value itself), ``"[2]"`` (a list item) or
+    ``"['x']"`` (an object's value). Numbers must be finite and >= 0: every figure of a bench point is a
+    count, a time, a rate or a fraction."""
+    for alt in _split_top(spec, "|"):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if (alt == "None" and value is None or alt == "str" and isinstance(value, str) or alt == "bool" and isinstance(value, bool)
+                or alt == "dict" and isinstance(value, dict) or alt == "int" and number and isinstance(value, int) and value >= 0
+                or alt == "float" and number and math.isfinite(value) and value >= 0):
+            return None
+        if alt.startswith(("list[", "dict[")) and isinstance(value, list if alt.startswith("list[") else dict):
+            inner = alt[5:-1] if alt.startswith("list[") else _split_top(alt[5:-1], ",")[1]
+            items = enumerate(value) if isinstance(value, list) else value.items()
+            for key, item in items:
+                if (bad := _mismatch(item, inner)) is not None:
+                    return f"[{key!r}]{bad[0]}", bad[1], bad[2]
+            return None
+    return "", value, spec
+
+
+def check_points(points: Sequence) -> None:
+    """Refuse bench points whose figures are not what a sweep writes (a ``bench.json`` edited by hand or
+    by another tool): each field of :class:`~specbuild.bench.points.PointResult` present must have its
+    type, numbers finite and >= 0 (``"fast"``, ``null`` latency, ``-5`` or ``NaN`` tokens/s), so tune
+    never ranks on them or fails with a ``TypeError``. ``points``: ``PointResult`` or dicts.
+
+    Raises:
+        TuneError: naming the row (``points[3]``, with its deployment, prompt set, load and draft
+            length), the field, its value and what it must be.
+    """
+    from dataclasses import fields as dataclass_fields
+
+    from ..bench.points import PointResult
+
+    specs = {f.name: str(f.type) for f in dataclass_fields(PointResult)}
+    for i, point in enumerate(points):
+        row = point if isinstance(point, dict) else asdict(point)
+        for name, spec in specs.items():
+            bad = _mismatch(row[name], spec) if name in row else None
+            if bad is None:
+                continue
+            where, value, expected = bad
+            shown = repr(value) if isinstance(value, float) and not math.isfinite(value) else json.dumps(value, default=str)
+            label = f"{row.get('deployment', '?')} {row.get('prompt_set', '?')} C={row.get('concurrency', '?')} k={row.get('draft_len', '?')}"
+            raise TuneError(f"points[{i}] ({label}): {name}{where} is {shown}; expected {_expected(expected)}. Fix that row "
+                            "or measure it again with `specbuild bench`")
 
 
 def candidates(points: Iterable, latency: str = "p50") -> list[Candidate]:
