@@ -34,6 +34,7 @@ checkable here).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -720,6 +721,8 @@ def _eagle_tensors(c: Context) -> list[Finding]:
     """EAGLE-1/2 tensor names and shapes as the format holds them (methods/eagle/engine.py
     ``EagleConfig.expected_shapes``: fc, then ``num_hidden_layers`` decoder layers ``layers.{n}.*``)."""
     cfg = c.draft.config
+    if not c.draft.tensors:
+        return []  # the weights check names what is there instead
     hidden, inter, heads, layers = (cfg.get(k) for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers"))
     if None in (hidden, inter, heads, layers):
         absent = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers") if cfg.get(k) is None]
@@ -791,15 +794,19 @@ def _whole_model(c: Context) -> list[Finding]:
     """A draft model is a whole causal LM: token embeddings and num_hidden_layers decoder layers (a head's
     files, e.g. an EAGLE head checked with --method draft_target, have neither)."""
     names = set(c.draft.tensors)
-    embeds = any(n.endswith(("embed_tokens.weight", "wte.weight", "embed_in.weight", "word_embeddings.weight")) for n in names)
-    layers = c.draft.config.get("num_hidden_layers") or c.draft.config.get("n_layer")
-    found = {int(part) for n in names for part in n.split(".")[1:3] if part.isdigit()} if names else set()
-    if not embeds or not layers or len(found) < layers:
+    if not names:
+        return []  # the weights check names what is there instead
+    embeds = any(n.endswith(("embed_tokens.weight", "wte.weight", "embed_in.weight", "word_embeddings.weight", "tok_embeddings.weight"))
+                 for n in names)
+    layers = next((c.draft.config[k] for k in ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+                   if isinstance(c.draft.config.get(k), int)), None)
+    found = {int(m.group(1)) for n in names for m in [re.search(r"\.(\d+)\.", n)] if m}  # model.decoder.layers.3.x -> 3
+    if not embeds or not found or (layers is not None and len(found) < layers):
         looks = detect_method(c.draft)
         return [Finding("weights", "fail", f"not a whole causal LM: token embeddings {'present' if embeds else 'missing'}, "
                         f"{len(found)} of num_hidden_layers={layers} decoder layers" + (f"; the files look like {looks} weights" if looks != "draft_target" else ""),
                         "give a complete draft model checkpoint" + (f", or check this one with --method {looks}" if looks != "draft_target" else ""))]
-    return [Finding("layers", "ok", f"embeddings and {layers} decoder layers")]
+    return [Finding("layers", "ok", f"embeddings and {len(found)} decoder layers")]
 
 
 def _tokenizer(c: Context) -> list[Finding]:

@@ -631,9 +631,9 @@ def _format_validation(path: Path, lines: dict[tuple, int], exc: ValidationError
 
 def _describe(err: dict[str, Any]) -> tuple[tuple, str, str | None]:
     """``(field path, message with its fix, suggested key for an unknown key or None)`` for one pydantic error."""
-    loc = _strip_tags(err["loc"])
-    message = err["msg"].removeprefix("Value error, ")
     kind = err["type"]
+    loc = _strip_tags(err["loc"], keep_last=kind == "extra_forbidden")  # an unknown key is the user's, whatever its name
+    message = err["msg"].removeprefix("Value error, ")
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, FieldProblem):
         return loc + cause.loc, message, None
@@ -685,13 +685,14 @@ def _yaml_kind(value: Any) -> str:
     return "empty" if value is None else type(value).__name__
 
 
-def _strip_tags(loc: tuple) -> tuple:
+def _strip_tags(loc: tuple, *, keep_last: bool = False) -> tuple:
     """Drop the union tags pydantic inserts: the method of ``speculation`` (('speculation', 'ngram', 'x') ->
     ('speculation', 'x')) and the member type of other unions (('train', 'prompts', 'list[...]', 1,
     'PromptSourceWeight', 'foo') -> ('train', 'prompts', 1, 'foo'))."""
     if len(loc) >= 2 and loc[0] == "speculation" and loc[1] in speculation_methods():
         loc = (loc[0],) + tuple(loc[2:])
-    return tuple(part for part in loc if not _is_union_tag(part))
+    last = len(loc) - 1
+    return tuple(part for k, part in enumerate(loc) if (keep_last and k == last) or not _is_union_tag(part))
 
 
 UNION_TAG = re.compile(r"^(?:str|int|float|bool|none|(?:list|dict|tuple|set|union|literal|function-\w+)\[.*\])$")

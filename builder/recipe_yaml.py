@@ -106,16 +106,18 @@ class _RecipeLoader(yaml.SafeLoader):
             self.depth -= 1
 
 
-_INT = re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+|0o[0-7_]+)$")
-_FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)?\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
-                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_INT = re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F][0-9a-fA-F_]*|[-+]?0o[0-7][0-7_]*|[-+]?0b[01][01_]*)$")
+_FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")  # a digit always: "." and "-." stay strings
 _RecipeLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
 _RecipeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     text = loader.construct_scalar(node).replace("_", "")
-    return int(text[2:], 8) if text.startswith("0o") else int(text, 0)
+    sign = -1 if text.startswith("-") else 1
+    digits = text.lstrip("+-")
+    return sign * (int(digits[2:], 8) if digits.startswith("0o") else int(digits, 0))
 
 
 _RecipeLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
@@ -140,6 +142,8 @@ def parse_recipe_yaml(text: str, path: Path) -> RecipeDocument:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise RecipeFileError(f"{path}{line}: invalid YAML: {exc}") from None
+    except (ValueError, OverflowError) as exc:  # a scalar its resolver took for a number that does not convert
+        raise RecipeFileError(f"{path}: invalid YAML: {exc}; quote the value") from None
     finally:
         loader.dispose()
     return RecipeDocument(data=data, lines=_node_lines(node))

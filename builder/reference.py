@@ -488,7 +488,7 @@ def _check_limits_before_build(loaded: LoadedRecipe, target: CheckpointSource) -
         return
     try:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return  # the build names an unreadable config
     text = raw.get("text_config") if isinstance(raw, dict) and isinstance(raw.get("text_config"), dict) else raw
     limit = text.get("max_position_embeddings") if isinstance(text, dict) else None

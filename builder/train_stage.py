@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -438,12 +439,15 @@ def _inputs_key(loaded: LoadedRecipe, target_fp: str) -> tuple:
             stat = path.stat()
         except (OSError, ValueError):  # not a file (a bundled set) or not there (reported when read)
             return source
-        return (source, str(path.resolve()), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        return (source, str(path.resolve()), stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size, stat.st_ino)
 
     sources = [signature(item.source, None if magpie_count(item.source) is None else
                          magpie_path(target_fp, magpie_count(item.source), config)) for item in config.prompt_sources]
+    from specbuild.prompts import SPECBENCH_ENV
+
+    specbench = os.environ.get(SPECBENCH_ENV)  # where specbench:TASK sources are read from
     return (target_fp, str(base.resolve()), config.model_dump_json(), tuple(sources),
-            signature(config.held_out), signature(config.texts))
+            signature(config.held_out), signature(config.texts), specbench and signature(specbench, Path(specbench)))
 
 
 def cached_card(artefact: Path, fingerprint: str) -> dict | None:

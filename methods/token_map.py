@@ -138,8 +138,8 @@ def check_token_ids(ids: Sequence[object], vocab_size: int | None, *, where: str
 def _json_ids(path: Path) -> list[object]:
     try:
         raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"token map {path} is not readable JSON: {exc}") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"token map {path} is not readable JSON: {'nested too deeply' if isinstance(exc, RecursionError) else exc}") from None
     if isinstance(raw, dict):
         raw = raw.get("token_ids")
     if not isinstance(raw, list):

