@@ -32,6 +32,18 @@ typedef float v16 __attribute__((vector_size(64)));
  * vector registers. */
 #define MAX_ROWS 8
 #define TILE_BLOCKS 4
+/* Without AVX-512 a v16 takes two registers (AVX2: 16 of 256 bits; NEON: four of 128 bits), and a tile of 6 rows
+ * by 4 blocks spilled its accumulators to the stack: each extra row cost a whole extra pass (AVX2-only EPYC:
+ * 5 rows 5.3x one row, so speculation never paid). There a tile is up to 6 rows by one column block: 6
+ * accumulators, the weights and a broadcast fill the 16 registers, and the weights still stream once per 6 rows
+ * (5 rows: 2.3x one row). One row keeps 4 blocks, whose 4 accumulators fit (2 rows by 2 blocks measured slower
+ * than 2 rows by 1).
+ * Tiles only group rows and columns: the order of every sum, and so every bit, is the same either way. */
+#ifdef __AVX512F__
+#define WIDE_TILES 1
+#else
+#define WIDE_TILES 0
+#endif
 /* Each column block's weights are a stream of one 64-byte line per k; the tile asks for the line PREFETCH_K
  * steps ahead of the one it loads. The hardware prefetcher alone left the FMAs of a tile of several rows
  * waiting on memory: SmolLM2-135M's linears at 8 rows cost 1.30x one row without this, 1.10-1.13x with it
@@ -120,7 +132,9 @@ static inline __attribute__((always_inline)) void rowgemm(const float *x, const 
     {
         const int team = omp_get_num_threads(), me = omp_get_thread_num();
         const long first = blocks * me / team, last = blocks * (me + 1) / team;
-        if (M == 7 || M == 8) {
+        if (!WIDE_TILES && M > 1) {
+            for (long b0 = first; b0 < last; b0++) ROW_TILES(1)
+        } else if (M == 7 || M == 8) {
             for (long b0 = first; b0 < last; b0 += 3) {
                 const long m0 = 0;
                 switch ((last - b0 >= 3 ? 3 : last - b0) * 10 + M) {
