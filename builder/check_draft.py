@@ -559,21 +559,30 @@ def _e3_tensors(c: Context, loader: Eagle3Loader) -> list[Finding]:
               (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim), ("o", hidden))}
     if cfg.get("attention_bias") and c.engine != "reference":  # LlamaConfig.attention_bias: loaders build and load them
         expected |= {n: shape for n, shape in biases.items() if n in names}
-    missing = sorted(set(expected) - names)
-    wrong = sorted(f"{n} {list(c.draft.tensors[n].shape)} != {list(s)}" for n, s in expected.items() if n in names and c.draft.tensors[n].shape != s)
     unknown = sorted(names - set(expected) - set(EAGLE3_KNOWN_EXTRA))
     if unknown and cfg.get("attention_bias") and c.engine == "reference" and set(unknown) <= set(biases):
         return [Finding("tensors", "fail", f"attention biases ({_few(unknown)}): {c.title}'s EAGLE-3 head has none",
                         "serve this head with TensorRT-LLM, vLLM or SGLang (they load attention_bias heads)")]
-    if missing or wrong or unknown:
-        parts = [f"missing {_few(missing)}" if missing else "", f"shapes {_few(wrong)}" if wrong else "",
-                 f"unexpected {_few(unknown)}" if unknown else ""]
-        return [Finding("tensors", "fail", "; ".join(p for p in parts if p),
+    problems = _tensor_problems(c, expected, EAGLE3_KNOWN_EXTRA)
+    if problems:
+        return [Finding("tensors", "fail", problems,
                         "write fc, midlayer.* (one decoder layer over [2 * hidden]), norm, lm_head, d2t as EAGLE-3 names them")]
     if prefix == "layers.0." and loader.midlayer_only:
         return [Finding("tensors", "fail", f"layers.0.* names: {c.title} loads midlayer.* only",
                         "rename layers.0.* to midlayer.* (specbuild check-draft --export DIR does)")]
     return [Finding("tensors", "ok", f"fc, {prefix}* (10), norm: names and shapes")]
+
+
+def _tensor_problems(c: Context, expected: dict[str, tuple[int, ...]], extra: tuple[str, ...]) -> str:
+    """The draft's tensors against ``expected`` (name -> shape), ``extra`` names allowed besides: ``"missing ..;
+    shapes ..; unexpected .."``, or ``""`` when they agree."""
+    names = set(c.draft.tensors)
+    missing = sorted(set(expected) - names)
+    wrong = sorted(f"{n} {list(c.draft.tensors[n].shape)} != {list(s)}" for n, s in expected.items() if n in names and c.draft.tensors[n].shape != s)
+    unknown = sorted(names - set(expected) - set(extra))
+    parts = [f"missing {_few(missing)}" if missing else "", f"shapes {_few(wrong)}" if wrong else "",
+             f"unexpected {_few(unknown)}" if unknown else ""]
+    return "; ".join(p for p in parts if p)
 
 
 def _few(items: list[str], n: int = 3) -> str:
@@ -737,13 +746,9 @@ def _eagle_tensors(c: Context) -> list[Finding]:
     names = set(c.draft.tensors)
     if "fc.bias" in names:
         expected["fc.bias"] = (hidden,)
-    missing = sorted(set(expected) - names)
-    wrong = sorted(f"{n} {list(c.draft.tensors[n].shape)} != {list(s)}" for n, s in expected.items() if n in names and c.draft.tensors[n].shape != s)
-    unknown = sorted(names - set(expected) - {"embed_tokens.weight", "model.embed_tokens.weight"})
-    if missing or wrong or unknown:
-        parts = [f"missing {_few(missing)}" if missing else "", f"shapes {_few(wrong)}" if wrong else "",
-                 f"unexpected {_few(unknown)}" if unknown else ""]
-        return [Finding("tensors", "fail", "; ".join(p for p in parts if p) + f" (num_hidden_layers={layers})",
+    problems = _tensor_problems(c, expected, ("embed_tokens.weight", "model.embed_tokens.weight"))
+    if problems:
+        return [Finding("tensors", "fail", f"{problems} (num_hidden_layers={layers})",
                         "write fc and layers.{n}.* (num_hidden_layers decoder layers over hidden_size) as EAGLE names them")]
     return [Finding("tensors", "ok", f"fc, layers.0..{layers - 1}.*: names and shapes")]
 
