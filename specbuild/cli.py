@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import json
 import math
 import os
@@ -26,14 +27,22 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 EXIT_BROKEN_PIPE = 141
 
 
-def _console(*, stderr: bool = False):
+@functools.cache
+def _console_class():
+    """rich's Console (imported on first use: start-up stays fast) raising BrokenPipeError where rich's
+    own handler exits 1, so that the command's handler ends quietly (:func:`_quiet_broken_pipe`)."""
     from rich.console import Console
 
     class _Console(Console):
-        def on_broken_pipe(self) -> None:  # rich's own exits 1; the command's handler exits quietly
+        def on_broken_pipe(self) -> None:
             self.quiet = True
             raise BrokenPipeError(errno.EPIPE, "output closed")
 
+    return _Console
+
+
+def _console(*, stderr: bool = False):
+    _Console = _console_class()
     console = _Console(stderr=stderr)
     # Piped or logged output: wide enough for the tables instead of rich's 80-column default,
     # unless $COLUMNS says how wide (rich reads it).
